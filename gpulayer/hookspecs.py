@@ -1,0 +1,162 @@
+"""The plugin contract: every hook GPUlayer calls, in one place.
+
+A plugin is a module (or object) with functions marked ``@gpulayer.hookimpl`` whose names
+match the hooks below; it is found through an entry point in the ``gpulayer`` group::
+
+    [project.entry-points.gpulayer]
+    myaccel = "gpulayer_myaccel"
+
+Hooks that return records return an iterable of them; each record has a ``name`` and a
+name offered by two plugins is an error naming both. A hookimpl may accept fewer arguments
+than its spec (pluggy passes only the ones it asks for), which is how hooks grow without
+breaking plugins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pluggy
+
+from gpulayer.types import (
+    AcceleratorDetector,
+    Device,
+    DeviceEnvironment,
+    DistributedLauncher,
+    FrameworkProbe,
+    ProviderAdapter,
+    RuntimeProfile,
+)
+
+PROJECT = "gpulayer"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# --------------------------------------------------------------------------- resources
+
+
+@hookspec
+def gpulayer_accelerator_detectors() -> Iterable[AcceleratorDetector]:
+    """Offer detectors of accelerator devices, one record per accelerator kind.
+
+    Called when a worker builds its capabilities and by ``gpulayer resources detect``.
+    The record's ``name`` is the accelerator kind (``cuda``, ``rocm``, ``mps``, or your
+    own); its ``detect(timeout)`` returns a :class:`~gpulayer.types.DetectionResult`.
+    ``detect`` runs in the CLI's process: never import a framework there, and run anything
+    that can hang (a vendor tool, a driver call) with the given timeout. Report trouble
+    as a diagnostic line, not an exception; GPUlayer also guards against both.
+
+    **Example**::
+
+        @gpulayer.hookimpl
+        def gpulayer_accelerator_detectors():
+            def detect(timeout: float) -> DetectionResult:
+                return DetectionResult(devices=[Device(kind="npu", index=0, name="Acme NPU")])
+            yield AcceleratorDetector(name="npu", detect=detect)
+    """
+
+
+@hookspec(firstresult=True)
+def gpulayer_device_environment(kind: str, devices: list[Device]) -> DeviceEnvironment | None:
+    """Return the environment a job needs to see exactly ``devices`` of ``kind``.
+
+    Called by the worker when it starts a task that was granted devices. The first
+    non-None answer wins: answer only for your own kind and return None otherwise.
+    ``devices`` are the granted devices, in grant order (``index`` is the runtime index).
+
+    **Example**::
+
+        @gpulayer.hookimpl
+        def gpulayer_device_environment(kind, devices):
+            if kind == "cuda":
+                ids = ",".join(str(d.index) for d in devices)
+                return DeviceEnvironment(name="cuda", env={"CUDA_VISIBLE_DEVICES": ids})
+            return None
+    """
+
+
+@hookspec
+def gpulayer_framework_probes() -> Iterable[FrameworkProbe]:
+    """Offer probes for GPU/ML frameworks (torch, jax, mlx, cupy, ...).
+
+    Called when capabilities are built. The version comes from the package metadata of
+    the first of ``distributions`` found in the Python that runs jobs; ``subprobes`` (such
+    as ``torch.cuda``) are function bodies run together in one subprocess of that Python,
+    with a timeout, each returning a version string or None.
+
+    **Example**::
+
+        @gpulayer.hookimpl
+        def gpulayer_framework_probes():
+            yield FrameworkProbe(
+                name="tinygrad", distributions=["tinygrad"],
+                subprobes=[SubProbe(name="tinygrad.cuda",
+                                    code="import tinygrad; return tinygrad.__version__")],
+            )
+    """
+
+
+@hookspec
+def gpulayer_runtime_profiles() -> Iterable[RuntimeProfile]:
+    """Offer runtime profiles: named shorthands that fill in accelerator and frameworks.
+
+    Called when a job names ``profile=...`` and by ``gpulayer profiles list``.
+
+    **Example**::
+
+        @gpulayer.hookimpl
+        def gpulayer_runtime_profiles():
+            yield RuntimeProfile(name="pytorch-cuda", accelerator="cuda",
+                                 frameworks={"torch": "", "torch.cuda": ""})
+    """
+
+
+# --------------------------------------------------------------------------- placement
+
+
+@hookspec
+def gpulayer_provider_adapters() -> Iterable[ProviderAdapter]:
+    """Offer provider adapters that boot machines for ``cloud`` jobs.
+
+    Called by the control plane when a ``cloud`` job has no eligible cloud worker: each
+    adapter's ``offers(requirements)`` may propose machine shapes, which stand in for
+    workers-to-be during placement; ``launch`` boots one with a single-use bootstrap token;
+    ``terminate`` ends it.
+
+    **Example**::
+
+        @gpulayer.hookimpl
+        def gpulayer_provider_adapters():
+            yield ProviderAdapter(name="acme", offers=acme_offers, launch=acme_launch,
+                                  terminate=acme_terminate)
+    """
+
+
+@hookspec
+def gpulayer_distributed_launchers() -> Iterable[DistributedLauncher]:
+    """Offer launchers for distributed jobs (torchrun is bundled; MPI, JAX multi-host, ...).
+
+    Called by a worker starting one node of a ``DistributedJob`` whose ``launcher`` names
+    the record. ``build(job, rendezvous, node_rank, python)`` returns that node's
+    :class:`~gpulayer.types.LaunchCommand`.
+
+    **Example**::
+
+        @gpulayer.hookimpl
+        def gpulayer_distributed_launchers():
+            def build(job, rdzv, node_rank, python):
+                return LaunchCommand(argv=["mpirun", "-n", str(job.nproc_per_node), python, job.entry])
+            yield DistributedLauncher(name="mpirun", build=build)
+    """
+
+
+#: Hooks whose results are records collected into a name -> record registry.
+RECORD_HOOKS: dict[str, str] = {
+    "gpulayer_accelerator_detectors": "accelerator detector",
+    "gpulayer_framework_probes": "framework probe",
+    "gpulayer_runtime_profiles": "runtime profile",
+    "gpulayer_provider_adapters": "provider adapter",
+    "gpulayer_distributed_launchers": "distributed launcher",
+}

@@ -1,0 +1,1 @@
+"""Bundled GPUlayer plugin: cuda (in progress)."""

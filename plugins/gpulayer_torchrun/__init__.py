@@ -1,0 +1,1 @@
+"""Bundled GPUlayer plugin: torchrun (in progress)."""
