@@ -1,0 +1,117 @@
+"""``gpulayer bundle``: look at the source bundle a directory would become."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from gpulayer import bundles, config
+from gpulayer.errors import BundleError, GpulayerError
+
+bundle_app = typer.Typer(
+    name="bundle",
+    help="Source bundles: the deterministic zip your code travels in.",
+    no_args_is_help=True,
+)
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+@bundle_app.command("inspect")
+def inspect_cmd(
+    directory: Path = typer.Argument(..., help="the directory to bundle", show_default=False),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of text"),
+    top: int = typer.Option(10, "--top", min=0, help="how many of the largest files to list"),
+) -> None:
+    """List what goes into DIRECTORY's bundle, what is left out and by which rule, the largest
+    files, the total size and the bundle's SHA-256 address.
+
+    Exits 1 when the bundle is over the size limit (GPULAYER_MAX_BUNDLE_MB), 2 on bad input.
+    """
+    try:
+        limit = config.max_bundle_bytes()
+        inspection = bundles.inspect_directory(directory)
+    except GpulayerError as exc:
+        raise _fail(str(exc)) from None
+
+    digest: str | None = None
+    bundle_size: int | None = None
+    problem: str | None = None
+    try:
+        bundle = bundles.build_from_inspection(inspection, max_bytes=limit)
+        digest, bundle_size = bundle.digest, bundle.size
+    except bundles.BundleTooLarge as exc:
+        problem = str(exc)
+    except BundleError as exc:
+        raise _fail(str(exc)) from None
+
+    largest = inspection.largest(top)
+    if as_json:
+        doc: dict[str, Any] = {
+            "directory": str(inspection.root),
+            "digest": digest,
+            "bundle_bytes": bundle_size,
+            "limit_bytes": limit,
+            "total_bytes": inspection.total_size,
+            "file_count": len(inspection.included),
+            "included": [
+                {"path": f.path, "size": f.size, "mode": oct(f.mode)} for f in inspection.included
+            ],
+            "excluded": [{"path": e.path, "rule": e.rule} for e in inspection.excluded],
+            "largest": [{"path": f.path, "size": f.size} for f in largest],
+            "error": problem,
+        }
+        typer.echo(json.dumps(doc, indent=2))
+    else:
+        _print_text(inspection, largest, digest, bundle_size, limit)
+    if problem:
+        raise _fail(problem, code=1)
+
+
+def _print_text(
+    inspection: bundles.Inspection, largest: list[bundles.BundleFile], digest: str | None,
+    bundle_size: int | None, limit: int,
+) -> None:
+    echo = typer.echo
+    size = bundles.format_size
+    echo(f"Bundle of {inspection.root}")
+    echo("")
+    echo(f"Included ({len(inspection.included)} files, {size(inspection.total_size)}):")
+    width = max((len(f.path) for f in inspection.included), default=0)
+    for f in inspection.included:
+        flag = "  (executable)" if f.executable else ""
+        echo(f"  {f.path:<{width}}  {size(f.size):>10}{flag}")
+    if not inspection.included:
+        echo("  (nothing)")
+    echo("")
+    echo(f"Excluded ({len(inspection.excluded)}):")
+    width = max((len(e.path) for e in inspection.excluded), default=0)
+    for e in inspection.excluded:
+        echo(f"  {e.path:<{width}}  {e.rule}")
+    if not inspection.excluded:
+        echo("  (nothing)")
+    if largest:
+        echo("")
+        echo(f"Largest files (top {len(largest)}):")
+        width = max(len(f.path) for f in largest)
+        for f in largest:
+            echo(f"  {f.path:<{width}}  {size(f.size):>10}")
+    echo("")
+    total = size(inspection.total_size)
+    echo(f"Total:   {len(inspection.included)} files, {total} before compression")
+    if bundle_size is not None:
+        echo(f"Bundle:  {size(bundle_size)} ({bundle_size} bytes), limit {size(limit)}")
+        echo(f"Digest:  sha256:{digest}")
+    else:
+        echo(f"Bundle:  over the limit of {size(limit)}; no digest")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``bundle`` group to the ``gpulayer`` app."""
+    app.add_typer(bundle_app, name="bundle")

@@ -1,0 +1,649 @@
+"""Source bundles: determinism, ignore rules, limits, safe and once-only extraction, CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import stat
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+import zipfile
+from pathlib import Path
+
+import pytest
+import typer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from gpulayer import bundles
+from gpulayer.bundles import (
+    Bundle,
+    BundleFile,
+    BundleTooLarge,
+    build_bundle,
+    compute_digest,
+    extract_bundle,
+    inspect_directory,
+    verify_digest,
+)
+from gpulayer.errors import BundleError, InvalidInput
+
+
+def write(root: Path, rel: str, content: bytes | str = b"x", mode: int | None = None) -> Path:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
+    if mode is not None:
+        path.chmod(mode)
+    return path
+
+
+def tree_of(directory: Path) -> dict[str, tuple[bytes, bool]]:
+    """Every file under ``directory``: content and whether it is executable."""
+    out = {}
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            out[path.relative_to(directory).as_posix()] = (
+                path.read_bytes(), bool(path.stat().st_mode & stat.S_IXUSR),
+            )
+    return out
+
+
+def cache_is_clean(cache: Path, allowed: set[str] = frozenset()) -> bool:
+    return not cache.exists() or {p.name for p in cache.iterdir()} <= set(allowed)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    write(root, "main.py", "print('hi')\n")
+    write(root, "pkg/__init__.py", "")
+    write(root, "pkg/model.py", "X = 1\n")
+    write(root, "run.sh", "#!/bin/sh\necho run\n", mode=0o755)
+    write(root, "data/small.csv", "a,b\n1,2\n")
+    return root
+
+
+# --------------------------------------------------------------------------------------------
+# building and determinism
+
+
+def test_bundle_basics(project: Path) -> None:
+    bundle = build_bundle(project)
+    assert isinstance(bundle, Bundle)
+    assert len(bundle.digest) == 64 and bundle.digest == hashlib.sha256(bundle.data).hexdigest()
+    assert bundle.size == len(bundle.data)
+    assert [f.path for f in bundle.files] == [
+        "data/small.csv", "main.py", "pkg/__init__.py", "pkg/model.py", "run.sh",
+    ]
+    with zipfile.ZipFile(io.BytesIO(bundle.data)) as zf:
+        infos = zf.infolist()
+        assert [i.filename for i in infos] == [f.path for f in bundle.files]  # sorted, no dirs
+        assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
+        modes = {i.filename: (i.external_attr >> 16) for i in infos}
+        assert modes["run.sh"] == stat.S_IFREG | 0o755
+        assert modes["main.py"] == stat.S_IFREG | 0o644
+        assert zf.read("pkg/model.py") == b"X = 1\n"
+
+
+def test_same_tree_same_digest_despite_mtimes_order_and_permissions(tmp_path: Path) -> None:
+    files = {"b/z.py": "z", "a.py": "a", "b/c/d.txt": "d" * 1000, "tool": "#!/bin/sh\n"}
+    one, two = tmp_path / "one", tmp_path / "two"
+    for rel, content in files.items():
+        write(one, rel, content, mode=0o755 if rel == "tool" else 0o644)
+    for rel, content in reversed(list(files.items())):  # a different order of creation
+        write(two, rel, content, mode=0o700 if rel == "tool" else 0o600)  # a different umask
+    first = build_bundle(one)
+    assert build_bundle(two).digest == first.digest
+    for path in one.rglob("*"):
+        os.utime(path, (1_000_000, 1_000_000))
+    time.sleep(0.01)
+    (two / "a.py").touch()
+    assert build_bundle(one).digest == first.digest
+    assert build_bundle(two).digest == first.digest
+    assert build_bundle(one).data == first.data
+
+
+def test_content_name_or_executable_bit_change_the_digest(project: Path) -> None:
+    base = build_bundle(project).digest
+    (project / "main.py").chmod(0o755)
+    exec_digest = build_bundle(project).digest
+    assert exec_digest != base
+    (project / "main.py").chmod(0o644)
+    assert build_bundle(project).digest == base
+    (project / "main.py").write_text("print('bye')\n")
+    assert build_bundle(project).digest != base
+
+
+_names = st.text(alphabet="abcxyz_-.0123", min_size=1, max_size=6).filter(
+    lambda s: s not in (".", "..") and not s.endswith(".pyc")
+)
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    files=st.dictionaries(
+        st.lists(_names, min_size=1, max_size=3).map(tuple),
+        st.tuples(st.binary(max_size=200), st.booleans()),
+        min_size=1, max_size=8,
+    ),
+)
+def test_property_determinism_and_round_trip(tmp_path_factory: pytest.TempPathFactory,
+                                              files: dict) -> None:
+    # drop entries that would need a file to also be a directory
+    keys = sorted(files)
+    files = {k: v for k, v in files.items()
+             if not any(o != k and o[:len(k)] == k for o in keys)}
+    base = tmp_path_factory.mktemp("prop")
+    one, two = base / "one", base / "two"
+    for order, root in ((sorted(files), one), (sorted(files, reverse=True), two)):
+        for parts in order:
+            content, executable = files[parts]
+            write(root, "/".join(parts), content, mode=0o755 if executable else 0o644)
+    b1, b2 = build_bundle(one), build_bundle(two)
+    assert b1.digest == b2.digest
+    extracted = extract_bundle(b1.data, b1.digest, base / "cache")
+    assert tree_of(extracted) == tree_of(one)
+
+
+# --------------------------------------------------------------------------------------------
+# what goes in
+
+
+def test_default_excludes(project: Path) -> None:
+    write(project, ".git/HEAD", "ref")
+    write(project, ".venv/bin/python", "py")
+    write(project, "venv/lib/x.py", "x")
+    write(project, "pkg/__pycache__/model.cpython-311.pyc", "c")
+    write(project, "stray.pyc", "c")
+    write(project, "web/node_modules/left-pad/index.js", "js")
+    write(project, "web/app.js", "js")
+    inspection = inspect_directory(project)
+    excluded = dict(inspection.excluded)
+    assert excluded == {
+        ".git/": "default: .git",
+        ".venv/": "default: .venv/",
+        "venv/": "default: venv/",
+        "pkg/__pycache__/": "default: __pycache__/",
+        "stray.pyc": "default: *.pyc",
+        "web/node_modules/": "default: node_modules/",
+    }
+    included = [f.path for f in inspection.included]
+    assert "web/app.js" in included and "main.py" in included
+    assert not any("node_modules" in p or p.startswith(".git") for p in included)
+    assert [f.path for f in build_bundle(project).files] == included
+
+
+def test_gitignore_rules_are_named(project: Path) -> None:
+    write(project, ".gitignore", "# build output\n\n*.log\n/build/\nsecret.txt\n")
+    write(project, "app.log", "l")
+    write(project, "pkg/deep.log", "l")
+    write(project, "build/out.bin", "b")
+    write(project, "pkg/build/kept.py", "anchored /build/ only matches at the top")
+    write(project, "secret.txt", "s")
+    inspection = inspect_directory(project)
+    excluded = dict(inspection.excluded)
+    assert excluded["app.log"] == ".gitignore:3: *.log"
+    assert excluded["pkg/deep.log"] == ".gitignore:3: *.log"
+    assert excluded["build/"] == ".gitignore:4: /build/"
+    assert excluded["secret.txt"] == ".gitignore:5: secret.txt"
+    included = {f.path for f in inspection.included}
+    assert {"pkg/build/kept.py", ".gitignore", "main.py"} <= included
+
+
+def test_nested_gitignore_applies_below_its_folder(project: Path) -> None:
+    write(project, "sub/.gitignore", "*.tmp\n/local.txt\n")
+    write(project, "sub/a.tmp", "t")
+    write(project, "sub/inner/b.tmp", "t")
+    write(project, "sub/local.txt", "l")
+    write(project, "sub/inner/local.txt", "anchored to sub/, so kept")
+    write(project, "top.tmp", "not under sub/")
+    excluded = dict(inspect_directory(project).excluded)
+    assert excluded["sub/a.tmp"] == "sub/.gitignore:1: *.tmp"
+    assert excluded["sub/inner/b.tmp"] == "sub/.gitignore:1: *.tmp"
+    assert excluded["sub/local.txt"] == "sub/.gitignore:2: /local.txt"
+    assert "sub/inner/local.txt" not in excluded
+    assert "top.tmp" not in excluded
+
+
+def test_gpulayerignore_excludes_and_negation_reincludes(project: Path) -> None:
+    write(project, ".gitignore", "*.log\nweights/\n")
+    write(project, ".gpulayerignore", "data/\n!important.log\n!venv/\n")
+    write(project, "debug.log", "d")
+    write(project, "important.log", "keep me")
+    write(project, "weights/model.bin", "w")
+    write(project, "venv/tool.py", "a folder the user really wants, despite the default")
+    inspection = inspect_directory(project)
+    excluded = dict(inspection.excluded)
+    included = {f.path for f in inspection.included}
+    assert excluded["data/"] == ".gpulayerignore:1: data/"
+    assert excluded["debug.log"] == ".gitignore:1: *.log"
+    assert excluded["weights/"] == ".gitignore:2: weights/"
+    assert "important.log" in included
+    assert "venv/tool.py" in included
+    assert ".gpulayerignore" in included
+
+
+def test_symlinks(project: Path, tmp_path: Path) -> None:
+    outside = write(tmp_path, "outside/secret.txt", "do not ship")
+    (project / "link_in.py").symlink_to("main.py")
+    (project / "link_out.txt").symlink_to(outside)
+    (project / "link_rel_out").symlink_to("../outside/secret.txt")
+    (project / "link_dir").symlink_to("pkg", target_is_directory=True)
+    (project / "broken").symlink_to("nope")
+    (project / "tool").symlink_to("run.sh")
+    inspection = inspect_directory(project)
+    excluded = dict(inspection.excluded)
+    assert excluded["link_out.txt"] == "symlink to outside the directory (not followed)"
+    assert excluded["link_rel_out"] == "symlink to outside the directory (not followed)"
+    assert excluded["link_dir/"] == "symlink to a directory (not followed)"
+    assert excluded["broken"] == "broken symlink"
+    bundle = build_bundle(project)
+    with zipfile.ZipFile(io.BytesIO(bundle.data)) as zf:
+        assert zf.read("link_in.py") == (project / "main.py").read_bytes()
+        assert zf.getinfo("tool").external_attr >> 16 == stat.S_IFREG | 0o755
+        assert not any(b"do not ship" in zf.read(n) for n in zf.namelist())
+
+
+def test_inspection_largest_and_total(project: Path) -> None:
+    write(project, "big.bin", b"\0" * 5000)
+    write(project, "mid.bin", b"\0" * 3000)
+    inspection = inspect_directory(project)
+    assert [f.path for f in inspection.largest(2)] == ["big.bin", "mid.bin"]
+    assert inspection.total_size == sum(f.size for f in inspection.included)
+    assert inspection.largest(0) == []
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_bad_directory_is_named(tmp_path: Path, kind: str) -> None:
+    target = tmp_path / "nowhere"
+    if kind == "file":
+        target.write_text("x")
+    with pytest.raises(BundleError, match="nowhere") as info:
+        build_bundle(target)
+    assert isinstance(info.value, InvalidInput)
+    assert ("does not exist" if kind == "missing" else "is not a directory") in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# size limit
+
+
+def test_size_limit_names_limit_size_and_largest_files(project: Path) -> None:
+    write(project, "weights/huge.bin", os.urandom(20_000))
+    write(project, "weights/medium.bin", os.urandom(8_000))
+    with pytest.raises(BundleTooLarge) as info:
+        build_bundle(project, max_bytes=10_000)
+    message = str(info.value)
+    assert "10000 bytes" in message and "9.8 KB" in message  # the limit
+    assert "weights/huge.bin (19.5 KB)" in message  # the largest files, largest first
+    assert message.index("huge.bin") < message.index("medium.bin")
+    assert "GPULAYER_MAX_BUNDLE_MB" in message and ".gpulayerignore" in message
+    assert info.value.limit == 10_000 and info.value.size > 10_000
+    assert info.value.largest[0].path == "weights/huge.bin"
+    assert isinstance(info.value, BundleError)
+
+
+def test_size_limit_from_environment(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(project, "blob.bin", os.urandom(4000))
+    monkeypatch.setenv("GPULAYER_MAX_BUNDLE_MB", "0.001")  # 1048 bytes
+    with pytest.raises(BundleTooLarge, match="1048 bytes"):
+        build_bundle(project)
+    assert build_bundle(project, max_bytes=1_000_000).size < 1_000_000
+    monkeypatch.setenv("GPULAYER_MAX_BUNDLE_MB", "lots")
+    with pytest.raises(InvalidInput, match="GPULAYER_MAX_BUNDLE_MB"):
+        build_bundle(project)
+
+
+def test_bundle_just_under_the_limit_is_accepted(project: Path) -> None:
+    size = build_bundle(project).size
+    assert build_bundle(project, max_bytes=size).size == size
+    with pytest.raises(BundleTooLarge, match=f"{size} bytes"):
+        build_bundle(project, max_bytes=size - 1)
+
+
+# --------------------------------------------------------------------------------------------
+# extraction
+
+
+def test_extract_round_trip_and_reuse(project: Path, tmp_path: Path) -> None:
+    bundle = build_bundle(project)
+    cache = tmp_path / "cache"
+    where = extract_bundle(bundle.data, bundle.digest, cache)
+    assert where == cache / bundle.digest
+    assert tree_of(where) == tree_of(project)
+    assert os.access(where / "run.sh", os.X_OK)
+    assert not os.access(where / "main.py", os.X_OK)
+    assert {p.name for p in cache.iterdir()} == {bundle.digest}  # no temp dir, no lock file
+    (where / "marker").write_text("extracted once")
+    assert extract_bundle(bundle.data, bundle.digest, cache) == where
+    assert (where / "marker").exists()
+
+
+def test_verify_digest(project: Path) -> None:
+    bundle = build_bundle(project)
+    verify_digest(bundle.data, bundle.digest)
+    with pytest.raises(BundleError, match="does not match its address"):
+        verify_digest(bundle.data + b"!", bundle.digest)
+    with pytest.raises(BundleError, match="64 lowercase hex"):
+        verify_digest(bundle.data, bundle.digest.upper())
+
+
+def test_extract_once_under_a_thread_race(project: Path, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    bundle = build_bundle(project)
+    cache = tmp_path / "cache"
+    calls = []
+    real = bundles._extract_members
+
+    def slow_extract(*args, **kwargs):
+        calls.append(threading.get_ident())
+        time.sleep(0.05)  # widen the window for a race
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bundles, "_extract_members", slow_extract)
+    barrier = threading.Barrier(8)
+    results: list[Path] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            barrier.wait()
+            results.append(extract_bundle(bundle.data, bundle.digest, cache))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(calls) == 1
+    assert set(results) == {cache / bundle.digest}
+    assert {p.name for p in cache.iterdir()} == {bundle.digest}
+    assert tree_of(cache / bundle.digest) == tree_of(project)
+
+
+def test_extract_once_under_a_process_race(project: Path, tmp_path: Path) -> None:
+    bundle = build_bundle(project)
+    blob = tmp_path / "bundle.zip"
+    blob.write_bytes(bundle.data)
+    cache, counter, go = tmp_path / "cache", tmp_path / "count", tmp_path / "go"
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        from pathlib import Path
+        from gpulayer import bundles
+        real = bundles._extract_members
+        def counted(*a, **k):
+            with open({str(counter)!r}, "a") as f:
+                f.write("x")
+            time.sleep(0.1)
+            return real(*a, **k)
+        bundles._extract_members = counted
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.005)
+        data = Path({str(blob)!r}).read_bytes()
+        print(bundles.extract_bundle(data, {bundle.digest!r}, Path({str(cache)!r})))
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    time.sleep(0.3)
+    go.touch()
+    outputs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, outputs
+    assert {out.strip() for out, _ in outputs} == {str(cache / bundle.digest)}
+    assert counter.read_text() == "x"
+    assert {p.name for p in cache.iterdir()} == {bundle.digest}
+    assert tree_of(cache / bundle.digest) == tree_of(project)
+
+
+# --- malicious and broken archives: refused, nothing left in the cache
+
+
+def make_zip(entries: list[tuple[str, bytes, int]]) -> bytes:
+    """A zip of (name, content, unix mode) entries, written as-is."""
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # duplicate names
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+            for name, content, mode in entries:
+                info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+                info.create_system = 3
+                info.external_attr = mode << 16
+                info.compress_type = zipfile.ZIP_DEFLATED
+                zf.writestr(info, content)
+    return buf.getvalue()
+
+
+REG = stat.S_IFREG | 0o644
+LINK = stat.S_IFLNK | 0o777
+
+MALICIOUS = {
+    "absolute path": ([("/tmp/evil.txt", b"x", REG)], "absolute path"),
+    "dot-dot traversal": ([("ok.txt", b"x", REG), ("a/../../evil.txt", b"x", REG)], "'..'"),
+    "leading dot-dot": ([("../evil.txt", b"x", REG)], "'..'"),
+    "drive letter": ([("C:/evil.txt", b"x", REG)], "drive letter"),
+    "backslash traversal": ([("..\\evil.txt", b"x", REG)], "backslash"),
+    "symlink outside": ([("link", b"/etc/passwd", LINK)], "symlink"),
+    "relative symlink outside": ([("link", b"../../../../etc", LINK)], "symlink"),
+    "duplicate names": ([("a.txt", b"1", REG), ("a.txt", b"2", REG)], "more than once"),
+    "file is also a folder": ([("a", b"1", REG), ("a/b", b"2", REG)], "which is a file"),
+    "empty component": ([("a//b", b"1", REG)], "'empty'"),
+    "device node": ([("dev", b"", stat.S_IFCHR | 0o644)], "not a regular file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALICIOUS))
+def test_malicious_archives_are_refused(tmp_path: Path, case: str) -> None:
+    entries, expected = MALICIOUS[case]
+    data = make_zip(entries)
+    cache = tmp_path / "cache"
+    with pytest.raises(BundleError, match=expected):
+        extract_bundle(data, compute_digest(data), cache)
+    assert cache_is_clean(cache)
+    assert not (tmp_path / "evil.txt").exists()
+
+
+def test_too_many_entries(tmp_path: Path) -> None:
+    data = make_zip([(f"f{i}.txt", b"x", REG) for i in range(20)])
+    cache = tmp_path / "cache"
+    with pytest.raises(BundleError, match="20 entries, more than the 10 allowed"):
+        extract_bundle(data, compute_digest(data), cache, max_entries=10)
+    assert cache_is_clean(cache)
+    assert extract_bundle(data, compute_digest(data), cache, max_entries=20).is_dir()
+
+
+def test_compression_bomb_with_honest_header(tmp_path: Path) -> None:
+    data = make_zip([("zeros.bin", b"\0" * 20_000_000, REG)])
+    assert len(data) < 100_000
+    cache = tmp_path / "cache"
+    with pytest.raises(BundleError, match="compression bomb"):
+        extract_bundle(data, compute_digest(data), cache, max_uncompressed_bytes=1_000_000)
+    assert cache_is_clean(cache)
+
+
+def _lie_about_size(data: bytes, size: int) -> bytes:
+    """Rewrite the uncompressed size of the only entry, in both its headers."""
+    raw = bytearray(data)
+    local = raw.index(b"PK\x03\x04")
+    struct.pack_into("<I", raw, local + 22, size)
+    central = raw.index(b"PK\x01\x02")
+    struct.pack_into("<I", raw, central + 24, size)
+    return bytes(raw)
+
+
+def test_compression_bomb_with_lying_header(tmp_path: Path) -> None:
+    data = _lie_about_size(make_zip([("zeros.bin", b"\0" * 20_000_000, REG)]), 100)
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        assert zf.getinfo("zeros.bin").file_size == 100  # the header lies
+    cache = tmp_path / "cache"
+    with pytest.raises(BundleError, match=r"zeros\.bin"):
+        extract_bundle(data, compute_digest(data), cache, max_uncompressed_bytes=1_000_000)
+    assert cache_is_clean(cache)
+
+
+def test_bytes_read_are_counted_even_if_headers_lie(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # a reader that yields more than the header declared (zipfile itself stops at the declared
+    # size, so simulate the worst case) is refused on the bytes actually read
+    data = make_zip([("a.bin", b"\0" * 1000, REG), ("b.bin", b"\0" * 1000, REG)])
+    real_open = zipfile.ZipFile.open
+
+    class Flood(io.RawIOBase):
+        def __init__(self) -> None:
+            self.left = 10_000_000
+
+        def readable(self) -> bool:
+            return True
+
+        def read(self, n: int = -1) -> bytes:
+            n = min(self.left, 1 << 20 if n < 0 else n)
+            self.left -= n
+            return b"\0" * n
+
+    def fake_open(self, name, mode="r", *args, **kwargs):
+        if mode == "r":
+            return Flood()
+        return real_open(self, name, mode, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile.ZipFile, "open", fake_open)
+    cache = tmp_path / "cache"
+    with pytest.raises(BundleError, match="more than the 1000 bytes it declares"):
+        extract_bundle(data, compute_digest(data), cache, max_uncompressed_bytes=1_000_000)
+    assert cache_is_clean(cache)
+
+
+def test_digest_mismatch_and_garbage(tmp_path: Path, project: Path) -> None:
+    bundle = build_bundle(project)
+    cache = tmp_path / "cache"
+    other = "0" * 64
+    with pytest.raises(BundleError, match="does not match its address"):
+        extract_bundle(bundle.data, other, cache)
+    with pytest.raises(BundleError, match="not a SHA-256 address"):
+        extract_bundle(bundle.data, "../../etc", cache)
+    garbage = b"not a zip at all"
+    with pytest.raises(BundleError, match="not a valid zip"):
+        extract_bundle(garbage, compute_digest(garbage), cache)
+    assert cache_is_clean(cache)
+
+
+def test_failed_extraction_leaves_no_partial_folder(tmp_path: Path) -> None:
+    # valid names, but the second entry's data is corrupt: the first one must not survive
+    data = bytearray(make_zip([("a.txt", b"hello " * 100, REG), ("b.txt", b"world " * 100, REG)]))
+    with zipfile.ZipFile(io.BytesIO(bytes(data))) as zf:
+        info = zf.getinfo("b.txt")
+    start = info.header_offset + 30 + len(b"b.txt") + 2
+    data[start] ^= 0xFF
+    data = bytes(data)
+    cache = tmp_path / "cache"
+    with pytest.raises(BundleError, match=r"b\.txt"):
+        extract_bundle(data, compute_digest(data), cache)
+    assert cache_is_clean(cache)
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+
+
+def _bundle_cli_module():
+    try:
+        from gpulayer.cli import bundle as bundle_cli
+    except Exception:  # test_cli_registered_in_main_app reports a broken package
+        # the package's __init__ wires every command group; while a sibling group is broken,
+        # load this one on its own (it needs nothing from the package)
+        import importlib.util
+
+        import gpulayer
+
+        path = Path(gpulayer.__file__).parent / "cli" / "bundle.py"
+        spec = importlib.util.spec_from_file_location("_gpulayer_cli_bundle", path)
+        assert spec and spec.loader
+        bundle_cli = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bundle_cli)
+    return bundle_cli
+
+
+@pytest.fixture
+def cli() -> typer.Typer:
+    bundle_cli = _bundle_cli_module()
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:
+        pass
+
+    bundle_cli.register(app)
+    return app
+
+
+def test_cli_inspect_text(cli: typer.Typer, project: Path) -> None:
+    write(project, ".gitignore", "*.log\n")
+    write(project, "debug.log", "l")
+    write(project, "node_modules/x/index.js", "j")
+    result = CliRunner().invoke(cli, ["bundle", "inspect", str(project), "--top", "2"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    digest = build_bundle(project).digest
+    assert f"sha256:{digest}" in out
+    assert "main.py" in out and "run.sh" in out and "(executable)" in out
+    assert "debug.log" in out and ".gitignore:1: *.log" in out
+    assert "node_modules/" in out and "default: node_modules/" in out
+    assert "Largest files (top 2)" in out
+    assert "Total:" in out
+
+
+def test_cli_inspect_json(cli: typer.Typer, project: Path) -> None:
+    write(project, "x.pyc", "c")
+    result = CliRunner().invoke(cli, ["bundle", "inspect", str(project), "--json", "--top", "1"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    bundle = build_bundle(project)
+    assert doc["digest"] == bundle.digest
+    assert doc["bundle_bytes"] == bundle.size
+    assert [f["path"] for f in doc["included"]] == [f.path for f in bundle.files]
+    assert {"path": "x.pyc", "rule": "default: *.pyc"} in doc["excluded"]
+    assert len(doc["largest"]) == 1
+    assert doc["total_bytes"] == sum(f.size for f in bundle.files)
+    assert doc["error"] is None
+
+
+def test_cli_inspect_missing_directory(cli: typer.Typer, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir"
+    result = CliRunner().invoke(cli, ["bundle", "inspect", str(missing)])
+    assert result.exit_code == 2
+    assert "no-such-dir" in result.output and "does not exist" in result.output
+
+
+def test_cli_inspect_over_limit(cli: typer.Typer, project: Path,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    write(project, "big.bin", os.urandom(5000))
+    monkeypatch.setenv("GPULAYER_MAX_BUNDLE_MB", "0.001")
+    result = CliRunner().invoke(cli, ["bundle", "inspect", str(project)])
+    assert result.exit_code == 1
+    assert "big.bin" in result.output and "too large" in result.output
+    assert "over the limit" in result.output
+
+
+def test_cli_registered_in_main_app(project: Path) -> None:
+    try:
+        from gpulayer.cli import app
+    except ImportError as exc:  # the rest of the CLI is being written alongside
+        pytest.skip(f"gpulayer.cli not importable yet: {exc}")
+    result = CliRunner().invoke(app, ["bundle", "inspect", str(project), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["digest"] == build_bundle(project).digest
+
+
+def test_bundle_file_record() -> None:
+    assert BundleFile("a", 1, 0o755).executable
+    assert not BundleFile("a", 1, 0o644).executable
