@@ -1,0 +1,361 @@
+"""``gpulayer submit`` and the ``gpulayer jobs`` group.
+
+Exit codes of ``gpulayer submit`` (without ``--detach``):
+
+=====  ================================================================
+N      the job ran: its own exit code (0 on success)
+1      the job failed without an exit code of its own
+2      bad input (a flag, a spec, a bundle)
+124    the job timed out
+125    the job could not be placed (no eligible worker)
+126    the job's worker was lost and no retry was left
+130    the job was cancelled (or you pressed Ctrl-C and it was cancelled)
+=====  ================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, Optional
+
+import typer
+
+from gpulayer.client import Client, connect
+from gpulayer.errors import GpulayerError, InvalidInput
+from gpulayer.types import (
+    CommandJob,
+    DistributedJob,
+    JobRecord,
+    JobState,
+    Placement,
+    Requirements,
+)
+
+EXIT_FAILED = 1
+EXIT_TIMED_OUT = 124
+EXIT_UNSCHEDULABLE = 125
+EXIT_LOST = 126
+EXIT_CANCELLED = 130
+
+jobs_app = typer.Typer(help="Inspect and control jobs.", no_args_is_help=True)
+
+
+def _client() -> Client:
+    return connect()
+
+
+def _echo_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def exit_code_for(job: JobRecord) -> int:
+    if job.state is JobState.SUCCEEDED:
+        return 0
+    if job.state is JobState.UNSCHEDULABLE:
+        return EXIT_UNSCHEDULABLE
+    if job.state is JobState.TIMED_OUT:
+        return EXIT_TIMED_OUT
+    if job.state is JobState.CANCELLED:
+        return EXIT_CANCELLED
+    if job.error and job.error.get("type") == "lost":
+        return EXIT_LOST
+    if job.exit_code is not None and job.exit_code > 0:
+        return job.exit_code
+    return EXIT_FAILED
+
+
+class _Progress:
+    """Shows queued -> assigned -> running on a terminal; silent when stderr is piped."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.last: str | None = None
+        self.started = time.monotonic()
+
+    def update(self, job: JobRecord) -> None:
+        if not self.enabled or job.state.value == self.last:
+            return
+        self.last = job.state.value
+        where = ""
+        if job.tasks:
+            t = [t for t in job.tasks if t.attempt == job.attempt]
+            where = " on " + ", ".join(
+                f"{x.worker_id}" + (f" ({x.accelerator} {','.join(map(str, x.devices))})" if x.devices else "")
+                for x in t
+            ) if t else ""
+        elapsed = time.monotonic() - self.started
+        extra = ""
+        if job.state is JobState.QUEUED and job.decision is not None:
+            extra = f" ({job.decision.summary})"
+        typer.echo(f"gpulayer: {job.id} {job.state.value}{where}{extra} [{elapsed:.1f}s]", err=True)
+
+
+def follow_job(client: Client, job_id: str, *, node: int | None = None, progress: bool = False) -> JobRecord:
+    """Stream the job's output to our stdout/stderr until it ends; returns its record."""
+    after = 0
+    show = _Progress(progress)
+    delay = 0.05
+    while True:
+        job = client.get_job(job_id)
+        show.update(job)
+        chunks = client.logs(job_id, after=after, node=node)
+        multi = job.spec.kind == "distributed" and getattr(job.spec, "nodes", 1) > 1 and node is None
+        for c in chunks:
+            after = max(after, c.id)
+            out = sys.stderr if c.stream == "stderr" else sys.stdout
+            data = c.data
+            if multi:
+                data = "".join(f"[node {c.node_rank}] {line}" for line in data.splitlines(keepends=True))
+            out.write(data)
+            out.flush()
+        if job.state.terminal and not chunks:
+            return job
+        if chunks:
+            delay = 0.05
+        else:
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(jobs_app, name="jobs")
+    app.command(
+        "submit",
+        context_settings={"allow_interspersed_args": False},
+        help="Submit a command as a job, stream its output and exit with its exit code.",
+    )(submit_cmd)
+
+
+def submit_cmd(
+    command: list[str] = typer.Argument(..., help="the command to run, after --"),
+    accelerator: Optional[str] = typer.Option(None, "--accelerator", "-a", help="cuda, rocm, mps, ... (default: none)"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", min=0, help="devices per node (default 1 with --accelerator)"),
+    framework: list[str] = typer.Option([], "--framework", "-f", help="e.g. 'torch>=2.2' (repeatable)"),
+    profile: Optional[str] = typer.Option(None, "--profile", help="runtime profile, e.g. pytorch-cuda"),
+    target: str = typer.Option("local", "--target", help="local, remote or cloud"),
+    fallback: list[str] = typer.Option([], "--fallback", help="fallback target, in order (repeatable)"),
+    bundle: Optional[str] = typer.Option(None, "--bundle", help="directory to send and run in"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds per attempt"),
+    retries: int = typer.Option(0, "--retries", min=0, help="extra attempts after a failure or loss"),
+    on_unschedulable: str = typer.Option("fail", "--on-unschedulable", help="fail or wait"),
+    env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE for the job (repeatable)"),
+    label: list[str] = typer.Option([], "--label", help="required worker label KEY=VALUE (repeatable)"),
+    priority: int = typer.Option(0, "--priority", help="higher runs first"),
+    name: Optional[str] = typer.Option(None, "--name"),
+    nodes: int = typer.Option(1, "--nodes", min=1, help="nodes of a distributed job"),
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", min=1, help="processes per node"),
+    launcher: str = typer.Option("torchrun", "--launcher", help="launcher of a distributed job"),
+    detach: bool = typer.Option(False, "--detach", "-d", help="print the job id and return"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="show the spec and the bundle's contents; submit nothing"),
+    as_json: bool = typer.Option(False, "--json", help="with --detach or --dry-run: print JSON"),
+) -> None:
+    def kv(items: list[str], what: str) -> dict[str, str]:
+        out = {}
+        for item in items:
+            if "=" not in item:
+                raise InvalidInput(f"{what} {item!r}: expected KEY=VALUE")
+            k, v = item.split("=", 1)
+            out[k] = v
+        return out
+
+    try:
+        requirements = Requirements(accelerator=accelerator, gpus=gpus, frameworks=list(framework),
+                                    profile=profile, labels=kv(label, "--label"))
+        placement = Placement(target=target, fallback_targets=fallback,  # type: ignore[arg-type]
+                              on_unschedulable=on_unschedulable)  # type: ignore[arg-type]
+        common: dict[str, Any] = dict(requirements=requirements, placement=placement, timeout=timeout,
+                                      retries=retries, env=kv(env, "--env"), priority=priority,
+                                      name=name, bundle=bundle)
+        spec: CommandJob | DistributedJob
+        if nodes > 1 or nproc_per_node is not None:
+            if not command:
+                raise InvalidInput("command: a distributed job needs an entry, e.g. -- train.py ARGS")
+            spec = DistributedJob(nodes=nodes, nproc_per_node=nproc_per_node or 1, entry=command[0],
+                                  args=command[1:], launcher=launcher, **common)
+        else:
+            spec = CommandJob(command=command, **common)
+    except GpulayerError:
+        raise
+    except ValueError as exc:  # pydantic's ValidationError: name the flag
+        raise InvalidInput(_flag_error(exc)) from None
+
+    if dry_run:
+        _dry_run(spec, as_json)
+        return
+    client = _client()
+    job = client.submit(spec)
+    if job.state is JobState.UNSCHEDULABLE:
+        typer.echo(job.decision.render() if job.decision else "scheduling: no eligible worker", err=True)
+        raise typer.Exit(EXIT_UNSCHEDULABLE)
+    if detach:
+        if as_json:
+            _echo_json({"id": job.id, "state": job.state.value})
+        else:
+            typer.echo(job.id)
+        return
+    try:
+        final = follow_job(client, job.id, progress=sys.stderr.isatty())
+    except KeyboardInterrupt:
+        client.cancel(job.id)
+        typer.echo(f"\ngpulayer: cancelled {job.id}", err=True)
+        raise typer.Exit(EXIT_CANCELLED) from None
+    if final.state is not JobState.SUCCEEDED:
+        err = (final.error or {}).get("message") or final.state.value
+        typer.echo(f"gpulayer: job {final.id} {final.state.value}: {err}", err=True)
+    raise typer.Exit(exit_code_for(final))
+
+
+def _flag_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        parts = []
+        for e in errors():
+            loc = ".".join(str(x) for x in e.get("loc", ()))
+            parts.append(f"{loc}: {e.get('msg')}" if loc else str(e.get("msg")))
+        return "; ".join(parts)
+    return str(exc)
+
+
+def _dry_run(spec: CommandJob | DistributedJob, as_json: bool) -> None:
+    from gpulayer import bundles
+    from gpulayer.profiles import resolve_requirements
+
+    resolved = spec.model_copy(update={"requirements": resolve_requirements(spec.requirements)})
+    data: dict[str, Any] = {"spec": json.loads(resolved.model_dump_json(exclude_defaults=True))}
+    if spec.bundle:
+        ins = bundles.inspect_directory(spec.bundle)
+        data["bundle"] = {
+            "files": [f.path for f in ins.included], "total_bytes": ins.total_size,
+            "excluded": [{"path": e[0], "rule": e[1]} for e in ins.excluded],
+            "largest": [{"path": f.path, "bytes": f.size} for f in ins.largest(5)],
+        }
+    if as_json:
+        _echo_json(data)
+        return
+    typer.echo(json.dumps(data["spec"], indent=2))
+    if "bundle" in data:
+        b = data["bundle"]
+        typer.echo(f"bundle: {len(b['files'])} file(s), {b['total_bytes']} bytes")
+        for f in b["files"]:
+            typer.echo(f"  + {f}")
+        for e in b["excluded"]:
+            typer.echo(f"  - {e['path']}  ({e['rule']})")
+
+
+# --------------------------------------------------------------------------- jobs group
+
+
+def _job_summary(job: JobRecord) -> dict[str, Any]:
+    spec = job.spec
+    what = " ".join(spec.command) if spec.kind == "command" else (
+        spec.function if spec.kind == "function" else f"{spec.entry} x{spec.nodes}")  # type: ignore[union-attr]
+    return {"id": job.id, "state": job.state.value, "kind": spec.kind, "name": spec.name or "",
+            "what": what, "attempt": job.attempt, "created_at": job.created_at}
+
+
+@jobs_app.command("list")
+def jobs_list(
+    state: Optional[str] = typer.Option(None, "--state", help="only jobs in this state"),
+    limit: int = typer.Option(50, "--limit", min=1),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """List recent jobs, newest first."""
+    jobs = _client().list_jobs(state=state, limit=limit)
+    if as_json:
+        _echo_json([_job_summary(j) for j in jobs])
+        return
+    if not jobs:
+        typer.echo("no jobs")
+        return
+    typer.echo(f"{'JOB':<18}{'STATE':<15}{'KIND':<12}{'AGE':>8}  WHAT")
+    now = time.time()
+    for j in jobs:
+        s = _job_summary(j)
+        typer.echo(f"{s['id']:<18}{s['state']:<15}{s['kind']:<12}{_age(now - j.created_at):>8}  {s['what'][:60]}")
+
+
+def _age(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+@jobs_app.command("show")
+def jobs_show(job_id: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")) -> None:
+    """A job's spec, state, tasks and last placement decision (one line per worker)."""
+    job = _client().get_job(job_id)
+    if as_json:
+        typer.echo(job.model_dump_json(indent=2))
+        return
+    s = _job_summary(job)
+    typer.echo(f"job       {job.id}")
+    typer.echo(f"state     {job.state.value}" + (f" (exit code {job.exit_code})" if job.exit_code is not None else ""))
+    typer.echo(f"kind      {s['kind']}: {s['what']}")
+    req = job.spec.requirements.model_dump(exclude_defaults=True)
+    typer.echo(f"needs     {json.dumps(req) if req else 'nothing special (CPU)'}")
+    typer.echo(f"placement target={job.spec.placement.target} fallback={job.spec.placement.fallback_targets} "
+               f"on_unschedulable={job.spec.placement.on_unschedulable}")
+    typer.echo(f"attempt   {job.attempt} of {job.spec.retries + 1}")
+    if job.error:
+        typer.echo(f"error     {job.error.get('type')}: {job.error.get('message')}")
+    for t in job.tasks:
+        devs = f" {t.accelerator}{t.devices}" if t.devices else ""
+        typer.echo(f"task      {t.id} attempt={t.attempt} node={t.node_rank} worker={t.worker_id}{devs} "
+                   f"{t.state.value}" + (f" exit={t.exit_code}" if t.exit_code is not None else ""))
+    if job.decision:
+        typer.echo("placement " + job.decision.render().replace("\n", "\n          "))
+
+
+@jobs_app.command("logs")
+def jobs_logs(
+    job_id: str = typer.Argument(...),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep streaming until the job ends"),
+    node: Optional[int] = typer.Option(None, "--node", min=0, help="only this node of a distributed job"),
+) -> None:
+    """Print a job's output (stdout and stderr as written)."""
+    client = _client()
+    if follow:
+        follow_job(client, job_id, node=node)
+        return
+    job = client.get_job(job_id)
+    multi = job.spec.kind == "distributed" and node is None
+    for c in client.logs(job_id, node=node):
+        out = sys.stderr if c.stream == "stderr" else sys.stdout
+        data = c.data
+        if multi:
+            data = "".join(f"[node {c.node_rank}] {line}" for line in data.splitlines(keepends=True))
+        out.write(data)
+    sys.stdout.flush()
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(job_id: str = typer.Argument(...)) -> None:
+    """Cancel a job: its processes are ended, grandchildren included."""
+    job = _client().cancel(job_id)
+    typer.echo(f"{job.id} {job.state.value}" + (" (cancel requested)" if not job.state.terminal else ""))
+
+
+@jobs_app.command("result")
+def jobs_result(
+    job_id: str = typer.Argument(...),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="wait for the job to end"),
+    timeout: Optional[float] = typer.Option(None, "--timeout"),
+) -> None:
+    """Print a job's JSON result (function jobs) or exit code (command jobs)."""
+    client = _client()
+    job = client.wait_job(job_id, timeout) if wait else client.get_job(job_id)
+    if not job.state.terminal:
+        typer.echo(f"job {job_id} is still {job.state.value}", err=True)
+        raise typer.Exit(EXIT_FAILED)
+    if job.state is JobState.SUCCEEDED:
+        _echo_json(job.result if job.spec.kind == "function" else {"exit_code": job.exit_code})
+        return
+    err = job.error or {}
+    typer.echo(f"job {job.id} {job.state.value}: {err.get('type', '')}: {err.get('message', '')}", err=True)
+    if err.get("traceback"):
+        typer.echo(err["traceback"], err=True)
+    raise typer.Exit(exit_code_for(job))

@@ -1,0 +1,160 @@
+"""``gpulayer worker start | list | status``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any, Optional
+
+import typer
+
+from gpulayer.client import EmbeddedClient, connect
+
+worker_app = typer.Typer(help="Run and inspect workers.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(worker_app, name="worker")
+
+
+@worker_app.command("start")
+def worker_start(
+    cpu_slots: Optional[int] = typer.Option(None, "--cpu-slots", min=0, help="CPU-only tasks at once (default: min(4, CPUs))"),
+    name: Optional[str] = typer.Option(None, "--name", help="a name to show (default: host name)"),
+    python: Optional[str] = typer.Option(None, "--python", help="the Python that runs jobs (default: this one)"),
+    label: list[str] = typer.Option([], "--label", help="KEY=VALUE label jobs can require (repeatable)"),
+    token: Optional[str] = typer.Option(None, "--token", help="join token (with --url)"),
+    grace: float = typer.Option(10.0, "--grace", min=0, help="seconds running tasks get to finish on SIGTERM"),
+    idle_exit: Optional[float] = typer.Option(None, "--idle-exit", min=0, help="stop after this many idle seconds"),
+) -> None:
+    """Start a worker: embedded (this machine's $GPULAYER_HOME) or, with --url, for a server."""
+    from gpulayer.resources import detect_capabilities
+    from gpulayer.worker.agent import Agent
+
+    logging.basicConfig(level=os.environ.get("GPULAYER_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    labels = {}
+    for item in label:
+        if "=" not in item:
+            raise typer.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--label")
+        k, v = item.split("=", 1)
+        labels[k] = v
+    caps = detect_capabilities(python=python)
+    if labels:
+        caps = caps.model_copy(update={"labels": {**caps.labels, **labels}})
+    url = os.environ.get("GPULAYER_URL")
+    if url:
+        from gpulayer.http_client import HttpWorkerAPI
+
+        api: Any = HttpWorkerAPI.join(url, token=token or os.environ.get("GPULAYER_TOKEN"),
+                                      ca=os.environ.get("GPULAYER_CA"))
+        origin = "existing"
+    else:
+        client = connect()
+        assert isinstance(client, EmbeddedClient)
+        api = client.control
+        origin = "local"
+    agent = Agent(api, capabilities=caps, origin=origin, name=name, cpu_slots=cpu_slots,
+                  python=python, grace=grace, idle_exit=idle_exit)
+    record = agent.start()
+    typer.echo(f"worker {record.id} ({record.name}) serving {record.target} jobs: "
+               f"{len(caps.devices)} device(s), {agent.cpu_slots} CPU slot(s)", err=True)
+    agent._stopping.clear()
+    _serve(agent)
+
+
+def _serve(agent: Any) -> None:
+    import signal
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        typer.echo(f"worker: {signal.Signals(signum).name}, draining (grace {agent.grace:.0f}s)", err=True)
+        agent._stopping.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    last_busy = time.monotonic()
+    while not agent._stopping.wait(0.5):
+        if agent.running_tasks:
+            last_busy = time.monotonic()
+        elif agent.idle_exit is not None and time.monotonic() - last_busy > agent.idle_exit:
+            break
+    agent.stop()
+    typer.echo("worker: stopped", err=True)
+
+
+def _worker_rows(as_json: bool) -> tuple[list[Any], dict[str, Any]]:
+    client = connect()
+    return client.list_workers(), client.worker_usage()
+
+
+@worker_app.command("list")
+def worker_list(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Registered workers, with availability."""
+    workers, usage = _worker_rows(as_json)
+    if as_json:
+        typer.echo(json.dumps([_status(w, usage) for w in workers], indent=2))
+        return
+    if not workers:
+        typer.echo("no workers registered")
+        return
+    typer.echo(f"{'WORKER':<18}{'NAME':<16}{'TARGET':<8}{'STATE':<9}{'DEVICES':<22}{'CPU SLOTS':<10}")
+    for w in workers:
+        st = _status(w, usage)
+        devs = ", ".join(f"{k} {v['free']}/{v['total']} free" for k, v in st["availability"]["devices"].items()) or "-"
+        slots = f"{st['availability']['free_cpu_slots']}/{w.cpu_slots}"
+        typer.echo(f"{w.id:<18}{w.name[:15]:<16}{w.target:<8}{st['state']:<9}{devs:<22}{slots:<10}")
+
+
+def _status(w: Any, usage: dict[str, Any]) -> dict[str, Any]:
+    u = usage.get(w.id, {"busy_devices": [], "busy_cpu_slots": 0})
+    busy = set(u["busy_devices"])
+    kinds: dict[str, dict[str, int]] = {}
+    for d in w.capabilities.devices:
+        k = kinds.setdefault(d.kind, {"total": 0, "free": 0})
+        k["total"] += 1
+        if d.usable and f"{d.kind}:{d.index}" not in busy:
+            k["free"] += 1
+    state = "draining" if w.draining and w.online else ("online" if w.online else "offline")
+    return {
+        "id": w.id, "name": w.name, "origin": w.origin, "target": w.target, "state": state,
+        "last_heartbeat": w.last_heartbeat,
+        "availability": {"online": w.online, "free_cpu_slots": max(0, w.cpu_slots - u["busy_cpu_slots"]) if w.online else 0,
+                         "devices": kinds, "busy_devices": sorted(busy)},
+        "capabilities": json.loads(w.capabilities.model_dump_json()),
+        "frameworks": w.capabilities.frameworks,
+    }
+
+
+@worker_app.command("status")
+def worker_status(
+    worker_id: Optional[str] = typer.Argument(None, help="one worker (default: all)"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Capabilities (devices, frameworks, host) and availability of workers."""
+    workers, usage = _worker_rows(as_json)
+    if worker_id is not None:
+        workers = [w for w in workers if w.id == worker_id]
+        if not workers:
+            typer.echo(f"error: worker {worker_id!r}: no such worker", err=True)
+            raise typer.Exit(2)
+    data = [_status(w, usage) for w in workers]
+    if as_json:
+        typer.echo(json.dumps(data if worker_id is None else data[0], indent=2))
+        return
+    if not data:
+        typer.echo("no workers registered")
+        return
+    for w, st in zip(workers, data):
+        h = w.capabilities.host
+        typer.echo(f"worker    {w.id} ({w.name}) {st['state']}, serves {w.target} jobs")
+        typer.echo(f"host      {h.os} {h.arch}, {h.cpu_count} CPUs, {h.memory_bytes / 1024**3:.1f} GB RAM, "
+                   f"python {h.python_version}, address {h.address}")
+        for d in w.capabilities.devices:
+            busy = " (busy)" if f"{d.kind}:{d.index}" in st["availability"]["busy_devices"] else ""
+            typer.echo(f"device    {d.describe()}{busy}")
+        if w.capabilities.frameworks:
+            typer.echo("frameworks " + json.dumps(w.capabilities.frameworks))
+        typer.echo(f"slots     {st['availability']['free_cpu_slots']}/{w.cpu_slots} CPU slot(s) free")
+        typer.echo("")

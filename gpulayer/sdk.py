@@ -1,0 +1,280 @@
+"""The Python SDK: ``@gl.remote``, ``gl.submit``, job handles, ``gl.wait``, ``gl.as_completed``.
+
+``@gl.remote`` turns a module-level function into one that can also run as a
+:class:`~gpulayer.types.FunctionJob`: ``f(...)`` still runs here, ``f.remote(...)``
+submits it and returns a :class:`JobHandle`. Arguments and the result are JSON
+(docs/adr/0002-json-only-arguments.md); the function travels as source, by name.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+import sysconfig
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from gpulayer.client import Client, connect
+from gpulayer.errors import (
+    GpulayerError,
+    InvalidArgument,
+    JobFailed,
+    RemoteError,
+    Unschedulable,
+)
+from gpulayer.types import (
+    CommandJob,
+    DistributedJob,
+    FunctionJob,
+    JobRecord,
+    JobState,
+    Placement,
+    Requirements,
+    check_json,
+)
+
+__all__ = ["JobHandle", "RemoteFunction", "as_completed", "connect", "get_job", "remote", "submit", "wait"]
+
+T = TypeVar("T")
+ADR = "docs/adr/0002-json-only-arguments.md"
+
+
+class JobHandle:
+    """A submitted job: ``id``, ``status()``, ``result()``, ``logs()``, ``cancel()``."""
+
+    def __init__(self, job_id: str, client: Client | None = None) -> None:
+        self.id = job_id
+        self._client = client or connect()
+
+    def __repr__(self) -> str:
+        return f"JobHandle({self.id!r})"
+
+    def record(self) -> JobRecord:
+        return self._client.get_job(self.id)
+
+    def status(self) -> str:
+        return self.record().state.value
+
+    def done(self) -> bool:
+        return self.record().state.terminal
+
+    def wait(self, timeout: float | None = None) -> JobRecord:
+        job = self._client.wait_job(self.id, timeout)
+        if not job.state.terminal:
+            raise TimeoutError(f"job {self.id} is still {job.state.value} after {timeout} s")
+        return job
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the job; return a function's JSON result (or a command's exit code).
+
+        A function that raised comes back as :class:`RemoteError` with the remote type,
+        message and traceback; any other unsuccessful end as :class:`JobFailed`.
+        """
+        job = self.wait(timeout)
+        return result_of(job)
+
+    def logs(self, node: int | None = None) -> str:
+        return "".join(c.data for c in self._client.logs(self.id, node=node))
+
+    def follow(self, node: int | None = None) -> Iterator[str]:
+        for chunk in self._client.follow_logs(self.id, node=node):
+            yield chunk.data
+
+    def cancel(self) -> str:
+        return self._client.cancel(self.id).state.value
+
+
+def result_of(job: JobRecord) -> Any:
+    if job.state is JobState.SUCCEEDED:
+        return job.result if job.spec.kind == "function" else job.exit_code
+    err = job.error or {}
+    if job.state is JobState.UNSCHEDULABLE:
+        raise Unschedulable(err.get("message") or "scheduling: no eligible worker", job_id=job.id)
+    if job.state is JobState.FAILED and "traceback" in err:
+        raise RemoteError(err.get("type", "Exception"), err.get("message", ""), err.get("traceback", ""),
+                          job_id=job.id)
+    message = err.get("message") or job.state.value
+    raise JobFailed(f"job {job.id} {job.state.value}: {message}", job_id=job.id, state=job.state.value,
+                    exit_code=job.exit_code)
+
+
+def get_job(job_id: str) -> JobHandle:
+    return JobHandle(job_id)
+
+
+def submit(spec: CommandJob | FunctionJob | DistributedJob, *, client: Client | None = None) -> JobHandle:
+    """Submit a job spec; returns its handle.
+
+    With ``on_unschedulable="fail"`` (the default) a job no registered worker could ever
+    run raises :class:`Unschedulable` with the scheduler's per-worker reasons.
+    """
+    client = client or connect()
+    job = client.submit(spec)
+    if job.state is JobState.UNSCHEDULABLE:
+        raise Unschedulable(job.decision.render() if job.decision else "scheduling: no eligible worker",
+                            job_id=job.id)
+    return JobHandle(job.id, client)
+
+
+def wait(handles: Iterable[JobHandle], timeout: float | None = None) -> list[JobRecord]:
+    """Wait for every handle; returns their records in the same order."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    out = []
+    for h in handles:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        out.append(h.wait(remaining))
+    return out
+
+
+def as_completed(handles: Iterable[JobHandle], timeout: float | None = None) -> Iterator[JobHandle]:
+    """Yield handles as their jobs end, first finished first."""
+    pending = list(handles)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.02
+    while pending:
+        for h in list(pending):
+            if h.done():
+                pending.remove(h)
+                yield h
+        if not pending:
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"{len(pending)} job(s) still running after {timeout} s")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+
+
+# --------------------------------------------------------------------------- @gl.remote
+
+
+def _installed(path: Path) -> bool:
+    roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")}
+    text = str(path)
+    return any(text.startswith(r) for r in roots) or "site-packages" in path.parts
+
+
+def function_reference(fn: Callable[..., Any]) -> tuple[str, str | None]:
+    """``(module:qualname, bundle directory or None)`` for a module-level function.
+
+    Lambdas, closures and nested functions are refused: they cannot be imported by name
+    on another machine (docs/adr/0002-json-only-arguments.md).
+    """
+    if not inspect.isfunction(fn):
+        raise InvalidArgument(
+            f"@gl.remote: {fn!r} is not a plain function; decorate a function defined at the "
+            f"top level of a module (see {ADR})"
+        )
+    qualname = fn.__qualname__
+    if fn.__name__ == "<lambda>":
+        raise InvalidArgument(f"@gl.remote: lambdas cannot run remotely; define a named function at module level (see {ADR})")
+    if "<locals>" in qualname or fn.__closure__:
+        raise InvalidArgument(
+            f"@gl.remote: {qualname} is a nested function or closure; it cannot be imported by "
+            f"name on a worker. Define it at the top level of a module (see {ADR})"
+        )
+    module = fn.__module__
+    mod = sys.modules.get(module)
+    file = getattr(mod, "__file__", None)
+    if module == "__main__":
+        if not file:
+            raise InvalidArgument(
+                f"@gl.remote: {qualname} is defined in an interactive session; put it in a .py "
+                f"file so a worker can import it (see {ADR})"
+            )
+        script = Path(file).resolve()
+        return f"{script.stem}:{qualname}", str(script.parent)
+    if not file:
+        return f"{module}:{qualname}", None
+    path = Path(file).resolve()
+    if _installed(path):
+        return f"{module}:{qualname}", None
+    depth = len(module.split("."))
+    root = path.parent
+    if path.name == "__init__.py":
+        root = root.parent
+    for _ in range(depth - 1):
+        root = root.parent
+    return f"{module}:{qualname}", str(root)
+
+
+class RemoteFunction(Generic[T]):
+    """A function that runs here when called and on a worker with ``.remote()``."""
+
+    def __init__(self, fn: Callable[..., T], options: dict[str, Any]) -> None:
+        self._fn = fn
+        self.function, default_bundle = function_reference(fn)
+        self.options = options
+        bundle = options.pop("bundle", default_bundle)
+        self._bundle = str(bundle) if bundle is not None else None
+        # validate the options now: a bad requirement fails at decoration, not at .remote()
+        self._template = self._spec([], {})
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> T:
+        return self._fn(*args, **kwargs)
+
+    def _spec(self, args: list[Any], kwargs: dict[str, Any]) -> FunctionJob:
+        o = self.options
+        check_json(list(args), "args")
+        check_json(dict(kwargs), "kwargs")
+        req = Requirements(
+            accelerator=o.get("accelerator"), gpus=o.get("gpus"),
+            frameworks=o.get("frameworks") or {}, profile=o.get("profile"),
+            min_gpu_memory_gb=o.get("min_gpu_memory_gb"), labels=o.get("labels") or {},
+            python=o.get("python_version"), os=o.get("os"), cpus=o.get("cpus"), memory_gb=o.get("memory_gb"),
+        )
+        placement = Placement(
+            target=o.get("target", "local"), fallback_targets=list(o.get("fallback_targets") or []),
+            on_unschedulable=o.get("on_unschedulable", "fail"),
+        )
+        return FunctionJob(
+            function=self.function, args=list(args), kwargs=dict(kwargs), requirements=req,
+            placement=placement, timeout=o.get("timeout"), retries=o.get("retries", 0),
+            priority=o.get("priority", 0), env=o.get("env") or {}, bundle=self._bundle,
+            name=o.get("name") or self.function,
+        )
+
+    def remote(self, *args: Any, **kwargs: Any) -> JobHandle:
+        """Submit ``fn(*args, **kwargs)`` as a FunctionJob; returns its handle at once."""
+        return submit(self._spec(list(args), dict(kwargs)))
+
+    def spec(self, *args: Any, **kwargs: Any) -> FunctionJob:
+        """The FunctionJob ``.remote()`` would submit (for inspection and dry runs)."""
+        return self._spec(list(args), dict(kwargs))
+
+
+_REMOTE_OPTIONS = {
+    "accelerator", "gpus", "frameworks", "profile", "target", "fallback_targets", "timeout",
+    "retries", "on_unschedulable", "bundle", "env", "name", "priority", "labels",
+    "min_gpu_memory_gb", "python_version", "os", "cpus", "memory_gb",
+}
+
+
+def remote(fn: Callable[..., T] | None = None, **options: Any) -> Any:
+    """Decorator: ``@gl.remote`` or ``@gl.remote(accelerator="cuda", gpus=1, ...)``.
+
+    Options: ``accelerator``, ``gpus``, ``frameworks`` ({name: specifier} or a list of
+    'name>=x' strings), ``profile``, ``target``, ``fallback_targets``, ``timeout``,
+    ``retries``, ``on_unschedulable`` ("fail" or "wait"), ``bundle`` (directory; default:
+    the directory the function's module is imported from), ``env``, ``priority``, ``labels``,
+    ``min_gpu_memory_gb``, ``cpus``, ``memory_gb``, ``os``, ``python_version``.
+    """
+    unknown = set(options) - _REMOTE_OPTIONS
+    if unknown:
+        raise InvalidArgument(
+            f"@gl.remote: unknown option(s) {', '.join(sorted(unknown))}; accepted: {', '.join(sorted(_REMOTE_OPTIONS))}"
+        )
+    if fn is not None:
+        return RemoteFunction(fn, dict(options))
+
+    def wrap(f: Callable[..., T]) -> RemoteFunction[T]:
+        return RemoteFunction(f, dict(options))
+
+    return wrap
+
+
+

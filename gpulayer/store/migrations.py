@@ -1,0 +1,93 @@
+"""Schema versions and the migrations between them.
+
+The database records its schema version in ``gl_schema``. Opening a store brings an older
+database up to :data:`SCHEMA_VERSION` inside one transaction (so a failed upgrade leaves
+the old schema as it was), refuses a database newer than this GPUlayer, and creates a new
+one from the tables. Migrations only ever add: no stored job is dropped or rewritten.
+
+To change the schema: change ``tables.py``, bump ``SCHEMA_VERSION``, and add a step to
+``MIGRATIONS`` that brings version N-1 to N with plain DDL that runs on SQLite and
+PostgreSQL. Keep the DDL of every earlier version in ``HISTORY`` so tests can build one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import Connection, inspect, text
+
+from gpulayer.errors import GpulayerError
+
+SCHEMA_VERSION = 2
+
+# Version 1: the first released schema (no tokens, no idempotent submit).
+SCHEMA_V1 = [
+    "CREATE TABLE gl_schema (id INTEGER PRIMARY KEY, version INTEGER NOT NULL)",
+    """CREATE TABLE gl_workers (id VARCHAR PRIMARY KEY, name VARCHAR NOT NULL,
+        origin VARCHAR NOT NULL, capabilities TEXT NOT NULL, cpu_slots INTEGER NOT NULL,
+        online BOOLEAN NOT NULL, draining BOOLEAN NOT NULL, last_heartbeat FLOAT NOT NULL,
+        registered_at FLOAT NOT NULL, pid INTEGER, hostname VARCHAR NOT NULL,
+        token_id VARCHAR)""",
+    """CREATE TABLE gl_jobs (id VARCHAR PRIMARY KEY, kind VARCHAR NOT NULL, spec TEXT NOT NULL,
+        state VARCHAR NOT NULL, priority INTEGER NOT NULL, created_at FLOAT NOT NULL,
+        updated_at FLOAT NOT NULL, attempt INTEGER NOT NULL, max_attempts INTEGER NOT NULL,
+        exit_code INTEGER, result TEXT, error TEXT, decision TEXT,
+        cancel_requested BOOLEAN NOT NULL)""",
+    """CREATE TABLE gl_tasks (id VARCHAR PRIMARY KEY, job_id VARCHAR NOT NULL,
+        attempt INTEGER NOT NULL, node_rank INTEGER NOT NULL, worker_id VARCHAR NOT NULL,
+        accelerator VARCHAR, devices VARCHAR NOT NULL, state VARCHAR NOT NULL,
+        created_at FLOAT NOT NULL, started_at FLOAT, ended_at FLOAT, exit_code INTEGER,
+        error TEXT, rendezvous VARCHAR)""",
+    """CREATE TABLE gl_bundles (digest VARCHAR PRIMARY KEY, size INTEGER NOT NULL,
+        data BLOB NOT NULL, created_at FLOAT NOT NULL)""",
+    """CREATE TABLE gl_logs (id INTEGER PRIMARY KEY AUTOINCREMENT, job_id VARCHAR NOT NULL,
+        task_id VARCHAR NOT NULL, node_rank INTEGER NOT NULL, stream VARCHAR NOT NULL,
+        data TEXT NOT NULL, ts FLOAT NOT NULL)""",
+    """CREATE TABLE gl_events (id INTEGER PRIMARY KEY AUTOINCREMENT, ts FLOAT NOT NULL,
+        kind VARCHAR NOT NULL, job_id VARCHAR, task_id VARCHAR, worker_id VARCHAR,
+        message TEXT NOT NULL)""",
+    "CREATE INDEX ix_gl_jobs_state ON gl_jobs (state)",
+    "CREATE INDEX ix_gl_tasks_job_id ON gl_tasks (job_id)",
+    "CREATE INDEX ix_gl_tasks_worker_id ON gl_tasks (worker_id)",
+    "CREATE INDEX ix_gl_tasks_state ON gl_tasks (state)",
+    "CREATE INDEX ix_gl_logs_job_id ON gl_logs (job_id)",
+    "INSERT INTO gl_schema (id, version) VALUES (1, 1)",
+]
+
+HISTORY: dict[int, list[str]] = {1: SCHEMA_V1}
+
+
+def _v1_to_v2(conn: Connection) -> None:
+    conn.execute(text("ALTER TABLE gl_jobs ADD COLUMN idempotency_key VARCHAR"))
+    conn.execute(text("ALTER TABLE gl_jobs ADD COLUMN owner VARCHAR"))
+    conn.execute(text("CREATE UNIQUE INDEX ix_gl_jobs_idempotency_key ON gl_jobs (idempotency_key)"))
+    conn.execute(text("CREATE INDEX ix_gl_jobs_owner ON gl_jobs (owner)"))
+    from gpulayer.store.tables import TokenRow
+
+    TokenRow.__table__.create(conn)  # type: ignore[attr-defined]
+
+
+#: MIGRATIONS[n] brings a database at version n to version n + 1.
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2}
+
+
+class SchemaTooNew(GpulayerError):
+    code = "schema_too_new"
+
+
+def current_version(conn: Connection) -> int | None:
+    if not inspect(conn).has_table("gl_schema"):
+        return None
+    row = conn.execute(text("SELECT version FROM gl_schema WHERE id = 1")).first()
+    return int(row[0]) if row else None
+
+
+def upgrade(conn: Connection, found: int) -> None:
+    if found > SCHEMA_VERSION:
+        raise SchemaTooNew(
+            f"the database has schema version {found}, newer than this GPUlayer understands "
+            f"({SCHEMA_VERSION}); upgrade GPUlayer to use it"
+        )
+    for version in range(found, SCHEMA_VERSION):
+        MIGRATIONS[version](conn)
+        conn.execute(text("UPDATE gl_schema SET version = :v WHERE id = 1"), {"v": version + 1})

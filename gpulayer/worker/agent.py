@@ -1,0 +1,394 @@
+"""The worker agent: registers, heartbeats, takes assigned tasks and runs them.
+
+It talks to the control plane through :class:`WorkerAPI`, which the embedded
+:class:`~gpulayer.control.ControlPlane` implements directly and the HTTP client implements
+over the network, so one agent serves both the embedded default and a server.
+
+Each task runs in its own thread as its own process tree (:mod:`gpulayer.worker.process`).
+A heartbeat thread keeps the worker alive and learns which tasks to end (a cancelled job,
+a group whose other node failed). Stopping (SIGINT/SIGTERM, or :meth:`Agent.stop`) stops
+taking work, lets running tasks finish for a grace period, then ends and reports them.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from gpulayer import bundles, config, plugins
+from gpulayer.errors import Conflict, ConnectionFailed, GpulayerError, NotFound
+from gpulayer.types import Capabilities, TaskState, WorkerRecord
+
+log = logging.getLogger("gpulayer.worker")
+
+RUNNER_PATH = str(Path(__file__).with_name("function_runner.py"))
+
+
+class WorkerAPI(Protocol):
+    """What a worker needs from a control plane (embedded or over HTTP)."""
+
+    def register_worker(self, capabilities: Capabilities, *, origin: str = ..., name: str | None = ...,
+                        cpu_slots: int = ..., pid: int | None = ..., worker_id: str | None = ...) -> WorkerRecord: ...
+    def heartbeat(self, worker_id: str, running: list[str] | None = ...) -> Any: ...
+    def poll(self, worker_id: str, wait: float = ...) -> list[Any]: ...
+    def start_task(self, task_id: str, worker_id: str) -> None: ...
+    def append_logs(self, task_id: str, worker_id: str, chunks: list[tuple[str, str]]) -> None: ...
+    def finish_task(self, task_id: str, worker_id: str, state: TaskState | str, *,
+                    exit_code: int | None = ..., result: Any = ..., error: dict[str, Any] | None = ...) -> None: ...
+    def get_bundle(self, digest: str) -> bytes: ...
+    def set_draining(self, worker_id: str) -> None: ...
+    def deregister_worker(self, worker_id: str) -> None: ...
+
+
+class _LogBuffer:
+    """Collects a task's output and ships it in chunks, at most every ``interval`` seconds."""
+
+    def __init__(self, send: Callable[[list[tuple[str, str]]], None], interval: float = 0.1) -> None:
+        self._send = send
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, str]] = []
+        self._decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in ("stdout", "stderr")}
+        self._size = 0
+        self._last = time.monotonic()
+
+    def write(self, stream: str, data: bytes) -> None:
+        text = self._decoders.setdefault(stream, codecs.getincrementaldecoder("utf-8")("replace")).decode(data)
+        self.add(stream, text)
+
+    def add(self, stream: str, text: str) -> None:
+        if not text:
+            return
+        with self._lock:
+            if self._pending and self._pending[-1][0] == stream:
+                self._pending[-1] = (stream, self._pending[-1][1] + text)
+            else:
+                self._pending.append((stream, text))
+            self._size += len(text)
+            due = self._size > 64_000 or time.monotonic() - self._last >= self._interval
+        if due:
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            for stream, dec in self._decoders.items():
+                tail = dec.decode(b"", final=True)
+                if tail:
+                    self._pending.append((stream, tail))
+            chunks, self._pending, self._size = self._pending, [], 0
+            self._last = time.monotonic()
+        if chunks:
+            try:
+                self._send(chunks)
+            except GpulayerError as exc:  # logs are best effort; the result is what counts
+                log.warning("could not ship %d log chunk(s): %s", len(chunks), exc)
+
+
+class Agent:
+    def __init__(
+        self,
+        api: WorkerAPI,
+        *,
+        capabilities: Capabilities | None = None,
+        origin: str = "local",
+        name: str | None = None,
+        cpu_slots: int | None = None,
+        python: str | None = None,
+        heartbeat_interval: float | None = None,
+        poll_wait: float = 1.0,
+        grace: float = 10.0,
+        kill_grace: float = 5.0,
+        idle_exit: float | None = None,
+    ) -> None:
+        self.api = api
+        if capabilities is None:
+            from gpulayer.resources import detect_capabilities
+
+            capabilities = detect_capabilities(python=python)
+        self.capabilities = capabilities
+        self.origin = origin
+        self.name = name
+        self.cpu_slots = cpu_slots if cpu_slots is not None else max(1, min(4, capabilities.host.cpu_count))
+        self.python = python or capabilities.host.python_path or sys.executable
+        self.heartbeat_interval = heartbeat_interval or float(os.environ.get("GPULAYER_HEARTBEAT_INTERVAL", "0.5"))
+        self.poll_wait = poll_wait
+        self.grace = grace
+        self.kill_grace = kill_grace
+        self.idle_exit = idle_exit
+        self.worker_id: str | None = None
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._running: dict[str, threading.Event] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self._lock = threading.Lock()
+        self._last_busy = time.monotonic()
+        self._bundle_cache = config.home() / "bundles"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> WorkerRecord:
+        record = self._register()
+        threading.Thread(target=self._heartbeat_loop, name="gpulayer-heartbeat", daemon=True).start()
+        threading.Thread(target=self._poll_loop, name="gpulayer-poll", daemon=True).start()
+        return record
+
+    def _register(self) -> WorkerRecord:
+        record = self.api.register_worker(
+            self.capabilities, origin=self.origin, name=self.name, cpu_slots=self.cpu_slots,
+            pid=os.getpid(), worker_id=self.worker_id,
+        )
+        self.worker_id = record.id
+        return record
+
+    def run_forever(self) -> None:
+        """Start, then serve until SIGINT/SIGTERM (or idle_exit), then drain and stop."""
+        self.start()
+
+        def _on_signal(signum: int, _frame: Any) -> None:
+            log.info("signal %s: draining", signal.Signals(signum).name)
+            self._stopping.set()
+
+        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGINT, _on_signal)
+        while not self._stopping.wait(0.5):
+            if self.idle_exit is not None:
+                with self._lock:
+                    busy = bool(self._running)
+                if busy:
+                    self._last_busy = time.monotonic()
+                elif time.monotonic() - self._last_busy > self.idle_exit:
+                    break
+        self.stop()
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop taking work; give running tasks ``grace`` seconds, then end them; report all."""
+        grace = self.grace if grace is None else grace
+        self._stopping.set()
+        if self.worker_id is not None:
+            try:
+                self.api.set_draining(self.worker_id)
+            except GpulayerError as exc:
+                log.warning("could not mark worker draining: %s", exc)
+        deadline = time.monotonic() + grace
+        for thread in list(self._threads.values()):
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            for event in self._running.values():
+                event.set()
+        for thread in list(self._threads.values()):
+            thread.join(self.kill_grace + 5)
+        self._stopped.set()
+        if self.worker_id is not None:
+            try:
+                self.api.deregister_worker(self.worker_id)
+            except GpulayerError as exc:
+                log.warning("could not deregister worker: %s", exc)
+
+    @property
+    def running_tasks(self) -> list[str]:
+        with self._lock:
+            return list(self._running)
+
+    # ------------------------------------------------------------------ loops
+
+    def _heartbeat_loop(self) -> None:
+        backoff = self.heartbeat_interval
+        while not self._stopped.wait(backoff):
+            assert self.worker_id is not None
+            try:
+                reply = self.api.heartbeat(self.worker_id, self.running_tasks)
+                backoff = self.heartbeat_interval
+            except ConnectionFailed as exc:
+                backoff = min(backoff * 2, 10.0)
+                log.warning("heartbeat failed (%s); retrying in %.1f s", exc, backoff)
+                continue
+            if not reply.known and not self._stopping.is_set():
+                log.warning("control plane does not know this worker; registering again")
+                try:
+                    self._register()
+                except GpulayerError as exc:
+                    log.warning("re-register failed: %s", exc)
+                continue
+            with self._lock:
+                for task_id in reply.cancel:
+                    event = self._running.get(task_id)
+                    if event is not None:
+                        event.set()
+
+    def _poll_loop(self) -> None:
+        backoff = 0.5
+        while not self._stopping.is_set():
+            assert self.worker_id is not None
+            try:
+                assignments = self.api.poll(self.worker_id, wait=self.poll_wait)
+                backoff = 0.5
+            except ConnectionFailed as exc:
+                log.warning("poll failed (%s); retrying in %.1f s", exc, backoff)
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+                continue
+            except GpulayerError as exc:
+                log.warning("poll failed: %s", exc)
+                self._stopping.wait(1.0)
+                continue
+            for a in assignments:
+                with self._lock:
+                    if a.task_id in self._running or self._stopping.is_set():
+                        continue
+                    self._running[a.task_id] = threading.Event()
+                    thread = threading.Thread(target=self._run_task, args=(a,), name=f"gpulayer-{a.task_id}",
+                                              daemon=True)
+                    self._threads[a.task_id] = thread
+                    self._last_busy = time.monotonic()
+                thread.start()
+
+    # ------------------------------------------------------------------ one task
+
+    def _run_task(self, a: Any) -> None:
+        assert self.worker_id is not None
+        cancel = self._running[a.task_id]
+        try:
+            try:
+                self.api.start_task(a.task_id, self.worker_id)
+            except (Conflict, NotFound) as exc:
+                log.info("not starting %s: %s", a.task_id, exc)
+                return
+            outcome = self._execute(a, cancel)
+            self._report(a.task_id, outcome)
+        except Exception as exc:  # a bug or an environment problem: the task must still end
+            log.exception("task %s crashed in the worker", a.task_id)
+            self._report(a.task_id, {"state": TaskState.FAILED, "exit_code": None,
+                                     "error": {"type": type(exc).__name__,
+                                               "message": f"worker error: {exc}"}})
+        finally:
+            with self._lock:
+                self._running.pop(a.task_id, None)
+                self._threads.pop(a.task_id, None)
+                self._last_busy = time.monotonic()
+
+    def _report(self, task_id: str, outcome: dict[str, Any]) -> None:
+        assert self.worker_id is not None
+        delay = 0.5
+        while True:
+            try:
+                self.api.finish_task(task_id, self.worker_id, outcome["state"],
+                                     exit_code=outcome.get("exit_code"), result=outcome.get("result"),
+                                     error=outcome.get("error"))
+                return
+            except ConnectionFailed as exc:
+                # keep the outcome until the control plane is back, then report it
+                log.warning("reporting %s failed (%s); retrying in %.1f s", task_id, exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+            except (Conflict, NotFound) as exc:
+                log.info("report for %s refused: %s", task_id, exc)
+                return
+
+    def _workdir(self, a: Any) -> Path:
+        digest = a.spec.bundle_digest
+        if digest:
+            target = self._bundle_cache / digest
+            if target.is_dir():
+                return target
+            data = self.api.get_bundle(digest)
+            return bundles.extract_bundle(data, digest, self._bundle_cache)
+        scratch = config.home() / "tasks" / a.task_id
+        scratch.mkdir(parents=True, exist_ok=True)
+        return scratch
+
+    def task_env(self, a: Any, workdir: Path) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(a.spec.env)
+        env["GPULAYER_JOB_ID"] = a.job_id
+        env["GPULAYER_TASK_ID"] = a.task_id
+        env["GPULAYER_ATTEMPT"] = str(a.attempt)
+        env["GPULAYER_NODE_RANK"] = str(a.node_rank)
+        env["GPULAYER_ACCELERATOR"] = a.accelerator or "cpu"
+        env["PYTHONUNBUFFERED"] = "1"
+        # Each device kind this worker has: show the granted devices, hide the rest.
+        by_kind: dict[str, list[Any]] = {}
+        for d in self.capabilities.devices:
+            by_kind.setdefault(d.kind, [])
+        if a.accelerator:
+            by_kind[a.accelerator] = [
+                d for i in a.devices for d in self.capabilities.devices
+                if d.kind == a.accelerator and d.index == i
+            ]
+        for kind, granted in by_kind.items():
+            env.update(plugins.device_environment(kind, granted))
+        if a.spec.bundle_digest:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir), env.get("PYTHONPATH", "")) if p)
+        return env
+
+    def _execute(self, a: Any, cancel: threading.Event) -> dict[str, Any]:
+        from gpulayer.worker.process import run_process
+
+        logbuf = _LogBuffer(lambda chunks: self.api.append_logs(a.task_id, self.worker_id or "", chunks))
+        try:
+            workdir = self._workdir(a)
+        except GpulayerError as exc:
+            logbuf.add("stderr", f"gpulayer: could not prepare the source bundle: {exc}\n")
+            logbuf.flush()
+            return {"state": TaskState.FAILED, "error": {"type": "bundle", "message": str(exc)}}
+        env = self.task_env(a, workdir)
+        spec = a.spec
+        result_path: Path | None = None
+        tmpdir = None
+        if spec.kind == "command":
+            argv = list(spec.command)
+        elif spec.kind == "function":
+            tmpdir = tempfile.TemporaryDirectory(prefix="gpulayer-fn-")
+            spec_path = Path(tmpdir.name) / "spec.json"
+            result_path = Path(tmpdir.name) / "result.json"
+            spec_path.write_text(json.dumps({"function": spec.function, "args": spec.args,
+                                             "kwargs": spec.kwargs}))
+            argv = [spec.python or self.python, RUNNER_PATH, str(spec_path), str(result_path)]
+        elif spec.kind == "distributed":
+            launchers = plugins.launchers()
+            launcher = launchers.get(spec.launcher)
+            if launcher is None or a.rendezvous is None:
+                msg = (f"launcher {spec.launcher!r} is not installed on this worker "
+                       f"(installed: {', '.join(sorted(launchers)) or 'none'})")
+                logbuf.add("stderr", f"gpulayer: {msg}\n")
+                logbuf.flush()
+                return {"state": TaskState.FAILED, "error": {"type": "launcher", "message": msg}}
+            cmd = launcher.build(spec, a.rendezvous, a.node_rank, self.python)
+            argv = list(cmd.argv)
+            env.update(cmd.env)
+        else:  # pragma: no cover - the spec union is closed
+            raise AssertionError(spec.kind)
+        try:
+            outcome = run_process(argv, env=env, cwd=str(workdir), on_output=logbuf.write,
+                                  timeout=spec.timeout, cancel=cancel, grace=self.kill_grace)
+        finally:
+            logbuf.flush()
+        state = TaskState(outcome.state)
+        report: dict[str, Any] = {"state": state, "exit_code": outcome.exit_code}
+        if outcome.error and state is not TaskState.SUCCEEDED:
+            report["error"] = {"type": state.value, "message": outcome.error}
+        if result_path is not None and state in (TaskState.SUCCEEDED, TaskState.FAILED):
+            try:
+                payload = json.loads(result_path.read_text())
+            except (OSError, ValueError):
+                payload = None
+            if payload is not None and payload.get("ok"):
+                report["result"] = payload.get("result")
+            elif payload is not None:
+                report["state"] = TaskState.FAILED
+                report["error"] = payload.get("error")
+            elif state is TaskState.SUCCEEDED:
+                report["state"] = TaskState.FAILED
+                report["error"] = {"type": "runner", "message": "the function runner wrote no result"}
+        if tmpdir is not None:
+            tmpdir.cleanup()
+        return report

@@ -1,0 +1,59 @@
+"""Fixtures shared by every test directory.
+
+PostgreSQL: tests that need it take the ``postgres_url`` fixture, which gives each test its
+own schema in the server at ``GPULAYER_TEST_POSTGRES`` (default
+``postgresql://postgres@127.0.0.1:5432/test``). Where no server answers the test is
+skipped with a message, unless ``GPULAYER_REQUIRE_POSTGRES=1`` (set by ``.ci/run``), which
+turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+
+import pytest
+
+PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def _pg_base() -> str:
+    return os.environ.get("GPULAYER_TEST_POSTGRES", PG_DEFAULT)
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL URL whose search_path is a fresh schema, dropped after the test."""
+    import sqlalchemy as sa
+
+    base = _pg_base()
+    engine = sa.create_engine(base.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+    except Exception as exc:
+        engine.dispose()
+        message = f"no PostgreSQL server at {base}: {type(exc).__name__}: {exc}".splitlines()[0]
+        if os.environ.get("GPULAYER_REQUIRE_POSTGRES") == "1":
+            pytest.fail(message + " (GPULAYER_REQUIRE_POSTGRES=1)")
+        pytest.skip(message)
+    schema = f"gl_test_{secrets.token_hex(6)}"
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
+    sep = "&" if "?" in base else "?"
+    try:
+        yield f"{base}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        engine.dispose()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_client() -> Iterator[None]:
+    """Forget the process-wide SDK client after each test (it holds a database and maybe a worker)."""
+    yield
+    from gpulayer import client
+
+    client.reset()
