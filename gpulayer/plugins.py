@@ -195,7 +195,7 @@ class PluginManager:
             records: dict[str, Any] = {}
             owners: dict[str, str] = {}
             caller = getattr(self.pm.hook, hook_name)
-            for impl in reversed(caller.get_hookimpls()):  # registration order
+            for impl in caller.get_hookimpls():  # registration order
                 plugin_name = impl.plugin_name
                 try:
                     result = impl.function()

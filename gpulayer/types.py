@@ -62,7 +62,9 @@ class Device(Record):
         """The seed's line: ``[0] mps Apple arm64 GPU (Metal) (32.0 GB unified) ...``."""
         parts = [f"[{self.index}] {self.kind} {self.name}"]
         if self.memory_bytes is not None:
-            parts.append(f"({self.memory_gb:.1f} GB{' unified' if self.unified_memory else ''})")
+            # Binary gigabytes, as vendors label memory: a 32 GB Mac shows "32.0 GB".
+            gib = self.memory_bytes / 1024**3
+            parts.append(f"({gib:.1f} GB{' unified' if self.unified_memory else ''})")
         if self.compute_capability:
             parts.append(f"cc={self.compute_capability}")
         if not self.usable:
@@ -150,7 +152,8 @@ class FrameworkProbe(HookRecord):
     """A GPU/ML framework and how to read its version.
 
     The version is read from the installed distribution's metadata (``distributions``,
-    first one found wins) without importing the framework. ``subprobes`` run in one
+    first one found wins; a name may end in ``*``, e.g. ``cupy-cuda*``) without importing
+    the framework. ``subprobes`` run in one
     subprocess of the job Python. ``backends_code``, when given, is a function body that
     returns a list of distributed backends (torch: nccl, gloo, mpi).
     """
@@ -256,7 +259,7 @@ def check_specifier(spec: str, *, what: str) -> str:
             f"{what}: {text!r} is not a PEP 440 version specifier ({exc}); "
             "accepted: comma-separated clauses such as '>=2.2', '==2.3.*', '>=1.0,<2'"
         ) from None
-    if re.search(r"(==|!=|<=|>=|~=|===|<|>)\s*(,|$)", text):
+    if re.search(r"(==|!=|<=|>=|~=|===|<|>)\s*(,|$)", text) or text.endswith(","):
         raise InvalidRequirement(
             f"{what}: {text!r} has an operator with no version; "
             "accepted: clauses such as '>=2.2', '==2.3.*'"

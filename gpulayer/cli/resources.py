@@ -1,0 +1,139 @@
+"""``gpulayer resources detect``, ``gpulayer plugins list`` and ``gpulayer profiles list``.
+
+None of these import a framework or call a driver in this process: detection goes through
+:mod:`gpulayer.resources`, which runs vendor tools and framework probes as bounded
+subprocesses.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import typer
+
+from gpulayer import plugins
+from gpulayer.types import Capabilities
+
+resources_app = typer.Typer(help="What this machine offers to jobs.", no_args_is_help=True)
+plugins_app = typer.Typer(help="Installed GPUlayer plugins.", no_args_is_help=True)
+profiles_app = typer.Typer(help="Runtime profiles (named accelerator + framework presets).",
+                           no_args_is_help=True)
+
+_W = 10  # label column width: "device    [0] ..."
+
+
+def _load_plugins(*, skip_unknown_disabled: bool = False) -> plugins.PluginManager:
+    """Load plugins, turning the manager's warnings into ``warning:`` lines on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", plugins.PluginWarning)
+        manager = plugins.get_manager()
+    for w in caught:
+        if issubclass(w.category, plugins.PluginWarning):
+            if skip_unknown_disabled and str(w.message).startswith(plugins.DISABLE_ENV):
+                continue  # the caller reports it in its own output
+            typer.echo(f"warning: {w.message}", err=True)
+        else:  # pragma: no cover - not ours to swallow
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return manager
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1024**3:.1f} GB"
+
+
+def render_capabilities(caps: Capabilities) -> list[str]:
+    """The human-readable report of ``resources detect``, one line per fact."""
+    h = caps.host
+    lines = [
+        f"{'host':<{_W}}{h.os} {h.arch}, {h.cpu_count} CPUs, {_gb(h.memory_bytes)} RAM, "
+        f"{_gb(h.disk_free_bytes)} free disk, python {h.python_version} ({h.python_path})",
+        f"{'address':<{_W}}{h.address}",
+    ]
+    if caps.devices:
+        lines.extend(f"{'device':<{_W}}{d.describe()}" for d in caps.devices)
+    else:
+        lines.append(f"{'device':<{_W}}none found")
+    if caps.frameworks:
+        lines.extend(f"{'framework':<{_W}}{name} {version}" for name, version in caps.frameworks.items())
+    else:
+        lines.append(f"{'framework':<{_W}}none found")
+    lines.append(f"{'backends':<{_W}}{', '.join(caps.distributed_backends) or 'none'}")
+    lines.extend(f"{'label':<{_W}}{k}={v}" for k, v in caps.labels.items())
+    lines.extend(f"{'diagnostic':<{_W}} {d}" for d in caps.diagnostics)
+    return lines
+
+
+@resources_app.command("detect")
+def detect(
+    as_json: bool = typer.Option(False, "--json", help="print the Capabilities record as JSON"),
+    python: str | None = typer.Option(
+        None, "--python", help="the Python that will run jobs (default: this one)"),
+    timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="seconds per detector and probe"),
+    refresh: bool = typer.Option(False, "--refresh", help="ignore cached framework probe results"),
+) -> None:
+    """Show the accelerators, frameworks and host facts a worker here would report."""
+    from gpulayer.resources import detect_capabilities
+
+    _load_plugins()
+    caps = detect_capabilities(python=python, timeout=timeout, use_cache=not refresh)
+    if as_json:
+        typer.echo(caps.model_dump_json(indent=2))
+        return
+    for line in render_capabilities(caps):
+        typer.echo(line)
+
+
+@plugins_app.command("list")
+def list_plugins(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """List plugins: name, status, source distribution and version, hooks implemented."""
+    manager = _load_plugins(skip_unknown_disabled=True)
+    infos = manager.list_plugins()
+    if as_json:
+        typer.echo(json.dumps({
+            "plugins": [i.to_dict() for i in infos],
+            "unknown_disabled": manager.unknown_disabled,
+        }, indent=2))
+        return
+    width = max([len(i.name) for i in infos] + [4])
+    for info in infos:
+        source = f"{info.distribution} {info.version}" if info.distribution else f"module {info.module}"
+        hooks = ", ".join(h.removeprefix("gpulayer_") for h in info.hooks) or "-"
+        typer.echo(f"{info.name:<{width}}  {info.status:<8}  {source:<20}  {hooks}")
+        if info.error:
+            typer.echo(f"{'':<{width}}  error: {info.error}")
+    if not infos:
+        typer.echo("no plugins installed")
+    if manager.unknown_disabled:
+        typer.echo(
+            f"warning: {plugins.DISABLE_ENV} names no installed plugin: "
+            f"{', '.join(manager.unknown_disabled)}",
+            err=True,
+        )
+
+
+@profiles_app.command("list")
+def list_profiles(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """List runtime profiles and what each fills in."""
+    manager = _load_plugins()
+    records = plugins.profiles()
+    if as_json:
+        typer.echo(json.dumps([
+            {**p.model_dump(), "plugin": manager.owner("gpulayer_runtime_profiles", name)}
+            for name, p in sorted(records.items())
+        ], indent=2))
+        return
+    width = max([len(n) for n in records] + [4])
+    for name, p in sorted(records.items()):
+        frameworks = ", ".join(f"{k}{v}" for k, v in p.frameworks.items()) or "-"
+        typer.echo(f"{name:<{width}}  accelerator={p.accelerator or 'none':<6}  "
+                   f"frameworks={frameworks}  ({manager.owner('gpulayer_runtime_profiles', name)})")
+    if not records:
+        typer.echo("no profiles installed")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(resources_app, name="resources")
+    app.add_typer(plugins_app, name="plugins")
+    app.add_typer(profiles_app, name="profiles")
+
