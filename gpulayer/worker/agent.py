@@ -61,6 +61,20 @@ class _LogBuffer:
         self._decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in ("stdout", "stderr")}
         self._size = 0
         self._last = time.monotonic()
+        self._closed = threading.Event()
+        # output that arrives in one burst and then nothing must still show up promptly
+        self._ticker = threading.Thread(target=self._tick, name="gpulayer-logs", daemon=True)
+        self._ticker.start()
+
+    def _tick(self) -> None:
+        while not self._closed.wait(self._interval):
+            if self._pending:
+                self.flush()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._ticker.join(5)
+        self.flush()
 
     def write(self, stream: str, data: bytes) -> None:
         text = self._decoders.setdefault(stream, codecs.getincrementaldecoder("utf-8")("replace")).decode(data)
@@ -131,6 +145,7 @@ class Agent:
         self._running: dict[str, threading.Event] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
+        self._shutdown_ended: set[str] = set()
         self._last_busy = time.monotonic()
         self._bundle_cache = config.home() / "bundles"
 
@@ -183,7 +198,8 @@ class Agent:
         for thread in list(self._threads.values()):
             thread.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
-            for event in self._running.values():
+            for task_id, event in self._running.items():
+                self._shutdown_ended.add(task_id)
                 event.set()
         for thread in list(self._threads.values()):
             thread.join(self.kill_grace + 5)
@@ -338,7 +354,7 @@ class Agent:
             workdir = self._workdir(a)
         except GpulayerError as exc:
             logbuf.add("stderr", f"gpulayer: could not prepare the source bundle: {exc}\n")
-            logbuf.flush()
+            logbuf.close()
             return {"state": TaskState.FAILED, "error": {"type": "bundle", "message": str(exc)}}
         env = self.task_env(a, workdir)
         spec = a.spec
@@ -346,6 +362,8 @@ class Agent:
         tmpdir = None
         if spec.kind == "command":
             argv = list(spec.command)
+            if argv and argv[0] == "python":  # "python" is the worker's job Python, not PATH's
+                argv[0] = self.python
         elif spec.kind == "function":
             tmpdir = tempfile.TemporaryDirectory(prefix="gpulayer-fn-")
             spec_path = Path(tmpdir.name) / "spec.json"
@@ -360,7 +378,7 @@ class Agent:
                 msg = (f"launcher {spec.launcher!r} is not installed on this worker "
                        f"(installed: {', '.join(sorted(launchers)) or 'none'})")
                 logbuf.add("stderr", f"gpulayer: {msg}\n")
-                logbuf.flush()
+                logbuf.close()
                 return {"state": TaskState.FAILED, "error": {"type": "launcher", "message": msg}}
             cmd = launcher.build(spec, a.rendezvous, a.node_rank, self.python)
             argv = list(cmd.argv)
@@ -371,8 +389,13 @@ class Agent:
             outcome = run_process(argv, env=env, cwd=str(workdir), on_output=logbuf.write,
                                   timeout=spec.timeout, cancel=cancel, grace=self.kill_grace)
         finally:
-            logbuf.flush()
+            logbuf.close()
         state = TaskState(outcome.state)
+        if state is TaskState.CANCELLED and a.task_id in self._shutdown_ended:
+            # ended because this worker is stopping, not because anyone cancelled the job:
+            # a failure the job may retry elsewhere
+            state = TaskState.FAILED
+            outcome.error = f"the worker stopped before the task finished (grace {self.grace:g} s)"
         report: dict[str, Any] = {"state": state, "exit_code": outcome.exit_code}
         if outcome.error and state is not TaskState.SUCCEEDED:
             report["error"] = {"type": state.value, "message": outcome.error}

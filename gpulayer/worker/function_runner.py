@@ -1,0 +1,298 @@
+"""Call a FunctionJob's function inside the job's process and write its result as JSON.
+
+Usage (the worker runs it in the job's Python, with the bundle directory as cwd)::
+
+    python /path/to/function_runner.py SPEC_JSON_PATH RESULT_JSON_PATH
+    python -m gpulayer.worker.function_runner SPEC_JSON_PATH RESULT_JSON_PATH
+
+SPEC_JSON_PATH holds ``{"function": "pkg.mod:fn", "args": [...], "kwargs": {...}}``; the
+part after ``:`` may be a dotted path (``mod:Class.method``). The module is imported by name
+with the current directory first on ``sys.path`` (also under ``python -I``), so a script's
+``if __name__ == "__main__":`` block does not run. RESULT_JSON_PATH receives, atomically::
+
+    {"ok": true, "result": <the return value>}                                    exit 0
+    {"ok": false, "error": {"type": ..., "message": ..., "traceback": ...}}       exit 1
+
+``type`` is the exception's qualified name (``ValueError``, ``mypkg.errors.MyError``). A
+result that is not JSON (a set, bytes, NaN, an object, a non-string key) is refused with the
+path of the first offending value. The function's own prints go to stdout/stderr as usual.
+
+This file must import only the standard library: the job's Python need not have GPUlayer's
+dependencies (or GPUlayer) installed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import traceback
+from typing import Any
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+_ACCEPTED = "accepted: None, bool, int, finite float, str, list, dict with str keys"
+
+
+class _RunnerError(Exception):
+    """An error that the runner reports itself (bad spec, import failure, non-JSON result)."""
+
+    def __init__(self, type_name: str, message: str, tb: str = "") -> None:
+        super().__init__(message)
+        self.type_name = type_name
+        self.message = message
+        self.tb = tb
+
+
+def _type_name(exc: BaseException) -> str:
+    cls = type(exc)
+    module = getattr(cls, "__module__", None)
+    if module in (None, "builtins", "__main__"):
+        return cls.__qualname__
+    return f"{module}.{cls.__qualname__}"
+
+
+def _format_tb(exc: BaseException, skip: int = 0) -> str:
+    tb = exc.__traceback__
+    for _ in range(skip):  # drop the runner's own frames
+        if tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _setup_path(cwd: str) -> list[str]:
+    """cwd first on sys.path; this file's own directory off it when run as a script."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if __name__ == "__main__" and sys.path and sys.path[0]:
+        if os.path.abspath(sys.path[0]) == here and here != cwd:
+            del sys.path[0]  # run as a script: keep process.py & co. from shadowing user modules
+    sys.path[:] = [p for p in sys.path if p not in ("", cwd)]
+    sys.path.insert(0, cwd)
+    return sys.path
+
+
+def _load_spec(path: str) -> tuple[str, list[Any], dict[str, Any]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            spec = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise _RunnerError(_type_name(exc), f"cannot read the function spec {path}: {exc}") from exc
+    if not isinstance(spec, dict):
+        raise _RunnerError("TypeError", f"function spec {path} is not a JSON object")
+    ref = spec.get("function")
+    args = spec.get("args", [])
+    kwargs = spec.get("kwargs", {})
+    if not isinstance(ref, str) or ref.count(":") != 1 or not all(ref.split(":")):
+        raise _RunnerError(
+            "ValueError",
+            f"function spec: 'function' is {ref!r}, expected 'module:function' "
+            "(e.g. 'train:main' or 'pkg.mod:Class.method')",
+        )
+    if not isinstance(args, list):
+        raise _RunnerError(
+            "TypeError", f"function spec: 'args' must be a list, not {type(args).__name__}"
+        )
+    if not isinstance(kwargs, dict):
+        raise _RunnerError(
+            "TypeError", f"function spec: 'kwargs' must be an object, not {type(kwargs).__name__}"
+        )
+    return ref, args, kwargs
+
+
+def _resolve(ref: str) -> Any:
+    import importlib
+
+    module_name, qualname = ref.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing == module_name or module_name.startswith(missing + "."):
+            raise _RunnerError(
+                "ModuleNotFoundError",
+                f"cannot import {ref}: no module named {missing!r} "
+                f"(cwd {os.getcwd()}; sys.path {sys.path})",
+            ) from exc
+        raise _RunnerError(
+            _type_name(exc),
+            f"cannot import {ref}: importing {module_name!r} failed: {exc}",
+            _format_tb(exc, skip=1),
+        ) from exc
+    except BaseException as exc:  # the module raised while being imported
+        raise _RunnerError(
+            _type_name(exc),
+            f"cannot import {ref}: importing {module_name!r} raised {_type_name(exc)}: {exc}",
+            _format_tb(exc, skip=1),
+        ) from exc
+
+    obj: Any = module
+    parts = qualname.split(".")
+    for i, part in enumerate(parts):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as exc:
+            owner = f"module {module_name!r}" if i == 0 else f"{module_name}:{'.'.join(parts[:i])}"
+            where = getattr(module, "__file__", None) or "(no file)"
+            raise _RunnerError(
+                "AttributeError",
+                f"cannot find {ref}: {owner} has no attribute {part!r} "
+                f"(module {module_name!r} loaded from {where}; sys.path {sys.path})",
+            ) from exc
+    if not callable(obj):
+        raise _RunnerError("TypeError", f"{ref} is {_a(type(obj).__name__)}, which is not callable")
+    return obj
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, float):
+        return f"a float {value!r} (NaN and infinities are not allowed)"
+    if isinstance(value, (bytes, bytearray)):
+        return f"{type(value).__name__} (decode it to str, or encode it, e.g. base64)"
+    if isinstance(value, (set, frozenset)):
+        return f"a {type(value).__name__} (return a list)"
+    cls = type(value)
+    name = cls.__qualname__ if cls.__module__ in ("builtins", "__main__") else (
+        f"{cls.__module__}.{cls.__qualname__}"
+    )
+    return f"{_a(name)} object"
+
+
+def _a(name: str) -> str:
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def find_non_json(value: Any, path: str = "result") -> str | None:
+    """Describe the first value under ``value`` that is not JSON, with its path, or None.
+
+    Iterative (deep nesting cannot overflow the stack) and linear; cycles are reported.
+    """
+    on_path: set[int] = set()  # ids of the containers that enclose the current value
+    leave = object()  # marker: done with a container
+    stack: list[tuple[Any, Any]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if where is leave:
+            on_path.discard(item)
+            continue
+        if item is None or isinstance(item, (bool, str, int)):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return f"{_describe(item)} at {where}"
+            continue
+        if isinstance(item, (list, tuple, dict)):
+            if id(item) in on_path:
+                return f"a circular reference at {where}"
+            children: list[tuple[Any, Any]] = []
+            if isinstance(item, dict):
+                for key, sub in item.items():
+                    if not isinstance(key, str):
+                        return (
+                            f"{_a(type(key).__name__)} key {key!r} at {where} "
+                            "(JSON objects have string keys)"
+                        )
+                    children.append((sub, f"{where}[{json.dumps(key)}]"))
+            else:
+                children = [(sub, f"{where}[{i}]") for i, sub in enumerate(item)]
+            on_path.add(id(item))
+            stack.append((id(item), leave))
+            stack.extend(reversed(children))  # depth first, in order
+            continue
+        return f"{_describe(item)} at {where}"
+    return None
+
+
+def _error_payload(type_name: str, message: str, tb: str) -> dict[str, Any]:
+    return {"ok": False, "error": {"type": type_name, "message": message, "traceback": tb}}
+
+
+def _write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def run(spec_path: str, result_path: str) -> dict[str, Any]:
+    """Call the function the spec names, write the result file and return what it holds."""
+    cwd = os.getcwd()
+    try:
+        ref, args, kwargs = _load_spec(spec_path)
+        sys.argv[:] = [ref]
+        _setup_path(cwd)
+        fn = _resolve(ref)
+        try:
+            result = fn(*args, **kwargs)
+            if _is_coroutine(result):
+                import asyncio
+
+                result = asyncio.run(result)
+        except BaseException as exc:
+            payload = _error_payload(_type_name(exc), _message(exc), _format_tb(exc, skip=1))
+        else:
+            problem = find_non_json(result)
+            if problem is not None:
+                raise _RunnerError(
+                    "TypeError", f"result of {ref} is not JSON: {problem}; {_ACCEPTED}"
+                )
+            payload = {"ok": True, "result": result}
+    except _RunnerError as exc:
+        payload = _error_payload(exc.type_name, exc.message, exc.tb)
+
+    try:
+        text = json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:  # find_non_json should catch these
+        payload = _error_payload(
+            "TypeError", f"result is not JSON: {exc}; {_ACCEPTED}", ""
+        )
+        text = json.dumps(payload)
+    _write(result_path, text)
+    return payload
+
+
+def _is_coroutine(value: Any) -> bool:
+    import inspect
+
+    return inspect.iscoroutine(value)
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"the function called sys.exit({exc.code!r})"
+    return str(exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print(
+            "usage: python function_runner.py SPEC_JSON_PATH RESULT_JSON_PATH",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    spec_path, result_path = (os.path.abspath(p) for p in argv)
+    try:
+        payload = run(spec_path, result_path)
+        if not payload["ok"]:  # the job's log shows the error too
+            error = payload["error"]
+            print(
+                error["traceback"].rstrip("\n") if error["traceback"]
+                else f"{error['type']}: {error['message']}",
+                file=sys.stderr,
+            )
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+    return EXIT_OK if payload["ok"] else EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,375 @@
+"""Run one task as its own process tree, stream its output, and end the whole tree.
+
+:func:`run_process` starts ``argv`` in a new session (so in its own process group), streams
+stdout and stderr to a callback as the bytes arrive, and ends in exactly one of four states:
+``succeeded``, ``failed``, ``timed_out`` or ``cancelled``.
+
+Ending a tree (:func:`terminate_tree`): SIGTERM to the process group and to every
+descendant found, a grace period, then SIGKILL to the group and to whatever is left. A
+descendant that left the group (``setsid``, ``setpgid``) is found two ways: as a descendant of
+the task's process (the list is collected before any signal is sent), and by a marker
+variable that :func:`run_process` adds to the task's environment (``GPULAYER_TREE_ID``), which
+finds it even after its parent exited and it was re-parented to init. A task must not leave
+orphans: when its main process exits, whatever is left in its group or carries its marker is
+killed.
+
+POSIX only (Linux and macOS).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import shlex
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import psutil
+
+__all__ = ["TREE_ID_ENV", "ProcessOutcome", "run_process", "terminate_tree"]
+
+log = logging.getLogger(__name__)
+
+#: environment variable run_process sets in each task to a fresh id; every descendant that
+#: keeps its environment carries it, which is how escaped descendants are found.
+TREE_ID_ENV = "GPULAYER_TREE_ID"
+
+_READ_SIZE = 65536
+#: how long to keep reading output after the main process exited and its group was killed
+#: (a descendant that escaped with a clean environment could hold the pipe open forever).
+_DRAIN_TIMEOUT = 2.0
+
+
+@dataclass
+class ProcessOutcome:
+    """How a task's process ended."""
+
+    #: "succeeded" | "failed" | "timed_out" | "cancelled"
+    state: str
+    #: the main process's exit code as Popen reports it (negative: killed by that signal);
+    #: None when it never started or was never waited for.
+    exit_code: int | None
+    #: a human message for every state but "succeeded": "exit code 3",
+    #: "killed by signal SIGKILL", "timed out after 5.0 s", "cancelled", "cannot start ..."
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "succeeded"
+
+
+# --------------------------------------------------------------------------- ending trees
+
+
+def _alive(proc: psutil.Process) -> bool:
+    """Running and not a zombie (a zombie has exited; only its parent's wait is missing)."""
+    try:
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def _signal(proc: psutil.Process, sig: int) -> None:
+    # psutil checks that the pid was not reused by another process before signalling.
+    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+        proc.send_signal(sig)
+
+
+def _signal_group(pgid: int | None, sig: int) -> None:
+    if pgid is None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _marked(marker: str) -> list[psutil.Process]:
+    """Processes (other than this one) whose environment has ``TREE_ID_ENV=marker``."""
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        try:
+            if proc.environ().get(TREE_ID_ENV) == marker:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def _collect(pid: int, marker: str | None) -> dict[int, psutil.Process]:
+    procs: dict[int, psutil.Process] = {}
+    try:
+        root = psutil.Process(pid)
+        procs[root.pid] = root
+        for child in root.children(recursive=True):
+            procs[child.pid] = child
+    except psutil.Error:
+        pass
+    if marker:
+        for proc in _marked(marker):
+            procs.setdefault(proc.pid, proc)
+    return procs
+
+
+def _own_group(pid: int) -> int | None:
+    """``pid``'s process group if ``pid`` leads it and it is not this process's group."""
+    try:
+        pgid = os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+    return pgid if pgid == pid and pgid != os.getpgrp() else None
+
+
+def terminate_tree(
+    pid: int,
+    grace: float = 5.0,
+    *,
+    pgid: int | None = None,
+    marker: str | None = None,
+    extra: Iterable[psutil.Process] = (),
+) -> None:
+    """End ``pid`` and every process it started: SIGTERM, up to ``grace`` seconds, SIGKILL.
+
+    Signals go to the process group ``pgid`` (default: ``pid``'s own group when ``pid`` leads
+    one that is not ours; never the caller's own group), to every descendant of ``pid``
+    collected before the first signal, to every process whose environment carries
+    ``TREE_ID_ENV=marker``, and to ``extra``. Returns once all of them are gone (zombies count
+    as gone: the caller still reaps its own child) or, after SIGKILL, after about a second.
+    It never reaps ``pid``; a caller that started it with Popen still calls ``wait()``.
+    """
+    if pgid is None:
+        pgid = _own_group(pid)
+    elif pgid == os.getpgrp():
+        pgid = None  # never signal our own group
+    procs = _collect(pid, marker)
+    for proc in extra:
+        procs.setdefault(proc.pid, proc)
+    procs.pop(os.getpid(), None)
+
+    _signal_group(pgid, signal.SIGTERM)
+    for proc in procs.values():
+        _signal(proc, signal.SIGTERM)
+
+    deadline = time.monotonic() + max(grace, 0.0)
+    while time.monotonic() < deadline and any(_alive(p) for p in procs.values()):
+        time.sleep(0.02)
+
+    # SIGKILL the group even when everything known is gone: it catches late forks.
+    _signal_group(pgid, signal.SIGKILL)
+    if marker:  # and late forks that left the group
+        for proc in _marked(marker):
+            procs.setdefault(proc.pid, proc)
+    survivors = [p for p in procs.values() if _alive(p)]
+    for proc in survivors:
+        _signal(proc, signal.SIGKILL)
+    deadline = time.monotonic() + 1.0
+    while survivors and time.monotonic() < deadline:
+        survivors = [p for p in survivors if _alive(p)]
+        if survivors:
+            time.sleep(0.01)
+
+
+def _kill_leftovers(pgid: int, marker: str) -> None:
+    """After the main process exited: SIGKILL whatever is left of its tree."""
+    leftovers = [p for p in _marked(marker) if p.pid != pgid]
+    _signal_group(pgid, signal.SIGKILL)
+    for proc in leftovers:
+        _signal(proc, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- output
+
+
+class _Reader(threading.Thread):
+    """Reads both pipes as bytes arrive and hands each chunk to ``on_output``.
+
+    It owns the two file descriptors and closes them when done: at EOF on both, or when
+    :meth:`stop` was called and its deadline passed.
+    """
+
+    def __init__(
+        self, fds: dict[int, str], on_output: Callable[[str, bytes], None], name: str
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self._fds = dict(fds)
+        self._on_output = on_output
+        self._stop_at: float | None = None
+        self._callback_failed = False
+
+    def stop(self, drain: float) -> None:
+        """Keep reading what is there for up to ``drain`` seconds, then give up."""
+        self._stop_at = time.monotonic() + drain
+
+    def run(self) -> None:
+        sel = selectors.DefaultSelector()
+        try:
+            for fd in self._fds:
+                sel.register(fd, selectors.EVENT_READ)
+            while self._fds:
+                if self._stop_at is not None and time.monotonic() >= self._stop_at:
+                    break
+                for key, _ in sel.select(timeout=0.1):
+                    fd = key.fd
+                    try:
+                        data = os.read(fd, _READ_SIZE)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        data = b""
+                    if not data:
+                        sel.unregister(fd)
+                        os.close(fd)
+                        del self._fds[fd]
+                        continue
+                    self._emit(self._fds[fd], data)
+        finally:
+            for fd in list(self._fds):
+                with contextlib.suppress(Exception):
+                    sel.unregister(fd)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._fds.clear()
+            sel.close()
+
+    def _emit(self, stream: str, data: bytes) -> None:
+        try:
+            self._on_output(stream, data)
+        except Exception:
+            # keep draining the pipe, or the process would block on a full pipe
+            if not self._callback_failed:
+                self._callback_failed = True
+                log.exception("on_output raised; the rest of the output is still read")
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _exit_error(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
+        return f"killed by signal {name}"
+    return f"exit code {code}"
+
+
+def run_process(
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    cwd: str | None,
+    on_output: Callable[[str, bytes], None],
+    timeout: float | None = None,
+    cancel: threading.Event | None = None,
+    grace: float = 5.0,
+    on_start: Callable[[int], None] | None = None,
+    cancel_grace: float = 1.0,
+) -> ProcessOutcome:
+    """Run ``argv`` as its own process tree until it exits, times out or is cancelled.
+
+    ``env`` is the whole environment (``PYTHONUNBUFFERED=1`` is added when absent, and
+    ``GPULAYER_TREE_ID`` is set to a fresh id). stdin is /dev/null. ``on_output(stream,
+    chunk)`` is called from a reader thread with ``"stdout"`` or ``"stderr"`` and the bytes as
+    they arrive (no line buffering). ``on_start(pid)`` is called once the process started.
+
+    ``timeout`` (seconds): the tree gets SIGTERM, ``grace`` seconds, then SIGKILL; state
+    ``timed_out``. ``cancel`` set from another thread: the same with ``cancel_grace``; state
+    ``cancelled``. Exit code 0: ``succeeded``; anything else: ``failed``. A command that
+    cannot be started: ``failed`` with exit code 127 (not found) or 126 (not executable),
+    the message also written to ``on_output("stderr", ...)``.
+    """
+    if cancel is not None and cancel.is_set():
+        return ProcessOutcome("cancelled", None, "cancelled before it started")
+    if not argv:
+        message = "cannot start an empty command"
+        _emit_safely(on_output, message)
+        return ProcessOutcome("failed", 127, message)
+
+    marker = uuid.uuid4().hex
+    full_env = dict(env)
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    full_env[TREE_ID_ENV] = marker
+
+    try:
+        proc = subprocess.Popen(
+            argv,
+            env=full_env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        code = 127 if isinstance(exc, FileNotFoundError) else 126
+        where = f" in {cwd}" if cwd else ""
+        message = f"cannot start {shlex.join(argv)}{where}: {exc}"
+        _emit_safely(on_output, message)
+        return ProcessOutcome("failed", code, message)
+
+    assert proc.stdout is not None and proc.stderr is not None
+    # the reader thread owns the descriptors from here on
+    fds = {os.dup(proc.stdout.fileno()): "stdout", os.dup(proc.stderr.fileno()): "stderr"}
+    proc.stdout.close()
+    proc.stderr.close()
+    reader = _Reader(fds, on_output, name=f"gpulayer-output-{proc.pid}")
+    reader.start()
+
+    pgid = proc.pid  # start_new_session: the process leads its own group
+    state: str | None = None
+    error: str | None = None
+    try:
+        if on_start is not None:
+            on_start(proc.pid)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        interval = 0.001
+        while proc.poll() is None:
+            if cancel is not None and cancel.is_set():
+                state, error = "cancelled", "cancelled"
+                terminate_tree(proc.pid, cancel_grace, pgid=pgid, marker=marker)
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                state, error = "timed_out", f"timed out after {timeout} s"
+                terminate_tree(proc.pid, grace, pgid=pgid, marker=marker)
+                break
+            wait = interval
+            if deadline is not None:
+                wait = max(0.0, min(wait, deadline - time.monotonic()))
+            if cancel is not None:
+                cancel.wait(wait)
+            else:
+                time.sleep(wait)
+            interval = min(interval * 2, 0.05)
+        code = proc.wait()
+    except BaseException:
+        # on_start raised, or we were interrupted: do not leave the tree behind
+        terminate_tree(proc.pid, 0.0, pgid=pgid, marker=marker)
+        proc.wait()
+        raise
+    finally:
+        _kill_leftovers(pgid, marker)
+        reader.stop(_DRAIN_TIMEOUT)
+        reader.join(_DRAIN_TIMEOUT + 1.0)
+
+    if state is None:
+        if code == 0:
+            return ProcessOutcome("succeeded", 0, None)
+        return ProcessOutcome("failed", code, _exit_error(code))
+    return ProcessOutcome(state, code, error)
+
+
+def _emit_safely(on_output: Callable[[str, bytes], None], message: str) -> None:
+    try:
+        on_output("stderr", f"gpulayer: {message}\n".encode())
+    except Exception:
+        log.exception("on_output raised")

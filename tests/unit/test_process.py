@@ -1,0 +1,439 @@
+"""run_process / terminate_tree with real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpulayer.worker.process import TREE_ID_ENV, ProcessOutcome, run_process, terminate_tree
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX process groups")
+
+PY = sys.executable
+
+
+class Output:
+    def __init__(self) -> None:
+        self.chunks: list[tuple[str, bytes]] = []
+        self.lock = threading.Lock()
+        self.first = threading.Event()
+
+    def __call__(self, stream: str, data: bytes) -> None:
+        with self.lock:
+            self.chunks.append((stream, data))
+        self.first.set()
+
+    def text(self, stream: str) -> str:
+        with self.lock:
+            return b"".join(d for s, d in self.chunks if s == stream).decode()
+
+
+def env() -> dict[str, str]:
+    return dict(os.environ)
+
+
+def gone(pid: int) -> bool:
+    """Not running any more (a zombie waiting for its parent counts as gone)."""
+    try:
+        p = psutil.Process(pid)
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_gone(pid: int, within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if gone(pid):
+            return True
+        time.sleep(0.02)
+    return gone(pid)
+
+
+def wait_file(path: Path, within: float = 10.0) -> str:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        time.sleep(0.02)
+    raise AssertionError(f"{path} was not written")
+
+
+def script(tmp_path: Path, body: str) -> list[str]:
+    f = tmp_path / "job.py"
+    f.write_text(textwrap.dedent(body))
+    return [PY, str(f)]
+
+
+def test_output_in_order_and_success(tmp_path: Path) -> None:
+    out = Output()
+    argv = script(
+        tmp_path,
+        """
+        import sys
+        for i in range(200):
+            print(f"line {i}")
+        print("to stderr", file=sys.stderr)
+        """,
+    )
+    result = run_process(argv, env=env(), cwd=str(tmp_path), on_output=out)
+    assert result == ProcessOutcome("succeeded", 0, None)
+    assert out.text("stdout") == "".join(f"line {i}\n" for i in range(200))
+    assert out.text("stderr") == "to stderr\n"
+
+
+def test_exit_code_3_fails(tmp_path: Path) -> None:
+    out = Output()
+    result = run_process(
+        [PY, "-c", "import sys; print('bye'); sys.exit(3)"], env=env(), cwd=None, on_output=out
+    )
+    assert result.state == "failed"
+    assert result.exit_code == 3
+    assert result.error == "exit code 3"
+    assert out.text("stdout") == "bye\n"
+
+
+def test_killed_by_signal_message(tmp_path: Path) -> None:
+    result = run_process(
+        [PY, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+        env=env(), cwd=None, on_output=Output(),
+    )
+    assert result.state == "failed"
+    assert result.exit_code == -9
+    assert result.error == "killed by signal SIGKILL"
+
+
+def test_output_streams_while_running(tmp_path: Path) -> None:
+    out = Output()
+    release = tmp_path / "release"
+    argv = script(
+        tmp_path,
+        f"""
+        import os, sys, time
+        sys.stdout.write("partial line, no newline")
+        sys.stdout.flush()
+        while not os.path.exists({str(release)!r}):
+            time.sleep(0.02)
+        print(" done")
+        """,
+    )
+    started: list[int] = []
+    seen_while_running: list[bool] = []
+
+    def watcher() -> None:
+        assert out.first.wait(10)
+        seen_while_running.append(psutil.pid_exists(started[0]) and not gone(started[0]))
+        release.write_text("go")
+
+    t = threading.Thread(target=watcher)
+    result = run_process(
+        argv, env=env(), cwd=None, on_output=out,
+        on_start=lambda pid: (started.append(pid), t.start()),
+    )
+    t.join(10)
+    assert result.state == "succeeded"
+    assert seen_while_running == [True]
+    assert out.chunks[0] == ("stdout", b"partial line, no newline")
+    assert out.text("stdout") == "partial line, no newline done\n"
+
+
+def test_pythonunbuffered_and_tree_marker_set(tmp_path: Path) -> None:
+    out = Output()
+    e = env()
+    e.pop("PYTHONUNBUFFERED", None)
+    e["MY_VAR"] = "x"
+    run_process(
+        [PY, "-c", f"import os; print(os.environ['PYTHONUNBUFFERED'], os.environ['MY_VAR'], "
+         f"len(os.environ['{TREE_ID_ENV}']))"],
+        env=e, cwd=None, on_output=out,
+    )
+    assert out.text("stdout") == "1 x 32\n"
+
+
+def test_cwd_is_used(tmp_path: Path) -> None:
+    out = Output()
+    run_process([PY, "-c", "import os; print(os.getcwd())"], env=env(), cwd=str(tmp_path),
+                on_output=out)
+    assert os.path.samefile(out.text("stdout").strip(), tmp_path)
+
+
+TREE = """
+import os, subprocess, sys, time
+child = subprocess.Popen(["sleep", "100"])
+with open({pidfile!r} + ".tmp", "w") as f:
+    f.write(str(child.pid))
+os.rename({pidfile!r} + ".tmp", {pidfile!r})
+time.sleep(100)
+"""
+
+
+def test_timeout_ends_the_whole_tree(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    argv = script(tmp_path, TREE.format(pidfile=str(pidfile)))
+    start = time.monotonic()
+    result = run_process(argv, env=env(), cwd=None, on_output=Output(), timeout=1.0, grace=2.0)
+    assert time.monotonic() - start < 10
+    assert result.state == "timed_out"
+    assert result.error == "timed out after 1.0 s"
+    assert result.exit_code is not None and result.exit_code < 0
+    grandchild = int(wait_file(pidfile, within=1))
+    assert wait_gone(grandchild)
+
+
+def test_cancel_ends_grandchildren(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    argv = script(tmp_path, TREE.format(pidfile=str(pidfile)))
+    cancel = threading.Event()
+    pids: list[int] = []
+
+    def canceller() -> None:
+        pids.append(int(wait_file(pidfile)))
+        cancel.set()
+
+    t = threading.Thread(target=canceller)
+    t.start()
+    start = time.monotonic()
+    result = run_process(argv, env=env(), cwd=None, on_output=Output(), cancel=cancel, grace=30)
+    t.join(10)
+    assert time.monotonic() - start < 10  # cancel_grace (1 s), not grace (30 s)
+    assert result.state == "cancelled"
+    assert result.error == "cancelled"
+    assert wait_gone(pids[0])
+
+
+def test_cancelled_before_start_does_not_start(tmp_path: Path) -> None:
+    cancel = threading.Event()
+    cancel.set()
+    marker = tmp_path / "ran"
+    result = run_process(["touch", str(marker)], env=env(), cwd=None, on_output=Output(),
+                         cancel=cancel)
+    assert result.state == "cancelled"
+    assert result.exit_code is None
+    assert not marker.exists()
+
+
+def test_sigterm_ignored_gets_sigkill_after_grace(tmp_path: Path) -> None:
+    out = Output()
+    argv = script(
+        tmp_path,
+        """
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("ready", flush=True)
+        time.sleep(100)
+        """,
+    )
+    cancel = threading.Event()
+
+    def canceller() -> None:
+        assert out.first.wait(10)
+        cancel.set()
+
+    t = threading.Thread(target=canceller)
+    t.start()
+    start = time.monotonic()
+    result = run_process(argv, env=env(), cwd=None, on_output=out, cancel=cancel,
+                         cancel_grace=0.5)
+    t.join(10)
+    assert result.state == "cancelled"
+    assert result.exit_code == -9
+    assert 0.4 < time.monotonic() - start < 10
+
+
+def test_sigterm_ignored_timeout(tmp_path: Path) -> None:
+    argv = script(
+        tmp_path,
+        """
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(100)
+        """,
+    )
+    result = run_process(argv, env=env(), cwd=None, on_output=Output(), timeout=1.0, grace=0.5)
+    assert result.state == "timed_out"
+    assert result.exit_code == -9
+
+
+def test_process_that_handles_sigterm_exits_cleanly(tmp_path: Path) -> None:
+    out = Output()
+    argv = script(
+        tmp_path,
+        """
+        import signal, sys, time
+        def bye(*_):
+            print("got SIGTERM, cleaning up", flush=True)
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, bye)
+        print("ready", flush=True)
+        time.sleep(100)
+        """,
+    )
+    cancel = threading.Event()
+    threading.Thread(target=lambda: (out.first.wait(10), cancel.set())).start()
+    # a generous grace: on a loaded machine the handler may take a while to run
+    result = run_process(argv, env=env(), cwd=None, on_output=out, cancel=cancel,
+                         cancel_grace=10)
+    assert result.state == "cancelled"
+    assert result.exit_code == 0
+    assert "got SIGTERM, cleaning up" in out.text("stdout")
+
+
+ESCAPE = """
+import os, subprocess, sys, time
+# the grandchild leaves our process group and session
+child = subprocess.Popen(["sleep", "100"], start_new_session=True)
+with open({pidfile!r} + ".tmp", "w") as f:
+    f.write(str(child.pid))
+os.rename({pidfile!r} + ".tmp", {pidfile!r})
+{after}
+"""
+
+
+def test_setsid_grandchild_is_killed_on_timeout(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    argv = script(tmp_path, ESCAPE.format(pidfile=str(pidfile), after="time.sleep(100)"))
+    result = run_process(argv, env=env(), cwd=None, on_output=Output(), timeout=1.0, grace=1.0)
+    assert result.state == "timed_out"
+    grandchild = int(wait_file(pidfile, within=1))
+    assert wait_gone(grandchild)
+
+
+def test_setsid_grandchild_is_killed_on_cancel(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    argv = script(tmp_path, ESCAPE.format(pidfile=str(pidfile), after="time.sleep(100)"))
+    cancel = threading.Event()
+    pids: list[int] = []
+    t = threading.Thread(target=lambda: (pids.append(int(wait_file(pidfile))), cancel.set()))
+    t.start()
+    result = run_process(argv, env=env(), cwd=None, on_output=Output(), cancel=cancel)
+    t.join(10)
+    assert result.state == "cancelled"
+    assert wait_gone(pids[0])
+
+
+def test_no_orphans_after_normal_exit(tmp_path: Path) -> None:
+    """Leftovers in the group and escaped (re-parented) descendants die with the task."""
+    in_group = tmp_path / "in_group.pid"
+    escaped = tmp_path / "escaped.pid"
+    argv = script(
+        tmp_path,
+        f"""
+        import subprocess
+        a = subprocess.Popen(["sleep", "100"])
+        b = subprocess.Popen(["sleep", "100"], start_new_session=True)
+        open({str(in_group)!r}, "w").write(str(a.pid))
+        open({str(escaped)!r}, "w").write(str(b.pid))
+        print("leaving")
+        """,
+    )
+    start = time.monotonic()
+    result = run_process(argv, env=env(), cwd=None, on_output=Output())
+    assert time.monotonic() - start < 10  # the orphans' open pipes do not block us
+    assert result.state == "succeeded"
+    assert wait_gone(int(in_group.read_text()))
+    assert wait_gone(int(escaped.read_text()))
+
+
+def test_orphan_holding_the_pipe_does_not_block(tmp_path: Path) -> None:
+    """A daemon with a clean environment that left the group keeps stdout open: bounded wait."""
+    pidfile = tmp_path / "daemon.pid"
+    argv = script(
+        tmp_path,
+        f"""
+        import subprocess
+        d = subprocess.Popen(["sleep", "100"], start_new_session=True, env={{}})
+        open({str(pidfile)!r}, "w").write(str(d.pid))
+        """,
+    )
+    try:
+        start = time.monotonic()
+        result = run_process(argv, env=env(), cwd=None, on_output=Output())
+        assert time.monotonic() - start < 10
+        assert result.state == "succeeded"
+    finally:
+        try:
+            psutil.Process(int(pidfile.read_text())).kill()
+        except (psutil.NoSuchProcess, FileNotFoundError, ValueError):
+            pass
+
+
+def test_missing_command_fails_127(tmp_path: Path) -> None:
+    out = Output()
+    result = run_process(["no-such-command-gpulayer"], env=env(), cwd=None, on_output=out)
+    assert result.state == "failed"
+    assert result.exit_code == 127
+    assert result.error is not None
+    assert "no-such-command-gpulayer" in result.error
+    assert "No such file or directory" in result.error
+    assert "no-such-command-gpulayer" in out.text("stderr")
+
+
+def test_not_executable_fails_126(tmp_path: Path) -> None:
+    f = tmp_path / "notexec.sh"
+    f.write_text("#!/bin/sh\necho hi\n")
+    f.chmod(0o644)
+    out = Output()
+    result = run_process([str(f)], env=env(), cwd=None, on_output=out)
+    assert result.state == "failed"
+    assert result.exit_code == 126
+    assert "Permission denied" in (result.error or "")
+    assert "notexec.sh" in out.text("stderr")
+
+
+def test_on_output_exception_does_not_stall(tmp_path: Path) -> None:
+    def broken(stream: str, data: bytes) -> None:
+        raise RuntimeError("boom")
+
+    result = run_process(
+        [PY, "-c", "print('x' * 1_000_000)"], env=env(), cwd=None, on_output=broken, timeout=30
+    )
+    assert result.state == "succeeded"
+
+
+def test_on_start_gets_pid(tmp_path: Path) -> None:
+    out = Output()
+    pids: list[int] = []
+    run_process([PY, "-c", "import os; print(os.getpid())"], env=env(), cwd=None,
+                on_output=out, on_start=pids.append)
+    assert pids == [int(out.text("stdout"))]
+
+
+def test_terminate_tree_standalone(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    proc = subprocess.Popen([PY, "-c", TREE.format(pidfile=str(pidfile))],
+                            start_new_session=True)
+    try:
+        grandchild = int(wait_file(pidfile))
+        terminate_tree(proc.pid, grace=1.0)
+        assert proc.wait(timeout=5) < 0
+        assert wait_gone(grandchild)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_terminate_tree_never_signals_own_group(tmp_path: Path) -> None:
+    """A child in our own process group: only it and its descendants are signalled."""
+    proc = subprocess.Popen(["sleep", "100"])  # same group as pytest
+    try:
+        terminate_tree(proc.pid, grace=1.0)
+        assert proc.wait(timeout=5) == -15
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_terminate_tree_of_gone_pid_is_harmless() -> None:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    terminate_tree(proc.pid, grace=0.1)
