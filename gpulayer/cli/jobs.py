@@ -18,11 +18,10 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from gpulayer.client import Client, connect
 from gpulayer.errors import GpulayerError, InvalidInput
 from gpulayer.types import (
     CommandJob,
@@ -32,6 +31,9 @@ from gpulayer.types import (
     Placement,
     Requirements,
 )
+
+if TYPE_CHECKING:
+    from gpulayer.client import Client
 
 EXIT_FAILED = 1
 EXIT_TIMED_OUT = 124
@@ -43,6 +45,9 @@ jobs_app = typer.Typer(help="Inspect and control jobs.", no_args_is_help=True)
 
 
 def _client() -> Client:
+    # imported here: the client pulls in the store (SQLAlchemy), which other commands don't need
+    from gpulayer.client import connect
+
     return connect()
 
 

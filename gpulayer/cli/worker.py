@@ -10,7 +10,6 @@ from typing import Any, Optional
 
 import typer
 
-from gpulayer.client import EmbeddedClient, connect
 
 worker_app = typer.Typer(help="Run and inspect workers.", no_args_is_help=True)
 
@@ -44,6 +43,8 @@ def worker_start(
     caps = detect_capabilities(python=python)
     if labels:
         caps = caps.model_copy(update={"labels": {**caps.labels, **labels}})
+    from gpulayer.client import EmbeddedClient, connect
+
     url = os.environ.get("GPULAYER_URL")
     if url:
         from gpulayer.http_client import HttpWorkerAPI
@@ -85,6 +86,8 @@ def _serve(agent: Any) -> None:
 
 
 def _worker_rows(as_json: bool) -> tuple[list[Any], dict[str, Any]]:
+    from gpulayer.client import connect
+
     client = connect()
     return client.list_workers(), client.worker_usage()
 
