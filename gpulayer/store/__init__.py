@@ -13,6 +13,7 @@ attempt) changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -96,6 +97,9 @@ class Store:
         self.is_sqlite = self.url.startswith("sqlite")
         self.engine = self._make_engine()
         self._local = threading.local()
+        # SQLite: writers of this process queue here instead of in SQLite's busy handler,
+        # which sleeps in growing steps and starves a busy server (see bench/server_heartbeats.py)
+        self._write_lock = threading.RLock() if self.is_sqlite else None
         self._migrate()
 
     def _make_engine(self) -> Engine:
@@ -132,10 +136,9 @@ class Store:
                     conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
                 found = migrations.current_version(conn)
                 if found is None:
-                    SQLModel.metadata.create_all(conn, tables=[
-                        t.__table__ for t in (SchemaRow, WorkerRow, JobRow, TaskRow,  # type: ignore[attr-defined]
-                                              BundleRow, LogRow, EventRow, TokenRow)
-                    ])
+                    tables: list[Any] = [SchemaRow, WorkerRow, JobRow, TaskRow, BundleRow, LogRow,
+                                         EventRow, TokenRow]
+                    SQLModel.metadata.create_all(conn, tables=[t.__table__ for t in tables])
                     conn.execute(text("INSERT INTO gl_schema (id, version) VALUES (1, :v)"),
                                  {"v": migrations.SCHEMA_VERSION})
                 else:
@@ -150,7 +153,7 @@ class Store:
     @contextmanager
     def write(self, *, lock: bool = True) -> Iterator[Session]:
         """A transaction that may change state; writers are serialised (see module doc)."""
-        with self.engine.connect().execution_options(gl_write=True) as conn:
+        with self._write_lock or _NO_LOCK, self.engine.connect().execution_options(gl_write=True) as conn:
             with conn.begin():
                 if lock and not self.is_sqlite:
                     conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
@@ -167,6 +170,9 @@ class Store:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+_NO_LOCK = contextlib.nullcontext()
 
 
 def transition_task(

@@ -1,0 +1,178 @@
+"""``gpulayer server start``: the self-hosted control plane, served by uvicorn."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from gpulayer import config
+
+server_app = typer.Typer(help="Run the self-hosted control plane.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(server_app, name="server")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(path, 0o600)
+
+
+def self_signed(host: str, directory: Path) -> tuple[Path, Path]:
+    """A certificate + key in ``directory`` (made once, reused), valid for localhost,
+    127.0.0.1, ::1 and ``host``."""
+    cert_path, key_path = directory / "server.crt", directory / "server.key"
+    names = {"localhost", "127.0.0.1", "::1", host}
+    if cert_path.is_file() and key_path.is_file():
+        from cryptography import x509
+
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        have = {str(v) for v in san.get_values_for_type(x509.DNSName)} | \
+               {str(v) for v in san.get_values_for_type(x509.IPAddress)}
+        if names <= have and cert.not_valid_after_utc > datetime.datetime.now(datetime.timezone.utc):
+            return cert_path, key_path
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    alt: list[x509.GeneralName] = []
+    for n in sorted(names):
+        try:
+            alt.append(x509.IPAddress(ipaddress.ip_address(n)))
+        except ValueError:
+            alt.append(x509.DNSName(n))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"gpulayer {host}")])
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=825))
+            .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .sign(key, hashes.SHA256()))
+    directory.mkdir(parents=True, exist_ok=True)
+    _write_private(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()).decode())
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
+
+
+@server_app.command("start")
+def server_start(
+    host: str = typer.Option("127.0.0.1", "--host", help="address to bind (loopback by default)"),
+    port: int = typer.Option(8765, "--port", min=0, max=65535),
+    database: Optional[str] = typer.Option(None, "--database", envvar="GPULAYER_DATABASE_URL",
+                                           help="sqlite:///PATH or postgresql://USER@HOST/DB (default: SQLite in $GPULAYER_HOME)"),
+    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="PEM certificate (chain)"),
+    tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="PEM private key"),
+    self_signed_flag: bool = typer.Option(False, "--self-signed", help="make a certificate in $GPULAYER_HOME/tls/"),
+    insecure_http: bool = typer.Option(False, "--insecure-http", help="allow plain HTTP on a non-loopback address"),
+    log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level"),
+) -> None:
+    """Serve the control plane over HTTP(S). Every API route needs a token."""
+    import uvicorn
+
+    from gpulayer.control import ControlPlane
+    from gpulayer.http_client import fingerprint_of_pem
+    from gpulayer.server.app import create_app, default_threads
+    from gpulayer.store import Store
+    from gpulayer.tokens import TokenStore
+
+    logging.basicConfig(level=os.environ.get("GPULAYER_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if (tls_cert is None) != (tls_key is None):
+        raise typer.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert/--tls-key")
+    if self_signed_flag and tls_cert is not None:
+        raise typer.BadParameter("--self-signed makes its own certificate; drop --tls-cert/--tls-key",
+                                 param_hint="--self-signed")
+    tls = tls_cert is not None or self_signed_flag
+    if not tls and not _is_loopback(host) and not insecure_http:
+        typer.echo(f"error: refusing to serve plain HTTP on {host}: a job API is remote code execution and "
+                   "tokens would cross the network in the clear. Use --tls-cert/--tls-key or --self-signed, "
+                   "or --insecure-http if a proxy in front terminates TLS.", err=True)
+        raise typer.Exit(2)
+    home = config.home()
+    fingerprint = None
+    ca_path: str | None = None
+    if self_signed_flag:
+        tls_cert, tls_key = self_signed(host, home / "tls")
+        ca_path = str(tls_cert)
+    if tls_cert is not None:
+        for p in (tls_cert, tls_key):
+            if p is None or not p.is_file():
+                raise typer.BadParameter(f"{p}: no such file", param_hint="--tls-cert/--tls-key")
+        fingerprint = fingerprint_of_pem(tls_cert.read_text())
+    store = Store(database)
+    control = ControlPlane(store)
+    tokens = TokenStore(store)
+    token_file = home / "admin.token"
+    if not tokens.has_admin():
+        _info, secret = tokens.create("admin", description="first admin token (server start)")
+        _write_private(token_file, secret + "\n")
+        typer.echo(f"admin token (shown once; also in {token_file}, mode 0600):\n  {secret}", err=True)
+    scheme = "https" if tls else "http"
+    shown_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    if ":" in shown_host:
+        shown_host = f"[{shown_host}]"
+    app = create_app(control, threads=default_threads())
+    config_kw: dict[str, Any] = {"host": host, "port": port, "log_level": log_level, "access_log": False,
+                                 "timeout_graceful_shutdown": 5, "lifespan": "on",
+                                 # workers keep connections open between heartbeats and long polls
+                                 "timeout_keep_alive": 75, "backlog": 4096}
+    if tls:
+        config_kw.update(ssl_certfile=str(tls_cert), ssl_keyfile=str(tls_key))
+    uv = uvicorn.Server(uvicorn.Config(app, **config_kw))
+
+    orig_startup = uv.startup
+
+    async def startup(sockets: Any = None) -> None:
+        await orig_startup(sockets=sockets)
+        bound = port
+        for srv in getattr(uv, "servers", []) or []:
+            for sock in srv.sockets:
+                bound = sock.getsockname()[1]
+                break
+        url = f"{scheme}://{shown_host}:{bound}"
+        _write_private(home / "server.json", json.dumps(
+            {"url": url, "ca": ca_path, "fingerprint": fingerprint, "pid": os.getpid(),
+             "database": store.url.split("@")[-1] if "@" in store.url else store.url}, indent=2) + "\n")
+        typer.echo(f"gpulayer server listening on {url} (database {_redact(store.url)})", err=True)
+        if fingerprint:
+            typer.echo(f"TLS certificate fingerprint: {fingerprint}", err=True)
+            typer.echo(f"  clients: GPULAYER_URL={url} GPULAYER_CA={fingerprint}", err=True)
+
+    uv.startup = startup  # type: ignore[method-assign]
+    uv.run()
+    typer.echo("gpulayer server stopped", err=True)
+
+
+def _redact(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "?"

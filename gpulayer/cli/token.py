@@ -1,0 +1,90 @@
+"""``gpulayer token create | list | revoke``: manage a server's API tokens (admin token)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Optional
+
+import typer
+
+from gpulayer.errors import InvalidInput
+
+token_app = typer.Typer(help="Manage a server's API tokens (needs --url and an admin token).",
+                        no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(token_app, name="token")
+
+
+def _client() -> Any:
+    from gpulayer.http_client import HttpClient
+
+    url = os.environ.get("GPULAYER_URL")
+    if not url:
+        raise InvalidInput("tokens live on a server: give --url URL (or set GPULAYER_URL)")
+    return HttpClient(url, token=os.environ.get("GPULAYER_TOKEN") or None,
+                      ca=os.environ.get("GPULAYER_CA") or None, retry_for=5.0)
+
+
+@token_app.command("create")
+def token_create(
+    join: bool = typer.Option(False, "--join", help="a join token for workers (multi-use, expires)"),
+    client: bool = typer.Option(False, "--client", help="a client token: submit and read its own jobs"),
+    bootstrap: bool = typer.Option(False, "--bootstrap", help="a single-use join token for a booted machine"),
+    admin: bool = typer.Option(False, "--admin", help="another admin token"),
+    ttl: Optional[str] = typer.Option(None, "--ttl", help="lifetime such as 30m, 24h, 7d (join default 24h)"),
+    uses: Optional[int] = typer.Option(None, "--uses", min=1, help="at most this many uses (join)"),
+    description: str = typer.Option("", "--description", "-d"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Create a token; its secret is printed once."""
+    from gpulayer.tokens import parse_duration
+
+    chosen = [name for name, on in (("join", join), ("client", client), ("bootstrap", bootstrap),
+                                    ("admin", admin)) if on]
+    if len(chosen) != 1:
+        raise typer.BadParameter("choose exactly one of --join, --client, --bootstrap, --admin")
+    scope = chosen[0]
+    if uses is not None and scope not in ("join",):
+        raise typer.BadParameter("--uses applies to --join tokens", param_hint="--uses")
+    data = _client().create_token(scope, ttl=parse_duration(ttl) if ttl else None, uses=uses,
+                                  description=description)
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    typer.echo(data["token"])
+    extra = []
+    if data.get("expires_at"):
+        extra.append("expires " + time.strftime("%Y-%m-%d %H:%M", time.localtime(data["expires_at"])))
+    if data.get("uses_left") is not None:
+        extra.append(f"{data['uses_left']} use(s)")
+    typer.echo(f"{scope} token {data['id']}{' (' + ', '.join(extra) + ')' if extra else ''}; "
+               "the secret above is shown only once", err=True)
+
+
+@token_app.command("list")
+def token_list(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Tokens on the server (never their secrets)."""
+    rows = _client().list_tokens()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    typer.echo(f"{'ID':<18}{'SCOPE':<11}{'STATE':<10}{'EXPIRES':<18}{'USES':<6}{'WORKER':<18}DESCRIPTION")
+    now = time.time()
+    for t in rows:
+        state = ("revoked" if t["revoked"] else "expired" if t["expires_at"] and t["expires_at"] <= now
+                 else "used up" if t["uses_left"] == 0 else "active")
+        exp = time.strftime("%Y-%m-%d %H:%M", time.localtime(t["expires_at"])) if t["expires_at"] else "-"
+        uses = "-" if t["uses_left"] is None else str(t["uses_left"])
+        typer.echo(f"{t['id']:<18}{t['scope']:<11}{state:<10}{exp:<18}{uses:<6}{t['worker_id'] or '-':<18}"
+                   f"{t['description']}")
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: str = typer.Argument(..., help="token id (tok-...)")) -> None:
+    """Revoke a token: it is refused from now on."""
+    t = _client().revoke_token(token_id)
+    typer.echo(f"revoked {t['id']} ({t['scope']})")

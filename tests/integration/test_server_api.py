@@ -1,0 +1,400 @@
+"""The server's HTTP API against a real ``gpulayer server start`` process on loopback:
+token scopes on every route, token lifetimes, bundles, bad input, metrics, a fuzzer."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import string
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpulayer.errors import AuthError, BundleError, NotFound
+from gpulayer.http_client import HttpClient
+from gpulayer.types import CommandJob, Placement
+from tests.factories import make_capabilities
+from tests.server_support import Api, ServerProc
+
+pytestmark = pytest.mark.timeout(300)
+
+MAX_MB = 0.25
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    home = tmp_path_factory.mktemp("server-home")
+    srv = ServerProc(home, env={"GPULAYER_MAX_BUNDLE_MB": str(MAX_MB), "GPULAYER_HEARTBEAT_TIMEOUT": "3"})
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def admin(server: ServerProc) -> Api:
+    return Api(server.url, server.admin_token)
+
+
+def caps_json() -> dict[str, Any]:
+    return json.loads(make_capabilities().model_dump_json())
+
+
+def join(server: ServerProc, join_token: str) -> Any:
+    return Api(server.url, join_token)("POST", "/v1/workers/join", json={"capabilities": caps_json(), "cpu_slots": 1})
+
+
+@pytest.fixture(scope="module")
+def tokens(server: ServerProc, admin: Api) -> dict[str, Any]:
+    """One token of each scope, plus a registered worker and a job owned by the admin."""
+    client = admin.token_for("client")["token"]
+    other_client = admin.token_for("client")["token"]
+    join_tok = admin.token_for("join")["token"]
+    bootstrap = admin.token_for("bootstrap")["token"]
+    r = join(server, join_tok)
+    assert r.status_code == 201, r.text
+    worker = r.json()
+    r2 = join(server, join_tok)
+    assert r2.status_code == 201
+    job = admin("POST", "/v1/jobs", json={"spec": {"kind": "command", "command": ["true"],
+                                                   "placement": {"on_unschedulable": "wait"}}})
+    assert job.status_code == 201, job.text
+    return {"admin": server.admin_token, "client": client, "other_client": other_client, "join": join_tok,
+            "bootstrap": bootstrap, "worker": worker["token"], "worker_id": worker["worker_id"],
+            "other_worker_id": r2.json()["worker_id"], "job_id": job.json()["id"]}
+
+
+def _ops(admin: Api) -> list[tuple[str, str, dict[str, Any]]]:
+    doc = admin("GET", "/v1/openapi.json").json()
+    return [(method.upper(), path, item) for path, methods in doc["paths"].items() for method, item in methods.items()]
+
+
+def _fill(path: str, t: dict[str, Any]) -> str:
+    return (path.replace("{job_id}", t["job_id"]).replace("{worker_id}", t["worker_id"])
+            .replace("{task_id}", "tsk-000000000000").replace("{token_id}", "tok-000000000000")
+            .replace("{digest}", "0" * 64))
+
+
+def test_openapi_lists_every_route(admin: Api) -> None:
+    ops = {(m, p) for m, p, _ in _ops(admin)}
+    expected = {
+        ("POST", "/v1/jobs"), ("GET", "/v1/jobs"), ("GET", "/v1/jobs/{job_id}"),
+        ("POST", "/v1/jobs/{job_id}/cancel"), ("GET", "/v1/jobs/{job_id}/logs"),
+        ("GET", "/v1/jobs/{job_id}/wait"), ("GET", "/v1/jobs/{job_id}/events"),
+        ("HEAD", "/v1/bundles/{digest}"), ("GET", "/v1/bundles/{digest}"), ("PUT", "/v1/bundles/{digest}"),
+        ("POST", "/v1/workers/join"), ("POST", "/v1/workers/{worker_id}/heartbeat"),
+        ("GET", "/v1/workers/{worker_id}/tasks"), ("POST", "/v1/tasks/{task_id}/start"),
+        ("POST", "/v1/tasks/{task_id}/logs"), ("POST", "/v1/tasks/{task_id}/finish"),
+        ("POST", "/v1/workers/{worker_id}/drain"), ("DELETE", "/v1/workers/{worker_id}"),
+        ("GET", "/v1/workers"), ("GET", "/v1/workers/usage"), ("POST", "/v1/tokens"),
+        ("GET", "/v1/tokens"), ("DELETE", "/v1/tokens/{token_id}"), ("GET", "/metrics"),
+        ("GET", "/healthz"), ("GET", "/v1/openapi.json"),
+    }
+    assert expected <= ops
+
+
+def test_healthz_is_the_only_open_route_and_reveals_nothing(server: ServerProc) -> None:
+    r = Api(server.url, None)("GET", "/healthz")
+    assert r.status_code == 200 and r.json() == {"ok": True}
+
+
+def test_every_route_refuses_missing_and_wrong_tokens(server: ServerProc, admin: Api, tokens: dict[str, Any]) -> None:
+    bad = ["Bearer", "Bearer glt_not-a-real-token", "Basic " + "x" * 20, "Bearer " + tokens["admin"][:-2] + "xx",
+           tokens["admin"]]  # the last: no "Bearer" scheme
+    for method, path, item in _ops(admin):
+        if not item.get("security"):
+            continue
+        url = _fill(path, tokens)
+        r = Api(server.url, None)(method, url)
+        assert r.status_code == 401, (method, path, r.status_code, r.text)
+        if method != "HEAD":
+            assert r.json()["error"]["code"] == "unauthorized"
+        for b in bad:
+            r = Api(server.url, None)(method, url, headers={"authorization": b})
+            assert r.status_code == 401, (method, path, b, r.status_code)
+
+
+def test_every_route_refuses_the_wrong_scope(server: ServerProc, admin: Api, tokens: dict[str, Any]) -> None:
+    for method, path, item in _ops(admin):
+        if not item.get("security"):
+            continue
+        allowed = set(item["x-scopes"])
+        for scope in ("admin", "client", "worker", "join", "bootstrap"):
+            if scope in allowed:
+                continue
+            r = Api(server.url, tokens[scope])(method, _fill(path, tokens), json={})
+            assert r.status_code == 403, (method, path, scope, r.status_code, r.text)
+            assert not 200 <= r.status_code < 300
+
+
+def test_worker_credential_acts_only_for_its_own_worker(server: ServerProc, tokens: dict[str, Any]) -> None:
+    w = Api(server.url, tokens["worker"])
+    other = tokens["other_worker_id"]
+    for method, path, body in [("POST", f"/v1/workers/{other}/heartbeat", {"running": []}),
+                               ("GET", f"/v1/workers/{other}/tasks", None),
+                               ("POST", f"/v1/workers/{other}/drain", None),
+                               ("DELETE", f"/v1/workers/{other}", None),
+                               ("POST", f"/v1/workers/{other}/register", {"capabilities": caps_json()})]:
+        r = w(method, path, json=body)
+        assert r.status_code == 403, (path, r.text)
+    assert w("POST", f"/v1/workers/{tokens['worker_id']}/heartbeat", json={"running": []}).status_code == 200
+    # it cannot submit, read jobs or join again
+    spec = {"spec": {"kind": "command", "command": ["true"]}}
+    assert w("POST", "/v1/jobs", json=spec).status_code == 403
+    assert w("GET", "/v1/jobs").status_code == 403
+    assert w("POST", "/v1/workers/join", json={"capabilities": caps_json()}).status_code == 403
+
+
+def test_client_reads_only_its_own_jobs_and_cannot_register(server: ServerProc, tokens: dict[str, Any]) -> None:
+    c = Api(server.url, tokens["client"])
+    spec = {"kind": "command", "command": ["true"], "placement": {"on_unschedulable": "wait"}}
+    r = c("POST", "/v1/jobs", json={"spec": spec, "idempotency_key": "k1"})
+    assert r.status_code == 201, r.text
+    mine = r.json()["id"]
+    # the same key gives the same job back
+    assert c("POST", "/v1/jobs", json={"spec": spec, "idempotency_key": "k1"}).json()["id"] == mine
+    # another client's same key is another job: keys are per token
+    other = Api(server.url, tokens["other_client"])
+    theirs = other("POST", "/v1/jobs", json={"spec": spec, "idempotency_key": "k1"}).json()["id"]
+    assert theirs != mine
+    assert [j["id"] for j in c("GET", "/v1/jobs").json()] == [mine]
+    for path in (f"/v1/jobs/{theirs}", f"/v1/jobs/{theirs}/logs", f"/v1/jobs/{theirs}/events",
+                 f"/v1/jobs/{tokens['job_id']}", f"/v1/jobs/{theirs}/wait?timeout=0"):
+        assert c("GET", path).status_code == 404, path
+    assert c("POST", f"/v1/jobs/{theirs}/cancel").status_code == 404
+    assert c("GET", f"/v1/jobs/{mine}").status_code == 200
+    assert c("POST", "/v1/workers/join", json={"capabilities": caps_json()}).status_code == 403
+    assert c("GET", "/v1/tokens").status_code == 403
+    assert c("GET", "/metrics").status_code == 403
+    # admin sees everything
+    admin = Api(server.url, tokens["admin"])
+    assert admin("GET", f"/v1/jobs/{theirs}").status_code == 200
+    for j in (mine, theirs):
+        assert admin("POST", f"/v1/jobs/{j}/cancel").json()["state"] == "cancelled"
+
+
+def test_join_tokens_expire_get_used_up_and_are_revoked(server: ServerProc, admin: Api) -> None:
+    short = admin.token_for("join", ttl=1)
+    once = admin.token_for("join", uses=1)
+    boot = admin.token_for("bootstrap")
+    revoked = admin.token_for("join")
+    assert join(server, once["token"]).status_code == 201
+    r = join(server, once["token"])
+    assert r.status_code == 401 and "used up" in r.json()["error"]["message"]
+    b = join(server, boot["token"])
+    assert b.status_code == 201 and b.json()["worker"]["origin"] == "provider"
+    r = join(server, boot["token"])
+    assert r.status_code == 401 and "used up" in r.json()["error"]["message"]
+    assert admin("DELETE", f"/v1/tokens/{revoked['id']}").status_code == 200
+    r = join(server, revoked["token"])
+    assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
+    time.sleep(1.2)
+    r = join(server, short["token"])
+    assert r.status_code == 401 and "expired" in r.json()["error"]["message"]
+    listed = {t["id"]: t for t in admin("GET", "/v1/tokens").json()}
+    assert listed[once["id"]]["uses_left"] == 0 and listed[revoked["id"]]["revoked"]
+    assert all("token" not in t and "hash" not in t for t in listed.values())
+    # a join token defaults to a 24 h lifetime
+    j = admin.token_for("join")
+    assert 23.9 * 3600 < j["expires_at"] - j["created_at"] <= 24 * 3600
+
+
+def test_revoked_client_token_is_refused(server: ServerProc, admin: Api) -> None:
+    t = admin.token_for("client")
+    c = Api(server.url, t["token"])
+    assert c("GET", "/v1/jobs").status_code == 200
+    admin("DELETE", f"/v1/tokens/{t['id']}")
+    time.sleep(2.1)  # verification results are cached for at most 2 s
+    assert c("GET", "/v1/jobs").status_code == 401
+
+
+def test_tokens_are_stored_only_as_hashes(server: ServerProc, admin: Api) -> None:
+    import sqlite3
+
+    t = admin.token_for("client")
+    con = sqlite3.connect(server.home / "gpulayer.db")
+    rows = con.execute("SELECT hash FROM gl_tokens").fetchall()
+    con.close()
+    assert t["token"].startswith("glt_") and len(t["token"]) >= 40
+    assert all(t["token"] not in r[0] for r in rows)
+    assert (hashlib.sha256(t["token"].encode()).hexdigest(),) in rows
+    assert (server.home / "admin.token").stat().st_mode & 0o777 == 0o600
+
+
+def test_bundle_upload_dedupe_mismatch_and_limit(server: ServerProc, admin: Api, tokens: dict[str, Any]) -> None:
+    c = HttpClient(server.url, token=tokens["client"], retry_for=2)
+    data = b"PK" + random.randbytes(10_000)
+    digest = hashlib.sha256(data).hexdigest()
+    assert not c.has_bundle(digest)
+    assert c.put_bundle(digest, data) is True
+    assert c.put_bundle(digest, data) is False  # stored once
+    assert c.has_bundle(digest)
+    w = HttpClient(server.url, token=tokens["worker"], retry_for=2)
+    assert w.get_bundle(digest) == data
+    # content that does not hash to its address: 422, nothing stored
+    other = random.randbytes(5000)
+    wrong = hashlib.sha256(b"something else").hexdigest()
+    r = admin("PUT", f"/v1/bundles/{wrong}", content=other)
+    assert r.status_code == 422 and "does not match" in r.json()["error"]["message"]
+    assert admin("HEAD", f"/v1/bundles/{wrong}").status_code == 404
+    with pytest.raises(BundleError):
+        c.put_bundle(wrong, other)
+    # over GPULAYER_MAX_BUNDLE_MB: 413 while streaming (no content-length), nothing stored
+    big = random.randbytes(int(MAX_MB * 1024 * 1024) + 1)
+    big_digest = hashlib.sha256(big).hexdigest()
+
+    def chunks() -> Iterator[bytes]:
+        for i in range(0, len(big), 32_000):
+            yield big[i:i + 32_000]
+
+    r = admin("PUT", f"/v1/bundles/{big_digest}", content=chunks())
+    assert r.status_code == 413, r.text
+    r = admin("PUT", f"/v1/bundles/{big_digest}", content=big)
+    assert r.status_code == 413 and "GPULAYER_MAX_BUNDLE_MB" in r.json()["error"]["message"]
+    assert admin("HEAD", f"/v1/bundles/{big_digest}").status_code == 404
+    assert admin("PUT", "/v1/bundles/not-a-digest", content=b"x").status_code == 422
+    with pytest.raises(NotFound):
+        w.get_bundle(big_digest)
+
+
+def test_bad_input_is_4xx_naming_the_field(server: ServerProc, admin: Api) -> None:
+    r = admin("POST", "/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = admin("POST", "/v1/jobs", json=[1, 2])
+    assert r.status_code == 400
+    r = admin("POST", "/v1/jobs", json={"spec": {"kind": "command", "command": "echo hi"}})
+    assert r.status_code == 422 and "command" in r.json()["error"]["message"]
+    r = admin("POST", "/v1/jobs", json={"spec": {"kind": "command", "command": ["true"]}, "bogus": 1})
+    assert r.status_code == 422 and "bogus" in r.json()["error"]["message"]
+    r = admin("POST", "/v1/jobs", json={"spec": {"kind": "command", "command": ["true"], "retries": -1}})
+    assert r.status_code == 422 and "retries" in r.json()["error"]["message"]
+    r = admin("GET", "/v1/jobs?limit=abc")
+    assert r.status_code == 422 and "limit" in r.json()["error"]["message"]
+    r = admin("GET", "/v1/jobs?state=nope")
+    assert r.status_code == 422 and "state" in r.json()["error"]["message"]
+    r = admin("POST", "/v1/tokens", json={"scope": "worker"})
+    assert r.status_code == 422 and "scope" in r.json()["error"]["message"]
+    r = admin("GET", "/v1/jobs/job-nope")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = admin("PATCH", "/v1/jobs")
+    assert r.status_code == 405
+    r = admin("GET", "/v1/nowhere")
+    assert r.status_code == 404
+
+
+def test_http_client_errors(server: ServerProc, tokens: dict[str, Any]) -> None:
+    with pytest.raises(AuthError) as e:
+        HttpClient(server.url, token="glt_wrong", retry_for=1).list_jobs()
+    assert e.value.status_code == 401
+    with pytest.raises(AuthError) as e:
+        HttpClient(server.url, token=tokens["worker"], retry_for=1).list_jobs()
+    assert e.value.status_code == 403
+    with pytest.raises(NotFound):
+        HttpClient(server.url, token=tokens["client"], retry_for=1).get_job("job-nope")
+
+
+def test_submit_is_idempotent_through_http_client(server: ServerProc, tokens: dict[str, Any]) -> None:
+    c = HttpClient(server.url, token=tokens["client"], retry_for=2)
+    spec = CommandJob(command=["true"], placement=Placement(target="remote", on_unschedulable="wait"))
+    a = c.submit(spec, idempotency_key="same")
+    b = c.submit(spec, idempotency_key="same")
+    assert a.id == b.id
+    assert c.wait_job(a.id, timeout=0.5).state.value == "queued"  # no worker serves it
+    c.cancel(a.id)
+
+
+def test_metrics(server: ServerProc, admin: Api) -> None:
+    r = admin("GET", "/metrics")
+    assert r.status_code == 200
+    text = r.text
+    for needle in ('gpulayer_jobs{state="queued"}', "gpulayer_workers_online", "gpulayer_queue_depth",
+                   "gpulayer_placement_seconds_bucket", "gpulayer_placement_seconds_count"):
+        assert needle in text
+
+
+# ------------------------------------------------------------------------------------ fuzz
+
+
+def _rand_value(rng: random.Random, depth: int = 0) -> Any:
+    kinds = ["int", "float", "str", "bool", "none", "list", "dict", "bigint", "weird"]
+    k = rng.choice(kinds if depth < 3 else kinds[:5])
+    if k == "int":
+        return rng.randint(-5, 5)
+    if k == "bigint":
+        return rng.choice([2**63, -(2**63), 10**30, 2**31])
+    if k == "float":
+        return rng.choice([0.0, -1.5, 1e308, 3.7])
+    if k == "str":
+        return "".join(rng.choice(string.printable) for _ in range(rng.randint(0, 12)))
+    if k == "weird":
+        return rng.choice(["\u0000", "💥" * 3, "../../etc/passwd", "%00", "a" * 5000, "' OR 1=1 --"])
+    if k == "bool":
+        return rng.random() < 0.5
+    if k == "none":
+        return None
+    if k == "list":
+        return [_rand_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {rng.choice(["kind", "spec", "command", "x", "state", "chunks", "running", "scope", "ttl", "uses",
+                        "capabilities", "host", "cpu_slots", "idempotency_key", "exit_code", "error"]):
+            _rand_value(rng, depth + 1) for _ in range(rng.randint(0, 4))}
+
+
+def _mutate(rng: random.Random, body: Any) -> Any:
+    if isinstance(body, dict) and body and rng.random() < 0.7:
+        body = dict(body)
+        key = rng.choice(list(body))
+        body[key] = _mutate(rng, body[key]) if rng.random() < 0.5 else _rand_value(rng)
+        return body
+    return _rand_value(rng)
+
+
+SEEDS = {
+    "/v1/jobs": {"spec": {"kind": "command", "command": ["true"], "placement": {"on_unschedulable": "wait"}}},
+    "/v1/workers/join": {"capabilities": None},
+    "/v1/workers/{worker_id}/heartbeat": {"running": ["tsk-1"]},
+    "/v1/workers/{worker_id}/register": {"capabilities": None},
+    "/v1/tasks/{task_id}/logs": {"chunks": [["stdout", "x"]]},
+    "/v1/tasks/{task_id}/finish": {"state": "succeeded", "exit_code": 0},
+    "/v1/tokens": {"scope": "client", "ttl": 10},
+}
+
+
+def test_fuzz_no_5xx(server: ServerProc, admin: Api, tokens: dict[str, Any]) -> None:
+    """Random bodies, path segments and query values with valid tokens: never a 5xx."""
+    rng = random.Random(1234)
+    ops = _ops(admin)
+    seeds = {k: (dict(v, capabilities=caps_json()) if "capabilities" in v else v) for k, v in SEEDS.items()}
+    segs = ["x", "", "%2F", "job-" + "f" * 12, "..", "a" * 300, "%00", "💥", "0" * 64, tokens["job_id"],
+            tokens["worker_id"]]
+    count = 0
+    for _ in range(6):
+        for method, path, item in ops:
+            if path in ("/v1/workers/{worker_id}", "/v1/workers/{worker_id}/drain") or path.startswith("/v1/tokens/"):
+                continue  # would remove the fixtures' own worker / tokens
+            scopes = item.get("x-scopes") or ["admin"]
+            token = tokens["worker"] if "worker" in scopes and "admin" not in scopes else tokens["admin"]
+            if scopes == ["join", "bootstrap"]:
+                token = tokens["join"]
+            url = path
+            for name in ("job_id", "worker_id", "task_id", "token_id", "digest"):
+                if "{" + name + "}" in url:
+                    value = tokens["worker_id"] if name == "worker_id" and token == tokens["worker"] else rng.choice(segs)
+                    url = url.replace("{" + name + "}", value)
+            params = {p["name"]: str(_rand_value(rng))[:50] for p in item.get("parameters", []) if p["in"] == "query"}
+            kw: dict[str, Any] = {"params": params}
+            if method in ("POST", "PUT"):
+                seed = seeds.get(path)
+                choice = rng.random()
+                if choice < 0.2:
+                    kw["content"] = rng.choice([b"", b"{", b"null", b"\xff\xfe", b"[]", b'{"a":' * 50])
+                elif seed is not None:
+                    kw["json"] = _mutate(rng, seed)
+                else:
+                    kw["json"] = _rand_value(rng)
+            r = Api(server.url, token)(method, url, **kw)
+            count += 1
+            assert r.status_code < 500, (method, url, kw, r.status_code, r.text)
+    assert count > 100
+    assert "Traceback" not in server.log()

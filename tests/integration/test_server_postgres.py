@@ -1,0 +1,82 @@
+"""The server on PostgreSQL: jobs run, a restart resumes, and two servers sharing one
+database never hand out the same task twice."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from gpulayer.http_client import HttpClient
+from gpulayer.types import CommandJob, JobState, Placement, TaskState
+from tests.server_support import Api, ServerProc, start_remote_worker, stop_proc, wait_workers
+
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(400)]
+
+REMOTE = Placement(target="remote", on_unschedulable="wait")
+
+
+def test_server_on_postgres_runs_jobs_and_resumes_after_restart(postgres_url: str, tmp_path: Path) -> None:
+    srv = ServerProc(tmp_path / "s", database=postgres_url).start()
+    admin = Api(srv.url, srv.admin_token)
+    w = start_remote_worker(srv.url, admin.token_for("join")["token"], tmp_path / "w", cpu_slots=2)
+    try:
+        wait_workers(admin, 1)
+        c = HttpClient(srv.url, token=srv.admin_token, retry_for=30)
+        first = c.submit(CommandJob(command=["echo", "pg"], placement=REMOTE))
+        assert c.wait_job(first.id, timeout=60).state is JobState.SUCCEEDED
+        srv.stop()
+        srv.start()  # same database: the job, the tokens and the worker are still there
+        assert c.get_job(first.id).state is JobState.SUCCEEDED
+        assert c.logs(first.id)[0].data == "pg\n"
+        second = c.submit(CommandJob(command=["true"], placement=REMOTE))
+        assert c.wait_job(second.id, timeout=60).state is JobState.SUCCEEDED
+    finally:
+        stop_proc(w, signal.SIGKILL)
+        srv.stop()
+
+
+def test_two_servers_on_one_database_never_assign_a_task_twice(postgres_url: str, tmp_path: Path) -> None:
+    s1 = ServerProc(tmp_path / "s1", database=postgres_url).start()
+    s2 = ServerProc(tmp_path / "s2", database=postgres_url).start()  # finds the admin token: makes none
+    token = s1.admin_token
+    assert not (tmp_path / "s2" / "admin.token").exists()
+    a1, a2 = Api(s1.url, token), Api(s2.url, token)
+    workers = [start_remote_worker(s1.url, a1.token_for("join")["token"], tmp_path / "w1", cpu_slots=4),
+               start_remote_worker(s2.url, a2.token_for("join")["token"], tmp_path / "w2", cpu_slots=4)]
+    try:
+        wait_workers(a1, 2)
+        clients = [HttpClient(s.url, token=token, retry_for=30) for s in (s1, s2)]
+        n = 120
+        ids: list[str] = []
+        lock = threading.Lock()
+
+        def submit(c: HttpClient, start: int) -> None:
+            for _ in range(start, n, 2):
+                job = c.submit(CommandJob(command=["true"], placement=REMOTE))
+                with lock:
+                    ids.append(job.id)
+
+        threads = [threading.Thread(target=submit, args=(c, k)) for k, c in enumerate(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert len(ids) == n
+        final = [clients[k % 2].wait_job(j, timeout=120) for k, j in enumerate(ids)]
+        assert Counter(j.state for j in final) == {JobState.SUCCEEDED: n}
+        per_worker: Counter[str] = Counter()
+        for j in final:
+            per_attempt = Counter((t.attempt, t.node_rank) for t in j.tasks)
+            assert all(v == 1 for v in per_attempt.values()), j.tasks
+            assert [t.state for t in j.tasks] == [TaskState.SUCCEEDED]
+            per_worker[j.tasks[0].worker_id] += 1
+        assert len(per_worker) == 2, per_worker  # both servers' workers took work
+    finally:
+        for w in workers:
+            stop_proc(w, signal.SIGKILL)
+        s1.stop()
+        s2.stop()

@@ -1,0 +1,185 @@
+"""Remote workers and clients against a real server process: jobs through the SDK, a worker
+killed mid-task, the server killed mid-run, TLS with a pinned self-signed certificate."""
+
+from __future__ import annotations
+
+import signal
+import textwrap
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gpulayer as gl
+from gpulayer import client as client_mod
+from gpulayer.errors import RemoteError
+from gpulayer.http_client import HttpClient
+from gpulayer.types import CommandJob, FunctionJob, JobState, Placement, TaskState
+from tests.server_support import Api, ServerProc, start_remote_worker, stop_proc, until, wait_workers
+
+pytestmark = pytest.mark.timeout(400)
+
+REMOTE = Placement(target="remote", on_unschedulable="wait")
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A server (heartbeat timeout 3 s) and a way to add workers; all stopped afterwards."""
+    srv = ServerProc(tmp_path / "server", env={"GPULAYER_HEARTBEAT_TIMEOUT": "3"}).start()
+    admin = Api(srv.url, srv.admin_token)
+    join = admin.token_for("join")["token"]
+    workers: list[Any] = []
+
+    def add_worker(slots: int = 2) -> Any:
+        p = start_remote_worker(srv.url, join, tmp_path / f"worker{len(workers)}", cpu_slots=slots)
+        workers.append(p)
+        return p
+
+    yield {"server": srv, "admin": admin, "join": join, "add_worker": add_worker, "tmp": tmp_path}
+    for p in workers:
+        stop_proc(p, signal.SIGKILL)
+    srv.stop()
+
+
+def test_remote_worker_runs_command_and_function_jobs_via_sdk(stack: dict[str, Any], tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    srv, admin = stack["server"], stack["admin"]
+    stack["add_worker"]()
+    workers = wait_workers(admin, 1)
+    assert workers[0]["origin"] == "existing"
+    client_token = admin.token_for("client")["token"]
+    monkeypatch.setenv("GPULAYER_URL", srv.url)
+    monkeypatch.setenv("GPULAYER_TOKEN", client_token)
+    monkeypatch.setenv("GPULAYER_HOME", str(tmp_path / "client-home"))
+    client_mod.reset()
+    h = gl.submit(CommandJob(command=["sh", "-c", "echo hello from $GPULAYER_JOB_ID"], placement=REMOTE))
+    assert h.result(timeout=60) == 0
+    assert h.logs().strip() == f"hello from {h.id}"
+    # a function job with its source in a bundle, uploaded through the server
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "mathmod.py").write_text(textwrap.dedent("""
+        def add(a, b):
+            return {"sum": a + b}
+    """))
+    h2 = gl.submit(FunctionJob(function="mathmod:add", args=[2, 3], bundle=str(src), placement=REMOTE))
+    assert h2.result(timeout=60) == {"sum": 5}
+    # a function that raises comes back as RemoteError
+    h3 = gl.submit(FunctionJob(function="json:loads", args=["{"], placement=REMOTE))
+    with pytest.raises(RemoteError):
+        h3.result(timeout=60)
+    # the client token sees its jobs; the worker's record is visible
+    c = client_mod.connect()
+    assert isinstance(c, HttpClient)
+    assert {j.id for j in c.list_jobs()} >= {h.id, h2.id, h3.id}
+    assert c.list_workers()[0].id == workers[0]["id"]
+
+
+def test_killed_worker_tasks_are_lost_and_retried_elsewhere(stack: dict[str, Any]) -> None:
+    admin = stack["admin"]
+    a = stack["add_worker"](1)
+    b = stack["add_worker"](1)
+    ws = wait_workers(admin, 2)
+    c = HttpClient(stack["server"].url, token=admin.token, retry_for=5)
+    job = c.submit(CommandJob(command=["sleep", "4"], retries=1, placement=REMOTE))
+    rec = until(lambda: (j := c.get_job(job.id)).state is JobState.RUNNING and j, 60, "the job to run")
+    first_worker = rec.tasks[-1].worker_id
+    pids = {w["id"]: w["pid"] for w in ws}
+    victim = a if a.pid == pids[first_worker] else b
+    assert victim.pid == pids[first_worker]
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    done = c.wait_job(job.id, timeout=60)
+    assert done.state is JobState.SUCCEEDED, done
+    assert done.attempt == 2
+    states = [(t.attempt, t.state, t.worker_id) for t in done.tasks]
+    assert states[0][1] is TaskState.LOST and states[0][2] == first_worker
+    assert states[1][1] is TaskState.SUCCEEDED and states[1][2] != first_worker
+    offline = next(w for w in c.list_workers() if w.id == first_worker)
+    assert not offline.online
+
+
+def test_server_killed_mid_run_loses_nothing_and_runs_nothing_twice(tmp_path: Path) -> None:
+    # heartbeat timeout long enough that the restart does not declare workers lost
+    srv = ServerProc(tmp_path / "server", env={"GPULAYER_HEARTBEAT_TIMEOUT": "20"}).start()
+    admin = Api(srv.url, srv.admin_token)
+    join = admin.token_for("join")["token"]
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    workers = [start_remote_worker(srv.url, join, tmp_path / f"w{i}", cpu_slots=4) for i in range(2)]
+    try:
+        wait_workers(admin, 2)
+        c = HttpClient(srv.url, token=srv.admin_token, retry_for=60)
+        n = 150
+        ids: list[str] = []
+        errors: list[BaseException] = []
+
+        def submit_all() -> None:
+            try:
+                for i in range(n):
+                    job = c.submit(CommandJob(
+                        command=["sh", "-c", f"echo $GPULAYER_JOB_ID >> {marks}/$GPULAYER_JOB_ID; sleep 0.05"],
+                        placement=REMOTE), idempotency_key=f"job-{i}")
+                    ids.append(job.id)
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        t = threading.Thread(target=submit_all)
+        t.start()
+        until(lambda: len(ids) >= 50, 60, "50 submissions")
+        srv.kill(signal.SIGKILL)
+        time.sleep(1.0)
+        srv.start()
+        t.join(120)
+        assert not errors, errors
+        assert len(ids) == n and len(set(ids)) == n  # a retried submit never made a second job
+        final = {i: c.wait_job(i, timeout=120) for i in ids}
+        states = Counter(j.state for j in final.values())
+        assert states == {JobState.SUCCEEDED: n}, states
+        for j in final.values():
+            assert [t.state for t in j.tasks] == [TaskState.SUCCEEDED], j.tasks
+            runs = (marks / j.id).read_text().split()
+            assert runs == [j.id], (j.id, runs)
+        assert len(c.list_jobs(limit=1000)) == n
+    finally:
+        for w in workers:
+            stop_proc(w, signal.SIGKILL)
+        srv.stop()
+
+
+def test_tls_self_signed_with_pinned_fingerprint(tmp_path: Path) -> None:
+    srv = ServerProc(tmp_path / "server", args=("--self-signed",)).start()
+    try:
+        info = (tmp_path / "server" / "server.json").read_text()
+        import json
+
+        fp = json.loads(info)["fingerprint"]
+        assert fp.startswith("sha256:")
+        assert f"TLS certificate fingerprint: {fp}" in srv.log()
+        ok = HttpClient(srv.url, token=srv.admin_token, ca=fp, retry_for=1)
+        assert ok.list_jobs() == []
+        ca = HttpClient(srv.url, token=srv.admin_token, ca=str(tmp_path / "server" / "tls" / "server.crt"), retry_for=1)
+        assert ca.list_workers() == []
+        from gpulayer.errors import AuthError, ConnectionFailed
+
+        with pytest.raises(AuthError):
+            HttpClient(srv.url, token=srv.admin_token, ca="sha256:" + "00" * 32, retry_for=1)
+        with pytest.raises(ConnectionFailed):  # the system trust store does not know it
+            HttpClient(srv.url, token=srv.admin_token, retry_for=0.5).list_jobs()
+    finally:
+        srv.stop()
+
+
+def test_non_loopback_plain_http_is_refused(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.server_support import base_env
+
+    r = subprocess.run([sys.executable, "-m", "gpulayer.cli", "server", "start", "--host", "0.0.0.0", "--port", "1"],
+                       env=base_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "refusing to serve plain HTTP" in r.stderr

@@ -1,0 +1,162 @@
+"""Helpers for server tests: a real ``gpulayer server start`` process and remote workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support import wait_for
+
+CLEAN_ENV = ("GPULAYER_URL", "GPULAYER_TOKEN", "GPULAYER_CA", "GPULAYER_DATABASE_URL",
+             "GPULAYER_DISABLE_PLUGINS", "GPULAYER_PLUGINS", "GPULAYER_FAKE_DEVICES")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def base_env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
+    env["GPULAYER_HOME"] = str(home)
+    env["GPULAYER_CUDA_NO_NVML"] = "1"
+    kfd = home / "no-kfd"
+    kfd.mkdir(parents=True, exist_ok=True)
+    env["GPULAYER_KFD_ROOT"] = str(kfd)
+    env.update(extra)
+    return env
+
+
+class ServerProc:
+    """``gpulayer server start`` as a subprocess; ``kill()`` and ``start()`` again to restart."""
+
+    def __init__(self, home: Path, *, port: int | None = None, database: str | None = None,
+                 env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> None:
+        self.home = home
+        home.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.database = database
+        self.extra_env = env or {}
+        self.args = args
+        self.proc: subprocess.Popen[str] | None = None
+        self.log_path = home / f"server-{self.port}.log"
+        self.scheme = "https" if any(a in ("--self-signed", "--tls-cert") for a in args) else "http"
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> ServerProc:
+        cmd = [sys.executable, "-m", "gpulayer.cli", "server", "start", "--port", str(self.port), *self.args]
+        if self.database:
+            cmd += ["--database", self.database]
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(cmd, env=base_env(self.home, **self.extra_env), stdout=log,
+                                     stderr=subprocess.STDOUT, text=True)
+        log.close()
+
+        def up() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited {self.proc.returncode}:\n{self.log()}")
+            try:
+                return httpx.get(f"{self.url}/healthz", timeout=1, verify=False).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, timeout, "the server to answer /healthz")
+        return self
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text()
+        except OSError:
+            return ""
+
+    @property
+    def admin_token(self) -> str:
+        return (self.home / "admin.token").read_text().strip()
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+
+
+class Api:
+    """A raw HTTP caller for one token (tests speak the wire protocol directly)."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        self.http = httpx.Client(base_url=url, timeout=60, verify=False)
+        self.token = token
+
+    def __call__(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        headers = dict(kw.pop("headers", None) or {})
+        if self.token is not None:
+            headers["authorization"] = f"Bearer {self.token}"
+        return self.http.request(method, path, headers=headers, **kw)
+
+    def token_for(self, scope: str, **body: Any) -> dict[str, Any]:
+        r = self("POST", "/v1/tokens", json={"scope": scope, **body})
+        assert r.status_code == 201, r.text
+        return dict(r.json())
+
+
+def start_remote_worker(url: str, join_token: str, home: Path, *, cpu_slots: int = 2,
+                        env: dict[str, str] | None = None, name: str | None = None) -> subprocess.Popen[str]:
+    home.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "gpulayer.cli", "--url", url, "worker", "start", "--token", join_token,
+           "--cpu-slots", str(cpu_slots), "--grace", "2"]
+    if name:
+        cmd += ["--name", name]
+    log = open(home / "worker.log", "a")
+    proc = subprocess.Popen(cmd, env=base_env(home, GPULAYER_HEARTBEAT_INTERVAL="0.3", **(env or {})),
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    log.close()
+    return proc
+
+
+def wait_workers(api: Api, n: int, timeout: float = 60.0) -> list[dict[str, Any]]:
+    def ready() -> list[dict[str, Any]] | None:
+        ws = [w for w in api("GET", "/v1/workers").json() if w["online"] and not w["draining"]]
+        return ws if len(ws) >= n else None
+
+    return wait_for(ready, timeout, f"{n} online worker(s)")
+
+
+def stop_proc(proc: subprocess.Popen[str] | None, sig: int = signal.SIGTERM) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def until(predicate: Any, timeout: float = 30.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            if not value:
+                raise AssertionError(f"timed out waiting for {what}")
+            return value
+        time.sleep(0.1)
