@@ -1,0 +1,268 @@
+"""The PyTorch integration: :func:`launch` and :class:`Trainer`.
+
+Both submit a training entry (``train.py`` or ``package.module:function``) from a source
+bundle and add what PyTorch needs to the job's requirements: the ``torch`` framework, plus
+``torch.cuda``, ``torch.rocm`` or ``torch.mps`` when an accelerator of that kind is asked
+for, so a worker whose torch cannot use the GPU is turned down with a reason instead of
+failing at run time.
+
+* One process (``nodes=1``, ``nproc_per_node=1``): a :class:`~gpulayer.types.CommandJob`
+  that runs the entry with the worker's job Python, with ``RANK=0``, ``LOCAL_RANK=0``,
+  ``WORLD_SIZE=1``, ``MASTER_ADDR=127.0.0.1`` and a free ``MASTER_PORT`` set, so a script
+  written for torchrun (``dist.init_process_group("gloo")``) runs unchanged.
+* More: a :class:`~gpulayer.types.DistributedJob` for the launcher plugin (torchrun by
+  default): ``nodes`` workers placed all at once, ``nproc_per_node`` processes on each.
+
+``gpus_per_node`` sets the devices each node needs and, unless ``nproc_per_node`` is
+given, one process per device. ``on_unschedulable`` defaults to ``"fail"``: a job no
+registered worker could ever run raises :class:`~gpulayer.errors.Unschedulable` with the
+scheduler's per-worker reasons at submit time.
+
+This module never imports torch: the job's Python does, on the worker.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from gpulayer.errors import InvalidArgument
+from gpulayer.types import (
+    CommandJob,
+    DistributedJob,
+    JobRecord,
+    Placement,
+    Requirements,
+    parse_framework_spec,
+)
+
+__all__ = ["TORCH_SUBPROBES", "Trainer", "launch", "torch_requirements"]
+
+#: the torch sub-probe a job on each accelerator kind needs
+TORCH_SUBPROBES = {"cuda": "torch.cuda", "rocm": "torch.rocm", "mps": "torch.mps"}
+
+#: Runs one process of a one-process job (``python -c SHIM ENTRY ARGS...``): sets the rank
+#: environment torchrun would give a world of one, then runs the script, module or function.
+#: Inline and stdlib-only so that the job's Python needs nothing from GPUlayer.
+SINGLE_PROCESS_SHIM = """\
+import importlib, os, runpy, socket, sys
+entry, args = sys.argv[1], sys.argv[2:]
+env = {"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "WORLD_SIZE": "1",
+       "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+os.environ.update(env)
+if not os.environ.get("MASTER_PORT"):
+    s = socket.socket(); s.bind(("127.0.0.1", 0))
+    os.environ["MASTER_PORT"] = str(s.getsockname()[1]); s.close()
+sys.argv = [entry, *args]
+if ":" in entry and not entry.endswith(".py"):
+    mod, _, attr = entry.partition(":")
+    obj = importlib.import_module(mod)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    obj(*args)
+elif entry.endswith(".py") or "/" in entry:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(entry)))
+    runpy.run_path(entry, run_name="__main__")
+else:
+    runpy.run_module(entry, run_name="__main__", alter_sys=True)
+"""
+
+
+def torch_requirements(
+    frameworks: Mapping[str, str] | Iterable[str] | None, accelerator: str | None,
+) -> dict[str, str]:
+    """``frameworks`` (a mapping or 'name>=x' strings) plus ``torch`` and the sub-probe
+    for ``accelerator``; what the caller gave for a name wins."""
+    given: dict[str, str] = {}
+    if frameworks is not None:
+        if isinstance(frameworks, Mapping):
+            given = {str(k): str(v or "") for k, v in frameworks.items()}
+        elif isinstance(frameworks, str):
+            name, spec = parse_framework_spec(frameworks)
+            given = {name: spec}
+        else:
+            for item in frameworks:
+                name, spec = parse_framework_spec(str(item))
+                given[name] = spec
+    out = {"torch": ""}
+    kind = (accelerator or "").strip().lower()
+    if kind in TORCH_SUBPROBES:
+        out[TORCH_SUBPROBES[kind]] = ""
+    out.update(given)
+    return out
+
+
+def _check_entry(entry: str, bundle: str | None) -> None:
+    if not isinstance(entry, str) or not entry.strip():
+        raise InvalidArgument("entry: expected a script ('train.py') or a function ('pkg.train:main')")
+    is_function = ":" in entry and not entry.endswith(".py")
+    if bundle is not None and not is_function and entry.endswith(".py") and not Path(entry).is_absolute():
+        if not (Path(bundle) / entry).is_file():
+            raise InvalidArgument(
+                f"entry {entry!r}: no such file in the bundle directory {str(Path(bundle).resolve())!r}; "
+                "the entry is a path relative to bundle="
+            )
+
+
+class Trainer:
+    """A PyTorch training job, described once and run with :meth:`fit` (or :meth:`submit`).
+
+    ``Trainer("train.py", nodes=2, nproc_per_node=2, args=["--epochs", "3"]).fit()``
+    submits it, streams its output here while it runs and returns the final
+    :class:`~gpulayer.types.JobRecord`; a job that does not succeed raises
+    :class:`~gpulayer.errors.JobFailed` (or :class:`~gpulayer.errors.Unschedulable`).
+    """
+
+    def __init__(
+        self,
+        entry: str,
+        *,
+        nodes: int = 1,
+        nproc_per_node: int | None = None,
+        gpus_per_node: int | None = None,
+        accelerator: str | None = None,
+        profile: str | None = None,
+        args: Sequence[Any] = (),
+        bundle: str | Path | None = ".",
+        frameworks: Mapping[str, str] | Iterable[str] | None = None,
+        target: str | None = None,
+        fallback_targets: Sequence[str] = (),
+        timeout: float | None = None,
+        retries: int = 0,
+        env: Mapping[str, str] | None = None,
+        on_unschedulable: str = "fail",
+        launcher: str = "torchrun",
+        name: str | None = None,
+        priority: int = 0,
+        client: Any = None,
+    ) -> None:
+        if gpus_per_node is not None and gpus_per_node > 0 and accelerator is None and profile is None:
+            raise InvalidArgument(
+                f"gpus_per_node={gpus_per_node}: name the accelerator too "
+                "(accelerator='cuda', 'rocm', 'mps', ... or a profile such as 'pytorch-cuda')"
+            )
+        if nproc_per_node is None:
+            nproc_per_node = gpus_per_node if gpus_per_node else 1
+        self.entry = entry
+        self.nodes = nodes
+        self.nproc_per_node = nproc_per_node
+        self.args = [str(a) for a in args]
+        self.bundle = None if bundle is None else str(bundle)
+        _check_entry(entry, self.bundle)
+        requirements = Requirements(
+            accelerator=accelerator, gpus=gpus_per_node, profile=profile,
+            frameworks=torch_requirements(frameworks, accelerator),
+        )
+        # no target given: the client's default (local embedded, remote against a server)
+        placement = Placement(
+            **({"target": target} if target is not None else {}),
+            fallback_targets=list(fallback_targets), on_unschedulable=on_unschedulable,
+        )
+        common: dict[str, Any] = dict(
+            requirements=requirements, placement=placement, timeout=timeout, retries=retries,
+            env=dict(env or {}), bundle=self.bundle, name=name or entry, priority=priority,
+        )
+        self.job: CommandJob | DistributedJob
+        if nodes == 1 and nproc_per_node == 1:
+            self.job = CommandJob(command=["python", "-c", SINGLE_PROCESS_SHIM, entry, *self.args], **common)
+        else:
+            self.job = DistributedJob(nodes=nodes, nproc_per_node=nproc_per_node, entry=entry,
+                                      args=self.args, launcher=launcher, **common)
+        self._client = client
+        self.handle: Any = None
+
+    @property
+    def distributed(self) -> bool:
+        return self.job.kind == "distributed"
+
+    def submit(self) -> Any:
+        """Submit the job; returns its :class:`~gpulayer.sdk.JobHandle` at once."""
+        from gpulayer.sdk import connect, submit
+
+        if self._client is None:
+            self._client = connect()
+        self.handle = submit(self.job, client=self._client)
+        return self.handle
+
+    def fit(self, *, timeout: float | None = None, stream: bool = True,
+            out: IO[str] | None = None, err: IO[str] | None = None) -> JobRecord:
+        """Submit, stream the job's output while waiting, and return the final record.
+
+        Lines of a multi-node job are prefixed ``[node R]``. Raises
+        :class:`~gpulayer.errors.JobFailed` when the job fails, times out, is cancelled or
+        its worker is lost with no retry left; :class:`TimeoutError` when ``timeout``
+        seconds pass first.
+        """
+        import time
+
+        from gpulayer.sdk import result_of
+
+        handle = self.submit() if self.handle is None else self.handle
+        client = self._client
+        deadline = None if timeout is None else time.monotonic() + timeout
+        multi = self.distributed and self.nodes > 1
+        after, delay = 0, 0.05
+        while True:
+            job: JobRecord = client.get_job(handle.id)
+            chunks = client.logs(handle.id, after=after) if stream else []
+            for c in chunks:
+                after = max(after, c.id)
+                data = c.data
+                if multi:
+                    data = "".join(f"[node {c.node_rank}] {line}" for line in data.splitlines(keepends=True))
+                sink = (err or sys.stderr) if c.stream == "stderr" else (out or sys.stdout)
+                sink.write(data)
+                sink.flush()
+            if job.state.terminal and not chunks:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {handle.id} is still {job.state.value} after {timeout} s")
+            if chunks:
+                delay = 0.05
+            else:
+                time.sleep(delay)
+                delay = min(delay * 1.5, 0.5)
+        result_of(job)  # raises JobFailed / Unschedulable / RemoteError unless it succeeded
+        return job
+
+    def __repr__(self) -> str:
+        return (f"Trainer({self.entry!r}, nodes={self.nodes}, nproc_per_node={self.nproc_per_node}, "
+                f"kind={self.job.kind})")
+
+
+def launch(
+    entry: str,
+    *,
+    nodes: int = 1,
+    nproc_per_node: int | None = None,
+    gpus_per_node: int | None = None,
+    accelerator: str | None = None,
+    profile: str | None = None,
+    args: Sequence[Any] = (),
+    bundle: str | Path | None = ".",
+    frameworks: Mapping[str, str] | Iterable[str] | None = None,
+    target: str | None = None,
+    fallback_targets: Sequence[str] = (),
+    timeout: float | None = None,
+    retries: int = 0,
+    env: Mapping[str, str] | None = None,
+    on_unschedulable: str = "fail",
+    launcher: str = "torchrun",
+    name: str | None = None,
+    priority: int = 0,
+    client: Any = None,
+) -> Any:
+    """Submit a PyTorch entry on ``nodes`` x ``nproc_per_node`` processes; returns its
+    :class:`~gpulayer.sdk.JobHandle` at once (``handle.result()`` waits; ``handle.logs()``).
+
+    See :class:`Trainer` for the arguments; ``launch(...)`` is ``Trainer(...).submit()``.
+    """
+    return Trainer(
+        entry, nodes=nodes, nproc_per_node=nproc_per_node, gpus_per_node=gpus_per_node,
+        accelerator=accelerator, profile=profile, args=args, bundle=bundle, frameworks=frameworks,
+        target=target, fallback_targets=fallback_targets, timeout=timeout, retries=retries,
+        env=env, on_unschedulable=on_unschedulable, launcher=launcher, name=name,
+        priority=priority, client=client,
+    ).submit()
