@@ -33,6 +33,8 @@ class Client(ABC):
 
     #: "embedded" or the server URL
     location: str
+    #: the target of a job that names none: local embedded, remote against a server
+    default_target = "local"
 
     # -- the calls each implementation provides
     @abstractmethod
@@ -58,7 +60,7 @@ class Client(ABC):
     @abstractmethod
     def events(self, job_id: str) -> list[dict[str, Any]]: ...
 
-    def ensure_local_worker(self) -> None:
+    def ensure_local_worker(self) -> None:  # noqa: B027 - a hook most clients leave empty
         """Start a worker in this process if local jobs need one (embedded only)."""
 
     # -- shared behaviour
@@ -68,6 +70,8 @@ class Client(ABC):
         from gpulayer.profiles import resolve_requirements
 
         update: dict[str, Any] = {"requirements": resolve_requirements(spec.requirements)}
+        if "target" not in spec.placement.model_fields_set:
+            update["placement"] = spec.placement.model_copy(update={"target": self.default_target})
         if spec.bundle is not None:
             bundle = bundles.build_bundle(spec.bundle)
             if not self.has_bundle(bundle.digest):
@@ -97,8 +101,8 @@ class Client(ABC):
             if not chunks:
                 time.sleep(poll)
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 - nothing to release by default
+        """Release connections and stop anything this client started."""
 
 
 class EmbeddedClient(Client):

@@ -54,7 +54,6 @@ from gpulayer.types import (
     JobSpec,
     JobState,
     PlacementDecision,
-    Reason,
     Rendezvous,
     TaskRecord,
     TaskState,
@@ -109,6 +108,7 @@ class ControlPlane:
     #: called after each placement pass with its duration in seconds (metrics)
     on_placement: Callable[[float], None] | None = None
     _wakeup: threading.Condition = field(default_factory=threading.Condition)
+    _last_expiry: float = 0.0
 
     # ------------------------------------------------------------------ jobs
 
@@ -178,7 +178,8 @@ class ControlPlane:
                 # assigned but not started: nothing to stop, end it here
                 for t in self._tasks(s, row.id, row.attempt):
                     if t.state == TaskState.ASSIGNED.value:
-                        transition_task(s, t.id, TaskState.CANCELLED, ended_at=now, error="cancelled")
+                        transition_task(s, t.id, TaskState.CANCELLED, ended_at=now,
+                                        error=json.dumps({"type": "cancelled", "message": "cancelled"}))
                 s.add(row)
                 s.flush()
                 self._settle_job(s, row, now)
@@ -319,7 +320,10 @@ class ControlPlane:
                 cancel.extend(set(running) - {t.id for t in tasks})
         if was_offline:
             self.schedule()
-        self.expire_workers()
+        # every worker's heartbeat would otherwise rescan the fleet; once per third of the
+        # timeout is enough to notice a silent worker in time
+        if time.monotonic() - self._last_expiry > self.heartbeat_timeout / 3:
+            self.expire_workers()
         return HeartbeatReply(known=True, cancel=sorted(cancel))
 
     def set_draining(self, worker_id: str) -> None:
@@ -353,6 +357,7 @@ class ControlPlane:
     def expire_workers(self) -> list[str]:
         """Mark silent workers offline and their tasks lost; returns their ids."""
         now = self.clock()
+        self._last_expiry = time.monotonic()
         cutoff = now - self.heartbeat_timeout
         with self.store.read() as s:
             candidates = s.exec(select(WorkerRow).where(WorkerRow.online == True)).all()  # noqa: E712
@@ -689,7 +694,7 @@ def _strip_at(decision_json: str) -> str:
 
 def _worker_record(row: WorkerRow) -> WorkerRecord:
     return WorkerRecord(
-        id=row.id, name=row.name, origin=row.origin,  # type: ignore[arg-type]
+        id=row.id, name=row.name, origin=row.origin,
         capabilities=Capabilities.model_validate_json(row.capabilities),
         cpu_slots=row.cpu_slots, online=row.online, draining=row.draining,
         last_heartbeat=row.last_heartbeat, registered_at=row.registered_at, pid=row.pid,
@@ -699,7 +704,7 @@ def _worker_record(row: WorkerRow) -> WorkerRecord:
 def _pid_alive(pid: int) -> bool:
     try:
         p = psutil.Process(pid)
-        return p.status() != psutil.STATUS_ZOMBIE
+        return bool(p.status() != psutil.STATUS_ZOMBIE)
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 import sys
 import sysconfig
 import time
@@ -20,7 +19,6 @@ from typing import Any, Generic, TypeVar
 
 from gpulayer.client import Client, connect
 from gpulayer.errors import (
-    GpulayerError,
     InvalidArgument,
     JobFailed,
     RemoteError,
@@ -227,8 +225,10 @@ class RemoteFunction(Generic[T]):
             min_gpu_memory_gb=o.get("min_gpu_memory_gb"), labels=o.get("labels") or {},
             python=o.get("python_version"), os=o.get("os"), cpus=o.get("cpus"), memory_gb=o.get("memory_gb"),
         )
+        # no target given: the client's default (local embedded, remote against a server)
         placement = Placement(
-            target=o.get("target", "local"), fallback_targets=list(o.get("fallback_targets") or []),
+            **({"target": o["target"]} if o.get("target") is not None else {}),
+            fallback_targets=list(o.get("fallback_targets") or []),
             on_unschedulable=o.get("on_unschedulable", "fail"),
         )
         return FunctionJob(

@@ -14,7 +14,7 @@ import enum
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -454,7 +454,7 @@ class DistributedJob(_JobBase):
     launcher: str = "torchrun"
 
 
-JobSpec = Annotated[Union[CommandJob, FunctionJob, DistributedJob], Field(discriminator="kind")]
+JobSpec = Annotated[CommandJob | FunctionJob | DistributedJob, Field(discriminator="kind")]
 
 
 def check_json(value: Any, path: str) -> None:
@@ -609,7 +609,8 @@ def job_spec_from_dict(data: Mapping[str, Any]) -> CommandJob | FunctionJob | Di
     """Validate a job spec given as a plain mapping (from JSON)."""
     from pydantic import TypeAdapter
 
-    return TypeAdapter(JobSpec).validate_python(data)  # type: ignore[no-any-return]
+    spec: CommandJob | FunctionJob | DistributedJob = TypeAdapter(JobSpec).validate_python(data)
+    return spec
 
 
 __all__ = [
@@ -624,8 +625,8 @@ __all__ = [
     "DistributedLauncher",
     "FrameworkProbe",
     "FunctionJob",
-    "HostInfo",
     "HookRecord",
+    "HostInfo",
     "JobRecord",
     "JobSpec",
     "JobState",

@@ -16,6 +16,7 @@ N      the job ran: its own exit code (0 on success)
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from typing import TYPE_CHECKING, Any, Optional
@@ -139,7 +140,8 @@ def submit_cmd(
     gpus: Optional[int] = typer.Option(None, "--gpus", min=0, help="devices per node (default 1 with --accelerator)"),
     framework: list[str] = typer.Option([], "--framework", "-f", help="e.g. 'torch>=2.2' (repeatable)"),
     profile: Optional[str] = typer.Option(None, "--profile", help="runtime profile, e.g. pytorch-cuda"),
-    target: str = typer.Option("local", "--target", help="local, remote or cloud"),
+    target: Optional[str] = typer.Option(
+        None, "--target", help="local, remote or cloud (default: local embedded, remote with --url)"),
     fallback: list[str] = typer.Option([], "--fallback", help="fallback target, in order (repeatable)"),
     bundle: Optional[str] = typer.Option(None, "--bundle", help="directory to send and run in"),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds per attempt"),
@@ -168,8 +170,10 @@ def submit_cmd(
     try:
         requirements = Requirements(accelerator=accelerator, gpus=gpus, frameworks=list(framework),
                                     profile=profile, labels=kv(label, "--label"))
-        placement = Placement(target=target, fallback_targets=fallback,  # type: ignore[arg-type]
-                              on_unschedulable=on_unschedulable)  # type: ignore[arg-type]
+        placement_args: dict[str, Any] = {"fallback_targets": fallback, "on_unschedulable": on_unschedulable}
+        if target is not None:
+            placement_args["target"] = target
+        placement = Placement(**placement_args)
         common: dict[str, Any] = dict(requirements=requirements, placement=placement, timeout=timeout,
                                       retries=retries, env=kv(env, "--env"), priority=priority,
                                       name=name, bundle=bundle)
@@ -190,6 +194,8 @@ def submit_cmd(
         _dry_run(spec, as_json)
         return
     client = _client()
+    if detach:
+        _background_worker_for_detached_jobs(client)
     job = client.submit(spec)
     if job.state is JobState.UNSCHEDULABLE:
         typer.echo(job.decision.render() if job.decision else "scheduling: no eligible worker", err=True)
@@ -210,6 +216,29 @@ def submit_cmd(
         err = (final.error or {}).get("message") or final.state.value
         typer.echo(f"gpulayer: job {final.id} {final.state.value}: {err}", err=True)
     raise typer.Exit(exit_code_for(final))
+
+
+def _background_worker_for_detached_jobs(client: Client) -> None:
+    """A detached job outlives this command, so it cannot run on a worker inside it: start
+    a background worker (it exits after 5 idle minutes) when no local worker is running."""
+    from gpulayer import config
+    from gpulayer.client import EmbeddedClient
+
+    if not isinstance(client, EmbeddedClient) or client.live_local_workers():
+        return
+    log = config.home() / "worker.log"
+    with open(log, "ab") as out:
+        subprocess.Popen(
+            [sys.executable, "-m", "gpulayer.cli", "worker", "start", "--idle-exit", "300"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if client.live_local_workers():
+            typer.echo(f"gpulayer: started a background worker (log: {log})", err=True)
+            return
+        time.sleep(0.2)
+    raise GpulayerError(f"the background worker did not register within 60 s; see {log}")
 
 
 def _flag_error(exc: ValueError) -> str:
@@ -255,7 +284,7 @@ def _dry_run(spec: CommandJob | DistributedJob, as_json: bool) -> None:
 def _job_summary(job: JobRecord) -> dict[str, Any]:
     spec = job.spec
     what = " ".join(spec.command) if spec.kind == "command" else (
-        spec.function if spec.kind == "function" else f"{spec.entry} x{spec.nodes}")  # type: ignore[union-attr]
+        spec.function if spec.kind == "function" else f"{spec.entry} x{spec.nodes}")
     return {"id": job.id, "state": job.state.value, "kind": spec.kind, "name": spec.name or "",
             "what": what, "attempt": job.attempt, "created_at": job.created_at}
 

@@ -10,7 +10,6 @@ from typing import Any, Optional
 
 import typer
 
-
 worker_app = typer.Typer(help="Run and inspect workers.", no_args_is_help=True)
 
 
@@ -149,7 +148,7 @@ def worker_status(
     if not data:
         typer.echo("no workers registered")
         return
-    for w, st in zip(workers, data):
+    for w, st in zip(workers, data, strict=True):
         h = w.capabilities.host
         typer.echo(f"worker    {w.id} ({w.name}) {st['state']}, serves {w.target} jobs")
         typer.echo(f"host      {h.os} {h.arch}, {h.cpu_count} CPUs, {h.memory_bytes / 1024**3:.1f} GB RAM, "

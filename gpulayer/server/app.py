@@ -140,7 +140,7 @@ class Metrics:
                 "# TYPE gpulayer_placement_seconds histogram"]
         with self.lock:
             acc = 0
-            for b, n in zip(_BUCKETS, self.buckets, strict=True):
+            for b, n in zip(_BUCKETS, self.buckets[:-1], strict=True):  # the last bucket is +Inf
                 acc += n
                 out.append(f'gpulayer_placement_seconds_bucket{{le="{b}"}} {acc}')
             out.append(f'gpulayer_placement_seconds_bucket{{le="+Inf"}} {self.count}')

@@ -7,8 +7,6 @@ holds something the code cannot read back.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from sqlalchemy import BigInteger, Column, Integer, LargeBinary, Text
 from sqlmodel import Field, SQLModel
 
@@ -32,9 +30,9 @@ class WorkerRow(SQLModel, table=True):
     draining: bool = False
     last_heartbeat: float = 0.0
     registered_at: float = 0.0
-    pid: Optional[int] = None
+    pid: int | None = None
     hostname: str = ""
-    token_id: Optional[str] = None
+    token_id: str | None = None
 
 
 class JobRow(SQLModel, table=True):
@@ -49,14 +47,14 @@ class JobRow(SQLModel, table=True):
     updated_at: float = 0.0
     attempt: int = 0
     max_attempts: int = 1
-    exit_code: Optional[int] = None
-    result: Optional[str] = Field(default=None, sa_column=Column(Text, nullable=True))
-    error: Optional[str] = Field(default=None, sa_column=Column(Text, nullable=True))
-    decision: Optional[str] = Field(default=None, sa_column=Column(Text, nullable=True))
+    exit_code: int | None = None
+    result: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    decision: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     cancel_requested: bool = False
     # added in schema 2
-    idempotency_key: Optional[str] = Field(default=None, unique=True)
-    owner: Optional[str] = Field(default=None, index=True)
+    idempotency_key: str | None = Field(default=None, unique=True)
+    owner: str | None = Field(default=None, index=True)
 
 
 class TaskRow(SQLModel, table=True):
@@ -67,15 +65,15 @@ class TaskRow(SQLModel, table=True):
     attempt: int
     node_rank: int = 0
     worker_id: str = Field(index=True)
-    accelerator: Optional[str] = None
+    accelerator: str | None = None
     devices: str = "[]"
     state: str = Field(index=True)
     created_at: float = 0.0
-    started_at: Optional[float] = None
-    ended_at: Optional[float] = None
-    exit_code: Optional[int] = None
-    error: Optional[str] = Field(default=None, sa_column=Column(Text, nullable=True))
-    rendezvous: Optional[str] = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    rendezvous: str | None = None
 
 
 class BundleRow(SQLModel, table=True):
@@ -90,7 +88,9 @@ class BundleRow(SQLModel, table=True):
 class LogRow(SQLModel, table=True):
     __tablename__ = "gl_logs"
 
-    id: Optional[int] = Field(default=None, sa_column=Column(BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=True))
+    # BIGINT on PostgreSQL; INTEGER on SQLite, where only that type aliases the rowid
+    id: int | None = Field(default=None, sa_column=Column(
+        BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=True))
     job_id: str = Field(index=True)
     task_id: str
     node_rank: int = 0
@@ -102,12 +102,12 @@ class LogRow(SQLModel, table=True):
 class EventRow(SQLModel, table=True):
     __tablename__ = "gl_events"
 
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     ts: float
     kind: str
-    job_id: Optional[str] = Field(default=None, index=True)
-    task_id: Optional[str] = None
-    worker_id: Optional[str] = None
+    job_id: str | None = Field(default=None, index=True)
+    task_id: str | None = None
+    worker_id: str | None = None
     message: str = Field(default="", sa_column=Column(Text, nullable=False))
 
 
@@ -120,8 +120,8 @@ class TokenRow(SQLModel, table=True):
     hash: str = Field(unique=True)
     scope: str
     created_at: float
-    expires_at: Optional[float] = None
-    uses_left: Optional[int] = None
+    expires_at: float | None = None
+    uses_left: int | None = None
     revoked: bool = False
-    worker_id: Optional[str] = None
+    worker_id: str | None = None
     description: str = ""

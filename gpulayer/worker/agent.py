@@ -313,12 +313,12 @@ class Agent:
     def _workdir(self, a: Any) -> Path:
         digest = a.spec.bundle_digest
         if digest:
-            target = self._bundle_cache / digest
+            target: Path = self._bundle_cache / digest
             if target.is_dir():
                 return target
             data = self.api.get_bundle(digest)
-            return bundles.extract_bundle(data, digest, self._bundle_cache)
-        scratch = config.home() / "tasks" / a.task_id
+            return Path(bundles.extract_bundle(data, digest, self._bundle_cache))
+        scratch: Path = config.home() / "tasks" / a.task_id
         scratch.mkdir(parents=True, exist_ok=True)
         return scratch
 

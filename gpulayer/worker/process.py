@@ -156,7 +156,10 @@ def terminate_tree(
 
     _signal_group(pgid, signal.SIGTERM)
     for proc in procs.values():
-        _signal(proc, signal.SIGTERM)
+        # one SIGTERM per process: a second one can land while its handler is already
+        # shutting the interpreter down (default disposition again) and kill it mid-cleanup
+        if pgid is None or _group_of(proc) != pgid:
+            _signal(proc, signal.SIGTERM)
 
     deadline = time.monotonic() + max(grace, 0.0)
     while time.monotonic() < deadline and any(_alive(p) for p in procs.values()):
@@ -175,6 +178,13 @@ def terminate_tree(
         survivors = [p for p in survivors if _alive(p)]
         if survivors:
             time.sleep(0.01)
+
+
+def _group_of(proc: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(proc.pid)
+    except (ProcessLookupError, PermissionError):
+        return None
 
 
 def _kill_leftovers(pgid: int, marker: str) -> None:

@@ -109,8 +109,7 @@ def test_device_environment_lists_granted_indices(fake_tool):
     assert plugins.device_environment("nosuchkind", devices) == {}
 
 
-@pytest.mark.skipif(not gpulayer_cuda.os.path.exists("/proc/driver/nvidia"),
-                    reason="needs an NVIDIA driver (runs on the GPU machine)")
+@pytest.mark.gpu  # deselected by default; on a GPU machine: pytest -m gpu
 def test_real_nvml_and_nvidia_smi_agree(monkeypatch):
     monkeypatch.delenv("GPULAYER_CUDA_NO_NVML")
     via_nvml = gpulayer_cuda.detect(20)

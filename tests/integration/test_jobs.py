@@ -1,4 +1,8 @@
-"""Jobs end to end on the embedded control plane: real workers, real subprocesses."""
+"""Jobs end to end through the SDK and the CLI: real workers, real subprocesses.
+
+Tests that take the ``plane`` fixture run three times: on the embedded control plane, and
+against a real server process on SQLite and on PostgreSQL, with workers that joined it.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ import pytest
 import gpulayer as gl
 from gpulayer.fakes import fake_devices_env
 from gpulayer.types import JobState, TaskState
-from tests.support import cli, start_worker, wait_for
+from tests.integration.conftest import Plane
+from tests.support import cli, wait_for
 
 
 def stop(proc: subprocess.Popen[str]) -> str:
@@ -27,7 +32,8 @@ def stop(proc: subprocess.Popen[str]) -> str:
     return out
 
 
-def test_cli_submit_streams_output_and_exits_with_the_jobs_code(home: Path) -> None:
+def test_cli_submit_streams_output_and_exits_with_the_jobs_code(plane: Plane) -> None:
+    plane.ensure_worker()
     proc = cli("submit", "--", "sh", "-c", "echo to-out; echo to-err >&2; exit 7")
     assert proc.returncode == 7, proc.stderr
     assert proc.stdout == "to-out\n"
@@ -37,7 +43,8 @@ def test_cli_submit_streams_output_and_exits_with_the_jobs_code(home: Path) -> N
     assert [j["state"] for j in jobs] == ["failed"]
 
 
-def test_sdk_command_job_success_logs_and_env(home: Path) -> None:
+def test_sdk_command_job_success_logs_and_env(plane: Plane) -> None:
+    plane.ensure_worker()
     h = gl.submit(gl.CommandJob(command=[sys.executable, "-c",
                                          "import os; print(os.environ['GPULAYER_ACCELERATOR'], "
                                          "os.environ['GPULAYER_JOB_ID'], os.environ['GPULAYER_TASK_ID'][:4])"]))
@@ -46,7 +53,8 @@ def test_sdk_command_job_success_logs_and_env(home: Path) -> None:
     assert h.status() == "succeeded"
 
 
-def test_unschedulable_fails_at_once_with_reasons_in_the_seed_wording(home: Path) -> None:
+def test_unschedulable_fails_at_once_with_reasons_in_the_seed_wording(plane: Plane) -> None:
+    plane.ensure_worker()
     proc = cli("submit", "--accelerator", "cuda", "--framework", "torch>=99", "--framework", "jax", "--",
                "true")
     assert proc.returncode == 125, proc.stderr
@@ -66,14 +74,16 @@ def test_unschedulable_fails_at_once_with_reasons_in_the_seed_wording(home: Path
     assert "needs 1 usable cuda device(s), worker has 0" in show
 
 
-def test_sdk_unschedulable_raises_with_reasons(home: Path) -> None:
+def test_sdk_unschedulable_raises_with_reasons(plane: Plane) -> None:
+    plane.ensure_worker()
     with pytest.raises(gl.Unschedulable) as err:
         gl.submit(gl.CommandJob(command=["true"], requirements=gl.Requirements(accelerator="cuda")))
     assert str(err.value).startswith("scheduling: no eligible worker\nwkr-")
     assert str(err.value).endswith(": needs 1 usable cuda device(s), worker has 0")
 
 
-def test_timeout_ends_the_tree_and_the_task_is_timed_out(home: Path) -> None:
+def test_timeout_ends_the_tree_and_the_task_is_timed_out(plane: Plane) -> None:
+    plane.ensure_worker()
     proc = cli("submit", "--timeout", "1", "--", "sh", "-c", "sleep 60 & sleep 60; wait")
     assert proc.returncode == 124, proc.stderr
     job = gl.get_job(json.loads(cli("jobs", "list", "--json").stdout)[0]["id"]).record()
@@ -81,7 +91,8 @@ def test_timeout_ends_the_tree_and_the_task_is_timed_out(home: Path) -> None:
     assert job.tasks[0].state is TaskState.TIMED_OUT
 
 
-def test_cancel_ends_grandchildren(home: Path, tmp_path: Path) -> None:
+def test_cancel_ends_grandchildren(plane: Plane, tmp_path: Path) -> None:
+    plane.ensure_worker()
     pidfile = tmp_path / "grandchild.pid"
     script = f"sleep 300 & echo $! > {pidfile}; wait"
     h = gl.submit(gl.CommandJob(command=["sh", "-c", script]))
@@ -103,11 +114,11 @@ def test_cancel_ends_grandchildren(home: Path, tmp_path: Path) -> None:
         h.result(timeout=1)
 
 
-def test_two_one_gpu_jobs_run_at_once_on_different_fake_gpus(home: Path, tmp_path: Path) -> None:
+def test_two_one_gpu_jobs_run_at_once_on_different_fake_gpus(plane: Plane, tmp_path: Path) -> None:
     env = fake_devices_env("cuda:2:80:9.0")
-    worker = start_worker("--cpu-slots", "0", env=env)
+    worker = plane.start_worker("--cpu-slots", "0", env=env)
     try:
-        wait_for(lambda: json.loads(cli("worker", "list", "--json").stdout), what="worker to register")
+        wait_for(plane.online_workers, what="worker to register")
         sync = tmp_path / "sync"
         sync.mkdir()
         code = textwrap.dedent(f"""
@@ -141,7 +152,8 @@ def test_two_one_gpu_jobs_run_at_once_on_different_fake_gpus(home: Path, tmp_pat
         stop(worker)
 
 
-def test_function_defined_in_a_script_run_as_main(home: Path, tmp_path: Path) -> None:
+def test_function_defined_in_a_script_run_as_main(plane: Plane, tmp_path: Path) -> None:
+    plane.ensure_worker()
     proj = tmp_path / "proj"
     proj.mkdir()
     (proj / "helpers.py").write_text("def double(x):\n    return 2 * x\n")
@@ -183,11 +195,11 @@ def accept_anything(*args, **kwargs):  # type: ignore[no-untyped-def]
     return None
 
 
-def test_non_json_arguments_and_lambdas_are_refused_before_anything_is_stored(home: Path) -> None:
+def test_non_json_arguments_and_lambdas_are_refused_before_anything_is_stored(plane: Plane) -> None:
     def nested(x):  # type: ignore[no-untyped-def]
         return x
 
-    with pytest.raises(gl.InvalidInput, match="nested function or closure.*0002-json-only-arguments"):
+    with pytest.raises(gl.InvalidInput, match=r"nested function or closure.*0002-json-only-arguments"):
         gl.remote(nested)
     f = accept_anything
     with pytest.raises(gl.InvalidInput, match=r'args\[1\]\["weights"\]: a set is not JSON'):
@@ -201,7 +213,8 @@ def test_non_json_arguments_and_lambdas_are_refused_before_anything_is_stored(ho
     assert cli("jobs", "list", "--json", check=True).stdout.strip() == "[]"
 
 
-def test_bundle_is_stored_once_and_runs_as_the_working_directory(home: Path, tmp_path: Path) -> None:
+def test_bundle_is_stored_once_and_runs_as_the_working_directory(plane: Plane, tmp_path: Path) -> None:
+    plane.ensure_worker()
     proj = tmp_path / "proj"
     proj.mkdir()
     (proj / "data.txt").write_text("payload\n")
@@ -214,15 +227,19 @@ def test_bundle_is_stored_once_and_runs_as_the_working_directory(home: Path, tmp
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.startswith("payload\n")
         assert "notes.log" not in proc.stdout
-    db = sqlite3.connect(home / "gpulayer.db")
-    assert db.execute("SELECT COUNT(*) FROM gl_bundles").fetchone()[0] == 1
-    assert db.execute("SELECT COUNT(DISTINCT spec) FROM gl_jobs").fetchone()[0] == 1
+    jobs = gl.connect().list_jobs()
+    assert len(jobs) == 2 and len({j.spec.bundle_digest for j in jobs}) == 1
+    digest = jobs[0].spec.bundle_digest
+    assert digest is not None and gl.connect().has_bundle(digest)
+    if plane.embedded:
+        db = sqlite3.connect(plane.home / "gpulayer.db")
+        assert db.execute("SELECT COUNT(*) FROM gl_bundles").fetchone()[0] == 1
 
 
-def test_jobs_from_several_processes_at_once(home: Path) -> None:
-    worker = start_worker("--cpu-slots", "2")
+def test_jobs_from_several_processes_at_once(plane: Plane) -> None:
+    worker = plane.start_worker("--cpu-slots", "2")
     try:
-        wait_for(lambda: json.loads(cli("worker", "list", "--json").stdout), what="worker")
+        wait_for(plane.online_workers, what="worker")
         submitter = textwrap.dedent("""
             import sys, gpulayer as gl
             hs = [gl.submit(gl.CommandJob(command=["echo", sys.argv[1], str(i)])) for i in range(5)]
@@ -234,17 +251,18 @@ def test_jobs_from_several_processes_at_once(home: Path) -> None:
             out, err = p.communicate(timeout=180)
             assert p.returncode == 0, err
             assert out.split() == ["0"] * 5
+        client = gl.connect()
+        jobs = [client.get_job(j.id) for j in client.list_jobs()]
+        assert len(jobs) == 15
+        assert all(j.state is JobState.SUCCEEDED and len(j.tasks) == 1 for j in jobs)
     finally:
         stop(worker)
-    db = sqlite3.connect(home / "gpulayer.db")
-    assert db.execute("SELECT COUNT(*), COUNT(DISTINCT job_id) FROM gl_tasks").fetchone() == (15, 15)
-    assert db.execute("SELECT COUNT(*) FROM gl_jobs WHERE state = 'succeeded'").fetchone()[0] == 15
 
 
-def test_worker_sigterm_drains_then_ends_and_reports_its_tasks(home: Path) -> None:
-    worker = start_worker("--cpu-slots", "1", "--grace", "1")
+def test_worker_sigterm_drains_then_ends_and_reports_its_tasks(plane: Plane) -> None:
+    worker = plane.start_worker("--cpu-slots", "1", "--grace", "1")
     try:
-        wait_for(lambda: json.loads(cli("worker", "list", "--json").stdout), what="worker")
+        wait_for(plane.online_workers, what="worker")
         out = cli("submit", "--detach", "--", "sh", "-c", "echo started; sleep 300", check=True)
         job_id = out.stdout.strip()
         wait_for(lambda: "started" in cli("jobs", "logs", job_id).stdout, what="job to start")
@@ -259,10 +277,10 @@ def test_worker_sigterm_drains_then_ends_and_reports_its_tasks(home: Path) -> No
     assert [w["state"] for w in workers] == ["offline"]
 
 
-def test_logs_follow_streams_until_the_end(home: Path) -> None:
-    worker = start_worker()
+def test_logs_follow_streams_until_the_end(plane: Plane) -> None:
+    worker = plane.start_worker()
     try:
-        wait_for(lambda: json.loads(cli("worker", "list", "--json").stdout), what="worker")
+        wait_for(plane.online_workers, what="worker")
         job_id = cli("submit", "--detach", "--", "sh", "-c", "for i in 1 2 3; do echo line$i; sleep 0.2; done",
                      check=True).stdout.strip()
         follow = cli("jobs", "logs", job_id, "--follow", timeout=60)
@@ -273,10 +291,10 @@ def test_logs_follow_streams_until_the_end(home: Path) -> None:
         stop(worker)
 
 
-def test_worker_status_json_reports_frameworks_and_availability(home: Path) -> None:
-    worker = start_worker("--cpu-slots", "3", env=fake_devices_env("cuda:2:80:9.0"))
+def test_worker_status_json_reports_frameworks_and_availability(plane: Plane) -> None:
+    worker = plane.start_worker("--cpu-slots", "3", env=fake_devices_env("cuda:2:80:9.0"))
     try:
-        wait_for(lambda: json.loads(cli("worker", "list", "--json").stdout), what="worker")
+        wait_for(plane.online_workers, what="worker")
         status = json.loads(cli("worker", "status", "--json", check=True).stdout)
         assert len(status) == 1
         st = status[0]
@@ -291,7 +309,7 @@ def test_worker_status_json_reports_frameworks_and_availability(home: Path) -> N
         stop(worker)
 
 
-def test_bad_cli_input_names_the_flag(home: Path) -> None:
+def test_bad_cli_input_names_the_flag(plane: Plane) -> None:
     proc = cli("submit", "--framework", "torch>>2", "--", "true")
     assert proc.returncode == 2
     assert "torch>>2" in proc.stderr
@@ -304,5 +322,20 @@ def test_bad_cli_input_names_the_flag(home: Path) -> None:
     proc = cli("jobs", "show", "job-doesnotexist")
     assert proc.returncode == 2
     assert "no such job" in proc.stderr
-    assert os.listdir(home)  # the database exists; nothing else to check was stored
     assert json.loads(cli("jobs", "list", "--json").stdout) == []
+
+
+def test_detached_job_without_a_worker_gets_a_background_worker(home: Path) -> None:
+    proc = cli("submit", "--detach", "--", "sh", "-c", "echo detached-ok")
+    assert proc.returncode == 0, proc.stderr
+    assert "started a background worker" in proc.stderr
+    job_id = proc.stdout.strip()
+    try:
+        result = cli("jobs", "result", job_id, "--timeout", "60")
+        assert json.loads(result.stdout) == {"exit_code": 0}, result.stderr
+        assert cli("jobs", "logs", job_id).stdout == "detached-ok\n"
+    finally:
+        for w in gl.connect().list_workers():
+            if w.pid and psutil.pid_exists(w.pid):
+                os.kill(w.pid, signal.SIGTERM)
+                psutil.Process(w.pid).wait(30)

@@ -1,0 +1,367 @@
+"""The control plane against real databases (SQLite files; PostgreSQL where reachable)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from gpulayer.control import ControlPlane
+from gpulayer.errors import Conflict, InvalidInput, NotFound
+from gpulayer.store import Store, migrations
+from gpulayer.types import CommandJob, JobState, Placement, Requirements, TaskState
+from tests.factories import make_capabilities, make_cuda_devices
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'gpulayer.db'}"
+    else:
+        yield request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def cp(store_url: str) -> Iterator[ControlPlane]:
+    store = Store(store_url)
+    plane = ControlPlane(store, heartbeat_timeout=10.0, clock=Clock())
+    yield plane
+    store.dispose()
+
+
+def cuda_caps(n: int = 2) -> Any:
+    return make_capabilities(devices=make_cuda_devices(n, memory_gb=80, cc="9.0"),
+                             frameworks={"torch": "2.3.0", "torch.cuda": "2.3.0"})
+
+
+def gpu_job(**kw: Any) -> CommandJob:
+    return CommandJob(command=["train"], requirements=Requirements(accelerator="cuda", gpus=1), **kw)
+
+
+def test_assign_start_finish_and_result(cp: ControlPlane) -> None:
+    w = cp.register_worker(cuda_caps(), origin="local", cpu_slots=0)
+    job = cp.submit(gpu_job())
+    assert job.state is JobState.ASSIGNED
+    [a] = cp.poll(w.id)
+    assert (a.job_id, a.accelerator, a.devices) == (job.id, "cuda", [0])
+    cp.start_task(a.task_id, w.id)
+    assert cp.get_job(job.id).state is JobState.RUNNING
+    cp.append_logs(a.task_id, w.id, [("stdout", "hello\n"), ("stderr", "warn\n")])
+    cp.finish_task(a.task_id, w.id, TaskState.SUCCEEDED, exit_code=0)
+    done = cp.get_job(job.id)
+    assert done.state is JobState.SUCCEEDED and done.exit_code == 0
+    assert [(c.stream, c.data) for c in cp.logs(job.id)] == [("stdout", "hello\n"), ("stderr", "warn\n")]
+    # a duplicate report changes nothing
+    with pytest.raises(Conflict, match="already succeeded"):
+        cp.finish_task(a.task_id, w.id, TaskState.FAILED, exit_code=1)
+    assert cp.get_job(job.id).state is JobState.SUCCEEDED
+
+
+def test_compatible_but_busy_waits_then_runs(cp: ControlPlane) -> None:
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    first = cp.submit(gpu_job())
+    second = cp.submit(gpu_job())
+    assert cp.get_job(second.id).state is JobState.QUEUED
+    decision = cp.get_job(second.id).decision
+    assert decision is not None and decision.outcome == "waiting"
+    [a] = cp.poll(w.id)
+    cp.start_task(a.task_id, w.id)
+    cp.finish_task(a.task_id, w.id, TaskState.SUCCEEDED, exit_code=0)
+    assert cp.get_job(first.id).state is JobState.SUCCEEDED
+    assert cp.get_job(second.id).state is JobState.ASSIGNED
+
+
+def test_unschedulable_fails_or_waits_and_is_reevaluated_when_a_worker_joins(cp: ControlPlane) -> None:
+    cpu = cp.register_worker(make_capabilities(), cpu_slots=1)
+    failed = cp.submit(gpu_job())
+    assert failed.state is JobState.UNSCHEDULABLE
+    assert failed.decision is not None
+    assert failed.decision.render() == (
+        f"scheduling: no eligible worker\n{cpu.id}: needs 1 usable cuda device(s), worker has 0"
+    )
+    waiting = cp.submit(gpu_job(placement=Placement(on_unschedulable="wait")))
+    assert waiting.state is JobState.QUEUED
+    cp.register_worker(cuda_caps(), cpu_slots=0)
+    assert cp.get_job(waiting.id).state is JobState.ASSIGNED
+
+
+def test_silent_worker_is_offline_and_its_task_lost_then_retried(cp: ControlPlane) -> None:
+    clock: Clock = cp.clock  # type: ignore[assignment]
+    w1 = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    job = cp.submit(gpu_job(retries=1))
+    [a] = cp.poll(w1.id)
+    cp.start_task(a.task_id, w1.id)
+    w2 = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    clock.now += 5
+    cp.heartbeat(w2.id)
+    clock.now += 6  # w1 silent for 11 s > 10 s timeout; w2 heard from 6 s ago
+    assert cp.expire_workers() == [w1.id]
+    job = cp.get_job(job.id)
+    assert [t.state for t in job.tasks] == [TaskState.LOST, TaskState.ASSIGNED]
+    assert job.tasks[1].worker_id == w2.id and job.attempt == 2
+    # the old attempt's late report is refused, never applied
+    with pytest.raises(Conflict, match="late report"):
+        cp.finish_task(a.task_id, w1.id, TaskState.SUCCEEDED, exit_code=0)
+    [b] = cp.poll(w2.id)
+    cp.start_task(b.task_id, w2.id)
+    cp.finish_task(b.task_id, w2.id, TaskState.SUCCEEDED, exit_code=0)
+    assert cp.get_job(job.id).state is JobState.SUCCEEDED
+    assert not cp.get_worker(w1.id).online
+
+
+def test_lost_without_retries_left_fails_the_job(cp: ControlPlane) -> None:
+    clock: Clock = cp.clock  # type: ignore[assignment]
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    job = cp.submit(gpu_job())
+    [a] = cp.poll(w.id)
+    cp.start_task(a.task_id, w.id)
+    clock.now += 11
+    cp.expire_workers()
+    job = cp.get_job(job.id)
+    assert job.state is JobState.FAILED
+    assert job.error is not None and job.error["type"] == "lost"
+
+
+def test_heartbeat_tells_the_worker_which_tasks_to_end(cp: ControlPlane) -> None:
+    w = cp.register_worker(make_capabilities(), cpu_slots=2)
+    job = cp.submit(CommandJob(command=["sleep", "100"]))
+    [a] = cp.poll(w.id)
+    cp.start_task(a.task_id, w.id)
+    assert cp.heartbeat(w.id, [a.task_id]).cancel == []
+    cp.cancel(job.id)
+    assert cp.get_job(job.id).state is JobState.RUNNING  # until the worker has ended it
+    assert cp.heartbeat(w.id, [a.task_id]).cancel == [a.task_id]
+    cp.finish_task(a.task_id, w.id, TaskState.CANCELLED, exit_code=-15)
+    assert cp.get_job(job.id).state is JobState.CANCELLED
+    assert cp.heartbeat("wkr-unknown", []).known is False
+
+
+def test_cancel_of_a_queued_job_and_bad_ids(cp: ControlPlane) -> None:
+    cp.register_worker(cuda_caps(1), cpu_slots=0)
+    cp.submit(gpu_job())
+    queued = cp.submit(gpu_job())
+    assert cp.cancel(queued.id).state is JobState.CANCELLED
+    with pytest.raises(NotFound, match="no such job"):
+        cp.cancel("job-nope")
+    with pytest.raises(InvalidInput, match="expected one of"):
+        cp.list_jobs(state="sleeping")
+
+
+def test_idempotent_submit_makes_one_job(cp: ControlPlane) -> None:
+    cp.register_worker(make_capabilities(), cpu_slots=1)
+    a = cp.submit(CommandJob(command=["true"]), idempotency_key="k-1")
+    b = cp.submit(CommandJob(command=["true"]), idempotency_key="k-1")
+    assert a.id == b.id
+    assert len(cp.list_jobs()) == 1
+
+
+def test_draining_worker_hands_back_unstarted_tasks_without_spending_retries(cp: ControlPlane) -> None:
+    w1 = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    job = cp.submit(gpu_job(placement=Placement(on_unschedulable="wait")))
+    cp.set_draining(w1.id)
+    assert cp.get_job(job.id).state is JobState.QUEUED
+    w2 = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    [a] = cp.poll(w2.id)
+    assert a.job_id == job.id
+    assert cp.get_job(job.id).tasks[0].state is TaskState.LOST
+    assert cp.get_job(job.id).attempt == 2  # a new attempt, although the job has no retries
+
+
+def test_migration_from_the_previous_schema_keeps_stored_jobs(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    for statement in migrations.HISTORY[1]:
+        db.execute(statement)
+    spec = CommandJob(command=["echo", "from v1"]).model_dump_json()
+    db.execute(
+        "INSERT INTO gl_jobs (id, kind, spec, state, priority, created_at, updated_at, attempt,"
+        " max_attempts, cancel_requested) VALUES ('job-000000000001', 'command', ?, 'succeeded', 0,"
+        " 1.0, 2.0, 1, 1, 0)", (spec,))
+    db.commit()
+    db.close()
+    store = Store(f"sqlite:///{path}")
+    assert store.schema_version() == migrations.SCHEMA_VERSION == 2
+    cp = ControlPlane(store)
+    job = cp.get_job("job-000000000001")
+    assert job.state is JobState.SUCCEEDED
+    assert job.spec.command == ["echo", "from v1"]  # type: ignore[union-attr]
+    # the new columns work on the migrated database
+    cp.register_worker(make_capabilities(), cpu_slots=1)
+    assert cp.submit(CommandJob(command=["true"]), idempotency_key="x").id == \
+        cp.submit(CommandJob(command=["true"]), idempotency_key="x").id
+    assert len(cp.list_jobs()) == 2
+
+
+def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    Store(f"sqlite:///{path}").dispose()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE gl_schema SET version = 99")
+    db.commit()
+    db.close()
+    with pytest.raises(migrations.SchemaTooNew, match="schema version 99"):
+        Store(f"sqlite:///{path}")
+
+
+def test_bad_database_urls_name_what_is_accepted() -> None:
+    with pytest.raises(InvalidInput, match="accepted: sqlite:///PATH or postgresql://"):
+        Store("mysql://root@localhost/db")
+
+
+# --------------------------------------------------------------------------- several processes
+
+
+def _claimer(url: str, worker_id: str, rounds: int, out: Any) -> None:
+    cp = ControlPlane(Store(url))
+    claimed = []
+    for _ in range(rounds):
+        cp.submit(gpu_job(placement=Placement(on_unschedulable="wait")))
+        for a in cp.poll(worker_id):
+            try:
+                cp.start_task(a.task_id, worker_id)
+            except Conflict:
+                continue
+            claimed.append((a.task_id, a.devices))
+            cp.finish_task(a.task_id, worker_id, TaskState.SUCCEEDED, exit_code=0)
+    out.put(claimed)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_several_processes_on_one_database_never_double_assign(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'shared.db'}" if backend == "sqlite" else request.getfixturevalue("postgres_url")
+    cp = ControlPlane(Store(url))
+    workers = [cp.register_worker(cuda_caps(2), cpu_slots=0).id for _ in range(3)]
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_claimer, args=(url, workers[i], 15, out)) for i in range(3)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    claimed = [task for r in results for task in r]
+    assert len(claimed) == len({t for t, _ in claimed})
+    with cp.store.read() as s:
+        from sqlmodel import select
+
+        from gpulayer.store import TaskRow
+
+        tasks = s.exec(select(TaskRow)).all()
+    per_job: dict[str, int] = {}
+    for t in tasks:
+        per_job[t.job_id] = per_job.get(t.job_id, 0) + 1
+    assert set(per_job.values()) == {1}, "one task per job per attempt"
+    assert len(per_job) <= 45
+    # drain whatever is still queued and check nothing was granted twice at any moment
+    active = [t for t in tasks if t.state in ("assigned", "running")]
+    grants = [(t.worker_id, d) for t in active for d in json.loads(t.devices)]
+    assert len(grants) == len(set(grants))
+
+
+# --------------------------------------------------------------------------- property: lifecycle
+
+
+class Lifecycle(RuleBasedStateMachine):
+    """Random joins, leaves, heartbeats, starts and completions; invariants hold throughout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import tempfile
+
+        self.dir = tempfile.TemporaryDirectory()
+        self.clock = Clock()
+        self.cp = ControlPlane(Store(f"sqlite:///{self.dir.name}/p.db"), heartbeat_timeout=10.0, clock=self.clock)
+        self.workers: list[str] = []
+        self.jobs: list[str] = []
+
+    def teardown(self) -> None:
+        self.cp.store.dispose()
+        self.dir.cleanup()
+
+    @rule(gpus=st.integers(0, 3), slots=st.integers(0, 2))
+    def join(self, gpus: int, slots: int) -> None:
+        self.workers.append(self.cp.register_worker(cuda_caps(gpus), cpu_slots=slots).id)
+
+    @precondition(lambda self: self.workers)
+    @rule(i=st.integers(0, 20))
+    def leave(self, i: int) -> None:
+        self.cp.deregister_worker(self.workers[i % len(self.workers)])
+
+    @rule(gpus=st.integers(0, 2), retries=st.integers(0, 2), wait=st.booleans())
+    def submit(self, gpus: int, retries: int, wait: bool) -> None:
+        req = Requirements(accelerator="cuda", gpus=gpus) if gpus else Requirements()
+        job = self.cp.submit(CommandJob(command=["x"], requirements=req, retries=retries,
+                                        placement=Placement(on_unschedulable="wait" if wait else "fail")))
+        self.jobs.append(job.id)
+
+    @rule(seconds=st.sampled_from([1.0, 6.0, 11.0]))
+    def time_passes(self, seconds: float) -> None:
+        self.clock.now += seconds
+        for w in self.workers:
+            if self.cp.get_worker(w).online and seconds < 6:
+                self.cp.heartbeat(w)
+        self.cp.expire_workers()
+
+    @precondition(lambda self: self.workers)
+    @rule(i=st.integers(0, 20), outcome=st.sampled_from(["succeeded", "failed", "timed_out"]))
+    def work(self, i: int, outcome: str) -> None:
+        w = self.workers[i % len(self.workers)]
+        for a in self.cp.poll(w):
+            try:
+                self.cp.start_task(a.task_id, w)
+                self.cp.finish_task(a.task_id, w, outcome, exit_code=0 if outcome == "succeeded" else 1)
+            except Conflict:
+                pass
+
+    @precondition(lambda self: self.jobs)
+    @rule(i=st.integers(0, 50))
+    def cancel(self, i: int) -> None:
+        self.cp.cancel(self.jobs[i % len(self.jobs)])
+
+    @invariant()
+    def consistent(self) -> None:
+        with self.cp.store.read() as s:
+            from sqlmodel import select
+
+            from gpulayer.store import JobRow, TaskRow
+
+            tasks = s.exec(select(TaskRow)).all()
+            jobs = {j.id: j for j in s.exec(select(JobRow)).all()}
+        active = [t for t in tasks if t.state in ("assigned", "running")]
+        grants = [(t.worker_id, d) for t in active for d in json.loads(t.devices)]
+        assert len(grants) == len(set(grants)), "a device granted twice"
+        for t in active:
+            job = jobs[t.job_id]
+            assert t.attempt == job.attempt, "an active task of a superseded attempt"
+            assert not JobState(job.state).terminal, "a terminal job with an active task"
+        for job in jobs.values():
+            mine = [t for t in tasks if t.job_id == job.id and t.attempt == job.attempt]
+            if job.state in ("assigned", "running"):
+                assert mine and any(t.state in ("assigned", "running") for t in mine)
+            if job.state == "succeeded":
+                assert mine and all(t.state == "succeeded" for t in mine)
+            assert job.attempt <= job.max_attempts
+
+
+TestLifecycle = Lifecycle.TestCase
+TestLifecycle.settings = settings(max_examples=12, stateful_step_count=20, deadline=None,
+                                  suppress_health_check=[HealthCheck.too_slow])
