@@ -321,6 +321,9 @@ class HttpWorkerAPI:
     later call uses.
     """
 
+    #: seconds between heartbeats of a remote worker (GPULAYER_HEARTBEAT_INTERVAL overrides)
+    heartbeat_interval = 1.0
+
     def __init__(self, url: str, *, join_token: str | None = None, worker_token: str | None = None,
                  ca: str | None = None, retry_for: float = 3.0) -> None:
         self.url = _norm_url(url)

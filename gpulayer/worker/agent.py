@@ -134,7 +134,11 @@ class Agent:
         self.name = name
         self.cpu_slots = cpu_slots if cpu_slots is not None else max(1, min(4, capabilities.host.cpu_count))
         self.python = python or capabilities.host.python_path or sys.executable
-        self.heartbeat_interval = heartbeat_interval or float(os.environ.get("GPULAYER_HEARTBEAT_INTERVAL", "0.5"))
+        # embedded: frequent (cheap, and cancels are seen through heartbeats); over HTTP the
+        # API says how often, so a large fleet does not flood the server
+        default_interval = getattr(api, "heartbeat_interval", 0.5)
+        self.heartbeat_interval = heartbeat_interval or float(
+            os.environ.get("GPULAYER_HEARTBEAT_INTERVAL", str(default_interval)))
         self.poll_wait = poll_wait
         self.grace = grace
         self.kill_grace = kill_grace
