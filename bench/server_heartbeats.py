@@ -64,10 +64,18 @@ async def fleet(url: str, join: str, n: int, seconds: float, interval: float, ca
         t0 = time.perf_counter()
         creds = await asyncio.gather(*(do_join(i) for i in range(n)))
         join_s = time.perf_counter() - t0
+        # One small client per simulated worker, as real workers have: a single pool of
+        # hundreds of connections costs the client more per request than the server spends.
+        # Plain HTTP on loopback: no TLS context per client (building 1000 of them takes long).
+        clients = {w: httpx.AsyncClient(base_url=url, timeout=60, verify=False,
+                                        limits=httpx.Limits(max_connections=2))
+                   for w, _ in creds}
         stop = time.monotonic() + seconds
+
 
         async def heartbeats(wid: str, tok: str) -> None:
             nonlocal errors
+            http = clients[wid]
             h = {"authorization": f"Bearer {tok}"}
             await asyncio.sleep(interval * (hash(wid) % 1000) / 1000)  # spread the fleet
             while time.monotonic() < stop:
@@ -82,6 +90,7 @@ async def fleet(url: str, join: str, n: int, seconds: float, interval: float, ca
 
         async def polls(wid: str, tok: str) -> None:
             nonlocal errors
+            http = clients[wid]
             h = {"authorization": f"Bearer {tok}"}
             while time.monotonic() < stop:
                 try:
@@ -93,6 +102,7 @@ async def fleet(url: str, join: str, n: int, seconds: float, interval: float, ca
                     await asyncio.sleep(0.5)
 
         await asyncio.gather(*(heartbeats(w, t) for w, t in creds), *(polls(w, t) for w, t in creds))
+        await asyncio.gather(*(c.aclose() for c in clients.values()))
         # leave politely so the next phase sees no phantom workers
         await asyncio.gather(*(http.delete(f"/v1/workers/{w}", headers={"authorization": f"Bearer {t}"})
                                for w, t in creds))

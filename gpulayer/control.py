@@ -107,6 +107,9 @@ class ControlPlane:
     clock: Callable[[], float] = time.time
     #: called after each placement pass with its duration in seconds (metrics)
     on_placement: Callable[[float], None] | None = None
+    #: called after a placement pass that handed tasks out, with the workers that got them
+    #: (the server wakes exactly those workers' long polls)
+    on_assigned: Callable[[set[str]], None] | None = None
     _wakeup: threading.Condition = field(default_factory=threading.Condition)
     _last_expiry: float = 0.0
 
@@ -299,33 +302,46 @@ class ControlPlane:
 
     def heartbeat(self, worker_id: str, running: list[str] | None = None) -> HeartbeatReply:
         """Record that the worker is alive; say which of its tasks it must end."""
+        return self.heartbeats({worker_id: list(running or [])})[worker_id]
+
+    def heartbeats(self, reports: dict[str, list[str]]) -> dict[str, HeartbeatReply]:
+        """Many workers' heartbeats (worker id -> the task ids it runs) in one transaction.
+
+        The hottest call of a large fleet, so the server batches what arrives together and
+        this uses plain statements, not ORM objects.
+        """
         now = self.clock()
-        # the hottest call of a large fleet: plain statements, no ORM objects
+        replies: dict[str, HeartbeatReply] = {}
+        ids = list(reports)
         with self.store.write(lock=False) as s:
-            found = s.execute(text("SELECT online FROM gl_workers WHERE id = :id"), {"id": worker_id}).first()
-            if found is None:
-                return HeartbeatReply(known=False)
-            was_offline = not found[0]
-            s.execute(text("UPDATE gl_workers SET last_heartbeat = :now, online = :yes WHERE id = :id"),
-                      {"now": now, "yes": True, "id": worker_id})
-            cancel: list[str] = []
-            if running:
-                rows = s.execute(
-                    select(TaskRow.id, TaskRow.state, TaskRow.worker_id, JobRow.cancel_requested)
-                    .join(JobRow, col(JobRow.id) == col(TaskRow.job_id), isouter=True)
-                    .where(col(TaskRow.id).in_(running))
-                ).all()
-                for task_id, state, owner, cancel_requested in rows:
-                    if TaskState(state).terminal or owner != worker_id or cancel_requested:
-                        cancel.append(task_id)
-                cancel.extend(set(running) - {r[0] for r in rows})
-        if was_offline:
-            self.schedule()
+            known = dict(s.execute(select(WorkerRow.id, WorkerRow.online).where(col(WorkerRow.id).in_(ids))).all())
+            if known:
+                s.execute(text("UPDATE gl_workers SET last_heartbeat = :now, online = :yes WHERE id = :id"),
+                          [{"now": now, "yes": True, "id": wid} for wid in known])
+            running = {t for wid in known for t in reports[wid]}
+            rows = s.execute(
+                select(TaskRow.id, TaskRow.state, TaskRow.worker_id, JobRow.cancel_requested)
+                .join(JobRow, col(JobRow.id) == col(TaskRow.job_id), isouter=True)
+                .where(col(TaskRow.id).in_(running))
+            ).all() if running else []
+        tasks = {r[0]: r for r in rows}
+        for wid in ids:
+            if wid not in known:
+                replies[wid] = HeartbeatReply(known=False)
+                continue
+            cancel = []
+            for task_id in reports[wid]:
+                row = tasks.get(task_id)
+                if row is None or TaskState(row[1]).terminal or row[2] != wid or row[3]:
+                    cancel.append(task_id)
+            replies[wid] = HeartbeatReply(known=True, cancel=sorted(cancel))
+        if not all(known.values()):
+            self.schedule()  # a worker came back: jobs waiting for it may be placed now
         # every worker's heartbeat would otherwise rescan the fleet; once per third of the
         # timeout is enough to notice a silent worker in time
         if time.monotonic() - self._last_expiry > self.heartbeat_timeout / 3:
             self.expire_workers()
-        return HeartbeatReply(known=True, cancel=sorted(cancel))
+        return replies
 
     def set_draining(self, worker_id: str) -> None:
         """The worker takes no new work; what it runs now may finish."""
@@ -532,6 +548,8 @@ class ControlPlane:
                     s.add(job)
         if self.on_placement is not None:
             self.on_placement(time.perf_counter() - started)
+        if self.on_assigned is not None and result.assignments:
+            self.on_assigned({n.worker_id for a in result.assignments for n in a.nodes})
         self._notify()
 
     # ------------------------------------------------------------------ internals

@@ -53,6 +53,8 @@ log = logging.getLogger("gpulayer.server")
 
 API_PREFIX = "/v1"
 MAX_LONG_POLL = 30.0
+#: how often a waiting worker poll looks at the database without being woken
+POLL_RECHECK = 3.0
 MAX_JSON_BYTES = 16 * 1024 * 1024
 ALL_SCOPES = ("admin", "client", "worker", "join", "bootstrap")
 
@@ -184,6 +186,55 @@ class Server:
                     loop.call_soon_threadsafe(self._wake)
 
         control._notify = _notify  # type: ignore[method-assign]
+        # long polls of workers wait on their own event, set only when they got a task:
+        # waking a thousand polls on every change of anything would swamp the database
+        self._worker_events: dict[str, asyncio.Event] = {}
+        self._heartbeats: list[tuple[str, list[str], asyncio.Future[HeartbeatReply]]] = []
+        self._heartbeat_writer: asyncio.Task[None] | None = None
+
+        def _assigned(worker_ids: set[str]) -> None:
+            loop = self._loop
+            if loop is not None and not loop.is_closed():
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self._wake_workers, worker_ids)
+
+        control.on_assigned = _assigned
+
+    def _wake_workers(self, worker_ids: set[str]) -> None:
+        for wid in worker_ids:
+            event = self._worker_events.get(wid)
+            if event is not None:
+                event.set()
+
+    async def heartbeat(self, worker_id: str, running: list[str]) -> HeartbeatReply:
+        """Record a heartbeat; heartbeats that arrive while one batch is being written are
+        written together in the next, in one transaction (see ``ControlPlane.heartbeats``)."""
+        future: asyncio.Future[HeartbeatReply] = asyncio.get_running_loop().create_future()
+        self._heartbeats.append((worker_id, running, future))
+        if self._heartbeat_writer is None or self._heartbeat_writer.done():
+            self._heartbeat_writer = asyncio.create_task(self._write_heartbeats())
+        return await future
+
+    async def _write_heartbeats(self) -> None:
+        while self._heartbeats:
+            batch, self._heartbeats = self._heartbeats, []
+            reports = {wid: running for wid, running, _ in batch}
+            try:
+                replies = await run_in_threadpool(self.control.heartbeats, reports)
+            except Exception as exc:  # each waiting request answers with the error
+                for _, _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for wid, _, future in batch:
+                if not future.done():
+                    future.set_result(replies[wid])
+
+    def arm(self, worker_id: str) -> asyncio.Event:
+        """A fresh event set when this server next assigns ``worker_id`` a task. Arm it
+        before looking at the database, so an assignment in between is not missed."""
+        event = self._worker_events[worker_id] = asyncio.Event()
+        return event
 
     def _wake(self) -> None:
         if self._changed is not None:
@@ -537,7 +588,7 @@ async def reregister_worker(server: Server, request: Request, tok: TokenInfo, bo
     body=HeartbeatBody)
 async def heartbeat(server: Server, request: Request, tok: TokenInfo, body: HeartbeatBody) -> Response:
     wid = request.path_params["worker_id"]
-    reply: HeartbeatReply = await run_in_threadpool(server.control.heartbeat, wid, body.running)
+    reply = await server.heartbeat(wid, body.running)
     return _json(_dump(reply))
 
 
@@ -549,11 +600,15 @@ async def poll_tasks(server: Server, request: Request, tok: TokenInfo) -> Respon
     wait = _q_float(request, "wait", 0.0, lo=0, hi=MAX_LONG_POLL)
     deadline = time.monotonic() + wait
     while True:
+        assigned = server.arm(wid)
         out: list[TaskAssignment] = await run_in_threadpool(server.control.poll, wid, 0.0)
         remaining = deadline - time.monotonic()
         if out or remaining <= 0 or await request.is_disconnected():
             return _json([_dump(a) for a in out])
-        await server.changed(min(remaining, 1.0))
+        # woken at once by this server's assignments; another server sharing the database
+        # is noticed at the next look, at most POLL_RECHECK seconds later
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(assigned.wait(), min(remaining, POLL_RECHECK))
 
 
 @op("POST", "/v1/workers/{worker_id}/drain", ("worker", "admin"), "Take no new work")

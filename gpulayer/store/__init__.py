@@ -24,7 +24,6 @@ from typing import Any
 
 from sqlalchemy import Engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.pool import NullPool
 from sqlmodel import Session, SQLModel, create_engine
 
 from gpulayer import config
@@ -107,8 +106,9 @@ class Store:
             path = make_url(self.url).database
             if path and path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
+            # pooled: opening a connection (and its PRAGMAs) cost more than a heartbeat's work
             engine = create_engine(
-                self.url, poolclass=NullPool,
+                self.url, pool_size=16, max_overflow=48, pool_timeout=60,
                 connect_args={"check_same_thread": False, "timeout": 30},
             )
 
