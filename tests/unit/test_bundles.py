@@ -555,27 +555,10 @@ def test_failed_extraction_leaves_no_partial_folder(tmp_path: Path) -> None:
 # CLI
 
 
-def _bundle_cli_module():
-    try:
-        from gpulayer.cli import bundle as bundle_cli
-    except Exception:  # test_cli_registered_in_main_app reports a broken package
-        # the package's __init__ wires every command group; while a sibling group is broken,
-        # load this one on its own (it needs nothing from the package)
-        import importlib.util
-
-        import gpulayer
-
-        path = Path(gpulayer.__file__).parent / "cli" / "bundle.py"
-        spec = importlib.util.spec_from_file_location("_gpulayer_cli_bundle", path)
-        assert spec and spec.loader
-        bundle_cli = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bundle_cli)
-    return bundle_cli
-
-
 @pytest.fixture
 def cli() -> typer.Typer:
-    bundle_cli = _bundle_cli_module()
+    from gpulayer.cli import bundle as bundle_cli
+
     app = typer.Typer()
 
     @app.callback()
@@ -635,10 +618,8 @@ def test_cli_inspect_over_limit(cli: typer.Typer, project: Path,
 
 
 def test_cli_registered_in_main_app(project: Path) -> None:
-    try:
-        from gpulayer.cli import app
-    except ImportError as exc:  # the rest of the CLI is being written alongside
-        pytest.skip(f"gpulayer.cli not importable yet: {exc}")
+    from gpulayer.cli import app
+
     result = CliRunner().invoke(app, ["bundle", "inspect", str(project), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["digest"] == build_bundle(project).digest
