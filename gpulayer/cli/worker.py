@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from typing import Any, Optional
 
 import typer
@@ -61,26 +60,7 @@ def worker_start(
     record = agent.start()
     typer.echo(f"worker {record.id} ({record.name}) serving {record.target} jobs: "
                f"{len(caps.devices)} device(s), {agent.cpu_slots} CPU slot(s)", err=True)
-    agent._stopping.clear()
-    _serve(agent)
-
-
-def _serve(agent: Any) -> None:
-    import signal
-
-    def _on_signal(signum: int, _frame: Any) -> None:
-        typer.echo(f"worker: {signal.Signals(signum).name}, draining (grace {agent.grace:.0f}s)", err=True)
-        agent._stopping.set()
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
-    last_busy = time.monotonic()
-    while not agent._stopping.wait(0.5):
-        if agent.running_tasks:
-            last_busy = time.monotonic()
-        elif agent.idle_exit is not None and time.monotonic() - last_busy > agent.idle_exit:
-            break
-    agent.stop()
+    agent.run_forever()
     typer.echo("worker: stopped", err=True)
 
 

@@ -170,11 +170,13 @@ class Agent:
         return record
 
     def run_forever(self) -> None:
-        """Start, then serve until SIGINT/SIGTERM (or idle_exit), then drain and stop."""
-        self.start()
+        """Start (unless started), serve until SIGINT/SIGTERM or ``idle_exit`` idle seconds,
+        then drain and stop."""
+        if self.worker_id is None:
+            self.start()
 
         def _on_signal(signum: int, _frame: Any) -> None:
-            log.info("signal %s: draining", signal.Signals(signum).name)
+            log.warning("%s: draining (grace %g s)", signal.Signals(signum).name, self.grace)
             self._stopping.set()
 
         signal.signal(signal.SIGTERM, _on_signal)
