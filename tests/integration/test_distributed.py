@@ -427,3 +427,12 @@ def test_two_by_two_all_reduce_through_a_server_with_remote_workers(
         for p in workers:
             stop_proc(p)
         srv.stop()
+
+
+def test_cli_submit_runs_a_distributed_job_and_prefixes_each_node(cluster: Cluster) -> None:
+    proc = cli("submit", "--nodes", "2", "--nproc-per-node", "1", "--timeout", "120",
+               "--bundle", str(cluster.project), "--", "allreduce.py", timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    lines = rank_lines(proc.stdout)
+    assert sorted((d["_node_prefix"], d["rank"]) for d in lines) == [(0, 0), (1, 1)], proc.stdout
+    assert all(d["sum"] == 3.0 and d["world_size"] == 2 for d in lines)
