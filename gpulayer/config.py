@@ -26,7 +26,8 @@ def home() -> Path:
     """The state directory, created on first use."""
     raw = os.environ.get("GPULAYER_HOME") or str(Path.home() / ".gpulayer")
     path = Path(raw).expanduser().resolve()
-    path.mkdir(parents=True, exist_ok=True)
+    # owner only: it holds the database (job specs, code, logs, results) and tokens
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
 
 

@@ -32,7 +32,9 @@ from typing import Any
 
 import psutil
 from pydantic import BaseModel, TypeAdapter
+from sqlalchemy import select as sa_select
 from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from gpulayer import bundles as _bundles
@@ -188,6 +190,7 @@ class ControlPlane:
                 self._settle_job(s, row, now)
             s.add(row)
             self._event(s, "cancel_requested", job_id=job_id)
+        self.schedule()  # devices of cancelled unstarted tasks are free for queued jobs
         self._notify()
         return self.get_job(job_id)
 
@@ -227,10 +230,13 @@ class ControlPlane:
     def put_bundle(self, digest: str, data: bytes) -> bool:
         """Store a bundle; False when that address was already stored. Verifies the content."""
         _bundles.verify_digest(data, digest)
-        with self.store.write(lock=False) as s:
-            if s.get(BundleRow, digest) is not None:
-                return False
-            s.add(BundleRow(digest=digest, size=len(data), data=data, created_at=self.clock()))
+        try:
+            with self.store.write(lock=False) as s:
+                if s.get(BundleRow, digest) is not None:
+                    return False
+                s.add(BundleRow(digest=digest, size=len(data), data=data, created_at=self.clock()))
+        except IntegrityError:
+            return False  # the same content, uploaded concurrently by someone else
         return True
 
     def get_bundle(self, digest: str) -> bytes:
@@ -307,12 +313,19 @@ class ControlPlane:
     def heartbeats(self, reports: dict[str, list[str]]) -> dict[str, HeartbeatReply]:
         """Many workers' heartbeats (worker id -> the task ids it runs) in one transaction.
 
+        The reply tells each worker which of its tasks to end: tasks that already ended
+        here, tasks of a cancelled job, and tasks of an attempt that another node of the
+        group has already failed. A task this control plane thinks is running but that its
+        (alive) worker no longer reports is lost: its report went missing.
+
         The hottest call of a large fleet, so the server batches what arrives together and
         this uses plain statements, not ORM objects.
         """
         now = self.clock()
         replies: dict[str, HeartbeatReply] = {}
         ids = list(reports)
+        bad_states = [TaskState.FAILED.value, TaskState.TIMED_OUT.value, TaskState.LOST.value,
+                      TaskState.CANCELLED.value]
         with self.store.write(lock=False) as s:
             known = dict(s.execute(select(WorkerRow.id, WorkerRow.online).where(col(WorkerRow.id).in_(ids))).all())
             if known:
@@ -320,10 +333,25 @@ class ControlPlane:
                           [{"now": now, "yes": True, "id": wid} for wid in known])
             running = {t for wid in known for t in reports[wid]}
             rows = s.execute(
-                select(TaskRow.id, TaskRow.state, TaskRow.worker_id, JobRow.cancel_requested)
+                sa_select(*(col(c) for c in (
+                    TaskRow.id, TaskRow.state, TaskRow.worker_id, TaskRow.job_id, TaskRow.attempt,
+                    JobRow.cancel_requested, JobRow.state, JobRow.attempt)))
                 .join(JobRow, col(JobRow.id) == col(TaskRow.job_id), isouter=True)
                 .where(col(TaskRow.id).in_(running))
             ).all() if running else []
+            job_ids = {r[3] for r in rows}
+            doomed = set(s.execute(
+                select(TaskRow.job_id, TaskRow.attempt)
+                .where(col(TaskRow.job_id).in_(job_ids), col(TaskRow.state).in_(bad_states))
+            ).all()) if job_ids else set()
+            unreported = [
+                task_id for task_id, wid in s.execute(
+                    select(TaskRow.id, TaskRow.worker_id).where(
+                        col(TaskRow.worker_id).in_(list(known)), TaskRow.state == TaskState.RUNNING.value,
+                        col(TaskRow.started_at) < now - 2 * self.heartbeat_timeout)
+                ).all()
+                if task_id not in reports[wid]
+            ] if known else []
         tasks = {r[0]: r for r in rows}
         for wid in ids:
             if wid not in known:
@@ -332,16 +360,39 @@ class ControlPlane:
             cancel = []
             for task_id in reports[wid]:
                 row = tasks.get(task_id)
-                if row is None or TaskState(row[1]).terminal or row[2] != wid or row[3]:
+                if row is None:
+                    cancel.append(task_id)
+                    continue
+                _, state, owner, job_id, attempt, cancel_requested, job_state, job_attempt = row
+                if (TaskState(state).terminal or owner != wid or cancel_requested
+                        or job_state not in (JobState.ASSIGNED.value, JobState.RUNNING.value)
+                        or attempt != job_attempt or (job_id, attempt) in doomed):
                     cancel.append(task_id)
             replies[wid] = HeartbeatReply(known=True, cancel=sorted(cancel))
-        if not all(known.values()):
-            self.schedule()  # a worker came back: jobs waiting for it may be placed now
+        if unreported:
+            self._lose_unreported(unreported, now)
+        if not all(known.values()) or unreported:
+            self.schedule()  # a worker came back, or devices were freed
         # every worker's heartbeat would otherwise rescan the fleet; once per third of the
         # timeout is enough to notice a silent worker in time
         if time.monotonic() - self._last_expiry > self.heartbeat_timeout / 3:
             self.expire_workers()
         return replies
+
+    def _lose_unreported(self, task_ids: list[str], now: float) -> None:
+        with self.store.write() as s:
+            for task_id in task_ids:
+                why = "its worker no longer reports it running (the final report was lost)"
+                if transition_task(s, task_id, TaskState.LOST, ended_at=now,
+                                   error=json.dumps({"type": "lost", "message": why})):
+                    task = s.get(TaskRow, task_id, populate_existing=True)
+                    if task is None:
+                        continue
+                    self._event(s, "task_lost", job_id=task.job_id, task_id=task_id,
+                                worker_id=task.worker_id, message=why)
+                    job = s.get(JobRow, task.job_id)
+                    if job is not None:
+                        self._settle_job(s, job, now)
 
     def set_draining(self, worker_id: str) -> None:
         """The worker takes no new work; what it runs now may finish."""
@@ -388,8 +439,13 @@ class ControlPlane:
             return []
         with self.store.write() as s:
             for wid in stale:
-                row = s.get(WorkerRow, wid)
+                # look again inside the write: a heartbeat may have come in since the read
+                # (FOR UPDATE: on PostgreSQL heartbeats do not take the writers' lock)
+                row = s.get(WorkerRow, wid, with_for_update=not self.store.is_sqlite, populate_existing=True)
                 if row is None or not row.online:
+                    continue
+                pid_gone = row.origin == "local" and row.hostname == here and row.pid and not _pid_alive(row.pid)
+                if row.last_heartbeat >= cutoff and not pid_gone:
                     continue
                 row.online = False
                 s.add(row)
@@ -612,8 +668,14 @@ class ControlPlane:
     def _settle_job(
         self, s: Session, job: JobRow, now: float, failed_error: dict[str, Any] | None = None,
     ) -> None:
-        """Derive the job's state from its current attempt's tasks (one group, one fate)."""
-        if JobState(job.state).terminal:
+        """Derive the job's state from its current attempt's tasks (one group, one fate).
+
+        When one node of the attempt fails (or is lost, times out, is cancelled), the nodes
+        that never started are cancelled here, and the running ones stay ``running`` until
+        their workers have ended them (heartbeats tell them to): their devices are busy
+        until then. The job's fate is decided once the whole group is down.
+        """
+        if JobState(job.state).terminal or job.state == JobState.QUEUED.value:
             return
         s.flush()
         tasks = self._tasks(s, job.id, job.attempt)
@@ -623,13 +685,18 @@ class ControlPlane:
         bad = [t for t in tasks if TaskState(t.state) in
                (TaskState.FAILED, TaskState.TIMED_OUT, TaskState.LOST, TaskState.CANCELLED)]
         if bad:
-            # One node down ends the group: the others are cancelled (their workers end them).
             for t in tasks:
-                if not TaskState(t.state).terminal:
+                if t.state == TaskState.ASSIGNED.value:
                     transition_task(s, t.id, TaskState.CANCELLED, ended_at=now,
                                     error=json.dumps({"type": "cancelled",
                                                       "message": "another node of the job ended"}))
-            first = bad[0]
+            if any(t.state == TaskState.RUNNING.value for t in self._tasks(s, job.id, job.attempt)):
+                job.state = JobState.RUNNING.value  # the rest of the group is being ended
+                job.updated_at = now
+                s.add(job)
+                return
+            # the root cause, not the nodes cancelled because of it
+            first = next((t for t in bad if t.state != TaskState.CANCELLED.value), bad[0])
             first_state = TaskState(first.state)
             error = failed_error or (json.loads(first.error) if first.error else None)
             if job.cancel_requested:

@@ -108,6 +108,10 @@ def _pinned_context(url: str, pin: str) -> ssl.SSLContext:
 
 def tls_verify(url: str, ca: str | None) -> ssl.SSLContext | bool:
     if not url.startswith("https://"):
+        if ca:  # a pin or CA asks for TLS: never send tokens in clear text instead
+            raise InvalidInput(
+                f"--ca / GPULAYER_CA is set but {url} is not an https:// URL; use https:// "
+                "(or unset GPULAYER_CA for a plain-HTTP server on loopback)")
         return True
     if ca and ca.lower().startswith("sha256:"):
         return _pinned_context(url, ca)

@@ -177,6 +177,11 @@ def function_reference(fn: Callable[..., Any]) -> tuple[str, str | None]:
     module = fn.__module__
     mod = sys.modules.get(module)
     file = getattr(mod, "__file__", None)
+    spec = getattr(mod, "__spec__", None)
+    if module == "__main__" and spec is not None and spec.name not in ("__main__", None):
+        # run as `python -m pkg.mod` (or `-m pkg`, spec name `pkg.__main__`): the worker
+        # imports it by that name, from the directory above the top-level package
+        module = spec.name
     if module == "__main__":
         if not file:
             raise InvalidArgument(

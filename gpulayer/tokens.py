@@ -18,6 +18,7 @@ with :class:`~gpulayer.errors.AuthError` (401) whose message says which.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import secrets
@@ -26,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import text
 from sqlmodel import col, select
 
 from gpulayer.errors import AuthError, InvalidInput, NotFound
@@ -149,10 +151,20 @@ class TokenStore:
                 raise AuthError(f"token {row.id} expired at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(row.expires_at))}")
             if row.uses_left is not None and row.uses_left <= 0:
                 raise AuthError(f"token {row.id} is used up")
-            if consume and row.uses_left is not None:
-                row.uses_left -= 1
-                s.add(row)
             info = _info(row)
+            if consume and row.uses_left is not None:
+                # a conditional decrement in SQL, never a value computed here and written
+                # back: two joins racing on the last use cannot both get it (PostgreSQL
+                # writers here take no shared lock). The ORM row is left untouched so that
+                # no flush writes a stale count over it.
+                s.expunge(row)
+                spent = s.execute(
+                    text("UPDATE gl_tokens SET uses_left = uses_left - 1 WHERE id = :id AND uses_left > 0"),
+                    {"id": info.id},
+                )
+                if spent.rowcount != 1:  # type: ignore[attr-defined]
+                    raise AuthError(f"token {info.id} is used up")
+                info = dataclasses.replace(info, uses_left=(info.uses_left or 1) - 1)
         if not consume and info.scope in ("admin", "client", "worker"):
             with self._lock:
                 if len(self._cache) > 10_000:

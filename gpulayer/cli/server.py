@@ -33,9 +33,9 @@ def _is_loopback(host: str) -> bool:
 def _write_private(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # before writing: an existing file keeps its old mode on O_TRUNC
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
-    os.chmod(path, 0o600)
 
 
 def self_signed(host: str, directory: Path) -> tuple[Path, Path]:

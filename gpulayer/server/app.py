@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import anyio.to_thread
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -96,8 +96,15 @@ class FinishBody(_Body):
 class TokenBody(_Body):
     scope: Literal["admin", "client", "join", "bootstrap"]
     ttl: float | None = Field(default=None, gt=0, le=10 * 365 * 86400, description="seconds")
-    uses: int | None = Field(default=None, ge=1, le=10**9)
+    uses: int | None = Field(default=None, ge=1, le=10**9, description="join tokens only")
     description: str = Field(default="", max_length=500)
+
+    @model_validator(mode="after")
+    def _uses_for_join_only(self) -> TokenBody:
+        if self.uses is not None and self.scope != "join":
+            raise ValueError(f"uses: only join tokens have a number of uses (bootstrap tokens have one); "
+                             f"a {self.scope} token is limited by ttl or revocation")
+        return self
 
 
 # ---------------------------------------------------------------------------------- metrics
@@ -376,6 +383,8 @@ async def _parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
         data = json.loads(raw) if raw.strip() else None
     except (ValueError, UnicodeDecodeError) as exc:
         raise _BadRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise _BadRequest("request body is not acceptable JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise _BadRequest(f"request body: expected a JSON object, got {type(data).__name__ if data is not None else 'nothing'}")
     try:

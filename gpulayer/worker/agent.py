@@ -16,6 +16,7 @@ import codecs
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpulayer import bundles, config, plugins
-from gpulayer.errors import Conflict, ConnectionFailed, GpulayerError, NotFound
+from gpulayer.errors import Conflict, ConnectionFailed, GpulayerError, InvalidInput, NotFound
 from gpulayer.types import Capabilities, TaskState, WorkerRecord
 
 log = logging.getLogger("gpulayer.worker")
@@ -57,6 +58,8 @@ class _LogBuffer:
         self._send = send
         self._interval = interval
         self._lock = threading.Lock()
+        # taken from taking chunks to having sent them, so chunks arrive in order
+        self._send_lock = threading.Lock()
         self._pending: list[tuple[str, str]] = []
         self._decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in ("stdout", "stderr")}
         self._size = 0
@@ -72,40 +75,49 @@ class _LogBuffer:
                 self.flush()
 
     def close(self) -> None:
+        """Stop the ticker and ship everything, including a character cut off at the end."""
         self._closed.set()
         self._ticker.join(5)
-        self.flush()
-
-    def write(self, stream: str, data: bytes) -> None:
-        text = self._decoders.setdefault(stream, codecs.getincrementaldecoder("utf-8")("replace")).decode(data)
-        self.add(stream, text)
-
-    def add(self, stream: str, text: str) -> None:
-        if not text:
-            return
-        with self._lock:
-            if self._pending and self._pending[-1][0] == stream:
-                self._pending[-1] = (stream, self._pending[-1][1] + text)
-            else:
-                self._pending.append((stream, text))
-            self._size += len(text)
-            due = self._size > 64_000 or time.monotonic() - self._last >= self._interval
-        if due:
-            self.flush()
-
-    def flush(self) -> None:
         with self._lock:
             for stream, dec in self._decoders.items():
                 tail = dec.decode(b"", final=True)
                 if tail:
-                    self._pending.append((stream, tail))
-            chunks, self._pending, self._size = self._pending, [], 0
-            self._last = time.monotonic()
-        if chunks:
-            try:
-                self._send(chunks)
-            except GpulayerError as exc:  # logs are best effort; the result is what counts
-                log.warning("could not ship %d log chunk(s): %s", len(chunks), exc)
+                    self._append(stream, tail)
+        self.flush()
+
+    def write(self, stream: str, data: bytes) -> None:
+        with self._lock:
+            # a multi-byte character split across two reads stays in the decoder until
+            # its other half arrives
+            dec = self._decoders.setdefault(stream, codecs.getincrementaldecoder("utf-8")("replace"))
+            self._append(stream, dec.decode(data))
+            due = self._size > 64_000 or time.monotonic() - self._last >= self._interval
+        if due:
+            self.flush()
+
+    def add(self, stream: str, text: str) -> None:
+        with self._lock:
+            self._append(stream, text)
+
+    def _append(self, stream: str, text: str) -> None:
+        if not text:
+            return
+        if self._pending and self._pending[-1][0] == stream:
+            self._pending[-1] = (stream, self._pending[-1][1] + text)
+        else:
+            self._pending.append((stream, text))
+        self._size += len(text)
+
+    def flush(self) -> None:
+        with self._send_lock:
+            with self._lock:
+                chunks, self._pending, self._size = self._pending, [], 0
+                self._last = time.monotonic()
+            if chunks:
+                try:
+                    self._send(chunks)
+                except Exception as exc:  # logs are best effort; the result is what counts
+                    log.warning("could not ship %d log chunk(s): %s", len(chunks), exc)
 
 
 class Agent:
@@ -230,15 +242,15 @@ class Agent:
             try:
                 reply = self.api.heartbeat(self.worker_id, self.running_tasks)
                 backoff = self.heartbeat_interval
-            except ConnectionFailed as exc:
-                backoff = min(backoff * 2, 10.0)
-                log.warning("heartbeat failed (%s); retrying in %.1f s", exc, backoff)
+            except Exception as exc:  # whatever went wrong, this thread must keep beating
+                backoff = min(max(backoff, 0.5) * 2, 10.0)
+                log.warning("heartbeat failed (%s: %s); retrying in %.1f s", type(exc).__name__, exc, backoff)
                 continue
             if not reply.known and not self._stopping.is_set():
                 log.warning("control plane does not know this worker; registering again")
                 try:
                     self._register()
-                except GpulayerError as exc:
+                except Exception as exc:
                     log.warning("re-register failed: %s", exc)
                 continue
             with self._lock:
@@ -259,8 +271,8 @@ class Agent:
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
                 continue
-            except GpulayerError as exc:
-                log.warning("poll failed: %s", exc)
+            except Exception as exc:  # keep serving; the control plane may be back in a moment
+                log.warning("poll failed (%s: %s)", type(exc).__name__, exc)
                 self._stopping.wait(1.0)
                 continue
             for a in assignments:
@@ -298,23 +310,40 @@ class Agent:
                 self._threads.pop(a.task_id, None)
                 self._last_busy = time.monotonic()
 
+    #: how long a worker keeps trying to deliver a task's final report
+    report_for = 600.0
+
     def _report(self, task_id: str, outcome: dict[str, Any]) -> None:
+        """Deliver the outcome, retrying through outages. While this runs the task stays in
+        the heartbeat's running list; one that gives up is found lost by the control plane."""
         assert self.worker_id is not None
         delay = 0.5
+        deadline = time.monotonic() + self.report_for
         while True:
             try:
                 self.api.finish_task(task_id, self.worker_id, outcome["state"],
                                      exit_code=outcome.get("exit_code"), result=outcome.get("result"),
                                      error=outcome.get("error"))
                 return
-            except ConnectionFailed as exc:
-                # keep the outcome until the control plane is back, then report it
-                log.warning("reporting %s failed (%s); retrying in %.1f s", task_id, exc, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 10.0)
             except (Conflict, NotFound) as exc:
                 log.info("report for %s refused: %s", task_id, exc)
                 return
+            except InvalidInput as exc:
+                if outcome.get("result") is None and outcome["state"] is TaskState.FAILED:
+                    log.error("report for %s refused: %s", task_id, exc)
+                    return
+                # e.g. a result too large to store: the task fails, saying why
+                outcome = {"state": TaskState.FAILED, "exit_code": outcome.get("exit_code"),
+                           "error": {"type": "report_refused", "message": f"the task's report was refused: {exc}"}}
+                continue
+            except Exception as exc:  # the control plane is away or failing: keep the outcome
+                if time.monotonic() > deadline:
+                    log.error("giving up reporting %s after %.0f s: %s", task_id, self.report_for, exc)
+                    return
+                log.warning("reporting %s failed (%s: %s); retrying in %.1f s", task_id,
+                            type(exc).__name__, exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
 
     def _workdir(self, a: Any) -> Path:
         digest = a.spec.bundle_digest
@@ -353,27 +382,34 @@ class Agent:
         return env
 
     def _execute(self, a: Any, cancel: threading.Event) -> dict[str, Any]:
+        logbuf = _LogBuffer(lambda chunks: self.api.append_logs(a.task_id, self.worker_id or "", chunks))
+        scratch = config.home() / "tasks" / a.task_id
+        try:
+            with tempfile.TemporaryDirectory(prefix="gpulayer-task-") as private:
+                return self._run(a, cancel, logbuf, Path(private))
+        finally:
+            logbuf.close()
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _run(self, a: Any, cancel: threading.Event, logbuf: _LogBuffer, private: Path) -> dict[str, Any]:
+        """Prepare the task's directory, environment and command; run it; read its outcome."""
         from gpulayer.worker.process import run_process
 
-        logbuf = _LogBuffer(lambda chunks: self.api.append_logs(a.task_id, self.worker_id or "", chunks))
         try:
             workdir = self._workdir(a)
-        except GpulayerError as exc:
+        except (GpulayerError, OSError) as exc:
             logbuf.add("stderr", f"gpulayer: could not prepare the source bundle: {exc}\n")
-            logbuf.close()
             return {"state": TaskState.FAILED, "error": {"type": "bundle", "message": str(exc)}}
         env = self.task_env(a, workdir)
         spec = a.spec
         result_path: Path | None = None
-        tmpdir = None
         if spec.kind == "command":
             argv = list(spec.command)
             if argv and argv[0] == "python":  # "python" is the worker's job Python, not PATH's
                 argv[0] = self.python
         elif spec.kind == "function":
-            tmpdir = tempfile.TemporaryDirectory(prefix="gpulayer-fn-")
-            spec_path = Path(tmpdir.name) / "spec.json"
-            result_path = Path(tmpdir.name) / "result.json"
+            spec_path = private / "spec.json"
+            result_path = private / "result.json"
             spec_path.write_text(json.dumps({"function": spec.function, "args": spec.args,
                                              "kwargs": spec.kwargs}))
             argv = [spec.python or self.python, RUNNER_PATH, str(spec_path), str(result_path)]
@@ -384,18 +420,14 @@ class Agent:
                 msg = (f"launcher {spec.launcher!r} is not installed on this worker "
                        f"(installed: {', '.join(sorted(launchers)) or 'none'})")
                 logbuf.add("stderr", f"gpulayer: {msg}\n")
-                logbuf.close()
                 return {"state": TaskState.FAILED, "error": {"type": "launcher", "message": msg}}
             cmd = launcher.build(spec, a.rendezvous, a.node_rank, self.python)
             argv = list(cmd.argv)
             env.update(cmd.env)
         else:  # pragma: no cover - the spec union is closed
             raise AssertionError(spec.kind)
-        try:
-            outcome = run_process(argv, env=env, cwd=str(workdir), on_output=logbuf.write,
-                                  timeout=spec.timeout, cancel=cancel, grace=self.kill_grace)
-        finally:
-            logbuf.close()
+        outcome = run_process(argv, env=env, cwd=str(workdir), on_output=logbuf.write,
+                              timeout=spec.timeout, cancel=cancel, grace=self.kill_grace)
         state = TaskState(outcome.state)
         if state is TaskState.CANCELLED and a.task_id in self._shutdown_ended:
             # ended because this worker is stopping, not because anyone cancelled the job:
@@ -418,6 +450,4 @@ class Agent:
             elif state is TaskState.SUCCEEDED:
                 report["state"] = TaskState.FAILED
                 report["error"] = {"type": "runner", "message": "the function runner wrote no result"}
-        if tmpdir is not None:
-            tmpdir.cleanup()
         return report

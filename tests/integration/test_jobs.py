@@ -339,3 +339,36 @@ def test_detached_job_without_a_worker_gets_a_background_worker(home: Path) -> N
             if w.pid and psutil.pid_exists(w.pid):
                 os.kill(w.pid, signal.SIGTERM)
                 psutil.Process(w.pid).wait(30)
+
+
+def test_functions_of_modules_run_with_python_dash_m(home: Path, tmp_path: Path) -> None:
+    pkg = tmp_path / "proj" / "mypkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helper.py").write_text("def twice(x):\n    return 2 * x\n")
+    (pkg / "cli.py").write_text(textwrap.dedent("""
+        import gpulayer as gl
+        from . import helper
+
+        @gl.remote
+        def f(x):
+            return helper.twice(x)
+
+        if __name__ == "__main__":
+            print(f.function, f.remote(21).result(timeout=60))
+    """))
+    (pkg / "__main__.py").write_text(textwrap.dedent("""
+        import gpulayer as gl
+
+        @gl.remote
+        def g(x):
+            return x + 1
+
+        if __name__ == "__main__":
+            print(g.function, g.remote(1).result(timeout=60))
+    """))
+    for module, expected in (("mypkg.cli", "mypkg.cli:f 42"), ("mypkg", "mypkg.__main__:g 2")):
+        proc = subprocess.run([sys.executable, "-m", module], cwd=tmp_path / "proj", capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip().splitlines()[-1] == expected

@@ -398,3 +398,25 @@ def test_fuzz_no_5xx(server: ServerProc, admin: Api, tokens: dict[str, Any]) -> 
             assert r.status_code < 500, (method, url, kw, r.status_code, r.text)
     assert count > 100
     assert "Traceback" not in server.log()
+
+
+def test_review_findings_on_bad_input(server: ServerProc, admin: Api) -> None:
+    # deeply nested JSON is bad input (400), not a 500
+    r = admin("POST", "/v1/jobs", content=b"[" * 100_000 + b"]" * 100_000,
+              headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert "nested too deeply" in r.json()["error"]["message"]
+    # a number of uses means something only for join tokens
+    r = admin("POST", "/v1/tokens", json={"scope": "client", "uses": 1})
+    assert r.status_code == 422, r.text
+    assert "only join tokens have a number of uses" in r.json()["error"]["message"]
+
+
+def test_a_pin_or_ca_with_a_plain_http_url_is_refused() -> None:
+    from gpulayer.errors import InvalidInput
+    from gpulayer.http_client import tls_verify
+
+    for ca in ("sha256:AB:CD", "/etc/ssl/certs/ca.pem"):
+        with pytest.raises(InvalidInput, match="not an https:// URL"):
+            tls_verify("http://10.0.0.5:8765", ca)
+    assert tls_verify("http://127.0.0.1:8765", None) is True

@@ -80,3 +80,33 @@ def test_two_servers_on_one_database_never_assign_a_task_twice(postgres_url: str
             stop_proc(w, signal.SIGKILL)
         s1.stop()
         s2.stop()
+
+
+def test_a_single_use_token_joins_once_under_concurrent_joins(postgres_url: str, tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from tests.factories import make_capabilities
+
+    s1 = ServerProc(tmp_path / "s1", database=postgres_url).start()
+    s2 = ServerProc(tmp_path / "s2", database=postgres_url).start()
+    try:
+        admin = Api(s1.url, s1.admin_token)
+        caps = make_capabilities().model_dump(mode="json")
+        for scope, body, allowed in (("bootstrap", {}, 1), ("join", {"uses": 3}, 3)):
+            secret = admin.token_for(scope, **body)["token"]
+
+            def join(i: int, secret: str = secret) -> int:
+                url = (s1.url, s2.url)[i % 2]  # two servers on one database, racing
+                r = httpx.post(f"{url}/v1/workers/join", headers={"authorization": f"Bearer {secret}"},
+                               json={"capabilities": caps, "name": f"racer{i}", "cpu_slots": 1}, timeout=60)
+                return r.status_code
+
+            with ThreadPoolExecutor(max_workers=16) as pool:
+                codes = list(pool.map(join, range(16)))
+            assert sorted(codes) == [201] * allowed + [401] * (16 - allowed) or \
+                sorted(codes) == [200] * allowed + [401] * (16 - allowed), (scope, codes)
+    finally:
+        s1.stop()
+        s2.stop()

@@ -365,3 +365,65 @@ class Lifecycle(RuleBasedStateMachine):
 TestLifecycle = Lifecycle.TestCase
 TestLifecycle.settings = settings(max_examples=12, stateful_step_count=20, deadline=None,
                                   suppress_health_check=[HealthCheck.too_slow])
+
+
+# --------------------------------------------------------------------------- found in review
+
+
+def test_a_failed_node_keeps_its_siblings_devices_busy_until_they_have_ended(cp: ControlPlane) -> None:
+    from gpulayer.types import DistributedJob
+
+    w1 = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    w2 = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    gang = cp.submit(DistributedJob(nodes=2, entry="train.py", requirements=Requirements(accelerator="cuda")))
+    tasks = {w: cp.poll(w)[0] for w in (w1.id, w2.id)}
+    for w, a in tasks.items():
+        cp.start_task(a.task_id, w)
+    waiting = cp.submit(gpu_job(placement=Placement(on_unschedulable="wait")))
+    failed_node = next(w for w, a in tasks.items() if a.node_rank == 1)
+    other = w1.id if failed_node == w2.id else w2.id
+    cp.finish_task(tasks[failed_node].task_id, failed_node, TaskState.FAILED, exit_code=1)
+    # the other node still runs: its GPU is not handed out, and the job is not decided yet
+    assert cp.get_job(gang.id).state is JobState.RUNNING
+    assert [a.job_id for a in cp.poll(other)] == []
+    assert cp.heartbeat(other, [tasks[other].task_id]).cancel == [tasks[other].task_id]
+    cp.finish_task(tasks[other].task_id, other, TaskState.CANCELLED, exit_code=-15)
+    done = cp.get_job(gang.id)
+    assert done.state is JobState.FAILED  # the root cause, not the cancelled sibling
+    assert sorted(t.state.value for t in done.tasks) == ["cancelled", "failed"]
+    assert cp.get_job(waiting.id).state is JobState.ASSIGNED
+
+
+def test_a_running_task_its_worker_no_longer_reports_is_lost(cp: ControlPlane) -> None:
+    clock: Clock = cp.clock  # type: ignore[assignment]
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    job = cp.submit(gpu_job(retries=1))
+    [a] = cp.poll(w.id)
+    cp.start_task(a.task_id, w.id)
+    clock.now += 5
+    cp.heartbeat(w.id, [])  # within the grace: a report may be on its way
+    assert cp.get_job(job.id).tasks[0].state is TaskState.RUNNING
+    clock.now += 2 * cp.heartbeat_timeout
+    cp.heartbeat(w.id, [])
+    job = cp.get_job(job.id)
+    assert job.tasks[0].state is TaskState.LOST
+    assert job.attempt == 2 and job.tasks[1].state is TaskState.ASSIGNED  # retried
+
+
+def test_cancelling_an_assigned_job_lets_a_queued_one_run_at_once(cp: ControlPlane) -> None:
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    first = cp.submit(gpu_job())
+    second = cp.submit(gpu_job())
+    assert cp.get_job(second.id).state is JobState.QUEUED
+    cp.cancel(first.id)
+    assert [a.job_id for a in cp.poll(w.id)] == [second.id]
+
+
+def test_a_bundle_uploaded_twice_is_stored_once(cp: ControlPlane) -> None:
+    import hashlib
+
+    data = b"PK\x05\x06" + b"\x00" * 18
+    digest = hashlib.sha256(data).hexdigest()
+    assert cp.put_bundle(digest, data) is True
+    assert cp.put_bundle(digest, data) is False
+    assert cp.get_bundle(digest) == data

@@ -1,0 +1,87 @@
+"""The worker's log buffer: what a task writes reaches the control plane whole and in order."""
+
+from __future__ import annotations
+
+import threading
+
+from gpulayer.worker.agent import _LogBuffer
+
+
+def test_a_character_split_across_reads_arrives_whole() -> None:
+    sent: list[tuple[str, str]] = []
+    buf = _LogBuffer(sent.extend, interval=0.0)  # flush on every write
+    data = "ééééé€🙂".encode()
+    for i in range(len(data)):  # one byte per read: every character is split
+        buf.write("stdout", data[i:i + 1])
+    buf.close()
+    assert "".join(text for stream, text in sent if stream == "stdout") == "ééééé€🙂"
+
+
+def test_chunks_from_several_threads_keep_their_order_per_writer() -> None:
+    sent: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def send(chunks: list[tuple[str, str]]) -> None:
+        with lock:
+            sent.extend(chunks)
+
+    buf = _LogBuffer(send, interval=0.001)
+    lines = [f"line {i}\n".encode() for i in range(2000)]
+    for line in lines:
+        buf.write("stdout", line)
+    buf.close()
+    assert "".join(text for _, text in sent) == b"".join(lines).decode()
+
+
+def test_a_failing_send_does_not_break_the_task() -> None:
+    def send(chunks: list[tuple[str, str]]) -> None:
+        raise RuntimeError("control plane away")
+
+    buf = _LogBuffer(send, interval=0.0)
+    buf.write("stderr", b"lost but harmless\n")
+    buf.close()  # no exception
+
+
+def test_the_heartbeat_thread_survives_errors_of_any_kind() -> None:
+    import time
+
+    from gpulayer.control import HeartbeatReply
+    from gpulayer.errors import GpulayerError
+    from gpulayer.worker.agent import Agent
+    from tests.factories import make_capabilities, make_worker
+
+    class FlakyAPI:
+        def __init__(self) -> None:
+            self.beats = 0
+
+        def register_worker(self, capabilities, **kw):  # type: ignore[no-untyped-def]
+            return make_worker("wkr-000000000042")
+
+        def heartbeat(self, worker_id, running=None):  # type: ignore[no-untyped-def]
+            self.beats += 1
+            if self.beats == 1:
+                raise GpulayerError("internal error: the server answered 500")
+            if self.beats == 2:
+                raise RuntimeError("database is locked")
+            return HeartbeatReply(known=True)
+
+        def poll(self, worker_id, wait=0.0):  # type: ignore[no-untyped-def]
+            time.sleep(min(wait, 0.05))
+            return []
+
+        def set_draining(self, worker_id):  # type: ignore[no-untyped-def]
+            pass
+
+        def deregister_worker(self, worker_id):  # type: ignore[no-untyped-def]
+            pass
+
+    api = FlakyAPI()
+    agent = Agent(api, capabilities=make_capabilities(), heartbeat_interval=0.05)  # type: ignore[arg-type]
+    agent.start()
+    try:
+        deadline = time.monotonic() + 20
+        while api.beats < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        agent.stop(grace=0)
+    assert api.beats >= 4, "the heartbeat thread stopped after an error"
