@@ -95,7 +95,7 @@ async def fleet(url: str, join: str, n: int, seconds: float, interval: float, ca
             while time.monotonic() < stop:
                 try:
                     r = await http.get(f"/v1/workers/{wid}/tasks", headers=h,
-                                       params={"wait": min(5.0, max(0.0, stop - time.monotonic()))})
+                                       params={"wait": min(20.0, max(0.0, stop - time.monotonic()))})
                     r.raise_for_status()
                 except httpx.HTTPError:
                     errors += 1

@@ -114,6 +114,8 @@ class ControlPlane:
     on_assigned: Callable[[set[str]], None] | None = None
     _wakeup: threading.Condition = field(default_factory=threading.Condition)
     _last_expiry: float = 0.0
+    #: worker id -> (when, task ids it said it runs), from heartbeats this process received
+    _reports: dict[str, tuple[float, frozenset[str]]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ jobs
 
@@ -344,14 +346,8 @@ class ControlPlane:
                 select(TaskRow.job_id, TaskRow.attempt)
                 .where(col(TaskRow.job_id).in_(job_ids), col(TaskRow.state).in_(bad_states))
             ).all()) if job_ids else set()
-            unreported = [
-                task_id for task_id, wid in s.execute(
-                    select(TaskRow.id, TaskRow.worker_id).where(
-                        col(TaskRow.worker_id).in_(list(known)), TaskRow.state == TaskState.RUNNING.value,
-                        col(TaskRow.started_at) < now - 2 * self.heartbeat_timeout)
-                ).all()
-                if task_id not in reports[wid]
-            ] if known else []
+        for wid in known:  # what each worker says it runs, for the periodic reconciliation
+            self._reports[wid] = (now, frozenset(reports[wid]))
         tasks = {r[0]: r for r in rows}
         for wid in ids:
             if wid not in known:
@@ -369,15 +365,32 @@ class ControlPlane:
                         or attempt != job_attempt or (job_id, attempt) in doomed):
                     cancel.append(task_id)
             replies[wid] = HeartbeatReply(known=True, cancel=sorted(cancel))
-        if unreported:
-            self._lose_unreported(unreported, now)
-        if not all(known.values()) or unreported:
-            self.schedule()  # a worker came back, or devices were freed
+        if not all(known.values()):
+            self.schedule()  # a worker came back: jobs waiting for it may be placed now
         # every worker's heartbeat would otherwise rescan the fleet; once per third of the
-        # timeout is enough to notice a silent worker in time
-        if time.monotonic() - self._last_expiry > self.heartbeat_timeout / 3:
+        # timeout is enough to notice a silent worker (or a lost report) in time
+        if now - self._last_expiry > self.heartbeat_timeout / 3:
             self.expire_workers()
         return replies
+
+    def _reconcile(self, now: float) -> None:
+        """Running tasks that their worker, alive and reporting, no longer lists are lost:
+        their final report went missing. Only reports this process received count, and a
+        task must have started well before them (twice the heartbeat timeout)."""
+        recent = {wid: running for wid, (at, running) in self._reports.items()
+                  if now - at < self.heartbeat_timeout}
+        if not recent:
+            return
+        with self.store.read() as s:
+            candidates = s.execute(
+                select(TaskRow.id, TaskRow.worker_id).where(
+                    TaskRow.state == TaskState.RUNNING.value,
+                    col(TaskRow.started_at) < now - 2 * self.heartbeat_timeout)
+            ).all()
+        unreported = [tid for tid, wid in candidates if wid in recent and tid not in recent[wid]]
+        if unreported:
+            self._lose_unreported(unreported, now)
+            self.schedule()
 
     def _lose_unreported(self, task_ids: list[str], now: float) -> None:
         with self.store.write() as s:
@@ -425,7 +438,8 @@ class ControlPlane:
     def expire_workers(self) -> list[str]:
         """Mark silent workers offline and their tasks lost; returns their ids."""
         now = self.clock()
-        self._last_expiry = time.monotonic()
+        self._last_expiry = now
+        self._reconcile(now)
         cutoff = now - self.heartbeat_timeout
         with self.store.read() as s:
             candidates = s.exec(select(WorkerRow).where(WorkerRow.online == True)).all()  # noqa: E712

@@ -327,6 +327,8 @@ class HttpWorkerAPI:
 
     #: seconds between heartbeats of a remote worker (GPULAYER_HEARTBEAT_INTERVAL overrides)
     heartbeat_interval = 1.0
+    #: seconds one long poll for tasks may wait (the server answers at once when assigned)
+    poll_wait = 20.0
 
     def __init__(self, url: str, *, join_token: str | None = None, worker_token: str | None = None,
                  ca: str | None = None, retry_for: float = 3.0) -> None:

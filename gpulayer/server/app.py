@@ -54,7 +54,7 @@ log = logging.getLogger("gpulayer.server")
 API_PREFIX = "/v1"
 MAX_LONG_POLL = 30.0
 #: how often a waiting worker poll looks at the database without being woken
-POLL_RECHECK = 3.0
+POLL_RECHECK = 5.0
 MAX_JSON_BYTES = 16 * 1024 * 1024
 ALL_SCOPES = ("admin", "client", "worker", "join", "bootstrap")
 

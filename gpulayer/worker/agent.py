@@ -131,7 +131,7 @@ class Agent:
         cpu_slots: int | None = None,
         python: str | None = None,
         heartbeat_interval: float | None = None,
-        poll_wait: float = 1.0,
+        poll_wait: float | None = None,
         grace: float = 10.0,
         kill_grace: float = 5.0,
         idle_exit: float | None = None,
@@ -151,7 +151,9 @@ class Agent:
         default_interval = getattr(api, "heartbeat_interval", 0.5)
         self.heartbeat_interval = heartbeat_interval or float(
             os.environ.get("GPULAYER_HEARTBEAT_INTERVAL", str(default_interval)))
-        self.poll_wait = poll_wait
+        # how long one poll for work may wait: embedded polls are cheap and local; over HTTP
+        # a long poll answers as soon as a task is assigned, so it can wait long
+        self.poll_wait = poll_wait if poll_wait is not None else getattr(api, "poll_wait", 1.0)
         self.grace = grace
         self.kill_grace = kill_grace
         self.idle_exit = idle_exit
