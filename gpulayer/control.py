@@ -584,7 +584,7 @@ class ControlPlane:
                     rank0 = next(n for n in a.nodes if n.node_rank == 0)
                     rdzv = Rendezvous(
                         master_addr=addresses.get(rank0.worker_id, "127.0.0.1"),
-                        master_port=29500 + secrets.randbelow(20000),
+                        master_port=_rendezvous_port(),
                         nnodes=len(a.nodes), run_id=f"{job.id}-{job.attempt}",
                     )
                 for n in a.nodes:
@@ -783,6 +783,24 @@ class ControlPlane:
             online = s.execute(text("SELECT COUNT(*) FROM gl_workers WHERE online")).scalar_one()
         return {"jobs": {k: int(v) for k, v in by_state.items()}, "workers_online": int(online),
                 "queue_depth": int(by_state.get("queued", 0))}
+
+
+#: where rendezvous ports are drawn from: below the ephemeral ranges of Linux (32768-60999)
+#: and macOS (49152-65535), so an outgoing connection on rank 0's host cannot hold the port
+RENDEZVOUS_PORTS = (20000, 32767)
+
+
+def _rendezvous_port() -> int:
+    low, high = RENDEZVOUS_PORTS
+    raw = os.environ.get("GPULAYER_RENDEZVOUS_PORTS")
+    if raw:
+        try:
+            low, high = (int(p) for p in raw.split("-", 1))
+        except ValueError:
+            raise InvalidInput(f"GPULAYER_RENDEZVOUS_PORTS={raw!r}: expected LOW-HIGH, e.g. 20000-32767") from None
+        if not 1024 <= low <= high <= 65535:
+            raise InvalidInput(f"GPULAYER_RENDEZVOUS_PORTS={raw!r}: expected 1024 <= LOW <= HIGH <= 65535")
+    return low + secrets.randbelow(high - low + 1)
 
 
 def _strip_at(decision_json: str) -> str:

@@ -427,3 +427,14 @@ def test_a_bundle_uploaded_twice_is_stored_once(cp: ControlPlane) -> None:
     assert cp.put_bundle(digest, data) is True
     assert cp.put_bundle(digest, data) is False
     assert cp.get_bundle(digest) == data
+
+
+def test_rendezvous_ports_stay_below_the_ephemeral_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpulayer.control import _rendezvous_port
+
+    assert all(20000 <= _rendezvous_port() <= 32767 for _ in range(500))
+    monkeypatch.setenv("GPULAYER_RENDEZVOUS_PORTS", "25000-25001")
+    assert {_rendezvous_port() for _ in range(200)} == {25000, 25001}
+    monkeypatch.setenv("GPULAYER_RENDEZVOUS_PORTS", "80-90")
+    with pytest.raises(InvalidInput, match="GPULAYER_RENDEZVOUS_PORTS"):
+        _rendezvous_port()
