@@ -165,6 +165,13 @@ def server_start(
             typer.echo(f"  clients: GPULAYER_URL={url} GPULAYER_CA={fingerprint}", err=True)
 
     uv.startup = startup  # type: ignore[method-assign]
+    orig_exit = uv.handle_exit
+
+    def handle_exit(sig: int, frame: Any) -> None:
+        app.state.server.begin_shutdown()  # long polls answer now instead of holding the exit
+        orig_exit(sig, frame)
+
+    uv.handle_exit = handle_exit  # type: ignore[method-assign]
     uv.run()
     typer.echo("gpulayer server stopped", err=True)
 

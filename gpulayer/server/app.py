@@ -196,6 +196,7 @@ class Server:
         # long polls of workers wait on their own event, set only when they got a task:
         # waking a thousand polls on every change of anything would swamp the database
         self._worker_events: dict[str, asyncio.Event] = {}
+        self.shutting_down = False
         self._heartbeats: list[tuple[str, list[str], asyncio.Future[HeartbeatReply]]] = []
         self._heartbeat_writer: asyncio.Task[None] | None = None
 
@@ -236,6 +237,20 @@ class Server:
             for wid, _, future in batch:
                 if not future.done():
                     future.set_result(replies[wid])
+
+    def begin_shutdown(self) -> None:
+        """Answer every waiting long poll now, so a stopping server need not wait for them
+        (thread-safe: called from uvicorn's signal handling)."""
+        self.shutting_down = True
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._wake_all)
+
+    def _wake_all(self) -> None:
+        self._wake()
+        for event in self._worker_events.values():
+            event.set()
 
     def arm(self, worker_id: str) -> asyncio.Event:
         """A fresh event set when this server next assigns ``worker_id`` a task. Arm it
@@ -495,7 +510,7 @@ async def wait_job(server: Server, request: Request, tok: TokenInfo) -> Response
     job = await _own_job(server, tok, job_id)
     while not job.state.terminal:
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or await request.is_disconnected():
+        if remaining <= 0 or server.shutting_down or await request.is_disconnected():
             break
         await server.changed(min(remaining, 1.0))
         job = await run_in_threadpool(server.control.get_job, job_id)
@@ -612,7 +627,7 @@ async def poll_tasks(server: Server, request: Request, tok: TokenInfo) -> Respon
         assigned = server.arm(wid)
         out: list[TaskAssignment] = await run_in_threadpool(server.control.poll, wid, 0.0)
         remaining = deadline - time.monotonic()
-        if out or remaining <= 0 or await request.is_disconnected():
+        if out or remaining <= 0 or server.shutting_down or await request.is_disconnected():
             return _json([_dump(a) for a in out])
         # woken at once by this server's assignments; another server sharing the database
         # is noticed at the next look, at most POLL_RECHECK seconds later
