@@ -41,6 +41,10 @@ def train(epochs: int) -> None:
         opt.step()
         if rank == 0:
             print(f"epoch {epoch} loss {loss.item():.4f}", flush=True)
+    # tear down in order: DDP's communication hooks before the process group, and every rank
+    # past the last collective first (torch can abort at exit if gloo threads are still up)
+    del ddp, opt
+    dist.barrier()
     dist.destroy_process_group()
 
 
