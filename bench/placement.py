@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpulayer.records import PlacementDecision
 from gpulayer.scheduling import QueuedJob, WorkerState, _class_key, place
-from gpulayer.types import PlacementDecision
 from tests.factories import (
     make_cuda_devices,
     make_distributed_job,

@@ -110,7 +110,7 @@ async def fleet(url: str, join: str, n: int, seconds: float, interval: float, ca
 
 
 def submit_to_start(client, jobs: int) -> list[float]:  # type: ignore[no-untyped-def]
-    from gpulayer.types import CommandJob, Placement
+    from gpulayer.specs import CommandJob, Placement
 
     out = []
     for _ in range(jobs):

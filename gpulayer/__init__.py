@@ -16,13 +16,7 @@ from gpulayer.errors import (
     Unschedulable,
 )
 from gpulayer.hookspecs import hookimpl
-from gpulayer.types import (
-    CommandJob,
-    DistributedJob,
-    FunctionJob,
-    Placement,
-    Requirements,
-)
+from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, Placement, Requirements
 
 __version__ = "0.1.0"
 

@@ -18,14 +18,8 @@ from typing import Any
 
 from gpulayer import bundles, config
 from gpulayer.control import ControlPlane, LogChunk
-from gpulayer.types import (
-    CommandJob,
-    DistributedJob,
-    FunctionJob,
-    JobRecord,
-    JobSpec,
-    WorkerRecord,
-)
+from gpulayer.records import JobRecord, WorkerRecord
+from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, JobSpec
 
 
 class Client(ABC):

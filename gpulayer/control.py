@@ -40,6 +40,16 @@ from sqlmodel import Session, col, select
 from gpulayer import bundles as _bundles
 from gpulayer import scheduling
 from gpulayer.errors import Conflict, InvalidInput, NotFound
+from gpulayer.hookrecords import Capabilities, Rendezvous
+from gpulayer.records import (
+    JobRecord,
+    JobState,
+    PlacementDecision,
+    TaskRecord,
+    TaskState,
+    WorkerRecord,
+)
+from gpulayer.specs import JobSpec
 from gpulayer.store import (
     BundleRow,
     EventRow,
@@ -49,17 +59,6 @@ from gpulayer.store import (
     TaskRow,
     WorkerRow,
     transition_task,
-)
-from gpulayer.types import (
-    Capabilities,
-    JobRecord,
-    JobSpec,
-    JobState,
-    PlacementDecision,
-    Rendezvous,
-    TaskRecord,
-    TaskState,
-    WorkerRecord,
 )
 
 _SPEC = TypeAdapter(JobSpec)

@@ -27,14 +27,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from gpulayer.hookspecs import hookimpl
-from gpulayer.types import (
+from gpulayer.hookrecords import (
     AcceleratorDetector,
     DetectionResult,
     Device,
     DeviceEnvironment,
     SupportLevel,
 )
+from gpulayer.hookspecs import hookimpl
 
 __all__ = ["FAKE_DEVICES_ENV", "FakeAcceleratorPlugin", "fake_devices_env",
            "parse_fake_devices", "visible_devices_var"]

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import pluggy
 
-from gpulayer.types import (
+from gpulayer.hookrecords import (
     AcceleratorDetector,
     Device,
     DeviceEnvironment,
@@ -43,7 +43,7 @@ def gpulayer_accelerator_detectors() -> Iterable[AcceleratorDetector]:
 
     Called when a worker builds its capabilities and by ``gpulayer resources detect``.
     The record's ``name`` is the accelerator kind (``cuda``, ``rocm``, ``mps``, or your
-    own); its ``detect(timeout)`` returns a :class:`~gpulayer.types.DetectionResult`.
+    own); its ``detect(timeout)`` returns a :class:`~gpulayer.hookrecords.DetectionResult`.
     ``detect`` runs in the CLI's process: never import a framework there, and run anything
     that can hang (a vendor tool, a driver call) with the given timeout. Report trouble
     as a diagnostic line, not an exception; GPUlayer also guards against both.
@@ -140,7 +140,7 @@ def gpulayer_distributed_launchers() -> Iterable[DistributedLauncher]:
 
     Called by a worker starting one node of a ``DistributedJob`` whose ``launcher`` names
     the record. ``build(job, rendezvous, node_rank, python)`` returns that node's
-    :class:`~gpulayer.types.LaunchCommand`.
+    :class:`~gpulayer.hookrecords.LaunchCommand`.
 
     **Example**::
 

@@ -48,7 +48,9 @@ from gpulayer.errors import (
     NotFound,
     Unschedulable,
 )
-from gpulayer.types import Capabilities, JobRecord, JobSpec, TaskState, WorkerRecord
+from gpulayer.hookrecords import Capabilities
+from gpulayer.records import JobRecord, TaskState, WorkerRecord
+from gpulayer.specs import JobSpec
 
 __all__ = ["HttpClient", "HttpWorkerAPI", "fingerprint_of_pem", "server_info"]
 

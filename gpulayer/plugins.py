@@ -29,7 +29,7 @@ import pluggy
 
 from gpulayer import hookspecs
 from gpulayer.errors import PluginError
-from gpulayer.types import HookRecord
+from gpulayer.hookrecords import HookRecord
 
 ENTRY_POINT_GROUP = "gpulayer"
 DISABLE_ENV = "GPULAYER_DISABLE_PLUGINS"

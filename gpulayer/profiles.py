@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from gpulayer import plugins
 from gpulayer.errors import InvalidRequirement
-from gpulayer.types import Requirements, RuntimeProfile
+from gpulayer.hookrecords import RuntimeProfile
+from gpulayer.specs import Requirements
 
 __all__ = ["get_profile", "resolve_requirements"]
 

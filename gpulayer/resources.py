@@ -1,4 +1,4 @@
-"""Builds a worker's :class:`~gpulayer.types.Capabilities` from hook results.
+"""Builds a worker's :class:`~gpulayer.hookrecords.Capabilities` from hook results.
 
 Three sources, run concurrently and each bounded by ``timeout``:
 
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulayer import config, plugins
-from gpulayer.types import (
+from gpulayer.hookrecords import (
     AcceleratorDetector,
     Capabilities,
     DetectionResult,

@@ -94,7 +94,7 @@ Rules of a pass
 * Reasons are capped: a decision lists at most ``reason_limit`` workers (every class of
   rejected worker first, then the rest in fleet order) and ends with a ``more`` line that
   says how many were left out. Jobs of the same shape share the same (read-only)
-  :class:`~gpulayer.types.Reason` objects.
+  :class:`~gpulayer.records.Reason` objects.
 """
 
 from __future__ import annotations
@@ -109,16 +109,9 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from gpulayer.types import (
-    TARGET_FOR_ORIGIN,
-    Capabilities,
-    JobSpec,
-    MachineOffer,
-    PlacementDecision,
-    Reason,
-    SupportLevel,
-    WorkerRecord,
-)
+from gpulayer.hookrecords import Capabilities, MachineOffer, SupportLevel
+from gpulayer.records import TARGET_FOR_ORIGIN, PlacementDecision, Reason, WorkerRecord
+from gpulayer.specs import JobSpec
 
 __all__ = [
     "NO_ELIGIBLE_WORKER",

@@ -1,7 +1,7 @@
 """The Python SDK: ``@gl.remote``, ``gl.submit``, job handles, ``gl.wait``, ``gl.as_completed``.
 
 ``@gl.remote`` turns a module-level function into one that can also run as a
-:class:`~gpulayer.types.FunctionJob`: ``f(...)`` still runs here, ``f.remote(...)``
+:class:`~gpulayer.specs.FunctionJob`: ``f(...)`` still runs here, ``f.remote(...)``
 submits it and returns a :class:`JobHandle`. Arguments and the result are JSON
 (docs/adr/0002-json-only-arguments.md); the function travels as source, by name.
 """
@@ -24,12 +24,11 @@ from gpulayer.errors import (
     RemoteError,
     Unschedulable,
 )
-from gpulayer.types import (
+from gpulayer.records import JobRecord, JobState
+from gpulayer.specs import (
     CommandJob,
     DistributedJob,
     FunctionJob,
-    JobRecord,
-    JobState,
     Placement,
     Requirements,
     check_json,

@@ -12,19 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpulayer.hookrecords import Capabilities, Device, HostInfo, SupportLevel
+from gpulayer.records import WorkerRecord
 from gpulayer.scheduling import QueuedJob, WorkerState
-from gpulayer.types import (
-    Capabilities,
-    CommandJob,
-    Device,
-    DistributedJob,
-    FunctionJob,
-    HostInfo,
-    Placement,
-    Requirements,
-    SupportLevel,
-    WorkerRecord,
-)
+from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, Placement, Requirements
 
 GB = 1_000_000_000
 

@@ -24,14 +24,8 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from gpulayer.errors import GpulayerError, InvalidInput
-from gpulayer.types import (
-    CommandJob,
-    DistributedJob,
-    JobRecord,
-    JobState,
-    Placement,
-    Requirements,
-)
+from gpulayer.records import JobRecord, JobState
+from gpulayer.specs import CommandJob, DistributedJob, Placement, Requirements
 
 if TYPE_CHECKING:
     from gpulayer.client import Client

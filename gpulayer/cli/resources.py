@@ -13,7 +13,7 @@ import warnings
 import typer
 
 from gpulayer import plugins
-from gpulayer.types import Capabilities
+from gpulayer.hookrecords import Capabilities
 
 resources_app = typer.Typer(help="What this machine offers to jobs.", no_args_is_help=True)
 plugins_app = typer.Typer(help="Installed GPUlayer plugins.", no_args_is_help=True)

@@ -45,9 +45,11 @@ from starlette.routing import Route
 from gpulayer import bundles, config
 from gpulayer.control import ControlPlane, HeartbeatReply, TaskAssignment, new_id
 from gpulayer.errors import AuthError, BundleError, GpulayerError, InvalidInput, NotFound
+from gpulayer.hookrecords import Capabilities
+from gpulayer.records import TaskState
+from gpulayer.specs import JobSpec
 from gpulayer.store import Store
 from gpulayer.tokens import TokenInfo, TokenStore
-from gpulayer.types import Capabilities, JobSpec, TaskState
 
 log = logging.getLogger("gpulayer.server")
 
@@ -136,7 +138,7 @@ class Metrics:
             self.requests[status] = self.requests.get(status, 0) + 1
 
     def render(self, counts: dict[str, Any]) -> str:
-        from gpulayer.types import JobState
+        from gpulayer.records import JobState
 
         out = ["# HELP gpulayer_jobs Jobs by state.", "# TYPE gpulayer_jobs gauge"]
         for st in JobState:

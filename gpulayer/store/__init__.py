@@ -28,6 +28,7 @@ from sqlmodel import Session, SQLModel, create_engine
 
 from gpulayer import config
 from gpulayer.errors import InvalidInput
+from gpulayer.records import TaskState
 from gpulayer.store import migrations
 from gpulayer.store.tables import (
     BundleRow,
@@ -39,7 +40,6 @@ from gpulayer.store.tables import (
     TokenRow,
     WorkerRow,
 )
-from gpulayer.types import TaskState
 
 __all__ = [
     "BundleRow",

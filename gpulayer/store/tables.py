@@ -1,7 +1,7 @@
 """The tables: one SQLModel class per table, the same on SQLite and PostgreSQL.
 
 JSON-shaped columns (capabilities, specs, decisions) are stored as text holding JSON that
-the pydantic records in :mod:`gpulayer.types` validate on the way out, so a column never
+the pydantic records in :mod:`gpulayer.records` and :mod:`gpulayer.specs` validate on the way out, so a column never
 holds something the code cannot read back.
 """
 

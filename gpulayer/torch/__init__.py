@@ -6,11 +6,11 @@ bundle and add what PyTorch needs to the job's requirements: the ``torch`` frame
 for, so a worker whose torch cannot use the GPU is turned down with a reason instead of
 failing at run time.
 
-* One process (``nodes=1``, ``nproc_per_node=1``): a :class:`~gpulayer.types.CommandJob`
+* One process (``nodes=1``, ``nproc_per_node=1``): a :class:`~gpulayer.specs.CommandJob`
   that runs the entry with the worker's job Python, with ``RANK=0``, ``LOCAL_RANK=0``,
   ``WORLD_SIZE=1``, ``MASTER_ADDR=127.0.0.1`` and a free ``MASTER_PORT`` set, so a script
   written for torchrun (``dist.init_process_group("gloo")``) runs unchanged.
-* More: a :class:`~gpulayer.types.DistributedJob` for the launcher plugin (torchrun by
+* More: a :class:`~gpulayer.specs.DistributedJob` for the launcher plugin (torchrun by
   default): ``nodes`` workers placed all at once, ``nproc_per_node`` processes on each.
 
 ``gpus_per_node`` sets the devices each node needs and, unless ``nproc_per_node`` is
@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpulayer.errors import InvalidArgument
-from gpulayer.types import (
+from gpulayer.records import JobRecord
+from gpulayer.specs import (
     CommandJob,
     DistributedJob,
-    JobRecord,
     Placement,
     Requirements,
     parse_framework_spec,
@@ -111,7 +111,7 @@ class Trainer:
 
     ``Trainer("train.py", nodes=2, nproc_per_node=2, args=["--epochs", "3"]).fit()``
     submits it, streams its output here while it runs and returns the final
-    :class:`~gpulayer.types.JobRecord`; a job that does not succeed raises
+    :class:`~gpulayer.records.JobRecord`; a job that does not succeed raises
     :class:`~gpulayer.errors.JobFailed` (or :class:`~gpulayer.errors.Unschedulable`).
     """
 

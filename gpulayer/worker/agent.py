@@ -28,7 +28,8 @@ from typing import Any, Protocol
 
 from gpulayer import bundles, config, plugins
 from gpulayer.errors import Conflict, ConnectionFailed, GpulayerError, InvalidInput, NotFound
-from gpulayer.types import Capabilities, TaskState, WorkerRecord
+from gpulayer.hookrecords import Capabilities
+from gpulayer.records import TaskState, WorkerRecord
 
 log = logging.getLogger("gpulayer.worker")
 

@@ -25,14 +25,14 @@ import time
 from collections.abc import Iterator
 
 from gpulayer import hookimpl
-from gpulayer.probing import ToolError, ToolFailed, ToolNotFound, env_flag, run_tool
-from gpulayer.types import (
+from gpulayer.hookrecords import (
     AcceleratorDetector,
     DetectionResult,
     Device,
     DeviceEnvironment,
     SupportLevel,
 )
+from gpulayer.probing import ToolError, ToolFailed, ToolNotFound, env_flag, run_tool
 
 KIND = "cuda"
 NO_NVML_ENV = "GPULAYER_CUDA_NO_NVML"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gpulayer import hookimpl
-from gpulayer.types import FrameworkProbe, SubProbe
+from gpulayer.hookrecords import FrameworkProbe, SubProbe
 
 _TORCH_CUDA = """
 import torch

@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator
 
 from gpulayer import hookimpl
+from gpulayer.hookrecords import AcceleratorDetector, DetectionResult, Device, SupportLevel
 from gpulayer.probing import ToolError, env_flag, run_tool
-from gpulayer.types import AcceleratorDetector, DetectionResult, Device, SupportLevel
 
 KIND = "mps"
 FORCE_ENV = "GPULAYER_MPS_FORCE"

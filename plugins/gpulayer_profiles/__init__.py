@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gpulayer import hookimpl
-from gpulayer.types import RuntimeProfile
+from gpulayer.hookrecords import RuntimeProfile
 
 PROFILES = [
     RuntimeProfile(name="pytorch-cuda", description="PyTorch on NVIDIA GPUs",

@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from gpulayer import hookimpl
-from gpulayer.probing import ToolError, ToolNotFound, read_text, run_tool
-from gpulayer.types import (
+from gpulayer.hookrecords import (
     AcceleratorDetector,
     DetectionResult,
     Device,
     DeviceEnvironment,
     SupportLevel,
 )
+from gpulayer.probing import ToolError, ToolNotFound, read_text, run_tool
 
 KIND = "rocm"
 KFD_ROOT_ENV = "GPULAYER_KFD_ROOT"

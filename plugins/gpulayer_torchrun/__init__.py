@@ -1,7 +1,7 @@
 """Bundled GPUlayer plugin: the ``torchrun`` distributed launcher.
 
-Turns one node of a :class:`~gpulayer.types.DistributedJob` plus the job's
-:class:`~gpulayer.types.Rendezvous` into a ``python -m torch.distributed.run`` command line
+Turns one node of a :class:`~gpulayer.specs.DistributedJob` plus the job's
+:class:`~gpulayer.hookrecords.Rendezvous` into a ``python -m torch.distributed.run`` command line
 with a *static* rendezvous: every node is told ``--nnodes``, its own ``--node-rank`` and
 the rank-0 worker's ``--master-addr``/``--master-port`` (the control plane picked them when
 it placed the whole group). torchrun then starts ``--nproc-per-node`` processes on each
@@ -41,7 +41,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gpulayer import hookimpl
-from gpulayer.types import DistributedJob, DistributedLauncher, LaunchCommand, Rendezvous
+from gpulayer.hookrecords import DistributedLauncher, LaunchCommand, Rendezvous
+from gpulayer.specs import DistributedJob
 
 NAME = "torchrun"
 #: the shim that runs ``package.module:function`` in each rank (stdlib only)

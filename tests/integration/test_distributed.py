@@ -31,7 +31,8 @@ from gpulayer import client as _client
 from gpulayer import plugins
 from gpulayer.errors import JobFailed, Unschedulable
 from gpulayer.fakes import fake_devices_env
-from gpulayer.types import DistributedJob, JobState, TaskState
+from gpulayer.records import JobState, TaskState
+from gpulayer.specs import DistributedJob
 from tests.support import cli, wait_for
 
 pytestmark = pytest.mark.timeout(240)

@@ -20,7 +20,7 @@ import pytest
 
 import gpulayer as gl
 from gpulayer.fakes import fake_devices_env
-from gpulayer.types import JobState, TaskState
+from gpulayer.records import JobState, TaskState
 from tests.integration.conftest import Plane
 from tests.support import cli, wait_for
 

@@ -15,7 +15,7 @@ import pytest
 
 from gpulayer.errors import AuthError, BundleError, NotFound
 from gpulayer.http_client import HttpClient
-from gpulayer.types import CommandJob, Placement
+from gpulayer.specs import CommandJob, Placement
 from tests.factories import make_capabilities
 from tests.server_support import Api, ServerProc
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpulayer.http_client import HttpClient
-from gpulayer.types import CommandJob, JobState, Placement, TaskState
+from gpulayer.records import JobState, TaskState
+from gpulayer.specs import CommandJob, Placement
 from tests.server_support import Api, ServerProc, start_remote_worker, stop_proc, wait_workers
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(400)]

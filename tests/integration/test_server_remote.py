@@ -18,7 +18,8 @@ import gpulayer as gl
 from gpulayer import client as client_mod
 from gpulayer.errors import RemoteError
 from gpulayer.http_client import HttpClient
-from gpulayer.types import CommandJob, FunctionJob, JobState, Placement, TaskState
+from gpulayer.records import JobState, TaskState
+from gpulayer.specs import CommandJob, FunctionJob, Placement
 from tests.server_support import Api, ServerProc, start_remote_worker, stop_proc, until, wait_workers
 
 pytestmark = pytest.mark.timeout(400)

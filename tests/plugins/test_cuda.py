@@ -6,8 +6,8 @@ import gpulayer_cuda
 import pytest
 
 from gpulayer import plugins
+from gpulayer.hookrecords import SupportLevel
 from gpulayer.resources import detect_capabilities, detect_devices
-from gpulayer.types import SupportLevel
 
 H200_X2 = (
     "0, NVIDIA H200, 143771, 9.0, GPU-6f4c1d9e-0000-4a5b-9c1d-000000000000, 550.54.15\n"

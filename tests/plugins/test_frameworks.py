@@ -9,9 +9,10 @@ import pytest
 
 from gpulayer import plugins
 from gpulayer.errors import InvalidRequirement
+from gpulayer.hookrecords import FrameworkProbe, SubProbe
 from gpulayer.profiles import resolve_requirements
 from gpulayer.resources import PROBE_SCRIPT, probe_frameworks
-from gpulayer.types import FrameworkProbe, Requirements, SubProbe
+from gpulayer.specs import Requirements
 
 TORCH = metadata.version("torch")
 

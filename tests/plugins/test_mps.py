@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import gpulayer_mps
 
+from gpulayer.hookrecords import SupportLevel
 from gpulayer.resources import detect_devices
-from gpulayer.types import SupportLevel
 
 
 def fake_sysctl(fake_tool, tmp_path, memsize="34359738368", brand="Apple M2 Max"):

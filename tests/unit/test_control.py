@@ -16,8 +16,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from gpulayer.control import ControlPlane
 from gpulayer.errors import Conflict, InvalidInput, NotFound
+from gpulayer.records import JobState, TaskState
+from gpulayer.specs import CommandJob, Placement, Requirements
 from gpulayer.store import Store, migrations
-from gpulayer.types import CommandJob, JobState, Placement, Requirements, TaskState
 from tests.factories import make_capabilities, make_cuda_devices
 
 
@@ -371,7 +372,7 @@ TestLifecycle.settings = settings(max_examples=12, stateful_step_count=20, deadl
 
 
 def test_a_failed_node_keeps_its_siblings_devices_busy_until_they_have_ended(cp: ControlPlane) -> None:
-    from gpulayer.types import DistributedJob
+    from gpulayer.specs import DistributedJob
 
     w1 = cp.register_worker(cuda_caps(1), cpu_slots=0)
     w2 = cp.register_worker(cuda_caps(1), cpu_slots=0)

@@ -10,7 +10,7 @@ import pytest
 from gpulayer import hookimpl, plugins
 from gpulayer.errors import PluginError
 from gpulayer.fakes import FakeAcceleratorPlugin
-from gpulayer.types import RuntimeProfile
+from gpulayer.hookrecords import RuntimeProfile
 
 pytestmark = pytest.mark.usefixtures("gpulayer_isolated")
 

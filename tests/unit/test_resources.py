@@ -10,7 +10,7 @@ from gpulayer.errors import InvalidRequirement
 from gpulayer.fakes import parse_fake_devices
 from gpulayer.probing import ToolFailed, ToolNotFound, ToolTimeout, run_tool
 from gpulayer.resources import advertise_address, detect_capabilities, detect_devices
-from gpulayer.types import Requirements, parse_framework_spec
+from gpulayer.specs import Requirements, parse_framework_spec
 
 pytestmark = pytest.mark.usefixtures("gpulayer_isolated")
 

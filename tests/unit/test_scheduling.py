@@ -6,6 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpulayer.hookrecords import MachineOffer, SupportLevel
 from gpulayer.scheduling import (
     NO_ELIGIBLE_WORKER,
     PlacementResult,
@@ -13,7 +14,6 @@ from gpulayer.scheduling import (
     check,
     place,
 )
-from gpulayer.types import MachineOffer, SupportLevel
 from tests.factories import (
     make_capabilities,
     make_cuda_devices,

@@ -13,16 +13,9 @@ import pytest
 
 from gpulayer import plugins, scheduling
 from gpulayer.errors import InvalidArgument
-from gpulayer.types import (
-    Capabilities,
-    Device,
-    DistributedJob,
-    HostInfo,
-    Rendezvous,
-    Requirements,
-    SupportLevel,
-    WorkerRecord,
-)
+from gpulayer.hookrecords import Capabilities, Device, HostInfo, Rendezvous, SupportLevel
+from gpulayer.records import WorkerRecord
+from gpulayer.specs import DistributedJob, Requirements
 
 RDZV = Rendezvous(master_addr="10.0.0.5", master_port=31234, nnodes=2, run_id="job-abc-1")
 

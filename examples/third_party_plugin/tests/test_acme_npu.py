@@ -6,7 +6,7 @@ import pytest
 from gpulayer import plugins
 from gpulayer.profiles import resolve_requirements
 from gpulayer.resources import detect_devices
-from gpulayer.types import Requirements
+from gpulayer.specs import Requirements
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterator
 
 from gpulayer import hookimpl
-from gpulayer.types import (
+from gpulayer.hookrecords import (
     AcceleratorDetector,
     DetectionResult,
     Device,

@@ -1,0 +1,224 @@
+"""The records plugins exchange with GPUlayer.
+
+Detectors return :class:`DetectionResult` (a list of :class:`Device`); the core turns what
+every plugin reports into a worker's :class:`Capabilities`. Every hook that offers something
+returns records derived from :class:`HookRecord`, each with a ``name``:
+:class:`AcceleratorDetector`, :class:`FrameworkProbe`, :class:`RuntimeProfile`,
+:class:`ProviderAdapter` and :class:`DistributedLauncher`. Plugin authors import them from
+:mod:`gpulayer.plugin`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpulayer._base import Record
+from gpulayer.specs import DistributedJob, Requirements
+
+# --------------------------------------------------------------------------- devices
+
+
+class SupportLevel(str, enum.Enum):
+    """How far a kind of work on a device has been checked, as ``resources detect`` shows it."""
+
+    HARDWARE_VALIDATED = "hardware-validated"
+    FIXTURE_TESTED = "fixture-tested"
+    UNTESTED = "untested"
+    UNSUPPORTED = "unsupported"
+
+
+class Device(Record):
+    """One accelerator as a detector sees it."""
+
+    kind: str = Field(description="accelerator kind: cuda, rocm, mps, or a plugin's own")
+    index: int = Field(ge=0, description="index the vendor's runtime uses for it")
+    name: str
+    memory_bytes: int | None = Field(default=None, ge=0)
+    unified_memory: bool = False
+    compute_capability: str | None = Field(default=None, description='e.g. "9.0" for CUDA')
+    architecture: str | None = Field(default=None, description='e.g. "gfx90a", "arm64"')
+    uuid: str | None = None
+    driver_version: str | None = None
+    usable: bool = True
+    unusable_reason: str | None = None
+    independent: SupportLevel = SupportLevel.UNTESTED
+    distributed: SupportLevel = SupportLevel.UNTESTED
+
+    @property
+    def memory_gb(self) -> float | None:
+        return None if self.memory_bytes is None else self.memory_bytes / 1e9
+
+    def describe(self) -> str:
+        """The seed's line: ``[0] mps Apple arm64 GPU (Metal) (32.0 GB unified) ...``."""
+        parts = [f"[{self.index}] {self.kind} {self.name}"]
+        if self.memory_bytes is not None:
+            # Binary gigabytes, as vendors label memory: a 32 GB Mac shows "32.0 GB".
+            gib = self.memory_bytes / 1024**3
+            parts.append(f"({gib:.1f} GB{' unified' if self.unified_memory else ''})")
+        if self.compute_capability:
+            parts.append(f"cc={self.compute_capability}")
+        if not self.usable:
+            parts.append(f"unusable ({self.unusable_reason or 'no reason given'})")
+        parts.append(f"independent={self.independent.value} distributed={self.distributed.value}")
+        return " ".join(parts)
+
+
+class DetectionResult(Record):
+    """What one detector found: devices, and diagnostic lines when something went wrong."""
+
+    devices: list[Device] = Field(default_factory=list)
+    diagnostics: list[str] = Field(default_factory=list)
+
+
+class HostInfo(Record):
+    os: str = Field(description="platform.system().lower(): linux, darwin, windows")
+    os_release: str = ""
+    arch: str = Field(description="platform.machine(): x86_64, arm64, aarch64")
+    hostname: str = ""
+    cpu_count: int = Field(ge=0)
+    memory_bytes: int = Field(ge=0)
+    disk_free_bytes: int = Field(default=0, ge=0)
+    python_version: str
+    python_path: str = ""
+    address: str = Field(default="127.0.0.1", description="the address peers can reach")
+
+
+class Capabilities(Record):
+    """Everything a worker reports: host facts, devices, frameworks, backends."""
+
+    host: HostInfo
+    devices: list[Device] = Field(default_factory=list)
+    frameworks: dict[str, str] = Field(default_factory=dict)
+    distributed_backends: list[str] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+    diagnostics: list[str] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- hook records
+
+DetectFn = Callable[[float], DetectionResult]
+
+
+class HookRecord(BaseModel):
+    """Base of every record a hook returns: a ``name`` unique across all plugins."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    name: str = Field(min_length=1)
+
+
+class AcceleratorDetector(HookRecord):
+    """Finds the devices of one accelerator kind.
+
+    ``detect(timeout)`` returns a :class:`DetectionResult`; it must finish within about
+    ``timeout`` seconds (run vendor tools with that timeout) and report trouble as a
+    diagnostic instead of raising. ``name`` is the accelerator kind it reports.
+    """
+
+    description: str = ""
+    detect: Callable[[float], DetectionResult]
+
+
+class DeviceEnvironment(HookRecord):
+    """Environment a job needs to see exactly the devices it was granted; ``name`` is the kind."""
+
+    env: dict[str, str]
+
+
+class SubProbe(BaseModel):
+    """A capability of a framework that can only be read by importing it.
+
+    ``code`` is the body of a Python function run in the job Python; it must ``return``
+    a version string when the capability is present and ``None`` otherwise.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, description='e.g. "torch.cuda"')
+    code: str
+
+
+class FrameworkProbe(HookRecord):
+    """A GPU/ML framework and how to read its version.
+
+    The version is read from the installed distribution's metadata (``distributions``,
+    first one found wins; a name may end in ``*``, e.g. ``cupy-cuda*``) without importing
+    the framework. ``subprobes`` run in one
+    subprocess of the job Python. ``backends_code``, when given, is a function body that
+    returns a list of distributed backends (torch: nccl, gloo, mpi).
+    """
+
+    distributions: list[str] = Field(default_factory=list)
+    subprobes: list[SubProbe] = Field(default_factory=list)
+    backends_code: str | None = None
+
+
+class RuntimeProfile(HookRecord):
+    """A named shorthand that fills in accelerator and frameworks."""
+
+    description: str = ""
+    accelerator: str | None = None
+    frameworks: dict[str, str] = Field(default_factory=dict)
+
+
+class MachineOffer(Record):
+    """A machine a provider could boot; it can stand in for a worker-to-be when placing."""
+
+    provider: str
+    shape: str
+    capabilities: Capabilities
+    price_per_hour: float | None = None
+    region: str | None = None
+
+
+class ProvisionedMachine(Record):
+    provider: str
+    machine_id: str
+    shape: str
+    address: str | None = None
+
+
+class ProviderAdapter(HookRecord):
+    """A cloud or cluster that boots workers for ``cloud`` jobs.
+
+    ``offers(requirements)`` lists machine shapes that could run a job;
+    ``launch(offer, control_url, bootstrap_token)`` boots one whose worker joins with the
+    single-use token; ``terminate(machine_id)`` ends it.
+    """
+
+    description: str = ""
+    offers: Callable[[Requirements], list[MachineOffer]]
+    launch: Callable[[MachineOffer, str, str], ProvisionedMachine]
+    terminate: Callable[[str], None]
+
+
+class Rendezvous(Record):
+    """Facts every node of a distributed job shares."""
+
+    master_addr: str
+    master_port: int
+    nnodes: int
+    run_id: str
+
+
+class LaunchCommand(Record):
+    argv: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class DistributedLauncher(HookRecord):
+    """Turns a distributed job plus rendezvous facts into one node's command.
+
+    ``build(job, rendezvous, node_rank, python)`` returns a :class:`LaunchCommand`.
+    """
+
+    description: str = ""
+    build: Callable[[DistributedJob, Rendezvous, int, str], LaunchCommand]
+
+
+
+ProviderAdapter.model_rebuild()
+DistributedLauncher.model_rebuild()
