@@ -116,7 +116,7 @@ def submit_to_start(client, jobs: int) -> list[float]:  # type: ignore[no-untype
     for _ in range(jobs):
         j = client.submit(CommandJob(command=["true"], placement=Placement(target=client_target(client),
                                                                           on_unschedulable="wait")))
-        j = client.wait_job(j.id, timeout=60)
+        j = client.wait(j.id, timeout=60)
         t = j.tasks[-1]
         out.append((t.started_at or 0) - j.created_at)
     return out
@@ -158,19 +158,18 @@ def main() -> None:
     lat = res["lat"]
 
     # submit-to-start through the server, one real worker
-    from gpulayer.client import EmbeddedClient
-    from gpulayer.http_client import HttpClient
+    from gpulayer.client import embedded_client, http_client
 
     w = start_remote_worker(srv.url, join, tmp / "worker", cpu_slots=1)
     try:
         wait_workers(admin, 1)
-        remote = submit_to_start(HttpClient(srv.url, token=srv.admin_token), args.jobs)
+        remote = submit_to_start(http_client(srv.url, token=srv.admin_token), args.jobs)
     finally:
         stop_proc(w, signal.SIGKILL)
         srv.stop()
     os.environ["GPULAYER_HOME"] = str(tmp / "embedded")
     os.environ.setdefault("GPULAYER_CUDA_NO_NVML", "1")
-    emb = EmbeddedClient()
+    emb = embedded_client()
     try:
         embedded = submit_to_start(emb, args.jobs)
     finally:

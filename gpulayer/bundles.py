@@ -356,8 +356,7 @@ def inspect_directory(directory: str | os.PathLike[str]) -> Inspection:
             if is_dir:
                 walk(abs_path, rel + "/", layers + _read_layers(abs_path, rel + "/"))
                 continue
-            assert st is not None
-            if not stat.S_ISREG(st.st_mode):
+            if st is None or not stat.S_ISREG(st.st_mode):
                 inspection.excluded.append(Excluded(shown, "not a regular file"))
                 continue
             mode = 0o755 if st.st_mode & 0o111 else 0o644
@@ -608,7 +607,8 @@ class _DigestLock:
             os.close(fd)
 
     def __exit__(self, *exc: object) -> None:
-        assert self.fd is not None
+        if self.fd is None:  # pragma: no cover - __enter__ always sets it or raises
+            return
         try:
             os.unlink(self.path)
         except FileNotFoundError:  # pragma: no cover - someone removed it by hand

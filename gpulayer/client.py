@@ -1,66 +1,58 @@
-"""One Client interface, two implementations: embedded (in-process) and HTTP.
+"""The client the SDK, the CLI and the PyTorch API use: one class over either control plane.
 
-:func:`connect` picks one: ``GPULAYER_URL`` (and ``GPULAYER_TOKEN``) select a server;
-otherwise the control plane runs embedded, on SQLite in ``$GPULAYER_HOME``.
-The SDK, the CLI and the PyTorch API only ever talk to a :class:`Client`.
+:func:`connect` picks the control plane: ``GPULAYER_URL`` (and ``GPULAYER_TOKEN``) select a
+server, reached through :func:`gpulayer.http_client.connect_http`; otherwise the control
+plane runs embedded (:class:`~gpulayer.control.ControlPlane` on SQLite in
+``$GPULAYER_HOME``). Either way :attr:`Client.api` offers every operation of
+:class:`~gpulayer.api.ControlAPI`, and :class:`Client` adds only what is shared behaviour
+on top of them: preparing a spec (profile, default target, bundle upload), submitting it
+(starting an in-process worker when a local job needs one), waiting past one long poll,
+and following logs.
 """
 
 from __future__ import annotations
 
 import atexit
-import os
 import threading
 import time
 import uuid
-from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpulayer import bundles, config
-from gpulayer.control import ControlPlane, LogChunk
+from gpulayer.api import MAX_LONG_POLL, ControlAPI, LogChunk
 from gpulayer.records import JobRecord, WorkerRecord
 from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, JobSpec
 
+if TYPE_CHECKING:
+    from gpulayer.control import ControlPlane
 
-class Client(ABC):
-    """What users (SDK, CLI, PyTorch API) can do with a control plane."""
 
-    #: "embedded" or the server URL
-    location: str
-    #: the target of a job that names none: local embedded, remote against a server
-    default_target = "local"
+class Client:
+    """Shared behaviour over one control plane (:attr:`api`)."""
 
-    # -- the calls each implementation provides
-    @abstractmethod
-    def _submit(self, spec: JobSpec, idempotency_key: str) -> JobRecord: ...
-    @abstractmethod
-    def has_bundle(self, digest: str) -> bool: ...
-    @abstractmethod
-    def put_bundle(self, digest: str, data: bytes) -> bool: ...
-    @abstractmethod
-    def get_job(self, job_id: str) -> JobRecord: ...
-    @abstractmethod
-    def list_jobs(self, *, state: str | None = None, limit: int = 100) -> list[JobRecord]: ...
-    @abstractmethod
-    def cancel(self, job_id: str) -> JobRecord: ...
-    @abstractmethod
-    def logs(self, job_id: str, *, after: int = 0, node: int | None = None) -> list[LogChunk]: ...
-    @abstractmethod
-    def wait_job(self, job_id: str, timeout: float | None = None) -> JobRecord: ...
-    @abstractmethod
-    def list_workers(self) -> list[WorkerRecord]: ...
-    @abstractmethod
-    def worker_usage(self) -> dict[str, dict[str, Any]]: ...
-    @abstractmethod
-    def events(self, job_id: str) -> list[dict[str, Any]]: ...
+    def __init__(self, api: ControlAPI, *, location: str, default_target: str,
+                 control: ControlPlane | None = None) -> None:
+        #: every operation of the control plane (in this process, or over HTTP)
+        self.api = api
+        #: "embedded" or the server URL
+        self.location = location
+        #: the target of a job that names none: local embedded, remote against a server
+        self.default_target = default_target
+        #: the control plane itself when it runs in this process (it can host a worker)
+        self.control = control
+        self._agent: Any = None
+        self._agent_lock = threading.Lock()
 
-    def ensure_local_worker(self) -> None:  # noqa: B027 - a hook most clients leave empty
-        """Start a worker in this process if local jobs need one (embedded only)."""
+    @property
+    def embedded(self) -> bool:
+        return self.control is not None
 
-    # -- shared behaviour
+    # ------------------------------------------------------------------ submitting
 
     def prepare(self, spec: JobSpec) -> JobSpec:
-        """Resolve the profile and upload the bundle; returns the spec the control plane stores."""
+        """Resolve the profile, fill in the default target and upload the bundle; returns
+        the spec the control plane stores."""
         from gpulayer.profiles import resolve_requirements
 
         update: dict[str, Any] = {"requirements": resolve_requirements(spec.requirements)}
@@ -68,142 +60,153 @@ class Client(ABC):
             update["placement"] = spec.placement.model_copy(update={"target": self.default_target})
         if spec.bundle is not None:
             bundle = bundles.build_bundle(spec.bundle)
-            if not self.has_bundle(bundle.digest):
-                self.put_bundle(bundle.digest, bundle.data)
+            if not self.api.has_bundle(bundle.digest):
+                self.api.put_bundle(bundle.digest, bundle.data)
             update["bundle"] = None
             update["bundle_digest"] = bundle.digest
         return spec.model_copy(update=update)
 
     def submit(self, spec: CommandJob | FunctionJob | DistributedJob, *,
                idempotency_key: str | None = None) -> JobRecord:
+        """Prepare and submit; a retried submit with the same key never makes two jobs."""
         prepared = self.prepare(spec)
         if "local" in prepared.placement.targets:
             self.ensure_local_worker()
-        return self._submit(prepared, idempotency_key or uuid.uuid4().hex)
+        return self.api.submit(prepared, idempotency_key=idempotency_key or uuid.uuid4().hex)
 
-    def follow_logs(self, job_id: str, *, node: int | None = None, poll: float = 0.1) -> Iterator[LogChunk]:
-        """Yield log chunks as they arrive until the job ends."""
-        after = 0
+    # ------------------------------------------------------------------ following
+
+    def wait(self, job_id: str, timeout: float | None = None) -> JobRecord:
+        """The job once it is terminal, or as it is after ``timeout`` seconds (None: no limit),
+        however many bounded long polls that takes."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            job = self.get_job(job_id)
-            chunks = self.logs(job_id, after=after, node=node)
+            remaining = MAX_LONG_POLL if deadline is None else max(0.0, min(MAX_LONG_POLL, deadline - time.monotonic()))
+            job = self.api.wait_job(job_id, timeout=remaining)
+            if job.state.terminal or (deadline is not None and time.monotonic() >= deadline):
+                return job
+
+    def follow(self, job_id: str, *, node: int | None = None, stream: bool = True,
+               on_update: Any = None) -> Iterator[LogChunk]:
+        """Yield the job's log chunks as they arrive, until the job has ended and every
+        chunk was read. ``on_update(job)`` is called with each fresh look at the job (for
+        progress lines); ``stream=False`` reads no logs, it only waits."""
+        after = 0
+        delay = 0.05
+        while True:
+            job = self.api.get_job(job_id)
+            if on_update is not None:
+                on_update(job)
+            chunks = self.api.logs(job_id, after=after, node=node) if stream else []
             for c in chunks:
                 after = max(after, c.id)
                 yield c
             if job.state.terminal and not chunks:
                 return
-            if not chunks:
-                time.sleep(poll)
+            if chunks:
+                delay = 0.05
+            else:
+                time.sleep(delay)
+                delay = min(delay * 1.5, 0.5)
 
-    def close(self) -> None:  # noqa: B027 - nothing to release by default
-        """Release connections and stop anything this client started."""
-
-
-class EmbeddedClient(Client):
-    """The control plane in this process, on the database in ``$GPULAYER_HOME``."""
-
-    def __init__(self, database_url: str | None = None) -> None:
-        from gpulayer.store import Store
-
-        self.location = "embedded"
-        self.control = ControlPlane(Store(database_url))
-        self._agent: Any = None
-        self._agent_lock = threading.Lock()
-
-    def _submit(self, spec: JobSpec, idempotency_key: str) -> JobRecord:
-        return self.control.submit(spec, idempotency_key=idempotency_key)
-
-    def has_bundle(self, digest: str) -> bool:
-        return self.control.has_bundle(digest)
-
-    def put_bundle(self, digest: str, data: bytes) -> bool:
-        return self.control.put_bundle(digest, data)
-
-    def get_job(self, job_id: str) -> JobRecord:
-        return self.control.get_job(job_id)
-
-    def list_jobs(self, *, state: str | None = None, limit: int = 100) -> list[JobRecord]:
-        return self.control.list_jobs(state=state, limit=limit)
-
-    def cancel(self, job_id: str) -> JobRecord:
-        return self.control.cancel(job_id)
-
-    def logs(self, job_id: str, *, after: int = 0, node: int | None = None) -> list[LogChunk]:
-        return self.control.logs(job_id, after=after, node=node)
-
-    def wait_job(self, job_id: str, timeout: float | None = None) -> JobRecord:
-        return self.control.wait_job(job_id, timeout)
-
-    def list_workers(self) -> list[WorkerRecord]:
-        return self.control.list_workers()
-
-    def worker_usage(self) -> dict[str, dict[str, Any]]:
-        return self.control.worker_usage()
-
-    def events(self, job_id: str) -> list[dict[str, Any]]:
-        return self.control.events(job_id)
+    # ------------------------------------------------------------------ the in-process worker
 
     def live_local_workers(self) -> list[WorkerRecord]:
+        if self.control is None:
+            return []
         self.control.expire_workers()
         return [w for w in self.control.list_workers(include_offline=False)
                 if w.origin == "local" and not w.draining]
 
     def ensure_local_worker(self) -> None:
+        """Start a worker in this process if local jobs need one (embedded only)."""
+        if self.control is None:
+            return
         with self._agent_lock:
             if self._agent is not None or self.live_local_workers():
                 return
             from gpulayer.worker.agent import Agent
 
-            slots = os.environ.get("GPULAYER_CPU_SLOTS")
-            self._agent = Agent(self.control, origin="local", name="in-process",
-                                cpu_slots=int(slots) if slots else None)
+            self._agent = Agent(self.control, name="in-process", cpu_slots=config.settings().cpu_slots)
             self._agent.start()
             atexit.register(self._stop_agent)
 
     def _stop_agent(self) -> None:
         agent, self._agent = self._agent, None
         if agent is not None:
-            agent.stop(grace=float(os.environ.get("GPULAYER_EXIT_GRACE", "2")))
+            agent.stop(grace=config.settings().exit_grace)
 
     def close(self) -> None:
+        """Stop the in-process worker (if any) and release connections."""
         self._stop_agent()
-        self.control.store.dispose()
+        if self.control is not None:
+            self.control.store.dispose()
+        else:
+            close = getattr(self.api, "close", None)
+            if close is not None:
+                close()
 
 
-_default: Client | None = None
-_default_key: tuple[str | None, str | None, str] | None = None
-_default_lock = threading.Lock()
+def prefixes_nodes(spec: JobSpec, node: int | None = None) -> bool:
+    """Whether the job's output is shown with ``[node R]`` line prefixes: a job of several
+    nodes, all of them shown."""
+    return spec.kind == "distributed" and spec.nodes > 1 and node is None
+
+
+def chunk_text(chunk: LogChunk, *, prefix: bool) -> str:
+    """A chunk's text, each line prefixed ``[node R] `` when ``prefix``."""
+    if not prefix:
+        return chunk.data
+    return "".join(f"[node {chunk.node_rank}] {line}" for line in chunk.data.splitlines(keepends=True))
+
+
+def embedded_client(database_url: str | None = None) -> Client:
+    from gpulayer.control import ControlPlane
+    from gpulayer.store import Store
+
+    control = ControlPlane(Store(database_url))
+    return Client(control, location="embedded", default_target="local", control=control)
+
+
+def http_client(url: str, *, token: str | None = None, ca: str | None = None,
+                retry_for: float | None = None) -> Client:
+    from gpulayer.http_client import connect_http
+
+    remote = connect_http(url, token=token, ca=ca, retry_for=retry_for)
+    return Client(remote, location=remote.url, default_target="remote")
+
+
+_clients: dict[tuple[str | None, str | None, str], Client] = {}
+_clients_lock = threading.Lock()
 
 
 def connect(url: str | None = None, token: str | None = None) -> Client:
     """The client for ``url`` (default ``$GPULAYER_URL``; none means embedded).
 
     Calls with the same settings return the same client, so the SDK keeps one in-process
-    worker and one database connection pool per process.
+    worker and one connection pool per process. A client made for other settings stays
+    open for the job handles that use it; :func:`reset` (and the end of the process)
+    closes them all.
     """
-    global _default, _default_key
-    url = url if url is not None else os.environ.get("GPULAYER_URL") or None
-    token = token if token is not None else os.environ.get("GPULAYER_TOKEN") or None
+    env = config.settings()
+    url = url if url is not None else env.url
+    token = token if token is not None else env.token
     key = (url, token, str(config.home()) if url is None else "")
-    with _default_lock:
-        if _default is not None and _default_key == key:
-            return _default
-        if _default is not None:
-            _default.close()
-        if url is None:
-            client: Client = EmbeddedClient(os.environ.get("GPULAYER_DATABASE_URL") or None)
-        else:
-            from gpulayer.http_client import HttpClient
-
-            client = HttpClient(url, token=token, ca=os.environ.get("GPULAYER_CA") or None)
-        _default, _default_key = client, key
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            if url is None:
+                client = embedded_client(env.database_url)
+            else:
+                client = http_client(url, token=token, ca=env.ca)
+            _clients[key] = client
         return client
 
 
 def reset() -> None:
-    """Close and forget the process-wide client (tests)."""
-    global _default, _default_key
-    with _default_lock:
-        if _default is not None:
-            _default.close()
-        _default, _default_key = None, None
+    """Close and forget every client of this process (tests)."""
+    with _clients_lock:
+        clients = list(_clients.values())
+        _clients.clear()
+    for c in clients:
+        c.close()

@@ -1,49 +1,197 @@
-"""Where GPUlayer keeps its state, and the settings read from the environment.
+"""Every ``GPULAYER_*`` setting, parsed in one place; and where GPUlayer keeps its state.
 
-=========================  ==============================================================
-``GPULAYER_HOME``          state directory (default ``~/.gpulayer``): the embedded
-                           SQLite database, bundle cache, worker scratch space, tokens
-``GPULAYER_URL``           a self-hosted control plane; unset means embedded
-``GPULAYER_TOKEN``         the API token for ``GPULAYER_URL``
-``GPULAYER_CA``            CA bundle / certificate file to trust for ``GPULAYER_URL``
-``GPULAYER_DISABLE_PLUGINS``  plugins not to load, comma separated
-``GPULAYER_PLUGINS``       extra plugin modules to load, comma separated
-``GPULAYER_MAX_BUNDLE_MB`` largest source bundle accepted (default 100)
-=========================  ==============================================================
+:func:`settings` reads the environment into one :class:`Settings` record. A value that
+cannot be used is an :class:`~gpulayer.errors.InvalidInput` naming the variable, the value
+and what is accepted (``GPULAYER_HEARTBEAT_TIMEOUT='abc': expected a number of seconds >
+0``), never a bare ``ValueError`` from deep inside. The result is cached while the
+environment's GPULAYER variables stay the same (tests and the CLI's global options change
+them), so reading a setting costs a few dictionary lookups.
+
+:data:`SETTINGS` is the table of every variable with its default and meaning;
+docs/settings.md shows the same table and a test keeps the two in step.
+
+Variables GPUlayer sets *inside* a job (``GPULAYER_JOB_ID``, ``GPULAYER_ACCELERATOR``, ...)
+and a plugin's own switches are not settings of GPUlayer's and are documented where they
+belong (docs/concepts.md, the plugin's docstring).
 """
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpulayer.errors import InvalidInput
 
-DEFAULT_MAX_BUNDLE_MB = 100.0
+__all__ = ["SETTINGS", "Setting", "Settings", "home", "max_bundle_bytes", "settings"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: its name, its attribute on :class:`Settings`, how to read
+    it, its default (shown in the docs as written), and what it means."""
+
+    name: str
+    attr: str
+    parse: Callable[[str, str], Any]
+    default: Any
+    shown: str
+    help: str
+
+
+# ---------------------------------------------------------------------------------- parsers
+
+
+def _text(name: str, raw: str) -> str | None:
+    return raw.strip() or None
+
+
+def _names(name: str, raw: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in raw.split(",") if p.strip())
+
+
+def _seconds(minimum: float, *, inclusive: bool = False) -> Callable[[str, str], float]:
+    def parse(name: str, raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        ok = math.isfinite(value) and (value >= minimum if inclusive else value > minimum)
+        if not ok:
+            bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+            raise InvalidInput(f"{name}={raw!r}: expected a number of seconds {bound}")
+        return value
+    return parse
+
+
+def _positive(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidInput(f"{name}={raw!r}: expected a number > 0")
+    return value
+
+
+def _count(minimum: int) -> Callable[[str, str], int]:
+    def parse(name: str, raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise InvalidInput(f"{name}={raw!r}: expected a whole number >= {minimum}") from None
+        if value < minimum:
+            raise InvalidInput(f"{name}={raw!r}: expected a whole number >= {minimum}")
+        return value
+    return parse
+
+
+def _port_range(name: str, raw: str) -> tuple[int, int]:
+    try:
+        low, high = (int(p) for p in raw.split("-", 1))
+    except ValueError:
+        raise InvalidInput(f"{name}={raw!r}: expected LOW-HIGH, e.g. 20000-32767") from None
+    if not 1024 <= low <= high <= 65535:
+        raise InvalidInput(f"{name}={raw!r}: expected 1024 <= LOW <= HIGH <= 65535")
+    return low, high
+
+
+def _level(name: str, raw: str) -> str:
+    levels = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+    if raw.strip().upper() not in levels:
+        raise InvalidInput(f"{name}={raw!r}: expected one of {', '.join(levels)}")
+    return raw.strip().upper()
+
+
+# ---------------------------------------------------------------------------------- the table
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("GPULAYER_HOME", "home", _text, None, "`~/.gpulayer`",
+            "state directory: the embedded SQLite database, bundle cache, worker scratch space, tokens"),
+    Setting("GPULAYER_URL", "url", _text, None, "unset (embedded)",
+            "a self-hosted control plane (`http(s)://HOST:PORT`); unset means embedded"),
+    Setting("GPULAYER_TOKEN", "token", _text, None, "unset", "the API token for `GPULAYER_URL`"),
+    Setting("GPULAYER_CA", "ca", _text, None, "unset (system trust store)",
+            "CA bundle or certificate file to trust for `GPULAYER_URL`, or a pin `sha256:AB:CD:...`"),
+    Setting("GPULAYER_DATABASE_URL", "database_url", _text, None, "SQLite in `GPULAYER_HOME`",
+            "the database of the embedded control plane and of `gpulayer server start` "
+            "(`sqlite:///PATH` or `postgresql://USER@HOST/DB`)"),
+    Setting("GPULAYER_PLUGINS", "plugins", _names, (), "none",
+            "extra plugin modules to load, comma separated (a plugin under development, tests)"),
+    Setting("GPULAYER_DISABLE_PLUGINS", "disable_plugins", _names, (), "none",
+            "plugins not to load, by name, comma separated"),
+    Setting("GPULAYER_MAX_BUNDLE_MB", "max_bundle_mb", _positive, 100.0, "`100`",
+            "largest source bundle accepted, in MB (2^20 bytes)"),
+    Setting("GPULAYER_HEARTBEAT_TIMEOUT", "heartbeat_timeout", _seconds(0), 15.0, "`15`",
+            "seconds without a heartbeat after which a worker is offline and its running tasks lost"),
+    Setting("GPULAYER_HEARTBEAT_INTERVAL", "heartbeat_interval", _seconds(0), None,
+            "`0.5` embedded, `1` remote", "seconds between a worker's heartbeats"),
+    Setting("GPULAYER_HTTP_RETRY_SECONDS", "http_retry_seconds", _seconds(0, inclusive=True), 30.0, "`30`",
+            "how long a client keeps retrying a call through an outage of the server"),
+    Setting("GPULAYER_CPU_SLOTS", "cpu_slots", _count(0), None, "min(4, CPUs)",
+            "CPU-only tasks the in-process worker of the SDK and CLI runs at once"),
+    Setting("GPULAYER_EXIT_GRACE", "exit_grace", _seconds(0, inclusive=True), 2.0, "`2`",
+            "seconds the in-process worker gives running tasks when its process exits"),
+    Setting("GPULAYER_ADVERTISE_ADDRESS", "advertise_address", _text, None, "the default route's address",
+            "the address a worker reports for peers to reach it (distributed jobs' rendezvous)"),
+    Setting("GPULAYER_RENDEZVOUS_PORTS", "rendezvous_ports", _port_range, (20000, 32767), "`20000-32767`",
+            "ports the control plane draws a distributed job's rendezvous port from"),
+    Setting("GPULAYER_SERVER_THREADS", "server_threads", _count(1), 200, "`200`",
+            "threads of `gpulayer server start` for database calls"),
+    Setting("GPULAYER_LOG_LEVEL", "log_level", _level, "INFO", "`INFO`",
+            "log level of `gpulayer worker start` and `gpulayer server start`"),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: str | None
+    url: str | None
+    token: str | None
+    ca: str | None
+    database_url: str | None
+    plugins: tuple[str, ...]
+    disable_plugins: tuple[str, ...]
+    max_bundle_mb: float
+    heartbeat_timeout: float
+    heartbeat_interval: float | None
+    http_retry_seconds: float
+    cpu_slots: int | None
+    exit_grace: float
+    advertise_address: str | None
+    rendezvous_ports: tuple[int, int]
+    server_threads: int
+    log_level: str
+
+
+_cache: tuple[tuple[str | None, ...], Settings] | None = None
+
+
+def settings() -> Settings:
+    """The settings in the environment now (cached while it stays the same)."""
+    global _cache
+    raw = tuple(os.environ.get(s.name) for s in SETTINGS)
+    if _cache is not None and _cache[0] == raw:
+        return _cache[1]
+    values = {}
+    for s, value in zip(SETTINGS, raw, strict=True):
+        values[s.attr] = s.default if value is None or value.strip() == "" else s.parse(s.name, value)
+    parsed = Settings(**values)
+    _cache = (raw, parsed)
+    return parsed
 
 
 def home() -> Path:
-    """The state directory, created on first use."""
-    raw = os.environ.get("GPULAYER_HOME") or str(Path.home() / ".gpulayer")
+    """The state directory, created on first use (readable by its owner only: it holds the
+    database, with job specs, code, logs and results, and tokens)."""
+    raw = settings().home or str(Path.home() / ".gpulayer")
     path = Path(raw).expanduser().resolve()
-    # owner only: it holds the database (job specs, code, logs, results) and tokens
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
 
 
-def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
-    """A float setting from the environment; a bad value names the variable."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidInput(f"{name}={raw!r}: expected a number") from None
-    if value < minimum:
-        raise InvalidInput(f"{name}={raw!r}: expected a number >= {minimum}")
-    return value
-
-
 def max_bundle_bytes() -> int:
-    return int(env_float("GPULAYER_MAX_BUNDLE_MB", DEFAULT_MAX_BUNDLE_MB, minimum=0.001) * 1024 * 1024)
+    return int(settings().max_bundle_mb * 1024 * 1024)

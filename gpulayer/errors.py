@@ -1,4 +1,4 @@
-"""GPUlayer's exceptions.
+"""GPUlayer's exceptions, and how they cross the HTTP API.
 
 Every error GPUlayer raises on purpose derives from :class:`GpulayerError`::
 
@@ -6,26 +6,36 @@ Every error GPUlayer raises on purpose derives from :class:`GpulayerError`::
     ├── InvalidInput            bad user input: names the input and what is accepted
     │   ├── InvalidRequirement  a framework spec, profile, accelerator, ... that cannot be used
     │   ├── InvalidArgument     a FunctionJob argument that is not JSON
-    │   └── BundleError         a source bundle that is too large, unsafe, or not what it claims
+    │   ├── BundleError         a source bundle that is too large, unsafe, or not what it claims
+    │   ├── BadRequest          a request body that is not JSON at all (HTTP 400)
+    │   └── TooLarge            a request body over the server's limit (HTTP 413)
     ├── PluginError             a plugin conflict, an unknown hook, a plugin asked for but broken
     ├── NotFound                no job, worker, task, bundle or token with that id
     ├── Conflict                a state transition that is not allowed (a late report, ...)
     ├── Unschedulable           no registered worker could ever run the job (carries reasons)
     ├── JobFailed               the job ended without success (carries its state and exit code)
     │   └── RemoteError         a FunctionJob raised: remote type, message and traceback
-    ├── AuthError               missing or wrong token (401) or wrong scope (403)
+    ├── AuthError               missing or unusable token (HTTP 401)
+    │   └── Forbidden           a token whose scope may not do this (HTTP 403)
     └── ConnectionFailed        the control plane could not be reached
+
+Each class has a stable ``code``. The server answers an error as
+``{"error": {"code": ..., "message": ..., "details": {...}}}`` with the class's HTTP status,
+and the client raises the class registered for that code (:func:`error_from_wire`), with the
+same message and details: callers never match message text.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "AuthError",
+    "BadRequest",
     "BundleError",
     "Conflict",
     "ConnectionFailed",
+    "Forbidden",
     "GpulayerError",
     "InvalidArgument",
     "InvalidInput",
@@ -34,20 +44,67 @@ __all__ = [
     "NotFound",
     "PluginError",
     "RemoteError",
+    "TooLarge",
     "Unschedulable",
+    "error_from_wire",
 ]
+
+#: code -> class, filled by every subclass that names a ``code`` of its own
+_BY_CODE: dict[str, type[GpulayerError]] = {}
 
 
 class GpulayerError(Exception):
     """Base class of every error GPUlayer raises on purpose."""
 
     #: HTTP status the server answers with for this error.
-    status_code = 500
+    status_code: ClassVar[int] = 500
     #: stable machine-readable code, carried over the HTTP API.
-    code = "error"
+    code: ClassVar[str] = "error"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__:
+            other = _BY_CODE.get(cls.code)
+            if other is not None and other.__qualname__ != cls.__qualname__:
+                raise TypeError(f"error code {cls.code!r} is used by {other.__qualname__} and {cls.__qualname__}")
+            _BY_CODE[cls.code] = cls
+
+    def details(self) -> dict[str, Any]:
+        """What a subclass carries besides its message (JSON values), for the wire."""
+        return {}
+
+    @classmethod
+    def from_details(cls, message: str, details: dict[str, Any]) -> GpulayerError:
+        """Rebuild the error from :meth:`to_dict`'s fields (the inverse of :meth:`details`)."""
+        return cls(message)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "message": str(self)}
+        out: dict[str, Any] = {"code": self.code, "message": str(self)}
+        details = self.details()
+        if details:
+            out["details"] = details
+        return out
+
+
+def error_from_wire(data: Any, *, status: int) -> GpulayerError:
+    """The error an HTTP answer with status ``status`` and body ``{"error": data}`` carries."""
+    if isinstance(data, dict) and isinstance(data.get("code"), str) and isinstance(data.get("message"), str):
+        code, message = data["code"], data["message"]
+        raw = data.get("details")
+        details: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        cls = _BY_CODE.get(code)
+        if cls is not None:
+            try:
+                return cls.from_details(message, details)
+            except (TypeError, ValueError, KeyError):  # details of another version: keep the text
+                return GpulayerError(message)
+    else:
+        message = f"HTTP {status}"
+    if status == 401:
+        return AuthError(message)
+    if status == 403:
+        return Forbidden(message)
+    return GpulayerError(f"server error (HTTP {status}): {message}")
 
 
 class InvalidInput(GpulayerError, ValueError):
@@ -65,6 +122,16 @@ class InvalidArgument(InvalidInput):
 
 class BundleError(InvalidInput):
     code = "invalid_bundle"
+
+
+class BadRequest(InvalidInput):
+    status_code = 400
+    code = "bad_request"
+
+
+class TooLarge(InvalidInput):
+    status_code = 413
+    code = "too_large"
 
 
 class PluginError(GpulayerError):
@@ -91,6 +158,13 @@ class Unschedulable(GpulayerError):
         super().__init__(message)
         self.job_id = job_id
 
+    def details(self) -> dict[str, Any]:
+        return {"job_id": self.job_id} if self.job_id else {}
+
+    @classmethod
+    def from_details(cls, message: str, details: dict[str, Any]) -> GpulayerError:
+        return cls(message, job_id=details.get("job_id"))
+
 
 class JobFailed(GpulayerError):
     code = "job_failed"
@@ -103,6 +177,14 @@ class JobFailed(GpulayerError):
         self.job_id = job_id
         self.state = state
         self.exit_code = exit_code
+
+    def details(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "state": self.state, "exit_code": self.exit_code}
+
+    @classmethod
+    def from_details(cls, message: str, details: dict[str, Any]) -> GpulayerError:
+        return cls(message, job_id=details.get("job_id"), state=details.get("state"),
+                   exit_code=details.get("exit_code"))
 
 
 class RemoteError(JobFailed):
@@ -124,15 +206,24 @@ class RemoteError(JobFailed):
         self.remote_message = remote_message
         self.remote_traceback = remote_traceback
 
+    def details(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "remote_type": self.remote_type,
+                "remote_message": self.remote_message, "remote_traceback": self.remote_traceback}
+
+    @classmethod
+    def from_details(cls, message: str, details: dict[str, Any]) -> GpulayerError:
+        return cls(str(details["remote_type"]), str(details["remote_message"]),
+                   str(details["remote_traceback"]), job_id=details.get("job_id"))
+
 
 class AuthError(GpulayerError):
     status_code = 401
     code = "unauthorized"
 
-    def __init__(self, message: str, status_code: int = 401) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.code = "unauthorized" if status_code == 401 else "forbidden"
+
+class Forbidden(AuthError):
+    status_code = 403
+    code = "forbidden"
 
 
 class ConnectionFailed(GpulayerError):

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from gpulayer.client import Client, connect
+from gpulayer.client import Client, chunk_text, connect, prefixes_nodes
 from gpulayer.errors import (
     InvalidArgument,
     JobFailed,
@@ -25,6 +25,7 @@ from gpulayer.errors import (
     Unschedulable,
 )
 from gpulayer.records import JobRecord, JobState
+from gpulayer.scheduling import NO_ELIGIBLE_WORKER
 from gpulayer.specs import (
     CommandJob,
     DistributedJob,
@@ -51,7 +52,7 @@ class JobHandle:
         return f"JobHandle({self.id!r})"
 
     def record(self) -> JobRecord:
-        return self._client.get_job(self.id)
+        return self._client.api.get_job(self.id)
 
     def status(self) -> str:
         return self.record().state.value
@@ -60,7 +61,7 @@ class JobHandle:
         return self.record().state.terminal
 
     def wait(self, timeout: float | None = None) -> JobRecord:
-        job = self._client.wait_job(self.id, timeout)
+        job = self._client.wait(self.id, timeout)
         if not job.state.terminal:
             raise TimeoutError(f"job {self.id} is still {job.state.value} after {timeout} s")
         return job
@@ -75,26 +76,32 @@ class JobHandle:
         return result_of(job)
 
     def logs(self, node: int | None = None) -> str:
-        return "".join(c.data for c in self._client.logs(self.id, node=node))
+        """The output so far; lines of a job of several nodes are prefixed ``[node R]``, as
+        ``gpulayer jobs logs`` shows them."""
+        job = self.record()
+        prefix = prefixes_nodes(job.spec, node)
+        return "".join(chunk_text(c, prefix=prefix) for c in self._client.api.logs(self.id, node=node))
 
     def follow(self, node: int | None = None) -> Iterator[str]:
-        for chunk in self._client.follow_logs(self.id, node=node):
-            yield chunk.data
+        """The output as it arrives, until the job ends (prefixed as :meth:`logs`)."""
+        prefix = prefixes_nodes(self.record().spec, node)
+        for chunk in self._client.follow(self.id, node=node):
+            yield chunk_text(chunk, prefix=prefix)
 
     def cancel(self) -> str:
-        return self._client.cancel(self.id).state.value
+        return self._client.api.cancel(self.id).state.value
 
 
 def result_of(job: JobRecord) -> Any:
+    """A finished job's result, or the error that says why there is none."""
     if job.state is JobState.SUCCEEDED:
         return job.result if job.spec.kind == "function" else job.exit_code
-    err = job.error or {}
+    err = job.error
     if job.state is JobState.UNSCHEDULABLE:
-        raise Unschedulable(err.get("message") or "scheduling: no eligible worker", job_id=job.id)
-    if job.state is JobState.FAILED and "traceback" in err:
-        raise RemoteError(err.get("type", "Exception"), err.get("message", ""), err.get("traceback", ""),
-                          job_id=job.id)
-    message = err.get("message") or job.state.value
+        raise Unschedulable(err.message if err else NO_ELIGIBLE_WORKER, job_id=job.id)
+    if job.state is JobState.FAILED and err is not None and err.raised:
+        raise RemoteError(err.type, err.message, err.traceback or "", job_id=job.id)
+    message = err.message if err and err.message else job.state.value
     raise JobFailed(f"job {job.id} {job.state.value}: {message}", job_id=job.id, state=job.state.value,
                     exit_code=job.exit_code)
 
@@ -112,8 +119,7 @@ def submit(spec: CommandJob | FunctionJob | DistributedJob, *, client: Client | 
     client = client or connect()
     job = client.submit(spec)
     if job.state is JobState.UNSCHEDULABLE:
-        raise Unschedulable(job.decision.render() if job.decision else "scheduling: no eligible worker",
-                            job_id=job.id)
+        raise Unschedulable(job.decision.render() if job.decision else NO_ELIGIBLE_WORKER, job_id=job.id)
     return JobHandle(job.id, client)
 
 

@@ -19,16 +19,14 @@ import json
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import typer
 
+from gpulayer.client import Client, chunk_text, prefixes_nodes
 from gpulayer.errors import GpulayerError, InvalidInput
 from gpulayer.records import JobRecord, JobState
 from gpulayer.specs import CommandJob, DistributedJob, Placement, Requirements
-
-if TYPE_CHECKING:
-    from gpulayer.client import Client
 
 EXIT_FAILED = 1
 EXIT_TIMED_OUT = 124
@@ -40,10 +38,18 @@ jobs_app = typer.Typer(help="Inspect and control jobs.", no_args_is_help=True)
 
 
 def _client() -> Client:
-    # imported here: the client pulls in the store (SQLAlchemy), which other commands don't need
-    from gpulayer.client import connect
+    from gpulayer.client import connect  # the embedded control plane loads SQLAlchemy only when used
 
     return connect()
+
+
+def _job_state(state: str | None) -> JobState | None:
+    if state is None:
+        return None
+    try:
+        return JobState(state)
+    except ValueError:
+        raise InvalidInput(f"--state {state!r}: expected one of {', '.join(s.value for s in JobState)}") from None
 
 
 def _echo_json(data: Any) -> None:
@@ -59,7 +65,7 @@ def exit_code_for(job: JobRecord) -> int:
         return EXIT_TIMED_OUT
     if job.state is JobState.CANCELLED:
         return EXIT_CANCELLED
-    if job.error and job.error.get("type") == "lost":
+    if job.error and job.error.type == "lost":
         return EXIT_LOST
     if job.exit_code is not None and job.exit_code > 0:
         return job.exit_code
@@ -94,29 +100,22 @@ class _Progress:
 
 def follow_job(client: Client, job_id: str, *, node: int | None = None, progress: bool = False) -> JobRecord:
     """Stream the job's output to our stdout/stderr until it ends; returns its record."""
-    after = 0
     show = _Progress(progress)
-    delay = 0.05
-    while True:
-        job = client.get_job(job_id)
+    prefix: bool | None = None
+    last: list[JobRecord] = []
+
+    def seen(job: JobRecord) -> None:
+        nonlocal prefix
         show.update(job)
-        chunks = client.logs(job_id, after=after, node=node)
-        multi = job.spec.kind == "distributed" and getattr(job.spec, "nodes", 1) > 1 and node is None
-        for c in chunks:
-            after = max(after, c.id)
-            out = sys.stderr if c.stream == "stderr" else sys.stdout
-            data = c.data
-            if multi:
-                data = "".join(f"[node {c.node_rank}] {line}" for line in data.splitlines(keepends=True))
-            out.write(data)
-            out.flush()
-        if job.state.terminal and not chunks:
-            return job
-        if chunks:
-            delay = 0.05
-        else:
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
+        last[:] = [job]
+        if prefix is None:
+            prefix = prefixes_nodes(job.spec, node)
+
+    for c in client.follow(job_id, node=node, on_update=seen):
+        out = sys.stderr if c.stream == "stderr" else sys.stdout
+        out.write(chunk_text(c, prefix=bool(prefix)))
+        out.flush()
+    return last[0]
 
 
 def register(app: typer.Typer) -> None:
@@ -203,11 +202,11 @@ def submit_cmd(
     try:
         final = follow_job(client, job.id, progress=sys.stderr.isatty())
     except KeyboardInterrupt:
-        client.cancel(job.id)
+        client.api.cancel(job.id)
         typer.echo(f"\ngpulayer: cancelled {job.id}", err=True)
         raise typer.Exit(EXIT_CANCELLED) from None
     if final.state is not JobState.SUCCEEDED:
-        err = (final.error or {}).get("message") or final.state.value
+        err = final.error.message if final.error and final.error.message else final.state.value
         typer.echo(f"gpulayer: job {final.id} {final.state.value}: {err}", err=True)
     raise typer.Exit(exit_code_for(final))
 
@@ -216,9 +215,8 @@ def _background_worker_for_detached_jobs(client: Client) -> None:
     """A detached job outlives this command, so it cannot run on a worker inside it: start
     a background worker (it exits after 5 idle minutes) when no local worker is running."""
     from gpulayer import config
-    from gpulayer.client import EmbeddedClient
 
-    if not isinstance(client, EmbeddedClient) or client.live_local_workers():
+    if not client.embedded or client.live_local_workers():
         return
     log = config.home() / "worker.log"
     with open(log, "ab") as out:
@@ -290,7 +288,7 @@ def jobs_list(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """List recent jobs, newest first."""
-    jobs = _client().list_jobs(state=state, limit=limit)
+    jobs = _client().api.list_jobs(state=_job_state(state), limit=limit)
     if as_json:
         _echo_json([_job_summary(j) for j in jobs])
         return
@@ -315,7 +313,7 @@ def _age(seconds: float) -> str:
 @jobs_app.command("show")
 def jobs_show(job_id: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")) -> None:
     """A job's spec, state, tasks and last placement decision (one line per worker)."""
-    job = _client().get_job(job_id)
+    job = _client().api.get_job(job_id)
     if as_json:
         typer.echo(job.model_dump_json(indent=2))
         return
@@ -329,7 +327,7 @@ def jobs_show(job_id: str = typer.Argument(...), as_json: bool = typer.Option(Fa
                f"on_unschedulable={job.spec.placement.on_unschedulable}")
     typer.echo(f"attempt   {job.attempt} of {job.spec.retries + 1}")
     if job.error:
-        typer.echo(f"error     {job.error.get('type')}: {job.error.get('message')}")
+        typer.echo(f"error     {job.error.describe()}")
     for t in job.tasks:
         devs = f" {t.accelerator}{t.devices}" if t.devices else ""
         typer.echo(f"task      {t.id} attempt={t.attempt} node={t.node_rank} worker={t.worker_id}{devs} "
@@ -349,21 +347,18 @@ def jobs_logs(
     if follow:
         follow_job(client, job_id, node=node)
         return
-    job = client.get_job(job_id)
-    multi = job.spec.kind == "distributed" and node is None
-    for c in client.logs(job_id, node=node):
+    job = client.api.get_job(job_id)
+    prefix = prefixes_nodes(job.spec, node)
+    for c in client.api.logs(job_id, node=node):
         out = sys.stderr if c.stream == "stderr" else sys.stdout
-        data = c.data
-        if multi:
-            data = "".join(f"[node {c.node_rank}] {line}" for line in data.splitlines(keepends=True))
-        out.write(data)
+        out.write(chunk_text(c, prefix=prefix))
     sys.stdout.flush()
 
 
 @jobs_app.command("cancel")
 def jobs_cancel(job_id: str = typer.Argument(...)) -> None:
     """Cancel a job: its processes are ended, grandchildren included."""
-    job = _client().cancel(job_id)
+    job = _client().api.cancel(job_id)
     typer.echo(f"{job.id} {job.state.value}" + (" (cancel requested)" if not job.state.terminal else ""))
 
 
@@ -375,15 +370,15 @@ def jobs_result(
 ) -> None:
     """Print a job's JSON result (function jobs) or exit code (command jobs)."""
     client = _client()
-    job = client.wait_job(job_id, timeout) if wait else client.get_job(job_id)
+    job = client.wait(job_id, timeout) if wait else client.api.get_job(job_id)
     if not job.state.terminal:
         typer.echo(f"job {job_id} is still {job.state.value}", err=True)
         raise typer.Exit(EXIT_FAILED)
     if job.state is JobState.SUCCEEDED:
         _echo_json(job.result if job.spec.kind == "function" else {"exit_code": job.exit_code})
         return
-    err = job.error or {}
-    typer.echo(f"job {job.id} {job.state.value}: {err.get('type', '')}: {err.get('message', '')}", err=True)
-    if err.get("traceback"):
-        typer.echo(err["traceback"], err=True)
+    err = job.error
+    typer.echo(f"job {job.id} {job.state.value}: {err.describe() if err else job.state.value}", err=True)
+    if err is not None and err.traceback:
+        typer.echo(err.traceback, err=True)
     raise typer.Exit(exit_code_for(job))

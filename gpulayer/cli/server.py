@@ -101,7 +101,7 @@ def server_start(
     from gpulayer.store import Store
     from gpulayer.tokens import TokenStore
 
-    logging.basicConfig(level=os.environ.get("GPULAYER_LOG_LEVEL", "INFO"),
+    logging.basicConfig(level=config.settings().log_level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if (tls_cert is None) != (tls_key is None):
         raise typer.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert/--tls-key")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any, Optional
 
@@ -19,14 +18,14 @@ def register(app: typer.Typer) -> None:
     app.add_typer(token_app, name="token")
 
 
-def _client() -> Any:
-    from gpulayer.http_client import HttpClient
+def _admin() -> Any:
+    from gpulayer import config
+    from gpulayer.http_client import connect_http
 
-    url = os.environ.get("GPULAYER_URL")
-    if not url:
+    env = config.settings()
+    if not env.url:
         raise InvalidInput("tokens live on a server: give --url URL (or set GPULAYER_URL)")
-    return HttpClient(url, token=os.environ.get("GPULAYER_TOKEN") or None,
-                      ca=os.environ.get("GPULAYER_CA") or None, retry_for=5.0)
+    return connect_http(env.url, token=env.token, ca=env.ca, retry_for=5.0)
 
 
 @token_app.command("create")
@@ -50,41 +49,41 @@ def token_create(
     scope = chosen[0]
     if uses is not None and scope not in ("join",):
         raise typer.BadParameter("--uses applies to --join tokens", param_hint="--uses")
-    data = _client().create_token(scope, ttl=parse_duration(ttl) if ttl else None, uses=uses,
-                                  description=description)
+    new = _admin().create_token(scope=scope, ttl=parse_duration(ttl) if ttl else None, uses=uses,
+                                description=description)
     if as_json:
-        typer.echo(json.dumps(data, indent=2))
+        typer.echo(new.model_dump_json(indent=2))
         return
-    typer.echo(data["token"])
+    typer.echo(new.token)
     extra = []
-    if data.get("expires_at"):
-        extra.append("expires " + time.strftime("%Y-%m-%d %H:%M", time.localtime(data["expires_at"])))
-    if data.get("uses_left") is not None:
-        extra.append(f"{data['uses_left']} use(s)")
-    typer.echo(f"{scope} token {data['id']}{' (' + ', '.join(extra) + ')' if extra else ''}; "
+    if new.expires_at:
+        extra.append("expires " + time.strftime("%Y-%m-%d %H:%M", time.localtime(new.expires_at)))
+    if new.uses_left is not None:
+        extra.append(f"{new.uses_left} use(s)")
+    typer.echo(f"{scope} token {new.id}{' (' + ', '.join(extra) + ')' if extra else ''}; "
                "the secret above is shown only once", err=True)
 
 
 @token_app.command("list")
 def token_list(as_json: bool = typer.Option(False, "--json")) -> None:
     """Tokens on the server (never their secrets)."""
-    rows = _client().list_tokens()
+    rows = _admin().list_tokens()
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(json.dumps([t.model_dump(mode="json") for t in rows], indent=2))
         return
     typer.echo(f"{'ID':<18}{'SCOPE':<11}{'STATE':<10}{'EXPIRES':<18}{'USES':<6}{'WORKER':<18}DESCRIPTION")
     now = time.time()
     for t in rows:
-        state = ("revoked" if t["revoked"] else "expired" if t["expires_at"] and t["expires_at"] <= now
-                 else "used up" if t["uses_left"] == 0 else "active")
-        exp = time.strftime("%Y-%m-%d %H:%M", time.localtime(t["expires_at"])) if t["expires_at"] else "-"
-        uses = "-" if t["uses_left"] is None else str(t["uses_left"])
-        typer.echo(f"{t['id']:<18}{t['scope']:<11}{state:<10}{exp:<18}{uses:<6}{t['worker_id'] or '-':<18}"
-                   f"{t['description']}")
+        state = ("revoked" if t.revoked else "expired" if t.expires_at and t.expires_at <= now
+                 else "used up" if t.uses_left == 0 else "active")
+        exp = time.strftime("%Y-%m-%d %H:%M", time.localtime(t.expires_at)) if t.expires_at else "-"
+        uses = "-" if t.uses_left is None else str(t.uses_left)
+        typer.echo(f"{t.id:<18}{t.scope:<11}{state:<10}{exp:<18}{uses:<6}{t.worker_id or '-':<18}"
+                   f"{t.description}")
 
 
 @token_app.command("revoke")
 def token_revoke(token_id: str = typer.Argument(..., help="token id (tok-...)")) -> None:
     """Revoke a token: it is refused from now on."""
-    t = _client().revoke_token(token_id)
-    typer.echo(f"revoked {t['id']} ({t['scope']})")
+    t = _admin().revoke_token(token_id)
+    typer.echo(f"revoked {t.id} ({t.scope})")

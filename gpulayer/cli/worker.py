@@ -9,6 +9,8 @@ from typing import Any, Optional
 
 import typer
 
+from gpulayer.errors import InvalidInput
+
 worker_app = typer.Typer(help="Run and inspect workers.", no_args_is_help=True)
 
 
@@ -27,10 +29,12 @@ def worker_start(
     idle_exit: Optional[float] = typer.Option(None, "--idle-exit", min=0, help="stop after this many idle seconds"),
 ) -> None:
     """Start a worker: embedded (this machine's $GPULAYER_HOME) or, with --url, for a server."""
+    from gpulayer import config
     from gpulayer.resources import detect_capabilities
     from gpulayer.worker.agent import Agent
 
-    logging.basicConfig(level=os.environ.get("GPULAYER_LOG_LEVEL", "INFO"),
+    env = config.settings()
+    logging.basicConfig(level=env.log_level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     labels = {}
     for item in label:
@@ -41,21 +45,27 @@ def worker_start(
     caps = detect_capabilities(python=python)
     if labels:
         caps = caps.model_copy(update={"labels": {**caps.labels, **labels}})
-    from gpulayer.client import EmbeddedClient, connect
+    api: Any
+    registered = None
+    url = env.url
+    if url:  # a server: spend the join token, then act with the credential it gives
+        from gpulayer.http_client import connect_http
 
-    url = os.environ.get("GPULAYER_URL")
-    if url:
-        from gpulayer.http_client import HttpWorkerAPI
-
-        api: Any = HttpWorkerAPI.join(url, token=token or os.environ.get("GPULAYER_TOKEN"),
-                                      ca=os.environ.get("GPULAYER_CA"))
-        origin = "existing"
+        join = token or env.token
+        if not join:
+            raise InvalidInput("a worker joins a server with a join token: gpulayer --url URL worker start "
+                               "--token TOKEN (create one with 'gpulayer token create --join')")
+        # each call keeps retrying through a short outage (every 2 s at most), so the worker
+        # is back within moments of its server; the agent's own loops retry beyond that
+        api = connect_http(url, ca=env.ca, retry_for=30.0)
+        reply = api.join_worker(caps, join_token=join, name=name, cpu_slots=_slots(cpu_slots, caps), pid=os.getpid())
+        api.token = reply.token
+        registered = reply.worker
     else:
-        client = connect()
-        assert isinstance(client, EmbeddedClient)
-        api = client.control
-        origin = "local"
-    agent = Agent(api, capabilities=caps, origin=origin, name=name, cpu_slots=cpu_slots,
+        from gpulayer.client import connect
+
+        api = connect().control
+    agent = Agent(api, capabilities=caps, registered=registered, name=name, cpu_slots=cpu_slots,
                   python=python, grace=grace, idle_exit=idle_exit)
     record = agent.start()
     typer.echo(f"worker {record.id} ({record.name}) serving {record.target} jobs: "
@@ -64,11 +74,17 @@ def worker_start(
     typer.echo("worker: stopped", err=True)
 
 
+def _slots(cpu_slots: int | None, caps: Any) -> int:
+    from gpulayer.worker.agent import default_cpu_slots
+
+    return cpu_slots if cpu_slots is not None else default_cpu_slots(caps)
+
+
 def _worker_rows(as_json: bool) -> tuple[list[Any], dict[str, Any]]:
     from gpulayer.client import connect
 
-    client = connect()
-    return client.list_workers(), client.worker_usage()
+    api = connect().api
+    return api.list_workers(), api.worker_usage()
 
 
 @worker_app.command("list")
@@ -90,8 +106,9 @@ def worker_list(as_json: bool = typer.Option(False, "--json")) -> None:
 
 
 def _status(w: Any, usage: dict[str, Any]) -> dict[str, Any]:
-    u = usage.get(w.id, {"busy_devices": [], "busy_cpu_slots": 0})
-    busy = set(u["busy_devices"])
+    u = usage.get(w.id)
+    busy = set(u.busy_devices) if u is not None else set()
+    busy_slots = u.busy_cpu_slots if u is not None else 0
     kinds: dict[str, dict[str, int]] = {}
     for d in w.capabilities.devices:
         k = kinds.setdefault(d.kind, {"total": 0, "free": 0})
@@ -102,7 +119,7 @@ def _status(w: Any, usage: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": w.id, "name": w.name, "origin": w.origin, "target": w.target, "state": state,
         "last_heartbeat": w.last_heartbeat,
-        "availability": {"online": w.online, "free_cpu_slots": max(0, w.cpu_slots - u["busy_cpu_slots"]) if w.online else 0,
+        "availability": {"online": w.online, "free_cpu_slots": max(0, w.cpu_slots - busy_slots) if w.online else 0,
                          "devices": kinds, "busy_devices": sorted(busy)},
         "capabilities": json.loads(w.capabilities.model_dump_json()),
         "frameworks": w.capabilities.frameworks,

@@ -1,21 +1,21 @@
-"""The database: one place that opens it, versions it, and holds the queries that matter.
+"""The database: one place that opens it, versions it, and holds every query.
 
-The control plane reaches the database only through :class:`Store`. Every state change
-runs inside :meth:`Store.write`, which serialises writers: ``BEGIN IMMEDIATE`` on SQLite
-(several processes share one ``$GPULAYER_HOME``), and a transaction-scoped advisory lock
-on PostgreSQL (several servers share one database). A placement pass therefore never
-sees a half-written one and two passes never hand out the same device.
-
-Task state changes go through :func:`transition_task`, a compare-and-set on the current
-state: a report that arrives after the task moved on (a late report from a superseded
-attempt) changes nothing.
+* :class:`Store` opens the database (SQLite or PostgreSQL), checks and migrates its schema
+  (:mod:`gpulayer.store.migrations`) and hands out transactions. Every state change runs
+  inside :meth:`Store.write`, which serialises writers: ``BEGIN IMMEDIATE`` on SQLite
+  (several processes share one ``$GPULAYER_HOME``) and a transaction-scoped advisory lock
+  on PostgreSQL (several servers share one database), so a placement pass never sees a
+  half-written one and two passes never hand out the same device.
+* :mod:`gpulayer.store.tables`: the tables.
+* :mod:`gpulayer.store.queries`: every query, one named function each; task state changes
+  are compare-and-set (:func:`~gpulayer.store.queries.transition_task`), so a late report
+  from a superseded attempt changes nothing.
+* :mod:`gpulayer.store.mapping`: rows to API records, in one place.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +28,6 @@ from sqlmodel import Session, SQLModel, create_engine
 
 from gpulayer import config
 from gpulayer.errors import InvalidInput
-from gpulayer.records import TaskState
 from gpulayer.store import migrations
 from gpulayer.store.tables import (
     BundleRow,
@@ -50,18 +49,11 @@ __all__ = [
     "TaskRow",
     "TokenRow",
     "WorkerRow",
-    "transition_task",
 ]
 
 # Advisory lock key for PostgreSQL writers ("gpulayer" in ASCII, truncated to fit int8).
 _PG_LOCK_KEY = 0x6770756C61796572 & 0x7FFFFFFFFFFFFFFF
 
-TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
-    TaskState.ASSIGNED: frozenset({TaskState.RUNNING, TaskState.CANCELLED, TaskState.LOST,
-                                   TaskState.FAILED}),
-    TaskState.RUNNING: frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED,
-                                  TaskState.TIMED_OUT, TaskState.LOST}),
-}
 
 
 def default_url() -> str:
@@ -95,7 +87,6 @@ class Store:
         self.url = normalise_url(url or default_url())
         self.is_sqlite = self.url.startswith("sqlite")
         self.engine = self._make_engine()
-        self._local = threading.local()
         # SQLite: writers of this process queue here instead of in SQLite's busy handler,
         # which sleeps in growing steps and starves a busy server (see bench/server_heartbeats.py)
         self._write_lock = threading.RLock() if self.is_sqlite else None
@@ -173,36 +164,3 @@ class Store:
 
 
 _NO_LOCK = contextlib.nullcontext()
-
-
-def transition_task(
-    session: Session, task_id: str, to: TaskState, **fields: Any
-) -> bool:
-    """Move a task to ``to`` if the move is allowed from the state it is in now.
-
-    A compare-and-set: returns False (and changes nothing) when the task has already
-    moved on, which is how late and duplicate reports are refused.
-    """
-    allowed_from = [s.value for s, targets in TASK_TRANSITIONS.items() if to in targets]
-    if not allowed_from:
-        return False
-    sets = ", ".join(f"{k} = :{k}" for k in fields)
-    params = {"id": task_id, "to": to.value, **{k: _sql_value(v) for k, v in fields.items()}}
-    placeholders = ", ".join(f":f{i}" for i in range(len(allowed_from)))
-    params.update({f"f{i}": s for i, s in enumerate(allowed_from)})
-    sql = (
-        f"UPDATE gl_tasks SET state = :to{', ' + sets if sets else ''} "
-        f"WHERE id = :id AND state IN ({placeholders})"
-    )
-    result = session.execute(text(sql), params)
-    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
-
-
-def _sql_value(v: Any) -> Any:
-    if isinstance(v, (list, dict)):
-        return json.dumps(v)
-    return v
-
-
-def env_database_url() -> str | None:
-    return os.environ.get("GPULAYER_DATABASE_URL") or None

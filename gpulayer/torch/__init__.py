@@ -197,33 +197,23 @@ class Trainer:
         """
         import time
 
+        from gpulayer.client import chunk_text, prefixes_nodes
         from gpulayer.sdk import result_of
 
         handle = self.submit() if self.handle is None else self.handle
         client = self._client
         deadline = None if timeout is None else time.monotonic() + timeout
-        multi = self.distributed and self.nodes > 1
-        after, delay = 0, 0.05
-        while True:
-            job: JobRecord = client.get_job(handle.id)
-            chunks = client.logs(handle.id, after=after) if stream else []
-            for c in chunks:
-                after = max(after, c.id)
-                data = c.data
-                if multi:
-                    data = "".join(f"[node {c.node_rank}] {line}" for line in data.splitlines(keepends=True))
-                sink = (err or sys.stderr) if c.stream == "stderr" else (out or sys.stdout)
-                sink.write(data)
-                sink.flush()
-            if job.state.terminal and not chunks:
-                break
-            if deadline is not None and time.monotonic() > deadline:
+        prefix = prefixes_nodes(self.job)
+
+        def check_deadline(job: JobRecord) -> None:
+            if deadline is not None and time.monotonic() > deadline and not job.state.terminal:
                 raise TimeoutError(f"job {handle.id} is still {job.state.value} after {timeout} s")
-            if chunks:
-                delay = 0.05
-            else:
-                time.sleep(delay)
-                delay = min(delay * 1.5, 0.5)
+
+        for c in client.follow(handle.id, stream=stream, on_update=check_deadline):
+            sink = (err or sys.stderr) if c.stream == "stderr" else (out or sys.stdout)
+            sink.write(chunk_text(c, prefix=prefix))
+            sink.flush()
+        job: JobRecord = client.api.get_job(handle.id)
         result_of(job)  # raises JobFailed / Unschedulable / RemoteError unless it succeeded
         return job
 

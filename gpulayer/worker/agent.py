@@ -1,8 +1,11 @@
 """The worker agent: registers, heartbeats, takes assigned tasks and runs them.
 
-It talks to the control plane through :class:`WorkerAPI`, which the embedded
-:class:`~gpulayer.control.ControlPlane` implements directly and the HTTP client implements
-over the network, so one agent serves both the embedded default and a server.
+It talks to the control plane through :class:`~gpulayer.api.WorkerAPI`, which the embedded
+:class:`~gpulayer.control.ControlPlane` implements directly and
+:func:`~gpulayer.http_client.connect_http` implements over the network, so one agent serves
+both the embedded default and a server. A worker joining a server spends its join token
+first (``WorkerAPI.join_worker``, see ``gpulayer worker start``) and is handed to the agent
+already registered.
 
 Each task runs in its own thread as its own process tree (:mod:`gpulayer.worker.process`).
 A heartbeat thread keeps the worker alive and learns which tasks to end (a cancelled job,
@@ -23,46 +26,48 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from gpulayer import bundles, config, plugins
+from gpulayer.api import LogStream, TaskAssignment, WorkerAPI
 from gpulayer.errors import Conflict, ConnectionFailed, GpulayerError, InvalidInput, NotFound
 from gpulayer.hookrecords import Capabilities
-from gpulayer.records import TaskState, WorkerRecord
+from gpulayer.records import JobError, TaskState, WorkerRecord
 
 log = logging.getLogger("gpulayer.worker")
 
 RUNNER_PATH = str(Path(__file__).with_name("function_runner.py"))
 
 
-class WorkerAPI(Protocol):
-    """What a worker needs from a control plane (embedded or over HTTP)."""
+def default_cpu_slots(capabilities: Capabilities) -> int:
+    """CPU-only tasks a worker runs at once unless told: one per CPU, at most four."""
+    return max(1, min(4, capabilities.host.cpu_count))
 
-    def register_worker(self, capabilities: Capabilities, *, origin: str = ..., name: str | None = ...,
-                        cpu_slots: int = ..., pid: int | None = ..., worker_id: str | None = ...) -> WorkerRecord: ...
-    def heartbeat(self, worker_id: str, running: list[str] | None = ...) -> Any: ...
-    def poll(self, worker_id: str, wait: float = ...) -> list[Any]: ...
-    def start_task(self, task_id: str, worker_id: str) -> None: ...
-    def append_logs(self, task_id: str, worker_id: str, chunks: list[tuple[str, str]]) -> None: ...
-    def finish_task(self, task_id: str, worker_id: str, state: TaskState | str, *,
-                    exit_code: int | None = ..., result: Any = ..., error: dict[str, Any] | None = ...) -> None: ...
-    def get_bundle(self, digest: str) -> bytes: ...
-    def set_draining(self, worker_id: str) -> None: ...
-    def deregister_worker(self, worker_id: str) -> None: ...
+
+@dataclass
+class TaskOutcome:
+    """How one task ended, as the worker reports it."""
+
+    state: TaskState
+    exit_code: int | None = None
+    result: Any = None
+    error: JobError | None = None
 
 
 class _LogBuffer:
     """Collects a task's output and ships it in chunks, at most every ``interval`` seconds."""
 
-    def __init__(self, send: Callable[[list[tuple[str, str]]], None], interval: float = 0.1) -> None:
+    def __init__(self, send: Callable[[list[tuple[LogStream, str]]], None], interval: float = 0.1) -> None:
         self._send = send
         self._interval = interval
         self._lock = threading.Lock()
         # taken from taking chunks to having sent them, so chunks arrive in order
         self._send_lock = threading.Lock()
-        self._pending: list[tuple[str, str]] = []
-        self._decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in ("stdout", "stderr")}
+        self._pending: list[tuple[LogStream, str]] = []
+        self._decoders: dict[LogStream, codecs.IncrementalDecoder] = {
+            s: codecs.getincrementaldecoder("utf-8")("replace") for s in ("stdout", "stderr")}
         self._size = 0
         self._last = time.monotonic()
         self._closed = threading.Event()
@@ -90,17 +95,18 @@ class _LogBuffer:
         with self._lock:
             # a multi-byte character split across two reads stays in the decoder until
             # its other half arrives
-            dec = self._decoders.setdefault(stream, codecs.getincrementaldecoder("utf-8")("replace"))
-            self._append(stream, dec.decode(data))
+            name: LogStream = "stderr" if stream == "stderr" else "stdout"
+            dec = self._decoders.setdefault(name, codecs.getincrementaldecoder("utf-8")("replace"))
+            self._append(name, dec.decode(data))
             due = self._size > 64_000 or time.monotonic() - self._last >= self._interval
         if due:
             self.flush()
 
-    def add(self, stream: str, text: str) -> None:
+    def add(self, stream: LogStream, text: str) -> None:
         with self._lock:
             self._append(stream, text)
 
-    def _append(self, stream: str, text: str) -> None:
+    def _append(self, stream: LogStream, text: str) -> None:
         if not text:
             return
         if self._pending and self._pending[-1][0] == stream:
@@ -127,7 +133,7 @@ class Agent:
         api: WorkerAPI,
         *,
         capabilities: Capabilities | None = None,
-        origin: str = "local",
+        registered: WorkerRecord | None = None,
         name: str | None = None,
         cpu_slots: int | None = None,
         python: str | None = None,
@@ -143,22 +149,22 @@ class Agent:
 
             capabilities = detect_capabilities(python=python)
         self.capabilities = capabilities
-        self.origin = origin
         self.name = name
-        self.cpu_slots = cpu_slots if cpu_slots is not None else max(1, min(4, capabilities.host.cpu_count))
+        self.cpu_slots = cpu_slots if cpu_slots is not None else default_cpu_slots(capabilities)
         self.python = python or capabilities.host.python_path or sys.executable
         # embedded: frequent (cheap, and cancels are seen through heartbeats); over HTTP the
         # API says how often, so a large fleet does not flood the server
         default_interval = getattr(api, "heartbeat_interval", 0.5)
-        self.heartbeat_interval = heartbeat_interval or float(
-            os.environ.get("GPULAYER_HEARTBEAT_INTERVAL", str(default_interval)))
+        self.heartbeat_interval = heartbeat_interval or config.settings().heartbeat_interval or default_interval
         # how long one poll for work may wait: embedded polls are cheap and local; over HTTP
         # a long poll answers as soon as a task is assigned, so it can wait long
         self.poll_wait = poll_wait if poll_wait is not None else getattr(api, "poll_wait", 1.0)
         self.grace = grace
         self.kill_grace = kill_grace
         self.idle_exit = idle_exit
-        self.worker_id: str | None = None
+        #: set when a join already registered this worker (a server's join token)
+        self.registered = registered
+        self.worker_id: str | None = registered.id if registered is not None else None
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._running: dict[str, threading.Event] = {}
@@ -167,27 +173,29 @@ class Agent:
         self._shutdown_ended: set[str] = set()
         self._last_busy = time.monotonic()
         self._bundle_cache = config.home() / "bundles"
+        self._started = False
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> WorkerRecord:
-        record = self._register()
+        record = self.registered if self.registered is not None else self._register()
+        self._started = True
         threading.Thread(target=self._heartbeat_loop, name="gpulayer-heartbeat", daemon=True).start()
         threading.Thread(target=self._poll_loop, name="gpulayer-poll", daemon=True).start()
         return record
 
     def _register(self) -> WorkerRecord:
         record = self.api.register_worker(
-            self.capabilities, origin=self.origin, name=self.name, cpu_slots=self.cpu_slots,
-            pid=os.getpid(), worker_id=self.worker_id,
+            self.capabilities, worker_id=self.worker_id, name=self.name, cpu_slots=self.cpu_slots,
+            pid=os.getpid(),
         )
         self.worker_id = record.id
         return record
 
     def run_forever(self) -> None:
-        """Start (unless started), serve until SIGINT/SIGTERM or ``idle_exit`` idle seconds,
+        """Serve (start first if need be) until SIGINT/SIGTERM or ``idle_exit`` idle seconds,
         then drain and stop."""
-        if self.worker_id is None:
+        if not self._started:
             self.start()
 
         def _on_signal(signum: int, _frame: Any) -> None:
@@ -212,7 +220,7 @@ class Agent:
         self._stopping.set()
         if self.worker_id is not None:
             try:
-                self.api.set_draining(self.worker_id)
+                self.api.drain_worker(self.worker_id)
             except GpulayerError as exc:
                 log.warning("could not mark worker draining: %s", exc)
         deadline = time.monotonic() + grace
@@ -241,9 +249,10 @@ class Agent:
     def _heartbeat_loop(self) -> None:
         backoff = self.heartbeat_interval
         while not self._stopped.wait(backoff):
-            assert self.worker_id is not None
+            if self.worker_id is None:  # pragma: no cover - start() registers first
+                continue
             try:
-                reply = self.api.heartbeat(self.worker_id, self.running_tasks)
+                reply = self.api.heartbeat(self.worker_id, running=self.running_tasks)
                 backoff = self.heartbeat_interval
             except Exception as exc:  # whatever went wrong, this thread must keep beating
                 backoff = min(max(backoff, 0.5) * 2, 10.0)
@@ -265,9 +274,10 @@ class Agent:
     def _poll_loop(self) -> None:
         backoff = 0.5
         while not self._stopping.is_set():
-            assert self.worker_id is not None
+            if self.worker_id is None:  # pragma: no cover - start() registers first
+                return
             try:
-                assignments = self.api.poll(self.worker_id, wait=self.poll_wait)
+                assignments = self.api.poll_tasks(self.worker_id, wait=self.poll_wait)
                 backoff = 0.5
             except ConnectionFailed as exc:
                 log.warning("poll failed (%s); retrying in %.1f s", exc, backoff)
@@ -291,12 +301,12 @@ class Agent:
 
     # ------------------------------------------------------------------ one task
 
-    def _run_task(self, a: Any) -> None:
-        assert self.worker_id is not None
+    def _run_task(self, a: TaskAssignment) -> None:
+        worker_id = self._own_id()
         cancel = self._running[a.task_id]
         try:
             try:
-                self.api.start_task(a.task_id, self.worker_id)
+                self._start_task(a.task_id, worker_id)
             except (Conflict, NotFound) as exc:
                 log.info("not starting %s: %s", a.task_id, exc)
                 return
@@ -304,40 +314,58 @@ class Agent:
             self._report(a.task_id, outcome)
         except Exception as exc:  # a bug or an environment problem: the task must still end
             log.exception("task %s crashed in the worker", a.task_id)
-            self._report(a.task_id, {"state": TaskState.FAILED, "exit_code": None,
-                                     "error": {"type": type(exc).__name__,
-                                               "message": f"worker error: {exc}"}})
+            self._report(a.task_id, TaskOutcome(TaskState.FAILED, error=JobError.worker(
+                f"worker error: {type(exc).__name__}: {exc}")))
         finally:
             with self._lock:
                 self._running.pop(a.task_id, None)
                 self._threads.pop(a.task_id, None)
                 self._last_busy = time.monotonic()
 
-    #: how long a worker keeps trying to deliver a task's final report
+    def _own_id(self) -> str:
+        if self.worker_id is None:
+            raise GpulayerError("the worker is not registered yet (call start() first)")
+        return self.worker_id
+
+    #: how long a worker keeps trying to start a task, and to deliver its final report,
+    #: through an outage of the control plane
+    start_for = 120.0
     report_for = 600.0
 
-    def _report(self, task_id: str, outcome: dict[str, Any]) -> None:
+    def _start_task(self, task_id: str, worker_id: str) -> None:
+        """Starting matters (a task that cannot start is lost, then retried), so keep trying
+        through an outage; the control plane treats a repeated start as success."""
+        deadline = time.monotonic() + self.start_for
+        while True:
+            try:
+                self.api.start_task(task_id, worker_id=worker_id)
+                return
+            except ConnectionFailed:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
+
+    def _report(self, task_id: str, outcome: TaskOutcome) -> None:
         """Deliver the outcome, retrying through outages. While this runs the task stays in
         the heartbeat's running list; one that gives up is found lost by the control plane."""
-        assert self.worker_id is not None
+        worker_id = self._own_id()
         delay = 0.5
         deadline = time.monotonic() + self.report_for
         while True:
             try:
-                self.api.finish_task(task_id, self.worker_id, outcome["state"],
-                                     exit_code=outcome.get("exit_code"), result=outcome.get("result"),
-                                     error=outcome.get("error"))
+                self.api.finish_task(task_id, worker_id=worker_id, state=outcome.state,
+                                     exit_code=outcome.exit_code, result=outcome.result, error=outcome.error)
                 return
             except (Conflict, NotFound) as exc:
                 log.info("report for %s refused: %s", task_id, exc)
                 return
             except InvalidInput as exc:
-                if outcome.get("result") is None and outcome["state"] is TaskState.FAILED:
+                if outcome.result is None and outcome.state is TaskState.FAILED:
                     log.error("report for %s refused: %s", task_id, exc)
                     return
                 # e.g. a result too large to store: the task fails, saying why
-                outcome = {"state": TaskState.FAILED, "exit_code": outcome.get("exit_code"),
-                           "error": {"type": "report_refused", "message": f"the task's report was refused: {exc}"}}
+                outcome = TaskOutcome(TaskState.FAILED, exit_code=outcome.exit_code,
+                                      error=JobError.worker(f"the task's report was refused: {exc}"))
                 continue
             except Exception as exc:  # the control plane is away or failing: keep the outcome
                 if time.monotonic() > deadline:
@@ -348,7 +376,7 @@ class Agent:
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    def _workdir(self, a: Any) -> Path:
+    def _workdir(self, a: TaskAssignment) -> Path:
         digest = a.spec.bundle_digest
         if digest:
             target: Path = self._bundle_cache / digest
@@ -360,7 +388,7 @@ class Agent:
         scratch.mkdir(parents=True, exist_ok=True)
         return scratch
 
-    def task_env(self, a: Any, workdir: Path) -> dict[str, str]:
+    def task_env(self, a: TaskAssignment, workdir: Path) -> dict[str, str]:
         env = dict(os.environ)
         env.update(a.spec.env)
         env["GPULAYER_JOB_ID"] = a.job_id
@@ -384,8 +412,9 @@ class Agent:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir), env.get("PYTHONPATH", "")) if p)
         return env
 
-    def _execute(self, a: Any, cancel: threading.Event) -> dict[str, Any]:
-        logbuf = _LogBuffer(lambda chunks: self.api.append_logs(a.task_id, self.worker_id or "", chunks))
+    def _execute(self, a: TaskAssignment, cancel: threading.Event) -> TaskOutcome:
+        worker_id = self._own_id()
+        logbuf = _LogBuffer(lambda chunks: self.api.append_logs(a.task_id, worker_id=worker_id, chunks=chunks))
         scratch = config.home() / "tasks" / a.task_id
         try:
             with tempfile.TemporaryDirectory(prefix="gpulayer-task-") as private:
@@ -394,7 +423,7 @@ class Agent:
             logbuf.close()
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def _run(self, a: Any, cancel: threading.Event, logbuf: _LogBuffer, private: Path) -> dict[str, Any]:
+    def _run(self, a: TaskAssignment, cancel: threading.Event, logbuf: _LogBuffer, private: Path) -> TaskOutcome:
         """Prepare the task's directory, environment and command; run it; read its outcome."""
         from gpulayer.worker.process import run_process
 
@@ -402,7 +431,7 @@ class Agent:
             workdir = self._workdir(a)
         except (GpulayerError, OSError) as exc:
             logbuf.add("stderr", f"gpulayer: could not prepare the source bundle: {exc}\n")
-            return {"state": TaskState.FAILED, "error": {"type": "bundle", "message": str(exc)}}
+            return TaskOutcome(TaskState.FAILED, error=JobError.bundle(str(exc)))
         env = self.task_env(a, workdir)
         spec = a.spec
         result_path: Path | None = None
@@ -423,7 +452,7 @@ class Agent:
                 msg = (f"launcher {spec.launcher!r} is not installed on this worker "
                        f"(installed: {', '.join(sorted(launchers)) or 'none'})")
                 logbuf.add("stderr", f"gpulayer: {msg}\n")
-                return {"state": TaskState.FAILED, "error": {"type": "launcher", "message": msg}}
+                return TaskOutcome(TaskState.FAILED, error=JobError.launcher(msg))
             cmd = launcher.build(spec, a.rendezvous, a.node_rank, self.python)
             argv = list(cmd.argv)
             env.update(cmd.env)
@@ -437,20 +466,28 @@ class Agent:
             # a failure the job may retry elsewhere
             state = TaskState.FAILED
             outcome.error = f"the worker stopped before the task finished (grace {self.grace:g} s)"
-        report: dict[str, Any] = {"state": state, "exit_code": outcome.exit_code}
+        report = TaskOutcome(state, exit_code=outcome.exit_code)
         if outcome.error and state is not TaskState.SUCCEEDED:
-            report["error"] = {"type": state.value, "message": outcome.error}
+            report.error = JobError.ended(state, outcome.error)
         if result_path is not None and state in (TaskState.SUCCEEDED, TaskState.FAILED):
-            try:
-                payload = json.loads(result_path.read_text())
-            except (OSError, ValueError):
-                payload = None
-            if payload is not None and payload.get("ok"):
-                report["result"] = payload.get("result")
-            elif payload is not None:
-                report["state"] = TaskState.FAILED
-                report["error"] = payload.get("error")
-            elif state is TaskState.SUCCEEDED:
-                report["state"] = TaskState.FAILED
-                report["error"] = {"type": "runner", "message": "the function runner wrote no result"}
+            return _function_outcome(report, result_path)
         return report
+
+
+def _function_outcome(report: TaskOutcome, result_path: Path) -> TaskOutcome:
+    """A function job's outcome: its process's, with the runner's result or error read in."""
+    try:
+        payload = json.loads(result_path.read_text())
+    except (OSError, ValueError):
+        payload = None
+    if isinstance(payload, dict) and payload.get("ok"):
+        report.result = payload.get("result")
+    elif isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        err = payload["error"]
+        report.state = TaskState.FAILED
+        report.error = JobError.raised_by(str(err.get("type") or "Exception"), str(err.get("message") or ""),
+                                          str(err.get("traceback") or ""))
+    elif report.state is TaskState.SUCCEEDED:
+        report.state = TaskState.FAILED
+        report.error = JobError(type="runner", message="the function runner wrote no result")
+    return report

@@ -327,7 +327,8 @@ def run_process(
         _emit_safely(on_output, message)
         return ProcessOutcome("failed", code, message)
 
-    assert proc.stdout is not None and proc.stderr is not None
+    if proc.stdout is None or proc.stderr is None:  # pragma: no cover - PIPE always gives both
+        raise RuntimeError("subprocess pipes missing")
     # the reader thread owns the descriptors from here on
     fds = {os.dup(proc.stdout.fileno()): "stdout", os.dup(proc.stderr.fileno()): "stderr"}
     proc.stdout.close()

@@ -89,7 +89,7 @@ class Plane:
     def online_workers(self) -> list[Any]:
         import gpulayer as gl
 
-        return [w for w in gl.connect().list_workers() if w.online and not w.draining]
+        return [w for w in gl.connect().api.list_workers() if w.online and not w.draining]
 
     def close(self) -> None:
         for proc in self.workers:

@@ -136,7 +136,7 @@ class Cluster:
     def live_workers(self) -> dict[str, Any]:
         """name -> WorkerRecord of the online workers this cluster started."""
         pids = {p.pid: n for n, p in self.procs.items() if p.poll() is None}
-        return {pids[w.pid]: w for w in gl.connect().list_workers()
+        return {pids[w.pid]: w for w in gl.connect().api.list_workers()
                 if w.online and not w.draining and w.pid in pids}
 
     def wait_online(self, n: int, timeout: float = 90) -> dict[str, Any]:
@@ -379,7 +379,7 @@ def test_a_killed_worker_makes_the_group_retry_with_a_fresh_rendezvous(cluster: 
         assert rdzv1 is not None and rdzv2 is not None
         assert (rdzv1.run_id, rdzv2.run_id) == (f"{job.id}-1", f"{job.id}-2")
         second_ids = {t.id for t in second}
-        chunks = [c.data for c in gl.connect().logs(h.id) if c.task_id in second_ids]
+        chunks = [c.data for c in gl.connect().api.logs(h.id) if c.task_id in second_ids]
         lines = rank_lines("".join(chunks))
         assert sorted(d["rank"] for d in lines) == [0, 1], logs
         assert all(d["sum"] == 3.0 and d["attempt"] == 2 and d["rdzv"] == f"{job.id}-2" for d in lines)

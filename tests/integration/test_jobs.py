@@ -227,10 +227,10 @@ def test_bundle_is_stored_once_and_runs_as_the_working_directory(plane: Plane, t
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.startswith("payload\n")
         assert "notes.log" not in proc.stdout
-    jobs = gl.connect().list_jobs()
+    jobs = gl.connect().api.list_jobs()
     assert len(jobs) == 2 and len({j.spec.bundle_digest for j in jobs}) == 1
     digest = jobs[0].spec.bundle_digest
-    assert digest is not None and gl.connect().has_bundle(digest)
+    assert digest is not None and gl.connect().api.has_bundle(digest)
     if plane.embedded:
         db = sqlite3.connect(plane.home / "gpulayer.db")
         assert db.execute("SELECT COUNT(*) FROM gl_bundles").fetchone()[0] == 1
@@ -252,7 +252,7 @@ def test_jobs_from_several_processes_at_once(plane: Plane) -> None:
             assert p.returncode == 0, err
             assert out.split() == ["0"] * 5
         client = gl.connect()
-        jobs = [client.get_job(j.id) for j in client.list_jobs()]
+        jobs = [client.api.get_job(j.id) for j in client.api.list_jobs()]
         assert len(jobs) == 15
         assert all(j.state is JobState.SUCCEEDED and len(j.tasks) == 1 for j in jobs)
     finally:
@@ -272,7 +272,7 @@ def test_worker_sigterm_drains_then_ends_and_reports_its_tasks(plane: Plane) -> 
     job = gl.get_job(job_id).record()
     assert job.state is JobState.FAILED
     assert job.tasks[0].state is TaskState.FAILED
-    assert "worker stopped before the task finished" in (job.error or {}).get("message", "")
+    assert "worker stopped before the task finished" in (job.error.message if job.error else "")
     workers = json.loads(cli("worker", "list", "--json").stdout)
     assert [w["state"] for w in workers] == ["offline"]
 
@@ -335,7 +335,7 @@ def test_detached_job_without_a_worker_gets_a_background_worker(home: Path) -> N
         assert json.loads(result.stdout) == {"exit_code": 0}, result.stderr
         assert cli("jobs", "logs", job_id).stdout == "detached-ok\n"
     finally:
-        for w in gl.connect().list_workers():
+        for w in gl.connect().api.list_workers():
             if w.pid and psutil.pid_exists(w.pid):
                 os.kill(w.pid, signal.SIGTERM)
                 psutil.Process(w.pid).wait(30)

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from gpulayer.errors import AuthError, BundleError, NotFound
-from gpulayer.http_client import HttpClient
+from gpulayer.client import http_client
+from gpulayer.errors import AuthError, BundleError, Forbidden, NotFound
 from gpulayer.specs import CommandJob, Placement
 from tests.factories import make_capabilities
 from tests.server_support import Api, ServerProc
@@ -224,14 +224,14 @@ def test_tokens_are_stored_only_as_hashes(server: ServerProc, admin: Api) -> Non
 
 
 def test_bundle_upload_dedupe_mismatch_and_limit(server: ServerProc, admin: Api, tokens: dict[str, Any]) -> None:
-    c = HttpClient(server.url, token=tokens["client"], retry_for=2)
+    c = http_client(server.url, token=tokens["client"], retry_for=2).api
     data = b"PK" + random.randbytes(10_000)
     digest = hashlib.sha256(data).hexdigest()
     assert not c.has_bundle(digest)
-    assert c.put_bundle(digest, data) is True
-    assert c.put_bundle(digest, data) is False  # stored once
+    assert c.put_bundle(digest, data).stored is True
+    assert c.put_bundle(digest, data).stored is False  # stored once
     assert c.has_bundle(digest)
-    w = HttpClient(server.url, token=tokens["worker"], retry_for=2)
+    w = http_client(server.url, token=tokens["worker"], retry_for=2).api
     assert w.get_bundle(digest) == data
     # content that does not hash to its address: 422, nothing stored
     other = random.randbytes(5000)
@@ -286,23 +286,23 @@ def test_bad_input_is_4xx_naming_the_field(server: ServerProc, admin: Api) -> No
 
 def test_http_client_errors(server: ServerProc, tokens: dict[str, Any]) -> None:
     with pytest.raises(AuthError) as e:
-        HttpClient(server.url, token="glt_wrong", retry_for=1).list_jobs()
-    assert e.value.status_code == 401
-    with pytest.raises(AuthError) as e:
-        HttpClient(server.url, token=tokens["worker"], retry_for=1).list_jobs()
-    assert e.value.status_code == 403
+        http_client(server.url, token="glt_wrong", retry_for=1).api.list_jobs()
+    assert type(e.value) is AuthError and e.value.status_code == 401
+    with pytest.raises(Forbidden) as f:
+        http_client(server.url, token=tokens["worker"], retry_for=1).api.list_jobs()
+    assert f.value.status_code == 403
     with pytest.raises(NotFound):
-        HttpClient(server.url, token=tokens["client"], retry_for=1).get_job("job-nope")
+        http_client(server.url, token=tokens["client"], retry_for=1).api.get_job("job-nope")
 
 
 def test_submit_is_idempotent_through_http_client(server: ServerProc, tokens: dict[str, Any]) -> None:
-    c = HttpClient(server.url, token=tokens["client"], retry_for=2)
+    c = http_client(server.url, token=tokens["client"], retry_for=2)
     spec = CommandJob(command=["true"], placement=Placement(target="remote", on_unschedulable="wait"))
     a = c.submit(spec, idempotency_key="same")
     b = c.submit(spec, idempotency_key="same")
     assert a.id == b.id
-    assert c.wait_job(a.id, timeout=0.5).state.value == "queued"  # no worker serves it
-    c.cancel(a.id)
+    assert c.wait(a.id, timeout=0.5).state.value == "queued"  # no worker serves it
+    c.api.cancel(a.id)
 
 
 def test_metrics(server: ServerProc, admin: Api) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulayer.http_client import HttpClient
+from gpulayer.client import Client, http_client
 from gpulayer.records import JobState, TaskState
 from gpulayer.specs import CommandJob, Placement
 from tests.server_support import Api, ServerProc, start_remote_worker, stop_proc, wait_workers
@@ -26,15 +26,15 @@ def test_server_on_postgres_runs_jobs_and_resumes_after_restart(postgres_url: st
     w = start_remote_worker(srv.url, admin.token_for("join")["token"], tmp_path / "w", cpu_slots=2)
     try:
         wait_workers(admin, 1)
-        c = HttpClient(srv.url, token=srv.admin_token, retry_for=30)
+        c = http_client(srv.url, token=srv.admin_token, retry_for=30)
         first = c.submit(CommandJob(command=["echo", "pg"], placement=REMOTE))
-        assert c.wait_job(first.id, timeout=60).state is JobState.SUCCEEDED
+        assert c.wait(first.id, timeout=60).state is JobState.SUCCEEDED
         srv.stop()
         srv.start()  # same database: the job, the tokens and the worker are still there
-        assert c.get_job(first.id).state is JobState.SUCCEEDED
-        assert c.logs(first.id)[0].data == "pg\n"
+        assert c.api.get_job(first.id).state is JobState.SUCCEEDED
+        assert c.api.logs(first.id)[0].data == "pg\n"
         second = c.submit(CommandJob(command=["true"], placement=REMOTE))
-        assert c.wait_job(second.id, timeout=60).state is JobState.SUCCEEDED
+        assert c.wait(second.id, timeout=60).state is JobState.SUCCEEDED
     finally:
         stop_proc(w, signal.SIGKILL)
         srv.stop()
@@ -50,12 +50,12 @@ def test_two_servers_on_one_database_never_assign_a_task_twice(postgres_url: str
                start_remote_worker(s2.url, a2.token_for("join")["token"], tmp_path / "w2", cpu_slots=4)]
     try:
         wait_workers(a1, 2)
-        clients = [HttpClient(s.url, token=token, retry_for=30) for s in (s1, s2)]
+        clients = [http_client(s.url, token=token, retry_for=30) for s in (s1, s2)]
         n = 120
         ids: list[str] = []
         lock = threading.Lock()
 
-        def submit(c: HttpClient, start: int) -> None:
+        def submit(c: Client, start: int) -> None:
             for _ in range(start, n, 2):
                 job = c.submit(CommandJob(command=["true"], placement=REMOTE))
                 with lock:
@@ -67,7 +67,7 @@ def test_two_servers_on_one_database_never_assign_a_task_twice(postgres_url: str
         for t in threads:
             t.join(120)
         assert len(ids) == n
-        final = [clients[k % 2].wait_job(j, timeout=120) for k, j in enumerate(ids)]
+        final = [clients[k % 2].wait(j, timeout=120) for k, j in enumerate(ids)]
         assert Counter(j.state for j in final) == {JobState.SUCCEEDED: n}
         per_worker: Counter[str] = Counter()
         for j in final:

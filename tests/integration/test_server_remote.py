@@ -16,8 +16,8 @@ import pytest
 
 import gpulayer as gl
 from gpulayer import client as client_mod
+from gpulayer.client import http_client
 from gpulayer.errors import RemoteError
-from gpulayer.http_client import HttpClient
 from gpulayer.records import JobState, TaskState
 from gpulayer.specs import CommandJob, FunctionJob, Placement
 from tests.server_support import Api, ServerProc, start_remote_worker, stop_proc, until, wait_workers
@@ -75,9 +75,9 @@ def test_remote_worker_runs_command_and_function_jobs_via_sdk(stack: dict[str, A
         h3.result(timeout=60)
     # the client token sees its jobs; the worker's record is visible
     c = client_mod.connect()
-    assert isinstance(c, HttpClient)
-    assert {j.id for j in c.list_jobs()} >= {h.id, h2.id, h3.id}
-    assert c.list_workers()[0].id == workers[0]["id"]
+    assert not c.embedded and c.location == stack["server"].url
+    assert {j.id for j in c.api.list_jobs()} >= {h.id, h2.id, h3.id}
+    assert c.api.list_workers()[0].id == workers[0]["id"]
 
 
 def test_killed_worker_tasks_are_lost_and_retried_elsewhere(stack: dict[str, Any]) -> None:
@@ -85,22 +85,22 @@ def test_killed_worker_tasks_are_lost_and_retried_elsewhere(stack: dict[str, Any
     a = stack["add_worker"](1)
     b = stack["add_worker"](1)
     ws = wait_workers(admin, 2)
-    c = HttpClient(stack["server"].url, token=admin.token, retry_for=5)
+    c = http_client(stack["server"].url, token=admin.token, retry_for=5)
     job = c.submit(CommandJob(command=["sleep", "4"], retries=1, placement=REMOTE))
-    rec = until(lambda: (j := c.get_job(job.id)).state is JobState.RUNNING and j, 60, "the job to run")
+    rec = until(lambda: (j := c.api.get_job(job.id)).state is JobState.RUNNING and j, 60, "the job to run")
     first_worker = rec.tasks[-1].worker_id
     pids = {w["id"]: w["pid"] for w in ws}
     victim = a if a.pid == pids[first_worker] else b
     assert victim.pid == pids[first_worker]
     victim.send_signal(signal.SIGKILL)
     victim.wait(10)
-    done = c.wait_job(job.id, timeout=60)
+    done = c.wait(job.id, timeout=60)
     assert done.state is JobState.SUCCEEDED, done
     assert done.attempt == 2
     states = [(t.attempt, t.state, t.worker_id) for t in done.tasks]
     assert states[0][1] is TaskState.LOST and states[0][2] == first_worker
     assert states[1][1] is TaskState.SUCCEEDED and states[1][2] != first_worker
-    offline = next(w for w in c.list_workers() if w.id == first_worker)
+    offline = next(w for w in c.api.list_workers() if w.id == first_worker)
     assert not offline.online
 
 
@@ -114,7 +114,7 @@ def test_server_killed_mid_run_loses_nothing_and_runs_nothing_twice(tmp_path: Pa
     workers = [start_remote_worker(srv.url, join, tmp_path / f"w{i}", cpu_slots=4) for i in range(2)]
     try:
         wait_workers(admin, 2)
-        c = HttpClient(srv.url, token=srv.admin_token, retry_for=60)
+        c = http_client(srv.url, token=srv.admin_token, retry_for=60)
         n = 150
         ids: list[str] = []
         errors: list[BaseException] = []
@@ -138,14 +138,14 @@ def test_server_killed_mid_run_loses_nothing_and_runs_nothing_twice(tmp_path: Pa
         t.join(120)
         assert not errors, errors
         assert len(ids) == n and len(set(ids)) == n  # a retried submit never made a second job
-        final = {i: c.wait_job(i, timeout=120) for i in ids}
+        final = {i: c.wait(i, timeout=120) for i in ids}
         states = Counter(j.state for j in final.values())
         assert states == {JobState.SUCCEEDED: n}, states
         for j in final.values():
             assert [t.state for t in j.tasks] == [TaskState.SUCCEEDED], j.tasks
             runs = (marks / j.id).read_text().split()
             assert runs == [j.id], (j.id, runs)
-        assert len(c.list_jobs(limit=1000)) == n
+        assert len(c.api.list_jobs(limit=1000)) == n
     finally:
         for w in workers:
             stop_proc(w, signal.SIGKILL)
@@ -161,16 +161,16 @@ def test_tls_self_signed_with_pinned_fingerprint(tmp_path: Path) -> None:
         fp = json.loads(info)["fingerprint"]
         assert fp.startswith("sha256:")
         assert f"TLS certificate fingerprint: {fp}" in srv.log()
-        ok = HttpClient(srv.url, token=srv.admin_token, ca=fp, retry_for=1)
-        assert ok.list_jobs() == []
-        ca = HttpClient(srv.url, token=srv.admin_token, ca=str(tmp_path / "server" / "tls" / "server.crt"), retry_for=1)
-        assert ca.list_workers() == []
+        ok = http_client(srv.url, token=srv.admin_token, ca=fp, retry_for=1)
+        assert ok.api.list_jobs() == []
+        ca = http_client(srv.url, token=srv.admin_token, ca=str(tmp_path / "server" / "tls" / "server.crt"), retry_for=1)
+        assert ca.api.list_workers() == []
         from gpulayer.errors import AuthError, ConnectionFailed
 
         with pytest.raises(AuthError):
-            HttpClient(srv.url, token=srv.admin_token, ca="sha256:" + "00" * 32, retry_for=1)
+            http_client(srv.url, token=srv.admin_token, ca="sha256:" + "00" * 32, retry_for=1)
         with pytest.raises(ConnectionFailed):  # the system trust store does not know it
-            HttpClient(srv.url, token=srv.admin_token, retry_for=0.5).list_jobs()
+            http_client(srv.url, token=srv.admin_token, retry_for=0.5).api.list_jobs()
     finally:
         srv.stop()
 

@@ -45,7 +45,7 @@ def test_a_failing_send_does_not_break_the_task() -> None:
 def test_the_heartbeat_thread_survives_errors_of_any_kind() -> None:
     import time
 
-    from gpulayer.control import HeartbeatReply
+    from gpulayer.api import HeartbeatReply
     from gpulayer.errors import GpulayerError
     from gpulayer.worker.agent import Agent
     from tests.factories import make_capabilities, make_worker
@@ -57,7 +57,7 @@ def test_the_heartbeat_thread_survives_errors_of_any_kind() -> None:
         def register_worker(self, capabilities, **kw):  # type: ignore[no-untyped-def]
             return make_worker("wkr-000000000042")
 
-        def heartbeat(self, worker_id, running=None):  # type: ignore[no-untyped-def]
+        def heartbeat(self, worker_id, *, running=()):  # type: ignore[no-untyped-def]
             self.beats += 1
             if self.beats == 1:
                 raise GpulayerError("internal error: the server answered 500")
@@ -65,11 +65,11 @@ def test_the_heartbeat_thread_survives_errors_of_any_kind() -> None:
                 raise RuntimeError("database is locked")
             return HeartbeatReply(known=True)
 
-        def poll(self, worker_id, wait=0.0):  # type: ignore[no-untyped-def]
+        def poll_tasks(self, worker_id, *, wait=0.0):  # type: ignore[no-untyped-def]
             time.sleep(min(wait, 0.05))
             return []
 
-        def set_draining(self, worker_id):  # type: ignore[no-untyped-def]
+        def drain_worker(self, worker_id):  # type: ignore[no-untyped-def]
             pass
 
         def deregister_worker(self, worker_id):  # type: ignore[no-untyped-def]

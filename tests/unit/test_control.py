@@ -59,18 +59,18 @@ def test_assign_start_finish_and_result(cp: ControlPlane) -> None:
     w = cp.register_worker(cuda_caps(), origin="local", cpu_slots=0)
     job = cp.submit(gpu_job())
     assert job.state is JobState.ASSIGNED
-    [a] = cp.poll(w.id)
+    [a] = cp.poll_tasks(w.id)
     assert (a.job_id, a.accelerator, a.devices) == (job.id, "cuda", [0])
-    cp.start_task(a.task_id, w.id)
+    cp.start_task(a.task_id, worker_id=w.id)
     assert cp.get_job(job.id).state is JobState.RUNNING
-    cp.append_logs(a.task_id, w.id, [("stdout", "hello\n"), ("stderr", "warn\n")])
-    cp.finish_task(a.task_id, w.id, TaskState.SUCCEEDED, exit_code=0)
+    cp.append_logs(a.task_id, worker_id=w.id, chunks=[("stdout", "hello\n"), ("stderr", "warn\n")])
+    cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0)
     done = cp.get_job(job.id)
     assert done.state is JobState.SUCCEEDED and done.exit_code == 0
     assert [(c.stream, c.data) for c in cp.logs(job.id)] == [("stdout", "hello\n"), ("stderr", "warn\n")]
     # a duplicate report changes nothing
     with pytest.raises(Conflict, match="already succeeded"):
-        cp.finish_task(a.task_id, w.id, TaskState.FAILED, exit_code=1)
+        cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.FAILED, exit_code=1)
     assert cp.get_job(job.id).state is JobState.SUCCEEDED
 
 
@@ -81,9 +81,9 @@ def test_compatible_but_busy_waits_then_runs(cp: ControlPlane) -> None:
     assert cp.get_job(second.id).state is JobState.QUEUED
     decision = cp.get_job(second.id).decision
     assert decision is not None and decision.outcome == "waiting"
-    [a] = cp.poll(w.id)
-    cp.start_task(a.task_id, w.id)
-    cp.finish_task(a.task_id, w.id, TaskState.SUCCEEDED, exit_code=0)
+    [a] = cp.poll_tasks(w.id)
+    cp.start_task(a.task_id, worker_id=w.id)
+    cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0)
     assert cp.get_job(first.id).state is JobState.SUCCEEDED
     assert cp.get_job(second.id).state is JobState.ASSIGNED
 
@@ -106,8 +106,8 @@ def test_silent_worker_is_offline_and_its_task_lost_then_retried(cp: ControlPlan
     clock: Clock = cp.clock  # type: ignore[assignment]
     w1 = cp.register_worker(cuda_caps(1), cpu_slots=0)
     job = cp.submit(gpu_job(retries=1))
-    [a] = cp.poll(w1.id)
-    cp.start_task(a.task_id, w1.id)
+    [a] = cp.poll_tasks(w1.id)
+    cp.start_task(a.task_id, worker_id=w1.id)
     w2 = cp.register_worker(cuda_caps(1), cpu_slots=0)
     clock.now += 5
     cp.heartbeat(w2.id)
@@ -118,10 +118,10 @@ def test_silent_worker_is_offline_and_its_task_lost_then_retried(cp: ControlPlan
     assert job.tasks[1].worker_id == w2.id and job.attempt == 2
     # the old attempt's late report is refused, never applied
     with pytest.raises(Conflict, match="late report"):
-        cp.finish_task(a.task_id, w1.id, TaskState.SUCCEEDED, exit_code=0)
-    [b] = cp.poll(w2.id)
-    cp.start_task(b.task_id, w2.id)
-    cp.finish_task(b.task_id, w2.id, TaskState.SUCCEEDED, exit_code=0)
+        cp.finish_task(a.task_id, worker_id=w1.id, state=TaskState.SUCCEEDED, exit_code=0)
+    [b] = cp.poll_tasks(w2.id)
+    cp.start_task(b.task_id, worker_id=w2.id)
+    cp.finish_task(b.task_id, worker_id=w2.id, state=TaskState.SUCCEEDED, exit_code=0)
     assert cp.get_job(job.id).state is JobState.SUCCEEDED
     assert not cp.get_worker(w1.id).online
 
@@ -130,27 +130,27 @@ def test_lost_without_retries_left_fails_the_job(cp: ControlPlane) -> None:
     clock: Clock = cp.clock  # type: ignore[assignment]
     w = cp.register_worker(cuda_caps(1), cpu_slots=0)
     job = cp.submit(gpu_job())
-    [a] = cp.poll(w.id)
-    cp.start_task(a.task_id, w.id)
+    [a] = cp.poll_tasks(w.id)
+    cp.start_task(a.task_id, worker_id=w.id)
     clock.now += 11
     cp.expire_workers()
     job = cp.get_job(job.id)
     assert job.state is JobState.FAILED
-    assert job.error is not None and job.error["type"] == "lost"
+    assert job.error is not None and job.error.type == "lost"
 
 
 def test_heartbeat_tells_the_worker_which_tasks_to_end(cp: ControlPlane) -> None:
     w = cp.register_worker(make_capabilities(), cpu_slots=2)
     job = cp.submit(CommandJob(command=["sleep", "100"]))
-    [a] = cp.poll(w.id)
-    cp.start_task(a.task_id, w.id)
-    assert cp.heartbeat(w.id, [a.task_id]).cancel == []
+    [a] = cp.poll_tasks(w.id)
+    cp.start_task(a.task_id, worker_id=w.id)
+    assert cp.heartbeat(w.id, running=[a.task_id]).cancel == []
     cp.cancel(job.id)
     assert cp.get_job(job.id).state is JobState.RUNNING  # until the worker has ended it
-    assert cp.heartbeat(w.id, [a.task_id]).cancel == [a.task_id]
-    cp.finish_task(a.task_id, w.id, TaskState.CANCELLED, exit_code=-15)
+    assert cp.heartbeat(w.id, running=[a.task_id]).cancel == [a.task_id]
+    cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.CANCELLED, exit_code=-15)
     assert cp.get_job(job.id).state is JobState.CANCELLED
-    assert cp.heartbeat("wkr-unknown", []).known is False
+    assert cp.heartbeat("wkr-unknown", running=[]).known is False
 
 
 def test_cancel_of_a_queued_job_and_bad_ids(cp: ControlPlane) -> None:
@@ -175,10 +175,10 @@ def test_idempotent_submit_makes_one_job(cp: ControlPlane) -> None:
 def test_draining_worker_hands_back_unstarted_tasks_without_spending_retries(cp: ControlPlane) -> None:
     w1 = cp.register_worker(cuda_caps(1), cpu_slots=0)
     job = cp.submit(gpu_job(placement=Placement(on_unschedulable="wait")))
-    cp.set_draining(w1.id)
+    cp.drain_worker(w1.id)
     assert cp.get_job(job.id).state is JobState.QUEUED
     w2 = cp.register_worker(cuda_caps(1), cpu_slots=0)
-    [a] = cp.poll(w2.id)
+    [a] = cp.poll_tasks(w2.id)
     assert a.job_id == job.id
     assert cp.get_job(job.id).tasks[0].state is TaskState.LOST
     assert cp.get_job(job.id).attempt == 2  # a new attempt, although the job has no retries
@@ -233,13 +233,13 @@ def _claimer(url: str, worker_id: str, rounds: int, out: Any) -> None:
     claimed = []
     for _ in range(rounds):
         cp.submit(gpu_job(placement=Placement(on_unschedulable="wait")))
-        for a in cp.poll(worker_id):
+        for a in cp.poll_tasks(worker_id):
             try:
-                cp.start_task(a.task_id, worker_id)
+                cp.start_task(a.task_id, worker_id=worker_id)
             except Conflict:
                 continue
             claimed.append((a.task_id, a.devices))
-            cp.finish_task(a.task_id, worker_id, TaskState.SUCCEEDED, exit_code=0)
+            cp.finish_task(a.task_id, worker_id=worker_id, state=TaskState.SUCCEEDED, exit_code=0)
     out.put(claimed)
 
 
@@ -326,10 +326,10 @@ class Lifecycle(RuleBasedStateMachine):
     @rule(i=st.integers(0, 20), outcome=st.sampled_from(["succeeded", "failed", "timed_out"]))
     def work(self, i: int, outcome: str) -> None:
         w = self.workers[i % len(self.workers)]
-        for a in self.cp.poll(w):
+        for a in self.cp.poll_tasks(w):
             try:
-                self.cp.start_task(a.task_id, w)
-                self.cp.finish_task(a.task_id, w, outcome, exit_code=0 if outcome == "succeeded" else 1)
+                self.cp.start_task(a.task_id, worker_id=w)
+                self.cp.finish_task(a.task_id, worker_id=w, state=outcome, exit_code=0 if outcome == "succeeded" else 1)
             except Conflict:
                 pass
 
@@ -377,18 +377,18 @@ def test_a_failed_node_keeps_its_siblings_devices_busy_until_they_have_ended(cp:
     w1 = cp.register_worker(cuda_caps(1), cpu_slots=0)
     w2 = cp.register_worker(cuda_caps(1), cpu_slots=0)
     gang = cp.submit(DistributedJob(nodes=2, entry="train.py", requirements=Requirements(accelerator="cuda")))
-    tasks = {w: cp.poll(w)[0] for w in (w1.id, w2.id)}
+    tasks = {w: cp.poll_tasks(w)[0] for w in (w1.id, w2.id)}
     for w, a in tasks.items():
-        cp.start_task(a.task_id, w)
+        cp.start_task(a.task_id, worker_id=w)
     waiting = cp.submit(gpu_job(placement=Placement(on_unschedulable="wait")))
     failed_node = next(w for w, a in tasks.items() if a.node_rank == 1)
     other = w1.id if failed_node == w2.id else w2.id
-    cp.finish_task(tasks[failed_node].task_id, failed_node, TaskState.FAILED, exit_code=1)
+    cp.finish_task(tasks[failed_node].task_id, worker_id=failed_node, state=TaskState.FAILED, exit_code=1)
     # the other node still runs: its GPU is not handed out, and the job is not decided yet
     assert cp.get_job(gang.id).state is JobState.RUNNING
-    assert [a.job_id for a in cp.poll(other)] == []
-    assert cp.heartbeat(other, [tasks[other].task_id]).cancel == [tasks[other].task_id]
-    cp.finish_task(tasks[other].task_id, other, TaskState.CANCELLED, exit_code=-15)
+    assert [a.job_id for a in cp.poll_tasks(other)] == []
+    assert cp.heartbeat(other, running=[tasks[other].task_id]).cancel == [tasks[other].task_id]
+    cp.finish_task(tasks[other].task_id, worker_id=other, state=TaskState.CANCELLED, exit_code=-15)
     done = cp.get_job(gang.id)
     assert done.state is JobState.FAILED  # the root cause, not the cancelled sibling
     assert sorted(t.state.value for t in done.tasks) == ["cancelled", "failed"]
@@ -399,13 +399,13 @@ def test_a_running_task_its_worker_no_longer_reports_is_lost(cp: ControlPlane) -
     clock: Clock = cp.clock  # type: ignore[assignment]
     w = cp.register_worker(cuda_caps(1), cpu_slots=0)
     job = cp.submit(gpu_job(retries=1))
-    [a] = cp.poll(w.id)
-    cp.start_task(a.task_id, w.id)
+    [a] = cp.poll_tasks(w.id)
+    cp.start_task(a.task_id, worker_id=w.id)
     clock.now += 5
-    cp.heartbeat(w.id, [])  # within the grace: a report may be on its way
+    cp.heartbeat(w.id, running=[])  # within the grace: a report may be on its way
     assert cp.get_job(job.id).tasks[0].state is TaskState.RUNNING
     clock.now += 2 * cp.heartbeat_timeout
-    cp.heartbeat(w.id, [])
+    cp.heartbeat(w.id, running=[])
     job = cp.get_job(job.id)
     assert job.tasks[0].state is TaskState.LOST
     assert job.attempt == 2 and job.tasks[1].state is TaskState.ASSIGNED  # retried
@@ -417,7 +417,7 @@ def test_cancelling_an_assigned_job_lets_a_queued_one_run_at_once(cp: ControlPla
     second = cp.submit(gpu_job())
     assert cp.get_job(second.id).state is JobState.QUEUED
     cp.cancel(first.id)
-    assert [a.job_id for a in cp.poll(w.id)] == [second.id]
+    assert [a.job_id for a in cp.poll_tasks(w.id)] == [second.id]
 
 
 def test_a_bundle_uploaded_twice_is_stored_once(cp: ControlPlane) -> None:
@@ -425,13 +425,13 @@ def test_a_bundle_uploaded_twice_is_stored_once(cp: ControlPlane) -> None:
 
     data = b"PK\x05\x06" + b"\x00" * 18
     digest = hashlib.sha256(data).hexdigest()
-    assert cp.put_bundle(digest, data) is True
-    assert cp.put_bundle(digest, data) is False
+    assert cp.put_bundle(digest, data).stored is True
+    assert cp.put_bundle(digest, data).stored is False
     assert cp.get_bundle(digest) == data
 
 
 def test_rendezvous_ports_stay_below_the_ephemeral_range(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpulayer.control import _rendezvous_port
+    from gpulayer.control.placement import rendezvous_port as _rendezvous_port
 
     assert all(20000 <= _rendezvous_port() <= 32767 for _ in range(500))
     monkeypatch.setenv("GPULAYER_RENDEZVOUS_PORTS", "25000-25001")
@@ -439,3 +439,64 @@ def test_rendezvous_ports_stay_below_the_ephemeral_range(monkeypatch: pytest.Mon
     monkeypatch.setenv("GPULAYER_RENDEZVOUS_PORTS", "80-90")
     with pytest.raises(InvalidInput, match="GPULAYER_RENDEZVOUS_PORTS"):
         _rendezvous_port()
+
+
+def test_heartbeat_reports_are_safe_to_read_while_written_and_are_pruned(tmp_path: Path) -> None:
+    """Heartbeat batches write what each worker runs while reconciliation reads it on other
+    threads (the server does both); a worker gone silent leaves no entry behind."""
+    import threading
+
+    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    clock = Clock()
+    cp = ControlPlane(store, heartbeat_timeout=10.0, clock=clock)
+    ids = [cp.register_worker(make_capabilities(), cpu_slots=1).id for _ in range(40)]
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def beat() -> None:
+        try:
+            while not stop.is_set():
+                for i in range(0, len(ids), 7):
+                    cp.heartbeats({w: [] for w in ids[i:i + 7]})
+        except BaseException as exc:  # pragma: no cover - what the test is for
+            failures.append(exc)
+
+    def reconcile() -> None:
+        try:
+            for i in range(300):
+                # every other pass looks from past the timeout: it prunes every entry while
+                # the heartbeat threads add them back
+                cp._reconcile(clock.now + (11 if i % 2 else 0))
+        except BaseException as exc:  # pragma: no cover
+            failures.append(exc)
+
+    threads = [threading.Thread(target=beat) for _ in range(2)] + [threading.Thread(target=reconcile)]
+    for t in threads:
+        t.start()
+    threads[-1].join(120)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    assert failures == []
+    cp.heartbeats({w: [] for w in ids})
+    assert len(cp._reports) == len(ids)
+    clock.now += 11  # every worker is silent for longer than the timeout
+    cp._reconcile(clock.now)
+    assert cp._reports == {}
+    store.dispose()
+
+
+def test_a_decision_that_cannot_be_read_is_rewritten(cp: ControlPlane) -> None:
+    from gpulayer.store import JobRow
+
+    cp.register_worker(make_capabilities(), cpu_slots=0)
+    job = cp.submit(gpu_job(placement=Placement(on_unschedulable="wait")))
+    with cp.store.write() as s:
+        row = s.get(JobRow, job.id)
+        assert row is not None
+        row.decision = "{not json"
+        s.add(row)
+    assert cp.get_job(job.id).decision is None  # unreadable, but the job still reads
+    cp.schedule()
+    decision = cp.get_job(job.id).decision
+    assert decision is not None and decision.outcome == "unschedulable"

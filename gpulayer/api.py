@@ -1,0 +1,445 @@
+"""The control plane's operations, declared once.
+
+Three audiences use a control plane, each through a typed Protocol:
+
+* :class:`ClientAPI`: users (the SDK, the CLI, the PyTorch API): submit and follow jobs,
+  upload bundles, look at workers;
+* :class:`WorkerAPI`: worker agents: join, heartbeat, take tasks, report them;
+* :class:`AdminAPI`: tokens.
+
+:class:`~gpulayer.control.ControlPlane` implements all three in this process.
+:class:`~gpulayer.http_client.HttpAPI` implements them over HTTP, generically, from
+:data:`ROUTES`, the table the server (:mod:`gpulayer.server`) also serves and documents
+(OpenAPI). The wire records below are what both sides exchange.
+
+Adding an operation is a method on the Protocol and on ``ControlPlane``, and one
+:class:`Route`; nothing else repeats its path, body or errors. Errors cross HTTP as codes
+(:mod:`gpulayer.errors`) and come back as the same classes.
+
+This module imports pydantic and GPUlayer's records only (no database, no HTTP stack), so a
+remote worker or a client pays for neither.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from gpulayer.hookrecords import Capabilities, Rendezvous
+from gpulayer.records import JobError, JobRecord, JobState, TaskState, WorkerRecord
+from gpulayer.specs import JobSpec
+
+__all__ = [
+    "MAX_LONG_POLL",
+    "ROUTES",
+    "SCOPES",
+    "AdminAPI",
+    "BundleStored",
+    "ClientAPI",
+    "ControlAPI",
+    "HeartbeatReply",
+    "JobEvent",
+    "JoinReply",
+    "LogChunk",
+    "NewToken",
+    "Route",
+    "TaskAssignment",
+    "TokenInfo",
+    "WorkerAPI",
+    "WorkerUsage",
+    "route_for",
+]
+
+#: the longest a long poll (``wait_job``, ``poll_tasks``) may wait in one request, seconds
+MAX_LONG_POLL = 30.0
+#: token scopes (see :mod:`gpulayer.tokens`)
+SCOPES = ("admin", "client", "worker", "join", "bootstrap")
+DIGEST_PATTERN = r"^[0-9a-f]{64}$"
+LogStream = Literal["stdout", "stderr", "system"]
+
+
+class Wire(BaseModel):
+    """A record that crosses the API; unknown fields are an error, not ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------- replies
+
+
+class LogChunk(Wire):
+    id: int
+    task_id: str
+    node_rank: int
+    stream: LogStream
+    data: str
+    ts: float
+
+
+class TaskAssignment(Wire):
+    """What a worker needs to start one task."""
+
+    task_id: str
+    job_id: str
+    attempt: int
+    node_rank: int
+    accelerator: str | None
+    devices: list[int]
+    spec: JobSpec
+    rendezvous: Rendezvous | None = None
+
+
+class HeartbeatReply(Wire):
+    #: False when the control plane has no such worker: register again
+    known: bool = True
+    #: task ids the worker must end now
+    cancel: list[str] = Field(default_factory=list)
+
+
+class JobEvent(Wire):
+    ts: float
+    kind: str
+    task_id: str | None = None
+    worker_id: str | None = None
+    message: str = ""
+
+
+class WorkerUsage(Wire):
+    """What an online worker has in use now: ``kind:index`` of busy devices, busy CPU slots."""
+
+    busy_devices: list[str] = Field(default_factory=list)
+    busy_cpu_slots: int = 0
+
+
+class BundleStored(Wire):
+    digest: str
+    size: int
+    #: False when a bundle with that address was already stored
+    stored: bool
+
+
+class TokenInfo(Wire):
+    """A token as the server sees it; never carries the secret."""
+
+    id: str
+    scope: str
+    created_at: float
+    expires_at: float | None = None
+    uses_left: int | None = None
+    revoked: bool = False
+    worker_id: str | None = None
+    description: str = ""
+
+
+class NewToken(TokenInfo):
+    #: the secret, shown in this reply only (the server keeps a hash)
+    token: str
+
+
+class JoinReply(Wire):
+    worker_id: str
+    #: the worker's own credential: every later call of this worker uses it
+    token: str
+    token_id: str
+    worker: WorkerRecord
+
+
+# --------------------------------------------------------------------------- requests
+
+_ID = Field(min_length=1, max_length=200)
+
+
+class SubmitBody(Wire):
+    spec: JobSpec
+    idempotency_key: str | None = Field(default=None, max_length=200)
+
+
+class ListJobsQuery(Wire):
+    state: JobState | None = Field(default=None, description="only jobs in this state")
+    limit: int = Field(default=100, ge=1, le=1000, description="at most this many, newest first")
+
+
+class LogsQuery(Wire):
+    after: int = Field(default=0, ge=0, le=2**62, description="only chunks with a larger id")
+    node: int | None = Field(default=None, ge=0, le=100_000, description="one node's logs")
+    limit: int = Field(default=10_000, ge=1, le=10_000, description="at most this many chunks")
+
+
+class WaitQuery(Wire):
+    timeout: float = Field(default=MAX_LONG_POLL, ge=0, le=MAX_LONG_POLL,
+                           description=f"seconds to wait, at most {MAX_LONG_POLL:g}")
+
+
+class PollQuery(Wire):
+    wait: float = Field(default=0.0, ge=0, le=MAX_LONG_POLL,
+                        description=f"seconds to wait for work, at most {MAX_LONG_POLL:g}")
+
+
+class JoinBody(Wire):
+    capabilities: Capabilities
+    name: str | None = Field(default=None, max_length=200)
+    cpu_slots: int = Field(default=1, ge=0, le=100_000)
+    pid: int | None = Field(default=None, ge=0, le=2**31)
+
+
+class HeartbeatBody(Wire):
+    running: list[str] = Field(default_factory=list, max_length=100_000)
+
+
+class LogsBody(Wire):
+    chunks: list[tuple[LogStream, str]] = Field(max_length=100_000)
+
+
+class FinishBody(Wire):
+    state: TaskState
+    exit_code: int | None = Field(default=None, ge=-(2**31), le=2**31)
+    result: Any = None
+    error: JobError | None = None
+
+
+class TokenBody(Wire):
+    scope: Literal["admin", "client", "join", "bootstrap"]
+    ttl: float | None = Field(default=None, gt=0, le=10 * 365 * 86400, description="seconds")
+    uses: int | None = Field(default=None, ge=1, le=10**9, description="join tokens only")
+    description: str = Field(default="", max_length=500)
+
+    @model_validator(mode="after")
+    def _uses_for_join_only(self) -> TokenBody:
+        if self.uses is not None and self.scope != "join":
+            raise ValueError(f"uses: only join tokens have a number of uses (bootstrap tokens have one); "
+                             f"a {self.scope} token is limited by ttl or revocation")
+        return self
+
+
+# --------------------------------------------------------------------------- the Protocols
+
+
+class ClientAPI(Protocol):
+    """What users do with a control plane."""
+
+    def submit(self, spec: JobSpec, *, idempotency_key: str | None = None) -> JobRecord:
+        """Store a resolved spec (profile applied, bundle uploaded) and place it."""
+        ...
+
+    def get_job(self, job_id: str) -> JobRecord: ...
+
+    def list_jobs(self, *, state: JobState | None = None, limit: int = 100) -> list[JobRecord]: ...
+
+    def cancel(self, job_id: str) -> JobRecord: ...
+
+    def logs(self, job_id: str, *, after: int = 0, node: int | None = None,
+             limit: int = 10_000) -> list[LogChunk]: ...
+
+    def wait_job(self, job_id: str, *, timeout: float = MAX_LONG_POLL) -> JobRecord:
+        """The job once it is terminal, or as it is after ``timeout`` seconds (one bounded wait)."""
+        ...
+
+    def events(self, job_id: str) -> list[JobEvent]: ...
+
+    def has_bundle(self, digest: str) -> bool: ...
+
+    def put_bundle(self, digest: str, data: bytes) -> BundleStored: ...
+
+    def get_bundle(self, digest: str) -> bytes: ...
+
+    def list_workers(self) -> list[WorkerRecord]: ...
+
+    def worker_usage(self) -> dict[str, WorkerUsage]: ...
+
+
+class WorkerAPI(Protocol):
+    """What a worker agent does with a control plane."""
+
+    def join_worker(self, capabilities: Capabilities, *, join_token: str, name: str | None = None,
+                    cpu_slots: int = 1, pid: int | None = None) -> JoinReply:
+        """Spend a join (or bootstrap) token: register a new worker, get its credential."""
+        ...
+
+    def register_worker(self, capabilities: Capabilities, *, worker_id: str | None = None,
+                        name: str | None = None, cpu_slots: int = 1,
+                        pid: int | None = None) -> WorkerRecord:
+        """Register (again): a new worker without ``worker_id`` (in-process only), or an
+        existing one that the control plane forgot or that restarted."""
+        ...
+
+    def heartbeat(self, worker_id: str, *, running: Sequence[str] = ()) -> HeartbeatReply: ...
+
+    def poll_tasks(self, worker_id: str, *, wait: float = 0.0) -> list[TaskAssignment]:
+        """Tasks assigned to the worker and not started; waits up to ``wait`` seconds for one."""
+        ...
+
+    def start_task(self, task_id: str, *, worker_id: str) -> None:
+        """The worker started the task. Idempotent for the worker that owns it."""
+        ...
+
+    def append_logs(self, task_id: str, *, worker_id: str,
+                    chunks: Sequence[tuple[LogStream, str]]) -> None: ...
+
+    def finish_task(self, task_id: str, *, worker_id: str, state: TaskState,
+                    exit_code: int | None = None, result: Any = None,
+                    error: JobError | None = None) -> None:
+        """The task's final report; a report for a task that already ended is a Conflict."""
+        ...
+
+    def get_bundle(self, digest: str) -> bytes: ...
+
+    def drain_worker(self, worker_id: str) -> None:
+        """The worker takes no new work; tasks handed to it and not started go back."""
+        ...
+
+    def deregister_worker(self, worker_id: str) -> None:
+        """The worker leaves: offline, its unfinished tasks lost, its credential revoked."""
+        ...
+
+
+class AdminAPI(Protocol):
+    """Tokens."""
+
+    def create_token(self, *, scope: str, ttl: float | None = None, uses: int | None = None,
+                     description: str = "") -> NewToken: ...
+
+    def list_tokens(self) -> list[TokenInfo]: ...
+
+    def revoke_token(self, token_id: str) -> TokenInfo: ...
+
+
+class ControlAPI(ClientAPI, WorkerAPI, AdminAPI, Protocol):
+    """Everything a control plane offers (what :class:`~gpulayer.control.ControlPlane` and
+    :class:`~gpulayer.http_client.HttpAPI` both are)."""
+
+
+# --------------------------------------------------------------------------- the route table
+
+#: who may call what
+READERS = ("admin", "client")
+WORKERS = ("worker",)
+BUNDLE_READERS = ("admin", "client", "worker")
+
+
+@dataclass(frozen=True)
+class Route:
+    """One operation over HTTP.
+
+    The Python call ``op(*args, **kwargs)`` of the Protocol maps to the request by name:
+    arguments named in ``path`` go into the path, the fields of ``query`` into the query
+    string, the fields of ``body`` into a JSON object, and the argument ``data`` (with
+    ``raw_body``) is the body itself. Arguments named in ``context`` are not sent: the server
+    derives them from the caller's token (``owner``: the client token's id, or none for an
+    admin; ``worker``: the worker credential's worker id; ``bearer``: the presented token;
+    ``remote_origin``: ``existing``, the origin of a worker that reaches the server over HTTP
+    when the control plane has no record of it).
+    """
+
+    op: str
+    method: str
+    path: str
+    scopes: tuple[str, ...]
+    summary: str
+    response: Any = None  # a type for pydantic; None: 204 No Content
+    status: int = 200
+    #: other success statuses with the same response (put_bundle: 200 when already stored)
+    also_ok: tuple[int, ...] = ()
+    query: type[Wire] | None = None
+    body: type[Wire] | None = None
+    raw_body: str | None = None  # media type of a non-JSON body (the ``data`` argument)
+    raw_response: str | None = None  # media type of a non-JSON response (bytes)
+    exists: bool = False  # HEAD: 200 answers True, 404 False
+    path_patterns: Mapping[str, str] = field(default_factory=dict)
+    context: Mapping[str, str] = field(default_factory=dict)
+    #: a client token may only use it on its own job (the ``job_id`` path argument)
+    own_job: bool = False
+    #: the ``worker_id`` path argument must be the caller's own worker (worker tokens)
+    own_worker: bool = False
+    #: safe to repeat after a lost answer (so the client retries it through outages)
+    safe: bool = True
+    #: the query field that bounds how long the server may hold the request
+    long_poll: str | None = None
+    #: error statuses this route may answer besides 400/401/403/422 (documented)
+    errors: tuple[int, ...] = ()
+    auth: bool = True
+
+    def __post_init__(self) -> None:
+        if (self.response is None) != (self.status == 204):
+            raise ValueError(f"route {self.op}: a route without a response answers 204, and only it")
+
+    @property
+    def path_params(self) -> list[str]:
+        return re.findall(r"\{(\w+)\}", self.path)
+
+
+_DIGEST = {"digest": DIGEST_PATTERN}
+
+ROUTES: tuple[Route, ...] = (
+    # ---------------------------------------------------------------- jobs
+    Route("submit", "POST", "/v1/jobs", READERS,
+          "Submit a job; idempotent with idempotency_key (per token)",
+          response=JobRecord, status=201, body=SubmitBody, context={"owner": "owner"}),
+    Route("list_jobs", "GET", "/v1/jobs", READERS, "Jobs, newest first (a client token sees its own)",
+          response=list[JobRecord], query=ListJobsQuery, context={"owner": "owner"}),
+    Route("get_job", "GET", "/v1/jobs/{job_id}", READERS, "One job with its tasks",
+          response=JobRecord, own_job=True, errors=(404,)),
+    Route("cancel", "POST", "/v1/jobs/{job_id}/cancel", READERS, "Cancel a job",
+          response=JobRecord, own_job=True, errors=(404,)),
+    Route("logs", "GET", "/v1/jobs/{job_id}/logs", READERS, "Log chunks after an id",
+          response=list[LogChunk], query=LogsQuery, own_job=True, errors=(404,)),
+    Route("wait_job", "GET", "/v1/jobs/{job_id}/wait", READERS,
+          f"The job once it is terminal, or after at most {MAX_LONG_POLL:g} s (long poll)",
+          response=JobRecord, query=WaitQuery, own_job=True, long_poll="timeout", errors=(404,)),
+    Route("events", "GET", "/v1/jobs/{job_id}/events", READERS, "The job's event history",
+          response=list[JobEvent], own_job=True, errors=(404,)),
+    # ---------------------------------------------------------------- bundles
+    Route("has_bundle", "HEAD", "/v1/bundles/{digest}", BUNDLE_READERS, "Whether a bundle is stored (200 or 404)",
+          response=bool, exists=True, path_patterns=_DIGEST, errors=(404,)),
+    Route("get_bundle", "GET", "/v1/bundles/{digest}", BUNDLE_READERS, "Download a bundle",
+          response=bytes, raw_response="application/zip", path_patterns=_DIGEST, errors=(404,)),
+    Route("put_bundle", "PUT", "/v1/bundles/{digest}", ("admin", "client"),
+          "Upload a bundle; the body must hash to the digest and fit GPULAYER_MAX_BUNDLE_MB",
+          response=BundleStored, status=201, also_ok=(200,), raw_body="application/zip",
+          path_patterns=_DIGEST, errors=(413,)),
+    # ---------------------------------------------------------------- workers
+    Route("list_workers", "GET", "/v1/workers", READERS, "Registered workers", response=list[WorkerRecord]),
+    Route("worker_usage", "GET", "/v1/workers/usage", READERS, "Busy devices and CPU slots per online worker",
+          response=dict[str, WorkerUsage]),
+    Route("join_worker", "POST", "/v1/workers/join", ("join", "bootstrap"),
+          "Spend a join or bootstrap token: register a worker and get its credential",
+          response=JoinReply, status=201, body=JoinBody, context={"join_token": "bearer"}, safe=False),
+    Route("register_worker", "POST", "/v1/workers/{worker_id}/register", WORKERS,
+          "Register again (after a restart, or when the control plane forgot the worker)",
+          response=WorkerRecord, body=JoinBody, own_worker=True, context={"origin": "remote_origin"}),
+    Route("heartbeat", "POST", "/v1/workers/{worker_id}/heartbeat", WORKERS,
+          "Heartbeat with the tasks the worker runs; answers the tasks to end",
+          response=HeartbeatReply, body=HeartbeatBody, own_worker=True),
+    Route("poll_tasks", "GET", "/v1/workers/{worker_id}/tasks", WORKERS,
+          f"Assigned tasks not started yet; waits at most {MAX_LONG_POLL:g} s for one (long poll)",
+          response=list[TaskAssignment], query=PollQuery, own_worker=True, long_poll="wait"),
+    Route("drain_worker", "POST", "/v1/workers/{worker_id}/drain", ("worker", "admin"), "Take no new work",
+          status=204, own_worker=True, errors=(404,)),
+    Route("deregister_worker", "DELETE", "/v1/workers/{worker_id}", ("worker", "admin"),
+          "Leave: offline now, unfinished tasks lost, the credential revoked", status=204, own_worker=True,
+          errors=(404,)),
+    # ---------------------------------------------------------------- tasks
+    Route("start_task", "POST", "/v1/tasks/{task_id}/start", WORKERS, "The worker started the task",
+          status=204, context={"worker_id": "worker"}, errors=(404, 409)),
+    Route("append_logs", "POST", "/v1/tasks/{task_id}/logs", WORKERS, "Append log chunks",
+          status=204, body=LogsBody, context={"worker_id": "worker"}, safe=False, errors=(404, 409)),
+    Route("finish_task", "POST", "/v1/tasks/{task_id}/finish", WORKERS,
+          "The task's final report (409 when it already ended)",
+          status=204, body=FinishBody, context={"worker_id": "worker"}, errors=(404, 409)),
+    # ---------------------------------------------------------------- tokens
+    Route("create_token", "POST", "/v1/tokens", ("admin",), "Create a token; the secret is in this reply only",
+          response=NewToken, status=201, body=TokenBody, safe=False),
+    Route("list_tokens", "GET", "/v1/tokens", ("admin",), "Tokens (never their secrets)",
+          response=list[TokenInfo]),
+    Route("revoke_token", "DELETE", "/v1/tokens/{token_id}", ("admin",), "Revoke a token",
+          response=TokenInfo, errors=(404,)),
+)
+
+_BY_OP = {r.op: r for r in ROUTES}
+
+
+def route_for(op: str) -> Route:
+    return _BY_OP[op]

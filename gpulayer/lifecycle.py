@@ -1,0 +1,123 @@
+"""The job and task state machine, as pure functions: no I/O, no clock, no database.
+
+A job's state is derived from its current attempt's tasks (one task per node)::
+
+    queued --placed--> assigned --a node starts--> running --all nodes succeed--> succeeded
+       ^                                              |
+       |                      one node fails, is lost, times out or is cancelled:
+       |                      the nodes that never started are cancelled here; the running
+       |                      ones stay running until their workers end them; then
+       +---- failed or lost, retries left <-----------+--> failed / timed_out / cancelled
+
+Rules:
+
+* One group, one fate: the job's end is decided only once no node of the attempt still
+  runs, from the root cause (the first node that did not succeed and was not cancelled
+  because of another).
+* A failed or lost attempt is retried while the job has attempts left (``attempt <
+  max_attempts``); a timed-out or cancelled one is not. A cancel request always wins.
+* A task lost before it ever started does not spend the job's retry budget
+  (:func:`release_unstarted`).
+* A task the job no longer wants (its job ended, was cancelled, moved to a newer attempt,
+  or another node of its attempt ended badly) must be ended by its worker
+  (:func:`must_end`).
+
+:mod:`gpulayer.control` loads the rows, calls these, and writes what they decide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gpulayer.records import JobError, JobState, TaskState
+
+__all__ = ["JobView", "Settlement", "TaskView", "must_end", "release_unstarted", "settle"]
+
+ENDED_BADLY = frozenset({TaskState.FAILED, TaskState.TIMED_OUT, TaskState.LOST, TaskState.CANCELLED})
+#: what a job becomes when its root-cause task ended this way and no retry applies
+_FINAL = {TaskState.FAILED: JobState.FAILED, TaskState.LOST: JobState.FAILED,
+          TaskState.TIMED_OUT: JobState.TIMED_OUT, TaskState.CANCELLED: JobState.CANCELLED}
+
+
+@dataclass(frozen=True)
+class JobView:
+    state: JobState
+    attempt: int
+    max_attempts: int
+    cancel_requested: bool = False
+
+
+@dataclass(frozen=True)
+class TaskView:
+    id: str
+    state: TaskState
+    error: JobError | None = None
+
+
+@dataclass
+class Settlement:
+    """What :func:`settle` decided. ``state`` None: leave the job as it is."""
+
+    state: JobState | None = None
+    #: the job's error after this (only meaningful when ``state`` is set)
+    error: JobError | None = None
+    #: unstarted tasks of the attempt to cancel now (another node ended badly)
+    cancel: list[str] = field(default_factory=list)
+    #: the job goes back to the queue for a new attempt; ``note`` says why
+    retry: bool = False
+    note: str = ""
+
+
+#: why the unstarted nodes of a group that ended badly are cancelled
+OTHER_NODE_ENDED = "another node of the job ended"
+
+
+def settle(job: JobView, tasks: Sequence[TaskView], *, reported: JobError | None = None) -> Settlement:
+    """The job's state from its current attempt's ``tasks``.
+
+    ``reported``: the error a worker just reported for one of them (it wins over what is
+    stored, which may be only a summary).
+    """
+    if job.state.terminal or job.state is JobState.QUEUED or not tasks:
+        return Settlement()
+    bad = [t for t in tasks if t.state in ENDED_BADLY]
+    if not bad:
+        if all(t.state is TaskState.SUCCEEDED for t in tasks):
+            return Settlement(state=JobState.SUCCEEDED, error=None)
+        if any(t.state is TaskState.RUNNING or t.state.terminal for t in tasks):
+            return Settlement(state=JobState.RUNNING)
+        return Settlement(state=JobState.ASSIGNED)
+
+    out = Settlement(cancel=[t.id for t in tasks if t.state is TaskState.ASSIGNED])
+    if any(t.state is TaskState.RUNNING for t in tasks):
+        out.state = JobState.RUNNING  # the rest of the group is being ended by its workers
+        return out
+    root = next((t for t in bad if t.state is not TaskState.CANCELLED), bad[0])
+    error = reported or root.error
+    if job.cancel_requested:
+        out.state, out.error = JobState.CANCELLED, JobError.cancelled()
+    elif root.state in (TaskState.FAILED, TaskState.LOST) and job.attempt < job.max_attempts:
+        out.state, out.error, out.retry = JobState.QUEUED, error, True
+        out.note = f"attempt {job.attempt} {root.state.value}; {job.max_attempts - job.attempt} left"
+    else:
+        out.state = _FINAL[root.state]
+        if root.state is TaskState.LOST:
+            error = JobError.lost(error.message if error and error.message else "worker lost")
+        out.error = error
+    return out
+
+
+def release_unstarted(job: JobView) -> int:
+    """The job's ``max_attempts`` after one of its tasks was lost before it started: the
+    attempt is given back, so a task that never ran costs no retry."""
+    return job.max_attempts + 1 if not job.state.terminal else job.max_attempts
+
+
+def must_end(*, task_state: TaskState, owner: str, reporter: str, attempt: int,
+             job_state: JobState | None, job_attempt: int | None, cancel_requested: bool,
+             attempt_ended_badly: bool) -> bool:
+    """Whether the worker ``reporter``, which says it runs this task, must end it now."""
+    return (task_state.terminal or owner != reporter or cancel_requested
+            or job_state not in (JobState.ASSIGNED, JobState.RUNNING)
+            or attempt != job_attempt or attempt_ended_badly)

@@ -1,0 +1,88 @@
+"""Rows to records: the one place that turns what the tables hold into API records.
+
+JSON-shaped columns (capabilities, specs, decisions, errors) hold JSON that the pydantic
+records validate on the way out. A column written by an older GPUlayer, or damaged, must
+never make a read fail for good: :func:`error_of` and :func:`decision_of` turn what they cannot
+read into a record that says so.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from gpulayer.api import JobEvent, LogChunk, TokenInfo
+from gpulayer.hookrecords import Capabilities, Rendezvous
+from gpulayer.records import JobError, JobRecord, JobState, PlacementDecision, TaskRecord, TaskState, WorkerRecord
+from gpulayer.specs import JobSpec
+from gpulayer.store.tables import EventRow, JobRow, LogRow, TaskRow, TokenRow, WorkerRow
+
+SPEC: TypeAdapter[Any] = TypeAdapter(JobSpec)
+
+
+def spec(raw: str) -> Any:
+    return SPEC.validate_json(raw)
+
+
+def error_of(raw: str | None) -> JobError | None:
+    if not raw:
+        return None
+    try:
+        return JobError.model_validate_json(raw)
+    except ValidationError:
+        return JobError(type="unreadable", message=f"the stored error could not be read: {raw[:200]!r}")
+
+
+def decision_of(raw: str | None) -> PlacementDecision | None:
+    if not raw:
+        return None
+    try:
+        return PlacementDecision.model_validate_json(raw)
+    except ValidationError:
+        return None
+
+
+def task_record(t: TaskRow) -> TaskRecord:
+    return TaskRecord(
+        id=t.id, job_id=t.job_id, attempt=t.attempt, node_rank=t.node_rank, worker_id=t.worker_id,
+        devices=json.loads(t.devices), accelerator=t.accelerator, state=TaskState(t.state),
+        created_at=t.created_at, started_at=t.started_at, ended_at=t.ended_at, exit_code=t.exit_code,
+        error=error_of(t.error),
+        rendezvous=Rendezvous.model_validate_json(t.rendezvous) if t.rendezvous else None,
+    )
+
+
+def job_record(row: JobRow, tasks: list[TaskRow] | None = None) -> JobRecord:
+    return JobRecord(
+        id=row.id, spec=spec(row.spec), state=JobState(row.state), created_at=row.created_at,
+        updated_at=row.updated_at, attempt=row.attempt, exit_code=row.exit_code,
+        result=json.loads(row.result) if row.result else None, error=error_of(row.error),
+        decision=decision_of(row.decision), cancel_requested=row.cancel_requested,
+        tasks=[task_record(t) for t in tasks or []],
+    )
+
+
+def worker_record(row: WorkerRow) -> WorkerRecord:
+    return WorkerRecord(
+        id=row.id, name=row.name, origin=row.origin,
+        capabilities=Capabilities.model_validate_json(row.capabilities),
+        cpu_slots=row.cpu_slots, online=row.online, draining=row.draining,
+        last_heartbeat=row.last_heartbeat, registered_at=row.registered_at, pid=row.pid,
+    )
+
+
+def log_chunk(r: LogRow) -> LogChunk:
+    return LogChunk(id=r.id or 0, task_id=r.task_id, node_rank=r.node_rank, stream=r.stream,
+                    data=r.data, ts=r.ts)
+
+
+def job_event(r: EventRow) -> JobEvent:
+    return JobEvent(ts=r.ts, kind=r.kind, task_id=r.task_id, worker_id=r.worker_id, message=r.message)
+
+
+def token_info(row: TokenRow) -> TokenInfo:
+    return TokenInfo(id=row.id, scope=row.scope, created_at=row.created_at, expires_at=row.expires_at,
+                     uses_left=row.uses_left, revoked=row.revoked, worker_id=row.worker_id,
+                     description=row.description)

@@ -1,0 +1,303 @@
+"""Every query the control plane runs, one named function each.
+
+Each function takes the :class:`~sqlmodel.Session` of a :meth:`Store.read` or
+:meth:`Store.write` transaction; the caller decides the transaction, the function decides
+the SQL. Functions named after a thing (:func:`job`, :func:`task`, :func:`worker`,
+:func:`bundle`, :func:`token`) return it or raise :class:`~gpulayer.errors.NotFound` with
+the product's wording; ``find_*`` return ``None`` instead.
+
+The statements that correctness rests on are here and short enough to read: task state
+changes are compare-and-set (:func:`transition_task`), a token's last use is spent with a
+conditional decrement (:func:`spend_token_use`), and heartbeats are plain batched UPDATEs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import func, text, update
+from sqlalchemy import select as sa_select
+from sqlmodel import Session, SQLModel, col, select
+
+from gpulayer.errors import NotFound
+from gpulayer.records import JobState, TaskState
+from gpulayer.store.tables import BundleRow, EventRow, JobRow, LogRow, TaskRow, TokenRow, WorkerRow
+
+ACTIVE_TASK_STATES = (TaskState.ASSIGNED.value, TaskState.RUNNING.value)
+ENDED_BADLY = (TaskState.FAILED.value, TaskState.TIMED_OUT.value, TaskState.LOST.value,
+               TaskState.CANCELLED.value)
+
+#: which states a task may move to from each state (everything else is refused)
+TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
+    TaskState.ASSIGNED: frozenset({TaskState.RUNNING, TaskState.CANCELLED, TaskState.LOST,
+                                   TaskState.FAILED}),
+    TaskState.RUNNING: frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED,
+                                  TaskState.TIMED_OUT, TaskState.LOST}),
+}
+
+R = TypeVar("R", bound=SQLModel)
+
+
+def get_or_raise(s: Session, table: type[R], key: str, what: str, *, for_update: bool = False,
+                 fresh: bool = False) -> R:
+    """The row of ``table`` with primary key ``key``, or :class:`NotFound` ("job 'x': no such job")."""
+    row = s.get(table, key, with_for_update=for_update or None, populate_existing=fresh)
+    if row is None:
+        raise NotFound(f"{what} {key!r}: no such {what}")
+    return row
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def job(s: Session, job_id: str, *, for_update: bool = False) -> JobRow:
+    return get_or_raise(s, JobRow, job_id, "job", for_update=for_update)
+
+
+def find_job(s: Session, job_id: str) -> JobRow | None:
+    return s.get(JobRow, job_id)
+
+
+def find_job_by_key(s: Session, idempotency_key: str) -> JobRow | None:
+    row: JobRow | None = s.exec(select(JobRow).where(JobRow.idempotency_key == idempotency_key)).first()
+    return row
+
+
+def job_owner(s: Session, job_id: str) -> str | None:
+    """The token id that submitted the job (None for an embedded submit); NotFound if none."""
+    owner = s.execute(sa_select(col(JobRow.owner), col(JobRow.id)).where(col(JobRow.id) == job_id)).first()
+    if owner is None:
+        raise NotFound(f"job {job_id!r}: no such job")
+    return owner[0]  # type: ignore[no-any-return]
+
+
+def jobs(s: Session, *, state: str | None, limit: int, owner: str | None) -> Sequence[JobRow]:
+    q = select(JobRow).order_by(col(JobRow.created_at).desc()).limit(limit)
+    if state is not None:
+        q = q.where(JobRow.state == state)
+    if owner is not None:
+        q = q.where(JobRow.owner == owner)
+    return list(s.exec(q).all())
+
+
+def queued_jobs(s: Session) -> Sequence[JobRow]:
+    """The queue in submission order (the scheduler applies priorities)."""
+    return list(s.exec(
+        select(JobRow).where(JobRow.state == JobState.QUEUED.value).order_by(col(JobRow.created_at), col(JobRow.id))
+    ).all())
+
+
+def job_counts(s: Session) -> dict[str, int]:
+    rows = s.execute(sa_select(col(JobRow.state), func.count()).group_by(col(JobRow.state))).all()
+    return {str(state): int(n) for state, n in rows}
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+def task(s: Session, task_id: str, *, fresh: bool = False) -> TaskRow:
+    return get_or_raise(s, TaskRow, task_id, "task", fresh=fresh)
+
+
+def tasks_of(s: Session, job_id: str, attempt: int | None = None) -> list[TaskRow]:
+    q = select(TaskRow).where(TaskRow.job_id == job_id)
+    if attempt is not None:
+        q = q.where(TaskRow.attempt == attempt)
+    # populate_existing: transition_task changes rows with plain SQL, so refresh loaded objects
+    q = q.order_by(col(TaskRow.attempt), col(TaskRow.node_rank)).execution_options(populate_existing=True)
+    return list(s.exec(q).all())
+
+
+def active_tasks(s: Session) -> Sequence[TaskRow]:
+    """Tasks holding a device or a CPU slot: assigned or running."""
+    return list(s.exec(select(TaskRow).where(col(TaskRow.state).in_(ACTIVE_TASK_STATES))).all())
+
+
+def active_tasks_of_worker(s: Session, worker_id: str) -> Sequence[TaskRow]:
+    return list(s.exec(select(TaskRow).where(TaskRow.worker_id == worker_id,
+                                        col(TaskRow.state).in_(ACTIVE_TASK_STATES))).all())
+
+
+def assigned_tasks_of_worker(s: Session, worker_id: str) -> Sequence[TaskRow]:
+    """Handed to the worker and not started yet, oldest first."""
+    return list(s.exec(select(TaskRow).where(TaskRow.worker_id == worker_id,
+                                        TaskRow.state == TaskState.ASSIGNED.value)
+                  .order_by(col(TaskRow.created_at))).all())
+
+
+def running_tasks_started_before(s: Session, cutoff: float) -> list[tuple[str, str]]:
+    """``(task id, worker id)`` of running tasks that started before ``cutoff``."""
+    rows = s.execute(sa_select(col(TaskRow.id), col(TaskRow.worker_id)).where(
+        col(TaskRow.state) == TaskState.RUNNING.value, col(TaskRow.started_at) < cutoff)).all()
+    return [(str(t), str(w)) for t, w in rows]
+
+
+def add_task(s: Session, row: TaskRow) -> None:
+    s.add(row)
+
+
+def transition_task(s: Session, task_id: str, to: TaskState, **fields: Any) -> bool:
+    """Move a task to ``to`` if the move is allowed from the state it is in now.
+
+    A compare-and-set: returns False (and changes nothing) when the task has already moved
+    on, which is how late and duplicate reports are refused.
+    """
+    allowed_from = [st.value for st, targets in TASK_TRANSITIONS.items() if to in targets]
+    if not allowed_from:
+        return False
+    values = {"state": to.value, **{k: _sql_value(v) for k, v in fields.items()}}
+    stmt = (update(TaskRow).where(col(TaskRow.id) == task_id, col(TaskRow.state).in_(allowed_from))
+            .values(**values).execution_options(synchronize_session=False))
+    result = s.execute(stmt)
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def _sql_value(v: Any) -> Any:
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    if hasattr(v, "model_dump_json"):
+        return v.model_dump_json()
+    return v
+
+
+def heartbeat_view(s: Session, task_ids: Iterable[str]) -> list[tuple[Any, ...]]:
+    """For each task: id, state, worker, job id, attempt, and its job's cancel flag, state
+    and current attempt (what a heartbeat reply is decided from)."""
+    ids = list(task_ids)
+    if not ids:
+        return []
+    cols = (TaskRow.id, TaskRow.state, TaskRow.worker_id, TaskRow.job_id, TaskRow.attempt,
+            JobRow.cancel_requested, JobRow.state, JobRow.attempt)
+    return [tuple(r) for r in s.execute(
+        sa_select(*(col(c) for c in cols)).join(JobRow, col(JobRow.id) == col(TaskRow.job_id), isouter=True)
+        .where(col(TaskRow.id).in_(ids))).all()]
+
+
+def attempts_ended_badly(s: Session, job_ids: Iterable[str]) -> set[tuple[str, int]]:
+    """``(job id, attempt)`` pairs in which some task failed, timed out, was lost or cancelled."""
+    ids = list(job_ids)
+    if not ids:
+        return set()
+    rows = s.execute(sa_select(col(TaskRow.job_id), col(TaskRow.attempt)).where(
+        col(TaskRow.job_id).in_(ids), col(TaskRow.state).in_(ENDED_BADLY))).all()
+    return {(str(j), int(a)) for j, a in rows}
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def worker(s: Session, worker_id: str, *, for_update: bool = False, fresh: bool = False) -> WorkerRow:
+    return get_or_raise(s, WorkerRow, worker_id, "worker", for_update=for_update, fresh=fresh)
+
+
+def find_worker(s: Session, worker_id: str) -> WorkerRow | None:
+    return s.get(WorkerRow, worker_id)
+
+
+def workers(s: Session, *, online_only: bool = False) -> Sequence[WorkerRow]:
+    q = select(WorkerRow).order_by(col(WorkerRow.registered_at))
+    if online_only:
+        q = q.where(col(WorkerRow.online).is_(True))
+    return list(s.exec(q).all())
+
+
+def online_flags(s: Session, worker_ids: Iterable[str]) -> dict[str, bool]:
+    """Worker id -> online, for the ids that exist."""
+    ids = list(worker_ids)
+    rows = s.execute(sa_select(col(WorkerRow.id), col(WorkerRow.online)).where(col(WorkerRow.id).in_(ids))).all()
+    return {str(w): bool(o) for w, o in rows}
+
+
+def touch_workers(s: Session, worker_ids: Iterable[str], now: float) -> None:
+    """Heartbeats: the workers are alive at ``now`` (one plain UPDATE per worker, batched)."""
+    params = [{"now": now, "yes": True, "id": w} for w in worker_ids]
+    if params:
+        s.execute(text("UPDATE gl_workers SET last_heartbeat = :now, online = :yes WHERE id = :id"), params)
+
+
+def online_worker_count(s: Session) -> int:
+    return int(s.execute(sa_select(func.count()).select_from(WorkerRow).where(col(WorkerRow.online).is_(True)))
+               .scalar_one())
+
+
+# --------------------------------------------------------------------------- logs and events
+
+
+def add_logs(s: Session, rows: Iterable[LogRow]) -> None:
+    s.add_all(list(rows))
+
+
+def logs(s: Session, job_id: str, *, after: int, node: int | None, limit: int) -> Sequence[LogRow]:
+    q = select(LogRow).where(LogRow.job_id == job_id, col(LogRow.id) > after)
+    if node is not None:
+        q = q.where(LogRow.node_rank == node)
+    return list(s.exec(q.order_by(col(LogRow.id)).limit(limit)).all())
+
+
+def add_event(s: Session, row: EventRow) -> None:
+    s.add(row)
+
+
+def events(s: Session, job_id: str) -> Sequence[EventRow]:
+    return list(s.exec(select(EventRow).where(EventRow.job_id == job_id).order_by(col(EventRow.id))).all())
+
+
+# --------------------------------------------------------------------------- bundles
+
+
+def bundle_exists(s: Session, digest: str) -> bool:
+    return s.execute(sa_select(col(BundleRow.digest)).where(col(BundleRow.digest) == digest)).first() is not None
+
+
+def bundle(s: Session, digest: str) -> BundleRow:
+    return get_or_raise(s, BundleRow, digest, "bundle")
+
+
+def add_bundle(s: Session, row: BundleRow) -> None:
+    s.add(row)
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+def find_token_by_hash(s: Session, digest: str) -> TokenRow | None:
+    row: TokenRow | None = s.exec(select(TokenRow).where(TokenRow.hash == digest)).first()
+    return row
+
+
+def token(s: Session, token_id: str) -> TokenRow:
+    return get_or_raise(s, TokenRow, token_id, "token")
+
+
+def tokens(s: Session, *, include_revoked: bool = True) -> Sequence[TokenRow]:
+    q = select(TokenRow).order_by(col(TokenRow.created_at))
+    if not include_revoked:
+        q = q.where(col(TokenRow.revoked).is_(False))
+    return list(s.exec(q).all())
+
+
+def add_token(s: Session, row: TokenRow) -> None:
+    s.add(row)
+
+
+def spend_token_use(s: Session, token_id: str) -> bool:
+    """Spend one use of a counted token; False when none was left.
+
+    A conditional decrement in SQL, never a value computed here and written back: two joins
+    racing for the last use cannot both get it (PostgreSQL writers here take no shared lock).
+    """
+    result = s.execute(text("UPDATE gl_tokens SET uses_left = uses_left - 1 WHERE id = :id AND uses_left > 0"),
+                       {"id": token_id})
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def revoke_token(s: Session, token_id: str) -> None:
+    s.execute(update(TokenRow).where(col(TokenRow.id) == token_id).values(revoked=True)
+              .execution_options(synchronize_session=False))
+
+
+def revoke_worker_tokens(s: Session, worker_id: str) -> None:
+    s.execute(update(TokenRow).where(col(TokenRow.worker_id) == worker_id, col(TokenRow.scope) == "worker")
+              .values(revoked=True).execution_options(synchronize_session=False))

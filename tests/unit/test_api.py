@@ -1,0 +1,239 @@
+"""The operation surface: the route table, the Protocols, the control plane and the HTTP
+client agree, and errors cross HTTP as the same classes.
+
+The HTTP client runs here in-process against the Starlette app (through Starlette's test
+transport), over a real SQLite database; tests/integration/ runs the same against a real
+server process.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from gpulayer import api, errors
+from gpulayer.control import ControlPlane
+from gpulayer.http_client import HttpAPI, RemoteAPI, connect_http
+from gpulayer.records import JobError, JobState, TaskState
+from gpulayer.server.app import SERVER_ROUTES, SPECIAL, create_app
+from gpulayer.server.openapi import openapi_document
+from gpulayer.specs import CommandJob, Placement
+from gpulayer.store import Store
+from tests.factories import make_capabilities
+
+PROTOCOL_METHODS = {name for name, _ in inspect.getmembers(api.ControlAPI, inspect.isfunction)
+                    if not name.startswith("_")}
+
+
+# ---------------------------------------------------------------------------------- the table
+
+
+def test_every_operation_has_exactly_one_route_and_every_route_an_operation() -> None:
+    ops = [r.op for r in api.ROUTES]
+    assert len(ops) == len(set(ops))
+    assert set(ops) == PROTOCOL_METHODS
+
+
+@pytest.mark.parametrize("route", api.ROUTES, ids=lambda r: r.op)
+def test_each_route_places_every_argument_of_its_operation(route: api.Route) -> None:
+    """Path, query, body, raw body and server-derived arguments together are exactly the
+    Protocol method's parameters, so the generic client and server lose nothing."""
+    params = set(inspect.signature(getattr(api.ControlAPI, route.op)).parameters) - {"self"}
+    placed = set(route.path_params)
+    placed |= set(route.query.model_fields) if route.query else set()
+    placed |= set(route.body.model_fields) if route.body else set()
+    placed |= {"data"} if route.raw_body else set()
+    assert placed == params - set(route.context)
+    assert not placed & set(route.context), "an argument is both sent and derived by the server"
+
+
+@pytest.mark.parametrize("route", api.ROUTES, ids=lambda r: r.op)
+def test_the_control_plane_takes_what_the_server_passes(route: api.Route) -> None:
+    sig = inspect.signature(getattr(ControlPlane, route.op))
+    passed = set(inspect.signature(getattr(api.ControlAPI, route.op)).parameters) - {"self"}
+    passed |= set(route.context)
+    assert passed <= set(sig.parameters), sorted(passed - set(sig.parameters))
+
+
+def test_the_http_client_has_every_operation_with_its_protocol_signature() -> None:
+    for name in PROTOCOL_METHODS:
+        method = getattr(HttpAPI, name)
+        assert inspect.signature(method) == inspect.signature(getattr(api.ControlAPI, name)), name
+
+
+def test_raw_bodies_and_long_polls_have_their_own_server_handlers() -> None:
+    for r in api.ROUTES:
+        if r.raw_body or r.long_poll:
+            assert r.op in SPECIAL, r.op
+
+
+def test_importing_the_http_client_loads_no_database() -> None:
+    code = ("import sys, gpulayer.http_client, gpulayer.api, gpulayer.client; "
+            "print(sorted(m for m in ('sqlalchemy', 'sqlmodel', 'starlette', 'uvicorn') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# ---------------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("exc", [
+    errors.InvalidInput("--gpus: expected 0 or more"),
+    errors.BundleError("bad bundle"),
+    errors.TooLarge("too big"),
+    errors.NotFound("job 'x': no such job"),
+    errors.Conflict("task t is already lost"),
+    errors.Unschedulable("scheduling: no eligible worker", job_id="job-1"),
+    errors.JobFailed("job job-1 failed: exit code 3", job_id="job-1", state="failed", exit_code=3),
+    errors.RemoteError("ValueError", "bad", "Traceback ...", job_id="job-1"),
+    errors.AuthError("invalid token"),
+    errors.Forbidden("wrong scope"),
+], ids=lambda e: type(e).__name__)
+def test_an_error_comes_back_over_the_wire_as_the_same_class(exc: errors.GpulayerError) -> None:
+    wire = json.loads(json.dumps(exc.to_dict()))
+    back = errors.error_from_wire(wire, status=exc.status_code)
+    assert type(back) is type(exc)
+    assert str(back) == str(exc) and back.details() == exc.details()
+
+
+def test_an_unknown_code_keeps_the_message() -> None:
+    back = errors.error_from_wire({"code": "from_the_future", "message": "something new"}, status=418)
+    assert type(back) is errors.GpulayerError and "something new" in str(back)
+    assert type(errors.error_from_wire(None, status=401)) is errors.AuthError
+    assert type(errors.error_from_wire("garbage", status=403)) is errors.Forbidden
+
+
+def test_two_classes_cannot_share_a_code() -> None:
+    with pytest.raises(TypeError, match="not_found"):
+        type("Again", (errors.GpulayerError,), {"code": "not_found"})
+
+
+# ---------------------------------------------------------------------------------- in-process HTTP
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[ControlPlane, TestClient]]:
+    control = ControlPlane(Store(f"sqlite:///{tmp_path / 'server.db'}"), heartbeat_timeout=30)
+    app = create_app(control, background=False)
+    with TestClient(app) as tc:
+        yield control, tc
+
+
+def remote(tc: TestClient, token: str | None) -> RemoteAPI:
+    return connect_http("http://testserver", token=token, retry_for=0.5, transport=tc._transport)
+
+
+def test_one_job_through_every_layer_in_process(served: tuple[ControlPlane, TestClient]) -> None:
+    """A client submits, a worker joins, runs and reports, all through the generic HTTP
+    client; every answer is the Protocol's record type."""
+    control, tc = served
+    admin = remote(tc, control.create_token(scope="admin").token)
+    client = remote(tc, admin.create_token(scope="client").token)
+    join = admin.create_token(scope="join", uses=1)
+    worker = remote(tc, None)
+    reply = worker.join_worker(make_capabilities(), join_token=join.token, name="w", cpu_slots=1, pid=1)
+    assert isinstance(reply, api.JoinReply) and reply.worker.origin == "existing"
+    worker.token = reply.token
+    job = client.submit(CommandJob(command=["true"], placement=Placement(target="remote")), idempotency_key="k")
+    assert client.submit(CommandJob(command=["true"], placement=Placement(target="remote")),
+                         idempotency_key="k").id == job.id
+    [task] = worker.poll_tasks(reply.worker_id, wait=0)
+    assert isinstance(task, api.TaskAssignment) and task.job_id == job.id
+    worker.start_task(task.task_id, worker_id=reply.worker_id)
+    worker.start_task(task.task_id, worker_id=reply.worker_id)  # a retried start is success
+    worker.append_logs(task.task_id, worker_id=reply.worker_id, chunks=[("stdout", "hi\n")])
+    assert worker.heartbeat(reply.worker_id, running=[task.task_id]).cancel == []
+    worker.finish_task(task.task_id, worker_id=reply.worker_id, state=TaskState.SUCCEEDED, exit_code=0)
+    done = client.wait_job(job.id, timeout=5)
+    assert done.state is JobState.SUCCEEDED
+    assert [c.data for c in client.logs(job.id)] == ["hi\n"]
+    assert [e.kind for e in client.events(job.id)][:2] == ["submitted", "assigned"]
+    assert [j.id for j in client.list_jobs(state=JobState.SUCCEEDED)] == [job.id]
+    assert client.worker_usage()[reply.worker_id].busy_cpu_slots == 0
+    with pytest.raises(errors.Conflict, match="already succeeded"):
+        worker.finish_task(task.task_id, worker_id=reply.worker_id, state=TaskState.FAILED,
+                           error=JobError(type="failed", message="late"))
+    assert {t.scope for t in admin.list_tokens()} >= {"admin", "client", "join", "worker"}
+    worker.deregister_worker(reply.worker_id)
+    with pytest.raises(errors.AuthError):  # leaving revokes the credential
+        worker.heartbeat(reply.worker_id, running=[])
+
+
+def test_a_join_that_fails_after_the_token_check_burns_no_use(served: tuple[ControlPlane, TestClient],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    control, tc = served
+    once = control.create_token(scope="join", uses=1)
+
+    def broken(*args: Any, **kwargs: Any) -> str:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(control, "_register", broken)
+    with pytest.raises(errors.GpulayerError, match="internal"):
+        remote(tc, None).join_worker(make_capabilities(), join_token=once.token)
+    assert next(t for t in control.list_tokens() if t.id == once.id).uses_left == 1
+    monkeypatch.undo()
+    assert remote(tc, None).join_worker(make_capabilities(), join_token=once.token).worker.origin == "existing"
+    assert next(t for t in control.list_tokens() if t.id == once.id).uses_left == 0
+
+
+def test_scopes_and_ownership_in_process(served: tuple[ControlPlane, TestClient]) -> None:
+    control, tc = served
+    admin = remote(tc, control.create_token(scope="admin").token)
+    mine = remote(tc, admin.create_token(scope="client").token)
+    theirs = remote(tc, admin.create_token(scope="client").token)
+    job = theirs.submit(CommandJob(command=["true"], placement=Placement(target="remote", on_unschedulable="wait")))
+    with pytest.raises(errors.NotFound):
+        mine.get_job(job.id)
+    with pytest.raises(errors.NotFound):
+        mine.cancel(job.id)
+    assert mine.list_jobs() == []
+    with pytest.raises(errors.Forbidden):
+        mine.list_tokens()
+    with pytest.raises(errors.AuthError):
+        remote(tc, "glt_nope").list_jobs()
+    assert admin.get_job(job.id).id == job.id
+
+
+def test_bad_query_and_path_values_name_the_parameter(served: tuple[ControlPlane, TestClient]) -> None:
+    control, tc = served
+    headers = {"authorization": f"Bearer {control.create_token(scope='admin').token}"}
+    r = tc.get("/v1/jobs?limit=5000", headers=headers)
+    assert r.status_code == 422 and r.json()["error"]["message"].startswith("query.limit: expected")
+    assert "(got '5000')" in r.json()["error"]["message"]
+    r = tc.head("/v1/bundles/not-hex", headers=headers)
+    assert r.status_code == 422
+    r = tc.get("/v1/bundles/" + "0" * 64, headers=headers)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+# ---------------------------------------------------------------------------------- OpenAPI
+
+
+def test_the_openapi_document_is_valid_openapi_3_1() -> None:
+    from openapi_spec_validator import validate
+
+    doc = openapi_document()
+    validate(doc)
+    assert doc["openapi"].startswith("3.1")
+
+
+def test_the_openapi_document_lists_every_route_with_its_constraints() -> None:
+    doc = openapi_document()
+    listed = {(m.upper(), p) for p, methods in doc["paths"].items() for m in methods}
+    assert listed == {(r.method, r.path) for r in api.ROUTES} | {(r.method, r.path) for r in SERVER_ROUTES}
+    limit = next(p for p in doc["paths"]["/v1/jobs"]["get"]["parameters"] if p["name"] == "limit")
+    assert (limit["schema"]["minimum"], limit["schema"]["maximum"]) == (1, 1000)
+    digest = doc["paths"]["/v1/bundles/{digest}"]["get"]["parameters"][0]
+    assert digest["schema"]["pattern"] == api.DIGEST_PATTERN
+    assert "404" in doc["paths"]["/v1/jobs/{job_id}"]["get"]["responses"]
+    assert "413" in doc["paths"]["/v1/bundles/{digest}"]["put"]["responses"]
+    refs = json.dumps(doc)
+    assert "#/x-" not in refs and "#/$defs" not in refs

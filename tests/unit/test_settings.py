@@ -1,0 +1,59 @@
+"""One Settings object: every GPULAYER_* variable parsed in one place, errors naming it, and
+one table in docs/settings.md that matches the code."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gpulayer import config
+from gpulayer.errors import InvalidInput
+from tests.support import cli
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
+
+
+def test_the_docs_table_lists_every_setting_with_its_default() -> None:
+    rows = re.findall(r"^\| `(GPULAYER_[A-Z_]+)` \| (.*?) \| (.*?) \|$", DOC.read_text(), re.M)
+    assert [(n, d, h) for n, d, h in rows] == [(s.name, s.shown, s.help) for s in config.SETTINGS]
+
+
+def test_defaults_and_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    for s in config.SETTINGS:
+        monkeypatch.delenv(s.name, raising=False)
+    env = config.settings()
+    assert (env.heartbeat_timeout, env.max_bundle_mb, env.rendezvous_ports, env.url) == (15.0, 100.0, (20000, 32767), None)
+    monkeypatch.setenv("GPULAYER_HEARTBEAT_TIMEOUT", "2.5")
+    monkeypatch.setenv("GPULAYER_DISABLE_PLUGINS", " cuda, ,rocm ")
+    monkeypatch.setenv("GPULAYER_URL", "")  # empty is unset
+    env = config.settings()
+    assert (env.heartbeat_timeout, env.disable_plugins, env.url) == (2.5, ("cuda", "rocm"), None)
+
+
+@pytest.mark.parametrize(("name", "value", "accepted"), [
+    ("GPULAYER_HEARTBEAT_TIMEOUT", "abc", "expected a number of seconds > 0"),
+    ("GPULAYER_HEARTBEAT_TIMEOUT", "0", "expected a number of seconds > 0"),
+    ("GPULAYER_HEARTBEAT_INTERVAL", "inf", "expected a number of seconds > 0"),
+    ("GPULAYER_HTTP_RETRY_SECONDS", "-1", "expected a number of seconds >= 0"),
+    ("GPULAYER_MAX_BUNDLE_MB", "nan", "expected a number > 0"),
+    ("GPULAYER_CPU_SLOTS", "two", "expected a whole number >= 0"),
+    ("GPULAYER_SERVER_THREADS", "0", "expected a whole number >= 1"),
+    ("GPULAYER_RENDEZVOUS_PORTS", "80-90", "expected 1024 <= LOW <= HIGH <= 65535"),
+    ("GPULAYER_RENDEZVOUS_PORTS", "20000", "expected LOW-HIGH"),
+    ("GPULAYER_LOG_LEVEL", "loud", "expected one of DEBUG, INFO"),
+])
+def test_a_bad_value_names_the_variable_and_what_is_accepted(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                              value: str, accepted: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(InvalidInput) as e:
+        config.settings()
+    assert str(e.value).startswith(f"{name}={value!r}: {accepted}")
+
+
+def test_the_cli_exits_2_with_the_variable_named(tmp_path: Path) -> None:
+    r = cli("jobs", "list", env={"GPULAYER_HOME": str(tmp_path), "GPULAYER_HEARTBEAT_TIMEOUT": "abc"})
+    assert r.returncode == 2
+    assert "error: GPULAYER_HEARTBEAT_TIMEOUT='abc': expected a number of seconds > 0" in r.stderr
+    assert "Traceback" not in r.stderr
