@@ -1,23 +1,31 @@
 """Fake accelerators for tests: in-process plugin objects and an env-driven plugin module.
 
+Only detection is faked. A fake detector is a *stand-in*
+(:attr:`~gpulayer.hookrecords.AcceleratorDetector.stand_in`): where an installed plugin
+detects the same kind, the fake's devices replace what that plugin would find, and the
+job environment (the device environment hook, ``hide_env``) still comes from that plugin,
+so a job on two fake ``cuda`` devices sees exactly what it would see on two real ones.
+For a kind no installed plugin knows (``fakegpu``, ``npu``), the fake sets
+``<KIND>_VISIBLE_DEVICES`` itself.
+
 In-process (plugin authors' and our own unit tests)::
 
-    from gpulayer import plugins
-    from gpulayer.fakes import FakeAcceleratorPlugin
-    plugins.register(FakeAcceleratorPlugin(kind="fakegpu", count=2, memory_gb=80))
+    from gpulayer import plugin, plugins
+    plugins.register(plugin.FakeAcceleratorPlugin(kind="fakegpu", count=2, memory_gb=80))
 
 Across processes (a worker started as a subprocess): this module is itself a plugin that
 reports the devices described by ``GPULAYER_FAKE_DEVICES``, so load it by name::
 
     env = {**os.environ, **fake_devices_env("cuda:2:80:9.0")}
-    # GPULAYER_PLUGINS=gpulayer.fakes, GPULAYER_FAKE_DEVICES=cuda:2:80:9.0,
-    # GPULAYER_DISABLE_PLUGINS=cuda (so the real detector does not conflict)
+    # GPULAYER_PLUGINS=gpulayer.fakes, GPULAYER_FAKE_DEVICES=cuda:2:80:9.0
     subprocess.run(["gpulayer", "worker", "start", ...], env=env)
 
 ``GPULAYER_FAKE_DEVICES`` is a comma-separated list of ``KIND:COUNT[:MEMORY_GB[:CC]]``;
-memory is in binary gigabytes (80 -> 80 GiB, shown as "80.0 GB"). A job granted fake
-devices sees ``CUDA_VISIBLE_DEVICES`` for ``cuda``, ``ROCR_VISIBLE_DEVICES`` for ``rocm``
-and ``<KIND>_VISIBLE_DEVICES`` otherwise.
+memory is in binary gigabytes (80 -> 80 GiB, shown as "80.0 GB").
+
+:func:`no_real_devices_env` gives the environment in which no installed detector runs
+(``GPULAYER_DETECTORS=none``), so a process sees the fakes and nothing of the machine's
+own hardware.
 
 This module imports neither pytest nor any framework, so workers can load it cheaply.
 """
@@ -25,28 +33,37 @@ This module imports neither pytest nor any framework, so workers can load it che
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 
 from gpulayer.hookrecords import (
     AcceleratorDetector,
+    DetectFn,
     DetectionResult,
     Device,
     DeviceEnvironment,
     SupportLevel,
 )
 from gpulayer.hookspecs import hookimpl
+from gpulayer.plugins import DETECTORS_ENV, DISABLE_ENV, EXTRA_ENV, NO_DETECTORS
 
-__all__ = ["FAKE_DEVICES_ENV", "FakeAcceleratorPlugin", "fake_devices_env",
-           "parse_fake_devices", "visible_devices_var"]
+__all__ = ["FAKE_DEVICES_ENV", "FakeAcceleratorPlugin", "fake_devices_env", "no_real_devices_env",
+           "parse_fake_devices"]
 
 FAKE_DEVICES_ENV = "GPULAYER_FAKE_DEVICES"
-#: Kinds whose bundled detector must be disabled when a fake of that kind is loaded.
-BUNDLED_KINDS = ("cuda", "rocm", "mps")
 
 
-def visible_devices_var(kind: str) -> str:
-    return {"cuda": "CUDA_VISIBLE_DEVICES", "rocm": "ROCR_VISIBLE_DEVICES"}.get(
-        kind, f"{kind.upper().replace('-', '_')}_VISIBLE_DEVICES")
+def _visible_var(kind: str) -> str:
+    return f"{kind.upper().replace('-', '_')}_VISIBLE_DEVICES"
+
+
+def _detector(kind: str, description: str, detect: DetectFn) -> AcceleratorDetector:
+    return AcceleratorDetector(name=kind, description=description, detect=detect,
+                               hide_env={_visible_var(kind): ""}, stand_in=True)
+
+
+def _environment(kind: str, devices: list[Device]) -> DeviceEnvironment:
+    return DeviceEnvironment(name=kind, env={_visible_var(kind): ",".join(str(d.index) for d in devices)})
 
 
 def _make_devices(kind: str, count: int, memory_gb: float | None, compute_capability: str | None,
@@ -84,23 +101,36 @@ def parse_fake_devices(spec: str) -> dict[str, list[Device]]:
     return found
 
 
+def _env_list(name: str) -> list[str]:
+    return [p.strip() for p in os.environ.get(name, "").split(",") if p.strip()]
+
+
 def fake_devices_env(spec: str, *, disable: list[str] | None = None) -> dict[str, str]:
-    """Environment for a subprocess that should see the fake devices in ``spec``."""
-    kinds = list(parse_fake_devices(spec))
-    blocked = [k for k in kinds if k in BUNDLED_KINDS] + list(disable or [])
-    extra = [p for p in os.environ.get("GPULAYER_PLUGINS", "").split(",") if p.strip()]
+    """Environment for a subprocess that should see the fake devices in ``spec``.
+
+    The fakes stand in for the detectors of their kinds; nothing is disabled except the
+    plugins named in ``disable`` (added to ``GPULAYER_DISABLE_PLUGINS``).
+    """
+    parse_fake_devices(spec)  # a bad spec fails here, not in the subprocess
     env = {
-        "GPULAYER_PLUGINS": ",".join(dict.fromkeys([*extra, __name__])),
+        EXTRA_ENV: ",".join(dict.fromkeys([*_env_list(EXTRA_ENV), __name__])),
         FAKE_DEVICES_ENV: spec,
     }
-    existing = [p for p in os.environ.get("GPULAYER_DISABLE_PLUGINS", "").split(",") if p.strip()]
-    if blocked or existing:
-        env["GPULAYER_DISABLE_PLUGINS"] = ",".join(dict.fromkeys([*existing, *blocked]))
+    if disable:
+        env[DISABLE_ENV] = ",".join(dict.fromkeys([*_env_list(DISABLE_ENV), *disable]))
     return env
 
 
+def no_real_devices_env(keep: Iterable[str] = ()) -> dict[str, str]:
+    """Environment in which a process runs no installed accelerator detector except those
+    of the kinds in ``keep``: it sees fake devices only (and what ``keep`` finds)."""
+    kinds = [k.strip().lower() for k in keep if k.strip()]
+    return {DETECTORS_ENV: ",".join(kinds) or NO_DETECTORS}
+
+
 class FakeAcceleratorPlugin:
-    """A plugin object offering ``count`` fake devices of ``kind``.
+    """A plugin object offering ``count`` fake devices of ``kind``, standing in for the
+    detector of that kind if one is installed.
 
     Register it with :func:`gpulayer.plugins.register` (or the ``fake_accelerator``
     fixture). ``detect_calls`` counts detections; ``fail``/``hang`` make ``detect`` raise or
@@ -122,8 +152,6 @@ class FakeAcceleratorPlugin:
     def detect(self, timeout: float) -> DetectionResult:
         self.detect_calls += 1
         if self.hang:
-            import time
-
             time.sleep(self.hang)
         if self.fail:
             raise RuntimeError(self.fail)
@@ -131,15 +159,13 @@ class FakeAcceleratorPlugin:
 
     @hookimpl
     def gpulayer_accelerator_detectors(self) -> Iterator[AcceleratorDetector]:
-        yield AcceleratorDetector(name=self.kind, description=f"fake {self.kind} devices",
-                                  detect=self.detect)
+        yield _detector(self.kind, f"fake {self.kind} devices", self.detect)
 
     @hookimpl
     def gpulayer_device_environment(self, kind: str, devices: list[Device]) -> DeviceEnvironment | None:
-        if kind != self.kind:
-            return None
-        return DeviceEnvironment(name=kind, env={
-            visible_devices_var(kind): ",".join(str(d.index) for d in devices)})
+        # Asked only where no installed plugin detects this kind: the manager leaves a
+        # stand-in out of this hook for the kind it stands in for.
+        return _environment(kind, devices) if kind == self.kind else None
 
 
 # ----------------------------------------------------------------- the env-driven plugin
@@ -155,13 +181,9 @@ def gpulayer_accelerator_detectors() -> Iterator[AcceleratorDetector]:
         def detect(timeout: float, _devices: list[Device] = devices) -> DetectionResult:
             return DetectionResult(devices=[d.model_copy() for d in _devices])
 
-        yield AcceleratorDetector(name=kind, description=f"fake {kind} devices ({FAKE_DEVICES_ENV})",
-                                  detect=detect)
+        yield _detector(kind, f"fake {kind} devices ({FAKE_DEVICES_ENV})", detect)
 
 
 @hookimpl
 def gpulayer_device_environment(kind: str, devices: list[Device]) -> DeviceEnvironment | None:
-    if kind not in _from_env():
-        return None
-    return DeviceEnvironment(name=kind, env={
-        visible_devices_var(kind): ",".join(str(d.index) for d in devices)})
+    return _environment(kind, devices) if kind in _from_env() else None

@@ -116,10 +116,29 @@ class AcceleratorDetector(HookRecord):
     ``detect(timeout)`` returns a :class:`DetectionResult`; it must finish within about
     ``timeout`` seconds (run vendor tools with that timeout) and report trouble as a
     diagnostic instead of raising. ``name`` is the accelerator kind it reports.
+
+    ``hide_env`` is the environment that leaves a process no device of this kind: a worker
+    sets it for every task that was granted none of this kind (a CPU job, a job on another
+    accelerator), so a job cannot wander onto a GPU somebody else was granted. Leave it
+    empty when there is no such variable (the task then sees the devices the platform
+    shows it).
+
+    ``stand_in`` marks a test double (:mod:`gpulayer.fakes`): where another plugin offers
+    a detector of the same kind, the stand-in's ``detect`` replaces that one's instead of
+    conflicting with it, and everything else (``hide_env``, the device environment hook)
+    still comes from the plugin it stands in for, so a job on fake devices sees exactly
+    what a job on real ones would.
     """
 
     description: str = ""
     detect: Callable[[float], DetectionResult]
+    hide_env: dict[str, str] = Field(default_factory=dict)
+    stand_in: bool = False
+
+    def standing_in_for(self, real: AcceleratorDetector) -> AcceleratorDetector:
+        """``real`` with this stand-in's detection in its place."""
+        return real.model_copy(update={"detect": self.detect, "description": self.description,
+                                       "stand_in": True})
 
 
 class DeviceEnvironment(HookRecord):
@@ -132,13 +151,21 @@ class SubProbe(BaseModel):
     """A capability of a framework that can only be read by importing it.
 
     ``code`` is the body of a Python function run in the job Python; it must ``return``
-    a version string when the capability is present and ``None`` otherwise.
+    a version string when the capability is present and ``None`` otherwise. ``name`` is
+    ``<framework>.<capability>`` (``torch.cuda``); ``accelerator`` names the accelerator
+    kind the capability is for, when it is for one.
     """
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, description='e.g. "torch.cuda"')
     code: str
+    accelerator: str | None = Field(
+        default=None,
+        description="the accelerator kind this capability is for: a job on that accelerator "
+                    "that uses the framework needs it (the PyTorch integration adds the "
+                    "torch.* one to every torch job on that accelerator)",
+    )
 
 
 class FrameworkProbe(HookRecord):
@@ -217,7 +244,6 @@ class DistributedLauncher(HookRecord):
 
     description: str = ""
     build: Callable[[DistributedJob, Rendezvous, int, str], LaunchCommand]
-
 
 
 ProviderAdapter.model_rebuild()

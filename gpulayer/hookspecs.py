@@ -1,13 +1,16 @@
 """The plugin contract: every hook GPUlayer calls, in one place.
 
-A plugin is a module (or object) with functions marked ``@gpulayer.hookimpl`` whose names
+A plugin is a module (or object) with functions marked ``@plugin.hookimpl`` whose names
 match the hooks below; it is found through an entry point in the ``gpulayer`` group::
 
     [project.entry-points.gpulayer]
     myaccel = "gpulayer_myaccel"
 
-Hooks that return records return an iterable of them; each record has a ``name`` and a
-name offered by two plugins is an error naming both. A hookimpl may accept fewer arguments
+Plugin authors import everything they need from :mod:`gpulayer.plugin`, as the examples
+below do. Hooks that return records return an iterable of them; each record has a ``name``
+and a name offered by two plugins is an error naming both. Record hooks take no wrappers
+(``wrapper=True`` is refused when the plugin is registered): a record hook's result is
+records, not a change to other plugins' records. A hookimpl may accept fewer arguments
 than its spec (pluggy passes only the ones it asks for), which is how hooks grow without
 breaking plugins.
 """
@@ -24,6 +27,7 @@ from gpulayer.hookrecords import (
     DeviceEnvironment,
     DistributedLauncher,
     FrameworkProbe,
+    HookRecord,
     ProviderAdapter,
     RuntimeProfile,
 )
@@ -43,18 +47,25 @@ def gpulayer_accelerator_detectors() -> Iterable[AcceleratorDetector]:
 
     Called when a worker builds its capabilities and by ``gpulayer resources detect``.
     The record's ``name`` is the accelerator kind (``cuda``, ``rocm``, ``mps``, or your
-    own); its ``detect(timeout)`` returns a :class:`~gpulayer.hookrecords.DetectionResult`.
+    own); its ``detect(timeout)`` returns a :class:`~gpulayer.plugin.DetectionResult`.
     ``detect`` runs in the CLI's process: never import a framework there, and run anything
     that can hang (a vendor tool, a driver call) with the given timeout. Report trouble
     as a diagnostic line, not an exception; GPUlayer also guards against both.
 
+    ``hide_env`` is the environment that hides every device of the kind; a worker sets
+    it for tasks that were granted none of them (see ``gpulayer_device_environment``).
+
     **Example**::
 
-        @gpulayer.hookimpl
+        from gpulayer import plugin
+
+        @plugin.hookimpl
         def gpulayer_accelerator_detectors():
-            def detect(timeout: float) -> DetectionResult:
-                return DetectionResult(devices=[Device(kind="npu", index=0, name="Acme NPU")])
-            yield AcceleratorDetector(name="npu", detect=detect)
+            def detect(timeout: float) -> plugin.DetectionResult:
+                return plugin.DetectionResult(
+                    devices=[plugin.Device(kind="npu", index=0, name="Acme NPU")])
+            yield plugin.AcceleratorDetector(name="npu", detect=detect,
+                                             hide_env={"ACME_VISIBLE_DEVICES": ""})
     """
 
 
@@ -62,17 +73,23 @@ def gpulayer_accelerator_detectors() -> Iterable[AcceleratorDetector]:
 def gpulayer_device_environment(kind: str, devices: list[Device]) -> DeviceEnvironment | None:
     """Return the environment a job needs to see exactly ``devices`` of ``kind``.
 
-    Called by the worker when it starts a task that was granted devices. The first
-    non-None answer wins: answer only for your own kind and return None otherwise.
-    ``devices`` are the granted devices, in grant order (``index`` is the runtime index).
+    Called by the worker when it starts a task that was granted devices, once for the
+    kind it was granted, and only then: ``devices`` is never empty. The first non-None
+    answer wins: answer only for your own kind and return None otherwise. ``devices`` are
+    the granted devices, in grant order (``index`` is the runtime index).
+
+    Every other kind the worker has is hidden from the task by the ``hide_env`` of that
+    kind's :class:`~gpulayer.plugin.AcceleratorDetector`, without calling this hook.
 
     **Example**::
 
-        @gpulayer.hookimpl
+        from gpulayer import plugin
+
+        @plugin.hookimpl
         def gpulayer_device_environment(kind, devices):
-            if kind == "cuda":
+            if kind == "npu":
                 ids = ",".join(str(d.index) for d in devices)
-                return DeviceEnvironment(name="cuda", env={"CUDA_VISIBLE_DEVICES": ids})
+                return plugin.DeviceEnvironment(name="npu", env={"ACME_VISIBLE_DEVICES": ids})
             return None
     """
 
@@ -86,14 +103,20 @@ def gpulayer_framework_probes() -> Iterable[FrameworkProbe]:
     as ``torch.cuda``) are function bodies run together in one subprocess of that Python,
     with a timeout, each returning a version string or None.
 
+    A sub-probe's ``accelerator`` says which accelerator kind the capability is for; the
+    PyTorch integration requires the ``torch.*`` sub-probe of a job's accelerator, so a
+    plugin for a new accelerator can offer one (``torch.npu``) in a probe of its own.
+
     **Example**::
 
-        @gpulayer.hookimpl
+        from gpulayer import plugin
+
+        @plugin.hookimpl
         def gpulayer_framework_probes():
-            yield FrameworkProbe(
+            yield plugin.FrameworkProbe(
                 name="tinygrad", distributions=["tinygrad"],
-                subprobes=[SubProbe(name="tinygrad.cuda",
-                                    code="import tinygrad; return tinygrad.__version__")],
+                subprobes=[plugin.SubProbe(name="tinygrad.cuda", accelerator="cuda",
+                                           code="import tinygrad; return tinygrad.__version__")],
             )
     """
 
@@ -106,10 +129,12 @@ def gpulayer_runtime_profiles() -> Iterable[RuntimeProfile]:
 
     **Example**::
 
-        @gpulayer.hookimpl
+        from gpulayer import plugin
+
+        @plugin.hookimpl
         def gpulayer_runtime_profiles():
-            yield RuntimeProfile(name="pytorch-cuda", accelerator="cuda",
-                                 frameworks={"torch": "", "torch.cuda": ""})
+            yield plugin.RuntimeProfile(name="pytorch-cuda", accelerator="cuda",
+                                        frameworks={"torch": "", "torch.cuda": ""})
     """
 
 
@@ -127,10 +152,15 @@ def gpulayer_provider_adapters() -> Iterable[ProviderAdapter]:
 
     **Example**::
 
-        @gpulayer.hookimpl
+        from gpulayer import plugin
+
+        def acme_offers(requirements: plugin.Requirements) -> list[plugin.MachineOffer]:
+            ...
+
+        @plugin.hookimpl
         def gpulayer_provider_adapters():
-            yield ProviderAdapter(name="acme", offers=acme_offers, launch=acme_launch,
-                                  terminate=acme_terminate)
+            yield plugin.ProviderAdapter(name="acme", offers=acme_offers, launch=acme_launch,
+                                         terminate=acme_terminate)
     """
 
 
@@ -140,23 +170,27 @@ def gpulayer_distributed_launchers() -> Iterable[DistributedLauncher]:
 
     Called by a worker starting one node of a ``DistributedJob`` whose ``launcher`` names
     the record. ``build(job, rendezvous, node_rank, python)`` returns that node's
-    :class:`~gpulayer.hookrecords.LaunchCommand`.
+    :class:`~gpulayer.plugin.LaunchCommand`.
 
     **Example**::
 
-        @gpulayer.hookimpl
+        from gpulayer import plugin
+
+        @plugin.hookimpl
         def gpulayer_distributed_launchers():
             def build(job, rdzv, node_rank, python):
-                return LaunchCommand(argv=["mpirun", "-n", str(job.nproc_per_node), python, job.entry])
-            yield DistributedLauncher(name="mpirun", build=build)
+                argv = ["mpirun", "-n", str(job.nproc_per_node), python, job.entry]
+                return plugin.LaunchCommand(argv=argv)
+            yield plugin.DistributedLauncher(name="mpirun", build=build)
     """
 
 
-#: Hooks whose results are records collected into a name -> record registry.
-RECORD_HOOKS: dict[str, str] = {
-    "gpulayer_accelerator_detectors": "accelerator detector",
-    "gpulayer_framework_probes": "framework probe",
-    "gpulayer_runtime_profiles": "runtime profile",
-    "gpulayer_provider_adapters": "provider adapter",
-    "gpulayer_distributed_launchers": "distributed launcher",
+#: Hooks whose results are records collected into a name -> record registry: the type of
+#: their records, and what an error message calls one.
+RECORD_HOOKS: dict[str, tuple[type[HookRecord], str]] = {
+    "gpulayer_accelerator_detectors": (AcceleratorDetector, "accelerator detector"),
+    "gpulayer_framework_probes": (FrameworkProbe, "framework probe"),
+    "gpulayer_runtime_profiles": (RuntimeProfile, "runtime profile"),
+    "gpulayer_provider_adapters": (ProviderAdapter, "provider adapter"),
+    "gpulayer_distributed_launchers": (DistributedLauncher, "distributed launcher"),
 }

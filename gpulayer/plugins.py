@@ -8,38 +8,67 @@ Plugins come from three places, in this order:
 3. objects registered in-process with :func:`register` (tests, notebooks).
 
 ``GPULAYER_DISABLE_PLUGINS=cuda,rocm`` blocks plugins by name before they are imported.
-A plugin that fails to import is skipped with one warning and listed as ``broken``; a
-hookimpl that matches no hook is a :class:`~gpulayer.errors.PluginError` naming the plugin.
+
+What is an error and what is only a warning follows who asked for the plugin. An entry
+point found by scanning that fails to import is skipped with one warning and listed as
+``broken``: one bad package must not take GPUlayer down. A module named in
+``GPULAYER_PLUGINS`` was asked for by name, so failing to import it is a
+:class:`~gpulayer.errors.PluginError` carrying its traceback, as is a plugin that
+implements a hook GPUlayer does not define or wraps a record hook. Two distributions
+offering an entry point of the same name are reported naming both; the one first on
+``sys.path`` is loaded, as Python would import it.
+
+Record hooks are called through pluggy's own hook caller, one plugin at a time (a subset
+caller that leaves the others out), so that pluggy's tracing and call monitoring see every
+call and every record is known by the plugin that offered it.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import os
+import re
 import threading
 import traceback
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pluggy
 
 from gpulayer import hookspecs
 from gpulayer.errors import PluginError
-from gpulayer.hookrecords import HookRecord
+from gpulayer.hookrecords import (
+    AcceleratorDetector,
+    Device,
+    DeviceEnvironment,
+    DistributedLauncher,
+    FrameworkProbe,
+    HookRecord,
+    ProviderAdapter,
+    RuntimeProfile,
+)
 
 ENTRY_POINT_GROUP = "gpulayer"
 DISABLE_ENV = "GPULAYER_DISABLE_PLUGINS"
 EXTRA_ENV = "GPULAYER_PLUGINS"
+#: Which accelerator detectors run, by kind; ``none`` for no detector at all. Stand-in
+#: (fake) detectors always run, which is how tests hide the machine's real hardware.
+DETECTORS_ENV = "GPULAYER_DETECTORS"
+NO_DETECTORS = "none"
+
+DETECTORS_HOOK = "gpulayer_accelerator_detectors"
+DEVICE_ENVIRONMENT_HOOK = "gpulayer_device_environment"
 
 R = TypeVar("R", bound=HookRecord)
 
 
 class PluginWarning(UserWarning):
-    """A plugin was skipped (it failed to import) or a setting named no plugin."""
+    """A plugin was skipped (it failed to import, or its name was taken) or a setting named no plugin."""
 
 
 @dataclass
@@ -52,18 +81,46 @@ class PluginInfo:
     module: str | None = None
     status: str = "loaded"  # loaded | disabled | broken
     error: str | None = None
+    traceback: str | None = None
     hooks: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "distribution": self.distribution, "version": self.version,
             "module": self.module, "status": self.status, "error": self.error,
-            "hooks": self.hooks,
+            "traceback": self.traceback, "hooks": self.hooks,
         }
 
 
 def _split_env(name: str) -> list[str]:
     return [p.strip() for p in os.environ.get(name, "").split(",") if p.strip()]
+
+
+def allowed_detectors() -> set[str] | None:
+    """The detector kinds ``GPULAYER_DETECTORS`` lets run; None when it is unset (all run)."""
+    names = {p.lower() for p in _split_env(DETECTORS_ENV)}
+    if not names:
+        return None
+    return names - {NO_DETECTORS}
+
+
+def _normalize(distribution: str) -> str:
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+def _short_error(exc: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def _import_traceback(exc: BaseException) -> str:
+    """The traceback of a failed import, without the frames of the import machinery and of
+    this module: what is left is the plugin's own code."""
+    te = traceback.TracebackException.from_exception(exc)
+    te.stack = traceback.StackSummary.from_list([
+        frame for frame in te.stack
+        if "importlib" not in frame.filename and frame.filename != __file__
+    ])
+    return "".join(te.format()).rstrip()
 
 
 class PluginManager:
@@ -74,49 +131,83 @@ class PluginManager:
         self.pm.add_hookspecs(hookspecs)
         self.infos: dict[str, PluginInfo] = {}
         self.unknown_disabled: list[str] = []
+        #: one line per entry-point name claimed by two distributions
+        self.clashes: list[str] = []
+        #: hard errors met while loading, raised by every strict :meth:`load`
+        self.fatal: list[tuple[str, BaseException]] = []
         self._load_entry_points = load_entry_points
         self._loaded = False
         self._lock = threading.RLock()
-        self._cache: dict[str, dict[str, Any]] = {}
+        self._cache: dict[str, dict[str, HookRecord]] = {}
+        self._owners: dict[str, dict[str, str]] = {}
+        #: detector kind -> the plugin whose detector a stand-in replaced
+        self._replaced: dict[str, str] = {}
 
     # ------------------------------------------------------------------ loading
 
-    def load(self) -> PluginManager:
+    def load(self, *, strict: bool = True) -> PluginManager:
+        """Load every plugin once. ``strict``: raise the first hard error (every time, not
+        only the first), else leave it in :attr:`fatal` and the plugin listed as broken."""
         with self._lock:
-            if self._loaded:
-                return self
-            self._loaded = True
-            disabled = set(_split_env(DISABLE_ENV))
-            seen: set[str] = set()
-            if self._load_entry_points:
-                for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-                    if ep.name in seen:
-                        continue  # the same distribution seen twice on sys.path
-                    seen.add(ep.name)
-                    dist = getattr(ep, "dist", None)
-                    info = PluginInfo(
-                        name=ep.name, module=ep.value,
-                        distribution=dist.metadata["Name"] if dist is not None else None,
-                        version=dist.version if dist is not None else None,
-                    )
-                    self._load_one(info, ep.load, disabled)
-            for modname in _split_env(EXTRA_ENV):
-                if modname in seen:
-                    continue
-                seen.add(modname)
-                info = PluginInfo(name=modname, module=modname, distribution=None)
-                self._load_one(info, lambda m=modname: importlib.import_module(m), disabled)
-            self.unknown_disabled = sorted(disabled - seen)
-            if self.unknown_disabled:
-                warnings.warn(
-                    f"{DISABLE_ENV} names no installed plugin: {', '.join(self.unknown_disabled)} "
-                    f"(installed: {', '.join(sorted(seen)) or 'none'})",
-                    PluginWarning, stacklevel=2,
-                )
-            self._check_pending()
+            if not self._loaded:
+                self._loaded = True
+                self._load_all()
+            if strict and self.fatal:
+                message, cause = self.fatal[0]
+                raise PluginError(message) from cause
             return self
 
-    def _load_one(self, info: PluginInfo, loader: Any, disabled: set[str]) -> None:
+    def _load_all(self) -> None:
+        disabled = set(_split_env(DISABLE_ENV))
+        seen: set[str] = set()
+        if self._load_entry_points:
+            for ep in self._entry_points():
+                seen.add(ep.name)
+                dist = getattr(ep, "dist", None)
+                info = PluginInfo(
+                    name=ep.name, module=ep.value,
+                    distribution=dist.metadata["Name"] if dist is not None else None,
+                    version=dist.version if dist is not None else None,
+                )
+                self._load_one(info, ep.load, disabled, named=False)
+        for modname in _split_env(EXTRA_ENV):
+            if modname in seen:
+                continue
+            seen.add(modname)
+            info = PluginInfo(name=modname, module=modname, distribution=None)
+            self._load_one(info, functools.partial(importlib.import_module, modname), disabled, named=True)
+        self.unknown_disabled = sorted(disabled - seen)
+        if self.unknown_disabled:
+            warnings.warn(
+                f"{DISABLE_ENV} names no installed plugin: {', '.join(self.unknown_disabled)} "
+                f"(installed: {', '.join(sorted(seen)) or 'none'})",
+                PluginWarning, stacklevel=3,
+            )
+
+    def _entry_points(self) -> list[metadata.EntryPoint]:
+        """Entry points by name, one per name: the first on ``sys.path`` wins a clash."""
+        chosen: dict[str, metadata.EntryPoint] = {}
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):  # sys.path order
+            first = chosen.get(ep.name)
+            if first is None:
+                chosen[ep.name] = ep
+                continue
+            a, b = getattr(first, "dist", None), getattr(ep, "dist", None)
+            if a is not None and b is not None and _normalize(a.metadata["Name"]) == _normalize(b.metadata["Name"]):
+                continue  # one distribution seen twice on sys.path
+            if (a is None or b is None) and first.value == ep.value:
+                continue
+            message = (
+                f"gpulayer plugin name {ep.name!r} is claimed by two distributions: "
+                f"{_describe(first)} and {_describe(ep)}; loaded the first (earlier on sys.path) "
+                f"and skipped the second: uninstall one of them"
+            )
+            self.clashes.append(message)
+            warnings.warn(message, PluginWarning, stacklevel=4)
+        return [chosen[name] for name in sorted(chosen)]
+
+    def _load_one(self, info: PluginInfo, loader: Callable[[], Any], disabled: set[str], *,
+                  named: bool) -> None:
         self.infos[info.name] = info
         if info.name in disabled:
             info.status = "disabled"
@@ -124,39 +215,61 @@ class PluginManager:
             return
         try:
             obj = loader()
-        except Exception as exc:  # any import-time failure: skip, warn once, list as broken
+        except Exception as exc:  # any import-time failure
             info.status = "broken"
-            info.error = f"{type(exc).__name__}: {exc}"
-            tb = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            info.error = _short_error(exc)
+            info.traceback = _import_traceback(exc)
+            if named:
+                self.fatal.append((
+                    f"plugin {info.name!r} named in {EXTRA_ENV} failed to import:\n{info.traceback}", exc))
+                return
             warnings.warn(
                 f"gpulayer plugin {info.name!r} (distribution {info.distribution or 'unknown'}) "
-                f"failed to load and was skipped: {tb}",
-                PluginWarning, stacklevel=3,
+                f"failed to load and was skipped: {info.error}",
+                PluginWarning, stacklevel=4,
             )
             return
-        self._register(obj, info)
+        try:
+            self._register(obj, info)
+        except PluginError as exc:
+            info.status = "broken"
+            info.error = str(exc)
+            self.fatal.append((str(exc), exc))
 
     def _register(self, obj: Any, info: PluginInfo) -> None:
+        """Register ``obj`` as ``info.name``; a plugin that breaks the contract is refused
+        (left unregistered) with a :class:`PluginError` naming it."""
         try:
             self.pm.register(obj, name=info.name)
-        except ValueError as exc:
+        except (ValueError, pluggy.PluginValidationError) as exc:
             raise PluginError(f"plugin {info.name!r}: {exc}") from exc
-        except pluggy.PluginValidationError as exc:
-            raise PluginError(f"plugin {info.name!r}: {exc}") from exc
+        try:
+            self._validate(obj, info.name)
+        except PluginError:
+            self.pm.unregister(obj)
+            raise
         info.hooks = sorted(
             name for name in dir(obj)
             if name.startswith("gpulayer_") and self.pm.parse_hookimpl_opts(obj, name) is not None
         )
 
-    def _check_pending(self) -> None:
+    def _validate(self, obj: Any, name: str) -> None:
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
-            plugin_name = self.pm.get_name(exc.plugin) if exc.plugin is not None else "?"
             raise PluginError(
-                f"plugin {plugin_name!r} implements a hook that GPUlayer does not define: {exc}; "
-                f"known hooks: {', '.join(sorted(hookspecs.RECORD_HOOKS) + ['gpulayer_device_environment'])}"
+                f"plugin {name!r} implements a hook that GPUlayer does not define: {exc}; "
+                f"known hooks: {', '.join(hook_names())}"
             ) from exc
+        for hook_name in hookspecs.RECORD_HOOKS:
+            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+                if impl.plugin is obj and (impl.wrapper or impl.hookwrapper):
+                    # A wrapper would see and could rewrite other plugins' records, and the
+                    # registry calls one plugin at a time, so it would wrap nothing.
+                    raise PluginError(
+                        f"plugin {name!r}: {hook_name} is a record hook and takes no wrapper "
+                        f"(wrapper=True or hookwrapper=True); return or yield records instead"
+                    )
 
     def register(self, obj: Any, name: str | None = None) -> None:
         """Register a plugin object in this process (tests, notebooks)."""
@@ -164,16 +277,20 @@ class PluginManager:
             self.load()
             name = name or getattr(obj, "__name__", None) or f"plugin-{id(obj)}"
             info = PluginInfo(name=name, module=getattr(obj, "__name__", None), distribution=None)
-            self.infos[name] = info
             self._register(obj, info)
-            self._check_pending()
-            self._cache.clear()
+            self.infos[name] = info
+            self._forget_records()
 
     def unregister(self, name: str) -> None:
         with self._lock:
             self.pm.unregister(name=name)
             self.infos.pop(name, None)
-            self._cache.clear()
+            self._forget_records()
+
+    def _forget_records(self) -> None:
+        self._cache.clear()
+        self._owners.clear()
+        self._replaced.clear()
 
     # ------------------------------------------------------------------ results
 
@@ -182,63 +299,131 @@ class PluginManager:
         self.load()
         return self.pm.hook
 
-    def collect(self, hook_name: str) -> dict[str, Any]:
+    def collect(self, hook_name: str, as_type: type[R]) -> dict[str, R]:
         """Call a record hook on every plugin; return ``{record.name: record}``.
 
-        Two plugins offering one name is a :class:`PluginError` naming both.
+        Two plugins offering one name is a :class:`PluginError` naming both, except that a
+        stand-in detector (see :class:`~gpulayer.hookrecords.AcceleratorDetector`) replaces
+        the detection of the one it shares its name with.
         """
+        try:
+            declared, _ = hookspecs.RECORD_HOOKS[hook_name]
+        except KeyError:
+            raise ValueError(
+                f"{hook_name!r} is not a record hook; record hooks: {', '.join(sorted(hookspecs.RECORD_HOOKS))}"
+            ) from None
+        if not issubclass(declared, as_type):
+            raise TypeError(f"{hook_name} offers {declared.__name__} records, not {as_type.__name__}")
         with self._lock:
             self.load()
-            if hook_name in self._cache:
-                return self._cache[hook_name]
-            what = hookspecs.RECORD_HOOKS[hook_name]
-            records: dict[str, Any] = {}
-            owners: dict[str, str] = {}
-            caller = getattr(self.pm.hook, hook_name)
-            for impl in caller.get_hookimpls():  # registration order
-                plugin_name = impl.plugin_name
-                try:
-                    result = impl.function()
-                    items = list(result or [])
-                except Exception as exc:
-                    raise PluginError(f"plugin {plugin_name!r}: {hook_name} raised {type(exc).__name__}: {exc}") from exc
-                for rec in items:
-                    if not isinstance(rec, HookRecord):
-                        raise PluginError(
-                            f"plugin {plugin_name!r}: {hook_name} returned {type(rec).__name__}, "
-                            f"expected {what} records"
-                        )
-                    if rec.name in records:
-                        raise PluginError(
-                            f"Conflicting plugins found for {what} {rec.name!r}: "
-                            f"{owners[rec.name]!r} and {plugin_name!r}"
-                        )
-                    records[rec.name] = rec
-                    owners[rec.name] = plugin_name
-            self._cache[hook_name] = records
-            self._cache[hook_name + ":owners"] = owners
-            return records
+            if hook_name not in self._cache:
+                self._collect(hook_name)
+            return cast("dict[str, R]", self._cache[hook_name])
+
+    def _collect(self, hook_name: str) -> None:
+        declared, what = hookspecs.RECORD_HOOKS[hook_name]
+        caller = getattr(self.pm.hook, hook_name)
+        impls = caller.get_hookimpls()  # registration order
+        groups: dict[bool, tuple[dict[str, HookRecord], dict[str, str]]] = {False: ({}, {}), True: ({}, {})}
+        for impl in impls:
+            plugin_name = impl.plugin_name
+            only_this = self.pm.subset_hook_caller(
+                hook_name, [other.plugin for other in impls if other.plugin is not impl.plugin])
+            try:
+                items: list[Any] = []
+                for result in only_this():
+                    if isinstance(result, HookRecord):
+                        raise TypeError(f"returned one {type(result).__name__}; return or yield an iterable of records")
+                    items.extend(result)
+            except Exception as exc:
+                raise PluginError(f"plugin {plugin_name!r}: {hook_name} raised {type(exc).__name__}: {exc}") from exc
+            for rec in items:
+                if not isinstance(rec, declared):
+                    raise PluginError(
+                        f"plugin {plugin_name!r}: {hook_name} returned {type(rec).__name__}, "
+                        f"expected {what} records ({declared.__name__})"
+                    )
+                stand_in = isinstance(rec, AcceleratorDetector) and rec.stand_in
+                records, owners = groups[stand_in]
+                if rec.name in records:
+                    raise PluginError(
+                        f"Conflicting plugins found for {what} {rec.name!r}: "
+                        f"{owners[rec.name]!r} and {plugin_name!r}"
+                    )
+                records[rec.name] = rec
+                owners[rec.name] = plugin_name
+        records, owners = groups[False]
+        fakes, fake_owners = groups[True]
+        for name, fake in fakes.items():
+            real = records.get(name)
+            if isinstance(real, AcceleratorDetector) and isinstance(fake, AcceleratorDetector):
+                records[name] = fake.standing_in_for(real)
+                self._replaced[name] = owners[name]
+            else:
+                records[name] = fake
+            owners[name] = fake_owners[name]
+        self._cache[hook_name] = records
+        self._owners[hook_name] = owners
 
     def owner(self, hook_name: str, record_name: str) -> str | None:
-        self.collect(hook_name)
-        return self._cache[hook_name + ":owners"].get(record_name)
+        """The plugin that offered ``record_name`` (for a stand-in detector: the stand-in's)."""
+        self.collect(hook_name, HookRecord)
+        return self._owners[hook_name].get(record_name)
+
+    def stood_in_for(self, kind: str) -> str | None:
+        """The plugin whose detector of ``kind`` a stand-in replaced, if one did."""
+        self.collect(DETECTORS_HOOK, AcceleratorDetector)
+        return self._replaced.get(kind)
+
+    def device_environment(self, kind: str, devices: Sequence[Device]) -> dict[str, str]:
+        """The first answer of ``gpulayer_device_environment`` for granted ``devices``.
+
+        Where a stand-in replaced the detector of ``kind``, the stand-in's plugin is left out
+        of the call, so the plugin it stands in for answers as it would for real devices.
+        """
+        if not devices:
+            raise ValueError(
+                f"{DEVICE_ENVIRONMENT_HOOK} is called only with granted devices; a task granted "
+                f"no {kind} device gets the hide_env of the {kind} detector instead"
+            )
+        with self._lock:
+            caller = self.hook.gpulayer_device_environment
+            if self.stood_in_for(kind) is not None:
+                fake = self.pm.get_plugin(self._owners[DETECTORS_HOOK][kind])
+                caller = self.pm.subset_hook_caller(DEVICE_ENVIRONMENT_HOOK, [fake])
+        result = caller(kind=kind, devices=list(devices))
+        if result is None:
+            return {}
+        if not isinstance(result, DeviceEnvironment):
+            raise PluginError(
+                f"{DEVICE_ENVIRONMENT_HOOK} for {kind!r} returned {type(result).__name__}, "
+                "expected a DeviceEnvironment or None"
+            )
+        return dict(result.env)
 
     def list_plugins(self) -> list[PluginInfo]:
-        self.load()
+        """Every plugin found, broken ones included: listing never raises for a plugin."""
+        self.load(strict=False)
         return sorted(self.infos.values(), key=lambda i: i.name)
+
+
+def _describe(ep: metadata.EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    who = f"{dist.metadata['Name']} {dist.version}" if dist is not None else "an unknown distribution"
+    return f"{who} ({ep.value})"
 
 
 _manager: PluginManager | None = None
 _manager_lock = threading.Lock()
 
 
-def get_manager() -> PluginManager:
-    """The process-wide plugin manager, loaded on first use."""
+def get_manager(*, strict: bool = True) -> PluginManager:
+    """The process-wide plugin manager, loaded on first use (see :meth:`PluginManager.load`)."""
     global _manager
     with _manager_lock:
         if _manager is None:
             _manager = PluginManager()
-    return _manager.load()
+    return _manager.load(strict=strict)
 
 
 def reset_manager(manager: PluginManager | None = None) -> None:
@@ -252,29 +437,40 @@ def register(obj: Any, name: str | None = None) -> None:
     get_manager().register(obj, name)
 
 
-def detectors() -> dict[str, Any]:
-    return get_manager().collect("gpulayer_accelerator_detectors")
+def detectors() -> dict[str, AcceleratorDetector]:
+    return get_manager().collect(DETECTORS_HOOK, AcceleratorDetector)
 
 
-def framework_probes() -> dict[str, Any]:
-    return get_manager().collect("gpulayer_framework_probes")
+def framework_probes() -> dict[str, FrameworkProbe]:
+    return get_manager().collect("gpulayer_framework_probes", FrameworkProbe)
 
 
-def profiles() -> dict[str, Any]:
-    return get_manager().collect("gpulayer_runtime_profiles")
+def profiles() -> dict[str, RuntimeProfile]:
+    return get_manager().collect("gpulayer_runtime_profiles", RuntimeProfile)
 
 
-def providers() -> dict[str, Any]:
-    return get_manager().collect("gpulayer_provider_adapters")
+def providers() -> dict[str, ProviderAdapter]:
+    return get_manager().collect("gpulayer_provider_adapters", ProviderAdapter)
 
 
-def launchers() -> dict[str, Any]:
-    return get_manager().collect("gpulayer_distributed_launchers")
+def launchers() -> dict[str, DistributedLauncher]:
+    return get_manager().collect("gpulayer_distributed_launchers", DistributedLauncher)
 
 
-def device_environment(kind: str, devices: Iterable[Any]) -> dict[str, str]:
-    result = get_manager().hook.gpulayer_device_environment(kind=kind, devices=list(devices))
-    return dict(result.env) if result is not None else {}
+def records(record_type: type[R]) -> dict[str, R]:
+    """Every record of ``record_type`` the loaded plugins offer (the hook is the one whose
+    records have that type)."""
+    for hook_name, (declared, _) in hookspecs.RECORD_HOOKS.items():
+        if declared is record_type:
+            return get_manager().collect(hook_name, record_type)
+    raise TypeError(
+        f"no hook offers {record_type.__name__} records; record types: "
+        f"{', '.join(sorted(t.__name__ for t, _ in hookspecs.RECORD_HOOKS.values()))}"
+    )
+
+
+def device_environment(kind: str, devices: Sequence[Device]) -> dict[str, str]:
+    return get_manager().device_environment(kind, devices)
 
 
 def hook_names() -> list[str]:

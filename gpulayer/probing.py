@@ -6,9 +6,10 @@ tool is killed together with its whole process group, so a tool that forks helpe
 keep us waiting on its pipes.
 
 Errors form a small hierarchy so a detector can treat "not installed" (stay quiet) apart
-from "installed but failed" (say so in a diagnostic)::
+from "installed but failed" (say so in a diagnostic). Like every error GPUlayer raises on
+purpose, they derive from :class:`~gpulayer.errors.GpulayerError`::
 
-    ToolError
+    ToolError (GpulayerError)
     ├── ToolNotFound   the executable is not on PATH
     ├── ToolTimeout    it ran past the timeout and was killed
     └── ToolFailed     it exited non-zero (``returncode``, ``stderr`` kept)
@@ -22,6 +23,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+from gpulayer.errors import GpulayerError
+
 __all__ = [
     "ToolError",
     "ToolFailed",
@@ -34,8 +37,10 @@ __all__ = [
 ]
 
 
-class ToolError(Exception):
+class ToolError(GpulayerError):
     """A vendor tool could not give an answer."""
+
+    code = "tool_error"
 
     def __init__(self, tool: str, message: str) -> None:
         super().__init__(f"{tool}: {message}")

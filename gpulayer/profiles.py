@@ -14,7 +14,7 @@ def get_profile(name: str) -> RuntimeProfile:
     """The profile called ``name``; an unknown name raises, listing the known ones."""
     known = plugins.profiles()
     try:
-        return known[name]  # type: ignore[no-any-return]
+        return known[name]
     except KeyError:
         raise InvalidRequirement(
             f"unknown runtime profile {name!r}; known profiles: {', '.join(sorted(known)) or 'none'}"

@@ -265,11 +265,33 @@ def _run_guarded(detector: AcceleratorDetector, timeout: float, slot: dict[str, 
         slot["error"] = f"{type(exc).__name__}: {exc}"
 
 
+def _detectors_to_run() -> tuple[dict[str, AcceleratorDetector], list[str]]:
+    """The detectors ``GPULAYER_DETECTORS`` lets run (stand-ins always run), and a
+    diagnostic when it names a kind no detector has."""
+    detectors = plugins.detectors()
+    allowed = plugins.allowed_detectors()
+    if allowed is None:
+        return detectors, []
+    diagnostics = []
+    unknown = sorted(allowed - set(detectors))
+    if unknown:
+        diagnostics.append(
+            f"{plugins.DETECTORS_ENV} names no accelerator detector: {', '.join(unknown)} "
+            f"(detectors: {', '.join(sorted(detectors)) or 'none'}; '{plugins.NO_DETECTORS}' runs none)"
+        )
+    kept = {name: det for name, det in detectors.items() if det.stand_in or name in allowed}
+    return kept, diagnostics
+
+
 def detect_devices(timeout: float = 10.0) -> tuple[list[Device], list[str]]:
     """Call every detector concurrently; a detector that raises or overruns becomes a
-    diagnostic. Devices are ordered by kind, then index."""
+    diagnostic. Devices are ordered by kind, then index.
+
+    ``GPULAYER_DETECTORS=cuda,npu`` runs only the detectors of those kinds, ``none`` none
+    of them; stand-in (fake) detectors run either way.
+    """
     manager = plugins.get_manager()
-    detectors = plugins.detectors()
+    detectors, diagnostics = _detectors_to_run()
     threads: list[tuple[str, threading.Thread, dict[str, Any]]] = []
     for name, det in sorted(detectors.items()):
         slot: dict[str, Any] = {}
@@ -278,11 +300,10 @@ def detect_devices(timeout: float = 10.0) -> tuple[list[Device], list[str]]:
         t.start()
         threads.append((name, t, slot))
     devices: list[Device] = []
-    diagnostics: list[str] = []
     deadline = time.monotonic() + timeout + _GRACE
     for name, t, slot in threads:
         t.join(max(deadline - time.monotonic(), 0))
-        owner = manager.owner("gpulayer_accelerator_detectors", name)
+        owner = manager.owner(plugins.DETECTORS_HOOK, name)
         who = f"detector {name!r} (plugin {owner!r})"
         if t.is_alive():
             diagnostics.append(f"{who} gave no answer within {timeout:g}s and was abandoned")

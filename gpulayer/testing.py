@@ -10,18 +10,21 @@ Fixtures (available in any project that has gpulayer installed):
     forgotten after the test.
 ``fake_accelerator``
     ``fake_accelerator(kind="fakegpu", count=2, memory_gb=80, compute_capability="9.0")``
-    registers a :class:`~gpulayer.fakes.FakeAcceleratorPlugin`, replacing the plugin that
-    detects that kind (so ``kind="cuda"`` stands in for the bundled detector).
+    registers a :class:`~gpulayer.fakes.FakeAcceleratorPlugin`, which stands in for the
+    detector of that kind (``kind="cuda"`` replaces what the bundled cuda detector would
+    find; the job environment still comes from the cuda plugin).
 ``gpulayer_isolated``
-    all of the above plus plugin environment variables cleared and the real hardware
-    hidden from the bundled detectors (no NVML, an empty KFD tree).
+    all of the above plus plugin environment variables cleared and no installed detector
+    run (``GPULAYER_DETECTORS=none``): a test sees only the devices it fakes, even on a
+    GPU machine.
 ``fake_tool``
     ``fake_tool("nvidia-smi", stdout="...", exit_code=0, sleep=0)`` writes an executable
     that prints ``stdout`` and puts it first on ``PATH``; its ``.calls`` file records the
     arguments of every run.
 
 For subprocesses, :func:`~gpulayer.fakes.fake_devices_env` gives the environment that makes
-another process see fake devices. This module stays cheap: no framework imports.
+another process see fake devices, and :func:`~gpulayer.fakes.no_real_devices_env` the one
+that hides the machine's real ones. This module stays cheap: no framework imports.
 """
 
 from __future__ import annotations
@@ -39,12 +42,12 @@ from gpulayer.fakes import (
     FAKE_DEVICES_ENV,
     FakeAcceleratorPlugin,
     fake_devices_env,
+    no_real_devices_env,
     parse_fake_devices,
-    visible_devices_var,
 )
 
 __all__ = ["FAKE_DEVICES_ENV", "FakeAcceleratorPlugin", "FakeTool", "fake_devices_env",
-           "parse_fake_devices", "visible_devices_var", "write_fake_tool"]
+           "no_real_devices_env", "parse_fake_devices", "write_fake_tool"]
 
 
 class FakeTool:
@@ -105,9 +108,11 @@ def fake_accelerator(plugin_manager: plugins.PluginManager) -> Callable[..., Fak
     def make(kind: str = "fakegpu", count: int = 2, memory_gb: float | None = 80,
              compute_capability: str | None = "9.0", **kwargs: Any) -> FakeAcceleratorPlugin:
         plugin = FakeAcceleratorPlugin(kind, count, memory_gb, compute_capability, **kwargs)
-        owner = plugin_manager.owner("gpulayer_accelerator_detectors", kind)
-        if owner is not None:
-            plugin_manager.unregister(owner)
+        current = plugins.detectors().get(kind)
+        if current is not None and current.stand_in:  # an earlier fake of this kind: the new one wins
+            owner = plugin_manager.owner(plugins.DETECTORS_HOOK, kind)
+            if owner is not None:
+                plugin_manager.unregister(owner)
         plugin_manager.register(plugin, name=plugin.name)
         return plugin
 
@@ -116,18 +121,15 @@ def fake_accelerator(plugin_manager: plugins.PluginManager) -> Callable[..., Fak
 
 @pytest.fixture
 def gpulayer_isolated(gpulayer_home: Path, plugin_manager: plugins.PluginManager,
-                      monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Fresh home and plugin manager, plugin env vars cleared, and the real hardware
-    hidden (no NVML, an empty KFD tree), so a test sees only what its fixtures fake,
-    even on a GPU machine. ``nvidia-smi`` etc. on PATH are still found: shadow them with
-    ``fake_tool`` or empty ``PATH``."""
-    for name in ("GPULAYER_DISABLE_PLUGINS", "GPULAYER_PLUGINS", FAKE_DEVICES_ENV,
-                 "GPULAYER_MPS_FORCE"):
+                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fresh home and plugin manager, plugin env vars cleared, and no installed detector
+    run, so a test sees only what its fixtures fake, even on a GPU machine. A test that
+    means to run an installed detector (against a ``fake_tool``) names its kind:
+    ``monkeypatch.setenv("GPULAYER_DETECTORS", "cuda")``."""
+    for name in (plugins.DISABLE_ENV, plugins.EXTRA_ENV, FAKE_DEVICES_ENV):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("GPULAYER_CUDA_NO_NVML", "1")
-    empty_kfd = tmp_path / "no-kfd"
-    empty_kfd.mkdir(exist_ok=True)
-    monkeypatch.setenv("GPULAYER_KFD_ROOT", str(empty_kfd))
+    for name, value in no_real_devices_env().items():
+        monkeypatch.setenv(name, value)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from gpulayer.testing import no_real_devices_env
 from tests.support import wait_for
 
 CLEAN_ENV = ("GPULAYER_URL", "GPULAYER_TOKEN", "GPULAYER_CA", "GPULAYER_DATABASE_URL",
@@ -28,10 +29,7 @@ def free_port() -> int:
 def base_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
     env["GPULAYER_HOME"] = str(home)
-    env["GPULAYER_CUDA_NO_NVML"] = "1"
-    kfd = home / "no-kfd"
-    kfd.mkdir(parents=True, exist_ok=True)
-    env["GPULAYER_KFD_ROOT"] = str(kfd)
+    env.update(no_real_devices_env())
     env.update(extra)
     return env
 

@@ -23,11 +23,13 @@ profiles_app = typer.Typer(help="Runtime profiles (named accelerator + framework
 _W = 10  # label column width: "device    [0] ..."
 
 
-def _load_plugins(*, skip_unknown_disabled: bool = False) -> plugins.PluginManager:
-    """Load plugins, turning the manager's warnings into ``warning:`` lines on stderr."""
+def _load_plugins(*, skip_unknown_disabled: bool = False, strict: bool = True) -> plugins.PluginManager:
+    """Load plugins, turning the manager's warnings into ``warning:`` lines on stderr.
+    ``strict``: a hard plugin error (a plugin named in GPULAYER_PLUGINS that does not
+    import, ...) raises; else the caller reports it."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", plugins.PluginWarning)
-        manager = plugins.get_manager()
+        manager = plugins.get_manager(strict=strict)
     for w in caught:
         if issubclass(w.category, plugins.PluginWarning):
             if skip_unknown_disabled and str(w.message).startswith(plugins.DISABLE_ENV):
@@ -87,13 +89,17 @@ def detect(
 @plugins_app.command("list")
 def list_plugins(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """List plugins: name, status, source distribution and version, hooks implemented."""
-    manager = _load_plugins(skip_unknown_disabled=True)
+    # Listing is how a user finds out what is broken, so it lists even when a plugin
+    # GPUlayer cannot do without is broken, and fails afterwards.
+    manager = _load_plugins(skip_unknown_disabled=True, strict=False)
     infos = manager.list_plugins()
     if as_json:
         typer.echo(json.dumps({
             "plugins": [i.to_dict() for i in infos],
             "unknown_disabled": manager.unknown_disabled,
+            "clashes": manager.clashes,
         }, indent=2))
+        manager.load()
         return
     width = max([len(i.name) for i in infos] + [4])
     for info in infos:
@@ -110,6 +116,7 @@ def list_plugins(as_json: bool = typer.Option(False, "--json", help="print JSON"
             f"{', '.join(manager.unknown_disabled)}",
             err=True,
         )
+    manager.load()  # raises the first hard error, with its traceback, after the listing
 
 
 @profiles_app.command("list")

@@ -2,9 +2,10 @@
 
 Both submit a training entry (``train.py`` or ``package.module:function``) from a source
 bundle and add what PyTorch needs to the job's requirements: the ``torch`` framework, plus
-``torch.cuda``, ``torch.rocm`` or ``torch.mps`` when an accelerator of that kind is asked
-for, so a worker whose torch cannot use the GPU is turned down with a reason instead of
-failing at run time.
+the torch sub-probe of the accelerator asked for (``torch.cuda``, ``torch.rocm``,
+``torch.mps``, or a plugin's own such as ``torch.npu``: whichever ``torch.*`` sub-probe a
+framework probe declares for that accelerator), so a worker whose torch cannot use the GPU
+is turned down with a reason instead of failing at run time.
 
 * One process (``nodes=1``, ``nproc_per_node=1``): a :class:`~gpulayer.specs.CommandJob`
   that runs the entry with the worker's job Python, with ``RANK=0``, ``LOCAL_RANK=0``,
@@ -28,7 +29,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from gpulayer.errors import InvalidArgument
+from gpulayer import plugins
+from gpulayer.errors import InvalidArgument, PluginError
 from gpulayer.records import JobRecord
 from gpulayer.specs import (
     CommandJob,
@@ -38,10 +40,7 @@ from gpulayer.specs import (
     parse_framework_spec,
 )
 
-__all__ = ["TORCH_SUBPROBES", "Trainer", "launch", "torch_requirements"]
-
-#: the torch sub-probe a job on each accelerator kind needs
-TORCH_SUBPROBES = {"cuda": "torch.cuda", "rocm": "torch.rocm", "mps": "torch.mps"}
+__all__ = ["Trainer", "launch", "torch_requirements", "torch_subprobe"]
 
 #: Runs one process of a one-process job (``python -c SHIM ENTRY ARGS...``): sets the rank
 #: environment torchrun would give a world of one, then runs the script, module or function.
@@ -88,10 +87,33 @@ def torch_requirements(
                 given[name] = spec
     out = {"torch": ""}
     kind = (accelerator or "").strip().lower()
-    if kind in TORCH_SUBPROBES:
-        out[TORCH_SUBPROBES[kind]] = ""
+    sub = torch_subprobe(kind) if kind else None
+    if sub is not None:
+        out[sub] = ""
     out.update(given)
     return out
+
+
+def torch_subprobe(accelerator: str) -> str | None:
+    """The sub-probe a torch job on ``accelerator`` needs: the ``torch.*`` sub-probe that a
+    registered framework probe declares for that accelerator (None when none does).
+
+    Read from the plugins (loading them imports no framework), so a plugin for a new
+    accelerator teaches ``launch(accelerator=...)`` what to require.
+    """
+    found = [
+        (sub.name, plugins.get_manager().owner("gpulayer_framework_probes", probe.name))
+        for probe in plugins.framework_probes().values()
+        for sub in probe.subprobes
+        if sub.accelerator == accelerator and sub.name.split(".", 1)[0] == "torch"
+    ]
+    if len(found) > 1:
+        offered = " and ".join(f"{name!r} (plugin {owner!r})" for name, owner in found)
+        raise PluginError(
+            f"two torch sub-probes are declared for accelerator {accelerator!r}: {offered}; "
+            "a torch job on it could need either"
+        )
+    return found[0][0] if found else None
 
 
 def _check_entry(entry: str, bundle: str | None) -> None:

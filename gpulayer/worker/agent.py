@@ -397,17 +397,10 @@ class Agent:
         env["GPULAYER_NODE_RANK"] = str(a.node_rank)
         env["GPULAYER_ACCELERATOR"] = a.accelerator or "cpu"
         env["PYTHONUNBUFFERED"] = "1"
-        # Each device kind this worker has: show the granted devices, hide the rest.
-        by_kind: dict[str, list[Any]] = {}
-        for d in self.capabilities.devices:
-            by_kind.setdefault(d.kind, [])
-        if a.accelerator:
-            by_kind[a.accelerator] = [
-                d for i in a.devices for d in self.capabilities.devices
-                if d.kind == a.accelerator and d.index == i
-            ]
-        for kind, granted in by_kind.items():
-            env.update(plugins.device_environment(kind, granted))
+        from gpulayer.devices import task_environment
+
+        # the granted devices visible, every other device this worker has hidden
+        env.update(task_environment(self.capabilities.devices, a.accelerator, a.devices))
         if a.spec.bundle_digest:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir), env.get("PYTHONPATH", "")) if p)
         return env

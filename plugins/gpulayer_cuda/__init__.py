@@ -13,7 +13,8 @@ NVIDIA GPU. A tool that fails or times out gives no devices and one diagnostic l
 A GPU counts as usable when its driver is: no framework is needed to run CUDA binaries.
 Jobs see their granted GPUs through ``CUDA_VISIBLE_DEVICES`` (runtime indices, not UUIDs,
 because some libraries still do not parse UUIDs) plus ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so
-that CUDA numbers the GPUs the way NVML and nvidia-smi do.
+that CUDA numbers the GPUs the way NVML and nvidia-smi do. A job granted no GPU gets the
+same variables with an empty list (the detector's ``hide_env``), which hides them all.
 """
 
 from __future__ import annotations
@@ -24,15 +25,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-from gpulayer import hookimpl
-from gpulayer.hookrecords import (
-    AcceleratorDetector,
-    DetectionResult,
-    Device,
-    DeviceEnvironment,
-    SupportLevel,
-)
-from gpulayer.probing import ToolError, ToolFailed, ToolNotFound, env_flag, run_tool
+from gpulayer import plugin
 
 KIND = "cuda"
 NO_NVML_ENV = "GPULAYER_CUDA_NO_NVML"
@@ -69,16 +62,16 @@ print(json.dumps({"devices": out}))
 
 
 def _device(index: int, name: str, memory: int | None, cc: str | None,
-            uuid: str | None, driver: str | None) -> Device:
-    return Device(
+            uuid: str | None, driver: str | None) -> plugin.Device:
+    return plugin.Device(
         kind=KIND, index=index, name=name, memory_bytes=memory, compute_capability=cc,
         uuid=uuid, driver_version=driver, usable=True,
-        independent=SupportLevel.FIXTURE_TESTED, distributed=SupportLevel.FIXTURE_TESTED,
+        independent=plugin.SupportLevel.FIXTURE_TESTED, distributed=plugin.SupportLevel.FIXTURE_TESTED,
     )
 
 
 def _nvml_wanted() -> bool:
-    if env_flag(NO_NVML_ENV):
+    if plugin.env_flag(NO_NVML_ENV):
         return False
     if sys.platform.startswith("linux") and not os.path.exists("/proc/driver/nvidia"):
         return False  # no kernel driver: NVML cannot find a GPU either
@@ -87,23 +80,23 @@ def _nvml_wanted() -> bool:
     return importlib.util.find_spec("pynvml") is not None
 
 
-def detect_nvml(timeout: float) -> DetectionResult | None:
+def detect_nvml(timeout: float) -> plugin.DetectionResult | None:
     """Devices from NVML, or None when NVML is not usable here (fall back to nvidia-smi)."""
     try:
-        _, out, _ = run_tool([sys.executable, "-c", _NVML_SCRIPT], timeout)
-    except ToolFailed as exc:
+        _, out, _ = plugin.run_tool([sys.executable, "-c", _NVML_SCRIPT], timeout)
+    except plugin.ToolFailed as exc:
         if exc.returncode == 3:
             return None
-        return DetectionResult(diagnostics=[f"cuda: NVML query failed: {exc}"])
-    except ToolError as exc:
-        return DetectionResult(diagnostics=[f"cuda: NVML query failed: {exc}"])
+        return plugin.DetectionResult(diagnostics=[f"cuda: NVML query failed: {exc}"])
+    except plugin.ToolError as exc:
+        return plugin.DetectionResult(diagnostics=[f"cuda: NVML query failed: {exc}"])
     try:
         data = json.loads(out.strip().splitlines()[-1])
         devices = [_device(d["index"], d["name"], d["memory"], d["cc"], d["uuid"], d["driver"])
                    for d in data["devices"]]
     except (ValueError, KeyError, IndexError, TypeError) as exc:
-        return DetectionResult(diagnostics=[f"cuda: NVML query gave unreadable output ({exc})"])
-    return DetectionResult(devices=devices)
+        return plugin.DetectionResult(diagnostics=[f"cuda: NVML query gave unreadable output ({exc})"])
+    return plugin.DetectionResult(devices=devices)
 
 
 def _value(text: str) -> str | None:
@@ -113,9 +106,9 @@ def _value(text: str) -> str | None:
     return text
 
 
-def parse_nvidia_smi(output: str, fields: list[str]) -> list[Device]:
+def parse_nvidia_smi(output: str, fields: list[str]) -> list[plugin.Device]:
     """Parse ``--format=csv,noheader,nounits`` output of ``--query-gpu=<fields>``."""
-    devices: list[Device] = []
+    devices: list[plugin.Device] = []
     n = len(fields)
     for line in output.splitlines():
         if not line.strip():
@@ -141,30 +134,30 @@ def parse_nvidia_smi(output: str, fields: list[str]) -> list[Device]:
     return devices
 
 
-def detect_nvidia_smi(timeout: float) -> DetectionResult:
+def detect_nvidia_smi(timeout: float) -> plugin.DetectionResult:
     fields = list(QUERY_FIELDS)
     argv = ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
     try:
         try:
-            _, out, _ = run_tool(argv, timeout)
-        except ToolFailed as exc:
+            _, out, _ = plugin.run_tool(argv, timeout)
+        except plugin.ToolFailed as exc:
             # Drivers before 510 do not know compute_cap; ask again without it.
             if "compute_cap" not in (exc.stdout + exc.stderr):
                 raise
             fields.remove("compute_cap")
             argv[1] = f"--query-gpu={','.join(fields)}"
-            _, out, _ = run_tool(argv, timeout)
-    except ToolNotFound:
-        return DetectionResult()
-    except ToolError as exc:
-        return DetectionResult(diagnostics=[f"cuda: {exc}"])
+            _, out, _ = plugin.run_tool(argv, timeout)
+    except plugin.ToolNotFound:
+        return plugin.DetectionResult()
+    except plugin.ToolError as exc:
+        return plugin.DetectionResult(diagnostics=[f"cuda: {exc}"])
     try:
-        return DetectionResult(devices=parse_nvidia_smi(out, fields))
+        return plugin.DetectionResult(devices=parse_nvidia_smi(out, fields))
     except ValueError as exc:
-        return DetectionResult(diagnostics=[f"cuda: nvidia-smi gave unreadable output ({exc})"])
+        return plugin.DetectionResult(diagnostics=[f"cuda: nvidia-smi gave unreadable output ({exc})"])
 
 
-def detect(timeout: float) -> DetectionResult:
+def detect(timeout: float) -> plugin.DetectionResult:
     deadline = time.monotonic() + timeout
     if _nvml_wanted():
         result = detect_nvml(timeout)
@@ -177,22 +170,26 @@ def detect(timeout: float) -> DetectionResult:
             fallback = detect_nvidia_smi(left)
             if fallback.devices:
                 return fallback
-            return DetectionResult(diagnostics=result.diagnostics + fallback.diagnostics)
+            return plugin.DetectionResult(diagnostics=result.diagnostics + fallback.diagnostics)
     return detect_nvidia_smi(max(deadline - time.monotonic(), 0.5))
 
 
-@hookimpl
-def gpulayer_accelerator_detectors() -> Iterator[AcceleratorDetector]:
-    yield AcceleratorDetector(
+def visible_env(devices: list[plugin.Device]) -> dict[str, str]:
+    """The variables that make exactly ``devices`` visible (none of them for ``[]``)."""
+    ids = ",".join(str(d.index) for d in devices)
+    return {"CUDA_VISIBLE_DEVICES": ids, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+@plugin.hookimpl
+def gpulayer_accelerator_detectors() -> Iterator[plugin.AcceleratorDetector]:
+    yield plugin.AcceleratorDetector(
         name=KIND, description="NVIDIA GPUs via NVML or nvidia-smi", detect=detect,
+        hide_env=visible_env([]),
     )
 
 
-@hookimpl
-def gpulayer_device_environment(kind: str, devices: list[Device]) -> DeviceEnvironment | None:
+@plugin.hookimpl
+def gpulayer_device_environment(kind: str, devices: list[plugin.Device]) -> plugin.DeviceEnvironment | None:
     if kind != KIND:
         return None
-    ids = ",".join(str(d.index) for d in devices)
-    return DeviceEnvironment(
-        name=KIND, env={"CUDA_VISIBLE_DEVICES": ids, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
-    )
+    return plugin.DeviceEnvironment(name=KIND, env=visible_env(devices))

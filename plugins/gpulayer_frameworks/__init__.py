@@ -4,14 +4,15 @@ Versions come from package metadata (no import). Sub-probes import the framework
 bounded subprocess of the job Python, and report the framework's version when it can use
 that accelerator here (``torch.cuda`` is present on a CUDA build of torch that sees a GPU,
 absent on a CPU build), so jobs can ask for ``{"torch.cuda": ""}`` or ``{"torch.cuda": ">=2.2"}``.
+Each sub-probe names the accelerator it is for; the PyTorch integration reads that to add
+``torch.cuda`` (``torch.rocm``, ``torch.mps``) to a torch job on that accelerator.
 '''
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gpulayer import hookimpl
-from gpulayer.hookrecords import FrameworkProbe, SubProbe
+from gpulayer import plugin
 
 _TORCH_CUDA = """
 import torch
@@ -96,38 +97,39 @@ return None
 """
 
 PROBES = [
-    FrameworkProbe(
+    plugin.FrameworkProbe(
         name="torch", distributions=["torch"],
-        subprobes=[SubProbe(name="torch.cuda", code=_TORCH_CUDA),
-                   SubProbe(name="torch.rocm", code=_TORCH_ROCM),
-                   SubProbe(name="torch.mps", code=_TORCH_MPS)],
+        subprobes=[plugin.SubProbe(name="torch.cuda", code=_TORCH_CUDA, accelerator="cuda"),
+                   plugin.SubProbe(name="torch.rocm", code=_TORCH_ROCM, accelerator="rocm"),
+                   plugin.SubProbe(name="torch.mps", code=_TORCH_MPS, accelerator="mps")],
         backends_code=_TORCH_BACKENDS,
     ),
-    FrameworkProbe(
+    plugin.FrameworkProbe(
         name="jax", distributions=["jax"],
-        subprobes=[SubProbe(name="jax.cuda", code=_jax(("gpu", "cuda"))),
-                   SubProbe(name="jax.rocm", code=_jax(("rocm",)))],
+        subprobes=[plugin.SubProbe(name="jax.cuda", code=_jax(("gpu", "cuda")), accelerator="cuda"),
+                   plugin.SubProbe(name="jax.rocm", code=_jax(("rocm",)), accelerator="rocm")],
     ),
-    FrameworkProbe(name="mlx", distributions=["mlx"],
-                   subprobes=[SubProbe(name="mlx.metal", code=_MLX_METAL)]),
-    FrameworkProbe(
+    plugin.FrameworkProbe(name="mlx", distributions=["mlx"],
+                          subprobes=[plugin.SubProbe(name="mlx.metal", code=_MLX_METAL, accelerator="mps")]),
+    plugin.FrameworkProbe(
         name="cupy",
         distributions=["cupy", "cupy-cuda*", "cupy-rocm-*"],
-        subprobes=[SubProbe(name="cupy.cuda", code=_cupy(hip=False)),
-                   SubProbe(name="cupy.rocm", code=_cupy(hip=True))],
+        subprobes=[plugin.SubProbe(name="cupy.cuda", code=_cupy(hip=False), accelerator="cuda"),
+                   plugin.SubProbe(name="cupy.rocm", code=_cupy(hip=True), accelerator="rocm")],
     ),
-    FrameworkProbe(
+    plugin.FrameworkProbe(
         name="onnxruntime",
         distributions=["onnxruntime", "onnxruntime-gpu", "onnxruntime-silicon",
                        "onnxruntime-directml", "onnxruntime-openvino"],
-        subprobes=[SubProbe(name="onnxruntime.cuda", code=_ort("CUDAExecutionProvider")),
-                   SubProbe(name="onnxruntime.rocm", code=_ort("ROCMExecutionProvider")),
-                   SubProbe(name="onnxruntime.coreml", code=_ort("CoreMLExecutionProvider"))],
+        subprobes=[plugin.SubProbe(name="onnxruntime.cuda", code=_ort("CUDAExecutionProvider"), accelerator="cuda"),
+                   plugin.SubProbe(name="onnxruntime.rocm", code=_ort("ROCMExecutionProvider"), accelerator="rocm"),
+                   # Core ML picks the Neural Engine, the GPU or the CPU itself: no one accelerator
+                   plugin.SubProbe(name="onnxruntime.coreml", code=_ort("CoreMLExecutionProvider"))],
     ),
-    FrameworkProbe(name="numpy", distributions=["numpy"]),
+    plugin.FrameworkProbe(name="numpy", distributions=["numpy"]),
 ]
 
 
-@hookimpl
-def gpulayer_framework_probes() -> Iterator[FrameworkProbe]:
+@plugin.hookimpl
+def gpulayer_framework_probes() -> Iterator[plugin.FrameworkProbe]:
     yield from (p.model_copy(deep=True) for p in PROBES)

@@ -6,7 +6,8 @@ as its ``architecture``. ``GPULAYER_MPS_FORCE=1`` skips the platform check so th
 can be tested anywhere with a fake ``sysctl`` on PATH.
 
 Distributed work is unsupported: no collective backend (NCCL, RCCL) exists for Metal.
-There is no device environment to set: a process sees the one GPU or none.
+There is no device environment to set, and no variable hides the GPU: a process sees the
+one GPU or none.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ import platform
 import time
 from collections.abc import Iterator
 
-from gpulayer import hookimpl
-from gpulayer.hookrecords import AcceleratorDetector, DetectionResult, Device, SupportLevel
-from gpulayer.probing import ToolError, env_flag, run_tool
+from gpulayer import plugin
 
 KIND = "mps"
 FORCE_ENV = "GPULAYER_MPS_FORCE"
@@ -28,32 +27,32 @@ def is_apple_silicon() -> bool:
     return platform.system() == "Darwin" and platform.machine() in ("arm64", "aarch64")
 
 
-def detect(timeout: float) -> DetectionResult:
-    if not (is_apple_silicon() or env_flag(FORCE_ENV)):
-        return DetectionResult()
+def detect(timeout: float) -> plugin.DetectionResult:
+    if not (is_apple_silicon() or plugin.env_flag(FORCE_ENV)):
+        return plugin.DetectionResult()
     deadline = time.monotonic() + timeout
     diagnostics: list[str] = []
     memory: int | None = None
     chip: str | None = None
     try:
-        _, out, _ = run_tool(["sysctl", "-n", "hw.memsize"], timeout)
+        _, out, _ = plugin.run_tool(["sysctl", "-n", "hw.memsize"], timeout)
         memory = int(out.strip())
-    except (ToolError, ValueError) as exc:
+    except (plugin.ToolError, ValueError) as exc:
         diagnostics.append(f"mps: could not read hw.memsize ({exc})")
     try:
-        _, out, _ = run_tool(["sysctl", "-n", "machdep.cpu.brand_string"],
+        _, out, _ = plugin.run_tool(["sysctl", "-n", "machdep.cpu.brand_string"],
                              max(deadline - time.monotonic(), 0.5))
         chip = out.strip() or None
-    except ToolError:
+    except plugin.ToolError:
         pass  # only a nicety
-    device = Device(
+    device = plugin.Device(
         kind=KIND, index=0, name=NAME, memory_bytes=memory, unified_memory=True,
         architecture=chip or "arm64", usable=True,
-        independent=SupportLevel.FIXTURE_TESTED, distributed=SupportLevel.UNSUPPORTED,
+        independent=plugin.SupportLevel.FIXTURE_TESTED, distributed=plugin.SupportLevel.UNSUPPORTED,
     )
-    return DetectionResult(devices=[device], diagnostics=diagnostics)
+    return plugin.DetectionResult(devices=[device], diagnostics=diagnostics)
 
 
-@hookimpl
-def gpulayer_accelerator_detectors() -> Iterator[AcceleratorDetector]:
-    yield AcceleratorDetector(name=KIND, description="Apple silicon GPU (Metal)", detect=detect)
+@plugin.hookimpl
+def gpulayer_accelerator_detectors() -> Iterator[plugin.AcceleratorDetector]:
+    yield plugin.AcceleratorDetector(name=KIND, description="Apple silicon GPU (Metal)", detect=detect)

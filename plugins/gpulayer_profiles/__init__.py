@@ -9,28 +9,27 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gpulayer import hookimpl
-from gpulayer.hookrecords import RuntimeProfile
+from gpulayer import plugin
 
 PROFILES = [
-    RuntimeProfile(name="pytorch-cuda", description="PyTorch on NVIDIA GPUs",
-                   accelerator="cuda", frameworks={"torch": "", "torch.cuda": ""}),
-    RuntimeProfile(name="pytorch-rocm", description="PyTorch on AMD GPUs (ROCm/HIP build)",
-                   accelerator="rocm", frameworks={"torch": "", "torch.rocm": ""}),
-    RuntimeProfile(name="pytorch-mps", description="PyTorch on Apple silicon (Metal)",
-                   accelerator="mps", frameworks={"torch": "", "torch.mps": ""}),
-    RuntimeProfile(name="jax-cuda", description="JAX on NVIDIA GPUs",
-                   accelerator="cuda", frameworks={"jax": "", "jax.cuda": ""}),
-    RuntimeProfile(name="mlx", description="MLX on Apple silicon",
-                   accelerator="mps", frameworks={"mlx": ""}),
-    RuntimeProfile(name="cupy-cuda", description="CuPy on NVIDIA GPUs",
-                   accelerator="cuda", frameworks={"cupy": "", "cupy.cuda": ""}),
-    RuntimeProfile(name="onnxruntime-cuda", description="ONNX Runtime with the CUDA execution provider",
-                   accelerator="cuda", frameworks={"onnxruntime": "", "onnxruntime.cuda": ""}),
-    RuntimeProfile(name="cpu", description="no accelerator", accelerator=None, frameworks={}),
+    plugin.RuntimeProfile(name="pytorch-cuda", description="PyTorch on NVIDIA GPUs",
+                          accelerator="cuda", frameworks={"torch": "", "torch.cuda": ""}),
+    plugin.RuntimeProfile(name="pytorch-rocm", description="PyTorch on AMD GPUs (ROCm/HIP build)",
+                          accelerator="rocm", frameworks={"torch": "", "torch.rocm": ""}),
+    plugin.RuntimeProfile(name="pytorch-mps", description="PyTorch on Apple silicon (Metal)",
+                          accelerator="mps", frameworks={"torch": "", "torch.mps": ""}),
+    plugin.RuntimeProfile(name="jax-cuda", description="JAX on NVIDIA GPUs",
+                          accelerator="cuda", frameworks={"jax": "", "jax.cuda": ""}),
+    plugin.RuntimeProfile(name="mlx", description="MLX on Apple silicon",
+                          accelerator="mps", frameworks={"mlx": ""}),
+    plugin.RuntimeProfile(name="cupy-cuda", description="CuPy on NVIDIA GPUs",
+                          accelerator="cuda", frameworks={"cupy": "", "cupy.cuda": ""}),
+    plugin.RuntimeProfile(name="onnxruntime-cuda", description="ONNX Runtime with the CUDA execution provider",
+                          accelerator="cuda", frameworks={"onnxruntime": "", "onnxruntime.cuda": ""}),
+    plugin.RuntimeProfile(name="cpu", description="no accelerator", accelerator=None, frameworks={}),
 ]
 
 
-@hookimpl
-def gpulayer_runtime_profiles() -> Iterator[RuntimeProfile]:
+@plugin.hookimpl
+def gpulayer_runtime_profiles() -> Iterator[plugin.RuntimeProfile]:
     yield from (p.model_copy(deep=True) for p in PROFILES)

@@ -14,7 +14,8 @@ that fails or times out leaves a diagnostic and the next source is tried.
 Jobs see their granted GPUs through ``ROCR_VISIBLE_DEVICES`` (the granted runtime
 indices) and ``HIP_VISIBLE_DEVICES`` (``0..n-1``). The two filters apply one after the
 other (ROCr first, then HIP indexes what is left), so repeating the physical indices in
-``HIP_VISIBLE_DEVICES`` would select the wrong devices, or none.
+``HIP_VISIBLE_DEVICES`` would select the wrong devices, or none. A job granted no GPU
+gets both variables empty (the detector's ``hide_env``), which hides them all.
 """
 
 from __future__ import annotations
@@ -27,15 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpulayer import hookimpl
-from gpulayer.hookrecords import (
-    AcceleratorDetector,
-    DetectionResult,
-    Device,
-    DeviceEnvironment,
-    SupportLevel,
-)
-from gpulayer.probing import ToolError, ToolNotFound, read_text, run_tool
+from gpulayer import plugin
 
 KIND = "rocm"
 KFD_ROOT_ENV = "GPULAYER_KFD_ROOT"
@@ -44,11 +37,11 @@ _UNITS = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3, "KIB": 1024, "MIB": 
 
 
 def _device(index: int, name: str, memory: int | None, arch: str | None,
-            uuid: str | None = None, driver: str | None = None) -> Device:
-    return Device(
+            uuid: str | None = None, driver: str | None = None) -> plugin.Device:
+    return plugin.Device(
         kind=KIND, index=index, name=name, memory_bytes=memory, architecture=arch,
         uuid=uuid, driver_version=driver, usable=True,
-        independent=SupportLevel.FIXTURE_TESTED, distributed=SupportLevel.FIXTURE_TESTED,
+        independent=plugin.SupportLevel.FIXTURE_TESTED, distributed=plugin.SupportLevel.FIXTURE_TESTED,
     )
 
 
@@ -62,6 +55,7 @@ def gfx_name(target_version: int) -> str | None:
 
 def _size(value: Any) -> int | None:
     """amd-smi sizes come as {"value": 196592, "unit": "MB"}, "196592 MB" or a number (MB)."""
+    number: Any
     if isinstance(value, dict):
         number, unit = value.get("value"), str(value.get("unit", "MB"))
     elif isinstance(value, (int, float)):
@@ -86,7 +80,7 @@ def _text(value: Any) -> str | None:
     return None if not text or text.upper() in ("N/A", "NA") else text
 
 
-def parse_amd_smi(output: str) -> list[Device]:
+def parse_amd_smi(output: str) -> list[plugin.Device]:
     """Parse ``amd-smi static --json``: a list of GPUs (or ``{"gpu_data": [...]}``)."""
     data = json.loads(output)
     if isinstance(data, dict):
@@ -107,7 +101,7 @@ def parse_amd_smi(output: str) -> list[Device]:
     return devices
 
 
-def parse_rocm_smi(output: str) -> list[Device]:
+def parse_rocm_smi(output: str) -> list[plugin.Device]:
     """Parse ``rocm-smi --showproductname --showmeminfo vram --json``: ``{"card0": {...}}``."""
     data = json.loads(output)
     devices = []
@@ -128,20 +122,20 @@ def parse_rocm_smi(output: str) -> list[Device]:
 
 def _properties(path: Path) -> dict[str, int]:
     props: dict[str, int] = {}
-    for line in (read_text(path) or "").splitlines():
+    for line in (plugin.read_text(path) or "").splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[1].lstrip("-").isdigit():
             props[parts[0]] = int(parts[1])
     return props
 
 
-def detect_kfd(root: str | Path) -> list[Device]:
+def detect_kfd(root: str | Path) -> list[plugin.Device]:
     """GPUs from a KFD topology tree (``<root>/topology/nodes/N/...``)."""
     nodes_dir = Path(root) / "topology" / "nodes"
     if not nodes_dir.is_dir():
         return []
     node_ids = sorted(int(p.name) for p in nodes_dir.iterdir() if p.name.isdigit())
-    devices = []
+    devices: list[plugin.Device] = []
     for node in node_ids:
         ndir = nodes_dir / str(node)
         props = _properties(ndir / "properties")
@@ -153,7 +147,7 @@ def detect_kfd(root: str | Path) -> list[Device]:
         if banks.is_dir():
             for bank in sorted(banks.iterdir()):
                 memory += _properties(bank / "properties").get("size_in_bytes", 0)
-        name = read_text(ndir / "name") or ""
+        name = plugin.read_text(ndir / "name") or ""
         if not name or name == arch:
             name = f"AMD GPU ({arch})" if arch else "AMD GPU"
         unique = props.get("unique_id")
@@ -164,7 +158,7 @@ def detect_kfd(root: str | Path) -> list[Device]:
     return devices
 
 
-def detect(timeout: float) -> DetectionResult:
+def detect(timeout: float) -> plugin.DetectionResult:
     diagnostics: list[str] = []
     deadline = time.monotonic() + timeout
     for argv, parse in (
@@ -175,10 +169,10 @@ def detect(timeout: float) -> DetectionResult:
         if left <= 0.1:
             break  # the sysfs tree below costs nothing and cannot hang
         try:
-            _, out, _ = run_tool(argv, left)
-        except ToolNotFound:
+            _, out, _ = plugin.run_tool(argv, left)
+        except plugin.ToolNotFound:
             continue
-        except ToolError as exc:
+        except plugin.ToolError as exc:
             diagnostics.append(f"rocm: {exc}")
             continue
         try:
@@ -187,23 +181,29 @@ def detect(timeout: float) -> DetectionResult:
             diagnostics.append(f"rocm: {argv[0]} gave unreadable output ({type(exc).__name__}: {exc})")
             continue
         if devices:
-            return DetectionResult(devices=devices, diagnostics=diagnostics)
+            return plugin.DetectionResult(devices=devices, diagnostics=diagnostics)
     root = os.environ.get(KFD_ROOT_ENV) or DEFAULT_KFD_ROOT
-    return DetectionResult(devices=detect_kfd(root), diagnostics=diagnostics)
+    return plugin.DetectionResult(devices=detect_kfd(root), diagnostics=diagnostics)
 
 
-@hookimpl
-def gpulayer_accelerator_detectors() -> Iterator[AcceleratorDetector]:
-    yield AcceleratorDetector(
+def visible_env(devices: list[plugin.Device]) -> dict[str, str]:
+    """The variables that make exactly ``devices`` visible (none of them for ``[]``)."""
+    return {
+        "ROCR_VISIBLE_DEVICES": ",".join(str(d.index) for d in devices),
+        "HIP_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(devices))),
+    }
+
+
+@plugin.hookimpl
+def gpulayer_accelerator_detectors() -> Iterator[plugin.AcceleratorDetector]:
+    yield plugin.AcceleratorDetector(
         name=KIND, description="AMD GPUs via amd-smi, rocm-smi or the KFD topology", detect=detect,
+        hide_env=visible_env([]),
     )
 
 
-@hookimpl
-def gpulayer_device_environment(kind: str, devices: list[Device]) -> DeviceEnvironment | None:
+@plugin.hookimpl
+def gpulayer_device_environment(kind: str, devices: list[plugin.Device]) -> plugin.DeviceEnvironment | None:
     if kind != KIND:
         return None
-    return DeviceEnvironment(name=KIND, env={
-        "ROCR_VISIBLE_DEVICES": ",".join(str(d.index) for d in devices),
-        "HIP_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(devices))),
-    })
+    return plugin.DeviceEnvironment(name=KIND, env=visible_env(devices))

@@ -1,7 +1,7 @@
 """Bundled GPUlayer plugin: the ``torchrun`` distributed launcher.
 
-Turns one node of a :class:`~gpulayer.specs.DistributedJob` plus the job's
-:class:`~gpulayer.hookrecords.Rendezvous` into a ``python -m torch.distributed.run`` command line
+Turns one node of a :class:`~gpulayer.plugin.DistributedJob` plus the job's
+:class:`~gpulayer.plugin.Rendezvous` into a ``python -m torch.distributed.run`` command line
 with a *static* rendezvous: every node is told ``--nnodes``, its own ``--node-rank`` and
 the rank-0 worker's ``--master-addr``/``--master-port`` (the control plane picked them when
 it placed the whole group). torchrun then starts ``--nproc-per-node`` processes on each
@@ -29,7 +29,7 @@ torchrun never restarts a failed group itself (``--max-restarts 0``): one failed
 its node, the control plane cancels the other nodes, and a retry (``retries=``) is a whole
 new group with a fresh rendezvous on whatever workers are free then.
 
-This module imports only GPUlayer's public API, as a third-party launcher would.
+This module imports only :mod:`gpulayer.plugin`, as a third-party launcher would.
 """
 
 from __future__ import annotations
@@ -40,9 +40,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from gpulayer import hookimpl
-from gpulayer.hookrecords import DistributedLauncher, LaunchCommand, Rendezvous
-from gpulayer.specs import DistributedJob
+from gpulayer import plugin
 
 NAME = "torchrun"
 #: the shim that runs ``package.module:function`` in each rank (stdlib only)
@@ -70,13 +68,13 @@ def entry_argv(entry: str, args: list[str]) -> list[str]:
     )
 
 
-def log_dir(rdzv: Rendezvous, node_rank: int) -> str:
+def log_dir(rdzv: plugin.Rendezvous, node_rank: int) -> str:
     """Where torchrun keeps this node's per-rank log files (on the worker)."""
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", rdzv.run_id)
     return os.path.join(tempfile.gettempdir(), "gpulayer-torchrun", safe, f"node{node_rank}")
 
 
-def build(job: DistributedJob, rdzv: Rendezvous, node_rank: int, python: str) -> LaunchCommand:
+def build(job: plugin.DistributedJob, rdzv: plugin.Rendezvous, node_rank: int, python: str) -> plugin.LaunchCommand:
     """One node's torchrun command line (static rendezvous at the rank-0 worker)."""
     if not 0 <= node_rank < rdzv.nnodes:
         raise ValueError(f"node_rank {node_rank}: expected 0..{rdzv.nnodes - 1}")
@@ -103,12 +101,12 @@ def build(job: DistributedJob, rdzv: Rendezvous, node_rank: int, python: str) ->
         "GPULAYER_MASTER_PORT": str(rdzv.master_port),
         PREFIX_ENV: PREFIX_TEMPLATE,
     }
-    return LaunchCommand(argv=argv, env=env)
+    return plugin.LaunchCommand(argv=argv, env=env)
 
 
-@hookimpl
-def gpulayer_distributed_launchers() -> Iterator[DistributedLauncher]:
-    yield DistributedLauncher(
+@plugin.hookimpl
+def gpulayer_distributed_launchers() -> Iterator[plugin.DistributedLauncher]:
+    yield plugin.DistributedLauncher(
         name=NAME,
         description="PyTorch's torchrun (torch.distributed.run), static rendezvous at node 0",
         build=build,

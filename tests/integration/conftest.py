@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpulayer import plugins
+from gpulayer.testing import no_real_devices_env
 from tests.support import start_worker, wait_for
 
 
@@ -23,10 +24,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     for name in ("GPULAYER_URL", "GPULAYER_TOKEN", "GPULAYER_DISABLE_PLUGINS", "GPULAYER_PLUGINS",
                  "GPULAYER_FAKE_DEVICES", "GPULAYER_DATABASE_URL"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("GPULAYER_CUDA_NO_NVML", "1")
-    kfd = tmp_path / "no-kfd"
-    kfd.mkdir()
-    monkeypatch.setenv("GPULAYER_KFD_ROOT", str(kfd))
+    for name, value in no_real_devices_env().items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("GPULAYER_HEARTBEAT_INTERVAL", "0.2")
     plugins.reset_manager()
     yield h

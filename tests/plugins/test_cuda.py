@@ -109,6 +109,12 @@ def test_device_environment_lists_granted_indices(fake_tool):
     assert plugins.device_environment("nosuchkind", devices) == {}
 
 
+def test_a_task_granted_no_gpu_sees_none():
+    # the same variables the hook gave for an empty list before hiding became its own rule
+    assert plugins.detectors()["cuda"].hide_env == {"CUDA_VISIBLE_DEVICES": "", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert gpulayer_cuda.visible_env([]) == plugins.detectors()["cuda"].hide_env
+
+
 @pytest.mark.gpu  # deselected by default; on a GPU machine: pytest -m gpu
 def test_real_nvml_and_nvidia_smi_agree(monkeypatch):
     monkeypatch.delenv("GPULAYER_CUDA_NO_NVML")

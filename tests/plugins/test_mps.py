@@ -42,3 +42,9 @@ def test_broken_sysctl_still_reports_the_gpu_with_a_diagnostic(fake_tool, monkey
     [dev] = result.devices
     assert dev.memory_bytes is None
     assert result.diagnostics and "hw.memsize" in result.diagnostics[0]
+
+
+def test_nothing_hides_the_apple_gpu():
+    from gpulayer import plugins
+
+    assert plugins.detectors()["mps"].hide_env == {}

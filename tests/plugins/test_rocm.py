@@ -111,3 +111,8 @@ def test_device_environment(fake_tool):
     devices, _ = detect_devices(timeout=10)
     assert plugins.device_environment("rocm", [devices[1]]) == {
         "ROCR_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "0"}
+
+
+def test_a_task_granted_no_gpu_sees_none():
+    assert plugins.detectors()["rocm"].hide_env == {"ROCR_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
+    assert gpulayer_rocm.visible_env([]) == plugins.detectors()["rocm"].hide_env

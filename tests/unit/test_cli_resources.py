@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulayer.fakes import fake_devices_env
+from gpulayer.testing import fake_devices_env, no_real_devices_env
 
 pytestmark = pytest.mark.usefixtures("gpulayer_isolated")
 
@@ -26,6 +26,20 @@ def gpulayer(*args: str, env: dict[str, str] | None = None, timeout: float = 120
                           text=True, env={**os.environ, **(env or {})}, timeout=timeout)
 
 
+def pythonpath(*first: Path) -> str:
+    """``first``, then whatever PYTHONPATH this test run has (which may put a checkout first)."""
+    return os.pathsep.join([*map(str, first), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+
+
+@pytest.fixture
+def cuda_detector(gpulayer_isolated: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bundled cuda detector runs (against a fake nvidia-smi), every other one stays
+    hidden, and NVML is not asked, so a real GPU here cannot answer instead."""
+    for name, value in no_real_devices_env(keep=["cuda"]).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("GPULAYER_CUDA_NO_NVML", "1")
+
+
 def test_resources_detect_end_to_end():
     proc = gpulayer("resources", "detect")
     assert proc.returncode == 0, proc.stderr
@@ -38,6 +52,7 @@ def test_resources_detect_end_to_end():
     assert any(ln.startswith("backends  ") and "gloo" in ln for ln in lines)
 
 
+@pytest.mark.usefixtures("cuda_detector")
 def test_resources_detect_lists_fake_nvidia_gpus(fake_tool):
     fake_tool("nvidia-smi", H200_X2)
     proc = gpulayer("resources", "detect")
@@ -49,6 +64,7 @@ def test_resources_detect_lists_fake_nvidia_gpus(fake_tool):
     ]
 
 
+@pytest.mark.usefixtures("cuda_detector")
 def test_resources_detect_json(fake_tool):
     fake_tool("nvidia-smi", H200_X2)
     proc = gpulayer("resources", "detect", "--json", "--timeout", "60")
@@ -59,6 +75,7 @@ def test_resources_detect_json(fake_tool):
     assert caps["host"]["python_path"] and caps["frameworks"]["torch"].startswith("2.")
 
 
+@pytest.mark.usefixtures("cuda_detector")
 def test_hanging_tool_does_not_hang_the_cli(fake_tool):
     fake_tool("nvidia-smi", H200_X2, sleep=60)
     proc = gpulayer("resources", "detect", "--timeout", "1", timeout=30)
@@ -67,6 +84,7 @@ def test_hanging_tool_does_not_hang_the_cli(fake_tool):
     assert "diagnostic cuda: nvidia-smi: no answer within 1s (killed)" in proc.stdout
 
 
+@pytest.mark.usefixtures("cuda_detector")
 def test_the_cli_never_imports_torch(fake_tool):
     fake_tool("nvidia-smi", H200_X2)
     code = (
@@ -86,16 +104,37 @@ def test_the_cli_never_imports_torch(fake_tool):
     assert proc.stdout.strip().endswith("ok")
 
 
-def test_fake_cuda_devices_reach_a_subprocess():
-    env = fake_devices_env("cuda:2:80:9.0")
-    assert env["GPULAYER_DISABLE_PLUGINS"] == "cuda"
+def test_fake_cuda_devices_reach_a_subprocess(fake_tool):
+    fake_tool("nvidia-smi", H200_X2)  # what the real detector would find, if it ran
+    env = {**fake_devices_env("cuda:2:80:9.0"), "GPULAYER_DETECTORS": "cuda", "GPULAYER_CUDA_NO_NVML": "1"}
+    assert "GPULAYER_DISABLE_PLUGINS" not in env
     proc = gpulayer("resources", "detect", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     caps = json.loads(proc.stdout)
-    assert [(d["kind"], d["index"], d["memory_bytes"]) for d in caps["devices"]] == [
-        ("cuda", 0, 80 * 1024**3), ("cuda", 1, 80 * 1024**3)]
-    listing = gpulayer("plugins", "list", env=env).stdout
-    assert any(ln.startswith("gpulayer.fakes") and "loaded" in ln for ln in listing.splitlines())
+    assert [(d["kind"], d["index"], d["memory_bytes"], d["name"]) for d in caps["devices"]] == [
+        ("cuda", 0, 80 * 1024**3, "Fake CUDA GPU"), ("cuda", 1, 80 * 1024**3, "Fake CUDA GPU")]
+    listing = gpulayer("plugins", "list", env=env).stdout.splitlines()
+    assert any(ln.startswith("gpulayer.fakes") and "loaded" in ln for ln in listing)
+    assert any(ln.split()[:2] == ["cuda", "loaded"] for ln in listing)  # stood in for, not disabled
+
+
+def test_plugins_list_shows_a_broken_plugin_named_in_gpulayer_plugins_and_fails(tmp_path):
+    (tmp_path / "gl_broken.py").write_text("import gpulayer_no_such_module\n")
+    env = {"PYTHONPATH": pythonpath(tmp_path), "GPULAYER_PLUGINS": "gl_broken"}
+    proc = gpulayer("plugins", "list", env=env)
+    assert proc.returncode == 2
+    rows = {ln.split()[0]: ln.split() for ln in proc.stdout.splitlines() if ln.strip() and not ln.startswith(" ")}
+    assert rows["gl_broken"][1:4] == ["broken", "module", "gl_broken"]
+    assert rows["cuda"][1] == "loaded"
+    assert "error: ModuleNotFoundError: No module named 'gpulayer_no_such_module'" in proc.stdout
+    assert proc.stderr.startswith("error: plugin 'gl_broken' named in GPULAYER_PLUGINS failed to import:\n"
+                                  "Traceback (most recent call last):\n")
+    assert f'File "{tmp_path / "gl_broken.py"}", line 1, in <module>' in proc.stderr
+    data = json.loads(gpulayer("plugins", "list", "--json", env=env).stdout)
+    broken = next(p for p in data["plugins"] if p["name"] == "gl_broken")
+    assert broken["status"] == "broken" and "gl_broken.py" in broken["traceback"]
+    detect = gpulayer("resources", "detect", env=env)
+    assert detect.returncode == 2 and "named in GPULAYER_PLUGINS failed to import" in detect.stderr
 
 
 def test_plugins_list():
@@ -130,7 +169,8 @@ def test_third_party_plugin_found_through_entry_point_metadata(tmp_path):
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gpulayer-acme-npu\nVersion: 0.1.0\n")
     (dist / "entry_points.txt").write_text("[gpulayer]\nacme-npu = gpulayer_acme_npu\n")
-    env = {"PYTHONPATH": os.pathsep.join([str(site), str(src)]), "ACME_NPU_DEVICES": "2"}
+    env = {"PYTHONPATH": pythonpath(site, src), "ACME_NPU_DEVICES": "2",
+           **no_real_devices_env(keep=["npu"])}
     proc = gpulayer("resources", "detect", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     caps = json.loads(proc.stdout)

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import ast
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -7,17 +10,70 @@ from pathlib import Path
 
 import pytest
 
-from gpulayer import hookimpl, plugins
-from gpulayer.errors import PluginError
+from gpulayer import hookimpl, plugin, plugins
+from gpulayer.errors import GpulayerError, PluginError
 from gpulayer.fakes import FakeAcceleratorPlugin
-from gpulayer.hookrecords import RuntimeProfile
+from gpulayer.hookrecords import (
+    AcceleratorDetector,
+    DetectionResult,
+    FrameworkProbe,
+    HookRecord,
+    RuntimeProfile,
+    SubProbe,
+)
 
 pytestmark = pytest.mark.usefixtures("gpulayer_isolated")
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_module(tmp_path: Path, name: str, source: str, monkeypatch) -> None:
     (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
     monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def write_distribution(site: Path, dist: str, version: str, entry_points: str, modules: dict[str, str]) -> None:
+    """What pip would leave on sys.path: a dist-info with entry_points.txt, and the modules."""
+    info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[gpulayer]\n{entry_points}\n")
+    for name, source in modules.items():
+        (site / f"{name}.py").write_text(textwrap.dedent(source))
+
+
+def gpulayer_cli(*args: str, pythonpath: list[Path]) -> subprocess.CompletedProcess[str]:
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, pythonpath), *inherited])}
+    return subprocess.run([sys.executable, "-m", "gpulayer.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=60)
+
+
+class Profiles:
+    """A throwaway plugin offering the given runtime profiles."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+
+    @hookimpl
+    def gpulayer_runtime_profiles(self):
+        for name in self.names:
+            yield RuntimeProfile(name=name, accelerator="npu")
+
+
+class Detectors:
+    """A throwaway plugin offering real (not stand-in) detectors of the given kinds."""
+
+    def __init__(self, *kinds: str) -> None:
+        self.kinds = kinds
+
+    @hookimpl
+    def gpulayer_accelerator_detectors(self):
+        for kind in self.kinds:
+            yield AcceleratorDetector(name=kind, detect=lambda timeout: DetectionResult())
+
+
+# --------------------------------------------------------------------------- loading
 
 
 def test_bundled_plugins_load_through_entry_points():
@@ -45,50 +101,100 @@ def test_unknown_name_in_disable_list_is_reported(monkeypatch):
     assert manager.unknown_disabled == ["cdua"]
 
 
-def test_broken_plugin_module_is_skipped_with_a_warning(tmp_path, monkeypatch):
-    write_module(tmp_path, "gl_broken", "raise ImportError('libacme.so not found')\n", monkeypatch)
+def test_a_plugin_named_in_gpulayer_plugins_that_fails_to_import_is_an_error_with_its_traceback(
+        tmp_path, monkeypatch):
+    write_module(tmp_path, "gl_broken", """\
+        import os
+
+        def _load_driver():
+            raise ImportError('libacme.so not found')
+
+        _load_driver()
+        """, monkeypatch)
     monkeypatch.setenv("GPULAYER_PLUGINS", "gl_broken")
-    with pytest.warns(plugins.PluginWarning, match="'gl_broken'.*failed to load.*libacme.so"):
-        manager = plugins.get_manager()
-    info = {i.name: i for i in manager.list_plugins()}["gl_broken"]
-    assert info.status == "broken" and "libacme.so not found" in (info.error or "")
-    assert "cuda" in plugins.detectors()  # everything else still works
+    with pytest.raises(PluginError) as err:
+        plugins.get_manager()
+    message = str(err.value)
+    assert message.startswith("plugin 'gl_broken' named in GPULAYER_PLUGINS failed to import:\n"
+                              "Traceback (most recent call last):\n")
+    assert f'File "{tmp_path / "gl_broken.py"}", line 6, in <module>' in message
+    assert "in _load_driver\n    raise ImportError('libacme.so not found')" in message
+    assert message.endswith("ImportError: libacme.so not found")
+    assert "importlib" not in message  # only the plugin's own frames
+    with pytest.raises(PluginError, match="'gl_broken' named in GPULAYER_PLUGINS"):
+        plugins.detectors()  # every later use fails too, not only the first
+    # listing still shows it, as broken
+    info = {i.name: i for i in plugins.get_manager(strict=False).list_plugins()}["gl_broken"]
+    assert (info.status, info.error) == ("broken", "ImportError: libacme.so not found")
 
 
 def test_broken_entry_point_names_its_distribution(tmp_path):
-    """A real entry point (dist-info on sys.path) whose module raises on import."""
-    dist = tmp_path / "gpulayer_broken-0.3.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gpulayer-broken\nVersion: 0.3.1\n")
-    (dist / "entry_points.txt").write_text("[gpulayer]\nbroken = gpulayer_broken\n")
-    (tmp_path / "gpulayer_broken.py").write_text("1 / 0\n")
-    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "gpulayer.cli", "plugins", "list"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    """A real entry point (dist-info on sys.path) whose module raises on import: found by
+    scanning, so it is skipped with a warning and the rest keeps working."""
+    write_distribution(tmp_path, "gpulayer-broken", "0.3.1", "broken = gpulayer_broken",
+                       {"gpulayer_broken": "1 / 0\n"})
+    proc = gpulayer_cli("plugins", "list", pythonpath=[tmp_path])
     assert proc.returncode == 0, proc.stderr
     assert ("warning: gpulayer plugin 'broken' (distribution gpulayer-broken) failed to load "
             "and was skipped: ZeroDivisionError: division by zero") in proc.stderr
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("broken "))
     assert "broken" in line.split()[1] and "gpulayer-broken 0.3.1" in line
     assert "error: ZeroDivisionError: division by zero" in proc.stdout
+    assert any(ln.split()[:2] == ["cuda", "loaded"] for ln in proc.stdout.splitlines())
+
+
+def test_an_entry_point_name_claimed_by_two_distributions_is_reported_naming_both(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    source = """\
+        from gpulayer import plugin
+
+        @plugin.hookimpl
+        def gpulayer_runtime_profiles():
+            yield plugin.RuntimeProfile(name=__name__ + "-profile")
+        """
+    write_distribution(first, "gpulayer-acme", "1.0", "acme = acme_one", {"acme_one": source})
+    write_distribution(second, "acme-tools", "2.5", "acme = acme_two", {"acme_two": source})
+    proc = gpulayer_cli("plugins", "list", "--json", pythonpath=[first, second])
+    assert proc.returncode == 0, proc.stderr
+    warning = ("warning: gpulayer plugin name 'acme' is claimed by two distributions: "
+               "gpulayer-acme 1.0 (acme_one) and acme-tools 2.5 (acme_two); loaded the first "
+               "(earlier on sys.path) and skipped the second: uninstall one of them")
+    assert warning in proc.stderr
+    data = json.loads(proc.stdout)
+    acme = next(p for p in data["plugins"] if p["name"] == "acme")
+    assert (acme["distribution"], acme["module"], acme["status"]) == ("gpulayer-acme", "acme_one", "loaded")
+    assert data["clashes"] == [warning.removeprefix("warning: ")]
+    profiles = gpulayer_cli("profiles", "list", pythonpath=[first, second]).stdout
+    assert "acme_one-profile" in profiles and "acme_two-profile" not in profiles
+
+
+# --------------------------------------------------------------------------- the registry
 
 
 def test_conflicting_detectors_name_both_plugins(plugin_manager):
-    plugin_manager.register(FakeAcceleratorPlugin("npu"), name="acme")
-    plugin_manager.register(FakeAcceleratorPlugin("npu"), name="initech")
+    plugin_manager.register(Detectors("npu"), name="acme")
+    plugin_manager.register(Detectors("npu"), name="initech")
     with pytest.raises(PluginError) as err:
         plugins.detectors()
-    assert "Conflicting plugins found for accelerator detector 'npu'" in str(err.value)
-    assert "'acme'" in str(err.value) and "'initech'" in str(err.value)
+    assert str(err.value) == "Conflicting plugins found for accelerator detector 'npu': 'acme' and 'initech'"
+
+
+def test_two_fakes_of_one_kind_conflict_too(plugin_manager):
+    plugin_manager.register(FakeAcceleratorPlugin("npu"), name="fake-a")
+    plugin_manager.register(FakeAcceleratorPlugin("npu"), name="fake-b")
+    with pytest.raises(PluginError, match="Conflicting plugins found for accelerator detector 'npu': 'fake-a' and 'fake-b'"):
+        plugins.detectors()
+
+
+def test_a_fake_does_not_hide_a_conflict_between_two_real_detectors(plugin_manager):
+    plugin_manager.register(FakeAcceleratorPlugin("cuda"), name="fake-cuda")
+    plugin_manager.register(Detectors("cuda"), name="other-cuda")
+    with pytest.raises(PluginError, match="accelerator detector 'cuda': 'cuda' and 'other-cuda'"):
+        plugins.detectors()
 
 
 def test_conflict_with_a_bundled_profile(plugin_manager):
-    class Mine:
-        @hookimpl
-        def gpulayer_runtime_profiles(self):
-            yield RuntimeProfile(name="mlx", accelerator="mps")
-
-    plugin_manager.register(Mine(), name="my-profiles")
+    plugin_manager.register(Profiles("mlx"), name="my-profiles")
     with pytest.raises(PluginError, match="runtime profile 'mlx'") as err:
         plugins.profiles()
     assert "'profiles'" in str(err.value) and "'my-profiles'" in str(err.value)
@@ -102,14 +208,197 @@ def test_unknown_hook_names_the_plugin(plugin_manager):
 
     with pytest.raises(PluginError, match="plugin 'typo-plugin' implements a hook"):
         plugin_manager.register(Typo(), name="typo-plugin")
+    assert "typo-plugin" not in {i.name for i in plugin_manager.list_plugins()}
 
 
-def test_fake_accelerator_fixture_replaces_the_real_detector(fake_accelerator):
+@pytest.mark.parametrize("style", ["wrapper", "hookwrapper"])
+def test_a_wrapper_on_a_record_hook_is_refused(plugin_manager, style):
+    class Wrapping:
+        @hookimpl(**{style: True})
+        def gpulayer_runtime_profiles(self):
+            result = yield
+            return result
+
+    with pytest.raises(PluginError) as err:
+        plugin_manager.register(Wrapping(), name="wrapping")
+    assert str(err.value) == (
+        "plugin 'wrapping': gpulayer_runtime_profiles is a record hook and takes no wrapper "
+        "(wrapper=True or hookwrapper=True); return or yield records instead")
+    assert "wrapping" not in {i.name for i in plugin_manager.list_plugins()}
+    assert "pytorch-cuda" in plugins.profiles()  # refused, not half registered
+
+
+def test_record_hooks_go_through_pluggys_hook_caller(plugin_manager):
+    plugin_manager.register(Profiles("acme-a"), name="acme")
+    calls: list[tuple[str, list[str]]] = []
+    undo = plugin_manager.pm.add_hookcall_monitoring(
+        lambda hook_name, impls, kwargs: calls.append((hook_name, [i.plugin_name for i in impls])),
+        lambda outcome, hook_name, impls, kwargs: None,
+    )
+    try:
+        found = plugins.profiles()
+    finally:
+        undo()
+    assert {"acme-a", "pytorch-cuda"} <= set(found)
+    assert sorted(calls) == [("gpulayer_runtime_profiles", ["acme"]), ("gpulayer_runtime_profiles", ["profiles"])]
+    assert plugin_manager.owner("gpulayer_runtime_profiles", "acme-a") == "acme"
+
+
+def test_the_registry_is_typed(plugin_manager):
+    profiles = plugin_manager.collect("gpulayer_runtime_profiles", RuntimeProfile)
+    assert all(isinstance(p, RuntimeProfile) for p in profiles.values())
+    with pytest.raises(TypeError, match="gpulayer_runtime_profiles offers RuntimeProfile records, not AcceleratorDetector"):
+        plugin_manager.collect("gpulayer_runtime_profiles", AcceleratorDetector)
+    with pytest.raises(ValueError, match="'gpulayer_device_environment' is not a record hook"):
+        plugin_manager.collect("gpulayer_device_environment", RuntimeProfile)
+    assert plugin.records(RuntimeProfile) == profiles
+    with pytest.raises(TypeError, match="no hook offers HookRecord records"):
+        plugin.records(HookRecord)
+
+
+def test_a_record_of_the_wrong_type_names_the_plugin(plugin_manager):
+    class Wrong:
+        @hookimpl
+        def gpulayer_runtime_profiles(self):
+            yield FrameworkProbe(name="oops")
+
+    plugin_manager.register(Wrong(), name="wrong")
+    with pytest.raises(PluginError) as err:
+        plugins.profiles()
+    assert str(err.value) == ("plugin 'wrong': gpulayer_runtime_profiles returned FrameworkProbe, "
+                              "expected runtime profile records (RuntimeProfile)")
+
+
+def test_a_single_record_instead_of_an_iterable_names_the_plugin(plugin_manager):
+    class Single:
+        @hookimpl
+        def gpulayer_runtime_profiles(self):
+            return RuntimeProfile(name="alone")
+
+    plugin_manager.register(Single(), name="single")
+    with pytest.raises(PluginError, match="plugin 'single': gpulayer_runtime_profiles raised TypeError: "
+                                          "returned one RuntimeProfile; return or yield an iterable of records"):
+        plugins.profiles()
+
+
+# --------------------------------------------------------------------------- fakes
+
+
+def test_fake_accelerator_fixture_replaces_only_detection(fake_accelerator, plugin_manager):
     fake = fake_accelerator("cuda", count=2, memory_gb=80)
-    from gpulayer.resources import detect_devices
-
-    devices, _ = detect_devices(timeout=5)
-    assert [d.kind for d in devices] == ["cuda", "cuda"] and fake.detect_calls == 1
-    assert plugins.device_environment("cuda", devices[1:]) == {"CUDA_VISIBLE_DEVICES": "1"}
+    devices, _ = plugin.detect_devices(timeout=5)
+    assert [(d.kind, d.name) for d in devices] == [("cuda", "Fake CUDA GPU")] * 2 and fake.detect_calls == 1
+    # the cuda plugin is still there, and a fake cuda job sees what a real one would
+    assert {i.name: i.status for i in plugin_manager.list_plugins()}["cuda"] == "loaded"
+    assert plugin_manager.owner(plugins.DETECTORS_HOOK, "cuda") == "fake-cuda"
+    assert plugin_manager.stood_in_for("cuda") == "cuda"
+    assert plugin.device_environment("cuda", devices[1:]) == {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert plugins.detectors()["cuda"].hide_env == {"CUDA_VISIBLE_DEVICES": "", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    # a kind no installed plugin knows: the fake sets its own variable
     other = fake_accelerator()
-    assert plugins.device_environment("fakegpu", other.devices) == {"FAKEGPU_VISIBLE_DEVICES": "0,1"}
+    assert plugin.device_environment("fakegpu", other.devices) == {"FAKEGPU_VISIBLE_DEVICES": "0,1"}
+    assert plugin_manager.stood_in_for("fakegpu") is None
+    # a second fake of a kind replaces the first
+    again = fake_accelerator("cuda", count=1)
+    devices, _ = plugin.detect_devices(timeout=5)
+    assert [d.kind for d in devices] == ["cuda", "fakegpu", "fakegpu"] and again.detect_calls == 1
+
+
+def test_fake_devices_env_disables_nothing_unless_asked(monkeypatch):
+    env = plugin.fake_devices_env("cuda:2:80:9.0")
+    assert env == {"GPULAYER_PLUGINS": "gpulayer.fakes", "GPULAYER_FAKE_DEVICES": "cuda:2:80:9.0"}
+    monkeypatch.setenv("GPULAYER_PLUGINS", "mine")
+    monkeypatch.setenv("GPULAYER_DISABLE_PLUGINS", "rocm")
+    assert plugin.fake_devices_env("npu:1", disable=["mps"]) == {
+        "GPULAYER_PLUGINS": "mine,gpulayer.fakes", "GPULAYER_FAKE_DEVICES": "npu:1",
+        "GPULAYER_DISABLE_PLUGINS": "rocm,mps"}
+    with pytest.raises(ValueError, match="GPULAYER_FAKE_DEVICES: 'cuda' is not KIND:COUNT"):
+        plugin.fake_devices_env("cuda")
+
+
+def test_no_real_devices_env():
+    assert plugin.no_real_devices_env() == {"GPULAYER_DETECTORS": "none"}
+    assert plugin.no_real_devices_env(["NPU", " cuda "]) == {"GPULAYER_DETECTORS": "npu,cuda"}
+
+
+# --------------------------------------------------------------------------- torch sub-probes
+
+
+class TorchNpu:
+    """A third-party accelerator plugin's probe: its torch extension and ``torch.npu``."""
+
+    @hookimpl
+    def gpulayer_framework_probes(self):
+        yield FrameworkProbe(name="acme-torch", distributions=["acme-torch"], subprobes=[
+            SubProbe(name="torch.npu", accelerator="npu", code="return None")])
+
+
+def test_a_plugins_torch_subprobe_is_what_a_torch_job_on_its_accelerator_needs(plugin_manager):
+    from gpulayer.torch import Trainer, torch_requirements, torch_subprobe
+
+    assert torch_requirements(None, "npu") == {"torch": ""}
+    plugin_manager.register(TorchNpu(), name="acme-npu")
+    assert torch_subprobe("npu") == "torch.npu"
+    assert torch_requirements(None, "npu") == {"torch": "", "torch.npu": ""}
+    assert torch_requirements({"torch.npu": ">=1.2"}, "NPU") == {"torch": "", "torch.npu": ">=1.2"}
+    job = Trainer("pkg.train:main", accelerator="npu", bundle=None).job
+    assert job.requirements.frameworks == {"torch": "", "torch.npu": ""}
+    assert torch_requirements(None, "cuda") == {"torch": "", "torch.cuda": ""}  # the bundled ones stay
+
+
+def test_two_torch_subprobes_for_one_accelerator_name_both_plugins(plugin_manager):
+    from gpulayer.torch import torch_requirements
+
+    class OtherCuda:
+        @hookimpl
+        def gpulayer_framework_probes(self):
+            yield FrameworkProbe(name="torch-extra", subprobes=[
+                SubProbe(name="torch.cuda-extra", accelerator="cuda", code="return None")])
+
+    plugin_manager.register(OtherCuda(), name="extra")
+    with pytest.raises(PluginError) as err:
+        torch_requirements(None, "cuda")
+    assert str(err.value) == (
+        "two torch sub-probes are declared for accelerator 'cuda': 'torch.cuda' (plugin 'frameworks') "
+        "and 'torch.cuda-extra' (plugin 'extra'); a torch job on it could need either")
+
+
+# --------------------------------------------------------------------------- the plugin API
+
+
+def _gpulayer_imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "gpulayer":
+            found.append(f"from {node.module} import {', '.join(a.name for a in node.names)}")
+        elif isinstance(node, ast.Import):
+            found += [f"import {a.name}" for a in node.names if a.name.split(".")[0] == "gpulayer"]
+    return found
+
+
+PLUGIN_SOURCES = sorted([*(ROOT / "plugins").rglob("*.py"), *(ROOT / "examples" / "third_party_plugin").rglob("*.py")])
+
+
+@pytest.mark.parametrize("path", PLUGIN_SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_plugins_and_the_example_import_only_gpulayer_plugin(path):
+    assert set(_gpulayer_imports(path)) <= {"from gpulayer import plugin"}
+
+
+def test_the_bundled_plugins_are_checked_at_all():
+    assert {p.parent.name for p in PLUGIN_SOURCES} >= {"gpulayer_cuda", "gpulayer_rocm", "gpulayer_acme_npu", "tests"}
+    assert _gpulayer_imports(ROOT / "plugins" / "gpulayer_cuda" / "__init__.py") == ["from gpulayer import plugin"]
+
+
+def test_importing_the_plugin_api_stays_cheap():
+    code = ("import sys\nimport gpulayer.plugin\n"
+            "heavy = ('sqlalchemy', 'sqlmodel', 'httpx', 'starlette', 'uvicorn', 'torch', 'pytest', 'typer', 'psutil')\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_every_exported_name_exists():
+    missing = [name for name in plugin.__all__ if not hasattr(plugin, name)]
+    assert missing == []
+    assert issubclass(plugin.ToolError, GpulayerError)

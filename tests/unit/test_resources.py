@@ -6,9 +6,11 @@ import time
 
 import pytest
 
-from gpulayer.errors import InvalidRequirement
+from gpulayer import hookimpl, plugins
+from gpulayer.errors import GpulayerError, InvalidRequirement
 from gpulayer.fakes import parse_fake_devices
-from gpulayer.probing import ToolFailed, ToolNotFound, ToolTimeout, run_tool
+from gpulayer.hookrecords import AcceleratorDetector, DetectionResult, Device
+from gpulayer.probing import ToolError, ToolFailed, ToolNotFound, ToolTimeout, run_tool
 from gpulayer.resources import advertise_address, detect_capabilities, detect_devices
 from gpulayer.specs import Requirements, parse_framework_spec
 
@@ -72,6 +74,51 @@ def test_run_tool_kills_the_whole_process_group(tmp_path):
     with pytest.raises(ToolFailed) as err:
         run_tool(["sh", "-c", "echo bad >&2; exit 4"], 5)
     assert err.value.returncode == 4 and str(err.value) == "sh: exited with status 4: bad"
+
+
+def test_tool_errors_are_gpulayer_errors():
+    with pytest.raises(GpulayerError) as err:
+        run_tool(["gpulayer-no-such-tool"], 1)
+    assert isinstance(err.value, ToolError)
+    assert err.value.to_dict() == {"code": "tool_error", "message": "gpulayer-no-such-tool: not found on PATH"}
+
+
+class NpuDetector:
+    """An installed-looking (not stand-in) detector that counts its runs."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    @hookimpl
+    def gpulayer_accelerator_detectors(self):
+        def detect(timeout):
+            self.runs += 1
+            return DetectionResult(devices=[Device(kind="npu", index=0, name="NPU")])
+
+        yield AcceleratorDetector(name="npu", detect=detect)
+
+
+def test_gpulayer_detectors_hides_real_detectors_but_not_fakes(plugin_manager, fake_accelerator, monkeypatch):
+    real = NpuDetector()
+    plugin_manager.register(real, name="npu-plugin")
+    fake_accelerator("fakegpu", count=1)
+    assert os.environ["GPULAYER_DETECTORS"] == "none"  # what gpulayer_isolated sets
+    devices, diagnostics = detect_devices(timeout=5)
+    assert [d.kind for d in devices] == ["fakegpu"] and real.runs == 0 and diagnostics == []
+    monkeypatch.setenv("GPULAYER_DETECTORS", "npu")
+    devices, _ = detect_devices(timeout=5)
+    assert [d.kind for d in devices] == ["fakegpu", "npu"] and real.runs == 1
+    monkeypatch.delenv("GPULAYER_DETECTORS")
+    devices, _ = detect_devices(timeout=5)
+    assert "npu" in {d.kind for d in devices} and real.runs == 2
+
+
+def test_gpulayer_detectors_naming_no_detector_is_a_diagnostic(monkeypatch, plugin_manager):
+    monkeypatch.setenv("GPULAYER_DETECTORS", " XPU ")
+    devices, diagnostics = detect_devices(timeout=5)
+    known = ", ".join(sorted(plugins.detectors()))
+    assert devices == [] and diagnostics == [f"GPULAYER_DETECTORS names no accelerator detector: xpu "
+                           f"(detectors: {known}; 'none' runs none)"]
 
 
 @pytest.mark.parametrize("spec", ["torch>>2", "torch==", "torch>=", "torch 2.1 ~", "torch>=2.2,<", "torch>=abc"])
