@@ -168,7 +168,9 @@ def main() -> None:
         stop_proc(w, signal.SIGKILL)
         srv.stop()
     os.environ["GPULAYER_HOME"] = str(tmp / "embedded")
-    os.environ.setdefault("GPULAYER_CUDA_NO_NVML", "1")
+    from gpulayer.testing import no_real_devices_env
+
+    os.environ.update(no_real_devices_env())
     emb = embedded_client()
     try:
         embedded = submit_to_start(emb, args.jobs)

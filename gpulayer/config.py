@@ -123,6 +123,9 @@ SETTINGS: tuple[Setting, ...] = (
             "extra plugin modules to load, comma separated (a plugin under development, tests)"),
     Setting("GPULAYER_DISABLE_PLUGINS", "disable_plugins", _names, (), "none",
             "plugins not to load, by name, comma separated"),
+    Setting("GPULAYER_DETECTORS", "detectors", _names, (), "all installed",
+            "accelerator kinds whose installed detectors run, comma separated, or `none` "
+            "(fake devices of the test helpers always run)"),
     Setting("GPULAYER_MAX_BUNDLE_MB", "max_bundle_mb", _positive, 100.0, "`100`",
             "largest source bundle accepted, in MB (2^20 bytes)"),
     Setting("GPULAYER_HEARTBEAT_TIMEOUT", "heartbeat_timeout", _seconds(0), 15.0, "`15`",
@@ -155,6 +158,7 @@ class Settings:
     database_url: str | None
     plugins: tuple[str, ...]
     disable_plugins: tuple[str, ...]
+    detectors: tuple[str, ...]
     max_bundle_mb: float
     heartbeat_timeout: float
     heartbeat_interval: float | None

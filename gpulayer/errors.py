@@ -10,6 +10,8 @@ Every error GPUlayer raises on purpose derives from :class:`GpulayerError`::
     │   ├── BadRequest          a request body that is not JSON at all (HTTP 400)
     │   └── TooLarge            a request body over the server's limit (HTTP 413)
     ├── PluginError             a plugin conflict, an unknown hook, a plugin asked for but broken
+    ├── ToolError               a vendor tool gave no answer (gpulayer.probing: not found,
+    │                           timed out, failed); detectors turn it into a diagnostic
     ├── NotFound                no job, worker, task, bundle or token with that id
     ├── Conflict                a state transition that is not allowed (a late report, ...)
     ├── Unschedulable           no registered worker could ever run the job (carries reasons)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import os
 import re
 import threading
 import traceback
@@ -40,7 +39,7 @@ from typing import Any, TypeVar, cast
 
 import pluggy
 
-from gpulayer import hookspecs
+from gpulayer import config, hookspecs
 from gpulayer.errors import PluginError
 from gpulayer.hookrecords import (
     AcceleratorDetector,
@@ -93,7 +92,9 @@ class PluginInfo:
 
 
 def _split_env(name: str) -> list[str]:
-    return [p.strip() for p in os.environ.get(name, "").split(",") if p.strip()]
+    """A comma-separated setting (GPULAYER_PLUGINS, ..._DISABLE_PLUGINS, ..._DETECTORS)."""
+    env = config.settings()
+    return list({EXTRA_ENV: env.plugins, DISABLE_ENV: env.disable_plugins, DETECTORS_ENV: env.detectors}[name])
 
 
 def allowed_detectors() -> set[str] | None:

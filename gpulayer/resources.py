@@ -327,7 +327,7 @@ def detect_devices(timeout: float = 10.0) -> tuple[list[Device], list[str]]:
 def advertise_address() -> str:
     """``$GPULAYER_ADVERTISE_ADDRESS``, else the source address of the default route (a UDP
     ``connect`` sends no packet), else 127.0.0.1."""
-    explicit = os.environ.get(ADVERTISE_ENV, "").strip()
+    explicit = config.settings().advertise_address
     if explicit:
         return explicit
     for family, target in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
