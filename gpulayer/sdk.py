@@ -15,8 +15,9 @@ import sysconfig
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
+from gpulayer import joboptions
 from gpulayer.client import Client, chunk_text, connect, prefixes_nodes
 from gpulayer.errors import (
     InvalidArgument,
@@ -24,16 +25,18 @@ from gpulayer.errors import (
     RemoteError,
     Unschedulable,
 )
+from gpulayer.joboptions import JobOptions
 from gpulayer.records import JobRecord, JobState
 from gpulayer.scheduling import NO_ELIGIBLE_WORKER
 from gpulayer.specs import (
     CommandJob,
     DistributedJob,
     FunctionJob,
-    Placement,
-    Requirements,
     check_json,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["JobHandle", "RemoteFunction", "as_completed", "connect", "get_job", "remote", "submit", "wait"]
 
@@ -212,41 +215,27 @@ def function_reference(fn: Callable[..., Any]) -> tuple[str, str | None]:
 class RemoteFunction(Generic[T]):
     """A function that runs here when called and on a worker with ``.remote()``."""
 
-    def __init__(self, fn: Callable[..., T], options: dict[str, Any]) -> None:
+    def __init__(self, fn: Callable[..., T], options: JobOptions) -> None:
         self._fn = fn
         self.function, default_bundle = function_reference(fn)
-        self.options = options
-        bundle = options.pop("bundle", default_bundle)
+        self.options: dict[str, Any] = dict(options)
+        bundle = self.options.pop("bundle", default_bundle)
         self._bundle = str(bundle) if bundle is not None else None
-        # validate the options now: a bad requirement fails at decoration, not at .remote()
-        self._template = self._spec([], {})
+        # check the options now: a bad one fails at decoration, not at .remote(). Not the
+        # installed plugins yet: a worker imports this module too, with plugins of its own.
+        self._template = self._spec([], {}, check_installed=False)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> T:
         return self._fn(*args, **kwargs)
 
-    def _spec(self, args: list[Any], kwargs: dict[str, Any]) -> FunctionJob:
-        o = self.options
+    def _spec(self, args: list[Any], kwargs: dict[str, Any], *, check_installed: bool = True) -> FunctionJob:
         check_json(list(args), "args")
         check_json(dict(kwargs), "kwargs")
-        req = Requirements(
-            accelerator=o.get("accelerator"), gpus=o.get("gpus"),
-            frameworks=o.get("frameworks") or {}, profile=o.get("profile"),
-            min_gpu_memory_gb=o.get("min_gpu_memory_gb"), labels=o.get("labels") or {},
-            python=o.get("python_version"), os=o.get("os"), cpus=o.get("cpus"), memory_gb=o.get("memory_gb"),
-        )
-        # no target given: the client's default (local embedded, remote against a server)
-        placement = Placement(
-            **({"target": o["target"]} if o.get("target") is not None else {}),
-            fallback_targets=list(o.get("fallback_targets") or []),
-            on_unschedulable=o.get("on_unschedulable", "fail"),
-        )
-        return FunctionJob(
-            function=self.function, args=list(args), kwargs=dict(kwargs), requirements=req,
-            placement=placement, timeout=o.get("timeout"), retries=o.get("retries", 0),
-            priority=o.get("priority", 0), env=o.get("env") or {}, bundle=self._bundle,
-            name=o.get("name") or self.function,
-        )
+        options = cast(JobOptions, {**self.options, "bundle": self._bundle,
+                                    "name": self.options.get("name") or self.function})
+        return joboptions.function_job(self.function, args, kwargs, options, REMOTE_SPELLING,
+                                       check_installed=check_installed)
 
     def remote(self, *args: Any, **kwargs: Any) -> JobHandle:
         """Submit ``fn(*args, **kwargs)`` as a FunctionJob; returns its handle at once."""
@@ -257,34 +246,27 @@ class RemoteFunction(Generic[T]):
         return self._spec(list(args), dict(kwargs))
 
 
-_REMOTE_OPTIONS = {
-    "accelerator", "gpus", "frameworks", "profile", "target", "fallback_targets", "timeout",
-    "retries", "on_unschedulable", "bundle", "env", "name", "priority", "labels",
-    "min_gpu_memory_gb", "python_version", "os", "cpus", "memory_gb",
-}
+#: every option of ``@gl.remote``: those of :class:`~gpulayer.joboptions.JobOptions`
+_REMOTE_OPTIONS = frozenset(JobOptions.__optional_keys__)
+REMOTE_SPELLING = joboptions.keyword_spelling("@gl.remote")
 
 
-def remote(fn: Callable[..., T] | None = None, **options: Any) -> Any:
+def remote(fn: Callable[..., T] | None = None, **options: Unpack[JobOptions]) -> Any:
     """Decorator: ``@gl.remote`` or ``@gl.remote(accelerator="cuda", gpus=1, ...)``.
 
-    Options: ``accelerator``, ``gpus``, ``frameworks`` ({name: specifier} or a list of
-    'name>=x' strings), ``profile``, ``target``, ``fallback_targets``, ``timeout``,
-    ``retries``, ``on_unschedulable`` ("fail" or "wait"), ``bundle`` (directory; default:
-    the directory the function's module is imported from), ``env``, ``priority``, ``labels``,
-    ``min_gpu_memory_gb``, ``cpus``, ``memory_gb``, ``os``, ``python_version``.
+    Options (:class:`~gpulayer.joboptions.JobOptions`, the same as ``gpulayer submit``'s
+    flags): ``accelerator``, ``allow_unknown_accelerator``, ``gpus``, ``min_gpu_memory_gb``,
+    ``compute_capability``, ``frameworks`` ({name: specifier} or a list of 'name>=x'
+    strings), ``python_version``, ``os``, ``cpus``, ``memory_gb``, ``labels``, ``profile``,
+    ``target``, ``fallback_targets``, ``on_unschedulable`` ("fail" or "wait"), ``timeout``,
+    ``retries``, ``priority``, ``env``, ``name``, ``bundle`` (directory; default: the
+    directory the function's module is imported from).
     """
-    unknown = set(options) - _REMOTE_OPTIONS
-    if unknown:
-        raise InvalidArgument(
-            f"@gl.remote: unknown option(s) {', '.join(sorted(unknown))}; accepted: {', '.join(sorted(_REMOTE_OPTIONS))}"
-        )
+    joboptions.check_option_names(options, _REMOTE_OPTIONS, "@gl.remote", renamed={"gpus_per_node": "gpus"})
     if fn is not None:
-        return RemoteFunction(fn, dict(options))
+        return RemoteFunction(fn, options)
 
     def wrap(f: Callable[..., T]) -> RemoteFunction[T]:
-        return RemoteFunction(f, dict(options))
+        return RemoteFunction(f, options)
 
     return wrap
-
-
-

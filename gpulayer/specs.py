@@ -3,25 +3,119 @@
 :class:`Requirements` (accelerator, devices, frameworks, host facts), :class:`Placement`
 (target, fallback targets, what to do when nothing fits) and the three job kinds
 :class:`CommandJob`, :class:`FunctionJob` and :class:`DistributedJob`. Everything here is
-checked when it is built, with errors that name the field and what is accepted.
+checked when it is built.
+
+Bad input is reported in GPUlayer's words, never pydantic's: every error is an
+:class:`~gpulayer.errors.InvalidInput` (or a subclass) whose lines read
+``INPUT: PROBLEM; accepted: WHAT``, where INPUT is written the way its user wrote it. A
+:class:`Spelling` says how that is: ``CommandJob(timeout=inf)`` for a record built by hand,
+``--timeout inf`` for ``gpulayer submit``, ``Trainer(gpus_per_node=-1)`` for the PyTorch
+API (:mod:`gpulayer.joboptions` builds specs for every front end).
+
+Text that cannot reach a process or the wire is refused here, wherever it appears: a NUL
+byte (no argv or environment can hold one) and a lone surrogate (what a command-line
+argument that is not UTF-8 decodes to; it cannot be encoded to send).
 """
 
 from __future__ import annotations
 
 import math
 import re
+import shlex
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic._internal._model_construction import ModelMetaclass
 
 from gpulayer._base import Record
-from gpulayer.errors import InvalidRequirement
+from gpulayer.errors import InvalidArgument, InvalidInput, InvalidRequirement
+
+__all__ = [
+    "TARGETS",
+    "CommandJob",
+    "DistributedJob",
+    "FunctionJob",
+    "JobSpec",
+    "Placement",
+    "Requirements",
+    "Spelling",
+    "build",
+    "check_framework_name",
+    "check_framework_specifier",
+    "check_json",
+    "check_specifier",
+    "check_text",
+    "job_spec_from_dict",
+    "parse_framework_spec",
+    "split_framework_spec",
+    "text_problem",
+]
+
+# --------------------------------------------------------------------------- text
+
+_BAD_CHAR = re.compile("[\x00\ud800-\udfff]")
+
+
+def text_problem(value: str) -> str | None:
+    """Why ``value`` cannot be sent as text (a NUL byte, a lone surrogate), or None."""
+    m = _BAD_CHAR.search(value)
+    if m is None:
+        return None
+    if m.group() == "\x00":
+        return f"contains a NUL byte at index {m.start()}"
+    return f"is not valid UTF-8 (a lone surrogate {m.group()!r} at index {m.start()})"
+
+
+_TEXT = "UTF-8 text without NUL bytes"
+
+
+def check_text(value: str) -> str:
+    """``value``, or :class:`InvalidInput` saying why it cannot be sent as text."""
+    problem = text_problem(value)
+    if problem is not None:
+        raise InvalidInput(f"{problem}; accepted: {_TEXT}")
+    return value
+
+
+#: a str that can reach a process and the wire: no NUL byte, no lone surrogate
+Text = Annotated[str, AfterValidator(check_text)]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _env_name(value: str) -> str:
+    if not _ENV_RE.match(value):
+        raise InvalidInput("not an environment variable name; accepted: letters, digits and '_', "
+                           "not starting with a digit")
+    return value
+
+
+EnvName = Annotated[str, AfterValidator(_env_name)]
+
 
 # --------------------------------------------------------------------------- requirements
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+def split_framework_spec(spec: str) -> tuple[str, str]:
+    """``'torch>=2.2'`` -> ``('torch', '>=2.2')``; ``'jax'`` -> ``('jax', '')``.
+
+    Raises :class:`InvalidRequirement` saying what is wrong, without naming ``spec`` (the
+    caller names it the way its user wrote it).
+    """
+    problem = text_problem(spec)
+    if problem is not None:
+        raise InvalidRequirement(f"{problem}; accepted: {_TEXT}")
+    m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*)$", spec.strip())
+    if not m:
+        raise InvalidRequirement(
+            "not a framework requirement; accepted: NAME or NAME followed by a PEP 440 version "
+            "specifier, e.g. 'torch>=2.2' or 'jax'"
+        )
+    return m.group(1), check_specifier(m.group(2))
 
 
 def parse_framework_spec(spec: str) -> tuple[str, str]:
@@ -29,53 +123,66 @@ def parse_framework_spec(spec: str) -> tuple[str, str]:
 
     Raises :class:`InvalidRequirement` naming the spec and why when it cannot be parsed.
     """
-    text = spec.strip()
-    m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*)$", text)
-    if not m:
-        raise InvalidRequirement(
-            f"framework requirement {spec!r}: expected NAME or NAME followed by a PEP 440 "
-            "version specifier, e.g. 'torch>=2.2' or 'jax'"
-        )
-    name, rest = m.group(1), m.group(2).strip()
-    return name, check_specifier(rest, what=f"framework requirement {spec!r}")
+    try:
+        return split_framework_spec(spec)
+    except InvalidRequirement as exc:
+        raise InvalidRequirement(f"framework requirement {spec!r}: {exc}") from None
 
 
-def check_specifier(spec: str, *, what: str) -> str:
-    """Return ``spec`` normalised, or raise :class:`InvalidRequirement` naming ``what``."""
+_SPECIFIER_EXAMPLES = "comma-separated clauses such as '>=2.2', '==2.3.*', '>=1.0,<2'"
+
+
+def check_specifier(spec: str, *, accepted: str = _SPECIFIER_EXAMPLES) -> str:
+    """Return ``spec`` normalised, or raise :class:`InvalidRequirement` saying what is wrong."""
     text = spec.strip()
     if not text:
         return ""
     try:
         SpecifierSet(text)
-    except InvalidSpecifier as exc:
-        raise InvalidRequirement(
-            f"{what}: {text!r} is not a PEP 440 version specifier ({exc}); "
-            "accepted: comma-separated clauses such as '>=2.2', '==2.3.*', '>=1.0,<2'"
-        ) from None
+    except InvalidSpecifier:
+        raise InvalidRequirement(f"{text!r} is not a PEP 440 version specifier; accepted: {accepted}") from None
     if re.search(r"(==|!=|<=|>=|~=|===|<|>)\s*(,|$)", text) or text.endswith(","):
-        raise InvalidRequirement(
-            f"{what}: {text!r} has an operator with no version; "
-            "accepted: clauses such as '>=2.2', '==2.3.*'"
-        )
+        raise InvalidRequirement(f"{text!r} has an operator with no version; accepted: {accepted}")
     return text
 
 
-class Requirements(Record):
+class _Checked(ModelMetaclass):
+    """Calling a users' record class (``CommandJob(...)``) words bad fields as :class:`InvalidInput`.
+
+    Only the call converts, not ``model_validate`` (the server reading a request body, the
+    store reading a row: their callers word pydantic's error, as :func:`build` does for the
+    front ends). A metaclass rather than ``__init__``: pydantic sends nested records through
+    a custom ``__init__`` too, which would turn their errors into text inside pydantic's.
+    """
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except ValidationError as exc:
+            model = cast("type[BaseModel]", cls)
+            raise invalid_input(exc, model, Spelling(call=model.__name__), kwargs) from None
+
+
+class _UserRecord(Record, metaclass=_Checked):
+    """A record users build by hand."""
+
+
+class Requirements(_UserRecord):
     """What a job needs from a worker. Every field is optional; empty means "anything"."""
 
     accelerator: str | None = Field(
         default=None, description="accelerator kind (cuda, rocm, mps, ...); None or 'cpu' = none"
     )
     gpus: int | None = Field(default=None, ge=0, description="devices per node; default 1 with an accelerator")
-    min_gpu_memory_gb: float | None = Field(default=None, gt=0)
-    compute_capability: str | None = Field(default=None, description="specifier, e.g. '>=8.0'")
+    min_gpu_memory_gb: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    compute_capability: Text | None = Field(default=None, description="specifier, e.g. '>=8.0'")
     frameworks: dict[str, str] = Field(default_factory=dict)
-    python: str | None = Field(default=None, description="specifier, e.g. '>=3.10'")
-    os: str | None = None
+    python: Text | None = Field(default=None, description="specifier, e.g. '>=3.10'")
+    os: Text | None = None
     cpus: int | None = Field(default=None, ge=0)
-    memory_gb: float | None = Field(default=None, ge=0)
-    labels: dict[str, str] = Field(default_factory=dict)
-    profile: str | None = Field(default=None, description="runtime profile applied at submit time")
+    memory_gb: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    labels: dict[Text, Text] = Field(default_factory=dict)
+    profile: Text | None = Field(default=None, description="runtime profile applied at submit time")
 
     @field_validator("accelerator")
     @classmethod
@@ -84,35 +191,39 @@ class Requirements(Record):
             return None
         v = v.strip().lower()
         if not _NAME_RE.match(v):
-            raise ValueError(f"accelerator {v!r}: expected a kind such as 'cuda', 'rocm', 'mps' or 'cpu'")
+            raise InvalidRequirement("not an accelerator kind; accepted: a kind such as 'cuda', 'rocm' or 'mps', "
+                                     "or 'cpu' for none")
         return None if v == "cpu" else v
 
     @field_validator("frameworks", mode="before")
     @classmethod
     def _frameworks(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = [v]
         if isinstance(v, (list, tuple)):
-            out: dict[str, str] = {}
-            for item in v:
-                name, spec = parse_framework_spec(str(item))
-                out[name] = spec
-            return out
+            return dict(parse_framework_spec(item) if isinstance(item, str) else _not_text(item) for item in v)
         if isinstance(v, Mapping):
             out = {}
             for name, spec in v.items():
-                if not isinstance(name, str) or not _NAME_RE.match(name):
-                    raise ValueError(f"framework name {name!r}: expected a name such as 'torch' or 'torch.cuda'")
-                out[name] = check_specifier(str(spec or ""), what=f"framework requirement {name!r}")
+                try:
+                    check_framework_name(name)
+                except InvalidRequirement as exc:
+                    raise InvalidRequirement(f"framework name {name!r}: {exc}") from None
+                try:
+                    out[name] = check_framework_specifier(spec)
+                except InvalidRequirement as exc:
+                    raise InvalidRequirement(f"framework {name!r}: {exc}") from None
             return out
         return v
 
     @field_validator("compute_capability", "python")
     @classmethod
-    def _spec(cls, v: str | None, info: Any) -> str | None:
+    def _spec(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is None:
             return None
         if re.match(r"^\d+(\.\d+)*$", v.strip()):
             v = ">=" + v.strip()
-        return check_specifier(v, what=f"{info.field_name} requirement") or None
+        return check_specifier(v, accepted=_ACCEPTED[f"Requirements.{info.field_name}"]) or None
 
     @field_validator("os")
     @classmethod
@@ -143,23 +254,51 @@ class Requirements(Record):
         return Requirements.model_validate(data)
 
 
+def check_framework_name(name: object) -> str:
+    """``name`` if it names a framework (``torch``, ``torch.cuda``), else :class:`InvalidRequirement`
+    saying what is accepted (the caller names the input)."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise InvalidRequirement("not a framework name; accepted: a name such as 'torch' or 'torch.cuda'")
+    return name
+
+
+def check_framework_specifier(spec: object) -> str:
+    """``spec`` (None or '' for any version) normalised, else :class:`InvalidRequirement`."""
+    if spec is None:
+        return ""
+    if not isinstance(spec, str):
+        raise InvalidRequirement("not text; accepted: a PEP 440 version specifier such as '>=2.2', or '' for any version")
+    problem = text_problem(spec)
+    if problem is not None:
+        raise InvalidRequirement(f"{problem}; accepted: {_TEXT}")
+    return check_specifier(spec)
+
+
+def _not_text(item: object) -> tuple[str, str]:
+    raise InvalidRequirement(f"{item!r} is not text; accepted: NAME or NAME followed by a PEP 440 version "
+                             "specifier, e.g. 'torch>=2.2' or 'jax'")
+
+
 Target = Literal["local", "remote", "cloud"]
 TARGETS: tuple[str, ...] = ("local", "remote", "cloud")
 
 
-class Placement(Record):
+class Placement(_UserRecord):
     target: Target = "local"
     fallback_targets: list[Target] = Field(default_factory=list)
     on_unschedulable: Literal["fail", "wait"] = "fail"
 
-    @model_validator(mode="after")
-    def _distinct(self) -> Placement:
-        seen = [self.target]
-        for t in self.fallback_targets:
-            if t in seen:
-                raise ValueError(f"placement.fallback_targets: {t!r} is listed twice (with target {self.target!r})")
+    @field_validator("fallback_targets")
+    @classmethod
+    def _distinct(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        target = info.data.get("target")
+        seen: list[str] = []
+        for t in v:
+            if t == target or t in seen:
+                why = "is the target already" if t == target else "is listed twice"
+                raise InvalidInput(f"{t!r} {why}; accepted: targets other than the target, each listed once")
             seen.append(t)
-        return self
+        return v
 
     @property
     def targets(self) -> list[str]:
@@ -169,40 +308,33 @@ class Placement(Record):
 # --------------------------------------------------------------------------- job specs
 
 
-class _JobBase(Record):
-    name: str | None = Field(default=None, max_length=200)
+class _JobBase(_UserRecord):
+    name: Text | None = Field(default=None, max_length=200)
     requirements: Requirements = Field(default_factory=Requirements)
     placement: Placement = Field(default_factory=Placement)
-    timeout: float | None = Field(default=None, gt=0, description="seconds per attempt")
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="seconds per attempt")
     retries: int = Field(default=0, ge=0, le=100, description="extra attempts after a failure or loss")
     priority: int = Field(default=0, ge=-1000, le=1000, description="higher runs first")
-    env: dict[str, str] = Field(default_factory=dict)
-    bundle: str | None = Field(
+    env: dict[EnvName, Text] = Field(default_factory=dict)
+    bundle: Text | None = Field(
         default=None,
         description="directory to send as a source bundle (a path on the submitting machine)",
     )
     bundle_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in v:
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
-                raise ValueError(f"env: {key!r} is not a valid environment variable name")
-        return v
 
 
 class CommandJob(_JobBase):
     """Run a command (an argv list), inside the source bundle when one is given."""
 
     kind: Literal["command"] = "command"
-    command: list[str] = Field(min_length=1)
+    command: list[Text] = Field(min_length=1)
 
     @field_validator("command", mode="before")
     @classmethod
     def _command(cls, v: Any) -> Any:
         if isinstance(v, str):
-            raise ValueError("command: expected a list of arguments such as ['python', 'train.py'], not a string")
+            raise InvalidInput("a string, not a list of arguments; accepted: a list of arguments such as "
+                               "['python', 'train.py']")
         return v
 
 
@@ -216,13 +348,13 @@ class FunctionJob(_JobBase):
     function: str = Field(description="'package.module:function'")
     args: list[Any] = Field(default_factory=list)
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    python: str | None = Field(default=None, description="interpreter to run it; default: the worker's job Python")
+    python: Text | None = Field(default=None, description="interpreter to run it; default: the worker's job Python")
 
     @field_validator("function")
     @classmethod
     def _function(cls, v: str) -> str:
         if not FUNCTION_RE.match(v):
-            raise ValueError(f"function: {v!r} is not 'module:function' (e.g. 'train:main' or 'pkg.mod:fn')")
+            raise InvalidInput("not 'module:function'; accepted: e.g. 'train:main' or 'pkg.mod:fn'")
         return v
 
     @model_validator(mode="after")
@@ -238,30 +370,45 @@ class DistributedJob(_JobBase):
     kind: Literal["distributed"] = "distributed"
     nodes: int = Field(default=1, ge=1, le=1024)
     nproc_per_node: int = Field(default=1, ge=1, le=1024)
-    entry: str = Field(min_length=1, description="'train.py' or 'package.module:function'")
-    args: list[str] = Field(default_factory=list)
+    entry: Text = Field(min_length=1, description="'train.py' or 'package.module:function'")
+    args: list[Text] = Field(default_factory=list)
     launcher: str = "torchrun"
+
+    @field_validator("launcher")
+    @classmethod
+    def _launcher(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise InvalidInput("not a launcher name; accepted: the name of a distributed launcher such as 'torchrun'")
+        return v
 
 
 JobSpec = Annotated[CommandJob | FunctionJob | DistributedJob, Field(discriminator="kind")]
+
+_JOB_KINDS: dict[str, type[CommandJob | FunctionJob | DistributedJob]] = {
+    "command": CommandJob, "function": FunctionJob, "distributed": DistributedJob,
+}
+
+_JSON_TYPES = "None, bool, int, finite float, str, list, dict with str keys"
 
 
 def check_json(value: Any, path: str) -> None:
     """Raise :class:`~gpulayer.errors.InvalidArgument` at the first value that is not JSON.
 
-    The message names the path of the offending value (``args[1]["weights"]``).
+    The message names the path of the offending value (``args[1]["weights"]``). A string
+    with a lone surrogate is refused too: it cannot be encoded to be sent.
     """
-    from gpulayer.errors import InvalidArgument
-
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, str):
+        if _SURROGATE.search(value):
+            raise InvalidArgument(f"{path}: {value!r} {text_problem(value)}; accepted: valid Unicode text")
         return
     if isinstance(value, int):
         return
     if isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidArgument(
-                f"{path}: {value!r} is not JSON (NaN and infinities are not allowed); "
-                "accepted: None, bool, int, finite float, str, list, dict with str keys"
+                f"{path}: {value!r} is not JSON (NaN and infinities are not allowed); accepted: {_JSON_TYPES}"
             )
         return
     if isinstance(value, (list, tuple)):
@@ -271,24 +418,271 @@ def check_json(value: Any, path: str) -> None:
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise InvalidArgument(
-                    f"{path}: key {key!r} is not a string; JSON objects have string keys"
-                )
+                raise InvalidArgument(f"{path}: key {key!r} is not a string; JSON objects have string keys")
+            if _SURROGATE.search(key):
+                raise InvalidArgument(f"{path}: key {key!r} {text_problem(key)}; accepted: valid Unicode text")
             check_json(item, f"{path}[{key!r}]".replace("'", '"'))
         return
     hint = ""
     if callable(value):
         hint = " (functions, lambdas and closures cannot be sent: see docs/adr/0002-json-only-arguments.md)"
-    raise InvalidArgument(
-        f"{path}: a {type(value).__name__} is not JSON{hint}; "
-        "accepted: None, bool, int, finite float, str, list, dict with str keys"
-    )
+    raise InvalidArgument(f"{path}: a {type(value).__name__} is not JSON{hint}; accepted: {_JSON_TYPES}")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def job_spec_from_dict(data: Mapping[str, Any]) -> CommandJob | FunctionJob | DistributedJob:
-    """Validate a job spec given as a plain mapping (from JSON)."""
-    from pydantic import TypeAdapter
+    """Validate a job spec given as a plain mapping (from JSON); bad input is :class:`InvalidInput`."""
+    kind = data.get("kind") if isinstance(data, Mapping) else None
+    model = _JOB_KINDS.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        raise InvalidInput(f"kind={kind!r}: not a job kind; accepted: {', '.join(_JOB_KINDS)}")
+    return build(model, data, Spelling(call=model.__name__))
 
-    spec: CommandJob | FunctionJob | DistributedJob = TypeAdapter(JobSpec).validate_python(data)
-    return spec
 
+# --------------------------------------------------------------------------- error wording
+
+_MISSING: Any = object()
+Loc = tuple["str | int", ...]
+
+
+def _shell(value: Any) -> str:
+    """``value`` as it would be typed in a shell (repr where it holds unprintable characters)."""
+    if isinstance(value, str):
+        return shlex.quote(value) if value.isprintable() else repr(value)
+    return _number(value)
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How one front end writes its inputs, so that an error names an input its user's way.
+
+    With ``call`` (Python keywords) an input reads ``CALL(name=value)``: ``@gl.remote(gpus=-1)``.
+    Without (command-line flags) it reads ``--name value``; spec fields filled from the words
+    after ``--`` are listed in ``words`` with the number of the first word they take.
+    ``names`` maps a spec path (``requirements.gpus``, ``timeout``) or an option that is no
+    spec field (``allow_unknown_accelerator``) to the user's name (``--gpus``,
+    ``gpus_per_node``); a path not listed is written as itself.
+    """
+
+    call: str | None = None
+    names: Mapping[str, str] = field(default_factory=dict)
+    words: Mapping[str, int] = field(default_factory=dict)
+
+    def name(self, path: str) -> str:
+        return self.names.get(path, path)
+
+    def input(self, path: str, value: Any = _MISSING, rest: Loc = ()) -> str:
+        """The input at ``path`` (``rest``: an index or a key inside it) with ``value``, as written."""
+        if self.call is not None:
+            return f"{self.call}({self._keyword(path, value, rest)})"
+        if path in self.words:
+            return self._word(path, value, rest)
+        return self._flag(path, value, rest)
+
+    def option(self, path: str, value_text: str) -> str:
+        """How to write the option at ``path`` with a value, for hints: ``--accelerator KIND``."""
+        if self.call is not None:
+            return f"{self.name(path)}={value_text}"
+        return f"{self.name(path)} {value_text}"
+
+    def switch(self, option: str) -> str:
+        """How to turn on the boolean option ``option``: ``--allow-unknown-accelerator``."""
+        return self.name(option) if self.call is None else f"{self.name(option)}=True"
+
+    def _keyword(self, path: str, value: Any, rest: Loc) -> str:
+        name = self.name(path)
+        if not rest:
+            return name if value is _MISSING else f"{name}={value!r}"
+        shown = "..." if value is _MISSING else repr(value)
+        if isinstance(rest[0], int):
+            return f"{name}[{rest[0]}]={shown}"
+        return f"{name}={{{rest[0]!r}: {shown}}}"
+
+    def _flag(self, path: str, value: Any, rest: Loc) -> str:
+        name = self.name(path)
+        if value is _MISSING and not rest:
+            return name
+        if rest and not isinstance(rest[0], int):
+            shown = "..." if value is _MISSING else str(value)
+            return f"{name} {_shell(f'{rest[0]}={shown}')}"
+        if not rest and isinstance(value, Mapping):
+            return " ".join(f"{name} {_shell(f'{k}={v}')}" for k, v in value.items()) or name
+        if not rest and isinstance(value, (list, tuple)):
+            return " ".join(f"{name} {_shell(v)}" for v in value) or name
+        return name if value is _MISSING else f"{name} {_shell(value)}"
+
+    def _word(self, path: str, value: Any, rest: Loc) -> str:
+        number = self.words[path] + (rest[0] if rest and isinstance(rest[0], int) else 0)
+        if isinstance(value, str):
+            return f"argument {number} after -- {_shell(value)}"
+        return "the command after --"
+
+
+_ACCEPTED = {
+    "Requirements.accelerator": "a kind such as cuda, rocm or mps, or cpu for none",
+    "Requirements.gpus": "a whole number >= 0 (devices per node)",
+    "Requirements.min_gpu_memory_gb": "a number of GB > 0",
+    "Requirements.compute_capability": "a version such as 8.0 (meaning >=8.0) or PEP 440 clauses such as '>=8.0,<9'",
+    "Requirements.frameworks": "NAME or NAME followed by a PEP 440 version specifier, e.g. 'torch>=2.2' or 'jax'",
+    "Requirements.python": "a version such as 3.11 (meaning >=3.11) or PEP 440 clauses such as '>=3.10,<3.13'",
+    "Requirements.os": "an operating system name such as linux or darwin",
+    "Requirements.cpus": "a whole number >= 0",
+    "Requirements.memory_gb": "a number of GB >= 0",
+    "Requirements.labels": "KEY=VALUE pairs of text",
+    "Requirements.profile": "the name of a runtime profile such as pytorch-cuda",
+    "Placement.target": "local, remote or cloud",
+    "Placement.fallback_targets": "local, remote or cloud, each listed once",
+    "Placement.on_unschedulable": "fail or wait",
+    "_JobBase.name": "text of at most 200 characters",
+    "_JobBase.requirements": "a Requirements record or a mapping of its fields",
+    "_JobBase.placement": "a Placement record or a mapping of its fields",
+    "_JobBase.timeout": "a number of seconds > 0 (leave it out for no limit)",
+    "_JobBase.retries": "a whole number from 0 to 100",
+    "_JobBase.priority": "a whole number from -1000 to 1000",
+    "_JobBase.env": "NAME=VALUE pairs of text",
+    "_JobBase.bundle": "the path of a directory",
+    "_JobBase.bundle_digest": "64 lowercase hexadecimal digits (a SHA-256)",
+    "CommandJob.command": "a list of arguments such as ['python', 'train.py']",
+    "FunctionJob.function": "'module:function', e.g. 'train:main' or 'pkg.mod:fn'",
+    "FunctionJob.args": "a list of JSON values",
+    "FunctionJob.kwargs": "a mapping of argument names to JSON values",
+    "FunctionJob.python": "the path of a Python interpreter on the worker",
+    "DistributedJob.nodes": "a whole number from 1 to 1024",
+    "DistributedJob.nproc_per_node": "a whole number from 1 to 1024",
+    "DistributedJob.entry": "a script ('train.py') or a function ('pkg.train:main')",
+    "DistributedJob.args": "a list of text arguments",
+    "DistributedJob.launcher": "the name of a distributed launcher such as torchrun",
+}
+
+
+def _accepted(owner: type[BaseModel], name: str) -> str:
+    for cls in owner.__mro__:
+        text = _ACCEPTED.get(f"{cls.__name__}.{name}")
+        if text is not None:
+            return text
+    return "a value of the documented type"
+
+
+def _number(value: Any) -> str:
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def _problem(err: Mapping[str, Any]) -> str:
+    """What is wrong, in our words, for one of pydantic's error types."""
+    kind: str = err["type"]
+    ctx = err.get("ctx") or {}
+    bounds = {"greater_than_equal": ("at least", "ge"), "greater_than": ("more than", "gt"),
+              "less_than_equal": ("at most", "le"), "less_than": ("less than", "lt")}
+    if kind in bounds:
+        words, key = bounds[kind]
+        return f"must be {words} {_number(ctx.get(key))}"
+    if kind.startswith("int_"):
+        return "not a whole number"
+    if kind.startswith("float_"):
+        return "not a number"
+    if kind.startswith("bool_"):
+        return "not true or false"
+    simple = {
+        "missing": "missing",
+        "finite_number": "not a finite number",
+        "string_type": "not text",
+        "list_type": "not a list", "tuple_type": "not a list", "iterable_type": "not a list",
+        "dict_type": "not a mapping", "mapping_type": "not a mapping",
+        "model_type": "not a record or a mapping", "model_attributes_type": "not a record or a mapping",
+        "literal_error": "not one of the choices",
+        "too_short": "must not be empty", "string_too_short": "must not be empty",
+        "string_pattern_mismatch": "not in the accepted form",
+    }
+    if kind in ("string_too_long", "too_long"):
+        return f"too long (at most {ctx.get('max_length')})"
+    return simple.get(kind, "not accepted")
+
+
+def _resolve(model: type[BaseModel], loc: Loc) -> tuple[type[BaseModel], str, str, Loc, type[BaseModel] | None]:
+    """Split ``loc`` into the field it names and what lies inside that field's value.
+
+    Returns (the record owning the field, the field's name, its dotted path from ``model``,
+    the rest of ``loc``, the record type the rest applies to, if it is one).
+    """
+    owner, name = model, ""
+    parts: list[str] = []
+    at: type[BaseModel] | None = model
+    i = 0
+    while i < len(loc) and at is not None:
+        part = loc[i]
+        if not isinstance(part, str) or part not in at.model_fields:
+            break
+        owner, name = at, part
+        parts.append(part)
+        annotation = at.model_fields[part].annotation
+        at = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        i += 1
+    return owner, name, ".".join(parts), tuple(loc[i:]), at
+
+
+def _lookup(data: Any, loc: Loc) -> Any:
+    for part in loc:
+        try:
+            if isinstance(data, Mapping):
+                data = data[part]
+            elif isinstance(data, (list, tuple)) and isinstance(part, int):
+                data = data[part]
+            else:
+                data = getattr(data, str(part))
+        except (KeyError, IndexError, TypeError, AttributeError):
+            return _MISSING
+    return data
+
+
+def invalid_input(exc: ValidationError, model: type[BaseModel], spelling: Spelling, data: Any) -> InvalidInput:
+    """Word pydantic's ``exc`` (from validating ``data`` as ``model``) the way ``spelling`` says.
+
+    Each error becomes one line ``INPUT: PROBLEM; accepted: WHAT``. Our own validators'
+    messages carry their problem and what is accepted; pydantic's are re-worded from their
+    error type, never quoted.
+    """
+    lines: list[str] = []
+    kind: type[InvalidInput] | None = None
+    for err in exc.errors(include_url=False):
+        loc: Loc = tuple(err["loc"])
+        owner, name, path, rest, record = _resolve(model, loc)
+        original = (err.get("ctx") or {}).get("error")
+        if isinstance(original, InvalidInput) and kind is None:
+            kind = type(original)
+        if err["type"] == "extra_forbidden" and record is not None and rest:
+            extra = f"{path}.{rest[0]}" if path else str(rest[0])
+            where = spelling.input(extra, err.get("input", _MISSING))
+            lines.append(f"{where}: no such field; accepted: {', '.join(record.model_fields)}")
+            continue
+        if not path and original is not None:
+            # a check over the whole record (the JSON check of a function's arguments) words its input itself
+            lines.append(str(original))
+            continue
+        value = _MISSING if err["type"] == "missing" else err.get("input", _MISSING)
+        if err["type"] == "string_unicode" and isinstance(value, str):
+            # pydantic's own check of constrained text, before ours could run
+            original = InvalidInput(f"{text_problem(value) or 'is not valid UTF-8'}; accepted: {_TEXT}")
+        if rest and rest[-1] == "[key]":
+            rest = rest[:-1]
+            value = _lookup(data, loc[:-1])
+        where = spelling.input(path, value, rest) if path else (spelling.call or model.__name__)
+        if original is not None:
+            lines.append(f"{where}: {original}")
+        else:
+            lines.append(f"{where}: {_problem(err)}; accepted: {_accepted(owner, name) if name else 'a mapping of fields'}")
+        if kind is None and (model is Requirements or path.startswith("requirements")):
+            kind = InvalidRequirement
+    return (kind or InvalidInput)("\n".join(lines))
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def build(model: type[M], data: Mapping[str, Any], spelling: Spelling) -> M:
+    """``model`` validated from ``data``; bad input raises :class:`InvalidInput` worded by ``spelling``."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_input(exc, model, spelling, data) from None

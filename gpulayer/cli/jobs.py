@@ -23,10 +23,11 @@ from typing import Any, Optional
 
 import typer
 
+from gpulayer import joboptions
 from gpulayer.client import Client, chunk_text, prefixes_nodes
 from gpulayer.errors import GpulayerError, InvalidInput
 from gpulayer.records import JobRecord, JobState
-from gpulayer.specs import CommandJob, DistributedJob, Placement, Requirements
+from gpulayer.specs import CommandJob, DistributedJob, Spelling
 
 EXIT_FAILED = 1
 EXIT_TIMED_OUT = 124
@@ -127,61 +128,74 @@ def register(app: typer.Typer) -> None:
     )(submit_cmd)
 
 
+#: how ``gpulayer submit`` writes each spec field: errors name the flag as typed
+SUBMIT_SPELLING = Spelling(
+    names={
+        "requirements.accelerator": "--accelerator", "requirements.gpus": "--gpus",
+        "requirements.min_gpu_memory_gb": "--min-gpu-memory", "requirements.compute_capability": "--compute-capability",
+        "requirements.frameworks": "--framework", "requirements.python": "--python-version", "requirements.os": "--os",
+        "requirements.cpus": "--cpus", "requirements.memory_gb": "--memory", "requirements.labels": "--label",
+        "requirements.profile": "--profile", "placement.target": "--target", "placement.fallback_targets": "--fallback",
+        "placement.on_unschedulable": "--on-unschedulable", "timeout": "--timeout", "retries": "--retries",
+        "priority": "--priority", "env": "--env", "name": "--name", "bundle": "--bundle", "nodes": "--nodes",
+        "nproc_per_node": "--nproc-per-node", "launcher": "--launcher",
+        "allow_unknown_accelerator": "--allow-unknown-accelerator",
+    },
+    # the words after --: a command job's command; a distributed job's entry, then its arguments
+    words={"command": 1, "entry": 1, "args": 2},
+)
+
+
 def submit_cmd(
     command: list[str] = typer.Argument(..., help="the command to run, after --"),
     accelerator: Optional[str] = typer.Option(None, "--accelerator", "-a", help="cuda, rocm, mps, ... (default: none)"),
-    gpus: Optional[int] = typer.Option(None, "--gpus", min=0, help="devices per node (default 1 with --accelerator)"),
+    allow_unknown_accelerator: bool = typer.Option(
+        False, "--allow-unknown-accelerator", help="accept an --accelerator no installed plugin knows"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="devices per node (default 1 with --accelerator)"),
+    min_gpu_memory: Optional[float] = typer.Option(None, "--min-gpu-memory", help="GB of memory per device"),
+    compute_capability: Optional[str] = typer.Option(
+        None, "--compute-capability", help="e.g. 8.0 (meaning >=8.0) or '>=8.0,<9'"),
     framework: list[str] = typer.Option([], "--framework", "-f", help="e.g. 'torch>=2.2' (repeatable)"),
+    python_version: Optional[str] = typer.Option(None, "--python-version", help="e.g. 3.11 or '>=3.10,<3.13'"),
+    os_name: Optional[str] = typer.Option(None, "--os", help="linux, darwin, ..."),
+    cpus: Optional[int] = typer.Option(None, "--cpus", help="CPUs the worker must have"),
+    memory: Optional[float] = typer.Option(None, "--memory", help="GB of RAM the worker must have"),
     profile: Optional[str] = typer.Option(None, "--profile", help="runtime profile, e.g. pytorch-cuda"),
     target: Optional[str] = typer.Option(
         None, "--target", help="local, remote or cloud (default: local embedded, remote with --url)"),
     fallback: list[str] = typer.Option([], "--fallback", help="fallback target, in order (repeatable)"),
     bundle: Optional[str] = typer.Option(None, "--bundle", help="directory to send and run in"),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds per attempt"),
-    retries: int = typer.Option(0, "--retries", min=0, help="extra attempts after a failure or loss"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds per attempt (default: no limit)"),
+    retries: int = typer.Option(0, "--retries", help="extra attempts after a failure or loss"),
     on_unschedulable: str = typer.Option("fail", "--on-unschedulable", help="fail or wait"),
     env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE for the job (repeatable)"),
     label: list[str] = typer.Option([], "--label", help="required worker label KEY=VALUE (repeatable)"),
     priority: int = typer.Option(0, "--priority", help="higher runs first"),
     name: Optional[str] = typer.Option(None, "--name"),
-    nodes: int = typer.Option(1, "--nodes", min=1, help="nodes of a distributed job"),
-    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", min=1, help="processes per node"),
-    launcher: str = typer.Option("torchrun", "--launcher", help="launcher of a distributed job"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="nodes of a distributed job"),
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", help="processes per node"),
+    launcher: Optional[str] = typer.Option(None, "--launcher", help="launcher of a distributed job (default: torchrun)"),
     detach: bool = typer.Option(False, "--detach", "-d", help="print the job id and return"),
     dry_run: bool = typer.Option(False, "--dry-run", help="show the spec and the bundle's contents; submit nothing"),
     as_json: bool = typer.Option(False, "--json", help="with --detach or --dry-run: print JSON"),
 ) -> None:
-    def kv(items: list[str], what: str) -> dict[str, str]:
-        out = {}
-        for item in items:
-            if "=" not in item:
-                raise InvalidInput(f"{what} {item!r}: expected KEY=VALUE")
-            k, v = item.split("=", 1)
-            out[k] = v
-        return out
-
-    try:
-        requirements = Requirements(accelerator=accelerator, gpus=gpus, frameworks=list(framework),
-                                    profile=profile, labels=kv(label, "--label"))
-        placement_args: dict[str, Any] = {"fallback_targets": fallback, "on_unschedulable": on_unschedulable}
-        if target is not None:
-            placement_args["target"] = target
-        placement = Placement(**placement_args)
-        common: dict[str, Any] = dict(requirements=requirements, placement=placement, timeout=timeout,
-                                      retries=retries, env=kv(env, "--env"), priority=priority,
-                                      name=name, bundle=bundle)
-        spec: CommandJob | DistributedJob
-        if nodes > 1 or nproc_per_node is not None:
-            if not command:
-                raise InvalidInput("command: a distributed job needs an entry, e.g. -- train.py ARGS")
-            spec = DistributedJob(nodes=nodes, nproc_per_node=nproc_per_node or 1, entry=command[0],
-                                  args=command[1:], launcher=launcher, **common)
-        else:
-            spec = CommandJob(command=command, **common)
-    except GpulayerError:
-        raise
-    except ValueError as exc:  # pydantic's ValidationError: name the flag
-        raise InvalidInput(_flag_error(exc)) from None
+    options: joboptions.JobOptions = {
+        "accelerator": accelerator, "allow_unknown_accelerator": allow_unknown_accelerator, "gpus": gpus,
+        "min_gpu_memory_gb": min_gpu_memory, "compute_capability": compute_capability, "frameworks": framework,
+        "python_version": python_version, "os": os_name, "cpus": cpus, "memory_gb": memory,
+        "labels": _pairs(label, "requirements.labels"), "profile": profile, "target": target,
+        "fallback_targets": fallback, "on_unschedulable": on_unschedulable, "timeout": timeout,
+        "retries": retries, "priority": priority, "env": _pairs(env, "env"), "name": name, "bundle": bundle,
+    }
+    spec: CommandJob | DistributedJob
+    if nproc_per_node is not None or (nodes is not None and nodes != 1):
+        spec = joboptions.distributed_job(command[0], command[1:], options, SUBMIT_SPELLING, nodes=nodes,
+                                          nproc_per_node=nproc_per_node, launcher=launcher)
+    else:
+        spec = joboptions.command_job(command, options, SUBMIT_SPELLING)
+        if launcher is not None:
+            # no launcher runs a one-process job, but a misspelt name is still a mistake
+            joboptions.check_launcher(launcher, SUBMIT_SPELLING)
 
     if dry_run:
         _dry_run(spec, as_json)
@@ -233,15 +247,15 @@ def _background_worker_for_detached_jobs(client: Client) -> None:
     raise GpulayerError(f"the background worker did not register within 60 s; see {log}")
 
 
-def _flag_error(exc: ValueError) -> str:
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        parts = []
-        for e in errors():
-            loc = ".".join(str(x) for x in e.get("loc", ()))
-            parts.append(f"{loc}: {e.get('msg')}" if loc else str(e.get("msg")))
-        return "; ".join(parts)
-    return str(exc)
+def _pairs(items: list[str], path: str) -> dict[str, str]:
+    """``KEY=VALUE`` flags as a mapping (a later KEY wins, as in a shell)."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise InvalidInput(f"{SUBMIT_SPELLING.input(path, [item])}: no '='; accepted: KEY=VALUE")
+        k, v = item.split("=", 1)
+        out[k] = v
+    return out
 
 
 def _dry_run(spec: CommandJob | DistributedJob, as_json: bool) -> None:

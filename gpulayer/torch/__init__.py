@@ -27,20 +27,23 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
-from gpulayer import plugins
+from gpulayer import joboptions, plugins
 from gpulayer.errors import InvalidArgument, PluginError
+from gpulayer.joboptions import JobOptions, SharedOptions
 from gpulayer.records import JobRecord
 from gpulayer.specs import (
     CommandJob,
     DistributedJob,
-    Placement,
-    Requirements,
     parse_framework_spec,
+    text_problem,
 )
 
-__all__ = ["Trainer", "launch", "torch_requirements", "torch_subprobe"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["Trainer", "TrainerOptions", "launch", "torch_requirements", "torch_subprobe"]
 
 #: Runs one process of a one-process job (``python -c SHIM ENTRY ARGS...``): sets the rank
 #: environment torchrun would give a world of one, then runs the script, module or function.
@@ -128,6 +131,22 @@ def _check_entry(entry: str, bundle: str | None) -> None:
             )
 
 
+class TrainerOptions(SharedOptions, total=False):
+    """The options of :class:`Trainer` and :func:`launch`: every job option
+    (:class:`~gpulayer.joboptions.SharedOptions`, the same as ``@gl.remote``'s and
+    ``gpulayer submit``'s), the devices as ``gpus_per_node``, and the shape of the run."""
+
+    nodes: int
+    nproc_per_node: int | None
+    gpus_per_node: int | None
+    args: Sequence[Any]
+    launcher: str | None
+    client: Any
+
+
+_TRAINER_OPTIONS = frozenset(TrainerOptions.__optional_keys__)
+
+
 class Trainer:
     """A PyTorch training job, described once and run with :meth:`fit` (or :meth:`submit`).
 
@@ -135,65 +154,56 @@ class Trainer:
     submits it, streams its output here while it runs and returns the final
     :class:`~gpulayer.records.JobRecord`; a job that does not succeed raises
     :class:`~gpulayer.errors.JobFailed` (or :class:`~gpulayer.errors.Unschedulable`).
+    The options are :class:`TrainerOptions`; ``bundle`` defaults to the current directory.
     """
 
-    def __init__(
-        self,
-        entry: str,
-        *,
-        nodes: int = 1,
-        nproc_per_node: int | None = None,
-        gpus_per_node: int | None = None,
-        accelerator: str | None = None,
-        profile: str | None = None,
-        args: Sequence[Any] = (),
-        bundle: str | Path | None = ".",
-        frameworks: Mapping[str, str] | Iterable[str] | None = None,
-        target: str | None = None,
-        fallback_targets: Sequence[str] = (),
-        timeout: float | None = None,
-        retries: int = 0,
-        env: Mapping[str, str] | None = None,
-        on_unschedulable: str = "fail",
-        launcher: str = "torchrun",
-        name: str | None = None,
-        priority: int = 0,
-        client: Any = None,
-    ) -> None:
-        if gpus_per_node is not None and gpus_per_node > 0 and accelerator is None and profile is None:
-            raise InvalidArgument(
-                f"gpus_per_node={gpus_per_node}: name the accelerator too "
-                "(accelerator='cuda', 'rocm', 'mps', ... or a profile such as 'pytorch-cuda')"
-            )
-        if nproc_per_node is None:
-            nproc_per_node = gpus_per_node if gpus_per_node else 1
-        self.entry = entry
-        self.nodes = nodes
-        self.nproc_per_node = nproc_per_node
-        self.args = [str(a) for a in args]
-        self.bundle = None if bundle is None else str(bundle)
-        _check_entry(entry, self.bundle)
-        requirements = Requirements(
-            accelerator=accelerator, gpus=gpus_per_node, profile=profile,
-            frameworks=torch_requirements(frameworks, accelerator),
-        )
-        # no target given: the client's default (local embedded, remote against a server)
-        placement = Placement(
-            **({"target": target} if target is not None else {}),
-            fallback_targets=list(fallback_targets), on_unschedulable=on_unschedulable,
-        )
-        common: dict[str, Any] = dict(
-            requirements=requirements, placement=placement, timeout=timeout, retries=retries,
-            env=dict(env or {}), bundle=self.bundle, name=name or entry, priority=priority,
-        )
-        self.job: CommandJob | DistributedJob
-        if nodes == 1 and nproc_per_node == 1:
-            self.job = CommandJob(command=["python", "-c", SINGLE_PROCESS_SHIM, entry, *self.args], **common)
-        else:
-            self.job = DistributedJob(nodes=nodes, nproc_per_node=nproc_per_node, entry=entry,
-                                      args=self.args, launcher=launcher, **common)
-        self._client = client
+    def __init__(self, entry: str, **options: Unpack[TrainerOptions]) -> None:
+        self._describe(entry, options, "Trainer")
+
+    @classmethod
+    def _for(cls, entry: str, options: TrainerOptions, call: str) -> Trainer:
+        """A Trainer whose errors name ``call`` (``launch``) as the thing the user called."""
+        trainer = cls.__new__(cls)
+        trainer._describe(entry, options, call)
+        return trainer
+
+    def _describe(self, entry: str, options: TrainerOptions, call: str) -> None:
+        joboptions.check_option_names(options, _TRAINER_OPTIONS, call, renamed={"gpus": "gpus_per_node"})
+        spelling = joboptions.keyword_spelling(call, gpus="gpus_per_node")
+        opts: dict[str, Any] = dict(options)
+        self._client = opts.pop("client", None)
         self.handle: Any = None
+        nodes = opts.pop("nodes", 1)
+        nproc_per_node = opts.pop("nproc_per_node", None)
+        gpus = opts.pop("gpus_per_node", None)
+        launcher = opts.pop("launcher", None)
+        args = opts.pop("args", ())
+        if isinstance(args, str):
+            raise InvalidArgument(f"{call}(args={args!r}): a string, not a list; accepted: a list of "
+                                  "arguments such as ['--epochs', '3']")
+        self.args = [str(a) for a in args]
+        opts.setdefault("bundle", ".")
+        accelerator = opts.get("accelerator")
+        frameworks = joboptions.frameworks(opts.get("frameworks"), spelling)
+        opts["frameworks"] = torch_requirements(frameworks, accelerator if isinstance(accelerator, str) else None)
+        opts["gpus"] = gpus
+        if not opts.get("name") and isinstance(entry, str) and text_problem(entry) is None:
+            opts["name"] = entry  # a bad entry is reported once, as the entry
+        if nproc_per_node is None:
+            # one process per device, unless told otherwise
+            nproc_per_node = gpus if isinstance(gpus, int) and gpus > 0 else 1
+        job = joboptions.distributed_job(entry, self.args, cast(JobOptions, opts), spelling, nodes=nodes,
+                                         nproc_per_node=nproc_per_node, launcher=launcher)
+        self.bundle = job.bundle
+        _check_entry(entry, self.bundle)
+        self.entry = entry
+        self.nodes = job.nodes
+        self.nproc_per_node = job.nproc_per_node
+        self.job: CommandJob | DistributedJob = job
+        if job.nodes == 1 and job.nproc_per_node == 1:
+            # the same checked fields (the placement record as is: its target may be unset)
+            fields = {name: getattr(job, name) for name in CommandJob.model_fields if name not in ("kind", "command")}
+            self.job = CommandJob(command=["python", "-c", SINGLE_PROCESS_SHIM, entry, *self.args], **fields)
 
     @property
     def distributed(self) -> bool:
@@ -244,37 +254,11 @@ class Trainer:
                 f"kind={self.job.kind})")
 
 
-def launch(
-    entry: str,
-    *,
-    nodes: int = 1,
-    nproc_per_node: int | None = None,
-    gpus_per_node: int | None = None,
-    accelerator: str | None = None,
-    profile: str | None = None,
-    args: Sequence[Any] = (),
-    bundle: str | Path | None = ".",
-    frameworks: Mapping[str, str] | Iterable[str] | None = None,
-    target: str | None = None,
-    fallback_targets: Sequence[str] = (),
-    timeout: float | None = None,
-    retries: int = 0,
-    env: Mapping[str, str] | None = None,
-    on_unschedulable: str = "fail",
-    launcher: str = "torchrun",
-    name: str | None = None,
-    priority: int = 0,
-    client: Any = None,
-) -> Any:
+def launch(entry: str, **options: Unpack[TrainerOptions]) -> Any:
     """Submit a PyTorch entry on ``nodes`` x ``nproc_per_node`` processes; returns its
     :class:`~gpulayer.sdk.JobHandle` at once (``handle.result()`` waits; ``handle.logs()``).
 
-    See :class:`Trainer` for the arguments; ``launch(...)`` is ``Trainer(...).submit()``.
+    ``launch(entry, **options)`` is ``Trainer(entry, **options).submit()``: the same
+    :class:`TrainerOptions`.
     """
-    return Trainer(
-        entry, nodes=nodes, nproc_per_node=nproc_per_node, gpus_per_node=gpus_per_node,
-        accelerator=accelerator, profile=profile, args=args, bundle=bundle, frameworks=frameworks,
-        target=target, fallback_targets=fallback_targets, timeout=timeout, retries=retries,
-        env=env, on_unschedulable=on_unschedulable, launcher=launcher, name=name,
-        priority=priority, client=client,
-    ).submit()
+    return Trainer._for(entry, options, "launch").submit()

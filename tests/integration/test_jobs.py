@@ -372,3 +372,111 @@ def test_functions_of_modules_run_with_python_dash_m(home: Path, tmp_path: Path)
                               text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip().splitlines()[-1] == expected
+
+
+# --------------------------------------------------------------------------- bad input to `gpulayer submit`
+
+TEXT = "UTF-8 text without NUL bytes"
+KINDS = "cuda, mps, rocm"
+TIMEOUT = "accepted: a number of seconds > 0 (leave it out for no limit)"
+DEVICES = f"--accelerator KIND ({KINDS}), or with a --profile that names one"
+
+#: (arguments of `gpulayer submit`, before `-- true` unless they hold their own `--`; the exact error)
+SUBMIT_BAD: list[tuple[list[str], str]] = [
+    (["--gpus", "2"], f"--gpus 2: devices need an accelerator, and none is named; accepted: --gpus together with {DEVICES}"),
+    (["--profile", "cpu", "--gpus", "1"],
+     f"--gpus 1: devices need an accelerator, and the profile 'cpu' names none; accepted: --gpus together with {DEVICES}"),
+    (["--min-gpu-memory", "40"], "--min-gpu-memory 40: applies only to accelerator devices, and none is named; "
+     f"accepted: --min-gpu-memory together with {DEVICES}"),
+    (["--compute-capability", "8.0"], "--compute-capability 8.0: applies only to accelerator devices, and none is "
+     f"named; accepted: --compute-capability together with {DEVICES}"),
+    (["--accelerator", "nosuch"], f"--accelerator nosuch: no installed plugin detects this accelerator kind; known "
+     f"kinds: {KINDS}, or cpu for none. For a kind only the server's workers know, add --allow-unknown-accelerator"),
+    (["--accelerator", "c u"], "--accelerator 'c u': not an accelerator kind; accepted: a kind such as 'cuda', "
+     "'rocm' or 'mps', or 'cpu' for none"),
+    (["--launcher", "nosuch"],
+     "--launcher nosuch: no installed plugin offers this distributed launcher; installed launchers: torchrun"),
+    (["--nodes", "2", "--launcher", "nosuch"],
+     "--launcher nosuch: no installed plugin offers this distributed launcher; installed launchers: torchrun"),
+    (["--profile", "nope"], "--profile nope: no installed plugin offers this runtime profile; known profiles: cpu, "
+     "cupy-cuda, jax-cuda, mlx, onnxruntime-cuda, pytorch-cuda, pytorch-mps, pytorch-rocm"),
+    (["--timeout", "inf"], f"--timeout inf: not a finite number; {TIMEOUT}"),
+    (["--timeout", "nan"], f"--timeout nan: not a finite number; {TIMEOUT}"),
+    (["--timeout", "0"], f"--timeout 0: must be more than 0; {TIMEOUT}"),
+    (["--target", "moon"], "--target moon: not one of the choices; accepted: local, remote or cloud"),
+    (["--fallback", "moon"], "--fallback moon: not one of the choices; accepted: local, remote or cloud, each listed once"),
+    (["--target", "remote", "--fallback", "remote"], "--fallback remote: 'remote' is the target already; accepted: "
+     "targets other than the target, each listed once"),
+    (["--on-unschedulable", "sometimes"], "--on-unschedulable sometimes: not one of the choices; accepted: fail or wait"),
+    (["--framework", "torch>>2"], "--framework 'torch>>2': '>>2' is not a PEP 440 version specifier; accepted: "
+     "comma-separated clauses such as '>=2.2', '==2.3.*', '>=1.0,<2'"),
+    (["-a", "cuda", "--compute-capability", "eight"], "--compute-capability eight: 'eight' is not a PEP 440 version "
+     "specifier; accepted: a version such as 8.0 (meaning >=8.0) or PEP 440 clauses such as '>=8.0,<9'"),
+    (["--python-version", "3.x"], "--python-version 3.x: '3.x' is not a PEP 440 version specifier; accepted: a "
+     "version such as 3.11 (meaning >=3.11) or PEP 440 clauses such as '>=3.10,<3.13'"),
+    (["-a", "cuda", "--gpus", "-1"], "--gpus -1: must be at least 0; accepted: a whole number >= 0 (devices per node)"),
+    (["-a", "cuda", "--min-gpu-memory", "0"], "--min-gpu-memory 0: must be more than 0; accepted: a number of GB > 0"),
+    (["--cpus", "-1"], "--cpus -1: must be at least 0; accepted: a whole number >= 0"),
+    (["--memory", "-1"], "--memory -1: must be at least 0; accepted: a number of GB >= 0"),
+    (["--retries", "101"], "--retries 101: must be at most 100; accepted: a whole number from 0 to 100"),
+    (["--priority", "5000"], "--priority 5000: must be at most 1000; accepted: a whole number from -1000 to 1000"),
+    (["--nodes", "0"], "--nodes 0: must be at least 1; accepted: a whole number from 1 to 1024"),
+    (["--nproc-per-node", "0"], "--nproc-per-node 0: must be at least 1; accepted: a whole number from 1 to 1024"),
+    (["--env", "A-B=1"], "--env A-B=1: not an environment variable name; accepted: letters, digits and '_', not "
+     "starting with a digit"),
+    (["--env", "AB"], "--env AB: no '='; accepted: KEY=VALUE"),
+    (["--label", "zone"], "--label zone: no '='; accepted: KEY=VALUE"),
+    # bytes that are not UTF-8 arrive as lone surrogates (b"\xff" -> "\udcff")
+    (["--env", "A=\udcff"], f"--env 'A=\\udcff': is not valid UTF-8 (a lone surrogate '\\udcff' at index 0); accepted: {TEXT}"),
+    (["--label", "k=\udcff"], f"--label 'k=\\udcff': is not valid UTF-8 (a lone surrogate '\\udcff' at index 0); accepted: {TEXT}"),
+    (["--name", "n\udcff"], f"--name 'n\\udcff': is not valid UTF-8 (a lone surrogate '\\udcff' at index 1); accepted: {TEXT}"),
+    (["--", "echo", "\udcff"],
+     f"argument 2 after -- '\\udcff': is not valid UTF-8 (a lone surrogate '\\udcff' at index 0); accepted: {TEXT}"),
+    (["--nodes", "2", "--", "tr\udcffain.py", "--epochs", "3"],
+     f"argument 1 after -- 'tr\\udcffain.py': is not valid UTF-8 (a lone surrogate '\\udcff' at index 2); accepted: {TEXT}"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), SUBMIT_BAD, ids=[" ".join(a) for a, _ in SUBMIT_BAD])
+def test_bad_submit_flags_are_refused_naming_the_flag_as_typed(home: Path, args: list[str], message: str) -> None:
+    proc = cli("submit", *args, *([] if "--" in args else ["--", "true"]))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"error: {message}\n"
+    assert proc.stdout == ""
+
+
+def test_refused_input_leaves_no_job_and_the_escape_hatch_submits(home: Path) -> None:
+    assert cli("submit", "--accelerator", "npu", "--", "true").returncode == 2
+    assert cli("submit", "--gpus", "2", "--", "true").returncode == 2
+    assert json.loads(cli("jobs", "list", "--json", check=True).stdout) == []
+    # a kind this client has no plugin for reaches the scheduler, which says who has none
+    proc = cli("submit", "--accelerator", "npu", "--allow-unknown-accelerator", "--", "true")
+    assert proc.returncode == 125, proc.stderr
+    assert ": needs 1 usable npu device(s), worker has 0" in proc.stderr
+    assert [j["state"] for j in json.loads(cli("jobs", "list", "--json", check=True).stdout)] == ["unschedulable"]
+
+
+def undecorated() -> None:
+    return None
+
+
+def test_every_submit_flag_sets_the_field_the_sdk_sets(home: Path) -> None:
+    from gpulayer import joboptions
+
+    proc = cli("submit", "--dry-run", "--json", "--accelerator", "cuda", "--gpus", "2", "--min-gpu-memory", "40",
+               "--compute-capability", "8.0", "--framework", "jax>=0.4", "--python-version", "3.10", "--os", "linux",
+               "--cpus", "4", "--memory", "16", "--label", "zone=a", "--target", "local", "--fallback", "remote",
+               "--on-unschedulable", "wait", "--timeout", "60", "--retries", "1", "--priority", "5",
+               "--env", "A=1", "--name", "n", "--", "echo", "hi", check=True)
+    options: joboptions.JobOptions = {
+        "accelerator": "cuda", "gpus": 2, "min_gpu_memory_gb": 40, "compute_capability": "8.0",
+        "frameworks": ["jax>=0.4"], "python_version": "3.10", "os": "linux", "cpus": 4, "memory_gb": 16,
+        "labels": {"zone": "a"}, "target": "local", "fallback_targets": ["remote"], "on_unschedulable": "wait",
+        "timeout": 60, "retries": 1, "priority": 5, "env": {"A": "1"}, "name": "n",
+    }
+    sdk = gl.remote(**options)(undecorated).spec()
+    want = json.loads(sdk.model_dump_json(include={"requirements", "placement", "timeout", "retries", "priority",
+                                                   "env", "name"}, exclude_defaults=True))
+    got = json.loads(proc.stdout)["spec"]
+    assert {k: got[k] for k in want} == want
+    assert got["command"] == ["echo", "hi"]

@@ -325,7 +325,12 @@ def test_no_real_devices_env():
 
 
 class TorchNpu:
-    """A third-party accelerator plugin's probe: its torch extension and ``torch.npu``."""
+    """A third-party accelerator plugin: its detector, and the probe of its torch extension
+    with ``torch.npu``."""
+
+    @hookimpl
+    def gpulayer_accelerator_detectors(self):
+        yield AcceleratorDetector(name="npu", detect=lambda timeout: DetectionResult())
 
     @hookimpl
     def gpulayer_framework_probes(self):

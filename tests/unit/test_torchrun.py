@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpulayer import plugins, scheduling
-from gpulayer.errors import InvalidArgument
+from gpulayer.errors import InvalidArgument, InvalidRequirement
 from gpulayer.hookrecords import Capabilities, Device, HostInfo, Rendezvous, SupportLevel
 from gpulayer.records import WorkerRecord
 from gpulayer.specs import DistributedJob, Requirements
@@ -140,7 +140,7 @@ def test_trainer_refuses_a_missing_script_and_gpus_without_an_accelerator(tmp_pa
 
     with pytest.raises(InvalidArgument, match="no such file in the bundle"):
         Trainer("missing.py", bundle=tmp_path)
-    with pytest.raises(InvalidArgument, match="name the accelerator"):
+    with pytest.raises(InvalidRequirement, match=r"Trainer\(gpus_per_node=2\): devices need an accelerator"):
         Trainer("train:main", gpus_per_node=2, bundle=None)
 
 
