@@ -19,8 +19,7 @@ from gpulayer.scheduling.candidates import ShapeState, build_shape_state
 from gpulayer.scheduling.fleet import Fleet, offer_record
 from gpulayer.scheduling.shapes import shape_of
 from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, Placement, Requirements
-
-GB = 1_000_000_000
+from gpulayer.units import GB  # 1024**3 bytes: memory_gb=80 below is shown as "80.0 GB"
 
 
 def make_host(

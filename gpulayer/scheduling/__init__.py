@@ -24,7 +24,7 @@ target              ``serves remote jobs (origin existing), job allows local``
 os                  ``needs os linux, worker has darwin``
 python              ``python 3.10.12 does not satisfy >=3.11``
 cpus                ``needs 16 CPUs, worker has 8``
-memory              ``needs 64.0 GB RAM, worker has 31.3 GB``  (GB = 10**9 bytes)
+memory              ``needs 64.0 GB RAM, worker has 31.3 GB``
 label               ``needs label zone=us-east, worker has zone=eu-west``
                     ``needs label zone=us-east, worker has none``
 cpu_slots           ``runs no jobs without devices (cpu_slots=0)``
@@ -39,6 +39,10 @@ framework_missing   ``framework 'jax' not installed``
 framework_version   ``torch 2.1.0 does not satisfy >=2.2``
                     (``mlx 0.9.0 does not satisfy >=0.10``)
 ==================  ==================================================================
+
+GB is GPUlayer's one memory unit, 1024**3 bytes (:mod:`gpulayer.units`), in comparisons and
+in reasons alike, as ``resources detect`` shows sizes: a card shown as ``80.0 GB`` meets
+``min_gpu_memory_gb=80`` and not ``85``.
 
 ``place`` adds these, which are about availability or the fleet, not one worker's fit:
 

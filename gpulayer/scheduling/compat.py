@@ -15,6 +15,7 @@ from gpulayer.hookrecords import Device, SupportLevel
 from gpulayer.records import TARGET_FOR_ORIGIN, Reason, WorkerRecord
 from gpulayer.scheduling.shapes import Shape, shape_of
 from gpulayer.specs import JobSpec
+from gpulayer.units import GB, format_gb
 
 
 class RawReason(NamedTuple):
@@ -53,10 +54,6 @@ def _norm_name(name: str) -> str:
     return name.strip().lower().replace("-", "_")
 
 
-def _gb(nbytes: float) -> str:
-    return f"{nbytes / 1e9:.1f}"
-
-
 def compat(shape: Shape, rec: WorkerRecord) -> Compat:
     """Reasons ``rec`` cannot run jobs of ``shape``, and which of its devices could."""
     out: list[RawReason] = []
@@ -86,11 +83,11 @@ def _worker_reasons(shape: Shape, rec: WorkerRecord, out: list[RawReason]) -> No
     if shape.cpus and host.cpu_count < shape.cpus:
         out.append(RawReason("cpus", str(shape.cpus), str(host.cpu_count),
                              f"needs {shape.cpus} CPUs, worker has {host.cpu_count}"))
-    if shape.memory_gb and host.memory_bytes < shape.memory_gb * 1e9:
+    if shape.memory_gb and host.memory_bytes < shape.memory_gb * GB:
         want = f"{shape.memory_gb:.1f}"
-        have = _gb(host.memory_bytes)
+        have = format_gb(host.memory_bytes)
         if have == want:  # 63.96 GB is not 64 GB: show enough digits to see why
-            have = f"{host.memory_bytes / 1e9:.3f}"
+            have = format_gb(host.memory_bytes, 3)
         out.append(RawReason("memory", want, have, f"needs {want} GB RAM, worker has {have} GB"))
     for key, value in shape.labels:
         hv = caps.labels.get(key)
@@ -123,7 +120,7 @@ def _device_reasons(shape: Shape, devices: list[Device], out: list[RawReason]) -
     bad = False
     want_mem = f">= {shape.min_gpu_memory_gb:.1f} GB" if shape.min_gpu_memory_gb else None
     if shape.min_gpu_memory_gb:
-        floor = shape.min_gpu_memory_gb * 1e9
+        floor = shape.min_gpu_memory_gb * GB
         mem_ok = [d for d in usable if d.memory_bytes is not None and d.memory_bytes >= floor]
         if len(mem_ok) < need:
             bad = True
