@@ -69,7 +69,7 @@ def shape_of(spec: JobSpec) -> Shape:
 
 #: One device as ``check`` reads it:
 #: (kind, index, usable, unusable_reason, memory_bytes, compute_capability, distributed).
-DeviceKey = tuple[str, int, bool, "str | None", "int | None", "str | None", str]
+DeviceKey = tuple[str, int, bool, str | None, int | None, str | None, str]
 
 
 class ClassKey(NamedTuple):
