@@ -7,8 +7,7 @@ import math
 from gpulayer.records import Reason, WorkerRecord
 from gpulayer.scheduling.compat import Compat, bind, compat
 from gpulayer.scheduling.fleet import Fleet, Worker, WorkerClass
-from gpulayer.scheduling.shapes import ClassKey, Shape, blank_unread, shape_of
-from gpulayer.specs import JobSpec
+from gpulayer.scheduling.shapes import BlankedKey, Shape, blank_unread
 
 
 class Candidate:
@@ -84,9 +83,10 @@ def build_shape_state(shape: Shape, classes: list[WorkerClass], offers: list[Wor
     """Run ``check`` once per class (once per blanked class key) and once per offer."""
     st = ShapeState(shape)
     by_target: dict[str, list[Candidate]] = {t: [] for t in shape.targets}
-    seen: dict[ClassKey, Compat] = {}
+    seen: dict[BlankedKey, Compat] = {}
+    blank = blank_unread(shape)
     for cls in classes:
-        blanked = blank_unread(cls.key, shape)
+        blanked = blank(cls.key)
         res = seen.get(blanked)
         if res is None:
             res = seen[blanked] = compat(shape, cls.rep)
@@ -115,19 +115,15 @@ def build_shape_state(shape: Shape, classes: list[WorkerClass], offers: list[Wor
     return st
 
 
-class ShapeStates:
-    """The :class:`ShapeState` of every shape seen so far in a pass, built on first use."""
-
-    __slots__ = ("_by_shape", "_classes", "_offers")
+class ShapeStates(dict[Shape, ShapeState]):
+    """The :class:`ShapeState` of every shape seen so far in a pass, built on first lookup
+    (``states[shape]``; a dict, so that a hit costs no Python-level call)."""
 
     def __init__(self, fleet: Fleet, offers: list[WorkerRecord]) -> None:
+        super().__init__()
         self._classes = fleet.classes
         self._offers = offers
-        self._by_shape: dict[Shape, ShapeState] = {}
 
-    def of(self, spec: JobSpec) -> ShapeState:
-        shape = shape_of(spec)
-        st = self._by_shape.get(shape)
-        if st is None:
-            st = self._by_shape[shape] = build_shape_state(shape, self._classes, self._offers)
+    def __missing__(self, shape: Shape) -> ShapeState:
+        st = self[shape] = build_shape_state(shape, self._classes, self._offers)
         return st

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from operator import attrgetter
 
 from gpulayer.records import PlacementDecision, Reason
 from gpulayer.scheduling.candidates import ShapeState, ShapeStates
@@ -20,7 +20,7 @@ from gpulayer.scheduling.model import (
     WorkerState,
 )
 from gpulayer.scheduling.reasons import UnschedulableReasons, WaitingReasons, too_few_workers
-from gpulayer.specs import JobSpec
+from gpulayer.scheduling.shapes import shape_of
 
 
 def place(
@@ -50,54 +50,50 @@ def place(
     waiting = WaitingReasons(limit=limit)
 
     result = PlacementResult(assignments=[], decisions={})
-    for qj in sorted(queue, key=queue_order):
-        st = shapes.of(qj.spec)
-        nodes = nodes_of(qj.spec)
+    decisions, assignments = result.decisions, result.assignments
+    for qj in queue_order(queue):
+        spec = qj.spec
+        st = shapes[shape_of(spec)]
+        nodes = spec.nodes if spec.kind == "distributed" else 1
         if st.n_compat == 0 or st.max_in_target < nodes:
-            decision = unplaceable_decision(st, nodes, now, unschedulable)
+            decisions[qj.id] = unplaceable_decision(st, nodes, now, unschedulable)
         else:
-            attempt = assign(st, nodes)
-            if attempt.grants is not None:
-                result.assignments.append(Assignment(job_id=qj.id, nodes=attempt.grants))
-                result.decisions[qj.id] = assigned_decision(st, attempt, nodes, now)
+            grants, target_index, best_partial = assign(st, nodes)
+            if grants is not None:
+                assignments.append(Assignment(job_id=qj.id, nodes=grants))
+                decisions[qj.id] = assigned_decision(st, grants, target_index, nodes, now)
                 continue
             # blocked: compatible workers exist, none (or too few) has room
-            reasons = list(waiting.of(st, nodes, qj.id))  # before the job reserves anything
-            held: list[str] = []
+            reasons = waiting.of(st, nodes, qj.id)  # before the job reserves anything
+            held: Sequence[str] = ()
             if wants_reservation(qj, st, nodes, now, reserve_after):
-                for w in reserve(st, nodes) or ():
-                    w.reserved_by = qj.id
-                    waiting.forget(w)
-                    held.append(w.id)
+                held = hold(st, nodes, qj.id, waiting)
                 if held:
                     result.reservations[qj.id] = held
-            decision = waiting_decision(st, nodes, attempt.best_partial, reasons, held, reserve_after, now)
-        if st.offer is not None and decision.outcome == "waiting":
+            decisions[qj.id] = waiting_decision(st, nodes, best_partial, reasons, held, reserve_after, now)
+        if st.offer is not None:  # not assigned, and an offer fits: the job waits for it
             result.offer_requests[qj.id] = st.offer
-        result.decisions[qj.id] = decision
     return result
 
 
-def queue_order(qj: QueuedJob) -> tuple[int, int]:
-    """Higher ``spec.priority`` first, then FIFO by ``seq``."""
-    return -qj.spec.priority, qj.seq
+def queue_order(queue: list[QueuedJob]) -> list[QueuedJob]:
+    """The queue in placement order: higher ``spec.priority`` first, then FIFO by ``seq``.
+
+    Two stable sorts with C-level keys: the same order as one sort by ``(-priority, seq)``,
+    without a Python call per job (and nearly free when the queue comes in ``seq`` order).
+    """
+    order = sorted(queue, key=attrgetter("seq"))
+    order.sort(key=attrgetter("spec.priority"), reverse=True)  # reverse=True keeps ties in order
+    return order
 
 
-def nodes_of(spec: JobSpec) -> int:
-    return spec.nodes if spec.kind == "distributed" else 1
-
-
-class Attempt(NamedTuple):
-    """What :func:`assign` did for one job."""
-
-    grants: list[NodeGrant] | None  # None: no target had room for every node
-    target_index: int  # into the shape's targets, when granted
-    best_partial: int  # the most nodes one target could take (when not granted)
-
-
-def assign(st: ShapeState, nodes: int) -> Attempt:
+def assign(st: ShapeState, nodes: int) -> tuple[list[NodeGrant] | None, int, int]:
     """Grant the job ``nodes`` distinct workers on its first target that has room for all of
-    them, or nothing (gangs are all or nothing)."""
+    them, or nothing (gangs are all or nothing).
+
+    Returns the grants (None: no target had room), the index of the target in the shape's
+    targets, and the most nodes one target could take. (A plain tuple: this runs per job.)
+    """
     kind, k = st.shape.accelerator, st.shape.device_count
     best_partial = 0
     for ti, (_, cands) in enumerate(st.per_target):
@@ -105,9 +101,9 @@ def assign(st: ShapeState, nodes: int) -> Attempt:
             continue
         picked, ok = pick(cands, kind, k, nodes)
         if ok:
-            return Attempt(grant(picked, kind, k), ti, best_partial)
+            return grant(picked, kind, k), ti, best_partial
         best_partial = max(best_partial, len(picked))
-    return Attempt(None, -1, best_partial)
+    return None, -1, best_partial
 
 
 def wants_reservation(qj: QueuedJob, st: ShapeState, nodes: int, now: float, reserve_after: float) -> bool:
@@ -118,30 +114,44 @@ def wants_reservation(qj: QueuedJob, st: ShapeState, nodes: int, now: float, res
             and nodes < st.reserve_fail_n)
 
 
+def hold(st: ShapeState, nodes: int, job_id: str, waiting: WaitingReasons) -> list[str]:
+    """Reserve workers for a blocked job (:func:`~gpulayer.scheduling.capacity.reserve`):
+    mark them, drop the cached waiting reasons that show them as busy, return their ids
+    (empty when too few could be had)."""
+    held = reserve(st, nodes) or []
+    for w in held:
+        w.reserved_by = job_id
+        waiting.forget(w)
+    return [w.id for w in held]
+
+
 def _describe_grant(worker_id: str, kind: str | None, devices: list[int]) -> str:
     if devices:
         return f"{worker_id} ({kind} {','.join(map(str, devices))})"
     return f"{worker_id} (CPU slot)"
 
 
-def assigned_decision(st: ShapeState, attempt: Attempt, nodes: int, now: float) -> PlacementDecision:
-    grants = attempt.grants or []
+def assigned_decision(st: ShapeState, grants: list[NodeGrant], target_index: int, nodes: int,
+                      now: float) -> PlacementDecision:
     kind = st.shape.accelerator
-    shown = [_describe_grant(g.worker_id, kind, g.devices) for g in grants[:8]]
-    if len(grants) > 8:
-        shown.append(f"+{len(grants) - 8} more")
-    summary = (f"assigned to {shown[0]}" if nodes == 1
-               else f"assigned to {nodes} workers: {', '.join(shown)}")
-    if attempt.target_index > 0:
+    if nodes == 1:
+        summary = f"assigned to {_describe_grant(grants[0].worker_id, kind, grants[0].devices)}"
+    else:
+        shown = [_describe_grant(g.worker_id, kind, g.devices) for g in grants[:8]]
+        if len(grants) > 8:
+            shown.append(f"+{len(grants) - 8} more")
+        summary = f"assigned to {nodes} workers: {', '.join(shown)}"
+    if target_index > 0:
         targets = st.shape.targets
-        summary += f" on {targets[attempt.target_index]}, fallback from {targets[0]}"
+        summary += f" on {targets[target_index]}, fallback from {targets[0]}"
     return PlacementDecision(outcome="assigned", summary=summary, at=now)
 
 
 def unplaceable_decision(st: ShapeState, nodes: int, now: float,
                          unschedulable: UnschedulableReasons) -> PlacementDecision:
     """No target has ``nodes`` compatible workers: waiting for an offer that fits, or
-    unschedulable."""
+    unschedulable. The reason lists are shared per shape; each decision gets its own copy
+    (pydantic copies a list it validates)."""
     if st.offer is not None:
         return PlacementDecision(
             outcome="waiting", at=now,
@@ -149,7 +159,7 @@ def unplaceable_decision(st: ShapeState, nodes: int, now: float,
         )
     if st.n_compat == 0:
         summary = NO_ELIGIBLE_WORKER
-        reasons = list(unschedulable.of(st))
+        reasons = unschedulable.of(st)
     else:
         summary = f"scheduling: needs {nodes} eligible workers on one target, found {st.max_in_target}"
         reasons = too_few_workers(st, nodes)
@@ -158,8 +168,11 @@ def unplaceable_decision(st: ShapeState, nodes: int, now: float,
 
 
 def waiting_decision(st: ShapeState, nodes: int, best_partial: int, reasons: list[Reason],
-                     held: list[str], reserve_after: float, now: float) -> PlacementDecision:
-    """A compatible job without room: ``held`` names the workers it just reserved."""
+                     held: Sequence[str], reserve_after: float, now: float) -> PlacementDecision:
+    """A compatible job without room: ``held`` names the workers it just reserved.
+
+    ``reasons`` may be shared with other jobs: the decision holds its own copy of the list
+    (pydantic copies a list it validates)."""
     if nodes > 1:
         summary = (f"waiting: needs {nodes} workers at once, {best_partial} of "
                    f"{st.n_compat} compatible worker(s) free")

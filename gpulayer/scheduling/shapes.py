@@ -8,8 +8,11 @@ tells apart share one answer; a field too many only costs cache hits.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
 from typing import NamedTuple
 
+from gpulayer.hookrecords import SupportLevel
 from gpulayer.records import WorkerRecord
 from gpulayer.specs import JobSpec
 
@@ -50,7 +53,7 @@ _new_shape = tuple.__new__
 
 def shape_of(spec: JobSpec) -> Shape:
     """The one encoding of a job's shape. This runs once per queued job, so it builds the
-    tuple directly rather than through ``Shape(...)``'s keyword handling."""
+    tuple directly (``Shape(...)`` costs a Python-level call) and inlines :func:`_pairs`."""
     r = spec.requirements
     p = spec.placement
     acc = r.accelerator
@@ -59,17 +62,20 @@ def shape_of(spec: JobSpec) -> Shape:
     else:
         count = 1 if r.gpus is None else r.gpus
         min_mem, cc = r.min_gpu_memory_gb, r.compute_capability
-    fallback = p.fallback_targets
+    fw, lb, fallback = r.frameworks, r.labels, p.fallback_targets
     distributed = spec.kind == "distributed" and (spec.nodes > 1 or spec.nproc_per_node > 1)
     return _new_shape(Shape, (
-        acc, count, min_mem, cc, _pairs(r.frameworks), r.python, r.os, r.cpus, r.memory_gb,
-        _pairs(r.labels), (p.target, *fallback) if fallback else (p.target,), distributed,
+        acc, count, min_mem, cc,
+        (tuple(fw.items()) if len(fw) < 2 else tuple(sorted(fw.items()))) if fw else (),  # = _pairs(fw)
+        r.python, r.os, r.cpus, r.memory_gb,
+        (tuple(lb.items()) if len(lb) < 2 else tuple(sorted(lb.items()))) if lb else (),  # = _pairs(lb)
+        (p.target, *fallback) if fallback else (p.target,), distributed,
     ))
 
 
 #: One device as ``check`` reads it:
 #: (kind, index, usable, unusable_reason, memory_bytes, compute_capability, distributed).
-DeviceKey = tuple[str, int, bool, str | None, int | None, str | None, str]
+DeviceKey = tuple[str, int, bool, str | None, int | None, str | None, SupportLevel]
 
 
 class ClassKey(NamedTuple):
@@ -79,9 +85,9 @@ class ClassKey(NamedTuple):
     origin: str
     has_cpu_slots: bool
     os: str
-    python_version: str | None  # None only in a key from blank_unread()
-    cpu_count: int | None  # None only in a key from blank_unread()
-    memory_bytes: int | None  # None only in a key from blank_unread()
+    python_version: str
+    cpu_count: int
+    memory_bytes: int
     devices: tuple[DeviceKey, ...]
     frameworks: Pairs
     labels: Pairs
@@ -91,23 +97,31 @@ def class_key(rec: WorkerRecord) -> ClassKey:
     caps = rec.capabilities
     h = caps.host
     devices = tuple(
-        (d.kind, d.index, d.usable, d.unusable_reason, d.memory_bytes, d.compute_capability, d.distributed.value)
+        (d.kind, d.index, d.usable, d.unusable_reason, d.memory_bytes, d.compute_capability, d.distributed)
         for d in caps.devices
     )
     return ClassKey(rec.origin, rec.cpu_slots > 0, h.os, h.python_version, h.cpu_count, h.memory_bytes,
                     devices, _pairs(caps.frameworks), _pairs(caps.labels))
 
 
-def blank_unread(key: ClassKey, shape: Shape) -> ClassKey:
-    """``key`` with the host fields that ``shape`` does not read set to None.
+#: The host fields of a class key that only some shapes read, and whether a shape does.
+_SOMETIMES_READ: dict[str, Callable[[Shape], bool]] = {
+    "python_version": lambda shape: shape.python is not None,
+    "cpu_count": lambda shape: bool(shape.cpus),
+    "memory_bytes": lambda shape: bool(shape.memory_gb),
+}
+
+BlankedKey = tuple[object, ...]
+
+
+def blank_unread(shape: Shape) -> Callable[[ClassKey], BlankedKey]:
+    """How to blank, in a class key, the host fields that ``shape`` does not read: a function
+    from a class key to the tuple of the fields ``shape`` does read.
 
     Classes whose blanked keys are equal get the same ``check`` result for this shape, so it
-    runs once for them: e.g. workers that differ only in RAM size, for a job that asks for no RAM.
+    runs once for them: e.g. workers that differ only in RAM size, for a job that asks for no
+    RAM. (One C-level getter per shape: a pass applies it to every class for every shape.)
     """
-    return _new_shape(ClassKey, (
-        key.origin, key.has_cpu_slots, key.os,
-        key.python_version if shape.python is not None else None,
-        key.cpu_count if shape.cpus else None,
-        key.memory_bytes if shape.memory_gb else None,
-        key.devices, key.frameworks, key.labels,
-    ))
+    keep = [i for i, f in enumerate(ClassKey._fields) if f not in _SOMETIMES_READ or _SOMETIMES_READ[f](shape)]
+    getter: Callable[[ClassKey], BlankedKey] = operator.itemgetter(*keep)
+    return getter

@@ -121,6 +121,7 @@ def test_check_runs_once_per_blanked_class_key(monkeypatch: pytest.MonkeyPatch):
 def test_shape_states_builds_each_shape_once():
     fleet = Fleet([make_state(make_worker(devices=make_cuda_devices(1)))])
     shapes = ShapeStates(fleet, [])
-    a = shapes.of(make_job(accelerator="cuda"))
-    assert shapes.of(make_job(accelerator="cuda", gpus=1)) is a
-    assert shapes.of(make_job(accelerator="cuda", gpus=2)) is not a
+    a = shapes[shape_of(make_job(accelerator="cuda"))]
+    assert shapes[shape_of(make_job(accelerator="cuda", gpus=1))] is a
+    assert shapes[shape_of(make_job(accelerator="cuda", gpus=2))] is not a
+    assert len(shapes) == 2 and a.shape.device_count == 1

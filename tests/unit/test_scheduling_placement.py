@@ -6,16 +6,15 @@ import math
 
 from gpulayer.scheduling.model import NodeGrant
 from gpulayer.scheduling.placement import (
-    Attempt,
     assign,
     assigned_decision,
-    nodes_of,
+    hold,
     queue_order,
     unplaceable_decision,
     waiting_decision,
     wants_reservation,
 )
-from gpulayer.scheduling.reasons import UnschedulableReasons
+from gpulayer.scheduling.reasons import UnschedulableReasons, WaitingReasons
 from tests.factories import (
     make_capabilities,
     make_cuda_devices,
@@ -28,12 +27,13 @@ from tests.factories import (
 )
 
 
-def test_queue_order_and_nodes_of():
+def test_queue_order():
     jobs = [queued(make_job(priority=0), "a", seq=0), queued(make_job(priority=3), "b", seq=2),
             queued(make_job(priority=3), "c", seq=1)]
-    assert [q.id for q in sorted(jobs, key=queue_order)] == ["c", "b", "a"]
-    assert nodes_of(make_job()) == 1
-    assert nodes_of(make_distributed_job(3)) == 3
+    assert [q.id for q in queue_order(jobs)] == ["c", "b", "a"]
+    ties = [queued(make_job(priority=p), f"j{i}", seq=s) for i, (p, s) in enumerate([(0, 1), (1, 1), (0, 0), (1, 1)])]
+    assert [q.id for q in queue_order(ties)] == ["j1", "j3", "j2", "j0"]
+    assert queue_order(ties) == sorted(ties, key=lambda q: (-q.spec.priority, q.seq))
 
 
 def test_assign_grants_on_the_first_target_with_room_for_every_node():
@@ -41,13 +41,11 @@ def test_assign_grants_on_the_first_target_with_room_for_every_node():
     remote = [make_worker(f"wkr-r{i}", origin="existing", devices=make_cuda_devices(1)) for i in range(2)]
     fleet, st = make_shape_state(make_distributed_job(2, accelerator="cuda", target="local", fallback=["remote"]),
                                  make_state(local), *map(make_state, remote))
-    attempt = assign(st, 2)
-    assert attempt.target_index == 1
-    assert [(g.worker_id, g.node_rank, g.devices) for g in attempt.grants or []] == [
-        ("wkr-r0", 0, [0]), ("wkr-r1", 1, [0])]
+    grants, target_index, best_partial = assign(st, 2)
+    assert (target_index, best_partial) == (1, 1)
+    assert [(g.worker_id, g.node_rank, g.devices) for g in grants or []] == [("wkr-r0", 0, [0]), ("wkr-r1", 1, [0])]
     assert fleet.workers[0].free == {"cuda": {0}}  # nothing taken on the target that was too small
-    again = assign(st, 2)
-    assert again == Attempt(None, -1, 1)  # local could take one node, remote none
+    assert assign(st, 2) == (None, -1, 1)  # local could take one node, remote none
 
 
 def test_wants_reservation():
@@ -63,20 +61,34 @@ def test_wants_reservation():
     assert wants_reservation(old, one, 2, now=61.0, reserve_after=60.0)  # ... a gang of them does
 
 
+def test_hold_marks_the_reserved_workers_and_drops_stale_waiting_reasons():
+    states = [make_state(make_worker(f"wkr-{i}", devices=make_cuda_devices(2)), busy=[("cuda", i % 2)])
+              for i in range(2)]
+    fleet, st = make_shape_state(make_job(accelerator="cuda", gpus=2), *states)
+    waiting = WaitingReasons(limit=50)
+    before = waiting.of(st, 1, "job-small")
+    assert [r.code for r in before] == ["busy", "busy"]
+    assert hold(st, 1, "job-big", waiting) == ["wkr-0"]  # most free, ties in fleet order
+    assert [w.reserved_by for w in fleet.workers] == ["job-big", None]
+    after = waiting.of(st, 1, "job-small")
+    assert [r.code for r in after] == ["reserved", "busy"] and [r.code for r in before] == ["busy", "busy"]
+    assert hold(st, 2, "job-gang", waiting) == []  # one unreserved worker left: nothing held
+    assert fleet.workers[1].reserved_by is None and st.reserve_fail_n == 2
+
+
 def test_assigned_decision_summaries():
     _, st = make_shape_state(make_job(accelerator="cuda", target="local", fallback=["remote"]))
-    one = Attempt([NodeGrant(worker_id="wkr-a", node_rank=0, accelerator="cuda", devices=[0, 1])], 0, 0)
-    d = assigned_decision(st, one, 1, now=7.0)
+    one = [NodeGrant(worker_id="wkr-a", node_rank=0, accelerator="cuda", devices=[0, 1])]
+    d = assigned_decision(st, one, 0, 1, now=7.0)
     assert (d.outcome, d.summary, d.reasons, d.at) == ("assigned", "assigned to wkr-a (cuda 0,1)", [], 7.0)
-    fallback = one._replace(target_index=1)
-    assert assigned_decision(st, fallback, 1, 0.0).summary == (
+    assert assigned_decision(st, one, 1, 1, 0.0).summary == (
         "assigned to wkr-a (cuda 0,1) on remote, fallback from local")
     many = [NodeGrant(worker_id=f"w{i}", node_rank=i, accelerator="cuda", devices=[0]) for i in range(10)]
-    assert assigned_decision(st, Attempt(many, 0, 0), 10, 0.0).summary == (
+    assert assigned_decision(st, many, 0, 10, 0.0).summary == (
         "assigned to 10 workers: " + ", ".join(f"w{i} (cuda 0)" for i in range(8)) + ", +2 more")
     _, cpu = make_shape_state(make_job())
-    cpu_grant = Attempt([NodeGrant(worker_id="wkr-c", node_rank=0, accelerator=None, devices=[])], 0, 0)
-    assert assigned_decision(cpu, cpu_grant, 1, 0.0).summary == "assigned to wkr-c (CPU slot)"
+    cpu_grant = [NodeGrant(worker_id="wkr-c", node_rank=0, accelerator=None, devices=[])]
+    assert assigned_decision(cpu, cpu_grant, 0, 1, 0.0).summary == "assigned to wkr-c (CPU slot)"
 
 
 def test_unplaceable_decision():

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from gpulayer.scheduling import check
 from gpulayer.scheduling.compat import compat
-from gpulayer.scheduling.shapes import ClassKey, Shape, blank_unread, class_key, shape_of
+from gpulayer.scheduling.shapes import Shape, blank_unread, class_key, shape_of
 from tests.factories import make_cuda_devices, make_device, make_distributed_job, make_function_job, make_job, make_worker
 
 
@@ -55,19 +55,16 @@ def test_class_key_is_named_and_ignores_identity():
 
 def test_blank_unread_blanks_only_host_fields_the_shape_does_not_read():
     key = class_key(make_worker(devices=make_cuda_devices(1), labels={"zone": "a"}))
-    blanked = blank_unread(key, shape_of(make_job(accelerator="cuda")))
-    assert isinstance(blanked, ClassKey)
-    assert (blanked.python_version, blanked.cpu_count, blanked.memory_bytes) == (None, None, None)
-    assert blanked._replace(python_version=key.python_version, cpu_count=key.cpu_count,
-                            memory_bytes=key.memory_bytes) == key
-    assert blank_unread(key, shape_of(make_job(python=">=3.10", cpus=2, memory_gb=8))) == key
-    assert blank_unread(key, shape_of(make_job(memory_gb=8))).memory_bytes == key.memory_bytes
+    always = (key.origin, key.has_cpu_slots, key.os, key.devices, key.frameworks, key.labels)
+    assert blank_unread(shape_of(make_job(accelerator="cuda")))(key) == (*always[:3], *always[3:])
+    assert blank_unread(shape_of(make_job(python=">=3.10", cpus=2, memory_gb=8)))(key) == tuple(key)
+    assert blank_unread(shape_of(make_job(memory_gb=8)))(key) == (*always[:3], key.memory_bytes, *always[3:])
+    assert blank_unread(shape_of(make_job(python=">=3", cpus=0)))(key) == (*always[:3], key.python_version, *always[3:])
     # two workers that differ only in RAM share a blanked key for a job without a RAM need
-    small, big = make_worker(memory_gb=16), make_worker(memory_gb=512)
-    job = shape_of(make_job(cpus=4))
-    assert blank_unread(class_key(small), job) == blank_unread(class_key(big), job)
-    assert blank_unread(class_key(small), shape_of(make_job(memory_gb=1))) != \
-        blank_unread(class_key(big), shape_of(make_job(memory_gb=1)))
+    small, big = class_key(make_worker(memory_gb=16)), class_key(make_worker(memory_gb=512))
+    assert small != big
+    assert blank_unread(shape_of(make_job(cpus=4)))(small) == blank_unread(shape_of(make_job(cpus=4)))(big)
+    assert blank_unread(shape_of(make_job(memory_gb=1)))(small) != blank_unread(shape_of(make_job(memory_gb=1)))(big)
 
 
 # --------------------------------------------------------------------------- properties:
@@ -141,7 +138,8 @@ def test_equal_blanked_class_keys_get_equal_check_results(req, worker, changes):
     caps = worker.capabilities
     other = worker.model_copy(update={"id": "wkr-other", "capabilities": caps.model_copy(
         update={"host": caps.host.model_copy(update=changes)})})
-    if blank_unread(class_key(worker), shape) == blank_unread(class_key(other), shape):
+    blank = blank_unread(shape)
+    if blank(class_key(worker)) == blank(class_key(other)):
         assert compat(shape, worker) == compat(shape, other)
     else:
         assert class_key(worker) != class_key(other)
