@@ -28,7 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpulayer.records import PlacementDecision
-from gpulayer.scheduling import QueuedJob, WorkerState, _class_key, place
+from gpulayer.scheduling import QueuedJob, WorkerState, place
+from gpulayer.scheduling.shapes import class_key
 from tests.factories import (
     make_cuda_devices,
     make_distributed_job,
@@ -100,7 +101,7 @@ def build_queue(n: int, rng: random.Random) -> list[QueuedJob]:
 
 def floor_pairs(queue: list[QueuedJob], fleet: list[WorkerState]) -> float:
     t = time.perf_counter()
-    classes = {_class_key(ws.record) for ws in fleet}
+    classes = {class_key(ws.record) for ws in fleet}
     n = 0
     for _ in queue:
         for _ in classes:
@@ -155,7 +156,7 @@ def main() -> None:
         outcomes = {"assigned": 0, "waiting": 0, "unschedulable": 0}
         for d in result.decisions.values():  # type: ignore[attr-defined]
             outcomes[d.outcome] += 1
-        n_classes = len({_class_key(ws.record) for ws in fleet})
+        n_classes = len({class_key(ws.record) for ws in fleet})
         med, pmed, omed = statistics.median(times), statistics.median(pairs), statistics.median(outs)
         print(f"{name:8} {n_classes:>7} {outcomes['assigned']:>8} {outcomes['waiting']:>7} "
               f"{outcomes['unschedulable']:>7} {med * 1e3:>8.1f}ms {min(times) * 1e3:>8.1f}ms "

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpulayer._base import Record
 from gpulayer.specs import DistributedJob, Requirements
+from gpulayer.units import format_gb, gb
 
 # --------------------------------------------------------------------------- devices
 
@@ -49,15 +50,15 @@ class Device(Record):
 
     @property
     def memory_gb(self) -> float | None:
-        return None if self.memory_bytes is None else self.memory_bytes / 1e9
+        """Memory in GPUlayer's GB (1024**3 bytes, :mod:`gpulayer.units`)."""
+        return None if self.memory_bytes is None else gb(self.memory_bytes)
 
     def describe(self) -> str:
         """The seed's line: ``[0] mps Apple arm64 GPU (Metal) (32.0 GB unified) ...``."""
         parts = [f"[{self.index}] {self.kind} {self.name}"]
         if self.memory_bytes is not None:
-            # Binary gigabytes, as vendors label memory: a 32 GB Mac shows "32.0 GB".
-            gib = self.memory_bytes / 1024**3
-            parts.append(f"({gib:.1f} GB{' unified' if self.unified_memory else ''})")
+            # GPUlayer's GB (1024**3 bytes), as vendors label memory: a 32 GB Mac shows "32.0 GB".
+            parts.append(f"({format_gb(self.memory_bytes)} GB{' unified' if self.unified_memory else ''})")
         if self.compute_capability:
             parts.append(f"cc={self.compute_capability}")
         if not self.usable:

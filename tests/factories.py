@@ -14,10 +14,12 @@ from typing import Any
 
 from gpulayer.hookrecords import Capabilities, Device, HostInfo, SupportLevel
 from gpulayer.records import WorkerRecord
-from gpulayer.scheduling import QueuedJob, WorkerState
+from gpulayer.scheduling import Offer, QueuedJob, WorkerState
+from gpulayer.scheduling.candidates import ShapeState, build_shape_state
+from gpulayer.scheduling.fleet import Fleet, offer_record
+from gpulayer.scheduling.shapes import shape_of
 from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, Placement, Requirements
-
-GB = 1_000_000_000
+from gpulayer.units import GB  # 1024**3 bytes: memory_gb=80 below is shown as "80.0 GB"
 
 
 def make_host(
@@ -162,3 +164,9 @@ def queued(spec: Any, id: str, seq: int = 0, queued_at: float = 0.0) -> QueuedJo
 def make_queue(specs: Iterable[Any], *, prefix: str = "job", queued_at: float = 0.0) -> list[QueuedJob]:
     """Queue the specs in order: ids ``job-0000``, ``job-0001``, ..., seq = position."""
     return [QueuedJob(id=f"{prefix}-{i:04d}", spec=s, seq=i, queued_at=queued_at) for i, s in enumerate(specs)]
+
+
+def make_shape_state(job: Any, *states: WorkerState, offers: Iterable[Offer] = ()) -> tuple[Fleet, ShapeState]:
+    """The scheduler's view of ``states`` and its per-shape state for ``job``, as a pass builds them."""
+    fleet = Fleet(list(states))
+    return fleet, build_shape_state(shape_of(job), fleet.classes, [offer_record(o) for o in offers])

@@ -14,6 +14,7 @@ import typer
 
 from gpulayer import plugins
 from gpulayer.hookrecords import Capabilities
+from gpulayer.units import format_gb
 
 resources_app = typer.Typer(help="What this machine offers to jobs.", no_args_is_help=True)
 plugins_app = typer.Typer(help="Installed GPUlayer plugins.", no_args_is_help=True)
@@ -41,7 +42,7 @@ def _load_plugins(*, skip_unknown_disabled: bool = False, strict: bool = True) -
 
 
 def _gb(n: int) -> str:
-    return f"{n / 1024**3:.1f} GB"
+    return f"{format_gb(n)} GB"
 
 
 def render_capabilities(caps: Capabilities) -> list[str]:

@@ -10,6 +10,7 @@ from typing import Any, Optional
 import typer
 
 from gpulayer.errors import InvalidInput
+from gpulayer.units import format_gb
 
 worker_app = typer.Typer(help="Run and inspect workers.", no_args_is_help=True)
 
@@ -148,7 +149,7 @@ def worker_status(
     for w, st in zip(workers, data, strict=True):
         h = w.capabilities.host
         typer.echo(f"worker    {w.id} ({w.name}) {st['state']}, serves {w.target} jobs")
-        typer.echo(f"host      {h.os} {h.arch}, {h.cpu_count} CPUs, {h.memory_bytes / 1024**3:.1f} GB RAM, "
+        typer.echo(f"host      {h.os} {h.arch}, {h.cpu_count} CPUs, {format_gb(h.memory_bytes)} GB RAM, "
                    f"python {h.python_version}, address {h.address}")
         for d in w.capabilities.devices:
             busy = " (busy)" if f"{d.kind}:{d.index}" in st["availability"]["busy_devices"] else ""

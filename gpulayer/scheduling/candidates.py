@@ -1,0 +1,129 @@
+"""Per-shape state of a pass: ``check`` results per class and the candidate workers per target."""
+
+from __future__ import annotations
+
+import math
+
+from gpulayer.records import Reason, WorkerRecord
+from gpulayer.scheduling.compat import Compat, bind, compat
+from gpulayer.scheduling.fleet import Fleet, Worker, WorkerClass
+from gpulayer.scheduling.shapes import BlankedKey, Shape, blank_unread
+
+
+class Candidate:
+    """One compatible class for one shape: the class's workers that may still fit jobs of it.
+
+    Capacity only shrinks during a pass, so a worker dropped from ``workers`` (because it no
+    longer fits) never comes back.
+    """
+
+    __slots__ = ("all_usable", "cls", "eligible", "workers")
+
+    def __init__(self, cls: WorkerClass, eligible: tuple[int, ...], all_usable: bool) -> None:
+        self.cls = cls
+        self.eligible = eligible  # device indices that pass the shape's filters
+        self.all_usable = all_usable  # ... and they are all the usable devices of the kind
+        self.workers = list(cls.active)
+
+
+class ShapeState:
+    """What a pass knows about one shape; built once, by :func:`build_shape_state`."""
+
+    __slots__ = (
+        "_compatible",
+        "by_class",
+        "eligible_of",
+        "max_in_target",
+        "n_compat",
+        "n_in_target",
+        "offer",
+        "offer_reasons",
+        "per_target",
+        "pools",
+        "reserve_fail_n",
+        "shape",
+    )
+    pools: dict[str, list[tuple[int, int, Worker]]]
+
+    def __init__(self, shape: Shape) -> None:
+        self.shape = shape
+        self.by_class: dict[WorkerClass, Compat] = {}  # every class -> its check result
+        self.eligible_of: dict[WorkerClass, Candidate] = {}  # compatible classes on a listed target
+        #: (target, candidates) in the shape's target order, candidates smallest first;
+        #: ``pick`` drops workers (and emptied candidates) from these lists as they fill up
+        self.per_target: list[tuple[str, list[Candidate]]] = []
+        self.n_in_target: dict[str, int] = {}  # target -> compatible active workers
+        self.n_compat = 0  # compatible active workers on all listed targets
+        self.max_in_target = 0  # the most of them on one target (the largest gang that fits)
+        self.offer: str | None = None  # id of the first provider offer that fits
+        self.offer_reasons: list[Reason] = []  # why each other offer does not fit
+        self.pools = {}  # target -> max-heap of (-free units, pos, worker) for reservations
+        self.reserve_fail_n = math.inf  # fewest nodes a reservation failed for in this pass
+        self._compatible: list[Worker] | None = None
+
+    def compatible_workers(self) -> list[Worker]:
+        """The compatible active workers on listed targets, in fleet order."""
+        if self._compatible is None:
+            ws = [w for c in self.eligible_of.values() for w in c.cls.active]
+            ws.sort(key=lambda w: w.pos)
+            self._compatible = ws
+        return self._compatible
+
+
+def _smallest_first(kind: str | None, cands: list[Candidate]) -> None:
+    """Fewest eligible devices of the kind, then fewest devices, then fleet order: one-GPU
+    jobs fill one-GPU boxes before they break into an eight-GPU box."""
+    if kind is None:
+        cands.sort(key=lambda c: (c.cls.n_devices, c.cls.first_pos))
+    else:
+        cands.sort(key=lambda c: (len(c.eligible), c.cls.n_devices, c.cls.first_pos))
+
+
+def build_shape_state(shape: Shape, classes: list[WorkerClass], offers: list[WorkerRecord]) -> ShapeState:
+    """Run ``check`` once per class (once per blanked class key) and once per offer."""
+    st = ShapeState(shape)
+    by_target: dict[str, list[Candidate]] = {t: [] for t in shape.targets}
+    seen: dict[BlankedKey, Compat] = {}
+    blank = blank_unread(shape)
+    for cls in classes:
+        blanked = blank(cls.key)
+        res = seen.get(blanked)
+        if res is None:
+            res = seen[blanked] = compat(shape, cls.rep)
+        st.by_class[cls] = res
+        if res.reasons or cls.target not in by_target:
+            continue
+        cand = Candidate(cls, res.eligible, res.all_usable)
+        st.eligible_of[cls] = cand
+        if cand.workers:
+            by_target[cls.target].append(cand)
+    for t in shape.targets:
+        cands = by_target[t]
+        _smallest_first(shape.accelerator, cands)
+        count = sum(len(c.workers) for c in cands)
+        st.n_in_target[t] = count
+        st.n_compat += count
+        st.max_in_target = max(st.max_in_target, count)
+        st.per_target.append((t, cands))
+    for orec in offers:
+        reasons = compat(shape, orec).reasons
+        if not reasons:
+            if st.offer is None:
+                st.offer = orec.id
+        else:
+            st.offer_reasons.extend(bind(orec.id, reasons))
+    return st
+
+
+class ShapeStates(dict[Shape, ShapeState]):
+    """The :class:`ShapeState` of every shape seen so far in a pass, built on first lookup
+    (``states[shape]``; a dict, so that a hit costs no Python-level call)."""
+
+    def __init__(self, fleet: Fleet, offers: list[WorkerRecord]) -> None:
+        super().__init__()
+        self._classes = fleet.classes
+        self._offers = offers
+
+    def __missing__(self, shape: Shape) -> ShapeState:
+        st = self[shape] = build_shape_state(shape, self._classes, self._offers)
+        return st

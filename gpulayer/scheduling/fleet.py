@@ -1,0 +1,84 @@
+"""The fleet as one pass sees it: workers with their free capacity, grouped into classes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpulayer.hookrecords import MachineOffer
+from gpulayer.records import TARGET_FOR_ORIGIN, WorkerRecord
+from gpulayer.scheduling.model import Offer, WorkerState
+from gpulayer.scheduling.shapes import ClassKey, class_key
+
+
+class WorkerClass:
+    """Workers with one :class:`ClassKey`: ``check`` gives them all the same answer."""
+
+    __slots__ = ("active", "first_pos", "key", "n_devices", "rep", "target")
+
+    def __init__(self, key: ClassKey, rep: WorkerRecord, pos: int) -> None:
+        self.key = key
+        self.rep = rep  # the first worker of the class, which ``check`` runs on
+        self.target = TARGET_FOR_ORIGIN[rep.origin]
+        self.active: list[Worker] = []  # online, not draining; in fleet order
+        self.first_pos = pos
+        self.n_devices = len(rep.capabilities.devices)
+
+
+class Worker:
+    """One worker and what it has free; capacity only shrinks during a pass."""
+
+    __slots__ = ("cls", "free", "free_cpu", "id", "pos", "reserved_by", "state")
+
+    def __init__(self, ws: WorkerState, pos: int, cls: WorkerClass, state: str | None) -> None:
+        rec = ws.record
+        self.id = rec.id
+        self.pos = pos  # position in the fleet
+        self.cls = cls
+        self.state = state  # None (active), "offline" or "draining"
+        self.reserved_by: str | None = None  # id of the job that reserved it in this pass
+        busy = ws.busy_devices
+        free: dict[str, set[int]] = {}
+        for d in rec.capabilities.devices:
+            if d.usable and (d.kind, d.index) not in busy:
+                free.setdefault(d.kind, set()).add(d.index)
+        self.free = free  # kind -> free usable device indices
+        self.free_cpu = max(0, rec.cpu_slots - ws.busy_cpu_slots)
+
+
+class Fleet:
+    """Every worker of a pass in fleet order, its classes in order of first appearance, and
+    how many workers (in any state) each target has."""
+
+    __slots__ = ("classes", "registered", "workers")
+
+    def __init__(self, states: list[WorkerState]) -> None:
+        by_key: dict[ClassKey, WorkerClass] = {}
+        self.workers: list[Worker] = []
+        self.registered: dict[str, int] = {"local": 0, "remote": 0, "cloud": 0}
+        for pos, ws in enumerate(states):
+            rec = ws.record
+            key = class_key(rec)
+            cls = by_key.get(key)
+            if cls is None:
+                cls = by_key[key] = WorkerClass(key, rec, pos)
+            state = "offline" if not rec.online else ("draining" if rec.draining else None)
+            w = Worker(ws, pos, cls, state)
+            self.workers.append(w)
+            self.registered[cls.target] = self.registered.get(cls.target, 0) + 1
+            if state is None:
+                cls.active.append(w)
+        self.classes = list(by_key.values())
+
+
+def offer_record(offer: Offer) -> WorkerRecord:
+    """A provider offer as a worker-to-be of origin ``provider`` (the cloud target)."""
+    caps_like: Any
+    if isinstance(offer, MachineOffer):
+        oid, caps_like = f"{offer.provider}:{offer.shape}", offer
+    else:
+        oid, caps_like = offer
+    if isinstance(caps_like, (MachineOffer, WorkerRecord)):
+        caps = caps_like.capabilities
+    else:
+        caps = caps_like
+    return WorkerRecord(id=oid, name=oid, origin="provider", capabilities=caps)

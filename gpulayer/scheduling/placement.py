@@ -1,0 +1,186 @@
+"""``place``: one placement pass over the whole queue (rules in :mod:`gpulayer.scheduling`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from operator import attrgetter
+
+from gpulayer.records import PlacementDecision, Reason
+from gpulayer.scheduling.candidates import ShapeState, ShapeStates
+from gpulayer.scheduling.capacity import grant, pick, reserve
+from gpulayer.scheduling.fleet import Fleet, offer_record
+from gpulayer.scheduling.model import (
+    NO_ELIGIBLE_WORKER,
+    Assignment,
+    NodeGrant,
+    Offer,
+    PlacementResult,
+    QueuedJob,
+    WorkerState,
+)
+from gpulayer.scheduling.reasons import UnschedulableReasons, WaitingReasons, too_few_workers
+from gpulayer.scheduling.shapes import shape_of
+
+
+def place(
+    queue: list[QueuedJob],
+    fleet: list[WorkerState],
+    now: float,
+    *,
+    reserve_after: float | None = 60.0,
+    offers: Sequence[Offer] = (),
+    reason_limit: int = 50,
+) -> PlacementResult:
+    """One placement pass: decide every queued job against the fleet.
+
+    ``reserve_after``: seconds a blocked multi-unit job waits before it reserves workers
+    (``None`` or ``math.inf``: never). ``offers``: provider machines that could be booted;
+    a job that fits one and is not assigned waits (``offer_requests`` names the offer).
+    ``reason_limit``: most workers listed in one decision's reasons.
+    See :mod:`gpulayer.scheduling` for the rules.
+    """
+    if reserve_after is None:
+        reserve_after = math.inf
+    limit = max(1, reason_limit)
+    workers = Fleet(fleet)
+    offer_records = [offer_record(o) for o in offers]
+    shapes = ShapeStates(workers, offer_records)
+    unschedulable = UnschedulableReasons(workers, has_offers=bool(offer_records), limit=limit)
+    waiting = WaitingReasons(limit=limit)
+
+    result = PlacementResult(assignments=[], decisions={})
+    decisions, assignments = result.decisions, result.assignments
+    for qj in queue_order(queue):
+        spec = qj.spec
+        st = shapes[shape_of(spec)]
+        nodes = spec.nodes if spec.kind == "distributed" else 1
+        if st.n_compat == 0 or st.max_in_target < nodes:
+            decisions[qj.id] = unplaceable_decision(st, nodes, now, unschedulable)
+        else:
+            grants, target_index, best_partial = assign(st, nodes)
+            if grants is not None:
+                assignments.append(Assignment(job_id=qj.id, nodes=grants))
+                decisions[qj.id] = assigned_decision(st, grants, target_index, nodes, now)
+                continue
+            # blocked: compatible workers exist, none (or too few) has room
+            reasons = waiting.of(st, nodes, qj.id)  # before the job reserves anything
+            held: Sequence[str] = ()
+            if wants_reservation(qj, st, nodes, now, reserve_after):
+                held = hold(st, nodes, qj.id, waiting)
+                if held:
+                    result.reservations[qj.id] = held
+            decisions[qj.id] = waiting_decision(st, nodes, best_partial, reasons, held, reserve_after, now)
+        if st.offer is not None:  # not assigned, and an offer fits: the job waits for it
+            result.offer_requests[qj.id] = st.offer
+    return result
+
+
+def queue_order(queue: list[QueuedJob]) -> list[QueuedJob]:
+    """The queue in placement order: higher ``spec.priority`` first, then FIFO by ``seq``.
+
+    Two stable sorts with C-level keys: the same order as one sort by ``(-priority, seq)``,
+    without a Python call per job (and nearly free when the queue comes in ``seq`` order).
+    """
+    order = sorted(queue, key=attrgetter("seq"))
+    order.sort(key=attrgetter("spec.priority"), reverse=True)  # reverse=True keeps ties in order
+    return order
+
+
+def assign(st: ShapeState, nodes: int) -> tuple[list[NodeGrant] | None, int, int]:
+    """Grant the job ``nodes`` distinct workers on its first target that has room for all of
+    them, or nothing (gangs are all or nothing).
+
+    Returns the grants (None: no target had room), the index of the target in the shape's
+    targets, and the most nodes one target could take. (A plain tuple: this runs per job.)
+    """
+    kind, k = st.shape.accelerator, st.shape.device_count
+    best_partial = 0
+    for ti, (_, cands) in enumerate(st.per_target):
+        if not cands:
+            continue
+        picked, ok = pick(cands, kind, k, nodes)
+        if ok:
+            return grant(picked, kind, k), ti, best_partial
+        best_partial = max(best_partial, len(picked))
+    return None, -1, best_partial
+
+
+def wants_reservation(qj: QueuedJob, st: ShapeState, nodes: int, now: float, reserve_after: float) -> bool:
+    """The starvation rule: a blocked job that needs more than one unit and has been queued
+    longer than ``reserve_after`` reserves workers, unless a job of its shape needing at most
+    as many nodes already failed to in this pass."""
+    return (now - qj.queued_at > reserve_after and (st.shape.device_count > 1 or nodes > 1)
+            and nodes < st.reserve_fail_n)
+
+
+def hold(st: ShapeState, nodes: int, job_id: str, waiting: WaitingReasons) -> list[str]:
+    """Reserve workers for a blocked job (:func:`~gpulayer.scheduling.capacity.reserve`):
+    mark them, drop the cached waiting reasons that show them as busy, return their ids
+    (empty when too few could be had)."""
+    held = reserve(st, nodes) or []
+    for w in held:
+        w.reserved_by = job_id
+        waiting.forget(w)
+    return [w.id for w in held]
+
+
+def _describe_grant(worker_id: str, kind: str | None, devices: list[int]) -> str:
+    if devices:
+        return f"{worker_id} ({kind} {','.join(map(str, devices))})"
+    return f"{worker_id} (CPU slot)"
+
+
+def assigned_decision(st: ShapeState, grants: list[NodeGrant], target_index: int, nodes: int,
+                      now: float) -> PlacementDecision:
+    kind = st.shape.accelerator
+    if nodes == 1:
+        summary = f"assigned to {_describe_grant(grants[0].worker_id, kind, grants[0].devices)}"
+    else:
+        shown = [_describe_grant(g.worker_id, kind, g.devices) for g in grants[:8]]
+        if len(grants) > 8:
+            shown.append(f"+{len(grants) - 8} more")
+        summary = f"assigned to {nodes} workers: {', '.join(shown)}"
+    if target_index > 0:
+        targets = st.shape.targets
+        summary += f" on {targets[target_index]}, fallback from {targets[0]}"
+    return PlacementDecision(outcome="assigned", summary=summary, at=now)
+
+
+def unplaceable_decision(st: ShapeState, nodes: int, now: float,
+                         unschedulable: UnschedulableReasons) -> PlacementDecision:
+    """No target has ``nodes`` compatible workers: waiting for an offer that fits, or
+    unschedulable. The reason lists are shared per shape; each decision gets its own copy
+    (pydantic copies a list it validates)."""
+    if st.offer is not None:
+        return PlacementDecision(
+            outcome="waiting", at=now,
+            summary=f"waiting: no compatible worker registered yet; offer {st.offer} could run it once booted",
+        )
+    if st.n_compat == 0:
+        summary = NO_ELIGIBLE_WORKER
+        reasons = unschedulable.of(st)
+    else:
+        summary = f"scheduling: needs {nodes} eligible workers on one target, found {st.max_in_target}"
+        reasons = too_few_workers(st, nodes)
+        reasons.extend(unschedulable.of(st))
+    return PlacementDecision(outcome="unschedulable", summary=summary, reasons=reasons, at=now)
+
+
+def waiting_decision(st: ShapeState, nodes: int, best_partial: int, reasons: list[Reason],
+                     held: Sequence[str], reserve_after: float, now: float) -> PlacementDecision:
+    """A compatible job without room: ``held`` names the workers it just reserved.
+
+    ``reasons`` may be shared with other jobs: the decision holds its own copy of the list
+    (pydantic copies a list it validates)."""
+    if nodes > 1:
+        summary = (f"waiting: needs {nodes} workers at once, {best_partial} of "
+                   f"{st.n_compat} compatible worker(s) free")
+    else:
+        summary = f"waiting: {st.n_compat} compatible worker(s) busy"
+    if held:
+        names = ", ".join(held[:5]) + (f" +{len(held) - 5} more" if len(held) > 5 else "")
+        summary += f"; reserved {names} for it (queued longer than reserve_after={reserve_after:g}s)"
+    if st.offer is not None:
+        summary += f"; offer {st.offer} could run it once booted"
+    return PlacementDecision(outcome="waiting", summary=summary, reasons=reasons, at=now)

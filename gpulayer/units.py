@@ -1,0 +1,24 @@
+"""GPUlayer's one memory unit.
+
+"GB" in GPUlayer is the binary gigabyte, :data:`GB` = 1024**3 bytes (what some tools call a
+GiB), wherever a size is shown or compared: device memory and host RAM as
+``gpulayer resources detect`` and ``gpulayer worker status`` print them, the
+``min_gpu_memory_gb`` and ``memory_gb`` requirements, and the numbers in scheduling reasons.
+It is how GPU vendors size memory (a 32 GB Mac has 32 * 1024**3 bytes). Sizes are shown to one
+decimal and compared unrounded, in the same unit: a card shown as "80.0 GB" with exactly
+80 * 1024**3 bytes meets ``min_gpu_memory_gb=80`` and not ``85``.
+"""
+
+from __future__ import annotations
+
+GB = 1024**3
+
+
+def gb(nbytes: float) -> float:
+    """``nbytes`` in GB."""
+    return nbytes / GB
+
+
+def format_gb(nbytes: float, digits: int = 1) -> str:
+    """``nbytes`` as GPUlayer shows a size, without the unit: ``format_gb(80 * GB) == "80.0"``."""
+    return f"{nbytes / GB:.{digits}f}"

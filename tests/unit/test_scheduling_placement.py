@@ -1,0 +1,125 @@
+"""The steps of ``place`` one at a time: order, assign, the starvation rule, the decisions."""
+
+from __future__ import annotations
+
+import math
+
+from gpulayer.scheduling.model import NodeGrant
+from gpulayer.scheduling.placement import (
+    assign,
+    assigned_decision,
+    hold,
+    queue_order,
+    unplaceable_decision,
+    waiting_decision,
+    wants_reservation,
+)
+from gpulayer.scheduling.reasons import UnschedulableReasons, WaitingReasons
+from tests.factories import (
+    make_capabilities,
+    make_cuda_devices,
+    make_distributed_job,
+    make_job,
+    make_shape_state,
+    make_state,
+    make_worker,
+    queued,
+)
+
+
+def test_queue_order():
+    jobs = [queued(make_job(priority=0), "a", seq=0), queued(make_job(priority=3), "b", seq=2),
+            queued(make_job(priority=3), "c", seq=1)]
+    assert [q.id for q in queue_order(jobs)] == ["c", "b", "a"]
+    ties = [queued(make_job(priority=p), f"j{i}", seq=s) for i, (p, s) in enumerate([(0, 1), (1, 1), (0, 0), (1, 1)])]
+    assert [q.id for q in queue_order(ties)] == ["j1", "j3", "j2", "j0"]
+    assert queue_order(ties) == sorted(ties, key=lambda q: (-q.spec.priority, q.seq))
+
+
+def test_assign_grants_on_the_first_target_with_room_for_every_node():
+    local = make_worker("wkr-local", devices=make_cuda_devices(1))
+    remote = [make_worker(f"wkr-r{i}", origin="existing", devices=make_cuda_devices(1)) for i in range(2)]
+    fleet, st = make_shape_state(make_distributed_job(2, accelerator="cuda", target="local", fallback=["remote"]),
+                                 make_state(local), *map(make_state, remote))
+    grants, target_index, best_partial = assign(st, 2)
+    assert (target_index, best_partial) == (1, 1)
+    assert [(g.worker_id, g.node_rank, g.devices) for g in grants or []] == [("wkr-r0", 0, [0]), ("wkr-r1", 1, [0])]
+    assert fleet.workers[0].free == {"cuda": {0}}  # nothing taken on the target that was too small
+    assert assign(st, 2) == (None, -1, 1)  # local could take one node, remote none
+
+
+def test_wants_reservation():
+    _, st = make_shape_state(make_job(accelerator="cuda", gpus=2), make_state(make_worker(devices=make_cuda_devices(2))))
+    old = queued(make_job(accelerator="cuda", gpus=2), "old", queued_at=0.0)
+    assert wants_reservation(old, st, 1, now=61.0, reserve_after=60.0)
+    assert not wants_reservation(old, st, 1, now=60.0, reserve_after=60.0)  # strictly longer
+    assert not wants_reservation(old, st, 1, now=1e9, reserve_after=math.inf)
+    st.reserve_fail_n = 1
+    assert not wants_reservation(old, st, 1, now=61.0, reserve_after=60.0)
+    _, one = make_shape_state(make_job(accelerator="cuda"), make_state(make_worker(devices=make_cuda_devices(2))))
+    assert not wants_reservation(old, one, 1, now=61.0, reserve_after=60.0)  # one unit never reserves
+    assert wants_reservation(old, one, 2, now=61.0, reserve_after=60.0)  # ... a gang of them does
+
+
+def test_hold_marks_the_reserved_workers_and_drops_stale_waiting_reasons():
+    states = [make_state(make_worker(f"wkr-{i}", devices=make_cuda_devices(2)), busy=[("cuda", i % 2)])
+              for i in range(2)]
+    fleet, st = make_shape_state(make_job(accelerator="cuda", gpus=2), *states)
+    waiting = WaitingReasons(limit=50)
+    before = waiting.of(st, 1, "job-small")
+    assert [r.code for r in before] == ["busy", "busy"]
+    assert hold(st, 1, "job-big", waiting) == ["wkr-0"]  # most free, ties in fleet order
+    assert [w.reserved_by for w in fleet.workers] == ["job-big", None]
+    after = waiting.of(st, 1, "job-small")
+    assert [r.code for r in after] == ["reserved", "busy"] and [r.code for r in before] == ["busy", "busy"]
+    assert hold(st, 2, "job-gang", waiting) == []  # one unreserved worker left: nothing held
+    assert fleet.workers[1].reserved_by is None and st.reserve_fail_n == 2
+
+
+def test_assigned_decision_summaries():
+    _, st = make_shape_state(make_job(accelerator="cuda", target="local", fallback=["remote"]))
+    one = [NodeGrant(worker_id="wkr-a", node_rank=0, accelerator="cuda", devices=[0, 1])]
+    d = assigned_decision(st, one, 0, 1, now=7.0)
+    assert (d.outcome, d.summary, d.reasons, d.at) == ("assigned", "assigned to wkr-a (cuda 0,1)", [], 7.0)
+    assert assigned_decision(st, one, 1, 1, 0.0).summary == (
+        "assigned to wkr-a (cuda 0,1) on remote, fallback from local")
+    many = [NodeGrant(worker_id=f"w{i}", node_rank=i, accelerator="cuda", devices=[0]) for i in range(10)]
+    assert assigned_decision(st, many, 0, 10, 0.0).summary == (
+        "assigned to 10 workers: " + ", ".join(f"w{i} (cuda 0)" for i in range(8)) + ", +2 more")
+    _, cpu = make_shape_state(make_job())
+    cpu_grant = [NodeGrant(worker_id="wkr-c", node_rank=0, accelerator=None, devices=[])]
+    assert assigned_decision(cpu, cpu_grant, 0, 1, 0.0).summary == "assigned to wkr-c (CPU slot)"
+
+
+def test_unplaceable_decision():
+    cpu = make_worker("wkr-cpu")
+    fleet, st = make_shape_state(make_job(accelerator="cuda"), make_state(cpu))
+    d = unplaceable_decision(st, 1, 3.0, UnschedulableReasons(fleet, has_offers=False, limit=50))
+    assert d.render() == "scheduling: no eligible worker\nwkr-cpu: needs 1 usable cuda device(s), worker has 0"
+    assert d.at == 3.0
+    fleet, st = make_shape_state(make_distributed_job(2), make_state(cpu))
+    d = unplaceable_decision(st, 2, 0.0, UnschedulableReasons(fleet, has_offers=False, limit=50))
+    assert d.render() == ("scheduling: needs 2 eligible workers on one target, found 1\n"
+                          "local: 1 compatible local worker(s), the job needs 2 at once")
+    offer = ("p:gpu", make_capabilities(devices=make_cuda_devices(1)))
+    fleet, st = make_shape_state(make_job(accelerator="cuda", target="cloud"), offers=[offer])
+    d = unplaceable_decision(st, 1, 0.0, UnschedulableReasons(fleet, has_offers=True, limit=50))
+    assert (d.outcome, d.summary, d.reasons) == (
+        "waiting", "waiting: no compatible worker registered yet; offer p:gpu could run it once booted", [])
+
+
+def test_waiting_decision_summaries():
+    states = [make_state(make_worker(f"w{i}", devices=make_cuda_devices(1))) for i in range(3)]
+    _, st = make_shape_state(make_job(accelerator="cuda"), *states)
+    d = waiting_decision(st, 1, 0, [], [], 60.0, 1.0)
+    assert (d.outcome, d.summary, d.at) == ("waiting", "waiting: 3 compatible worker(s) busy", 1.0)
+    assert waiting_decision(st, 3, 2, [], [], 60.0, 0.0).summary == (
+        "waiting: needs 3 workers at once, 2 of 3 compatible worker(s) free")
+    held = [f"w{i}" for i in range(7)]
+    assert waiting_decision(st, 1, 0, [], held, 90.5, 0.0).summary == (
+        "waiting: 3 compatible worker(s) busy; reserved w0, w1, w2, w3, w4 +2 more for it "
+        "(queued longer than reserve_after=90.5s)")
+    st.offer = "p:gpu"
+    assert waiting_decision(st, 1, 0, [], ["w0"], 60.0, 0.0).summary == (
+        "waiting: 3 compatible worker(s) busy; reserved w0 for it (queued longer than reserve_after=60s)"
+        "; offer p:gpu could run it once booted")
