@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import math
 import re
-import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, TypeVar, cast
+from typing import Annotated, Any, Literal, cast
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import AfterValidator, BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -32,6 +30,7 @@ from pydantic._internal._model_construction import ModelMetaclass
 
 from gpulayer._base import Record
 from gpulayer.errors import InvalidArgument, InvalidInput, InvalidRequirement
+from gpulayer.wording import ACCEPTED, TEXT, Spelling, build, invalid_input
 
 __all__ = [
     "TARGETS",
@@ -69,7 +68,7 @@ def text_problem(value: str) -> str | None:
     return f"is not valid UTF-8 (a lone surrogate {m.group()!r} at index {m.start()})"
 
 
-_TEXT = "UTF-8 text without NUL bytes"
+_TEXT = TEXT
 
 
 def check_text(value: str) -> str:
@@ -441,85 +440,7 @@ def job_spec_from_dict(data: Mapping[str, Any]) -> CommandJob | FunctionJob | Di
     return build(model, data, Spelling(call=model.__name__))
 
 
-# --------------------------------------------------------------------------- error wording
-
-_MISSING: Any = object()
-Loc = tuple["str | int", ...]
-
-
-def _shell(value: Any) -> str:
-    """``value`` as it would be typed in a shell (repr where it holds unprintable characters)."""
-    if isinstance(value, str):
-        return shlex.quote(value) if value.isprintable() else repr(value)
-    return _number(value)
-
-
-@dataclass(frozen=True)
-class Spelling:
-    """How one front end writes its inputs, so that an error names an input its user's way.
-
-    With ``call`` (Python keywords) an input reads ``CALL(name=value)``: ``@gl.remote(gpus=-1)``.
-    Without (command-line flags) it reads ``--name value``; spec fields filled from the words
-    after ``--`` are listed in ``words`` with the number of the first word they take.
-    ``names`` maps a spec path (``requirements.gpus``, ``timeout``) or an option that is no
-    spec field (``allow_unknown_accelerator``) to the user's name (``--gpus``,
-    ``gpus_per_node``); a path not listed is written as itself.
-    """
-
-    call: str | None = None
-    names: Mapping[str, str] = field(default_factory=dict)
-    words: Mapping[str, int] = field(default_factory=dict)
-
-    def name(self, path: str) -> str:
-        return self.names.get(path, path)
-
-    def input(self, path: str, value: Any = _MISSING, rest: Loc = ()) -> str:
-        """The input at ``path`` (``rest``: an index or a key inside it) with ``value``, as written."""
-        if self.call is not None:
-            return f"{self.call}({self._keyword(path, value, rest)})"
-        if path in self.words:
-            return self._word(path, value, rest)
-        return self._flag(path, value, rest)
-
-    def option(self, path: str, value_text: str) -> str:
-        """How to write the option at ``path`` with a value, for hints: ``--accelerator KIND``."""
-        if self.call is not None:
-            return f"{self.name(path)}={value_text}"
-        return f"{self.name(path)} {value_text}"
-
-    def switch(self, option: str) -> str:
-        """How to turn on the boolean option ``option``: ``--allow-unknown-accelerator``."""
-        return self.name(option) if self.call is None else f"{self.name(option)}=True"
-
-    def _keyword(self, path: str, value: Any, rest: Loc) -> str:
-        name = self.name(path)
-        if not rest:
-            return name if value is _MISSING else f"{name}={value!r}"
-        shown = "..." if value is _MISSING else repr(value)
-        if isinstance(rest[0], int):
-            return f"{name}[{rest[0]}]={shown}"
-        return f"{name}={{{rest[0]!r}: {shown}}}"
-
-    def _flag(self, path: str, value: Any, rest: Loc) -> str:
-        name = self.name(path)
-        if value is _MISSING and not rest:
-            return name
-        if rest and not isinstance(rest[0], int):
-            shown = "..." if value is _MISSING else str(value)
-            return f"{name} {_shell(f'{rest[0]}={shown}')}"
-        if not rest and isinstance(value, Mapping):
-            return " ".join(f"{name} {_shell(f'{k}={v}')}" for k, v in value.items()) or name
-        if not rest and isinstance(value, (list, tuple)):
-            return " ".join(f"{name} {_shell(v)}" for v in value) or name
-        return name if value is _MISSING else f"{name} {_shell(value)}"
-
-    def _word(self, path: str, value: Any, rest: Loc) -> str:
-        number = self.words[path] + (rest[0] if rest and isinstance(rest[0], int) else 0)
-        if isinstance(value, str):
-            return f"argument {number} after -- {_shell(value)}"
-        return "the command after --"
-
-
+#: what each field accepts, in the words errors use
 _ACCEPTED = {
     "Requirements.accelerator": "a kind such as cuda, rocm or mps, or cpu for none",
     "Requirements.gpus": "a whole number >= 0 (devices per node)",
@@ -555,134 +476,4 @@ _ACCEPTED = {
     "DistributedJob.args": "a list of text arguments",
     "DistributedJob.launcher": "the name of a distributed launcher such as torchrun",
 }
-
-
-def _accepted(owner: type[BaseModel], name: str) -> str:
-    for cls in owner.__mro__:
-        text = _ACCEPTED.get(f"{cls.__name__}.{name}")
-        if text is not None:
-            return text
-    return "a value of the documented type"
-
-
-def _number(value: Any) -> str:
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-
-
-def _problem(err: Mapping[str, Any]) -> str:
-    """What is wrong, in our words, for one of pydantic's error types."""
-    kind: str = err["type"]
-    ctx = err.get("ctx") or {}
-    bounds = {"greater_than_equal": ("at least", "ge"), "greater_than": ("more than", "gt"),
-              "less_than_equal": ("at most", "le"), "less_than": ("less than", "lt")}
-    if kind in bounds:
-        words, key = bounds[kind]
-        return f"must be {words} {_number(ctx.get(key))}"
-    if kind.startswith("int_"):
-        return "not a whole number"
-    if kind.startswith("float_"):
-        return "not a number"
-    if kind.startswith("bool_"):
-        return "not true or false"
-    simple = {
-        "missing": "missing",
-        "finite_number": "not a finite number",
-        "string_type": "not text",
-        "list_type": "not a list", "tuple_type": "not a list", "iterable_type": "not a list",
-        "dict_type": "not a mapping", "mapping_type": "not a mapping",
-        "model_type": "not a record or a mapping", "model_attributes_type": "not a record or a mapping",
-        "literal_error": "not one of the choices",
-        "too_short": "must not be empty", "string_too_short": "must not be empty",
-        "string_pattern_mismatch": "not in the accepted form",
-    }
-    if kind in ("string_too_long", "too_long"):
-        return f"too long (at most {ctx.get('max_length')})"
-    return simple.get(kind, "not accepted")
-
-
-def _resolve(model: type[BaseModel], loc: Loc) -> tuple[type[BaseModel], str, str, Loc, type[BaseModel] | None]:
-    """Split ``loc`` into the field it names and what lies inside that field's value.
-
-    Returns (the record owning the field, the field's name, its dotted path from ``model``,
-    the rest of ``loc``, the record type the rest applies to, if it is one).
-    """
-    owner, name = model, ""
-    parts: list[str] = []
-    at: type[BaseModel] | None = model
-    i = 0
-    while i < len(loc) and at is not None:
-        part = loc[i]
-        if not isinstance(part, str) or part not in at.model_fields:
-            break
-        owner, name = at, part
-        parts.append(part)
-        annotation = at.model_fields[part].annotation
-        at = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-        i += 1
-    return owner, name, ".".join(parts), tuple(loc[i:]), at
-
-
-def _lookup(data: Any, loc: Loc) -> Any:
-    for part in loc:
-        try:
-            if isinstance(data, Mapping):
-                data = data[part]
-            elif isinstance(data, (list, tuple)) and isinstance(part, int):
-                data = data[part]
-            else:
-                data = getattr(data, str(part))
-        except (KeyError, IndexError, TypeError, AttributeError):
-            return _MISSING
-    return data
-
-
-def invalid_input(exc: ValidationError, model: type[BaseModel], spelling: Spelling, data: Any) -> InvalidInput:
-    """Word pydantic's ``exc`` (from validating ``data`` as ``model``) the way ``spelling`` says.
-
-    Each error becomes one line ``INPUT: PROBLEM; accepted: WHAT``. Our own validators'
-    messages carry their problem and what is accepted; pydantic's are re-worded from their
-    error type, never quoted.
-    """
-    lines: list[str] = []
-    kind: type[InvalidInput] | None = None
-    for err in exc.errors(include_url=False):
-        loc: Loc = tuple(err["loc"])
-        owner, name, path, rest, record = _resolve(model, loc)
-        original = (err.get("ctx") or {}).get("error")
-        if isinstance(original, InvalidInput) and kind is None:
-            kind = type(original)
-        if err["type"] == "extra_forbidden" and record is not None and rest:
-            extra = f"{path}.{rest[0]}" if path else str(rest[0])
-            where = spelling.input(extra, err.get("input", _MISSING))
-            lines.append(f"{where}: no such field; accepted: {', '.join(record.model_fields)}")
-            continue
-        if not path and original is not None:
-            # a check over the whole record (the JSON check of a function's arguments) words its input itself
-            lines.append(str(original))
-            continue
-        value = _MISSING if err["type"] == "missing" else err.get("input", _MISSING)
-        if err["type"] == "string_unicode" and isinstance(value, str):
-            # pydantic's own check of constrained text, before ours could run
-            original = InvalidInput(f"{text_problem(value) or 'is not valid UTF-8'}; accepted: {_TEXT}")
-        if rest and rest[-1] == "[key]":
-            rest = rest[:-1]
-            value = _lookup(data, loc[:-1])
-        where = spelling.input(path, value, rest) if path else (spelling.call or model.__name__)
-        if original is not None:
-            lines.append(f"{where}: {original}")
-        else:
-            lines.append(f"{where}: {_problem(err)}; accepted: {_accepted(owner, name) if name else 'a mapping of fields'}")
-        if kind is None and (model is Requirements or path.startswith("requirements")):
-            kind = InvalidRequirement
-    return (kind or InvalidInput)("\n".join(lines))
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def build(model: type[M], data: Mapping[str, Any], spelling: Spelling) -> M:
-    """``model`` validated from ``data``; bad input raises :class:`InvalidInput` worded by ``spelling``."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise invalid_input(exc, model, spelling, data) from None
+ACCEPTED.update(_ACCEPTED)

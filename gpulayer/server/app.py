@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio.to_thread
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -60,6 +60,7 @@ from gpulayer.errors import (
 )
 from gpulayer.server.metrics import Metrics
 from gpulayer.store import Store
+from gpulayer.wording import Spelling, build
 
 log = logging.getLogger("gpulayer.server")
 
@@ -182,23 +183,6 @@ class Server(ControlObserver):
 # ---------------------------------------------------------------------------------- parsing
 
 
-def validation_message(exc: ValidationError, where: str) -> str:
-    """pydantic's errors in GPUlayer's words: ``body.spec.retries: expected ... (got 500)``."""
-    parts = []
-    for err in exc.errors()[:5]:
-        loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in ("function-after", "tagged-union")))
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        msg = re.sub(r"^Input should be ", "expected ", msg)
-        msg = {"Field required": "required", "Extra inputs are not permitted": "unknown field"}.get(msg, msg)
-        shown = err.get("input")
-        if err["type"] not in ("missing", "extra_forbidden") and isinstance(shown, (str, int, float, bool)):
-            text = repr(shown)
-            msg += f" (got {text[:80] + '...' if len(text) > 80 else text})"
-        parts.append(f"{where}.{loc}: {msg}" if loc else f"{where}: {msg}")
-    more = f" (and {len(exc.errors()) - 5} more)" if len(exc.errors()) > 5 else ""
-    return "; ".join(parts) + more
-
-
 async def _read_limited(request: Request, limit: int, what: str) -> bytes:
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
@@ -222,9 +206,7 @@ async def _parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
     if not isinstance(data, dict):
         raise BadRequest(f"request body: expected a JSON object, got {type(data).__name__ if data is not None else 'nothing'}")
     try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise InvalidInput(validation_message(exc, "body")) from None
+        return build(model, data, Spelling(where="body"))
     except RecursionError:
         raise BadRequest("request body is not acceptable JSON: nested too deeply") from None
 
@@ -262,10 +244,7 @@ async def _arguments(server: Server, request: Request, route: api.Route, tok: To
         if owner != tok.id:
             raise NotFound(f"job {values['job_id']!r}: no such job")
     if route.query is not None:
-        try:
-            query = route.query.model_validate(dict(request.query_params))
-        except ValidationError as exc:
-            raise InvalidInput(validation_message(exc, "query")) from None
+        query = build(route.query, dict(request.query_params), Spelling(where="query"))
         values.update({name: getattr(query, name) for name in route.query.model_fields})
     if route.body is not None:
         body = await _parse_body(request, route.body)
