@@ -12,6 +12,12 @@ Every error GPUlayer raises on purpose derives from :class:`GpulayerError`::
     ├── PluginError             a plugin conflict, an unknown hook, a plugin asked for but broken
     ├── ToolError               a vendor tool gave no answer (gpulayer.probing: not found,
     │                           timed out, failed); detectors turn it into a diagnostic
+    ├── ProviderError           a provider adapter could not do what was asked
+    │   ├── NoCapacity          no machine of that shape there now: try the next offer
+    │   ├── QuotaExceeded       the account's quota is used up there: try the next offer
+    │   ├── SkipOffer           this offer cannot be used (for a reason of the adapter's own)
+    │   ├── ProviderAuthFailed  the credentials do not work: the provider is disabled
+    │   └── ProviderTransient   try the same again later
     ├── NotFound                no job, worker, task, bundle or token with that id
     ├── Conflict                a state transition that is not allowed (a late report, ...)
     ├── Unschedulable           no registered worker could ever run the job (carries reasons)
@@ -43,9 +49,15 @@ __all__ = [
     "InvalidInput",
     "InvalidRequirement",
     "JobFailed",
+    "NoCapacity",
     "NotFound",
     "PluginError",
+    "ProviderAuthFailed",
+    "ProviderError",
+    "ProviderTransient",
+    "QuotaExceeded",
     "RemoteError",
+    "SkipOffer",
     "TooLarge",
     "Unschedulable",
     "error_from_wire",
@@ -138,6 +150,32 @@ class TooLarge(InvalidInput):
 
 class PluginError(GpulayerError):
     code = "plugin_error"
+
+
+class ProviderError(GpulayerError):
+    """A provider adapter could not do what was asked; the subclass says what to do next."""
+
+    code = "provider_error"
+
+
+class NoCapacity(ProviderError):
+    code = "no_capacity"
+
+
+class QuotaExceeded(ProviderError):
+    code = "quota_exceeded"
+
+
+class SkipOffer(ProviderError):
+    code = "skip_offer"
+
+
+class ProviderAuthFailed(ProviderError):
+    code = "provider_auth_failed"
+
+
+class ProviderTransient(ProviderError):
+    code = "provider_transient"
 
 
 class NotFound(GpulayerError, LookupError):

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from gpulayer._base import Record
 from gpulayer.specs import DistributedJob, Requirements
@@ -192,35 +193,146 @@ class RuntimeProfile(HookRecord):
     frameworks: dict[str, str] = Field(default_factory=dict)
 
 
+# --------------------------------------------------------------------------- providers
+#
+# A provider adapter brings up machines whose workers join the control plane for ``cloud``
+# jobs: cloud instances, Slurm allocations, hosts of an SSH pool. The contract follows the
+# peers' (Ray's v2 node provider, dstack's Compute, SkyPilot's provision API), kept small:
+# offers (side-effect free), launch (with an id the core chose), list (what carries our
+# label), terminate (idempotent). See docs/providers.md and docs/plugins.md.
+
+Availability = Literal["available", "limited", "unavailable", "unknown"]
+
+
 class MachineOffer(Record):
-    """A machine a provider could boot; it can stand in for a worker-to-be when placing."""
+    """A machine a provider could bring up: a worker-to-be the scheduler places against.
 
-    provider: str
-    shape: str
-    capabilities: Capabilities
-    price_per_hour: float | None = None
+    ``capabilities`` is what its worker would report (CPUs, memory, devices with their kind
+    and memory, frameworks where the adapter knows them); a job is matched against it with
+    the same rules, and reasons, as against a registered worker.
+    """
+
+    #: the provider instance (its section name in providers.toml); the core fills it in
+    provider: str = ""
+    #: instance type, partition shape or host: what the user picks between
+    shape: str = Field(min_length=1)
+    #: region, zone, partition or pool
     region: str | None = None
+    capabilities: Capabilities
+    #: price per hour; None for capacity you own (Slurm, your SSH hosts)
+    price_per_hour: float | None = Field(default=None, ge=0)
+    spot: bool = False
+    availability: Availability = "unknown"
+    #: expected seconds from launch to the worker joining (orders offers of equal price)
+    boot_seconds: float | None = Field(default=None, ge=0)
+    #: the adapter's own facts about the offer (JSON), handed back in the launch request
+    data: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def scope(self) -> str:
+        """``provider/region/shape``: what a failed launch blocks for a while."""
+        return "/".join(p for p in (self.provider, self.region, self.shape) if p)
 
 
-class ProvisionedMachine(Record):
-    provider: str
-    machine_id: str
-    shape: str
+class LaunchRequest(Record):
+    """What :meth:`Provider.launch` gets: everything a new machine needs to join.
+
+    The core chose ``machine_id`` before calling (and stored the request): it is the
+    idempotency key of the launch (a launch retried with the same id must not bring up a
+    second machine) and the value the machine is tagged with, next to ``label``. The
+    bootstrap token is single-use, bound to ``machine_id`` and expires at ``join_deadline``;
+    it must never appear in a process's argv (pass it through the environment, stdin,
+    user-data or a 0600 file): :meth:`worker_environment` has it, :meth:`worker_argv` not.
+    """
+
+    machine_id: str = Field(min_length=1)
+    #: every machine of this control plane carries it; ``list()`` filters by it
+    label: str = Field(min_length=1)
+    offer: MachineOffer
+    control_url: str
+    #: what the worker trusts the server with (a ``sha256:...`` pin or a CA file's PEM text)
+    ca: str | None = None
+    bootstrap_token: SecretStr
+    #: seconds since the epoch by which the worker must have joined, or it is terminated
+    join_deadline: float
+
+    def worker_environment(self) -> dict[str, str]:
+        """The environment ``gpulayer worker start`` needs on the machine, token included."""
+        env = {"GPULAYER_URL": self.control_url, "GPULAYER_TOKEN": self.bootstrap_token.get_secret_value(),
+               "GPULAYER_MACHINE_ID": self.machine_id}
+        if self.ca:
+            env["GPULAYER_CA"] = self.ca
+        return env
+
+    def worker_argv(self, python: str = "python3") -> list[str]:
+        """The worker's command line (no secret in it)."""
+        return [python, "-m", "gpulayer.cli", "worker", "start", "--name", self.machine_id]
+
+
+class LaunchedMachine(Record):
+    """What :meth:`Provider.launch` returns."""
+
+    #: the provider's own handle: an instance id, a Slurm job id, ``host:pid``
+    provider_id: str = Field(min_length=1)
     address: str | None = None
+    #: the adapter's own facts (JSON), stored and handed back to ``terminate``
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class LiveMachine(Record):
+    """One machine :meth:`Provider.list` found carrying this control plane's label."""
+
+    machine_id: str
+    provider_id: str
+    state: Literal["pending", "running", "stopping", "unknown"] = "unknown"
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """One configured provider (a section of providers.toml), made by ``ProviderAdapter.create``.
+
+    Every method may raise the typed errors of :mod:`gpulayer.plugin` (``NoCapacity``,
+    ``QuotaExceeded``, ``SkipOffer``, ``ProviderAuthFailed``, ``ProviderTransient``); any
+    other exception counts as transient. Calls are made from the control plane's threads,
+    bounded by the core's timeouts, never in a request handler.
+    """
+
+    def check(self) -> None:
+        """Raise ``ProviderAuthFailed`` if the credentials or access do not work."""
+        ...
+
+    def offers(self, requirements: Requirements) -> list[MachineOffer]:
+        """Machines that could run a job needing ``requirements`` (an empty record: every
+        shape). Side-effect free; the core caches the answer for a short while."""
+        ...
+
+    def launch(self, request: LaunchRequest) -> LaunchedMachine:
+        """Start bringing up one machine; return once the provider accepted it (do not wait
+        for the worker to join: the core watches the join deadline)."""
+        ...
+
+    def list(self, label: str) -> list[LiveMachine]:
+        """Every live machine carrying ``label`` (reconciliation, orphan sweep)."""
+        ...
+
+    def terminate(self, machine_id: str, provider_id: str | None) -> None:
+        """End the machine; idempotent ("already gone" is success). ``provider_id`` is None
+        when the launch's answer was lost: find the machine by its ``machine_id`` tag."""
+        ...
 
 
 class ProviderAdapter(HookRecord):
-    """A cloud or cluster that boots workers for ``cloud`` jobs.
+    """A kind of provider; ``name`` is the ``type`` of a providers.toml section.
 
-    ``offers(requirements)`` lists machine shapes that could run a job;
-    ``launch(offer, control_url, bootstrap_token)`` boots one whose worker joins with the
-    single-use token; ``terminate(machine_id)`` ends it.
+    ``config`` is the pydantic model a section is validated with (the core takes out its own
+    keys first: ``type``, ``max_machines``, ``max_price_per_hour``, ``idle_timeout``,
+    ``join_timeout``); ``create(instance_name, config)`` makes the :class:`Provider`.
     """
 
     description: str = ""
-    offers: Callable[[Requirements], list[MachineOffer]]
-    launch: Callable[[MachineOffer, str, str], ProvisionedMachine]
-    terminate: Callable[[str], None]
+    config: type[BaseModel]
+    create: Callable[[str, Any], Provider]
 
 
 class Rendezvous(Record):

@@ -143,24 +143,36 @@ def gpulayer_runtime_profiles() -> Iterable[RuntimeProfile]:
 
 @hookspec
 def gpulayer_provider_adapters() -> Iterable[ProviderAdapter]:
-    """Offer provider adapters that boot machines for ``cloud`` jobs.
+    """Offer kinds of providers that bring up machines for ``cloud`` jobs.
 
-    Called by the control plane when a ``cloud`` job has no eligible cloud worker: each
-    adapter's ``offers(requirements)`` may propose machine shapes, which stand in for
-    workers-to-be during placement; ``launch`` boots one with a single-use bootstrap token;
-    ``terminate`` ends it.
+    Called when the control plane loads its providers (``$GPULAYER_HOME/providers.toml`` or
+    ``gpulayer server start --providers FILE``): each section names an adapter by its
+    ``type``; the section (without the core's own keys) is validated with the adapter's
+    ``config`` model, and ``create(section_name, config)`` returns the
+    :class:`~gpulayer.hookrecords.Provider` the control plane then calls: ``offers`` for
+    queued cloud jobs no worker can take, ``launch`` with a machine id it chose and a
+    single-use bootstrap token, ``list`` to reconcile and sweep orphans, ``terminate`` when
+    a machine is idle, failed to join or was lost.
 
     **Example**::
 
+        from pydantic import BaseModel
         from gpulayer import plugin
 
-        def acme_offers(requirements: plugin.Requirements) -> list[plugin.MachineOffer]:
-            ...
+        class AcmeConfig(BaseModel):
+            region: str
+
+        class Acme:
+            def __init__(self, name: str, config: AcmeConfig) -> None: ...
+            def check(self) -> None: ...
+            def offers(self, requirements): return [plugin.MachineOffer(shape="a1", ...)]
+            def launch(self, request): return plugin.LaunchedMachine(provider_id="i-1")
+            def list(self, label): return []
+            def terminate(self, machine_id, provider_id): ...
 
         @plugin.hookimpl
         def gpulayer_provider_adapters():
-            yield plugin.ProviderAdapter(name="acme", offers=acme_offers, launch=acme_launch,
-                                         terminate=acme_terminate)
+            yield plugin.ProviderAdapter(name="acme", config=AcmeConfig, create=Acme)
     """
 
 

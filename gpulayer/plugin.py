@@ -24,6 +24,7 @@ from typing import TypeVar
 
 from gpulayer import devices as _devices
 from gpulayer import plugins as _plugins
+from gpulayer.errors import NoCapacity, ProviderAuthFailed, ProviderError, ProviderTransient, QuotaExceeded, SkipOffer
 from gpulayer.fakes import FakeAcceleratorPlugin, fake_devices_env, no_real_devices_env
 from gpulayer.hookrecords import (
     AcceleratorDetector,
@@ -36,9 +37,12 @@ from gpulayer.hookrecords import (
     HookRecord,
     HostInfo,
     LaunchCommand,
+    LaunchedMachine,
+    LaunchRequest,
+    LiveMachine,
     MachineOffer,
+    Provider,
     ProviderAdapter,
-    ProvisionedMachine,
     Rendezvous,
     RuntimeProfile,
     SubProbe,
@@ -70,12 +74,21 @@ __all__ = [
     "FrameworkProbe",
     "HostInfo",
     "LaunchCommand",
+    "LaunchRequest",
+    "LaunchedMachine",
+    "LiveMachine",
     "MachineOffer",
+    "NoCapacity",
+    "Provider",
     "ProviderAdapter",
-    "ProvisionedMachine",
+    "ProviderAuthFailed",
+    "ProviderError",
+    "ProviderTransient",
+    "QuotaExceeded",
     "Rendezvous",
     "Requirements",
     "RuntimeProfile",
+    "SkipOffer",
     "SubProbe",
     "SupportLevel",
     "ToolError",
