@@ -1,5 +1,15 @@
 """The client the SDK, the CLI and the PyTorch API use: one class over either control plane.
 
+A process that runs a worker of its own (embedded: the SDK and ``gpulayer submit`` start
+one when a local job needs it) does not drop the jobs it submitted when it ends:
+
+* at a normal exit it waits for the local jobs it submitted that have not ended, saying so
+  on stderr; Ctrl-C during that wait cancels them ("cancelled: the process that submitted
+  it was interrupted while waiting for it at exit");
+* on SIGTERM (when the program has no handler of its own) it cancels them at once, ends
+  their processes and exits with status 143 ("cancelled: the process that submitted it
+  received SIGTERM").
+
 :func:`connect` picks the control plane: ``GPULAYER_URL`` (and ``GPULAYER_TOKEN``) select a
 server, reached through :func:`gpulayer.http_client.connect_http`; otherwise the control
 plane runs embedded (:class:`~gpulayer.control.ControlPlane` on SQLite in
@@ -13,6 +23,9 @@ and following logs.
 from __future__ import annotations
 
 import atexit
+import os
+import signal
+import sys
 import threading
 import time
 import uuid
@@ -21,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpulayer import bundles, config
 from gpulayer.api import MAX_LONG_POLL, ControlAPI, LogChunk
+from gpulayer.errors import GpulayerError, SubmitWhileImporting
 from gpulayer.records import JobRecord, WorkerRecord
 from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, JobSpec
 
@@ -43,6 +57,9 @@ class Client:
         self.control = control
         self._agent: Any = None
         self._agent_lock = threading.Lock()
+        #: local jobs this process submitted (it waits for them at exit)
+        self._submitted: list[str] = []
+        self._terminating = False
 
     @property
     def embedded(self) -> bool:
@@ -69,10 +86,14 @@ class Client:
     def submit(self, spec: CommandJob | FunctionJob | DistributedJob, *,
                idempotency_key: str | None = None) -> JobRecord:
         """Prepare and submit; a retried submit with the same key never makes two jobs."""
+        _refuse_while_importing(spec)
         prepared = self.prepare(spec)
         if "local" in prepared.placement.targets:
             self.ensure_local_worker()
-        return self.api.submit(prepared, idempotency_key=idempotency_key or uuid.uuid4().hex)
+        job = self.api.submit(prepared, idempotency_key=idempotency_key or uuid.uuid4().hex)
+        if self.control is not None and "local" in prepared.placement.targets:
+            self._submitted.append(job.id)
+        return job
 
     # ------------------------------------------------------------------ following
 
@@ -129,12 +150,63 @@ class Client:
 
             self._agent = Agent(self.control, name="in-process", cpu_slots=config.settings().cpu_slots)
             self._agent.start()
-            atexit.register(self._stop_agent)
+            atexit.register(self._at_exit)
+            _end_on_sigterm(self)
+
+    def _unfinished(self) -> list[JobRecord]:
+        if self.control is None:
+            return []
+        jobs = []
+        for job_id in self._submitted:
+            try:
+                job = self.control.get_job(job_id)
+            except GpulayerError:
+                continue
+            if not job.state.terminal:
+                jobs.append(job)
+        return jobs
+
+    def _at_exit(self) -> None:
+        """The process is ending: wait for (or, after SIGTERM, cancel) the local jobs it
+        submitted, then stop its worker."""
+        if self._agent is None:
+            return
+        pending = self._unfinished()
+        if pending and self._terminating:
+            self._cancel_all(pending, "the process that submitted it received SIGTERM")
+        elif pending:
+            shown = ", ".join(f"{j.id} ({j.state.value})" for j in pending[:5])
+            more = f" and {len(pending) - 5} more" if len(pending) > 5 else ""
+            sys.stderr.write(f"gpulayer: waiting for {len(pending)} job(s) this process submitted to end: "
+                             f"{shown}{more}; press Ctrl-C to cancel them\n")
+            sys.stderr.flush()
+            try:
+                for job in pending:
+                    self.wait(job.id)
+            except KeyboardInterrupt:
+                self._cancel_all(self._unfinished(),
+                                 "the process that submitted it was interrupted while waiting for it at exit")
+            except SystemExit as exc:  # SIGTERM while waiting here (see _end_on_sigterm)
+                self._cancel_all(self._unfinished(), "the process that submitted it received SIGTERM")
+                self._stop_agent()
+                sys.stderr.flush()
+                # atexit cannot change the exit status by raising: end with SIGTERM's as the
+                # default handler would have (other atexit handlers are skipped, as they are then)
+                os._exit(exc.code if isinstance(exc.code, int) else 143)
+        self._stop_agent()
+
+    def _cancel_all(self, jobs: list[JobRecord], reason: str) -> None:
+        if self.control is None or not jobs:
+            return
+        for job in jobs:
+            self.control.cancel(job.id, reason=reason)
+        sys.stderr.write(f"gpulayer: cancelled {len(jobs)} job(s): {reason}\n")
+        sys.stderr.flush()
 
     def _stop_agent(self) -> None:
         agent, self._agent = self._agent, None
         if agent is not None:
-            agent.stop(grace=config.settings().exit_grace)
+            agent.stop(grace=0 if self._terminating else config.settings().exit_grace)
 
     def close(self) -> None:
         """Stop the in-process worker (if any) and release connections."""
@@ -145,6 +217,35 @@ class Client:
             close = getattr(self.api, "close", None)
             if close is not None:
                 close()
+
+
+def _end_on_sigterm(client: Client) -> None:
+    """SIGTERM (by default: die at once, skipping atexit) ends this process's jobs first.
+
+    Only when the program has not chosen a SIGTERM handler of its own, and only from the
+    main thread (where Python delivers signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        client._terminating = True
+        raise SystemExit(128 + signum)  # unwinds, runs atexit: _at_exit cancels and ends the tasks
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _refuse_while_importing(spec: JobSpec) -> None:
+    importing = os.environ.get("GPULAYER_IMPORTING_JOB_MODULE")
+    if not importing:
+        return
+    module = importing.partition(":")[0]
+    raise SubmitWhileImporting(
+        f"a job was submitted while a worker imported module {module!r} to run {importing}: the "
+        f"module's top-level code runs again on the worker, so it would submit again, without end. "
+        f"Put the code that submits under a guard at the end of the script:\n\n"
+        f'    if __name__ == "__main__":\n        ...  # .remote(...), gl.submit(...)\n')
 
 
 def prefixes_nodes(spec: JobSpec, node: int | None = None) -> bool:

@@ -21,6 +21,7 @@ Every error GPUlayer raises on purpose derives from :class:`GpulayerError`::
     ├── NotFound                no job, worker, task, bundle or token with that id
     ├── Conflict                a state transition that is not allowed (a late report, ...)
     ├── Unschedulable           no registered worker could ever run the job (carries reasons)
+    ├── SubmitWhileImporting    a job's module submitted a job while a worker imported it
     ├── JobFailed               the job ended without success (carries its state and exit code)
     │   └── RemoteError         a FunctionJob raised: remote type, message and traceback
     ├── AuthError               missing or unusable token (HTTP 401)
@@ -58,6 +59,7 @@ __all__ = [
     "QuotaExceeded",
     "RemoteError",
     "SkipOffer",
+    "SubmitWhileImporting",
     "TooLarge",
     "Unschedulable",
     "error_from_wire",
@@ -204,6 +206,13 @@ class Unschedulable(GpulayerError):
     @classmethod
     def from_details(cls, message: str, details: dict[str, Any]) -> GpulayerError:
         return cls(message, job_id=details.get("job_id"))
+
+
+class SubmitWhileImporting(GpulayerError):
+    """A job was submitted by a module's top-level code while a worker imported that module
+    to run one of its functions: on a worker the submission would repeat without end."""
+
+    code = "submit_while_importing"
 
 
 class JobFailed(GpulayerError):

@@ -15,7 +15,8 @@ Rules:
   runs, from the root cause (the first node that did not succeed and was not cancelled
   because of another).
 * A failed or lost attempt is retried while the job has attempts left (``attempt <
-  max_attempts``); a timed-out or cancelled one is not. A cancel request always wins.
+  max_attempts``); a timed-out or cancelled one is not. A cancel request always wins, and
+  its reason (stored with the request) is the job's error.
 * A task lost before it ever started does not spend the job's retry budget
   (:func:`release_unstarted`).
 * A task the job no longer wants (its job ended, was cancelled, moved to a newer attempt,
@@ -46,6 +47,8 @@ class JobView:
     attempt: int
     max_attempts: int
     cancel_requested: bool = False
+    #: the job's stored error; a cancel request stores its reason here
+    error: JobError | None = None
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,9 @@ def settle(job: JobView, tasks: Sequence[TaskView], *, reported: JobError | None
     root = next((t for t in bad if t.state is not TaskState.CANCELLED), bad[0])
     error = reported or root.error
     if job.cancel_requested:
-        out.state, out.error = JobState.CANCELLED, JobError.cancelled()
+        # the reason the cancel request stored, if it gave one
+        reason = job.error if job.error is not None and job.error.type == "cancelled" else None
+        out.state, out.error = JobState.CANCELLED, reason or JobError.cancelled()
     elif root.state in (TaskState.FAILED, TaskState.LOST) and job.attempt < job.max_attempts:
         out.state, out.error, out.retry = JobState.QUEUED, error, True
         out.note = f"attempt {job.attempt} {root.state.value}; {job.max_attempts - job.attempt} left"

@@ -144,7 +144,9 @@ class ControlPlane:
             value = JobState(state).value if state is not None else None
             return [mapping.job_record(r) for r in queries.jobs(s, state=value, limit=limit, owner=owner)]
 
-    def cancel(self, job_id: str) -> JobRecord:
+    def cancel(self, job_id: str, *, reason: str | None = None) -> JobRecord:
+        """End the job: a queued one at once, a running one through its workers (their next
+        heartbeat or poll). ``reason`` (in-process callers) becomes the job's error."""
         now = self.clock()
         with self.store.write() as s:
             row = queries.job(s, job_id)
@@ -154,8 +156,11 @@ class ControlPlane:
             row.updated_at = now
             if row.state == JobState.QUEUED.value:
                 row.state = JobState.CANCELLED.value
-                row.error = JobError.cancelled("cancelled before it started").model_dump_json()
+                row.error = JobError.cancelled(f"{reason} (before it started)" if reason
+                                               else "cancelled before it started").model_dump_json()
             else:
+                if reason:
+                    row.error = JobError.cancelled(reason).model_dump_json()
                 # assigned but not started: nothing to stop, end it here
                 for t in queries.tasks_of(s, row.id, row.attempt):
                     if t.state == TaskState.ASSIGNED.value:
@@ -597,7 +602,7 @@ class ControlPlane:
 
 def _view(job: JobRow) -> lifecycle.JobView:
     return lifecycle.JobView(state=JobState(job.state), attempt=job.attempt, max_attempts=job.max_attempts,
-                             cancel_requested=job.cancel_requested)
+                             cancel_requested=job.cancel_requested, error=mapping.error_of(job.error))
 
 
 def _pid_alive(pid: int) -> bool:

@@ -60,7 +60,11 @@ if not os.environ.get("MASTER_PORT"):
 sys.argv = [entry, *args]
 if ":" in entry and not entry.endswith(".py"):
     mod, _, attr = entry.partition(":")
-    obj = importlib.import_module(mod)
+    os.environ["GPULAYER_IMPORTING_JOB_MODULE"] = entry  # a gl.submit() at its top level refuses
+    try:
+        obj = importlib.import_module(mod)
+    finally:
+        os.environ.pop("GPULAYER_IMPORTING_JOB_MODULE", None)
     for part in attr.split("."):
         obj = getattr(obj, part)
     obj(*args)

@@ -34,6 +34,11 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 
+#: set while the job's module is being imported: a gl.submit() or .remote() made by that
+#: module's top-level code refuses to run (gpulayer.client.Client.submit), because on a
+#: worker that code would submit the job again, without end
+IMPORTING_ENV = "GPULAYER_IMPORTING_JOB_MODULE"
+
 _ACCEPTED = "accepted: None, bool, int, finite float, str, list, dict with str keys"
 
 
@@ -106,6 +111,7 @@ def _resolve(ref: str) -> Any:
     import importlib
 
     module_name, qualname = ref.split(":")
+    os.environ[IMPORTING_ENV] = ref
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -127,6 +133,8 @@ def _resolve(ref: str) -> Any:
             f"cannot import {ref}: importing {module_name!r} raised {_type_name(exc)}: {exc}",
             _format_tb(exc, skip=1),
         ) from exc
+    finally:
+        os.environ.pop(IMPORTING_ENV, None)
 
     obj: Any = module
     parts = qualname.split(".")

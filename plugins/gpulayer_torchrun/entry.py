@@ -25,7 +25,13 @@ def main(argv: list[str]) -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     sys.path.insert(0, os.getcwd())
-    obj = importlib.import_module(module_name)
+    # while the module's top-level code runs, a gl.submit() in it refuses (it would submit
+    # the job again from every rank): the name is GPUlayer's documented marker
+    os.environ["GPULAYER_IMPORTING_JOB_MODULE"] = target
+    try:
+        obj = importlib.import_module(module_name)
+    finally:
+        os.environ.pop("GPULAYER_IMPORTING_JOB_MODULE", None)
     for part in attr.split("."):
         obj = getattr(obj, part)
     if not callable(obj):

@@ -1,0 +1,134 @@
+"""What a script that submits jobs does when it ends, as a real process: a job is never
+silently dropped, a job's processes never outlive it, and a script that forgot its
+``if __name__ == "__main__":`` guard fails at once instead of submitting itself forever."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support import wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def run_script(home: Path, script: Path, **kw: object) -> subprocess.Popen[str]:
+    env = {**os.environ, "GPULAYER_HOME": str(home), "GPULAYER_HEARTBEAT_INTERVAL": "0.2"}
+    return subprocess.Popen([sys.executable, str(script)], cwd=script.parent, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)  # type: ignore[call-overload]
+
+
+def jobs_in(home: Path) -> list[object]:
+    from gpulayer.control import ControlPlane
+    from gpulayer.store import Store
+
+    store = Store(f"sqlite:///{home / 'gpulayer.db'}")
+    try:
+        return list(ControlPlane(store).list_jobs(limit=1000))
+    finally:
+        store.dispose()
+
+
+def test_a_remote_call_at_the_top_of_a_script_fails_the_job_at_once(home: Path, tmp_path: Path) -> None:
+    """The README's snippet as people paste it first: no __main__ guard."""
+    script = write(tmp_path / "main.py", """\
+        import gpulayer as gl
+
+        @gl.remote
+        def train(steps: int) -> dict:
+            return {"steps": steps}
+
+        h = train.remote(100)
+        print(h.result())
+    """)
+    proc = run_script(home, script)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, (out, err)
+    assert "SubmitWhileImporting" in err
+    assert "a job was submitted while a worker imported module 'main' to run main:train" in err
+    assert 'if __name__ == "__main__":' in err
+    jobs = jobs_in(home)
+    assert len(jobs) == 1  # the worker's import did not submit a second job
+
+
+def test_a_job_submitted_as_the_last_line_runs_before_the_script_ends(home: Path, tmp_path: Path) -> None:
+    script = write(tmp_path / "last.py", """\
+        import sys
+        import gpulayer as gl
+
+        if __name__ == "__main__":
+            gl.submit(gl.CommandJob(command=[sys.executable, "-c",
+                      "import time; time.sleep(1); open('done.txt', 'w').write('ok')"], bundle="."))
+    """)
+    proc = run_script(home, script)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "gpulayer: waiting for 1 job(s) this process submitted to end" in err
+    [job] = jobs_in(home)
+    assert job.state.value == "succeeded"  # type: ignore[attr-defined]
+
+
+def _started(pid_file: Path) -> int:
+    return int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 60, "the job to start"))
+
+
+LONG_JOB = """\
+    import sys
+    import gpulayer as gl
+
+    CODE = "import os, time; open({pid!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+
+    if __name__ == "__main__":
+        gl.submit(gl.CommandJob(command=[sys.executable, "-c", CODE]))
+"""
+
+
+def test_ctrl_c_while_waiting_at_exit_cancels_the_jobs_saying_why(home: Path, tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    script = write(tmp_path / "wait.py", LONG_JOB.format(pid=str(pid_file)))
+    proc = run_script(home, script)
+    child = _started(pid_file)
+    wait_for(lambda: proc.stderr is not None, 5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "press Ctrl-C to cancel them" in err
+    assert "gpulayer: cancelled 1 job(s): the process that submitted it was interrupted" in err
+    [job] = jobs_in(home)
+    assert job.state.value == "cancelled"  # type: ignore[attr-defined]
+    assert "interrupted while waiting for it at exit" in job.error.message  # type: ignore[attr-defined]
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.parametrize("where", ["at exit", "in the script"])
+def test_sigterm_to_the_script_ends_its_jobs_and_their_processes(home: Path, tmp_path: Path, where: str) -> None:
+    pid_file = tmp_path / "pid"
+    text = LONG_JOB.format(pid=str(pid_file))
+    if where == "in the script":  # SIGTERM arrives while the script waits for a result
+        text = text.replace("        gl.submit(", "        h = gl.submit(") + "        h.result()\n"
+    script = write(tmp_path / "term.py", text)
+    proc = run_script(home, script)
+    child = _started(pid_file)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "received SIGTERM" in err
+    wait_for(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE,
+             20, "the job's process to end")
+    [job] = jobs_in(home)
+    assert job.state.value == "cancelled"  # type: ignore[attr-defined]
+    assert job.error.message == "the process that submitted it received SIGTERM"  # type: ignore[attr-defined]
+    assert not any((home / "tasks").glob("*")), "task directories are removed"
+    time.sleep(0)  # nothing else to wait for: the script is gone
