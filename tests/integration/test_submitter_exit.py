@@ -54,7 +54,7 @@ def test_a_remote_call_at_the_top_of_a_script_fails_the_job_at_once(home: Path, 
         print(h.result())
     """)
     proc = run_script(home, script)
-    _, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, (out, err)
     assert "SubmitWhileImporting" in err
     assert "a job was submitted while a worker imported module 'main' to run main:train" in err
