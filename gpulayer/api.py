@@ -201,6 +201,11 @@ class FinishBody(Wire):
     error: JobError | None = None
 
 
+class PruneQuery(Wire):
+    older_than: float = Field(default=0.0, ge=0, le=10 * 365 * 86400,
+                              description="only workers silent for at least this many seconds")
+
+
 class TokenBody(Wire):
     scope: Literal["admin", "client", "join", "bootstrap"]
     ttl: float | None = Field(default=None, gt=0, le=10 * 365 * 86400, description="seconds")
@@ -297,7 +302,7 @@ class WorkerAPI(Protocol):
 
 
 class AdminAPI(Protocol):
-    """Tokens."""
+    """Tokens, and the worker registry's housekeeping."""
 
     def create_token(self, *, scope: str, ttl: float | None = None, uses: int | None = None,
                      description: str = "") -> NewToken: ...
@@ -305,6 +310,11 @@ class AdminAPI(Protocol):
     def list_tokens(self) -> list[TokenInfo]: ...
 
     def revoke_token(self, token_id: str) -> TokenInfo: ...
+
+    def prune_workers(self, *, older_than: float = 0.0) -> list[str]:
+        """Forget offline workers silent for at least ``older_than`` seconds (any origin);
+        their credentials are revoked. Returns their ids."""
+        ...
 
 
 class ControlAPI(ClientAPI, WorkerAPI, AdminAPI, Protocol):
@@ -434,6 +444,9 @@ ROUTES: tuple[Route, ...] = (
           response=NewToken, status=201, body=TokenBody, safe=False),
     Route("list_tokens", "GET", "/v1/tokens", ("admin",), "Tokens (never their secrets)",
           response=list[TokenInfo]),
+    Route("prune_workers", "POST", "/v1/workers/prune", ("admin",),
+          "Forget offline workers (their credentials are revoked); answers their ids",
+          response=list[str], query=PruneQuery, safe=False),
     Route("revoke_token", "DELETE", "/v1/tokens/{token_id}", ("admin",), "Revoke a token",
           response=TokenInfo, errors=(404,)),
 )

@@ -146,9 +146,10 @@ class Client:
         with self._agent_lock:
             if self._agent is not None or self.live_local_workers():
                 return
+            from gpulayer.control import IN_PROCESS_NAME
             from gpulayer.worker.agent import Agent
 
-            self._agent = Agent(self.control, name="in-process", cpu_slots=config.settings().cpu_slots)
+            self._agent = Agent(self.control, name=IN_PROCESS_NAME, cpu_slots=config.settings().cpu_slots)
             self._agent.start()
             atexit.register(self._at_exit)
             _end_on_sigterm(self)
@@ -207,6 +208,11 @@ class Client:
         agent, self._agent = self._agent, None
         if agent is not None:
             agent.stop(grace=0 if self._terminating else config.settings().exit_grace)
+            if self.control is not None and agent.worker_id is not None:
+                try:  # its row is no use once it stopped: `worker list` shows live workers
+                    self.control.prune_workers(worker_ids=[agent.worker_id])
+                except GpulayerError:
+                    pass
 
     def close(self) -> None:
         """Stop the in-process worker (if any) and release connections."""
@@ -266,6 +272,9 @@ def embedded_client(database_url: str | None = None) -> Client:
     from gpulayer.store import Store
 
     control = ControlPlane(Store(database_url))
+    # a worker of this home that died (killed with -9: its pid is gone) is noticed now, so
+    # its tasks are lost and retried at once instead of after a heartbeat timeout
+    control.expire_workers()
     return Client(control, location="embedded", default_target="local", control=control)
 
 

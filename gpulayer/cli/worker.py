@@ -158,3 +158,24 @@ def worker_status(
             typer.echo("frameworks " + json.dumps(w.capabilities.frameworks))
         typer.echo(f"slots     {st['availability']['free_cpu_slots']}/{w.cpu_slots} CPU slot(s) free")
         typer.echo("")
+
+
+@worker_app.command("prune")
+def worker_prune(
+    older_than: Optional[str] = typer.Option(None, "--older-than",
+                                             help="only workers silent for at least this long, e.g. 1h, 7d"),
+    as_json: bool = typer.Option(False, "--json", help="print the ids removed as JSON"),
+) -> None:
+    """Forget offline workers (of any origin); their credentials are revoked."""
+    from gpulayer.client import connect
+    from gpulayer.tokens import parse_duration
+
+    try:
+        seconds = parse_duration(older_than) if older_than else 0.0
+    except InvalidInput as exc:
+        raise InvalidInput(f"--older-than {older_than!r}: {str(exc).split(': ', 1)[-1]}") from None
+    gone = connect().api.prune_workers(older_than=seconds)
+    if as_json:
+        typer.echo(json.dumps(gone))
+        return
+    typer.echo(f"removed {len(gone)} offline worker(s)" + (": " + ", ".join(gone) if gone else ""))

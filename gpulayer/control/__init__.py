@@ -52,6 +52,9 @@ from gpulayer.specs import JobSpec
 from gpulayer.store import BundleRow, EventRow, JobRow, LogRow, Store, TaskRow, WorkerRow, mapping, queries
 
 ORIGINS = ("local", "existing", "provider")
+#: the name of the worker a script or `gpulayer submit` runs in its own process: its row is
+#: forgotten when it stops (it is started afresh by the next one)
+IN_PROCESS_NAME = "in-process"
 
 
 class ControlObserver:
@@ -425,9 +428,13 @@ class ControlPlane:
                     continue
                 row.online = False
                 s.add(row)
+                why = (f"worker {wid} (pid {row.pid}) is gone" if row.origin == "local" and row.hostname == here
+                       and row.pid and not _pid_alive(row.pid) else f"worker {wid} stopped sending heartbeats")
                 for t in queries.active_tasks_of_worker(s, wid):
-                    self._lose(s, t, now, f"worker {wid} stopped sending heartbeats")
+                    self._lose(s, t, now, why)
                 self._event(s, "worker_offline", worker_id=wid)
+                if row.name == IN_PROCESS_NAME and row.origin == "local":
+                    queries.delete_workers(s, [wid])  # a script's own worker is not worth a row once gone
         self.schedule()
         return stale
 
@@ -516,6 +523,24 @@ class ControlPlane:
 
     def revoke_token(self, token_id: str) -> TokenInfo:
         return self.tokens.revoke(token_id)
+
+    # ------------------------------------------------------------------ housekeeping (admin)
+
+    def prune_workers(self, *, older_than: float = 0.0, worker_ids: Sequence[str] | None = None) -> list[str]:
+        """Forget offline workers silent for at least ``older_than`` seconds (only those of
+        ``worker_ids`` when given); their credentials are revoked. Tasks keep naming them."""
+        self.expire_workers()
+        with self.store.write() as s:
+            gone = queries.offline_workers_silent_since(s, self.clock() - older_than)
+            if worker_ids is not None:
+                gone = [w for w in gone if w in set(worker_ids)]
+            for wid in gone:
+                queries.revoke_worker_tokens(s, wid)
+                self._event(s, "worker_pruned", worker_id=wid)
+            queries.delete_workers(s, gone)
+        if gone:
+            self.tokens.forget()
+        return gone
 
     # ------------------------------------------------------------------ placement
 

@@ -5,7 +5,8 @@ Writing a decision: an assigned job gets a new attempt and one ``assigned`` task
 (with the rendezvous facts a distributed job's nodes share); a job no worker could ever
 run and that asked to fail becomes ``unschedulable`` with the scheduler's reasons as its
 error; any other job keeps waiting, and its stored decision is rewritten only when it says
-something new.
+something new. A job that was placed before (a retry after its worker died or failed) never
+becomes unschedulable: it was runnable, so it waits for a worker to come (back).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def assign(s: Session, job: JobRow, spec: JobSpec, a: scheduling.Assignment, add
 
 def record_decision(s: Session, job: JobRow, spec: JobSpec, decision: PlacementDecision, now: float,
                     event: EventSink) -> None:
-    if decision.outcome == "unschedulable" and spec.placement.on_unschedulable == "fail":
+    if decision.outcome == "unschedulable" and spec.placement.on_unschedulable == "fail" and job.attempt == 0:
         job.state = JobState.UNSCHEDULABLE.value
         job.updated_at = now
         job.decision = decision.model_dump_json()
@@ -101,6 +102,10 @@ def record_decision(s: Session, job: JobRow, spec: JobSpec, decision: PlacementD
         s.add(job)
         event(s, "unschedulable", job_id=job.id, message=decision.summary)
         return
+    if decision.outcome == "unschedulable" and job.attempt > 0:  # it waits (see above): say so
+        decision = decision.model_copy(update={
+            "outcome": "waiting",
+            "summary": f"waiting for a worker: attempt {job.attempt} ran, but {decision.summary.removeprefix('scheduling: ')}"})
     # rewrite the stored decision only when it says something new (not just a new time)
     stored = mapping.decision_of(job.decision)
     if stored is None or stored.model_copy(update={"at": decision.at}) != decision:

@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import func, text, update
+from sqlalchemy import delete, func, text, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, SQLModel, col, select
 
@@ -215,6 +215,18 @@ def touch_workers(s: Session, worker_ids: Iterable[str], now: float) -> None:
     params = [{"now": now, "yes": True, "id": w} for w in worker_ids]
     if params:
         s.execute(text("UPDATE gl_workers SET last_heartbeat = :now, online = :yes WHERE id = :id"), params)
+
+
+def offline_workers_silent_since(s: Session, cutoff: float) -> list[str]:
+    rows = s.execute(sa_select(col(WorkerRow.id)).where(col(WorkerRow.online).is_(False),
+                                                         col(WorkerRow.last_heartbeat) <= cutoff)).all()
+    return [str(r[0]) for r in rows]
+
+
+def delete_workers(s: Session, worker_ids: Iterable[str]) -> None:
+    ids = list(worker_ids)
+    if ids:
+        s.execute(delete(WorkerRow).where(col(WorkerRow.id).in_(ids)).execution_options(synchronize_session=False))
 
 
 def online_worker_count(s: Session) -> int:

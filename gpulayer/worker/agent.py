@@ -178,6 +178,9 @@ class Agent:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> WorkerRecord:
+        from gpulayer.worker.process import reap_orphans
+
+        reap_orphans()  # what a worker killed before us left running must not run beside us
         record = self.registered if self.registered is not None else self._register()
         self._started = True
         threading.Thread(target=self._heartbeat_loop, name="gpulayer-heartbeat", daemon=True).start()

@@ -13,27 +13,36 @@ finds it even after its parent exited and it was re-parented to init. A task mus
 orphans: when its main process exits, whatever is left in its group or carries its marker is
 killed.
 
-POSIX only (Linux and macOS).
+A task's processes die with their worker, even one killed with SIGKILL: on Linux the task's
+main process gets ``PR_SET_PDEATHSIG`` (SIGKILL when the worker's thread that started it
+dies), and every process of the tree carries a marker that names its worker process
+(``<pid>.<start time>.<id>``): :func:`reap_orphans`, which every worker runs as it starts,
+ends the trees whose worker is gone (what the main process had started before it died).
+
+POSIX only (Linux and macOS; the parent-death signal is Linux only).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import selectors
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
-__all__ = ["TREE_ID_ENV", "ProcessOutcome", "run_process", "terminate_tree"]
+__all__ = ["TREE_ID_ENV", "ProcessOutcome", "reap_orphans", "run_process", "terminate_tree"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +72,79 @@ class ProcessOutcome:
     @property
     def ok(self) -> bool:
         return self.state == "succeeded"
+
+
+# --------------------------------------------------------------------------- dying with the worker
+
+_PR_SET_PDEATHSIG = 1
+_prctl: Any = None
+if sys.platform.startswith("linux"):
+    with contextlib.suppress(OSError, AttributeError):
+        _prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when the thread that started it
+    dies (Linux); None elsewhere. It runs between fork and exec, so it only makes the one
+    system call (resolved before the fork) and checks that the parent still lives."""
+    if _prctl is None:
+        return None
+    prctl = _prctl
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the worker died before the call: nobody would end us
+            os._exit(137)
+
+    return preexec
+
+
+def _owner() -> str:
+    """This process as a marker prefix: pid and start time (a reused pid is not us)."""
+    try:
+        started = int(psutil.Process().create_time() * 100)
+    except psutil.Error:  # pragma: no cover - we can always read ourselves
+        started = 0
+    return f"{os.getpid()}.{started}"
+
+
+def _owner_alive(marker: str) -> bool:
+    pid_text, _, rest = marker.partition(".")
+    started_text = rest.partition(".")[0]
+    try:
+        pid, started = int(pid_text), int(started_text)
+    except ValueError:
+        return True  # not one of ours (or an older format): leave it alone
+    try:
+        return int(psutil.Process(pid).create_time() * 100) == started
+    except psutil.Error:
+        return False
+
+
+def reap_orphans(grace: float = 1.0) -> int:
+    """End every task process tree whose worker process is gone; returns how many trees.
+
+    Every worker calls it as it starts, so what a worker killed with SIGKILL left running
+    (the task's children; its main process died with it) never runs beside a retry of the
+    task, nor holds a device the new worker hands out again."""
+    markers: dict[str, list[psutil.Process]] = {}
+    me = os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        try:
+            marker = proc.environ().get(TREE_ID_ENV)
+        except (psutil.Error, OSError):
+            continue
+        if marker:
+            markers.setdefault(marker, []).append(proc)
+    orphaned = [m for m in markers if not _owner_alive(m)]
+    for marker in orphaned:
+        procs = markers[marker]
+        log.warning("ending %d process(es) left by a task whose worker is gone (%s=%s)",
+                    len(procs), TREE_ID_ENV, marker)
+        terminate_tree(procs[0].pid, grace, marker=marker, extra=procs)
+    return len(orphaned)
 
 
 # --------------------------------------------------------------------------- ending trees
@@ -304,7 +386,7 @@ def run_process(
         _emit_safely(on_output, message)
         return ProcessOutcome("failed", 127, message)
 
-    marker = uuid.uuid4().hex
+    marker = f"{_owner()}.{uuid.uuid4().hex}"
     full_env = dict(env)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     full_env[TREE_ID_ENV] = marker
@@ -319,6 +401,7 @@ def run_process(
             stderr=subprocess.PIPE,
             start_new_session=True,
             close_fds=True,
+            preexec_fn=_die_with_parent(os.getpid()),
         )
     except OSError as exc:
         code = 127 if isinstance(exc, FileNotFoundError) else 126

@@ -500,3 +500,56 @@ def test_a_decision_that_cannot_be_read_is_rewritten(cp: ControlPlane) -> None:
     cp.schedule()
     decision = cp.get_job(job.id).decision
     assert decision is not None and decision.outcome == "unschedulable"
+
+
+def test_a_retry_whose_only_worker_died_waits_for_a_worker_instead_of_failing(cp: ControlPlane) -> None:
+    clock: Clock = cp.clock  # type: ignore[assignment]
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    job = cp.submit(gpu_job(retries=1))
+    [a] = cp.poll_tasks(w.id)
+    cp.start_task(a.task_id, worker_id=w.id)
+    clock.now += 11  # silent for longer than the timeout: offline, task lost, job retried
+    assert cp.expire_workers() == [w.id]
+    queued = cp.get_job(job.id)
+    assert queued.state is JobState.QUEUED and queued.attempt == 1
+    assert queued.decision is not None and queued.decision.outcome == "waiting"
+    assert queued.decision.summary == "waiting for a worker: attempt 1 ran, but no eligible worker"
+    w2 = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    [b] = cp.poll_tasks(w2.id)
+    assert b.job_id == job.id and b.attempt == 2
+
+
+def test_prune_forgets_offline_workers_and_revokes_their_credentials(cp: ControlPlane) -> None:
+    clock: Clock = cp.clock  # type: ignore[assignment]
+    join = cp.create_token(scope="join")
+    gone = cp.join_worker(make_capabilities(), join_token=join.token)
+    alive = cp.register_worker(make_capabilities(), cpu_slots=1)
+    clock.now += 5
+    cp.heartbeat(alive.id)
+    clock.now += 6  # `gone` silent for 11 s > 10 s
+    cp.expire_workers()
+    assert cp.prune_workers(older_than=3600) == []  # silent for less than an hour
+    assert cp.prune_workers() == [gone.worker_id]
+    assert [w.id for w in cp.list_workers()] == [alive.id]
+    assert next(t for t in cp.list_tokens() if t.id == gone.token_id).revoked
+
+
+def test_a_dead_in_process_worker_leaves_no_row(cp: ControlPlane) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    from gpulayer.control import IN_PROCESS_NAME
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # a pid that is gone, on this host
+    w = cp.register_worker(make_capabilities(hostname=socket.gethostname()), cpu_slots=1, name=IN_PROCESS_NAME,
+                           pid=proc.pid)
+    job = cp.submit(CommandJob(command=["x"], retries=1))
+    [a] = cp.poll_tasks(w.id)
+    cp.start_task(a.task_id, worker_id=w.id)
+    assert cp.expire_workers() == [w.id]  # noticed at once: its pid is gone
+    assert cp.list_workers() == []
+    lost = cp.get_job(job.id)
+    assert lost.tasks[0].state is TaskState.LOST and lost.tasks[0].error is not None
+    assert lost.tasks[0].error.message == f"worker {w.id} (pid {proc.pid}) is gone"

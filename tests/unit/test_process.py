@@ -152,10 +152,13 @@ def test_pythonunbuffered_and_tree_marker_set(tmp_path: Path) -> None:
     e["MY_VAR"] = "x"
     run_process(
         [PY, "-c", f"import os; print(os.environ['PYTHONUNBUFFERED'], os.environ['MY_VAR'], "
-         f"len(os.environ['{TREE_ID_ENV}']))"],
+         f"os.environ['{TREE_ID_ENV}'])"],
         env=e, cwd=None, on_output=out,
     )
-    assert out.text("stdout") == "1 x 32\n"
+    unbuffered, var, marker = out.text("stdout").split()
+    assert (unbuffered, var) == ("1", "x")
+    owner_pid, started, tree = marker.split(".")
+    assert int(owner_pid) == os.getpid() and started.isdigit() and len(tree) == 32  # names its worker
 
 
 def test_cwd_is_used(tmp_path: Path) -> None:
@@ -437,3 +440,66 @@ def test_terminate_tree_of_gone_pid_is_harmless() -> None:
     proc = subprocess.Popen(["true"])
     proc.wait()
     terminate_tree(proc.pid, grace=0.1)
+
+
+# --------------------------------------------------------------------------- dying with the worker
+
+
+WORKER = """\
+import os, sys, time
+from gpulayer.worker.process import run_process
+# a "worker" whose task starts a grandchild, then waits; the test kills this process with -9
+code = ("import os, subprocess, sys, time; "
+        "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+        "open(sys.argv[1], 'w').write(f'{os.getpid()} {g.pid}'); time.sleep(120)")
+run_process([sys.executable, "-c", code, sys.argv[1]], env=dict(os.environ), cwd=None,
+            on_output=lambda s, d: None)
+"""
+
+
+def test_a_worker_killed_with_sigkill_takes_its_tasks_with_it(tmp_path: Path) -> None:
+    """The task's main process dies with the worker at once (parent-death signal); what it
+    started is ended by the next worker to start (reap_orphans)."""
+    from gpulayer.worker.process import reap_orphans
+
+    pids = tmp_path / "pids"
+    worker = subprocess.Popen([PY, "-c", WORKER, str(pids)], env=env())
+    try:
+        deadline = time.monotonic() + 60
+        while not (pids.exists() and pids.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        leader, grandchild = (int(p) for p in pids.read_text().split())
+        worker.kill()
+        worker.wait(10)
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(leader) and psutil.Process(leader).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the task's main process outlived its worker"
+            time.sleep(0.05)
+        assert psutil.Process(grandchild).is_running()  # re-parented, still marked
+        assert reap_orphans() >= 1
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(grandchild) and psutil.Process(grandchild).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "reap_orphans left the grandchild running"
+            time.sleep(0.05)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+
+def test_reap_orphans_leaves_live_workers_tasks_alone(tmp_path: Path) -> None:
+    from gpulayer.worker.process import reap_orphans
+
+    out = Output()
+    cancel = threading.Event()
+    t = threading.Thread(target=run_process, args=([PY, "-c", "import time; time.sleep(30)"],),
+                         kwargs={"env": env(), "cwd": None, "on_output": out, "cancel": cancel})
+    t.start()
+    try:
+        time.sleep(0.5)
+        mine = [p for p in psutil.Process().children(recursive=True) if "time.sleep(30)" in " ".join(p.cmdline())]
+        assert mine
+        reap_orphans()
+        assert all(p.is_running() for p in mine)  # their worker (this process) is alive
+    finally:
+        cancel.set()
+        t.join(30)
