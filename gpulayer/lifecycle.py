@@ -19,6 +19,10 @@ Rules:
   its reason (stored with the request) is the job's error.
 * A task lost before it ever started does not spend the job's retry budget
   (:func:`release_unstarted`).
+* A task is lost when its worker went silent, but the worker may only have been cut off
+  (a server restart, a network partition) and still finish it: its final report is accepted
+  as long as no newer attempt superseded the lost one (:func:`late_report_accepted`), so a
+  command that ran once and exited 0 does not end ``lost`` or run twice.
 * A task the job no longer wants (its job ended, was cancelled, moved to a newer attempt,
   or another node of its attempt ended badly) must be ended by its worker
   (:func:`must_end`).
@@ -33,7 +37,7 @@ from dataclasses import dataclass, field
 
 from gpulayer.records import JobError, JobState, TaskState
 
-__all__ = ["JobView", "Settlement", "TaskView", "must_end", "release_unstarted", "settle"]
+__all__ = ["JobView", "Settlement", "TaskView", "late_report_accepted", "must_end", "release_unstarted", "settle"]
 
 ENDED_BADLY = frozenset({TaskState.FAILED, TaskState.TIMED_OUT, TaskState.LOST, TaskState.CANCELLED})
 #: what a job becomes when its root-cause task ended this way and no retry applies
@@ -111,6 +115,17 @@ def settle(job: JobView, tasks: Sequence[TaskView], *, reported: JobError | None
             error = JobError.lost(error.message if error and error.message else "worker lost")
         out.error = error
     return out
+
+
+def late_report_accepted(job: JobView, task_attempt: int) -> bool:
+    """Whether a final report for a task of ``task_attempt`` that was marked lost still
+    counts: the job has not moved on to a newer attempt (it waits to be placed again, or it
+    ended because of the loss)."""
+    if task_attempt != job.attempt:
+        return False
+    if job.state is JobState.QUEUED:
+        return True
+    return job.state.terminal and job.error is not None and job.error.type == "lost"
 
 
 def release_unstarted(job: JobView) -> int:

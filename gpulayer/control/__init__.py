@@ -21,7 +21,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +85,8 @@ class ControlPlane:
     _reports: dict[str, tuple[float, frozenset[str]]] = field(default_factory=dict)
     _reports_lock: threading.Lock = field(default_factory=threading.Lock)
     _tokens: tokens.TokenStore | None = None
+    #: until when silence counts for nothing (a server's start: see begin_grace)
+    _grace_until: float = 0.0
 
     def observe(self, observer: ControlObserver) -> None:
         self._observers.append(observer)
@@ -403,17 +405,29 @@ class ControlPlane:
         self.tokens.forget()
         self.schedule()
 
+    def begin_grace(self) -> None:
+        """A server that just started (maybe after being down a while) has heard nobody
+        yet: for one heartbeat timeout no worker is offline for its silence, so workers that
+        kept running through the outage reconnect and report instead of being written off."""
+        self._grace_until = self.clock() + self.heartbeat_timeout
+
+    def seen(self, worker_ids: Iterable[str]) -> None:
+        """Signs of life other than heartbeats (any call a worker made): they count the same."""
+        with self.store.write(lock=False) as s:
+            queries.touch_workers(s, queries.online_flags(s, worker_ids), self.clock())
+
     def expire_workers(self) -> list[str]:
         """Mark silent workers offline and their tasks lost; returns their ids."""
         now = self.clock()
         self._last_expiry = now
         self._reconcile(now)
         cutoff = now - self.heartbeat_timeout
+        silence_counts = now >= self._grace_until
         here = socket.gethostname()
 
         def dead(w: WorkerRow) -> bool:
             pid_gone = w.origin == "local" and w.hostname == here and bool(w.pid) and not _pid_alive(w.pid or 0)
-            return w.last_heartbeat < cutoff or pid_gone
+            return (silence_counts and w.last_heartbeat < cutoff) or pid_gone
 
         with self.store.read() as s:
             stale = [w.id for w in queries.workers(s, online_only=True) if dead(w)]
@@ -490,17 +504,27 @@ class ControlPlane:
         result: Any = None, error: JobError | None = None,
     ) -> None:
         """A worker's final report. A report for a task that already ended (superseded,
-        lost, cancelled) is refused with :class:`Conflict` and changes nothing."""
+        cancelled) is refused with :class:`Conflict` and changes nothing; one for a task
+        marked lost is accepted while no newer attempt superseded it."""
         state = TaskState(state)
         if not state.terminal:
             raise InvalidInput(f"state {state.value!r}: a finished task reports a terminal state")
         now = self.clock()
         with self.store.write() as s:
             task = self._own_task(s, task_id, worker_id)
-            if not queries.transition_task(s, task_id, state, ended_at=now, exit_code=exit_code, error=error):
-                raise Conflict(f"task {task_id} is already {task.state}; a late report from a superseded "
-                               "attempt is refused")
             job = queries.job(s, task.job_id)
+            if not queries.transition_task(s, task_id, state, ended_at=now, exit_code=exit_code, error=error):
+                revived = (task.state == TaskState.LOST.value
+                           and lifecycle.late_report_accepted(_view(job), task.attempt)
+                           and queries.revive_lost_task(s, task_id, state, ended_at=now, exit_code=exit_code,
+                                                        error=error))
+                if not revived:
+                    raise Conflict(f"task {task_id} is already {task.state}; a late report from a superseded "
+                                   "attempt is refused")
+                # the loss was only a silence: the job is back to this attempt, settled below
+                job.state = JobState.RUNNING.value
+                self._event(s, "late_report_accepted", job_id=task.job_id, task_id=task_id, worker_id=worker_id,
+                            message="the task was marked lost, but its worker finished it")
             if task.attempt == job.attempt and task.node_rank == 0:
                 if state is TaskState.SUCCEEDED and result is not None:
                     job.result = json.dumps(result)

@@ -89,6 +89,8 @@ class Server(ControlObserver):
         self.shutting_down = False
         self._heartbeats: list[tuple[str, list[str], asyncio.Future[HeartbeatReply]]] = []
         self._heartbeat_writer: asyncio.Task[None] | None = None
+        #: workers that made a call other than a heartbeat since the last flush
+        self._seen: set[str] = set()
         control.observe(self)
 
     # -- the control plane's observer callbacks (on its threads)
@@ -169,11 +171,21 @@ class Server(ControlObserver):
                 if not future.done():
                     future.set_result(replies[wid])
 
+    def saw(self, worker_id: str) -> None:
+        """A worker called (any call counts as a sign of life, written with the next flush)."""
+        self._seen.add(worker_id)
+
+    async def flush_seen(self) -> None:
+        batch, self._seen = self._seen, set()
+        if batch:
+            await run_in_threadpool(self.control.seen, batch)
+
     async def background(self) -> None:
         """Expire silent workers and run a placement pass every ``tick`` seconds."""
         while True:
             await asyncio.sleep(self.tick)
             try:
+                await self.flush_seen()
                 await run_in_threadpool(self.control.expire_workers)
                 await run_in_threadpool(self.control.schedule)
             except Exception:  # the database may be away for a moment; try again next tick
@@ -389,6 +401,8 @@ def _endpoint(server: Server, route: api.Route) -> Callable[[Request], Awaitable
     async def endpoint(request: Request) -> Response:
         try:
             tok = await _authenticate(server, request, route.method, route.path, route.scopes)
+            if tok.worker_id is not None and route.op != "heartbeat":
+                server.saw(tok.worker_id)
             kwargs = await _arguments(server, request, route, tok)
             if special is not None:
                 result = await special(server, request, kwargs)
@@ -436,6 +450,7 @@ def create_app(control: ControlPlane | None = None, *, database_url: str | None 
         anyio.to_thread.current_default_thread_limiter().total_tokens = threads
         server._loop = asyncio.get_running_loop()
         server._changed = asyncio.Event()
+        control.begin_grace()
         task = asyncio.create_task(server.background()) if background else None
         try:
             yield

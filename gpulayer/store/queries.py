@@ -162,6 +162,14 @@ def _sql_value(v: Any) -> Any:
     return v
 
 
+def revive_lost_task(s: Session, task_id: str, to: TaskState, **fields: Any) -> bool:
+    """A lost task's late final report, accepted (see lifecycle.late_report_accepted)."""
+    values = {"state": to.value, **{k: _sql_value(v) for k, v in fields.items()}}
+    stmt = (update(TaskRow).where(col(TaskRow.id) == task_id, col(TaskRow.state) == TaskState.LOST.value)
+            .values(**values).execution_options(synchronize_session=False))
+    return bool(s.execute(stmt).rowcount == 1)  # type: ignore[attr-defined]
+
+
 def heartbeat_view(s: Session, task_ids: Iterable[str]) -> list[tuple[Any, ...]]:
     """For each task: id, state, worker, job id, attempt, and its job's cancel flag, state
     and current attempt (what a heartbeat reply is decided from)."""

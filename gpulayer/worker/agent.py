@@ -39,6 +39,8 @@ from gpulayer.records import JobError, TaskState, WorkerRecord
 log = logging.getLogger("gpulayer.worker")
 
 RUNNER_PATH = str(Path(__file__).with_name("function_runner.py"))
+#: the longest a worker waits between tries to reach a control plane that went away
+RECONNECT_MAX = 2.0
 
 
 def default_cpu_slots(capabilities: Capabilities) -> int:
@@ -258,7 +260,9 @@ class Agent:
                 reply = self.api.heartbeat(self.worker_id, running=self.running_tasks)
                 backoff = self.heartbeat_interval
             except Exception as exc:  # whatever went wrong, this thread must keep beating
-                backoff = min(max(backoff, 0.5) * 2, 10.0)
+                # capped well below any heartbeat timeout: a server that comes back hears
+                # from this worker within moments
+                backoff = min(max(backoff, 0.5) * 2, RECONNECT_MAX)
                 log.warning("heartbeat failed (%s: %s); retrying in %.1f s", type(exc).__name__, exc, backoff)
                 continue
             if not reply.known and not self._stopping.is_set():
@@ -285,7 +289,7 @@ class Agent:
             except ConnectionFailed as exc:
                 log.warning("poll failed (%s); retrying in %.1f s", exc, backoff)
                 self._stopping.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
+                backoff = min(backoff * 2, RECONNECT_MAX)
                 continue
             except Exception as exc:  # keep serving; the control plane may be back in a moment
                 log.warning("poll failed (%s: %s)", type(exc).__name__, exc)
@@ -377,7 +381,7 @@ class Agent:
                 log.warning("reporting %s failed (%s: %s); retrying in %.1f s", task_id,
                             type(exc).__name__, exc, delay)
                 time.sleep(delay)
-                delay = min(delay * 2, 10.0)
+                delay = min(delay * 2, RECONNECT_MAX)
 
     def _workdir(self, a: TaskAssignment) -> Path:
         digest = a.spec.bundle_digest

@@ -152,6 +152,33 @@ def test_server_killed_mid_run_loses_nothing_and_runs_nothing_twice(tmp_path: Pa
         srv.stop()
 
 
+def test_a_server_down_for_longer_than_the_heartbeat_timeout_loses_nothing(tmp_path: Path) -> None:
+    """The worker keeps running its task through the outage; after the restart it is given
+    a grace period, reconnects, and its report counts: the job succeeds, having run once."""
+    srv = ServerProc(tmp_path / "server", env={"GPULAYER_HEARTBEAT_TIMEOUT": "3"}).start()
+    admin = Api(srv.url, srv.admin_token)
+    join = admin.token_for("join")["token"]
+    marks = tmp_path / "marks"
+    worker = start_remote_worker(srv.url, join, tmp_path / "w", cpu_slots=1)
+    try:
+        wait_workers(admin, 1)
+        c = http_client(srv.url, token=srv.admin_token, retry_for=60)
+        job = c.submit(CommandJob(command=["sh", "-c", f"echo run >> {marks}; sleep 6"], retries=1,
+                                  placement=REMOTE))
+        until(lambda: c.api.get_job(job.id).state is JobState.RUNNING, 60, "the job to run")
+        srv.kill(signal.SIGKILL)
+        time.sleep(5)  # longer than the heartbeat timeout: the last heartbeat predates the crash
+        srv.start()
+        done = c.wait(job.id, timeout=90)
+        assert done.state is JobState.SUCCEEDED, (done.state, done.error, srv.log()[-2000:])
+        assert [t.state for t in done.tasks] == [TaskState.SUCCEEDED]
+        assert marks.read_text().split() == ["run"]  # ran exactly once
+        assert all(w.online for w in c.api.list_workers())
+    finally:
+        stop_proc(worker, signal.SIGKILL)
+        srv.stop()
+
+
 def test_tls_self_signed_with_pinned_fingerprint(tmp_path: Path) -> None:
     srv = ServerProc(tmp_path / "server", args=("--self-signed",)).start()
     try:

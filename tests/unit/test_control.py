@@ -553,3 +553,51 @@ def test_a_dead_in_process_worker_leaves_no_row(cp: ControlPlane) -> None:
     lost = cp.get_job(job.id)
     assert lost.tasks[0].state is TaskState.LOST and lost.tasks[0].error is not None
     assert lost.tasks[0].error.message == f"worker {w.id} (pid {proc.pid}) is gone"
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_a_report_after_a_loss_is_accepted_until_a_newer_attempt_runs(cp: ControlPlane, retries: int) -> None:
+    """The worker was only cut off (a server restart, a partition): the command ran once and
+    exited 0, so the job succeeds instead of ending lost or running twice."""
+    clock: Clock = cp.clock  # type: ignore[assignment]
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    job = cp.submit(gpu_job(retries=retries))
+    [a] = cp.poll_tasks(w.id)
+    cp.start_task(a.task_id, worker_id=w.id)
+    clock.now += 11
+    cp.expire_workers()
+    lost = cp.get_job(job.id)
+    assert lost.state is (JobState.QUEUED if retries else JobState.FAILED)
+    cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0)
+    done = cp.get_job(job.id)
+    assert done.state is JobState.SUCCEEDED and done.exit_code == 0
+    assert [t.state for t in done.tasks] == [TaskState.SUCCEEDED]
+    assert "late_report_accepted" in [e.kind for e in cp.events(job.id)]
+
+
+def test_a_report_after_a_loss_is_refused_once_a_retry_was_placed(cp: ControlPlane) -> None:
+    clock: Clock = cp.clock  # type: ignore[assignment]
+    w1 = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    job = cp.submit(gpu_job(retries=1))
+    [a] = cp.poll_tasks(w1.id)
+    cp.start_task(a.task_id, worker_id=w1.id)
+    clock.now += 11
+    cp.expire_workers()
+    cp.register_worker(cuda_caps(1), cpu_slots=0)  # attempt 2 is placed on it
+    assert cp.get_job(job.id).attempt == 2
+    with pytest.raises(Conflict, match="late report"):
+        cp.finish_task(a.task_id, worker_id=w1.id, state=TaskState.SUCCEEDED, exit_code=0)
+
+
+def test_after_a_server_start_silence_counts_for_nothing_for_one_timeout(cp: ControlPlane) -> None:
+    clock: Clock = cp.clock  # type: ignore[assignment]
+    w = cp.register_worker(make_capabilities(), cpu_slots=1)
+    clock.now += 30  # heard nothing for long: the server was down
+    cp.begin_grace()
+    clock.now += 9
+    assert cp.expire_workers() == []  # within the grace (10 s)
+    cp.seen([w.id])  # any call of the worker counts
+    clock.now += 9
+    assert cp.expire_workers() == []
+    clock.now += 2  # grace over, and silent for 11 s since that call
+    assert cp.expire_workers() == [w.id]

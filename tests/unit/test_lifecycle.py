@@ -122,3 +122,17 @@ def test_a_worker_keeps_a_task_its_job_still_wants() -> None:
 ])
 def test_a_worker_must_end_a_task_its_job_no_longer_wants(change: dict[str, object]) -> None:
     assert ended(**change)
+
+
+@pytest.mark.parametrize(("view", "attempt", "accepted"), [
+    (job(state=JobState.QUEUED, attempt=1), 1, True),  # waiting to be placed again
+    (JobView(JobState.FAILED, 1, 1, error=JobError.lost("worker silent")), 1, True),  # ended by the loss
+    (job(state=JobState.ASSIGNED, attempt=2), 1, False),  # attempt 2 superseded it
+    (job(state=JobState.RUNNING, attempt=2), 1, False),
+    (JobView(JobState.FAILED, 1, 1, error=JobError(type="failed", message="exit 1")), 1, False),
+    (JobView(JobState.CANCELLED, 1, 1, error=JobError.cancelled()), 1, False),
+])
+def test_a_late_report_of_a_lost_task_counts_until_a_newer_attempt(view: JobView, attempt: int, accepted: bool) -> None:
+    from gpulayer.lifecycle import late_report_accepted
+
+    assert late_report_accepted(view, attempt) is accepted
