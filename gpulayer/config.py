@@ -128,6 +128,8 @@ SETTINGS: tuple[Setting, ...] = (
             "(fake devices of the test helpers always run)"),
     Setting("GPULAYER_MAX_BUNDLE_MB", "max_bundle_mb", _positive, 100.0, "`100`",
             "largest source bundle accepted, in MB (2^20 bytes)"),
+    Setting("GPULAYER_MAX_RESULT_MB", "max_result_mb", _positive, 8.0, "`8`",
+            "largest JSON result of a function job, in MB (2^20 bytes); larger ones fail the job, saying so"),
     Setting("GPULAYER_HEARTBEAT_TIMEOUT", "heartbeat_timeout", _seconds(0), 15.0, "`15`",
             "seconds without a heartbeat after which a worker is offline and its running tasks lost"),
     Setting("GPULAYER_HEARTBEAT_INTERVAL", "heartbeat_interval", _seconds(0), None,
@@ -160,6 +162,7 @@ class Settings:
     disable_plugins: tuple[str, ...]
     detectors: tuple[str, ...]
     max_bundle_mb: float
+    max_result_mb: float
     heartbeat_timeout: float
     heartbeat_interval: float | None
     http_retry_seconds: float

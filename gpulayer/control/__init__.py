@@ -496,7 +496,8 @@ class ControlPlane:
                 if stream not in ("stdout", "stderr", "system"):
                     raise InvalidInput(f"log stream {stream!r}: expected stdout, stderr or system")
             queries.add_logs(s, (LogRow(job_id=task.job_id, task_id=task_id, node_rank=task.node_rank,
-                                        stream=stream, data=data, ts=now) for stream, data in chunks))
+                                        stream=stream, data=mapping.stored_log_text(data), ts=now)
+                                 for stream, data in chunks))
         self._changed()
 
     def finish_task(
@@ -513,6 +514,7 @@ class ControlPlane:
         with self.store.write() as s:
             task = self._own_task(s, task_id, worker_id)
             job = queries.job(s, task.job_id)
+            stored_result = _result_json(result, mapping.spec(job.spec))
             if not queries.transition_task(s, task_id, state, ended_at=now, exit_code=exit_code, error=error):
                 revived = (task.state == TaskState.LOST.value
                            and lifecycle.late_report_accepted(_view(job), task.attempt)
@@ -526,8 +528,8 @@ class ControlPlane:
                 self._event(s, "late_report_accepted", job_id=task.job_id, task_id=task_id, worker_id=worker_id,
                             message="the task was marked lost, but its worker finished it")
             if task.attempt == job.attempt and task.node_rank == 0:
-                if state is TaskState.SUCCEEDED and result is not None:
-                    job.result = json.dumps(result)
+                if state is TaskState.SUCCEEDED and stored_result is not None:
+                    job.result = stored_result
                 job.exit_code = exit_code
             self._settle(s, job, now, reported=error)
             self._event(s, "task_finished", job_id=task.job_id, task_id=task_id, worker_id=worker_id,
@@ -647,6 +649,24 @@ class ControlPlane:
             by_state = queries.job_counts(s)
             online = queries.online_worker_count(s)
         return {"jobs": by_state, "workers_online": online, "queue_depth": by_state.get("queued", 0)}
+
+
+def _result_json(result: Any, spec: JobSpec) -> str | None:
+    """A function's result as stored, or InvalidInput when it is not JSON or over the limit
+    (the same embedded and on a server; the worker then fails the task with this message)."""
+    if result is None:
+        return None
+    what = f"the result of {spec.function}" if spec.kind == "function" else "the result"
+    try:
+        text = json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidInput(f"{what} is not JSON ({exc})") from None
+    limit = config.settings().max_result_mb
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limit * 1024 * 1024:
+        raise InvalidInput(f"{what} is {size} bytes of JSON, over the limit of {limit:g} MB "
+                           "(GPULAYER_MAX_RESULT_MB); return a path or a URL to large data instead")
+    return text
 
 
 def _view(job: JobRow) -> lifecycle.JobView:

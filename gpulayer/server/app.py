@@ -210,7 +210,9 @@ async def _read_limited(request: Request, limit: int, what: str) -> bytes:
 async def _parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
     raw = await _read_limited(request, MAX_JSON_BYTES, "request body")
     try:
-        data = json.loads(raw) if raw.strip() else None
+        data = json.loads(raw, parse_constant=_not_json) if raw.strip() else None
+    except BadRequest:
+        raise
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     except RecursionError:
@@ -221,6 +223,10 @@ async def _parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
         return build(model, data, Spelling(where="body"))
     except RecursionError:
         raise BadRequest("request body is not acceptable JSON: nested too deeply") from None
+
+
+def _not_json(name: str) -> Any:
+    raise BadRequest(f"request body is not valid JSON: {name} is not a JSON number (NaN and infinities are not allowed)")
 
 
 def _bearer(request: Request) -> str | None:

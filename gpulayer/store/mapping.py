@@ -9,6 +9,7 @@ read into a record that says so.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -73,9 +74,34 @@ def worker_record(row: WorkerRow) -> WorkerRecord:
     )
 
 
+#: marks a stored log chunk whose text is JSON-quoted: PostgreSQL's text cannot hold a NUL
+#: byte, so a chunk with one (or one that starts with this mark) is stored quoted, on every
+#: database alike (a private-use character that output essentially never starts with)
+_QUOTED = "\ue000"
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def stored_log_text(data: str) -> str:
+    """Log text as stored: lone surrogates (not encodable) replaced by U+FFFD, NUL kept."""
+    data = _LONE_SURROGATE.sub("\ufffd", data)
+    if "\x00" in data or data.startswith(_QUOTED):
+        return _QUOTED + json.dumps(data)
+    return data
+
+
+def log_text(stored: str) -> str:
+    if stored.startswith(_QUOTED):
+        try:
+            text: str = json.loads(stored[len(_QUOTED):])
+            return text
+        except ValueError:
+            return stored
+    return stored
+
+
 def log_chunk(r: LogRow) -> LogChunk:
     return LogChunk(id=r.id or 0, task_id=r.task_id, node_rank=r.node_rank, stream=r.stream,
-                    data=r.data, ts=r.ts)
+                    data=log_text(r.data), ts=r.ts)
 
 
 def job_event(r: EventRow) -> JobEvent:

@@ -247,3 +247,27 @@ def test_the_openapi_document_lists_every_route_with_its_constraints() -> None:
     assert "413" in doc["paths"]["/v1/bundles/{digest}"]["put"]["responses"]
     refs = json.dumps(doc)
     assert "#/x-" not in refs and "#/$defs" not in refs
+
+
+def test_reports_are_validated_before_anything_is_stored(served: tuple[ControlPlane, TestClient]) -> None:
+    """A report whose error fields are not text, or that holds NaN, is refused; the job
+    stays readable through every read."""
+    control, tc = served
+    admin = {"authorization": f"Bearer {control.create_token(scope='admin').token}"}
+    reply = remote(tc, None).join_worker(make_capabilities(), join_token=control.create_token(scope="join").token)
+    worker = {"authorization": f"Bearer {reply.token}"}
+    job = control.submit(CommandJob(command=["true"], placement=Placement(target="remote")))
+    [task] = control.poll_tasks(reply.worker_id)
+    assert tc.post(f"/v1/tasks/{task.task_id}/start", headers=worker).status_code == 204
+    bad = tc.post(f"/v1/tasks/{task.task_id}/finish", headers=worker,
+                  content=b'{"state": "failed", "error": {"message": NaN, "type": 5}}')
+    assert bad.status_code == 400 and "NaN" in bad.json()["error"]["message"]
+    bad = tc.post(f"/v1/tasks/{task.task_id}/finish", headers=worker,
+                  json={"state": "failed", "error": {"message": "x", "type": 5}})
+    assert bad.status_code == 422 and "body.error.type" in bad.json()["error"]["message"]
+    for path in (f"/v1/jobs/{job.id}", f"/v1/jobs/{job.id}/events", f"/v1/jobs/{job.id}/logs",
+                 f"/v1/jobs/{job.id}/wait?timeout=0"):
+        assert tc.get(path, headers=admin).status_code == 200, path
+    ok = tc.post(f"/v1/tasks/{task.task_id}/finish", headers=worker, json={"state": "succeeded", "exit_code": 0})
+    assert ok.status_code == 204
+    assert control.get_job(job.id).state is JobState.SUCCEEDED

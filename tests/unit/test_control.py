@@ -601,3 +601,36 @@ def test_after_a_server_start_silence_counts_for_nothing_for_one_timeout(cp: Con
     assert cp.expire_workers() == []
     clock.now += 2  # grace over, and silent for 11 s since that call
     assert cp.expire_workers() == [w.id]
+
+
+def test_log_text_is_stored_faithfully_on_every_database(cp: ControlPlane) -> None:
+    """PostgreSQL's text cannot hold NUL: such chunks are stored quoted and come back as
+    written; lone surrogates (not encodable) become U+FFFD; neighbours are unaffected."""
+    w = cp.register_worker(make_capabilities(), cpu_slots=1)
+    job = cp.submit(CommandJob(command=["x"]))
+    [a] = cp.poll_tasks(w.id)
+    cp.start_task(a.task_id, worker_id=w.id)
+    chunks = [("stdout", "before\n"), ("stdout", "a\x00b\n"), ("stderr", "\ue000looks quoted\n"),
+              ("stdout", "bad \ud800 half\n"), ("stdout", "after\n")]
+    cp.append_logs(a.task_id, worker_id=w.id, chunks=chunks)  # type: ignore[arg-type]
+    assert [(c.stream, c.data) for c in cp.logs(job.id)] == [
+        ("stdout", "before\n"), ("stdout", "a\x00b\n"), ("stderr", "\ue000looks quoted\n"),
+        ("stdout", "bad \ufffd half\n"), ("stdout", "after\n")]
+
+
+def test_a_result_over_the_limit_is_refused_naming_the_function_and_the_limit(
+        cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpulayer.specs import FunctionJob
+
+    monkeypatch.setenv("GPULAYER_MAX_RESULT_MB", "0.001")  # 1048 bytes
+    w = cp.register_worker(make_capabilities(), cpu_slots=1)
+    job = cp.submit(FunctionJob(function="pkg.mod:make"))
+    [a] = cp.poll_tasks(w.id)
+    cp.start_task(a.task_id, worker_id=w.id)
+    with pytest.raises(InvalidInput) as e:
+        cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0, result="x" * 5000)
+    assert str(e.value) == ("the result of pkg.mod:make is 5002 bytes of JSON, over the limit of 0.001 MB "
+                            "(GPULAYER_MAX_RESULT_MB); return a path or a URL to large data instead")
+    assert cp.get_job(job.id).state is JobState.RUNNING  # nothing was written
+    cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0, result="small")
+    assert cp.get_job(job.id).result == "small"
