@@ -128,6 +128,10 @@ SETTINGS: tuple[Setting, ...] = (
             "(fake devices of the test helpers always run)"),
     Setting("GPULAYER_MAX_BUNDLE_MB", "max_bundle_mb", _positive, 100.0, "`100`",
             "largest source bundle accepted, in MB (2^20 bytes)"),
+    Setting("GPULAYER_MAX_ARGS_MB", "max_args_mb", _positive, 1.0, "`1`",
+            "largest JSON arguments (args and kwargs together) of a function job, in MB (2^20 bytes)"),
+    Setting("GPULAYER_MAX_ARGS_VALUES", "max_args_values", _count(1), 100_000, "`100000`",
+            "most values (list items, mapping values, nested ones counted) in a function job's arguments"),
     Setting("GPULAYER_MAX_RESULT_MB", "max_result_mb", _positive, 8.0, "`8`",
             "largest JSON result of a function job, in MB (2^20 bytes); larger ones fail the job, saying so"),
     Setting("GPULAYER_HEARTBEAT_TIMEOUT", "heartbeat_timeout", _seconds(0), 15.0, "`15`",
@@ -162,6 +166,8 @@ class Settings:
     disable_plugins: tuple[str, ...]
     detectors: tuple[str, ...]
     max_bundle_mb: float
+    max_args_mb: float
+    max_args_values: int
     max_result_mb: float
     heartbeat_timeout: float
     heartbeat_interval: float | None

@@ -45,7 +45,7 @@ from gpulayer.api import (
     WorkerUsage,
 )
 from gpulayer.control import placement
-from gpulayer.errors import Conflict, InvalidInput
+from gpulayer.errors import Conflict, InvalidArgument, InvalidInput
 from gpulayer.hookrecords import Capabilities, Rendezvous
 from gpulayer.records import JobError, JobRecord, JobState, TaskState, WorkerRecord, new_id
 from gpulayer.specs import JobSpec
@@ -113,6 +113,8 @@ class ControlPlane:
                 "directory first and pass bundle_digest (the SDK and CLI do this)"
             )
         key = f"{owner}:{idempotency_key}" if owner and idempotency_key else idempotency_key
+        if spec.kind == "function":
+            _check_arguments(spec.function, spec.args, spec.kwargs)
         now = self.clock()
         with self.store.write() as s:
             if key is not None:
@@ -121,8 +123,9 @@ class ControlPlane:
                     return mapping.job_record(existing, queries.tasks_of(s, existing.id))
             if spec.bundle_digest is not None and not queries.bundle_exists(s, spec.bundle_digest):
                 raise InvalidInput(f"bundle_digest {spec.bundle_digest}: no bundle with that address was uploaded")
+            spec_json, args_json = mapping.stored_spec(spec)
             row = JobRow(
-                id=new_id("job"), kind=spec.kind, spec=spec.model_dump_json(),
+                id=new_id("job"), kind=spec.kind, spec=spec_json, args=args_json,
                 state=JobState.QUEUED.value, priority=spec.priority, created_at=now, updated_at=now,
                 attempt=0, max_attempts=spec.retries + 1, idempotency_key=key, owner=owner,
             )
@@ -466,7 +469,7 @@ class ControlPlane:
                         continue
                     out.append(TaskAssignment(
                         task_id=t.id, job_id=t.job_id, attempt=t.attempt, node_rank=t.node_rank,
-                        accelerator=t.accelerator, devices=json.loads(t.devices), spec=mapping.spec(job.spec),
+                        accelerator=t.accelerator, devices=json.loads(t.devices), spec=mapping.job_spec(job),
                         rendezvous=Rendezvous.model_validate_json(t.rendezvous) if t.rendezvous else None,
                     ))
             remaining = deadline - time.monotonic()
@@ -514,7 +517,7 @@ class ControlPlane:
         with self.store.write() as s:
             task = self._own_task(s, task_id, worker_id)
             job = queries.job(s, task.job_id)
-            stored_result = _result_json(result, mapping.spec(job.spec))
+            stored_result = _result_json(result, mapping.spec(job.spec))  # the bare spec: no arguments needed
             if not queries.transition_task(s, task_id, state, ended_at=now, exit_code=exit_code, error=error):
                 revived = (task.state == TaskState.LOST.value
                            and lifecycle.late_report_accepted(_view(job), task.attempt)
@@ -649,6 +652,29 @@ class ControlPlane:
             by_state = queries.job_counts(s)
             online = queries.online_worker_count(s)
         return {"jobs": by_state, "workers_online": online, "queue_depth": by_state.get("queued", 0)}
+
+
+def _check_arguments(function: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+    """A function job's arguments within the documented limits (the same embedded and on a
+    server), counted with an early stop so that a huge list is refused in bounded time."""
+    env = config.settings()
+    budget = env.max_args_values
+    stack: list[Any] = [args, kwargs]
+    while stack:
+        value = stack.pop()
+        budget -= 1
+        if budget < 0:
+            raise InvalidArgument(f"arguments of {function}: more than {env.max_args_values} values "
+                                  "(GPULAYER_MAX_ARGS_VALUES); pass large data as a file in the bundle or a URL")
+        if isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+    size = len(json.dumps([args, kwargs]).encode("utf-8", "surrogatepass"))
+    if size > env.max_args_mb * 1024 * 1024:
+        raise InvalidArgument(f"arguments of {function}: {size} bytes of JSON, over the limit of "
+                              f"{env.max_args_mb:g} MB (GPULAYER_MAX_ARGS_MB); pass large data as a file in "
+                              "the bundle or a URL")
 
 
 def _result_json(result: Any, spec: JobSpec) -> str | None:

@@ -207,8 +207,24 @@ async def _read_limited(request: Request, limit: int, what: str) -> bytes:
     return bytes(buf)
 
 
-async def _parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
-    raw = await _read_limited(request, MAX_JSON_BYTES, "request body")
+def _body_limit(route: api.Route) -> int:
+    """A submit carries a function's arguments: its body may be as large as they may be
+    (GPULAYER_MAX_ARGS_MB) and a little more, so validating it takes bounded time."""
+    if route.op == "submit":
+        return int(config.settings().max_args_mb * 1024 * 1024) + 1024 * 1024
+    return MAX_JSON_BYTES
+
+
+async def _parse_body(request: Request, route: api.Route) -> BaseModel:
+    raw = await _read_limited(request, _body_limit(route), "request body")
+    model = route.body
+    if model is None:  # pragma: no cover - only called for routes with a body
+        raise BadRequest("this route takes no body")
+    # decoding and validating may take a while for a large body: not on the event loop
+    return await run_in_threadpool(_decode, raw, model)
+
+
+def _decode(raw: bytes, model: type[BaseModel]) -> BaseModel:
     try:
         data = json.loads(raw, parse_constant=_not_json) if raw.strip() else None
     except BadRequest:
@@ -265,7 +281,7 @@ async def _arguments(server: Server, request: Request, route: api.Route, tok: To
         query = build(route.query, dict(request.query_params), Spelling(where="query"))
         values.update({name: getattr(query, name) for name in route.query.model_fields})
     if route.body is not None:
-        body = await _parse_body(request, route.body)
+        body = await _parse_body(request, route)
         values.update({name: getattr(body, name) for name in route.body.model_fields})
     for name, provider in route.context.items():
         values[name] = {"owner": None if tok.scope == "admin" else tok.id, "worker": tok.worker_id,

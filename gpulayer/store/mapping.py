@@ -27,6 +27,23 @@ def spec(raw: str) -> Any:
     return SPEC.validate_json(raw)
 
 
+def stored_spec(spec_: Any) -> tuple[str, str | None]:
+    """``(spec, args)`` columns for a job spec: a function job's arguments apart."""
+    if spec_.kind != "function" or not (spec_.args or spec_.kwargs):
+        return spec_.model_dump_json(), None
+    bare = spec_.model_copy(update={"args": [], "kwargs": {}})
+    return bare.model_dump_json(), json.dumps({"args": spec_.args, "kwargs": spec_.kwargs})
+
+
+def job_spec(row: JobRow) -> Any:
+    """The whole spec of a stored job (arguments put back)."""
+    if not row.args:
+        return spec(row.spec)
+    data = json.loads(row.spec)
+    data.update(json.loads(row.args))
+    return SPEC.validate_python(data)
+
+
 def error_of(raw: str | None) -> JobError | None:
     if not raw:
         return None
@@ -57,7 +74,7 @@ def task_record(t: TaskRow) -> TaskRecord:
 
 def job_record(row: JobRow, tasks: list[TaskRow] | None = None) -> JobRecord:
     return JobRecord(
-        id=row.id, spec=spec(row.spec), state=JobState(row.state), created_at=row.created_at,
+        id=row.id, spec=job_spec(row), state=JobState(row.state), created_at=row.created_at,
         updated_at=row.updated_at, attempt=row.attempt, exit_code=row.exit_code,
         result=json.loads(row.result) if row.result else None, error=error_of(row.error),
         decision=decision_of(row.decision), cancel_requested=row.cancel_requested,

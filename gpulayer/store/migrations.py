@@ -18,7 +18,7 @@ from sqlalchemy import Connection, inspect, text
 
 from gpulayer.errors import GpulayerError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Version 1: the first released schema (no tokens, no idempotent submit).
 SCHEMA_V1 = [
@@ -67,8 +67,14 @@ def _v1_to_v2(conn: Connection) -> None:
     TokenRow.__table__.create(conn)  # type: ignore[attr-defined]
 
 
+def _v2_to_v3(conn: Connection) -> None:
+    # a function job's arguments, apart from the spec placement reads (they may be large);
+    # rows written before keep their arguments inside the spec, which reads the same
+    conn.execute(text("ALTER TABLE gl_jobs ADD COLUMN args TEXT"))
+
+
 #: MIGRATIONS[n] brings a database at version n to version n + 1.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 class SchemaTooNew(GpulayerError):

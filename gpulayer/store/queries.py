@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import delete, func, text, update
 from sqlalchemy import select as sa_select
+from sqlalchemy.orm import defer
 from sqlmodel import Session, SQLModel, col, select
 
 from gpulayer.errors import NotFound
@@ -83,9 +84,11 @@ def jobs(s: Session, *, state: str | None, limit: int, owner: str | None) -> Seq
 
 
 def queued_jobs(s: Session) -> Sequence[JobRow]:
-    """The queue in submission order (the scheduler applies priorities)."""
+    """The queue in submission order (the scheduler applies priorities). A function job's
+    arguments are not loaded: placement never needs them."""
     return list(s.exec(
-        select(JobRow).where(JobRow.state == JobState.QUEUED.value).order_by(col(JobRow.created_at), col(JobRow.id))
+        select(JobRow).options(defer(JobRow.args))  # type: ignore[arg-type]
+        .where(JobRow.state == JobState.QUEUED.value).order_by(col(JobRow.created_at), col(JobRow.id))
     ).all())
 
 

@@ -55,6 +55,9 @@ class JobRow(SQLModel, table=True):
     # added in schema 2
     idempotency_key: str | None = Field(default=None, unique=True)
     owner: str | None = Field(default=None, index=True)
+    # added in schema 3: a function job's {"args": [...], "kwargs": {...}}, kept out of
+    # ``spec`` so that placement never reads or parses them
+    args: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
 class TaskRow(SQLModel, table=True):

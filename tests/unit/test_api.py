@@ -271,3 +271,17 @@ def test_reports_are_validated_before_anything_is_stored(served: tuple[ControlPl
     ok = tc.post(f"/v1/tasks/{task.task_id}/finish", headers=worker, json={"state": "succeeded", "exit_code": 0})
     assert ok.status_code == 204
     assert control.get_job(job.id).state is JobState.SUCCEEDED
+
+
+def test_a_submit_too_large_for_the_argument_limit_is_refused_while_streaming(
+        served: tuple[ControlPlane, TestClient], monkeypatch: pytest.MonkeyPatch) -> None:
+    control, tc = served
+    headers = {"authorization": f"Bearer {control.create_token(scope='admin').token}"}
+    monkeypatch.setenv("GPULAYER_MAX_ARGS_MB", "0.5")  # the body may be 1.5 MB
+    body = json.dumps({"spec": {"kind": "function", "function": "m:f", "args": [0] * 1_000_000}})
+    r = tc.post("/v1/jobs", headers=headers, content=body.encode())
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
+    r = tc.post("/v1/jobs", headers=headers, json={"spec": {
+        "kind": "function", "function": "m:f", "args": [0] * 200_000, "placement": {"on_unschedulable": "wait"}}})
+    assert r.status_code == 422 and "GPULAYER_MAX_ARGS_VALUES" in r.json()["error"]["message"]
+    assert control.list_jobs() == []

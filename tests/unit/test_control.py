@@ -197,7 +197,7 @@ def test_migration_from_the_previous_schema_keeps_stored_jobs(tmp_path: Path) ->
     db.commit()
     db.close()
     store = Store(f"sqlite:///{path}")
-    assert store.schema_version() == migrations.SCHEMA_VERSION == 2
+    assert store.schema_version() == migrations.SCHEMA_VERSION == 3
     cp = ControlPlane(store)
     job = cp.get_job("job-000000000001")
     assert job.state is JobState.SUCCEEDED
@@ -634,3 +634,26 @@ def test_a_result_over_the_limit_is_refused_naming_the_function_and_the_limit(
     assert cp.get_job(job.id).state is JobState.RUNNING  # nothing was written
     cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0, result="small")
     assert cp.get_job(job.id).result == "small"
+
+
+def test_arguments_are_stored_apart_and_capped(cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Placement never reads a function's arguments; too many or too large are refused at
+    submit, in bounded time, naming the function and the limit."""
+    from gpulayer.errors import InvalidArgument
+    from gpulayer.specs import FunctionJob
+    from gpulayer.store import JobRow
+
+    cp.register_worker(make_capabilities(), cpu_slots=0)  # nothing runs: the jobs stay queued
+    wait = Placement(on_unschedulable="wait")
+    job = cp.submit(FunctionJob(function="m:f", args=[1, [2, 3]], kwargs={"k": "v"}, placement=wait))
+    with cp.store.read() as s:
+        row = s.get(JobRow, job.id)
+        assert row is not None and '"args":[]' in row.spec.replace(" ", "") and row.args is not None
+    assert cp.get_job(job.id).spec.args == [1, [2, 3]]  # type: ignore[union-attr]
+    monkeypatch.setenv("GPULAYER_MAX_ARGS_VALUES", "1000")
+    with pytest.raises(InvalidArgument, match=r"arguments of m:f: more than 1000 values \(GPULAYER_MAX_ARGS_VALUES\)"):
+        cp.submit(FunctionJob(function="m:f", args=[list(range(2000))], placement=wait))
+    monkeypatch.setenv("GPULAYER_MAX_ARGS_MB", "0.001")
+    with pytest.raises(InvalidArgument, match=r"arguments of m:f: \d+ bytes of JSON, over the limit of 0.001 MB"):
+        cp.submit(FunctionJob(function="m:f", args=["x" * 2000], placement=wait))
+    assert len(cp.list_jobs()) == 1
