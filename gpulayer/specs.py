@@ -390,42 +390,65 @@ _JOB_KINDS: dict[str, type[CommandJob | FunctionJob | DistributedJob]] = {
 _JSON_TYPES = "None, bool, int, finite float, str, list, dict with str keys"
 
 
+#: how deep arguments and results may nest (JSON parsers and pydantic recurse per level)
+MAX_JSON_DEPTH = 100
+
+
 def check_json(value: Any, path: str) -> None:
     """Raise :class:`~gpulayer.errors.InvalidArgument` at the first value that is not JSON.
 
     The message names the path of the offending value (``args[1]["weights"]``). A string
-    with a lone surrogate is refused too: it cannot be encoded to be sent.
+    with a lone surrogate is refused too (it cannot be encoded to be sent), and so is
+    nesting deeper than :data:`MAX_JSON_DEPTH`. The path is only built for the value at
+    fault, so checking a long list costs no string per item.
     """
-    if value is None or isinstance(value, bool):
-        return
+    problem = _json_problem(value, 0)
+    if problem is not None:
+        steps, message = problem
+        parts = [f"[{s}]" if isinstance(s, int) else f'["{s}"]' for s in reversed(steps)]
+        if len(parts) > 12:  # a deeply nested value: its path's ends say enough
+            parts = [*parts[:6], f"...({len(parts) - 8} more)...", *parts[-2:]]
+        raise InvalidArgument(f"{path}{''.join(parts)}: {message}")
+
+
+def _json_problem(value: Any, depth: int) -> tuple[list[str | int], str] | None:
+    """``(steps from value to the bad part, in reverse, what is wrong)`` or None."""
+    if value is None or isinstance(value, (bool, int)):
+        return None
     if isinstance(value, str):
         if _SURROGATE.search(value):
-            raise InvalidArgument(f"{path}: {value!r} {text_problem(value)}; accepted: valid Unicode text")
-        return
-    if isinstance(value, int):
-        return
+            return [], f"{value!r} {text_problem(value)}; accepted: valid Unicode text"
+        return None
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise InvalidArgument(
-                f"{path}: {value!r} is not JSON (NaN and infinities are not allowed); accepted: {_JSON_TYPES}"
-            )
-        return
+            return [], f"{value!r} is not JSON (NaN and infinities are not allowed); accepted: {_JSON_TYPES}"
+        return None
+    if isinstance(value, (list, tuple, dict)) and depth >= MAX_JSON_DEPTH:
+        return [], f"nested more than {MAX_JSON_DEPTH} levels deep; accepted: JSON nested at most {MAX_JSON_DEPTH} levels"
     if isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            check_json(item, f"{path}[{i}]")
-        return
+            if item is None or type(item) in (int, bool):  # the common case, without a call
+                continue
+            found = _json_problem(item, depth + 1)
+            if found is not None:
+                found[0].append(i)
+                return found
+        return None
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise InvalidArgument(f"{path}: key {key!r} is not a string; JSON objects have string keys")
+                return [], f"key {key!r} is not a string; JSON objects have string keys"
             if _SURROGATE.search(key):
-                raise InvalidArgument(f"{path}: key {key!r} {text_problem(key)}; accepted: valid Unicode text")
-            check_json(item, f"{path}[{key!r}]".replace("'", '"'))
-        return
+                return [], f"key {key!r} {text_problem(key)}; accepted: valid Unicode text"
+            found = _json_problem(item, depth + 1)
+            if found is not None:
+                found[0].append(key)
+                return found
+        return None
     hint = ""
     if callable(value):
         hint = " (functions, lambdas and closures cannot be sent: see docs/adr/0002-json-only-arguments.md)"
-    raise InvalidArgument(f"{path}: a {type(value).__name__} is not JSON{hint}; accepted: {_JSON_TYPES}")
+    return [], f"a {type(value).__name__} is not JSON{hint}; accepted: {_JSON_TYPES}"
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -122,3 +122,20 @@ def test_a_spec_from_a_mapping_is_worded_the_same() -> None:
         "CommandJob(retries=-1): must be at least 0; accepted: a whole number from 0 to 100")
     assert refused(lambda: job_spec_from_dict({"kind": "batch"})) == (
         "kind='batch': not a job kind; accepted: command, function, distributed")
+
+
+def test_arguments_nested_too_deep_are_refused_naming_where() -> None:
+    import gpulayer as gl
+    from gpulayer.errors import InvalidArgument
+
+    deep: object = 1
+    for _ in range(3000):  # deeper than Python's recursion limit
+        deep = [deep]
+    with pytest.raises(InvalidArgument) as e:
+        gl.FunctionJob(function="m:f", args=[deep])
+    assert str(e.value) == ("args[0][0][0][0][0][0]...(92 more)...[0][0]: nested more than 100 levels deep; "
+                            "accepted: JSON nested at most 100 levels")
+    shallow: object = 1
+    for _ in range(99):
+        shallow = [shallow]
+    gl.FunctionJob(function="m:f", args=shallow)  # type: ignore[arg-type]
