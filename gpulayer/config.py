@@ -134,7 +134,7 @@ SETTINGS: tuple[Setting, ...] = (
             "most values (list items, mapping values, nested ones counted) in a function job's arguments"),
     Setting("GPULAYER_MAX_RESULT_MB", "max_result_mb", _positive, 8.0, "`8`",
             "largest JSON result of a function job, in MB (2^20 bytes); larger ones fail the job, saying so"),
-    Setting("GPULAYER_HEARTBEAT_TIMEOUT", "heartbeat_timeout", _seconds(0), 15.0, "`15`",
+    Setting("GPULAYER_HEARTBEAT_TIMEOUT", "heartbeat_timeout", _seconds(0), 10.0, "`10`",
             "seconds without a heartbeat after which a worker is offline and its running tasks lost"),
     Setting("GPULAYER_HEARTBEAT_INTERVAL", "heartbeat_interval", _seconds(0), None,
             "`0.5` embedded, `1` remote", "seconds between a worker's heartbeats"),

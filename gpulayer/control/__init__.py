@@ -433,7 +433,7 @@ class ControlPlane:
             return (silence_counts and w.last_heartbeat < cutoff) or pid_gone
 
         with self.store.read() as s:
-            stale = [w.id for w in queries.workers(s, online_only=True) if dead(w)]
+            stale = [w.id for w in queries.expiry_candidates(s, cutoff, here) if dead(w)]
         if not stale:
             return []
         with self.store.write() as s:

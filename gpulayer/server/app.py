@@ -80,7 +80,12 @@ class Server(ControlObserver):
         self.control = control
         self.tokens = control.tokens
         self.metrics = Metrics()
+        #: how often the background loop runs a placement pass (a safety net: submits,
+        #: reports and joins run one themselves)
         self.tick = tick if tick is not None else max(0.5, min(5.0, control.heartbeat_timeout / 3))
+        #: how often it looks for silent workers: a cheap query, so a lost task is retried
+        #: within about a second of its worker's timeout
+        self.expiry_tick = min(1.0, self.tick)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
         # long polls of workers wait on their own event, set only when they got a task:
@@ -181,13 +186,17 @@ class Server(ControlObserver):
             await run_in_threadpool(self.control.seen, batch)
 
     async def background(self) -> None:
-        """Expire silent workers and run a placement pass every ``tick`` seconds."""
+        """Expire silent workers every ``expiry_tick`` seconds and run a placement pass every
+        ``tick`` seconds."""
+        last_pass = time.monotonic()
         while True:
-            await asyncio.sleep(self.tick)
+            await asyncio.sleep(self.expiry_tick)
             try:
                 await self.flush_seen()
                 await run_in_threadpool(self.control.expire_workers)
-                await run_in_threadpool(self.control.schedule)
+                if time.monotonic() - last_pass >= self.tick:
+                    last_pass = time.monotonic()
+                    await run_in_threadpool(self.control.schedule)
             except Exception:  # the database may be away for a moment; try again next tick
                 log.exception("background pass failed")
 

@@ -214,6 +214,15 @@ def workers(s: Session, *, online_only: bool = False) -> Sequence[WorkerRow]:
     return list(s.exec(q).all())
 
 
+def expiry_candidates(s: Session, cutoff: float, hostname: str) -> Sequence[WorkerRow]:
+    """Online workers silent since before ``cutoff``, and the local ones of ``hostname``
+    (whose process may be gone): what expire_workers looks at, not the whole fleet."""
+    return list(s.exec(select(WorkerRow).where(
+        col(WorkerRow.online).is_(True),
+        (col(WorkerRow.last_heartbeat) < cutoff) | ((col(WorkerRow.origin) == "local") & (col(WorkerRow.hostname) == hostname)),
+    )).all())
+
+
 def online_flags(s: Session, worker_ids: Iterable[str]) -> dict[str, bool]:
     """Worker id -> online, for the ids that exist."""
     ids = list(worker_ids)

@@ -236,25 +236,32 @@ def test_bundle_is_stored_once_and_runs_as_the_working_directory(plane: Plane, t
         assert db.execute("SELECT COUNT(*) FROM gl_bundles").fetchone()[0] == 1
 
 
-def test_jobs_from_several_processes_at_once(plane: Plane) -> None:
+def test_jobs_from_several_processes_at_once(plane: Plane, tmp_path: Path) -> None:
+    """Four processes submitting to one home (or server) at once: every job runs exactly once
+    (executions are counted in side files)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
     worker = plane.start_worker("--cpu-slots", "2")
     try:
         wait_for(plane.online_workers, what="worker")
-        submitter = textwrap.dedent("""
+        submitter = textwrap.dedent(f"""
             import sys, gpulayer as gl
-            hs = [gl.submit(gl.CommandJob(command=["echo", sys.argv[1], str(i)])) for i in range(5)]
+            cmd = ["sh", "-c", "echo $GPULAYER_ATTEMPT >> {marks}/$GPULAYER_JOB_ID"]
+            hs = [gl.submit(gl.CommandJob(command=cmd)) for i in range(5)]
             print(" ".join(str(h.result(timeout=120)) for h in hs))
         """)
-        procs = [subprocess.Popen([sys.executable, "-c", submitter, f"p{n}"], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for n in range(3)]
+        procs = [subprocess.Popen([sys.executable, "-c", submitter], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(4)]
         for p in procs:
             out, err = p.communicate(timeout=180)
             assert p.returncode == 0, err
             assert out.split() == ["0"] * 5
         client = gl.connect()
         jobs = [client.api.get_job(j.id) for j in client.api.list_jobs()]
-        assert len(jobs) == 15
+        assert len(jobs) == 20
         assert all(j.state is JobState.SUCCEEDED and len(j.tasks) == 1 for j in jobs)
+        assert sorted(f.name for f in marks.iterdir()) == sorted(j.id for j in jobs)
+        assert all((marks / j.id).read_text().split() == ["1"] for j in jobs)  # once each
     finally:
         stop(worker)
 

@@ -104,9 +104,14 @@ def test_killed_worker_tasks_are_lost_and_retried_elsewhere(stack: dict[str, Any
     assert not offline.online
 
 
-def test_server_killed_mid_run_loses_nothing_and_runs_nothing_twice(tmp_path: Path) -> None:
-    # heartbeat timeout long enough that the restart does not declare workers lost
-    srv = ServerProc(tmp_path / "server", env={"GPULAYER_HEARTBEAT_TIMEOUT": "20"}).start()
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_server_killed_twice_mid_run_loses_nothing_and_runs_nothing_twice(
+        tmp_path: Path, request: pytest.FixtureRequest, database: str) -> None:
+    """kill -9 of the server twice during a few hundred short jobs, restarted on the same
+    home (and database): every job ends once, succeeded; none runs twice unless a task of it
+    was lost (executions are counted in side files)."""
+    url = request.getfixturevalue("postgres_url") if database == "postgresql" else None
+    srv = ServerProc(tmp_path / "server", database=url).start()
     admin = Api(srv.url, srv.admin_token)
     join = admin.token_for("join")["token"]
     marks = tmp_path / "marks"
@@ -115,7 +120,7 @@ def test_server_killed_mid_run_loses_nothing_and_runs_nothing_twice(tmp_path: Pa
     try:
         wait_workers(admin, 2)
         c = http_client(srv.url, token=srv.admin_token, retry_for=60)
-        n = 150
+        n = 120
         ids: list[str] = []
         errors: list[BaseException] = []
 
@@ -123,29 +128,34 @@ def test_server_killed_mid_run_loses_nothing_and_runs_nothing_twice(tmp_path: Pa
             try:
                 for i in range(n):
                     job = c.submit(CommandJob(
-                        command=["sh", "-c", f"echo $GPULAYER_JOB_ID >> {marks}/$GPULAYER_JOB_ID; sleep 0.05"],
-                        placement=REMOTE), idempotency_key=f"job-{i}")
+                        command=["sh", "-c", f"echo $GPULAYER_ATTEMPT >> {marks}/$GPULAYER_JOB_ID; sleep 0.05"],
+                        placement=REMOTE, retries=2), idempotency_key=f"job-{i}")
                     ids.append(job.id)
             except BaseException as exc:  # pragma: no cover - reported below
                 errors.append(exc)
 
         t = threading.Thread(target=submit_all)
         t.start()
-        until(lambda: len(ids) >= 50, 60, "50 submissions")
-        srv.kill(signal.SIGKILL)
-        time.sleep(1.0)
-        srv.start()
-        t.join(120)
+        for kill_at in (30, 80):
+            until(lambda: len(ids) >= kill_at, 120, f"{kill_at} submissions")
+            srv.kill(signal.SIGKILL)
+            time.sleep(1.0)
+            srv.start()
+        t.join(180)
         assert not errors, errors
         assert len(ids) == n and len(set(ids)) == n  # a retried submit never made a second job
-        final = {i: c.wait(i, timeout=120) for i in ids}
+        final = {i: c.wait(i, timeout=180) for i in ids}
         states = Counter(j.state for j in final.values())
         assert states == {JobState.SUCCEEDED: n}, states
+        twice = []
         for j in final.values():
-            assert [t.state for t in j.tasks] == [TaskState.SUCCEEDED], j.tasks
             runs = (marks / j.id).read_text().split()
-            assert runs == [j.id], (j.id, runs)
+            lost = [tk for tk in j.tasks if tk.state is TaskState.LOST]
+            assert len(runs) == 1 + len(lost), (j.id, runs, [tk.state for tk in j.tasks])
+            if len(runs) > 1:
+                twice.append(j.id)
         assert len(c.api.list_jobs(limit=1000)) == n
+        print(f"{database}: {n} jobs, 2 server kills: 0 lost, {len(twice)} ran twice after a lost task")
     finally:
         for w in workers:
             stop_proc(w, signal.SIGKILL)

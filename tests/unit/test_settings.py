@@ -24,7 +24,7 @@ def test_defaults_and_values(monkeypatch: pytest.MonkeyPatch) -> None:
     for s in config.SETTINGS:
         monkeypatch.delenv(s.name, raising=False)
     env = config.settings()
-    assert (env.heartbeat_timeout, env.max_bundle_mb, env.rendezvous_ports, env.url) == (15.0, 100.0, (20000, 32767), None)
+    assert (env.heartbeat_timeout, env.max_bundle_mb, env.rendezvous_ports, env.url) == (10.0, 100.0, (20000, 32767), None)
     monkeypatch.setenv("GPULAYER_HEARTBEAT_TIMEOUT", "2.5")
     monkeypatch.setenv("GPULAYER_DISABLE_PLUGINS", " cuda, ,rocm ")
     monkeypatch.setenv("GPULAYER_URL", "")  # empty is unset
