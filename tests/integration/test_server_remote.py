@@ -137,7 +137,7 @@ def test_server_killed_twice_mid_run_loses_nothing_and_runs_nothing_twice(
         t = threading.Thread(target=submit_all)
         t.start()
         for kill_at in (30, 80):
-            until(lambda: len(ids) >= kill_at, 120, f"{kill_at} submissions")
+            until(lambda k=kill_at: len(ids) >= k, 120, f"{kill_at} submissions")
             srv.kill(signal.SIGKILL)
             time.sleep(1.0)
             srv.start()
