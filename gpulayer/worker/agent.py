@@ -41,6 +41,8 @@ log = logging.getLogger("gpulayer.worker")
 RUNNER_PATH = str(Path(__file__).with_name("function_runner.py"))
 #: the longest a worker waits between tries to reach a control plane that went away
 RECONNECT_MAX = 2.0
+#: variables of the worker's environment its tasks do not inherit
+WORKER_SECRETS = frozenset({"GPULAYER_TOKEN"})
 
 
 def default_cpu_slots(capabilities: Capabilities) -> int:
@@ -396,7 +398,9 @@ class Agent:
         return scratch
 
     def task_env(self, a: TaskAssignment, workdir: Path) -> dict[str, str]:
-        env = dict(os.environ)
+        # the worker's own secrets stay with it: a job must not act as its worker (or join
+        # as a new one with a token the worker was started with)
+        env = {k: v for k, v in os.environ.items() if k not in WORKER_SECRETS}
         env.update(a.spec.env)
         env["GPULAYER_JOB_ID"] = a.job_id
         env["GPULAYER_TASK_ID"] = a.task_id

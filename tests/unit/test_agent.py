@@ -85,3 +85,18 @@ def test_the_heartbeat_thread_survives_errors_of_any_kind() -> None:
     finally:
         agent.stop(grace=0)
     assert api.beats >= 4, "the heartbeat thread stopped after an error"
+
+
+def test_a_task_does_not_inherit_the_workers_token(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gpulayer.api import TaskAssignment
+    from gpulayer.specs import CommandJob
+    from gpulayer.worker.agent import Agent
+    from tests.factories import make_capabilities
+
+    monkeypatch.setenv("GPULAYER_HOME", str(tmp_path))
+    monkeypatch.setenv("GPULAYER_TOKEN", "glt_the-workers-join-token")
+    agent = Agent(object(), capabilities=make_capabilities())  # type: ignore[arg-type]
+    a = TaskAssignment(task_id="tsk-1", job_id="job-1", attempt=1, node_rank=0, accelerator=None, devices=[],
+                       spec=CommandJob(command=["true"], env={"MINE": "1"}))
+    env = agent.task_env(a, tmp_path)
+    assert "GPULAYER_TOKEN" not in env and env["MINE"] == "1" and env["GPULAYER_JOB_ID"] == "job-1"
