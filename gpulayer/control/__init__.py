@@ -44,10 +44,10 @@ from gpulayer.api import (
     TokenInfo,
     WorkerUsage,
 )
-from gpulayer.control import placement
+from gpulayer.control import explaining, placement
 from gpulayer.errors import Conflict, InvalidInput
 from gpulayer.hookrecords import Capabilities, Rendezvous
-from gpulayer.records import JobError, JobRecord, JobState, TaskState, WorkerRecord, new_id
+from gpulayer.records import Explanation, JobError, JobRecord, JobState, TaskState, WorkerRecord, new_id
 from gpulayer.specs import JobSpec
 from gpulayer.store import BundleRow, EventRow, JobRow, LogRow, Store, TaskRow, WorkerRow, mapping, queries
 
@@ -186,6 +186,16 @@ class ControlPlane:
             with self._wakeup:
                 self._wakeup.wait(min(poll, remaining))
             poll = min(poll * 1.5, 0.5)
+
+    def explain(self, spec: JobSpec, *, owner: str | None = None, prospective: Sequence[WorkerRecord] = ()) -> Explanation:
+        """What placement would say about a resolved ``spec`` now (:mod:`.explaining`); stores nothing."""
+        return explaining.explain(self, spec, owner=owner, prospective=prospective)
+
+    def explain_job(self, job_id: str, *, owner: str | None = None,
+                    prospective: Sequence[WorkerRecord] = ()) -> Explanation:
+        with self.store.read() as s:
+            row = queries.job(s, job_id)
+        return explaining.explain(self, mapping.spec(row.spec), job=row, owner=owner, prospective=prospective)
 
     def events(self, job_id: str) -> list[JobEvent]:
         with self.store.read() as s:
