@@ -253,6 +253,11 @@ class ClientAPI(Protocol):
         """:meth:`explain` for a stored job, with its state, last decision and queue position."""
         ...
 
+    def queue_position(self, job_id: str) -> int | None:
+        """Queued jobs a pass places before this one, plus one (None: not queued). Cheap,
+        unlike :meth:`explain_job`: what a waiting ``gpulayer submit`` polls."""
+        ...
+
     def has_bundle(self, digest: str) -> bool: ...
 
     def put_bundle(self, digest: str, data: bytes) -> BundleStored: ...
@@ -407,6 +412,9 @@ ROUTES: tuple[Route, ...] = (
     Route("explain_job", "GET", "/v1/jobs/{job_id}/explain", READERS,
           "Could the job run now, where, and if not, what comes closest",
           response=Explanation, own_job=True, context={"owner": "owner"}, errors=(404,)),
+    Route("queue_position", "GET", "/v1/jobs/{job_id}/position", READERS,
+          "The job's place in the queue (1 is next; null when it is not queued)",
+          response=int | None, own_job=True, errors=(404,)),
     Route("explain", "POST", "/v1/explain", READERS,
           "Could a job with this (resolved) spec run now, and if not, what comes closest; nothing is stored",
           response=Explanation, body=ExplainBody, context={"owner": "owner"}),

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from rich.live import Live
     from rich.spinner import Spinner
 
-#: how often, at most, a queued job's place in the queue is looked up (an explain call)
+#: how often, at most, a queued job's place in the queue is looked up
 POSITION_EVERY = 5.0
 
 
@@ -159,6 +159,6 @@ def status_for(client: Any, stream: IO[str] | None = None) -> JobStatus:
     stream = stream if stream is not None else sys.stderr
 
     def position(job_id: str) -> int | None:
-        return client.explain_job(job_id).queue_position  # type: ignore[no-any-return]
+        return client.api.queue_position(job_id)  # type: ignore[no-any-return]
 
     return JobStatus(stream, live=is_terminal(stream), position=position)

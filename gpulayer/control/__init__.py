@@ -193,9 +193,10 @@ class ControlPlane:
 
     def explain_job(self, job_id: str, *, owner: str | None = None,
                     prospective: Sequence[WorkerRecord] = ()) -> Explanation:
-        with self.store.read() as s:
-            row = queries.job(s, job_id)
-        return explaining.explain(self, mapping.spec(row.spec), job=row, owner=owner, prospective=prospective)
+        return explaining.explain(self, None, job_id=job_id, owner=owner, prospective=prospective)
+
+    def queue_position(self, job_id: str) -> int | None:
+        return explaining.position_of(self, job_id)
 
     def events(self, job_id: str) -> list[JobEvent]:
         with self.store.read() as s:

@@ -34,17 +34,22 @@ if TYPE_CHECKING:
 EXPLAINED = "(explained)"
 
 
-def explain(plane: ControlPlane, spec: JobSpec, *, job: JobRow | None = None, owner: str | None = None,
+def explain(plane: ControlPlane, spec: JobSpec | None, *, job_id: str | None = None, owner: str | None = None,
             prospective: Sequence[WorkerRecord] = ()) -> Explanation:
-    """What placement would say about ``spec`` now. ``job``: the stored job it belongs to;
+    """What placement would say about ``spec`` now, or about the stored job ``job_id``'s spec.
     ``owner``: the caller's token id (None: admin or in-process), whose jobs alone are named
     on busy workers; ``prospective``: workers the caller would start before submitting."""
     now = plane.clock()
     with plane.store.read() as s:
+        job = queries.job(s, job_id) if job_id is not None else None
         fleet = placement.fleet(s)
         tasks = queries.active_tasks(s)
         holders = queries.jobs_by_id(s, (t.job_id for t in tasks))
         queue = queries.queued_jobs(s)
+    if job is not None:
+        spec = mapping.spec(job.spec)
+    if spec is None:
+        raise TypeError("explain needs a spec or a job id")
     fleet.extend(scheduling.WorkerState(record=r) for r in prospective)
     offers = provider_offers(plane, spec)
     fitting = [o for o in offers or [] if not scheduling.check(spec, offer_record(o))]
@@ -131,6 +136,13 @@ def frees_at(view: WorkerExplanation, state: scheduling.WorkerState, spec: JobSp
     return None
 
 
+def position_of(plane: ControlPlane, job_id: str) -> int | None:
+    """The stored job's :func:`queue_position`, from one read of the queue."""
+    with plane.store.read() as s:
+        job = queries.job(s, job_id)
+        return queue_position(queries.queued_jobs(s), mapping.spec(job.spec), job)
+
+
 def queue_position(queue: Sequence[JobRow], spec: JobSpec, job: JobRow | None) -> int | None:
     """Where the job stands in placement order (priority, then first come): 1 is next. A job
     not stored yet stands behind every queued job of its priority or higher."""
@@ -145,4 +157,4 @@ def queue_position(queue: Sequence[JobRow], spec: JobSpec, job: JobRow | None) -
     return None
 
 
-__all__ = ["EXPLAINED", "explain", "frees_at", "provider_offers", "queue_position"]
+__all__ = ["EXPLAINED", "explain", "frees_at", "position_of", "provider_offers", "queue_position"]

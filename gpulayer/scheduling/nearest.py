@@ -54,13 +54,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from gpulayer.records import Closest, Miss, Reason, Relaxation, WorkerExplanation, WorkerRecord
-from gpulayer.scheduling.candidates import build_shape_state
+from gpulayer.scheduling.candidates import ShapeState, build_shape_state
 from gpulayer.scheduling.capacity import fits
 from gpulayer.scheduling.compat import RawReason, bind, compat
 from gpulayer.scheduling.fleet import Fleet, Worker, WorkerClass
@@ -196,60 +196,74 @@ def _status(w: Worker, compatible: bool, room: bool) -> Status:
     return "free" if room else "busy"
 
 
+class _Seen(NamedTuple):
+    """One worker's answer, before it is made a record (the unschedulable message needs only
+    the ranking, and a pass may build it over a large fleet)."""
+
+    worker: Worker
+    status: Status
+    misses: list[Miss]  # shared by the workers of a class
+    distance: float
+
+
 def survey(spec: JobSpec, fleet: Sequence[WorkerState], *, limit: int = 3) -> Survey:
     """Every worker of ``fleet`` (in fleet order) against ``spec``: its status, its reasons in
     the seed's wording and, when rejected, its misses; then the closest (at most ``limit``
     entries) and the relaxations. ``check`` runs once per class of workers."""
-    shape, workers, views, n_compat = _views(spec, fleet)
-    return Survey(workers=views, closest=_rank(views, limit), relaxations=_relax(spec, shape, workers, n_compat),
-                  compatible=n_compat)
+    shape, workers, st, seen = _see(spec, fleet)
+    kind, k = shape.accelerator, shape.device_count
+    views = []
+    for v in seen:
+        w = v.worker
+        reasons: list[Reason] = bind(w.id, st.by_class[w.cls].reasons)
+        if w.state is not None:
+            reasons.append(state_reason(w))
+        elif v.status == "busy":
+            reasons.append(Reason(worker=w.id, code="busy", message=busy_message(kind, k)))
+        views.append(WorkerExplanation(worker=w.id, name=fleet[w.pos].record.name, target=w.cls.target,
+                                       status=v.status, reasons=reasons, misses=v.misses, distance=v.distance))
+    return Survey(workers=views, closest=_rank(seen, limit), relaxations=_relax(spec, shape, workers, st.n_compat),
+                  compatible=st.n_compat)
 
 
 def closest(spec: JobSpec, fleet: Sequence[WorkerState], *, limit: int = 3) -> list[Closest]:
     """The rejected workers that come closest to running ``spec``, best first (at most
     ``limit`` entries): what the message of an unschedulable job ends with."""
-    return _rank(_views(spec, fleet)[2], limit)
+    return _rank(_see(spec, fleet)[3], limit)
 
 
 def relaxations(spec: JobSpec, fleet: Sequence[WorkerState]) -> list[Relaxation]:
     """The single changes to ``spec`` that make more workers compatible, most workers first."""
-    shape, workers, _, n_compat = _views(spec, fleet)
-    return _relax(spec, shape, workers, n_compat)
+    shape, workers, st, _ = _see(spec, fleet)
+    return _relax(spec, shape, workers, st.n_compat)
 
 
-def _views(spec: JobSpec, fleet: Sequence[WorkerState]) -> tuple[Shape, Fleet, list[WorkerExplanation], int]:
+def _see(spec: JobSpec, fleet: Sequence[WorkerState]) -> tuple[Shape, Fleet, ShapeState, list[_Seen]]:
     shape = shape_of(spec)
     workers = Fleet(list(fleet))
     st = build_shape_state(shape, workers.classes, [])
     kind, k = shape.accelerator, shape.device_count
-    misses: dict[int, list[Miss]] = {}  # id(class) -> its misses, shared by its workers
-    out: list[WorkerExplanation] = []
+    by_class: dict[int, tuple[list[Miss], float]] = {}  # id(class) -> its misses and their sum
+    out: list[_Seen] = []
     for w in workers.workers:
         res = st.by_class[w.cls]
         cand = st.eligible_of.get(w.cls)
         compatible = not res.reasons and cand is not None
         room = cand is not None and compatible and fits(w, cand, kind, k)
-        status = _status(w, compatible, room)
-        reasons: list[Reason] = bind(w.id, res.reasons)
-        cls_misses: list[Miss] = []
-        if res.reasons:
-            cls_misses = misses.get(id(w.cls)) or misses.setdefault(id(w.cls), misses_of(shape, w.cls.rep, res.reasons))
-        if w.state is not None:
-            reasons.append(state_reason(w))
-        elif status == "busy":
-            reasons.append(Reason(worker=w.id, code="busy", message=busy_message(kind, k)))
-        out.append(WorkerExplanation(
-            worker=w.id, name=fleet[w.pos].record.name, target=w.cls.target, status=status,
-            reasons=reasons, misses=cls_misses, distance=sum(m.distance for m in cls_misses),
-        ))
-    return shape, workers, out, st.n_compat
+        misses, distance = by_class.get(id(w.cls)) or ([], 0.0)
+        if res.reasons and not misses:
+            misses = misses_of(shape, w.cls.rep, res.reasons)
+            distance = sum(m.distance for m in misses)
+            by_class[id(w.cls)] = misses, distance
+        out.append(_Seen(w, _status(w, compatible, room), misses, distance))
+    return shape, workers, st, out
 
 
-def _rank(views: list[WorkerExplanation], limit: int) -> list[Closest]:
+def _rank(seen: list[_Seen], limit: int) -> list[Closest]:
     """Rejected (and compatible but unavailable) workers grouped by the words of their
     misses, ranked by (number of misses, sum of distances, fleet order)."""
-    groups: dict[tuple[str, ...], list[WorkerExplanation]] = {}
-    for v in views:
+    groups: dict[tuple[str, ...], list[_Seen]] = {}
+    for v in seen:
         if v.status in ("free", "busy"):
             continue
         if v.misses:
@@ -262,7 +276,8 @@ def _rank(views: list[WorkerExplanation], limit: int) -> list[Closest]:
         first = members[0]
         misses = first.misses or [Miss(code=first.status, distance=0.0, text=key[0])]
         entries.append(((len(first.misses), first.distance, i),
-                        Closest(worker=first.worker, like=len(members) - 1, misses=misses, distance=first.distance)))
+                        Closest(worker=first.worker.id, like=len(members) - 1, misses=misses,
+                                distance=first.distance)))
     entries.sort(key=lambda e: e[0])
     return [c for _, c in entries[:limit]]
 

@@ -64,6 +64,9 @@ def test_a_client_explains_its_own_jobs_and_sees_others_work_unnamed(served: dic
         assert other.returncode == 2 and f"job {queued.id!r}: no such job" in other.stderr
         with pytest.raises(NotFound):
             b.api.explain_job(queued.id)
+        with pytest.raises(NotFound):
+            b.api.queue_position(queued.id)
+        assert a.api.queue_position(queued.id) == 1
         theirs = cli("explain", "--target", "remote", "--json", "--", "true", env=env_b)
         data = json.loads(theirs.stdout)
         [view] = data["workers"]

@@ -113,6 +113,8 @@ def test_queue_positions_follow_priority_then_arrival(cp: ControlPlane) -> None:
     running, low, a, b, high = submitted
     positions = {j.id: cp.explain_job(j.id).queue_position for j in (running, low, a, b, high)}
     assert positions == {running.id: None, high.id: 1, a.id: 2, b.id: 3, low.id: 4}
+    # the cheap question a waiting submit polls gives the same answers
+    assert {j.id: cp.queue_position(j.id) for j in (running, low, a, b, high)} == positions
     e = cp.explain_job(a.id)
     assert e.state is JobState.QUEUED and e.stored_decision is not None
     assert e.stored_decision.summary == "waiting: 1 compatible worker(s) busy"
@@ -121,6 +123,8 @@ def test_queue_positions_follow_priority_then_arrival(cp: ControlPlane) -> None:
     assert cp.explain(job(priority=11)).queue_position == 1
     with pytest.raises(NotFound):
         cp.explain_job("job-000000000000")
+    with pytest.raises(NotFound):
+        cp.queue_position("job-000000000000")
 
 
 def test_workers_a_caller_would_start_count_as_workers(cp: ControlPlane) -> None:
