@@ -1,6 +1,6 @@
 """GPUlayer: run jobs on any GPU or CPU machine you have.
 
-The public API: the SDK (``remote``, ``submit``, ``wait``, ``as_completed``), the job specs
+The public API: the SDK (``remote``, ``submit``, ``explain``, ``wait``, ``as_completed``), the job specs
 and requirement records, and ``hookimpl`` for plugin authors.
 """
 
@@ -22,10 +22,10 @@ __version__ = "0.1.0"
 
 # The SDK imports the control plane and the store (SQLModel); load it on first use so that
 # ``import gpulayer`` stays cheap for plugins and the CLI.
-_SDK_NAMES = {"remote", "submit", "wait", "as_completed", "JobHandle", "connect", "get_job"}
+_SDK_NAMES = {"remote", "submit", "explain", "wait", "as_completed", "JobHandle", "connect", "get_job"}
 
 if TYPE_CHECKING:
-    from gpulayer.sdk import JobHandle, as_completed, connect, get_job, remote, submit, wait
+    from gpulayer.sdk import JobHandle, as_completed, connect, explain, get_job, remote, submit, wait
 
 
 def __getattr__(name: str) -> Any:
@@ -51,6 +51,7 @@ __all__ = [
     "__version__",
     "as_completed",
     "connect",
+    "explain",
     "get_job",
     "hookimpl",
     "remote",

@@ -30,7 +30,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpulayer.hookrecords import Capabilities, Rendezvous
-from gpulayer.records import JobError, JobRecord, JobState, TaskState, WorkerRecord
+from gpulayer.records import Explanation, JobError, JobRecord, JobState, TaskState, WorkerRecord
 from gpulayer.specs import JobSpec
 
 __all__ = [
@@ -158,6 +158,10 @@ class SubmitBody(Wire):
     idempotency_key: str | None = Field(default=None, max_length=200)
 
 
+class ExplainBody(Wire):
+    spec: JobSpec
+
+
 class ListJobsQuery(Wire):
     state: JobState | None = Field(default=None, description="only jobs in this state")
     limit: int = Field(default=100, ge=1, le=1000, description="at most this many, newest first")
@@ -244,6 +248,20 @@ class ClientAPI(Protocol):
         ...
 
     def events(self, job_id: str) -> list[JobEvent]: ...
+
+    def explain(self, spec: JobSpec) -> Explanation:
+        """What placement would say about a resolved spec now, nothing submitted: every
+        worker's status and reasons, the offers that fit, the nearest misses, the relaxations."""
+        ...
+
+    def explain_job(self, job_id: str) -> Explanation:
+        """:meth:`explain` for a stored job, with its state, last decision and queue position."""
+        ...
+
+    def queue_position(self, job_id: str) -> int | None:
+        """Queued jobs a pass places before this one, plus one (None: not queued). Cheap,
+        unlike :meth:`explain_job`: what a waiting ``gpulayer submit`` polls."""
+        ...
 
     def has_bundle(self, digest: str) -> bool: ...
 
@@ -401,6 +419,15 @@ ROUTES: tuple[Route, ...] = (
           response=JobRecord, query=WaitQuery, own_job=True, long_poll="timeout", errors=(404,)),
     Route("events", "GET", "/v1/jobs/{job_id}/events", READERS, "The job's event history",
           response=list[JobEvent], own_job=True, errors=(404,)),
+    Route("explain_job", "GET", "/v1/jobs/{job_id}/explain", READERS,
+          "Could the job run now, where, and if not, what comes closest",
+          response=Explanation, own_job=True, context={"owner": "owner"}, errors=(404,)),
+    Route("queue_position", "GET", "/v1/jobs/{job_id}/position", READERS,
+          "The job's place in the queue (1 is next; null when it is not queued)",
+          response=int | None, own_job=True, errors=(404,)),
+    Route("explain", "POST", "/v1/explain", READERS,
+          "Could a job with this (resolved) spec run now, and if not, what comes closest; nothing is stored",
+          response=Explanation, body=ExplainBody, context={"owner": "owner"}),
     # ---------------------------------------------------------------- bundles
     Route("has_bundle", "HEAD", "/v1/bundles/{digest}", BUNDLE_READERS, "Whether a bundle is stored (200 or 404)",
           response=bool, exists=True, path_patterns=_DIGEST, errors=(404,)),

@@ -16,8 +16,8 @@ plane runs embedded (:class:`~gpulayer.control.ControlPlane` on SQLite in
 ``$GPULAYER_HOME``). Either way :attr:`Client.api` offers every operation of
 :class:`~gpulayer.api.ControlAPI`, and :class:`Client` adds only what is shared behaviour
 on top of them: preparing a spec (profile, default target, bundle upload), submitting it
-(starting an in-process worker when a local job needs one), waiting past one long poll,
-and following logs.
+(starting an in-process worker when a local job needs one), explaining one, waiting past
+one long poll, and following logs.
 """
 
 from __future__ import annotations
@@ -35,11 +35,14 @@ from typing import TYPE_CHECKING, Any
 from gpulayer import bundles, config
 from gpulayer.api import MAX_LONG_POLL, ControlAPI, LogChunk
 from gpulayer.errors import GpulayerError, SubmitWhileImporting
-from gpulayer.records import JobRecord, WorkerRecord
+from gpulayer.records import Explanation, JobRecord, WorkerRecord
 from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, JobSpec
 
 if TYPE_CHECKING:
     from gpulayer.control import ControlPlane
+
+#: the id ``explain`` gives the worker an embedded submit would start in its own process
+IN_PROCESS = "in-process"
 
 
 class Client:
@@ -67,21 +70,25 @@ class Client:
 
     # ------------------------------------------------------------------ submitting
 
-    def prepare(self, spec: JobSpec) -> JobSpec:
-        """Resolve the profile, fill in the default target and upload the bundle; returns
-        the spec the control plane stores."""
+    def resolve(self, spec: JobSpec) -> JobSpec:
+        """The spec with its profile and implied accelerator resolved and the default target
+        filled in: what placement reads (the bundle is left as it is)."""
         from gpulayer.profiles import resolve_requirements
 
         update: dict[str, Any] = {"requirements": resolve_requirements(spec.requirements)}
         if "target" not in spec.placement.model_fields_set:
             update["placement"] = spec.placement.model_copy(update={"target": self.default_target})
+        return spec.model_copy(update=update)
+
+    def prepare(self, spec: JobSpec) -> JobSpec:
+        """:meth:`resolve`, then upload the bundle; returns the spec the control plane stores."""
+        spec = self.resolve(spec)
         if spec.bundle is not None:
             bundle = bundles.build_bundle(spec.bundle)
             if not self.api.has_bundle(bundle.digest):
                 self.api.put_bundle(bundle.digest, bundle.data)
-            update["bundle"] = None
-            update["bundle_digest"] = bundle.digest
-        return spec.model_copy(update=update)
+            spec = spec.model_copy(update={"bundle": None, "bundle_digest": bundle.digest})
+        return spec
 
     def submit(self, spec: CommandJob | FunctionJob | DistributedJob, *,
                idempotency_key: str | None = None) -> JobRecord:
@@ -94,6 +101,37 @@ class Client:
         if self.control is not None and "local" in prepared.placement.targets:
             self._submitted.append(job.id)
         return job
+
+    # ------------------------------------------------------------------ explaining
+
+    def explain(self, spec: CommandJob | FunctionJob | DistributedJob) -> Explanation:
+        """What placement would say about ``spec`` now, nothing submitted and nothing
+        uploaded. Embedded, a local job counts the worker :meth:`submit` would start here
+        when none is running (named ``in-process``), so the answer is the one a submit gets."""
+        resolved = self.resolve(spec)
+        if self.control is not None:
+            return self.control.explain(resolved, prospective=self._would_start(resolved))
+        return self.api.explain(resolved)
+
+    def explain_job(self, job_id: str) -> Explanation:
+        """:meth:`explain` for a stored job."""
+        if self.control is not None:
+            spec = self.control.get_job(job_id).spec
+            return self.control.explain_job(job_id, prospective=self._would_start(spec))
+        return self.api.explain_job(job_id)
+
+    def _would_start(self, spec: JobSpec) -> list[WorkerRecord]:
+        """The in-process worker :meth:`ensure_local_worker` would start for ``spec``, as a
+        record that is not registered; none when one runs already or the job is not local."""
+        if "local" not in spec.placement.targets or self._agent is not None or self.live_local_workers():
+            return []
+        from gpulayer.resources import detect_capabilities
+        from gpulayer.worker.agent import default_cpu_slots
+
+        caps = detect_capabilities()
+        slots = config.settings().cpu_slots
+        return [WorkerRecord(id=IN_PROCESS, name="the worker this process would start", origin="local",
+                             capabilities=caps, cpu_slots=default_cpu_slots(caps) if slots is None else slots)]
 
     # ------------------------------------------------------------------ following
 

@@ -21,6 +21,10 @@ for any route. When retries run out the call raises :class:`~gpulayer.errors.Con
 
 Transport: ``transport=`` takes any :class:`httpx.BaseTransport`, so the same client runs
 in-process against the Starlette app in tests.
+
+Uploads: a raw body of :data:`PROGRESS_BYTES` or more (a source bundle) is streamed in
+chunks with a progress bar (bytes sent, rate, time left) on stderr when stderr is a
+terminal (:mod:`gpulayer.progress`); otherwise it is sent as it is.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ import json
 import logging
 import socket
 import ssl
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, cast
 from urllib.parse import quote, urlsplit
@@ -40,12 +45,15 @@ from urllib.parse import quote, urlsplit
 import httpx
 from pydantic import TypeAdapter, ValidationError
 
-from gpulayer import api, config
+from gpulayer import api, config, progress
 from gpulayer.errors import AuthError, ConnectionFailed, GpulayerError, InvalidInput, error_from_wire
 
 __all__ = ["HttpAPI", "RemoteAPI", "connect_http", "fingerprint_of_pem", "server_info", "tls_verify"]
 
 RETRY_STATUSES = (502, 503, 504)
+#: raw bodies at least this large get a progress bar on a terminal; smaller ones are sent
+#: before a bar could be read
+PROGRESS_BYTES = 4 * 1024 * 1024
 
 # httpx logs every request at INFO; a worker makes several a second
 logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -173,9 +181,15 @@ class HttpAPI:
         if route.raw_body:
             headers["content-type"] = route.raw_body
         timeout = httpx.Timeout(max(30.0, (read_timeout or 0) + 10.0), connect=5.0)
+        shown = content is not None and len(content) >= PROGRESS_BYTES and progress.is_terminal(sys.stderr)
+        if shown:
+            headers["content-length"] = str(len(content or b""))  # streamed, yet the server may refuse early
         while True:
+            body: bytes | Iterator[bytes] | None = content
+            if shown:  # a fresh stream, and bar, for each attempt: a retry sends the whole body again
+                body = progress.upload(content or b"", f"upload {path.rsplit('/', 1)[-1][:12]}")
             try:
-                resp = self.http.request(route.method, path, params=params, json=json_body, content=content,
+                resp = self.http.request(route.method, path, params=params, json=json_body, content=body,
                                          headers=headers, timeout=timeout)
             except httpx.TransportError as exc:
                 retryable = route.safe or isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))

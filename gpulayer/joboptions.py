@@ -14,7 +14,9 @@ or silently do something else:
 * an accelerator kind no installed detector plugin offers (``allow_unknown_accelerator``
   lets through a kind only the server's workers know);
 * devices, GPU memory or a compute capability without an accelerator (they would run on a
-  CPU slot), unless the profile names one;
+  CPU slot), unless the profile or a sub-probe (``torch.cuda``) names one;
+* a sub-probe of another accelerator than the job's (``torch.cuda`` with ``rocm``), or
+  sub-probes of two;
 * a runtime profile or a distributed launcher that no installed plugin offers.
 
 These read the plugins' records (cheap: nothing is detected); ``check_installed=False``
@@ -30,6 +32,7 @@ from typing import Any, TypedDict, TypeVar
 
 from gpulayer import plugins
 from gpulayer.errors import InvalidArgument, InvalidInput, InvalidRequirement
+from gpulayer.profiles import check_implied_accelerator
 from gpulayer.specs import (
     CommandJob,
     DistributedJob,
@@ -245,7 +248,17 @@ def _finish(job: J, options: JobOptions, spelling: Spelling, check_installed: bo
             )
         profile_accelerator = known[req.profile].accelerator
     kinds = plugins.detectors() if check_installed else {}
-    if req.accelerator is None and (req.profile is None or (check_installed and profile_accelerator is None)):
+    # a sub-probe such as torch.cuda names its accelerator (profiles.resolve_requirements
+    # fills it in); before the plugins are read, a dotted name may be one
+    implied: str | None = None
+    if check_installed:
+        asked = given.get("accelerator")
+        named = "cpu" if isinstance(asked, str) and asked.strip().lower() == "cpu" else req.accelerator
+        implied = check_implied_accelerator(req, named or profile_accelerator, spelling)
+    elif any("." in name for name in req.frameworks):
+        implied = "?"
+    if req.accelerator is None and implied is None and (
+            req.profile is None or (check_installed and profile_accelerator is None)):
         _refuse_devices_without_accelerator(req.profile, given, spelling, ", ".join(sorted(kinds)))
     if req.accelerator is not None and check_installed and not given.get(_SWITCH):
         if req.accelerator not in kinds:

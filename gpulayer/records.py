@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import enum
 import secrets
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from gpulayer._base import Record
 from gpulayer.hookrecords import Capabilities, Rendezvous
@@ -92,8 +93,10 @@ class JobError(Record):
         return cls(type="lost", message=why)
 
     @classmethod
-    def unschedulable(cls, decision: PlacementDecision) -> JobError:
-        return cls(type="unschedulable", message=decision.render())
+    def unschedulable(cls, decision: PlacementDecision, hints: Sequence[str] = ()) -> JobError:
+        """The decision's lines (summary, one per rejected worker), then ``hints``: the
+        nearest miss and the ``explain`` command to run."""
+        return cls(type="unschedulable", message="\n".join([decision.render(), *hints]))
 
     @classmethod
     def ended(cls, state: TaskState, message: str) -> JobError:
@@ -195,3 +198,144 @@ class JobRecord(Record):
     tasks: list[TaskRecord] = Field(default_factory=list)
 
 
+
+
+# --------------------------------------------------------------------------- explanations
+#
+# What ``explain`` answers (docs/explain.md documents every field). The control plane
+# fills these in; the scheduler's pure half is :mod:`gpulayer.scheduling.nearest`.
+
+
+class Miss(Record):
+    """One requirement a worker fails, and how far it is from meeting it.
+
+    ``distance`` grows with how much would have to change (a framework upgrade is 1, a
+    shortfall of devices, CPUs or RAM between 1 and 2, a wrong OS or target 10): see
+    :mod:`gpulayer.scheduling.nearest`. ``text`` says it from the worker's side:
+    ``has 1 of 2 cuda devices``, ``has torch 2.1.0, needs >=2.2 (one upgrade away)``.
+    """
+
+    code: str  # the reason's code (devices, framework_version, ...)
+    #: the spec field it is about (``requirements.gpus``, ``requirements.frameworks.torch``),
+    #: None when the job cannot change it (a worker without CPU slots)
+    field: str | None = None
+    wanted: str | None = None
+    have: str | None = None
+    distance: float
+    text: str
+
+
+class Closest(Record):
+    """Rejected workers that fail in the same words, ranked by how little would change."""
+
+    worker: str  # the first of them in fleet order
+    #: how many more workers fail in exactly these words
+    like: int = 0
+    misses: list[Miss]
+    distance: float  # the sum of the misses' distances
+
+    def render(self) -> str:
+        who = self.worker + (f" (+{self.like} like it)" if self.like else "")
+        return f"{who} {' and '.join(m.text for m in self.misses)}"
+
+
+class Relaxation(Record):
+    """One change to the job, and how many workers would then be compatible.
+
+    ``action``: ``relax`` (``field`` to ``value``), ``drop`` (the requirement ``field``,
+    whose value is ``was``) or ``add`` (``value`` to ``field``: a fallback target).
+    """
+
+    field: str  # spec path: requirements.gpus, requirements.frameworks.jax, placement.fallback_targets
+    action: Literal["relax", "drop", "add"]
+    was: str | None = None
+    value: str | None = None
+    fits: int
+    workers: list[str] = Field(default_factory=list)  # the first few of them
+
+
+class RunningTask(Record):
+    """A task holding room on a worker, as ``explain`` shows it."""
+
+    job_id: str | None = None  # None: another owner's job
+    task_id: str | None = None
+    state: TaskState
+    accelerator: str | None = None
+    devices: list[int] = Field(default_factory=list)
+    started_at: float | None = None
+    #: when it ends at the latest (its start plus the job's timeout); None: no limit, or not started
+    ends_by: float | None = None
+
+
+class WorkerExplanation(Record):
+    """One worker's answer to one job: eligible and free, busy, unavailable, or rejected."""
+
+    worker: str
+    name: str
+    target: str
+    status: Literal["free", "busy", "draining", "offline", "rejected"]
+    #: rejected: ``check``'s reasons; busy, draining, offline: the availability reason
+    reasons: list[Reason] = Field(default_factory=list)
+    misses: list[Miss] = Field(default_factory=list)  # rejected only
+    distance: float = 0.0
+    running: list[RunningTask] = Field(default_factory=list)
+    #: busy: when enough room frees for the job at the latest, if every task that must end has a limit
+    frees_at: float | None = None
+
+
+class OfferFit(Record):
+    """A provider's machine that would fit the job, once booted."""
+
+    provider: str
+    shape: str
+    region: str | None = None
+    price_per_hour: float | None = None  # None: capacity you own
+    spot: bool = False
+    availability: str = "unknown"
+
+
+class Explanation(Record):
+    """Could a job run, where, and if not, what comes closest (``gpulayer explain``)."""
+
+    job_id: str | None = None  # set by explain_job
+    state: JobState | None = None  # the stored job's state
+    spec: JobSpec
+    #: what a placement pass would decide for this job alone, now
+    decision: PlacementDecision
+    #: explain_job: the last pass's word on the job, with the whole queue in view
+    stored_decision: PlacementDecision | None = None
+    #: queued jobs a pass would place before it, plus one; None when the job is not queued
+    queue_position: int | None = None
+    workers: list[WorkerExplanation] = Field(default_factory=list)
+    #: provider offers that would fit, cheapest first; None: this control plane has no providers to ask
+    offers: list[OfferFit] | None = None
+    closest: list[Closest] = Field(default_factory=list)
+    relaxations: list[Relaxation] = Field(default_factory=list)
+    at: float = 0.0
+    #: how the front end that asked names options (a :class:`~gpulayer.wording.Spelling`), for ``str()``
+    _spelling: Any = PrivateAttr(default=None)
+
+    def render(self, spelling: Any = None) -> str:
+        """The explanation in words, options named as ``spelling`` (a
+        :class:`~gpulayer.wording.Spelling`) writes them: see :mod:`gpulayer.explanations`."""
+        from gpulayer.explanations import render
+
+        return render(self, spelling or self._spelling)
+
+    def __str__(self) -> str:
+        return self.render()
+
+    @property
+    def verdict(self) -> str:
+        """``assigned`` (would be placed now), ``waiting`` or ``unschedulable``."""
+        return self.decision.outcome
+
+    def closest_line(self) -> str | None:
+        """``closest: wkr-a has 1 of 2 cuda devices; wkr-b ...``, or None when nothing was rejected."""
+        return closest_line(self.closest)
+
+
+def closest_line(closest: Sequence[Closest]) -> str | None:
+    if not closest:
+        return None
+    return "closest: " + "; ".join(c.render() for c in closest)

@@ -26,19 +26,21 @@ from gpulayer.errors import (
     Unschedulable,
 )
 from gpulayer.joboptions import JobOptions
-from gpulayer.records import JobRecord, JobState
+from gpulayer.records import Explanation, JobRecord, JobState
 from gpulayer.scheduling import NO_ELIGIBLE_WORKER
 from gpulayer.specs import (
     CommandJob,
     DistributedJob,
     FunctionJob,
+    Spelling,
     check_json,
 )
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["JobHandle", "RemoteFunction", "as_completed", "connect", "get_job", "remote", "submit", "wait"]
+__all__ = ["JobHandle", "RemoteFunction", "as_completed", "connect", "explain", "get_job", "remote", "submit",
+           "wait"]
 
 T = TypeVar("T")
 ADR = "docs/adr/0002-json-only-arguments.md"
@@ -122,8 +124,44 @@ def submit(spec: CommandJob | FunctionJob | DistributedJob, *, client: Client | 
     client = client or connect()
     job = client.submit(spec)
     if job.state is JobState.UNSCHEDULABLE:
-        raise Unschedulable(job.decision.render() if job.decision else NO_ELIGIBLE_WORKER, job_id=job.id)
+        # the stored error: the scheduler's lines, then the nearest miss and what to run
+        raise Unschedulable(job.error.message if job.error else NO_ELIGIBLE_WORKER, job_id=job.id)
     return JobHandle(job.id, client)
+
+
+def explain(what: Any, *, client: Client | None = None, **options: Unpack[JobOptions]) -> Explanation:
+    """Could this run, where, and if not, which worker comes closest? Submits nothing.
+
+    ``what`` is a ``@gl.remote`` function (as ``.remote()`` would submit it, ``options``
+    overriding its own), a plain module-level function (as ``@gl.remote(**options)`` would),
+    a job spec, or a submitted job (its handle or id). ``print()`` the record for the text
+    ``gpulayer explain`` prints; its fields are documented in docs/explain.md.
+    """
+    client = client or connect()
+    if isinstance(what, (str, JobHandle)):
+        if options:
+            raise InvalidArgument("gl.explain: options apply to a function or a spec, not to a submitted job")
+        e = client.explain_job(what if isinstance(what, str) else what.id)
+        e._spelling = REMOTE_SPELLING
+        return e
+    if isinstance(what, (CommandJob, FunctionJob, DistributedJob)):
+        if options:
+            raise InvalidArgument("gl.explain: options apply to a function; change the spec's fields instead")
+        e = client.explain(what)
+        e._spelling = RECORD_SPELLING
+        return e
+    if isinstance(what, RemoteFunction):
+        fn = RemoteFunction(what._fn, cast(JobOptions, {**what.options, **options})) if options else what
+    elif callable(what):
+        joboptions.check_option_names(options, _REMOTE_OPTIONS, "gl.explain")
+        fn = RemoteFunction(what, options)
+    else:
+        raise InvalidArgument(f"gl.explain: {what!r} is not a function, a job spec or a job; accepted: a "
+                              "@gl.remote function, a module-level function, a CommandJob, FunctionJob or "
+                              "DistributedJob, a JobHandle or a job id")
+    e = client.explain(fn.spec())
+    e._spelling = REMOTE_SPELLING
+    return e
 
 
 def wait(handles: Iterable[JobHandle], timeout: float | None = None) -> list[JobRecord]:
@@ -249,6 +287,8 @@ class RemoteFunction(Generic[T]):
 #: every option of ``@gl.remote``: those of :class:`~gpulayer.joboptions.JobOptions`
 _REMOTE_OPTIONS = frozenset(JobOptions.__optional_keys__)
 REMOTE_SPELLING = joboptions.keyword_spelling("@gl.remote")
+#: how a spec built by hand names its fields (by their paths: requirements.gpus)
+RECORD_SPELLING = Spelling(call="CommandJob")
 
 
 def remote(fn: Callable[..., T] | None = None, **options: Unpack[JobOptions]) -> Any:

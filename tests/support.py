@@ -39,3 +39,58 @@ def start_worker(*args: str, env: dict[str, str] | None = None) -> subprocess.Po
     full_env.update(env or {})
     return subprocess.Popen([sys.executable, "-m", "gpulayer.cli", "worker", "start", *args], env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+class Terminal:
+    """``gpulayer ARGS`` with stdin, stdout and stderr on a pseudo-terminal, as a person at a
+    terminal runs it: :meth:`read_until` what it has drawn so far, :meth:`finish` to the end."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, columns: int = 120) -> None:
+        import pty
+
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        full_env.setdefault("TERM", "xterm")
+        full_env["COLUMNS"] = str(columns)
+        self._master, slave = pty.openpty()
+        self.proc = subprocess.Popen([sys.executable, "-m", "gpulayer.cli", *args], env=full_env,
+                                     stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+        os.close(slave)
+        self.output = ""
+        self._eof = False
+
+    def _read(self, wait: float) -> None:
+        import select
+
+        if self._eof:
+            return
+        ready, _, _ = select.select([self._master], [], [], wait)
+        if not ready:
+            return
+        try:
+            data = os.read(self._master, 65536)
+        except OSError:  # EIO: the other side is closed
+            data = b""
+        if not data:
+            self._eof = True
+            return
+        self.output += data.decode(errors="replace")
+
+    def read_until(self, text: str, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            if self._eof or time.monotonic() > deadline:
+                raise AssertionError(f"the terminal never showed {text!r}; it showed:\n{self.output!r}")
+            self._read(0.2)
+        return self.output
+
+    def finish(self, timeout: float = 120.0) -> int:
+        """Read to the end; the exit code."""
+        deadline = time.monotonic() + timeout
+        while not self._eof:
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                raise AssertionError(f"gpulayer did not finish; the terminal showed:\n{self.output!r}")
+            self._read(0.2)
+        os.close(self._master)
+        return self.proc.wait(timeout)

@@ -73,49 +73,36 @@ def exit_code_for(job: JobRecord) -> int:
     return EXIT_FAILED
 
 
-class _Progress:
-    """Shows queued -> assigned -> running on a terminal; silent when stderr is piped."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.last: str | None = None
-        self.started = time.monotonic()
-
-    def update(self, job: JobRecord) -> None:
-        if not self.enabled or job.state.value == self.last:
-            return
-        self.last = job.state.value
-        where = ""
-        if job.tasks:
-            t = [t for t in job.tasks if t.attempt == job.attempt]
-            where = " on " + ", ".join(
-                f"{x.worker_id}" + (f" ({x.accelerator} {','.join(map(str, x.devices))})" if x.devices else "")
-                for x in t
-            ) if t else ""
-        elapsed = time.monotonic() - self.started
-        extra = ""
-        if job.state is JobState.QUEUED and job.decision is not None:
-            extra = f" ({job.decision.summary})"
-        typer.echo(f"gpulayer: {job.id} {job.state.value}{where}{extra} [{elapsed:.1f}s]", err=True)
-
-
 def follow_job(client: Client, job_id: str, *, node: int | None = None, progress: bool = False) -> JobRecord:
-    """Stream the job's output to our stdout/stderr until it ends; returns its record."""
-    show = _Progress(progress)
+    """Stream the job's output to our stdout/stderr until it ends; returns its record.
+    ``progress``: show the job's status on stderr as it goes (:mod:`gpulayer.cli.progress`)."""
+    from gpulayer.cli.progress import status_for
+
+    show = status_for(client) if progress else None
     prefix: bool | None = None
     last: list[JobRecord] = []
 
     def seen(job: JobRecord) -> None:
         nonlocal prefix
-        show.update(job)
+        if show is not None:
+            show.update(job)
         last[:] = [job]
         if prefix is None:
             prefix = prefixes_nodes(job.spec, node)
 
-    for c in client.follow(job_id, node=node, on_update=seen):
-        out = sys.stderr if c.stream == "stderr" else sys.stdout
-        out.write(chunk_text(c, prefix=bool(prefix)))
-        out.flush()
+    try:
+        for c in client.follow(job_id, node=node, on_update=seen):
+            out = sys.stderr if c.stream == "stderr" else sys.stdout
+            if show is None:
+                out.write(chunk_text(c, prefix=bool(prefix)))
+                out.flush()
+                continue
+            with show.paused():
+                out.write(chunk_text(c, prefix=bool(prefix)))
+                out.flush()
+    finally:
+        if show is not None:
+            show.close()
     return last[0]
 
 
@@ -179,13 +166,52 @@ def submit_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="show the spec and the bundle's contents; submit nothing"),
     as_json: bool = typer.Option(False, "--json", help="with --detach or --dry-run: print JSON"),
 ) -> None:
+    spec = spec_from_flags(dict(locals()))
+    if dry_run:
+        _dry_run(spec, as_json)
+        return
+    client = _client()
+    if detach:
+        _background_worker_for_detached_jobs(client)
+    job = client.submit(spec)
+    if job.state is JobState.UNSCHEDULABLE:
+        typer.echo(job.error.message if job.error else "scheduling: no eligible worker", err=True)
+        raise typer.Exit(EXIT_UNSCHEDULABLE)
+    if detach:
+        if as_json:
+            _echo_json({"id": job.id, "state": job.state.value})
+        else:
+            typer.echo(job.id)
+        return
+    try:
+        final = follow_job(client, job.id, progress=True)
+    except KeyboardInterrupt:
+        client.api.cancel(job.id)
+        typer.echo(f"\ngpulayer: cancelled {job.id}", err=True)
+        raise typer.Exit(EXIT_CANCELLED) from None
+    if final.state is not JobState.SUCCEEDED:
+        err = final.error.message if final.error and final.error.message else final.state.value
+        typer.echo(f"gpulayer: job {final.id} {final.state.value}: {err}", err=True)
+    raise typer.Exit(exit_code_for(final))
+
+
+#: ``gpulayer submit``'s flags that say what to do with the job rather than describe it
+ACTION_FLAGS = ("detach", "dry_run")
+
+
+def spec_from_flags(flags: dict[str, Any]) -> CommandJob | DistributedJob:
+    """The spec that ``gpulayer submit``'s flags (and so ``gpulayer explain``'s) describe,
+    checked as every front end checks one (:mod:`gpulayer.joboptions`)."""
+    f = flags
+    command, launcher, nodes, nproc_per_node = f["command"], f["launcher"], f["nodes"], f["nproc_per_node"]
     options: joboptions.JobOptions = {
-        "accelerator": accelerator, "allow_unknown_accelerator": allow_unknown_accelerator, "gpus": gpus,
-        "min_gpu_memory_gb": min_gpu_memory, "compute_capability": compute_capability, "frameworks": framework,
-        "python_version": python_version, "os": os_name, "cpus": cpus, "memory_gb": memory,
-        "labels": _pairs(label, "requirements.labels"), "profile": profile, "target": target,
-        "fallback_targets": fallback, "on_unschedulable": on_unschedulable, "timeout": timeout,
-        "retries": retries, "priority": priority, "env": _pairs(env, "env"), "name": name, "bundle": bundle,
+        "accelerator": f["accelerator"], "allow_unknown_accelerator": f["allow_unknown_accelerator"],
+        "gpus": f["gpus"], "min_gpu_memory_gb": f["min_gpu_memory"], "compute_capability": f["compute_capability"],
+        "frameworks": f["framework"], "python_version": f["python_version"], "os": f["os_name"], "cpus": f["cpus"],
+        "memory_gb": f["memory"], "labels": _pairs(f["label"], "requirements.labels"), "profile": f["profile"],
+        "target": f["target"], "fallback_targets": f["fallback"], "on_unschedulable": f["on_unschedulable"],
+        "timeout": f["timeout"], "retries": f["retries"], "priority": f["priority"], "env": _pairs(f["env"], "env"),
+        "name": f["name"], "bundle": f["bundle"],
     }
     spec: CommandJob | DistributedJob
     if nproc_per_node is not None or (nodes is not None and nodes != 1):
@@ -196,33 +222,7 @@ def submit_cmd(
         if launcher is not None:
             # no launcher runs a one-process job, but a misspelt name is still a mistake
             joboptions.check_launcher(launcher, SUBMIT_SPELLING)
-
-    if dry_run:
-        _dry_run(spec, as_json)
-        return
-    client = _client()
-    if detach:
-        _background_worker_for_detached_jobs(client)
-    job = client.submit(spec)
-    if job.state is JobState.UNSCHEDULABLE:
-        typer.echo(job.decision.render() if job.decision else "scheduling: no eligible worker", err=True)
-        raise typer.Exit(EXIT_UNSCHEDULABLE)
-    if detach:
-        if as_json:
-            _echo_json({"id": job.id, "state": job.state.value})
-        else:
-            typer.echo(job.id)
-        return
-    try:
-        final = follow_job(client, job.id, progress=sys.stderr.isatty())
-    except KeyboardInterrupt:
-        client.api.cancel(job.id)
-        typer.echo(f"\ngpulayer: cancelled {job.id}", err=True)
-        raise typer.Exit(EXIT_CANCELLED) from None
-    if final.state is not JobState.SUCCEEDED:
-        err = final.error.message if final.error and final.error.message else final.state.value
-        typer.echo(f"gpulayer: job {final.id} {final.state.value}: {err}", err=True)
-    raise typer.Exit(exit_code_for(final))
+    return spec
 
 
 def _background_worker_for_detached_jobs(client: Client) -> None:
@@ -271,6 +271,9 @@ def _dry_run(spec: CommandJob | DistributedJob, as_json: bool) -> None:
             "excluded": [{"path": e[0], "rule": e[1]} for e in ins.excluded],
             "largest": [{"path": f.path, "bytes": f.size} for f in ins.largest(5)],
         }
+    from gpulayer.cli.explain import placement_check
+
+    data["placement"], lines = placement_check(_client(), spec)
     if as_json:
         _echo_json(data)
         return
@@ -282,6 +285,8 @@ def _dry_run(spec: CommandJob | DistributedJob, as_json: bool) -> None:
             typer.echo(f"  + {f}")
         for e in b["excluded"]:
             typer.echo(f"  - {e['path']}  ({e['rule']})")
+    for line in lines:
+        typer.echo(line)
 
 
 # --------------------------------------------------------------------------- jobs group

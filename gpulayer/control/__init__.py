@@ -44,10 +44,10 @@ from gpulayer.api import (
     TokenInfo,
     WorkerUsage,
 )
-from gpulayer.control import placement
+from gpulayer.control import explaining, placement
 from gpulayer.errors import Conflict, InvalidArgument, InvalidInput
 from gpulayer.hookrecords import Capabilities, Rendezvous
-from gpulayer.records import JobError, JobRecord, JobState, TaskState, WorkerRecord, new_id
+from gpulayer.records import Explanation, JobError, JobRecord, JobState, TaskState, WorkerRecord, new_id
 from gpulayer.specs import JobSpec
 from gpulayer.store import BundleRow, EventRow, JobRow, LogRow, Store, TaskRow, WorkerRow, mapping, queries
 
@@ -199,6 +199,17 @@ class ControlPlane:
             with self._wakeup:
                 self._wakeup.wait(min(poll, remaining))
             poll = min(poll * 1.5, 0.5)
+
+    def explain(self, spec: JobSpec, *, owner: str | None = None, prospective: Sequence[WorkerRecord] = ()) -> Explanation:
+        """What placement would say about a resolved ``spec`` now (:mod:`.explaining`); stores nothing."""
+        return explaining.explain(self, spec, owner=owner, prospective=prospective)
+
+    def explain_job(self, job_id: str, *, owner: str | None = None,
+                    prospective: Sequence[WorkerRecord] = ()) -> Explanation:
+        return explaining.explain(self, None, job_id=job_id, owner=owner, prospective=prospective)
+
+    def queue_position(self, job_id: str) -> int | None:
+        return explaining.position_of(self, job_id)
 
     def events(self, job_id: str) -> list[JobEvent]:
         with self.store.read() as s:

@@ -4,9 +4,11 @@
 Writing a decision: an assigned job gets a new attempt and one ``assigned`` task per node
 (with the rendezvous facts a distributed job's nodes share); a job no worker could ever
 run and that asked to fail becomes ``unschedulable`` with the scheduler's reasons as its
-error; any other job keeps waiting, and its stored decision is rewritten only when it says
-something new. A job that was placed before (a retry after its worker died or failed) never
-becomes unschedulable: it was runnable, so it waits for a worker to come (back).
+error, followed by the nearest miss (:mod:`gpulayer.scheduling.nearest`) and the
+``gpulayer jobs explain`` command to run; any other job keeps waiting, and its stored
+decision is rewritten only when it says something new. A job that was placed before (a
+retry after its worker died or failed) never becomes unschedulable: it was runnable, so it
+waits for a worker to come (back).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from sqlmodel import Session
 
 from gpulayer import config, scheduling
 from gpulayer.hookrecords import Rendezvous
-from gpulayer.records import JobError, JobState, PlacementDecision, TaskState, new_id
+from gpulayer.records import JobError, JobState, PlacementDecision, TaskState, closest_line, new_id
+from gpulayer.scheduling import nearest
+from gpulayer.scheduling.shapes import Shape, shape_of
 from gpulayer.specs import JobSpec
 from gpulayer.store import JobRow, TaskRow, mapping, queries
 
@@ -47,10 +51,27 @@ def run(s: Session, now: float, *, reserve_after: float, event: EventSink) -> sc
     for a in result.assignments:
         assign(s, by_id[a.job_id], specs[a.job_id], a, addresses, result.decisions.get(a.job_id), now, event)
     assigned = {a.job_id for a in result.assignments}
+    hints = Hints(workers)
     for job_id, decision in result.decisions.items():
         if job_id not in assigned:
-            record_decision(s, by_id[job_id], specs[job_id], decision, now, event)
+            record_decision(s, by_id[job_id], specs[job_id], decision, now, event, hints=hints)
     return result
+
+
+class Hints:
+    """What the message of an unschedulable job ends with: the nearest miss in this pass's
+    fleet (once per job shape) and the command that explains the rest."""
+
+    def __init__(self, workers: list[scheduling.WorkerState]) -> None:
+        self._workers = workers
+        self._closest: dict[Shape, str | None] = {}
+
+    def __call__(self, job_id: str, spec: JobSpec) -> list[str]:
+        shape = shape_of(spec)
+        if shape not in self._closest:
+            self._closest[shape] = closest_line(nearest.closest(spec, self._workers))
+        line = self._closest[shape]
+        return [*([line] if line else []), f"run: gpulayer jobs explain {job_id}"]
 
 
 def fleet(s: Session) -> list[scheduling.WorkerState]:
@@ -93,12 +114,12 @@ def assign(s: Session, job: JobRow, spec: JobSpec, a: scheduling.Assignment, add
 
 
 def record_decision(s: Session, job: JobRow, spec: JobSpec, decision: PlacementDecision, now: float,
-                    event: EventSink) -> None:
+                    event: EventSink, *, hints: Hints | None = None) -> None:
     if decision.outcome == "unschedulable" and spec.placement.on_unschedulable == "fail" and job.attempt == 0:
         job.state = JobState.UNSCHEDULABLE.value
         job.updated_at = now
         job.decision = decision.model_dump_json()
-        job.error = JobError.unschedulable(decision).model_dump_json()
+        job.error = JobError.unschedulable(decision, hints(job.id, spec) if hints else ()).model_dump_json()
         s.add(job)
         event(s, "unschedulable", job_id=job.id, message=decision.summary)
         return
@@ -119,4 +140,4 @@ def rendezvous_port() -> int:
     return low + secrets.randbelow(high - low + 1)
 
 
-__all__ = ["RENDEZVOUS_PORTS", "assign", "fleet", "record_decision", "rendezvous_port", "run"]
+__all__ = ["RENDEZVOUS_PORTS", "Hints", "assign", "fleet", "record_decision", "rendezvous_port", "run"]

@@ -108,7 +108,8 @@ Modules
 and their free capacity, grouped into classes), :mod:`~gpulayer.scheduling.candidates`
 (per-shape check results and candidate lists), :mod:`~gpulayer.scheduling.capacity`
 (fitting, picking, granting, reserving), :mod:`~gpulayer.scheduling.reasons` (reasons of
-jobs that are not assigned), :mod:`~gpulayer.scheduling.placement` (``place``).
+jobs that are not assigned), :mod:`~gpulayer.scheduling.placement` (``place``),
+:mod:`~gpulayer.scheduling.nearest` (for ``explain``: the nearest misses and relaxations).
 """
 
 from __future__ import annotations

@@ -13,6 +13,21 @@ from gpulayer.scheduling.compat import RawReason, bind
 from gpulayer.scheduling.fleet import Fleet, Worker
 
 
+def busy_message(kind: str | None, k: int) -> str:
+    """Why a compatible worker cannot take a job needing ``k`` devices of ``kind`` now."""
+    if k == 0:
+        return "compatible but busy: no free CPU slot"
+    if k == 1:
+        return f"compatible but busy: no free {kind} device"
+    return f"compatible but busy: fewer than {k} free {kind} devices"
+
+
+def state_reason(w: Worker) -> Reason:
+    """``worker is offline`` / ``worker is draining`` for a worker that is not active."""
+    return Reason(worker=w.id, code=w.state or "", wanted="online", have=w.state,
+                  message=f"worker is {w.state}")
+
+
 def too_few_workers(st: ShapeState, nodes: int) -> list[Reason]:
     """One ``too_few_workers`` line per listed target that has some compatible workers."""
     return [
@@ -50,8 +65,7 @@ class UnschedulableReasons:
         for w, base in listed:
             out.extend(bind(w.id, base))
             if w.state is not None:
-                out.append(Reason(worker=w.id, code=w.state, wanted="online", have=w.state,
-                                  message=f"worker is {w.state}"))
+                out.append(state_reason(w))
         if more:
             tail = ("each with the same reasons as a listed worker with the same capabilities"
                     if all_classes else "not listed")
@@ -122,12 +136,7 @@ class WaitingReasons:
             if cached is not None:
                 return cached
         kind, k = st.shape.accelerator, st.shape.device_count
-        if k == 0:
-            busy_msg = "compatible but busy: no free CPU slot"
-        elif k == 1:
-            busy_msg = f"compatible but busy: no free {kind} device"
-        else:
-            busy_msg = f"compatible but busy: fewer than {k} free {kind} devices"
+        busy_msg = busy_message(kind, k)
         limit = self._limit
         out: list[Reason] = []
         ws = st.compatible_workers()

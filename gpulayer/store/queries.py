@@ -83,6 +83,14 @@ def jobs(s: Session, *, state: str | None, limit: int, owner: str | None) -> Seq
     return list(s.exec(q).all())
 
 
+def jobs_by_id(s: Session, job_ids: Iterable[str]) -> dict[str, JobRow]:
+    """The jobs with these ids that exist (what ``explain`` needs of the jobs holding workers)."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    return {r.id: r for r in s.exec(select(JobRow).where(col(JobRow.id).in_(ids))).all()}
+
+
 def queued_jobs(s: Session) -> Sequence[JobRow]:
     """The queue in submission order (the scheduler applies priorities). A function job's
     arguments are not loaded: placement never needs them."""

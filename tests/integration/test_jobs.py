@@ -66,8 +66,11 @@ def test_unschedulable_fails_at_once_with_reasons_in_the_seed_wording(plane: Pla
     assert ": needs 1 usable cuda device(s), worker has 0" in text
     assert "framework 'jax' not installed" in text
     assert "does not satisfy >=99" in text
-    # the decision is kept on the job and shown by `jobs show`
+    # it ends with the nearest miss and the command that explains the rest
     job = json.loads(cli("jobs", "list", "--json", check=True).stdout)[0]
+    assert lines[-2].startswith("closest: wkr-") and "has 0 of 1 cuda device" in lines[-2], proc.stderr
+    assert lines[-1] == f"run: gpulayer jobs explain {job['id']}"
+    # the decision is kept on the job and shown by `jobs show`
     assert job["state"] == "unschedulable"
     show = cli("jobs", "show", job["id"], check=True).stdout
     assert "scheduling: no eligible worker" in show
@@ -79,7 +82,10 @@ def test_sdk_unschedulable_raises_with_reasons(plane: Plane) -> None:
     with pytest.raises(gl.Unschedulable) as err:
         gl.submit(gl.CommandJob(command=["true"], requirements=gl.Requirements(accelerator="cuda")))
     assert str(err.value).startswith("scheduling: no eligible worker\nwkr-")
-    assert str(err.value).endswith(": needs 1 usable cuda device(s), worker has 0")
+    *reasons, closest, run = str(err.value).splitlines()
+    assert reasons[-1].endswith(": needs 1 usable cuda device(s), worker has 0")
+    assert closest.startswith("closest: wkr-") and closest.endswith(" has 0 of 1 cuda device")
+    assert run == f"run: gpulayer jobs explain {err.value.job_id}"
 
 
 def test_timeout_ends_the_tree_and_the_task_is_timed_out(plane: Plane) -> None:

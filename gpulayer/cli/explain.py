@@ -1,0 +1,101 @@
+"""``gpulayer explain [submit options] -- COMMAND`` and ``gpulayer jobs explain JOB``.
+
+``gpulayer explain`` takes ``gpulayer submit``'s options, the same definitions (its
+signature is ``submit``'s, less the flags that say what to do with a job: ``--detach``
+and ``--dry-run``), builds the spec with the same builder, and submits nothing.
+
+Exit codes: 0 when some worker (or provider offer) could run the job, now or after a
+wait; 125 when none could (what ``gpulayer submit`` would exit with); 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import inspect
+import shlex
+import sys
+from typing import Any
+
+import typer
+
+from gpulayer.cli import jobs
+from gpulayer.client import Client
+from gpulayer.records import Explanation
+from gpulayer.specs import JobSpec
+
+EXIT_UNSCHEDULABLE = jobs.EXIT_UNSCHEDULABLE
+
+
+def _show(e: Explanation, as_json: bool, command: str | None) -> None:
+    from gpulayer.explanations import render
+
+    if as_json:
+        typer.echo(e.model_dump_json(indent=2))
+    else:
+        typer.echo(render(e, jobs.SUBMIT_SPELLING, command=command))
+    if e.decision.outcome == "unschedulable":
+        raise typer.Exit(EXIT_UNSCHEDULABLE)
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """This command line as ``gpulayer explain`` would take it: ``submit`` -> ``explain``,
+    without ``--dry-run`` (for ``submit --dry-run`` to say what to run next)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "submit" in args:
+        args[args.index("submit")] = "explain"
+    args = [a for a in args if a != "--dry-run"]
+    return "gpulayer " + shlex.join(args)
+
+
+def placement_check(client: Client, spec: JobSpec) -> tuple[dict[str, Any], list[str]]:
+    """What ``gpulayer submit --dry-run`` adds: whether the job would be placed now, wait, or
+    fail, as JSON and as lines (the closest workers and the command for the rest)."""
+    from gpulayer.explanations import verdict_text
+
+    e = client.explain(spec)
+    command = command_line()
+    data = {"outcome": e.decision.outcome, "summary": e.decision.summary, "closest": e.closest_line(),
+            "explain": command}
+    lines = [f"placement: {verdict_text(e)}"]
+    if data["closest"]:
+        lines.append(str(data["closest"]))
+    lines.append(f"run: {command}")
+    return data, lines
+
+
+def explain_cmd(**flags: Any) -> None:
+    spec = jobs.spec_from_flags(flags)
+    e = jobs._client().explain(spec)
+    _show(e, flags["as_json"], command_line())
+
+
+def jobs_explain(job_id: str = typer.Argument(...), as_json: bool = typer.Option(
+        False, "--json", help="print the explanation record as JSON")) -> None:
+    """Could the job run now, where, and if not, which worker comes closest and what change would make it fit."""
+    e = jobs._client().explain_job(job_id)
+    _show(e, as_json, f"gpulayer jobs explain {job_id}")
+
+
+def _explain_signature() -> inspect.Signature:
+    """``submit``'s parameters, evaluated (Typer reads them from here), less its action flags."""
+    sig = inspect.signature(jobs.submit_cmd, eval_str=True)
+    params = []
+    for p in sig.parameters.values():
+        if p.name in jobs.ACTION_FLAGS:
+            continue
+        if p.name == "as_json":
+            p = p.replace(default=typer.Option(False, "--json", help="print the explanation record as JSON"))
+        params.append(p)
+    return sig.replace(parameters=params)
+
+
+explain_cmd.__signature__ = _explain_signature()  # type: ignore[attr-defined]
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "explain",
+        context_settings={"allow_interspersed_args": False},
+        help="Could this job run, where, and if not, which worker comes closest? Takes gpulayer submit's "
+             "options; submits nothing.",
+    )(explain_cmd)
+    jobs.jobs_app.command("explain")(jobs_explain)
