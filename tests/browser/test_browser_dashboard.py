@@ -86,11 +86,17 @@ def test_cancel_a_running_job(page: Any, dash: Dash) -> None:
     state = page.locator("#live_job_state")
     expect(state).to_contain_text("running", timeout=JOB_WAIT_MS)
     expect(page.locator("#log")).to_contain_text("started", timeout=JOB_WAIT_MS)
+    workers = page.context.new_page()
+    workers.goto(f"{dash.url}/workers")
+    worker = workers.locator("article.worker").filter(has_text="laptop-worker")
+    expect(worker.locator(".tasks")).to_contain_text(job_id)  # the worker lists what it runs
+    expect(worker).to_contain_text("1 of 1 busy")
     page.get_by_role("button", name="Cancel job").click()
     expect(page.locator(".notice")).to_contain_text(job_id)
     expect(state).to_contain_text("cancelled", timeout=JOB_WAIT_MS)
     expect(page.get_by_role("button", name="Cancel job")).to_have_count(0)
     assert dash.state(job_id) == "cancelled"
+    expect(worker.locator(".tasks")).to_have_count(0, timeout=JOB_WAIT_MS)  # the workers page is live too
 
 
 def test_markup_in_a_command_and_in_its_output_stays_text(page: Any, dash: Dash) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpulayer.api import LogChunk, LogStream
 from gpulayer.hookrecords import Device
 from gpulayer.records import JobRecord, JobState, WorkerRecord
 from gpulayer.server.dashboard import views
@@ -90,3 +91,14 @@ def test_every_live_region_is_an_element_with_its_own_id(template: str) -> None:
     assert blocks
     for name in blocks:
         assert f'id="{name}"' in source, f"{template}: block {name} is not inside an element with id {name}"
+
+
+def test_logs_of_several_nodes_get_node_prefixes_and_streams_stay_apart() -> None:
+    def chunk(i: int, node: int, stream: LogStream, data: str) -> LogChunk:
+        return LogChunk(id=i, task_id=f"tsk-{node}", node_rank=node, stream=stream, data=data, ts=0)
+
+    chunks = [chunk(1, 0, "stdout", "a\nb\n"), chunk(2, 1, "stdout", "c\n"), chunk(3, 1, "stderr", "oops\n")]
+    parts = views.log_parts(chunks, prefix=True)
+    assert [(p.stream, p.text) for p in parts] == [
+        ("stdout", "[node 0] a\n[node 0] b\n[node 1] c\n"), ("stderr", "[node 1] oops\n")]
+    assert views.log_parts(chunks[:1], prefix=False)[0].text == "a\nb\n"

@@ -31,14 +31,15 @@ from gpulayer.api import LogChunk
 from gpulayer.client import chunk_text, prefixes_nodes
 from gpulayer.control import ControlPlane
 from gpulayer.errors import NotFound
-from gpulayer.records import JobRecord, JobState, TaskRecord, TaskState, WorkerRecord
+from gpulayer.records import JobRecord, JobState, TaskRecord, WorkerRecord
 from gpulayer.server.dashboard.sessions import Identity
 from gpulayer.units import format_gb
 
 #: log chunks read per call (the API's own limit per request)
 LOG_BATCH = 10_000
-#: jobs read to find the tasks running on workers
-ACTIVE_JOBS = 1000
+#: active jobs whose tasks the workers page lists (each is one more read: list_jobs
+#: returns jobs without their tasks)
+ACTIVE_JOBS = 200
 
 ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("gpulayer.server.dashboard", "templates"),
@@ -233,7 +234,7 @@ def _status(w: WorkerRecord) -> str:
     return "draining" if w.draining else "online"
 
 
-def workers(control: ControlPlane, who: Identity) -> dict[str, Any]:
+def _worker_views(control: ControlPlane) -> list[WorkerView]:
     records = control.list_workers()
     usage = control.worker_usage()
     views = []
@@ -244,13 +245,23 @@ def workers(control: ControlPlane, who: Identity) -> dict[str, Any]:
                               d.usable, d.unusable_reason or "", f"{d.kind}:{d.index}" in busy)
                    for d in w.capabilities.devices]
         views.append(WorkerView(w, _status(w), devices, u.busy_cpu_slots if u else 0))
+    return views
+
+
+def workers(control: ControlPlane, who: Identity) -> dict[str, Any]:
+    views = _worker_views(control)
     by_id = {v.record.id: v for v in views}
     # the tasks shown are those of jobs this identity may see; the busy counts cover everyone's
-    for state in (JobState.RUNNING, JobState.ASSIGNED):
-        for j in control.list_jobs(state=state, limit=ACTIVE_JOBS, owner=who.owner):
-            for t in j.tasks:
-                if t.attempt == j.attempt and not t.state.terminal and t.worker_id in by_id:
-                    by_id[t.worker_id].tasks.append((t, j))
+    active = [j for state in (JobState.RUNNING, JobState.ASSIGNED)
+              for j in control.list_jobs(state=state, limit=ACTIVE_JOBS, owner=who.owner)]
+    for listed in active[:ACTIVE_JOBS]:
+        try:
+            j = control.get_job(listed.id)
+        except NotFound:  # gone since it was listed
+            continue
+        for t in j.tasks:
+            if t.attempt == j.attempt and not t.state.terminal and t.worker_id in by_id:
+                by_id[t.worker_id].tasks.append((t, j))
     return {"workers": views, "now": time.time(), "fleet": fleet(views)}
 
 
@@ -288,11 +299,8 @@ def fleet(views: list[WorkerView]) -> Fleet:
 
 
 def overview(control: ControlPlane, who: Identity) -> dict[str, Any]:
-    out = workers(control, who)
-    out["jobs"] = control.list_jobs(limit=10, owner=who.owner)
-    active = [TaskState.ASSIGNED, TaskState.RUNNING]
-    out["active_tasks"] = sum(1 for v in out["workers"] for t, _ in v.tasks if t.state in active)
-    return out
+    return {"fleet": fleet(_worker_views(control)), "jobs": control.list_jobs(limit=10, owner=who.owner),
+            "now": time.time()}
 
 
 def provisioning(control: ControlPlane) -> tuple[Callable[[], list[Any]], Callable[[], list[Any]]] | None:
