@@ -7,7 +7,9 @@ route's response type. Only what cannot be a plain call has a handler of its own
 the long polls (``wait_job``, ``poll_tasks``), batched heartbeats, and streamed bundle
 uploads. A few routes belong to the server alone (:data:`SERVER_ROUTES`: ``/healthz``,
 ``/metrics``, the OpenAPI document). Both tables also give the OpenAPI document
-(:mod:`gpulayer.server.openapi`), so it lists every route.
+(:mod:`gpulayer.server.openapi`), so it lists every route. The web dashboard's pages
+(:mod:`gpulayer.server.dashboard`) are served beside them; they are not API operations and
+take a session cookie instead of a token.
 
 Authentication: ``Authorization: Bearer <token>`` on every route except ``GET /healthz``,
 which answers ``{"ok": true}`` and nothing else. A missing or unusable token is 401; a token
@@ -35,7 +37,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 from pydantic import BaseModel, TypeAdapter
@@ -44,6 +46,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import BaseRoute
 from starlette.routing import Route as StarletteRoute
 
 from gpulayer import api, config
@@ -61,6 +64,9 @@ from gpulayer.errors import (
 from gpulayer.server.metrics import Metrics
 from gpulayer.store import Store
 from gpulayer.wording import Spelling, build
+
+if TYPE_CHECKING:
+    from gpulayer.server.dashboard import DashboardOptions
 
 log = logging.getLogger("gpulayer.server")
 
@@ -144,6 +150,13 @@ class Server(ControlObserver):
         before looking at the database, so an assignment in between is not missed."""
         event = self._worker_events[worker_id] = asyncio.Event()
         return event
+
+    def next_change(self) -> asyncio.Event:
+        """The event set at the control plane's next change (on the event loop). Take it
+        before reading, so a change between the read and the wait is not missed."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
 
     async def changed(self, timeout: float) -> None:
         """Wait until the control plane changes something, or ``timeout`` seconds."""
@@ -470,8 +483,13 @@ def _server_endpoint(server: Server, route: ServerRoute) -> Callable[[Request], 
 
 
 def create_app(control: ControlPlane | None = None, *, database_url: str | None = None,
-               background: bool = True, threads: int = 200) -> Starlette:
-    """The ASGI app. ``control`` defaults to a control plane on ``database_url``."""
+               background: bool = True, threads: int = 200,
+               dashboard: DashboardOptions | None = None) -> Starlette:
+    """The ASGI app. ``control`` defaults to a control plane on ``database_url``. The web
+    dashboard (:mod:`gpulayer.server.dashboard`) is served beside the API, with ``dashboard``'s
+    options (default: the server's own: token logins, changes noticed as they happen)."""
+    from gpulayer.server import dashboard as _dashboard
+
     if control is None:
         control = ControlPlane(Store(database_url))
     server = Server(control)
@@ -499,7 +517,7 @@ def create_app(control: ControlPlane | None = None, *, database_url: str | None 
         by_path.setdefault(r.path, {})[r.method] = _endpoint(server, r)
     for sr in SERVER_ROUTES:
         by_path.setdefault(sr.path, {})[sr.method] = _server_endpoint(server, sr)
-    routes: list[StarletteRoute] = []
+    routes: list[BaseRoute] = []
     # a static segment ("/v1/workers/join", "/v1/workers/usage") must win over "{worker_id}"
     for path in sorted(by_path, key=lambda p: "{" in p):
         handlers = by_path[path]
@@ -517,6 +535,10 @@ def create_app(control: ControlPlane | None = None, *, database_url: str | None 
 
         all_methods = sorted({*handlers, "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
         routes.append(StarletteRoute(path, dispatch, methods=all_methods))
+
+    # the dashboard's pages are not API operations: they are not in ROUTES or the OpenAPI
+    # document, and they take a session cookie where the API takes a bearer token
+    routes.extend(_dashboard.routes(server, dashboard or _dashboard.DashboardOptions()))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500

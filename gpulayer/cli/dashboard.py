@@ -1,0 +1,86 @@
+"""``gpulayer dashboard``: the web dashboard over the embedded control plane, on loopback.
+
+The embedded control plane has no tokens, so this command makes a login token of its own
+for each run, prints it once and keeps it in memory only (see
+:class:`gpulayer.server.dashboard.sessions.Login`). A self-hosted server serves the same
+dashboard at its own ``/``, behind its tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+import typer
+
+from gpulayer import config
+
+#: the dashboard's default port (the server's is 8765)
+DEFAULT_PORT = 8766
+#: worker threads for the control-plane calls of a few browser tabs
+THREADS = 16
+#: seconds between looks at the database: every change here is made by another process
+#: (the CLI, the SDK, a worker), which wakes nobody in this one
+RECHECK = 1.0
+
+
+def register(app: typer.Typer) -> None:
+    app.command("dashboard")(dashboard)
+
+
+def dashboard(
+    port: int = typer.Option(DEFAULT_PORT, "--port", min=0, max=65535, help="port on 127.0.0.1 (0: any free one)"),
+    log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level"),
+) -> None:
+    """Serve the web dashboard of the embedded control plane on 127.0.0.1.
+
+    It shows the jobs and workers of $GPULAYER_HOME; log in with the token it prints. A
+    server (gpulayer server start) serves its own dashboard at its URL."""
+    import uvicorn
+
+    from gpulayer.control import ControlPlane
+    from gpulayer.server.app import create_app
+    from gpulayer.server.dashboard import DashboardOptions
+    from gpulayer.server.dashboard.sessions import new_run_token
+    from gpulayer.store import Store
+
+    settings = config.settings()
+    if settings.url:
+        typer.echo(f"error: GPULAYER_URL is {settings.url}: that server serves its own dashboard at "
+                   f"{settings.url.rstrip('/')}/ (log in with an admin or client token). 'gpulayer dashboard' "
+                   "shows the embedded control plane; unset GPULAYER_URL (or drop --url) for it.", err=True)
+        raise typer.Exit(2)
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # bound here, not by uvicorn, so the address printed is the one listening (and --port 0 works)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError as exc:
+        sock.close()
+        typer.echo(f"error: cannot listen on 127.0.0.1:{port}: {exc.strerror}; pick another with --port", err=True)
+        raise typer.Exit(2) from None
+    sock.listen(128)
+    bound = sock.getsockname()[1]
+    store = Store(settings.database_url)
+    token = new_run_token()
+    app = create_app(ControlPlane(store), background=False, threads=THREADS,
+                     dashboard=DashboardOptions(run_token=token, recheck=RECHECK))
+    config_kw: dict[str, Any] = {"log_level": log_level, "access_log": False, "lifespan": "on",
+                                 "timeout_graceful_shutdown": 5}
+    uv = uvicorn.Server(uvicorn.Config(app, **config_kw))
+    orig_exit = uv.handle_exit
+
+    def handle_exit(sig: int, frame: Any) -> None:
+        app.state.server.begin_shutdown()  # live streams end now instead of holding the exit
+        orig_exit(sig, frame)
+
+    uv.handle_exit = handle_exit  # type: ignore[method-assign]
+    typer.echo(f"gpulayer dashboard on http://127.0.0.1:{bound}/ (embedded control plane, {config.home()})", err=True)
+    typer.echo("log in with this token (good until this command stops; it is not stored anywhere):", err=True)
+    typer.echo(f"  {token}", err=True)
+    try:
+        uv.run(sockets=[sock])  # after a graceful stop uvicorn raises the signal again: SIGTERM ends us
+    finally:
+        sock.close()

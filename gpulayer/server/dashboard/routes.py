@@ -1,0 +1,374 @@
+"""The dashboard's routes: login and logout, the pages, cancel, and their live streams.
+
+Every route in :data:`ROUTES` but the login form needs a session: a page without one
+redirects to the login (303, remembering where it was going), a form is refused the same
+way without doing anything, and a live stream answers 401. Forms are checked for the
+session's CSRF token and, where the browser says where the form came from (``Origin``), for
+coming from this site. Pages are HTML that reads without JavaScript; ``dashboard.js`` only
+adds the live stream. Every control-plane call and every rendering runs in the thread pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from gpulayer.api import ListJobsQuery
+from gpulayer.errors import AuthError, BadRequest, GpulayerError, InvalidInput, TooLarge
+from gpulayer.server.dashboard import live, views
+from gpulayer.server.dashboard.sessions import COOKIE, RECHECK_TOKEN, Login, Session, Sessions, safe_next
+from gpulayer.wording import Spelling, build
+
+if TYPE_CHECKING:
+    from gpulayer.server.app import Server
+    from gpulayer.server.dashboard import DashboardOptions
+
+log = logging.getLogger("gpulayer.server.dashboard")
+
+#: the largest form body accepted (a token, a CSRF token, a path)
+MAX_FORM_BYTES = 16 * 1024
+STATIC = "/static"
+#: no inline script or style, nothing from elsewhere: an injected tag would do nothing
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+HEADERS = {"content-security-policy": CSP, "x-content-type-options": "nosniff", "referrer-policy": "same-origin",
+           "x-frame-options": "DENY", "cache-control": "no-store"}
+
+Access = Literal["open", "page", "form", "live"]
+
+
+@dataclass(frozen=True)
+class DashboardRoute:
+    """One route of the dashboard. ``access``: ``open`` (the login, no session needed),
+    ``page`` (HTML; no session: a redirect to the login), ``form`` (a POST that changes
+    something; needs the session's CSRF token), ``live`` (a server-sent event stream; no
+    session: 401)."""
+
+    name: str
+    method: str
+    path: str
+    access: Access
+
+
+ROUTES: tuple[DashboardRoute, ...] = (
+    DashboardRoute("login_form", "GET", "/login", "open"),
+    DashboardRoute("login", "POST", "/login", "open"),
+    DashboardRoute("logout", "POST", "/logout", "form"),
+    DashboardRoute("overview", "GET", "/", "page"),
+    DashboardRoute("jobs", "GET", "/jobs", "page"),
+    DashboardRoute("job", "GET", "/jobs/{job_id}", "page"),
+    DashboardRoute("cancel", "POST", "/jobs/{job_id}/cancel", "form"),
+    DashboardRoute("workers", "GET", "/workers", "page"),
+    DashboardRoute("machines", "GET", "/machines", "page"),
+    DashboardRoute("live_overview", "GET", "/live/overview", "live"),
+    DashboardRoute("live_jobs", "GET", "/live/jobs", "live"),
+    DashboardRoute("live_job", "GET", "/live/jobs/{job_id}", "live"),
+    DashboardRoute("live_workers", "GET", "/live/workers", "live"),
+)
+
+Endpoint = Callable[[Request, Session], Awaitable[Response]]
+
+
+def html(body: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(body, status_code=status, headers=HEADERS)
+
+
+def _same_origin(request: Request) -> bool:
+    """A form post names the page it came from in ``Origin`` (every current browser does);
+    only the host is compared, since a proxy in front may terminate TLS."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True  # an older browser: the CSRF token still guards the form
+    return urllib.parse.urlsplit(origin).netloc == request.headers.get("host", "")
+
+
+async def _read_form(request: Request) -> dict[str, str]:
+    """A urlencoded form, read with a size limit (stdlib parsing: the dashboard's forms have
+    three fields, not worth a multipart parser as a dependency)."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise TooLarge(f"form is over the limit of {MAX_FORM_BYTES} bytes")
+    if not body:
+        return {}  # an empty form: refused for what it lacks (a token, a CSRF token)
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/x-www-form-urlencoded":
+        raise BadRequest(f"a form is sent as application/x-www-form-urlencoded, not {ctype or 'nothing'}")
+    try:
+        parsed = urllib.parse.parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=20)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadRequest(f"form is not readable: {exc}") from None
+    return {k: v[0] for k, v in parsed.items()}
+
+
+class Dashboard:
+    """The dashboard of one :class:`Server`: its sessions, its login, its handlers."""
+
+    def __init__(self, server: Server, options: DashboardOptions) -> None:
+        self.server = server
+        self.control = server.control
+        self.options = options
+        self.sessions = Sessions()
+        self.login = Login(server.tokens, options.run_token)
+
+    # ------------------------------------------------------------------ sessions
+
+    async def session(self, request: Request) -> Session | None:
+        """The request's live session, if it has one."""
+        session = self.sessions.get(request.cookies.get(COOKIE))
+        return session if session is not None and await self._still_valid(session) else None
+
+    async def _still_valid(self, session: Session) -> bool:
+        """Whether the session goes on: not logged out or expired, and its token (looked at
+        again every few seconds) neither revoked nor expired."""
+        if self.sessions.get(session.id) is not session:
+            return False
+        now = time.time()
+        if now - session.checked_at >= RECHECK_TOKEN:
+            if not await run_in_threadpool(self.login.still_valid, session.identity):
+                self.sessions.drop(session.id)
+                return False
+            session.checked_at = now
+        return True
+
+    def _guarded(self, route: DashboardRoute, endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+        async def guarded(request: Request) -> Response:
+            session: Session | None = None
+            try:
+                session = await self.session(request)
+                if session is None:
+                    return self._no_session(request, route)
+                if route.access == "form":
+                    form = await _read_form(request)
+                    if not _same_origin(request) or not session.csrf_ok(form.get("csrf")):
+                        return self._error(request, session, 403, "This form's CSRF token is missing or out of "
+                                           "date, or the form came from another site: nothing was done. Go back, "
+                                           "reload the page and try again.")
+                return await endpoint(request, session)
+            except GpulayerError as exc:
+                return self._error(request, session, exc.status_code, str(exc))
+            except Exception:  # a bug: say so without leaking internals
+                log.exception("%s %s failed", request.method, request.url.path)
+                return self._error(request, session, 500, "internal error (see the server's log)")
+
+        return guarded
+
+    def _no_session(self, request: Request, route: DashboardRoute) -> Response:
+        if route.access == "live":
+            response: Response = PlainTextResponse("not logged in (or the session ended): log in again",
+                                                   status_code=401, headers=HEADERS)
+        else:
+            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            if route.access == "form":
+                target = "/"  # never replay a form after the login
+            query = urllib.parse.urlencode({"next": target}) if target != "/" else ""
+            response = RedirectResponse("/login" + (f"?{query}" if query else ""), status_code=303, headers=HEADERS)
+        if COOKIE in request.cookies:
+            response.delete_cookie(COOKIE, path="/")
+        return response
+
+    def _base(self, session: Session | None, current: str, *, stream: bool = False) -> dict[str, Any]:
+        """What every template is given. A page shows the session's notice once; a stream
+        leaves it for the page."""
+        notice = session.take_notice() if session is not None and not stream else None
+        return {"who": session.identity if session else None, "csrf": session.csrf if session else "",
+                "notice": notice, "current": current,
+                "static": STATIC, "live": None, "machines_nav": views.provisioning(self.control) is not None}
+
+    def _error(self, request: Request, session: Session | None, status: int, message: str) -> Response:
+        if request.url.path.startswith("/live/"):
+            return PlainTextResponse(message, status_code=status, headers=HEADERS)
+        context = {**self._base(session, ""), "status": status, "message": message}
+        return html(views.render("error.html", context), status)
+
+    async def _page(self, template: str, context: dict[str, Any], load: Callable[[], dict[str, Any]]) -> Response:
+        def run() -> str:
+            return views.render(template, {**context, **load()})
+
+        return html(await run_in_threadpool(run))
+
+    # ------------------------------------------------------------------ login
+
+    async def login_form(self, request: Request) -> Response:
+        session = await self.session(request)
+        target = safe_next(request.query_params.get("next"))
+        if session is not None:
+            return RedirectResponse(target, status_code=303, headers=HEADERS)
+        return self._login_page(request, target, None, 200)
+
+    def _login_page(self, request: Request, target: str, error: str | None, status: int) -> Response:
+        context = {**self._base(None, "login"), "next": target, "error": error,
+                   "embedded": self.options.run_token is not None}
+        return html(views.render("login.html", context), status)
+
+    async def login_submit(self, request: Request) -> Response:
+        try:
+            form = await _read_form(request)
+        except GpulayerError as exc:
+            return self._login_page(request, "/", str(exc), exc.status_code)
+        target = safe_next(form.get("next"))
+        if not _same_origin(request):
+            return self._login_page(request, target, "This login form came from another site; log in here.", 403)
+        secret = form.get("token", "").strip()
+        if not secret:
+            return self._login_page(request, target, "Enter an admin or a client token.", 400)
+        try:
+            who = await run_in_threadpool(self.login.verify, secret)
+        except AuthError as exc:  # Forbidden too: a worker, join or bootstrap token
+            return self._login_page(request, target, str(exc), exc.status_code)
+        old = request.cookies.get(COOKIE)
+        if old:
+            self.sessions.drop(old)  # a login always starts a new session (no fixation)
+        session = self.sessions.create(who)
+        response = RedirectResponse(target, status_code=303, headers=HEADERS)
+        response.set_cookie(COOKIE, session.id, max_age=max(1, int(session.expires_at - time.time())), path="/",
+                            httponly=True, samesite="strict", secure=request.url.scheme == "https")
+        return response
+
+    async def logout(self, request: Request, session: Session) -> Response:
+        self.sessions.drop(session.id)
+        response = RedirectResponse("/login", status_code=303, headers=HEADERS)
+        response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict",
+                               secure=request.url.scheme == "https")
+        return response
+
+    # ------------------------------------------------------------------ pages
+
+    async def overview(self, request: Request, session: Session) -> Response:
+        context = {**self._base(session, "overview"), "live": "/live/overview"}
+        return await self._page("overview.html", context, lambda: views.overview(self.control, session.identity))
+
+    def _jobs_query(self, request: Request) -> ListJobsQuery:
+        params = {k: v for k, v in request.query_params.items() if v != ""}  # the form's "any state"
+        return build(ListJobsQuery, params, Spelling(where="query"))
+
+    async def jobs(self, request: Request, session: Session) -> Response:
+        context = self._base(session, "jobs")
+        try:
+            query = self._jobs_query(request)
+        except InvalidInput as exc:
+            context.update(error=str(exc), state="", jobs=[], now=time.time())
+            return html(await run_in_threadpool(views.render, "jobs.html", context), exc.status_code)
+        state = query.state.value if query.state else ""
+        live_query = urllib.parse.urlencode({"state": state, "limit": query.limit} if state else {"limit": query.limit})
+        context.update(error=None, state=state, live=f"/live/jobs?{live_query}")
+        return await self._page("jobs.html", context, lambda: views.jobs(
+            self.control, session.identity, state=query.state, limit=query.limit))
+
+    async def job(self, request: Request, session: Session) -> Response:
+        job_id = request.path_params["job_id"]
+
+        def load() -> dict[str, Any]:
+            data = views.job(self.control, session.identity, job_id)
+            live_url = None if data["job"].state.terminal else f"/live/jobs/{job_id}?after={data['log_after']}"
+            return {**data, "live": live_url}
+
+        return await self._page("job.html", self._base(session, "jobs"), load)
+
+    async def cancel(self, request: Request, session: Session) -> Response:
+        job_id = request.path_params["job_id"]
+
+        def run() -> str:
+            before = views.visible_job(self.control, session.identity, job_id)
+            if before.state.terminal:
+                return f"Job {job_id} had already ended ({before.state.value}); nothing to cancel."
+            after = self.control.cancel(job_id)
+            return f"Job {job_id} cancelled." if after.state.terminal else \
+                f"Cancel requested for job {job_id}: its worker ends it at its next heartbeat."
+
+        session.notice = await run_in_threadpool(run)
+        return RedirectResponse(f"/jobs/{urllib.parse.quote(job_id)}", status_code=303, headers=HEADERS)
+
+    async def workers(self, request: Request, session: Session) -> Response:
+        context = {**self._base(session, "workers"), "live": "/live/workers"}
+        return await self._page("workers.html", context, lambda: views.workers(self.control, session.identity))
+
+    async def machines(self, request: Request, session: Session) -> Response:
+        return await self._page("machines.html", self._base(session, "machines"),
+                                lambda: views.machines(self.control, session.identity))
+
+    # ------------------------------------------------------------------ live streams
+
+    def _stream(self, session: Session, look: Callable[[], live.Frame]) -> Response:
+        async def alive() -> bool:
+            return await self._still_valid(session)
+
+        body = live.stream(self.server, look, alive=alive, recheck=self.options.recheck)
+        return StreamingResponse(body, media_type="text/event-stream",
+                                 headers={**HEADERS, "x-accel-buffering": "no"})
+
+    def _regions(self, session: Session, template: str, current: str,
+                 load: Callable[[], dict[str, Any]]) -> Callable[[], live.Frame]:
+        base = self._base(session, current, stream=True)
+
+        def look() -> live.Frame:
+            return live.Frame(views.render_live(template, {**base, **load()}))
+
+        return look
+
+    async def live_overview(self, request: Request, session: Session) -> Response:
+        return self._stream(session, self._regions(session, "overview.html", "overview",
+                                                   lambda: views.overview(self.control, session.identity)))
+
+    async def live_workers(self, request: Request, session: Session) -> Response:
+        return self._stream(session, self._regions(session, "workers.html", "workers",
+                                                   lambda: views.workers(self.control, session.identity)))
+
+    async def live_jobs(self, request: Request, session: Session) -> Response:
+        query = self._jobs_query(request)
+        extra = {"error": None, "state": query.state.value if query.state else ""}
+        return self._stream(session, self._regions(session, "jobs.html", "jobs", lambda: {
+            **extra, **views.jobs(self.control, session.identity, state=query.state, limit=query.limit)}))
+
+    async def live_job(self, request: Request, session: Session) -> Response:
+        job_id = request.path_params["job_id"]
+        after = _after(request)
+        await run_in_threadpool(views.visible_job, self.control, session.identity, job_id)  # 404 before streaming
+        base = self._base(session, "jobs", stream=True)
+
+        def look() -> live.Frame:
+            nonlocal after
+            data = views.job(self.control, session.identity, job_id, logs=False)
+            parts, last, more = views.read_logs(self.control, data["job"], after)
+            after = last
+            ended = data["job"].state.terminal
+            # an ended job's stream looks once more at once: for output that came with the end
+            return live.Frame(views.render_live("job.html", {**base, **data}), log=parts, log_after=last,
+                              more=more or ended, end=ended and not parts and not more)
+
+        return self._stream(session, look)
+
+    # ------------------------------------------------------------------ the route table
+
+    def routes(self) -> list[BaseRoute]:
+        out: list[BaseRoute] = []
+        for r in ROUTES:
+            endpoint: Callable[[Request], Awaitable[Response]]
+            if r.access == "open":
+                endpoint = self.login_form if r.method == "GET" else self.login_submit
+            else:
+                endpoint = self._guarded(r, getattr(self, r.name))
+            out.append(Route(r.path, endpoint, methods=[r.method], name=f"dashboard_{r.name}"))
+        out.append(Mount(STATIC, StaticFiles(packages=[("gpulayer.server.dashboard", "static")]), name="static"))
+        return out
+
+
+def _after(request: Request) -> int:
+    """The last log chunk the page has: ``?after=`` or, when the browser reconnects, the id
+    of the last ``log`` event it received."""
+    values = [request.query_params.get("after", ""), request.headers.get("last-event-id", "")]
+    numbers = [int(v) for v in values if v.isdigit() and len(v) < 19]
+    if request.query_params.get("after") and not request.query_params["after"].isdigit():
+        raise InvalidInput(f"query.after={request.query_params['after']!r}: expected a whole number 0 or more")
+    return max(numbers, default=0)

@@ -1,0 +1,104 @@
+"""The dashboard's pure parts: log and command text, where a login may go on to, session
+lifetimes, the fleet summary, and that every page's live regions render on their own."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpulayer.api import LogChunk, LogStream
+from gpulayer.hookrecords import Device
+from gpulayer.records import JobRecord, JobState, WorkerRecord
+from gpulayer.server.dashboard import views
+from gpulayer.server.dashboard.sessions import Identity, Sessions, safe_next
+from gpulayer.specs import CommandJob
+from tests.factories import make_capabilities
+
+
+def test_logs_lose_terminal_escapes_and_control_characters_but_keep_their_text() -> None:
+    raw = "\x1b[1;31mred\x1b[0m plain\x1b]0;a title\x07\r\n10%\r20%\rdone\x00\x08\tok\n"
+    assert views.clean_log(raw) == "red plain\n10%\n20%\ndone\tok\n"
+    assert views.clean_log("<script>alert(1)</script>") == "<script>alert(1)</script>"  # escaping is Jinja's
+
+
+def test_commands_show_their_control_characters_written_out() -> None:
+    job = JobRecord(id="job-1", spec=CommandJob(command=["printf", "\x1b[31mred\n"]), state=JobState.QUEUED,
+                    created_at=0, updated_at=0)
+    assert views.what(job) == "printf '\\x1b[31mred\\n'"
+
+
+@pytest.mark.parametrize(("target", "where"), [
+    ("/jobs?state=queued", "/jobs?state=queued"), ("/", "/"), (None, "/"), ("", "/"), ("jobs", "/"),
+    ("//evil.example", "/"), ("/\\evil.example", "/"), ("https://evil.example/", "/"), ("/jobs\r\nSet-Cookie: x", "/"),
+])
+def test_a_login_goes_on_to_a_path_of_this_site_only(target: str | None, where: str) -> None:
+    assert safe_next(target) == where
+
+
+def test_a_session_ends_at_its_lifetime_or_its_tokens_expiry() -> None:
+    now = [1000.0]
+    sessions = Sessions(clock=lambda: now[0], lifetime=100)
+    forever = sessions.create(Identity("admin", "tok-a"))
+    short = sessions.create(Identity("client", "tok-b", expires_at=1010.0))
+    assert forever.id != short.id and forever.csrf != short.csrf and len(forever.id) >= 43
+    assert sessions.get(forever.id) is forever and sessions.get(short.id) is short
+    now[0] = 1010.0
+    assert sessions.get(short.id) is None and sessions.get(forever.id) is forever
+    now[0] = 1100.0
+    assert sessions.get(forever.id) is None and len(sessions) == 0
+    assert sessions.get(None) is None and sessions.get("") is None
+
+
+def test_csrf_tokens_are_compared_whole() -> None:
+    session = Sessions().create(Identity("admin", None))
+    assert session.csrf_ok(session.csrf)
+    for wrong in (None, "", session.csrf[:-1], session.csrf + "x", "é"):
+        assert not session.csrf_ok(wrong)
+
+
+def test_the_owner_filter_is_the_apis() -> None:
+    assert Identity("admin", "tok-a").owner is None
+    assert Identity("client", "tok-b").owner == "tok-b"
+    assert Identity("client", "tok-b").may_see("tok-b") and not Identity("client", "tok-b").may_see("tok-c")
+
+
+def _worker(wid: str, devices: list[Device], *, online: bool = True, draining: bool = False) -> WorkerRecord:
+    return WorkerRecord(id=wid, name=wid, capabilities=make_capabilities(devices=devices), cpu_slots=4,
+                        online=online, draining=draining)
+
+
+def test_the_fleet_counts_devices_busy_free_and_unavailable_by_kind() -> None:
+    cuda = [Device(kind="cuda", index=i, name="GPU") for i in range(3)]
+    broken = Device(kind="cuda", index=3, name="GPU", usable=False, unusable_reason="driver too old")
+    ws = [
+        views.WorkerView(_worker("a", [*cuda, broken]), "online",
+                         [views.DeviceView("cuda", d.index, "GPU", "", d.usable, "", d.index == 0) for d in [*cuda, broken]],
+                         busy_cpu_slots=1),
+        views.WorkerView(_worker("b", cuda[:1], draining=True), "draining",
+                         [views.DeviceView("cuda", 0, "GPU", "", True, "", False)], busy_cpu_slots=0),
+        views.WorkerView(_worker("c", cuda, online=False), "offline",
+                         [views.DeviceView("cuda", 0, "GPU", "", True, "", False)], busy_cpu_slots=0),
+    ]
+    fleet = views.fleet(ws)
+    (kind,) = fleet.kinds
+    assert (kind.kind, kind.total, kind.busy, kind.free, kind.unavailable) == ("cuda", 5, 1, 2, 2)
+    assert (fleet.online, fleet.draining, fleet.offline, fleet.cpu_slots, fleet.busy_cpu_slots) == (1, 1, 1, 4, 1)
+
+
+@pytest.mark.parametrize("template", ["overview.html", "jobs.html", "job.html", "workers.html"])
+def test_every_live_region_is_an_element_with_its_own_id(template: str) -> None:
+    source = views.ENV.loader.get_source(views.ENV, template)[0]  # type: ignore[union-attr]
+    blocks = [n for n in views.ENV.get_template(template).blocks if n.startswith("live_")]
+    assert blocks
+    for name in blocks:
+        assert f'id="{name}"' in source, f"{template}: block {name} is not inside an element with id {name}"
+
+
+def test_logs_of_several_nodes_get_node_prefixes_and_streams_stay_apart() -> None:
+    def chunk(i: int, node: int, stream: LogStream, data: str) -> LogChunk:
+        return LogChunk(id=i, task_id=f"tsk-{node}", node_rank=node, stream=stream, data=data, ts=0)
+
+    chunks = [chunk(1, 0, "stdout", "a\nb\n"), chunk(2, 1, "stdout", "c\n"), chunk(3, 1, "stderr", "oops\n")]
+    parts = views.log_parts(chunks, prefix=True)
+    assert [(p.stream, p.text) for p in parts] == [
+        ("stdout", "[node 0] a\n[node 0] b\n[node 1] c\n"), ("stderr", "[node 1] oops\n")]
+    assert views.log_parts(chunks[:1], prefix=False)[0].text == "a\nb\n"
