@@ -293,3 +293,22 @@ def _refuse_devices_without_accelerator(profile: str | None, given: Mapping[str,
 
 def _accepted_kinds(accelerator: str, kinds: str) -> str:
     return f"{accelerator} ({kinds})" if kinds else accelerator
+
+
+#: how the CLI (``gpulayer submit``, ``gpulayer explain``) writes each spec field, so that an
+#: error or a hint names the flag as typed (the dashboard words hints this way too)
+CLI_SPELLING = Spelling(
+    names={
+        "requirements.accelerator": "--accelerator", "requirements.gpus": "--gpus",
+        "requirements.min_gpu_memory_gb": "--min-gpu-memory", "requirements.compute_capability": "--compute-capability",
+        "requirements.frameworks": "--framework", "requirements.python": "--python-version", "requirements.os": "--os",
+        "requirements.cpus": "--cpus", "requirements.memory_gb": "--memory", "requirements.labels": "--label",
+        "requirements.profile": "--profile", "placement.target": "--target", "placement.fallback_targets": "--fallback",
+        "placement.on_unschedulable": "--on-unschedulable", "timeout": "--timeout", "retries": "--retries",
+        "priority": "--priority", "env": "--env", "name": "--name", "bundle": "--bundle", "nodes": "--nodes",
+        "nproc_per_node": "--nproc-per-node", "launcher": "--launcher",
+        "allow_unknown_accelerator": "--allow-unknown-accelerator",
+    },
+    # the words after --: a command job's command; a distributed job's entry, then its arguments
+    words={"command": 1, "entry": 1, "args": 2},
+)

@@ -27,7 +27,7 @@ from gpulayer import joboptions
 from gpulayer.client import Client, chunk_text, prefixes_nodes
 from gpulayer.errors import GpulayerError, InvalidInput
 from gpulayer.records import JobRecord, JobState
-from gpulayer.specs import CommandJob, DistributedJob, Spelling
+from gpulayer.specs import CommandJob, DistributedJob
 
 EXIT_FAILED = 1
 EXIT_TIMED_OUT = 124
@@ -116,21 +116,7 @@ def register(app: typer.Typer) -> None:
 
 
 #: how ``gpulayer submit`` writes each spec field: errors name the flag as typed
-SUBMIT_SPELLING = Spelling(
-    names={
-        "requirements.accelerator": "--accelerator", "requirements.gpus": "--gpus",
-        "requirements.min_gpu_memory_gb": "--min-gpu-memory", "requirements.compute_capability": "--compute-capability",
-        "requirements.frameworks": "--framework", "requirements.python": "--python-version", "requirements.os": "--os",
-        "requirements.cpus": "--cpus", "requirements.memory_gb": "--memory", "requirements.labels": "--label",
-        "requirements.profile": "--profile", "placement.target": "--target", "placement.fallback_targets": "--fallback",
-        "placement.on_unschedulable": "--on-unschedulable", "timeout": "--timeout", "retries": "--retries",
-        "priority": "--priority", "env": "--env", "name": "--name", "bundle": "--bundle", "nodes": "--nodes",
-        "nproc_per_node": "--nproc-per-node", "launcher": "--launcher",
-        "allow_unknown_accelerator": "--allow-unknown-accelerator",
-    },
-    # the words after --: a command job's command; a distributed job's entry, then its arguments
-    words={"command": 1, "entry": 1, "args": 2},
-)
+SUBMIT_SPELLING = joboptions.CLI_SPELLING
 
 
 def submit_cmd(

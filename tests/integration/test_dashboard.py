@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from gpulayer.server.dashboard import ROUTES
+from tests.factories import make_capabilities
 from tests.server_support import Api, ServerProc, until
 
 pytestmark = pytest.mark.timeout(300)
@@ -297,3 +298,17 @@ def test_the_live_stream_of_an_ended_job_sends_its_state_and_ends(server: Server
     assert [n for n, _ in events] == ["regions", "end"]
     assert 'data-state="cancelled"' in events[0][1]["live_job_state"]
     assert events[0][1]["live_job_actions"].strip() == ""  # no cancel button on an ended job
+
+
+def test_a_waiting_job_shows_its_nearest_miss(server: ServerProc, admin: Api) -> None:
+    """The job page ends its placement section with what `gpulayer jobs explain` ends with."""
+    caps = json.loads(make_capabilities(cpu_count=2).model_dump_json())
+    join = admin.token_for("join")["token"]
+    r = Api(server.url, join)("POST", "/v1/workers/join", json={"capabilities": caps, "cpu_slots": 1})
+    assert r.status_code == 201, r.text
+    worker = r.json()["worker_id"]
+    job_id = submit(admin, {"kind": "command", "command": ["true"], "requirements": {"cpus": 4},
+                            "placement": {"target": "remote", "on_unschedulable": "wait"}})
+    page = login(server, server.admin_token).get(f"/jobs/{job_id}").text
+    section = page[page.index('id="placement-heading"'):page.index('id="tasks-heading"')]
+    assert f"closest: {worker} has 2 of 4 CPUs" in section, section

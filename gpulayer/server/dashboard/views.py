@@ -180,11 +180,25 @@ def job(control: ControlPlane, who: Identity, job_id: str, *, logs: bool = True)
     for t in sorted(record.tasks, key=lambda t: (-t.attempt, t.node_rank)):
         attempts.setdefault(t.attempt, []).append(TaskView(t, names.get(t.worker_id, "")))
     out: dict[str, Any] = {"job": record, "attempts": attempts, "events": control.events(job_id),
-                           "now": time.time(), "spec_json": spec_json(record)}
+                           "now": time.time(), "spec_json": spec_json(record), "nearest": nearest_miss(control, who, record)}
     if logs:
         parts, last, more = read_logs(control, record, 0)
         out.update(log=parts, log_after=last, log_more=more)
     return out
+
+
+def nearest_miss(control: ControlPlane, who: Identity, record: JobRecord) -> list[str]:
+    """For a job that waits or could not be placed: the nearest miss and the relaxations that
+    would let it run, in the CLI's words (what ``gpulayer jobs explain`` ends with)."""
+    if record.state not in (JobState.QUEUED, JobState.UNSCHEDULABLE):
+        return []
+    from gpulayer.explanations import relaxation_text
+    from gpulayer.joboptions import CLI_SPELLING
+
+    explanation = control.explain_job(record.id, owner=who.owner)
+    lines = [line for line in (explanation.closest_line(),) if line]
+    lines.extend(relaxation_text(r, CLI_SPELLING) for r in explanation.relaxations)
+    return lines
 
 
 def spec_json(record: JobRecord) -> str:
