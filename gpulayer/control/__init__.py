@@ -428,7 +428,10 @@ class ControlPlane:
     def seen(self, worker_ids: Iterable[str]) -> None:
         """Signs of life other than heartbeats (any call a worker made): they count the same."""
         with self.store.write(lock=False) as s:
-            queries.touch_workers(s, queries.online_flags(s, worker_ids), self.clock())
+            # only workers still online: a late call of a worker that left (or was written
+            # off) must not bring it back
+            alive = [w for w, online in queries.online_flags(s, worker_ids).items() if online]
+            queries.touch_workers(s, alive, self.clock())
 
     def expire_workers(self) -> list[str]:
         """Mark silent workers offline and their tasks lost; returns their ids."""

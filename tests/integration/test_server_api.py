@@ -15,7 +15,7 @@ import pytest
 
 from gpulayer.client import http_client
 from gpulayer.errors import AuthError, BundleError, Forbidden, NotFound
-from gpulayer.specs import CommandJob, Placement
+from gpulayer.specs import CommandJob, Placement, Requirements
 from tests.factories import make_capabilities
 from tests.server_support import Api, ServerProc
 
@@ -297,11 +297,13 @@ def test_http_client_errors(server: ServerProc, tokens: dict[str, Any]) -> None:
 
 def test_submit_is_idempotent_through_http_client(server: ServerProc, tokens: dict[str, Any]) -> None:
     c = http_client(server.url, token=tokens["client"], retry_for=2)
-    spec = CommandJob(command=["true"], placement=Placement(target="remote", on_unschedulable="wait"))
+    # the fixture's joined workers (CPU only) may still be online: ask for a GPU none has
+    spec = CommandJob(command=["true"], requirements=Requirements(accelerator="cuda", gpus=1),
+                      placement=Placement(target="remote", on_unschedulable="wait"))
     a = c.submit(spec, idempotency_key="same")
     b = c.submit(spec, idempotency_key="same")
     assert a.id == b.id
-    assert c.wait(a.id, timeout=0.5).state.value == "queued"  # no worker serves it
+    assert c.wait(a.id, timeout=0.5).state.value == "queued"  # no worker can serve it yet
     c.api.cancel(a.id)
 
 

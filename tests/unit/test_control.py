@@ -603,6 +603,15 @@ def test_after_a_server_start_silence_counts_for_nothing_for_one_timeout(cp: Con
     assert cp.expire_workers() == [w.id]
 
 
+def test_a_late_call_of_a_worker_that_left_does_not_bring_it_back(cp: ControlPlane) -> None:
+    w = cp.register_worker(make_capabilities(), cpu_slots=1)
+    cp.deregister_worker(w.id)
+    cp.seen([w.id])  # e.g. its last log flush arrived after it left
+    assert cp.get_worker(w.id).online is False
+    cp.submit(CommandJob(command=["x"], placement=Placement(target="local", on_unschedulable="wait")))
+    assert cp.poll_tasks(w.id) == []
+
+
 def test_log_text_is_stored_faithfully_on_every_database(cp: ControlPlane) -> None:
     """PostgreSQL's text cannot hold NUL: such chunks are stored quoted and come back as
     written; lone surrogates (not encodable) become U+FFFD; neighbours are unaffected."""
