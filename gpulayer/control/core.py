@@ -1,0 +1,167 @@
+"""The control plane's shared state and the steps every operation uses: the placement
+pass, losing a task, settling a job, recording an event, telling observers.
+
+The operations themselves are in :mod:`.jobs` (what clients ask), :mod:`.workers` (what
+workers report) and :mod:`gpulayer.control` (admin); :class:`gpulayer.control.ControlPlane`
+puts them together.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+from sqlmodel import Session
+
+from gpulayer import config, lifecycle, tokens
+from gpulayer.control import placement
+from gpulayer.errors import Conflict
+from gpulayer.records import JobError, JobState, TaskState
+from gpulayer.store import EventRow, JobRow, Store, TaskRow, mapping, queries
+
+
+class ControlObserver:
+    """Hears about the control plane's changes; override what you need. Called on the
+    thread that made the change, after its transaction committed: return quickly."""
+
+    def on_change(self) -> None:
+        """Something changed (a job, a task, a log)."""
+
+    def on_placement(self, seconds: float) -> None:
+        """A placement pass took ``seconds``."""
+
+    def on_assigned(self, worker_ids: frozenset[str]) -> None:
+        """A placement pass handed tasks to these workers."""
+
+
+@dataclass
+class Core:
+    """The state every operation shares; the operations are the mixins that extend it."""
+
+    store: Store
+    heartbeat_timeout: float = field(default_factory=lambda: config.settings().heartbeat_timeout)
+    reserve_after: float = 60.0
+    clock: Callable[[], float] = time.time
+    _wakeup: threading.Condition = field(default_factory=threading.Condition)
+    _observers: list[ControlObserver] = field(default_factory=list)
+    _last_expiry: float = 0.0
+    #: worker id -> (when, task ids it said it runs), from heartbeats this process received;
+    #: written by heartbeat batches and read by reconciliation on other threads
+    _reports: dict[str, tuple[float, frozenset[str]]] = field(default_factory=dict)
+    _reports_lock: threading.Lock = field(default_factory=threading.Lock)
+    _tokens: tokens.TokenStore | None = None
+    #: until when silence counts for nothing (a server's start: see begin_grace)
+    _grace_until: float = 0.0
+
+    def observe(self, observer: ControlObserver) -> None:
+        self._observers.append(observer)
+
+    def unobserve(self, observer: ControlObserver) -> None:
+        self._observers.remove(observer)
+
+    @property
+    def tokens(self) -> tokens.TokenStore:
+        if self._tokens is None:
+            self._tokens = tokens.TokenStore(self.store, clock=self.clock)
+        return self._tokens
+
+    # ------------------------------------------------------------------ placement
+
+    def schedule(self) -> None:
+        """One placement pass over the whole queue, written in one transaction."""
+        started = time.perf_counter()
+        now = self.clock()
+        with self.store.write() as s:
+            result = placement.run(s, now, reserve_after=self.reserve_after, event=self._event)
+        if result is None:  # nothing queued
+            return
+        seconds = time.perf_counter() - started
+        workers = frozenset(n.worker_id for a in result.assignments for n in a.nodes)
+        for o in self._observers:
+            o.on_placement(seconds)
+            if workers:
+                o.on_assigned(workers)
+        self._changed()
+
+    # ------------------------------------------------------------------ internals
+
+    def _own_task(self, s: Session, task_id: str, worker_id: str) -> TaskRow:
+        task = queries.task(s, task_id)
+        if task.worker_id != worker_id:
+            raise Conflict(f"task {task_id} is assigned to {task.worker_id}, not {worker_id}")
+        return task
+
+    def _lose(self, s: Session, t: TaskRow, now: float, why: str) -> None:
+        """The task's worker is gone (or going): the task is lost. One that never started
+        goes back to the queue without spending the job's retry budget."""
+        unstarted = t.state == TaskState.ASSIGNED.value
+        error = JobError.lost(f"{why} (never started)" if unstarted else why)
+        if not queries.transition_task(s, t.id, TaskState.LOST, ended_at=now, error=error):
+            return
+        if not unstarted:
+            self._event(s, "task_lost", job_id=t.job_id, task_id=t.id, worker_id=t.worker_id, message=why)
+        job = queries.find_job(s, t.job_id)
+        if job is not None:
+            if unstarted:
+                job.max_attempts = lifecycle.release_unstarted(_view(job))
+            self._settle(s, job, now)
+        if unstarted:
+            self._event(s, "task_released", job_id=t.job_id, task_id=t.id, worker_id=t.worker_id, message=why)
+
+    def _settle(self, s: Session, job: JobRow, now: float, reported: JobError | None = None) -> None:
+        """Apply :func:`lifecycle.settle` to the job's current attempt."""
+        s.flush()
+        tasks = queries.tasks_of(s, job.id, job.attempt)
+        views = [lifecycle.TaskView(id=t.id, state=TaskState(t.state), error=mapping.error_of(t.error))
+                 for t in tasks]
+        out = lifecycle.settle(_view(job), views, reported=reported)
+        for task_id in out.cancel:
+            queries.transition_task(s, task_id, TaskState.CANCELLED, ended_at=now,
+                                    error=JobError.cancelled(lifecycle.OTHER_NODE_ENDED))
+        if out.state is None:
+            return
+        if out.state.terminal or out.retry:  # a running or assigned job keeps its last error
+            job.error = out.error.model_dump_json() if out.error else None
+        job.state = out.state.value
+        job.updated_at = now
+        s.add(job)
+        if out.retry:
+            self._event(s, "retry", job_id=job.id, message=out.note)
+
+    def _event(self, s: Session, kind: str, *, job_id: str | None = None, task_id: str | None = None,
+               worker_id: str | None = None, message: str = "") -> None:
+        """Record an event of the history ``gpulayer jobs show`` and ``events`` read."""
+        queries.add_event(s, EventRow(ts=self.clock(), kind=kind, job_id=job_id, task_id=task_id,
+                                      worker_id=worker_id, message=message))
+
+    def _changed(self) -> None:
+        with self._wakeup:
+            self._wakeup.notify_all()
+        for o in self._observers:
+            o.on_change()
+
+    def counts(self) -> dict[str, Any]:
+        """Figures for metrics: jobs by state, workers online, queue depth."""
+        with self.store.read() as s:
+            by_state = queries.job_counts(s)
+            online = queries.online_worker_count(s)
+        return {"jobs": by_state, "workers_online": online, "queue_depth": by_state.get("queued", 0)}
+
+
+def _view(job: JobRow) -> lifecycle.JobView:
+    return lifecycle.JobView(state=JobState(job.state), attempt=job.attempt, max_attempts=job.max_attempts,
+                             cancel_requested=job.cancel_requested, error=mapping.error_of(job.error))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        p = psutil.Process(pid)
+        return bool(p.status() != psutil.STATUS_ZOMBIE)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+

@@ -1,0 +1,194 @@
+"""What clients ask of the control plane: submit, read, cancel, wait, explain, bundles."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+
+from gpulayer import bundles as _bundles
+from gpulayer import config
+from gpulayer.api import (
+    MAX_LONG_POLL,
+    BundleStored,
+    JobEvent,
+    LogChunk,
+)
+from gpulayer.control.core import Core
+from gpulayer.errors import InvalidArgument, InvalidInput
+from gpulayer.records import JobError, JobRecord, JobState, TaskState, new_id
+from gpulayer.specs import JobSpec
+from gpulayer.store import BundleRow, JobRow, mapping, queries
+
+
+class JobOps(Core):
+    def submit(self, spec: JobSpec, *, idempotency_key: str | None = None,
+               owner: str | None = None) -> JobRecord:
+        """Store a job and run a placement pass. The spec must already be resolved
+        (profile applied, bundle uploaded and named by ``bundle_digest``). Idempotency keys
+        are scoped to ``owner``: one owner can never see another's job by guessing a key."""
+        if spec.bundle is not None:
+            raise InvalidInput(
+                "spec.bundle: the control plane takes bundles by address; upload the "
+                "directory first and pass bundle_digest (the SDK and CLI do this)"
+            )
+        key = f"{owner}:{idempotency_key}" if owner and idempotency_key else idempotency_key
+        if spec.kind == "function":
+            _check_arguments(spec.function, spec.args, spec.kwargs)
+        now = self.clock()
+        with self.store.write() as s:
+            if key is not None:
+                existing = queries.find_job_by_key(s, key)
+                if existing is not None:
+                    return mapping.job_record(existing, queries.tasks_of(s, existing.id))
+            if spec.bundle_digest is not None and not queries.bundle_exists(s, spec.bundle_digest):
+                raise InvalidInput(f"bundle_digest {spec.bundle_digest}: no bundle with that address was uploaded")
+            spec_json, args_json = mapping.stored_spec(spec)
+            row = JobRow(
+                id=new_id("job"), kind=spec.kind, spec=spec_json, args=args_json,
+                state=JobState.QUEUED.value, priority=spec.priority, created_at=now, updated_at=now,
+                attempt=0, max_attempts=spec.retries + 1, idempotency_key=key, owner=owner,
+            )
+            s.add(row)
+            self._event(s, "submitted", job_id=row.id, message=spec.kind)
+            job_id = row.id
+        self.schedule()
+        return self.get_job(job_id)
+
+    def get_job(self, job_id: str) -> JobRecord:
+        with self.store.read() as s:
+            return mapping.job_record(queries.job(s, job_id), queries.tasks_of(s, job_id))
+
+    def job_owner(self, job_id: str) -> str | None:
+        """The token id that submitted the job (None when submitted in-process)."""
+        with self.store.read() as s:
+            return queries.job_owner(s, job_id)
+
+    def list_jobs(self, *, state: JobState | str | None = None, limit: int = 100,
+                  owner: str | None = None) -> list[JobRecord]:
+        if state is not None and state not in {s.value for s in JobState}:
+            raise InvalidInput(f"state {state!r}: expected one of {', '.join(s.value for s in JobState)}")
+        with self.store.read() as s:
+            value = JobState(state).value if state is not None else None
+            return [mapping.job_record(r) for r in queries.jobs(s, state=value, limit=limit, owner=owner)]
+
+    def cancel(self, job_id: str, *, reason: str | None = None) -> JobRecord:
+        """End the job: a queued one at once, a running one through its workers (their next
+        heartbeat or poll). ``reason`` (in-process callers) becomes the job's error."""
+        now = self.clock()
+        with self.store.write() as s:
+            row = queries.job(s, job_id)
+            if JobState(row.state).terminal:
+                return mapping.job_record(row, queries.tasks_of(s, job_id))
+            row.cancel_requested = True
+            row.updated_at = now
+            if row.state == JobState.QUEUED.value:
+                row.state = JobState.CANCELLED.value
+                row.error = JobError.cancelled(f"{reason} (before it started)" if reason
+                                               else "cancelled before it started").model_dump_json()
+            else:
+                if reason:
+                    row.error = JobError.cancelled(reason).model_dump_json()
+                # assigned but not started: nothing to stop, end it here
+                for t in queries.tasks_of(s, row.id, row.attempt):
+                    if t.state == TaskState.ASSIGNED.value:
+                        queries.transition_task(s, t.id, TaskState.CANCELLED, ended_at=now,
+                                                error=JobError.cancelled())
+                s.add(row)
+                self._settle(s, row, now)
+            s.add(row)
+            self._event(s, "cancel_requested", job_id=job_id)
+        self.schedule()  # devices of cancelled unstarted tasks are free for queued jobs
+        self._changed()
+        return self.get_job(job_id)
+
+    def logs(self, job_id: str, *, after: int = 0, node: int | None = None, limit: int = 10_000) -> list[LogChunk]:
+        with self.store.read() as s:
+            queries.job(s, job_id)
+            return [mapping.log_chunk(r) for r in queries.logs(s, job_id, after=after, node=node, limit=limit)]
+
+    def wait_job(self, job_id: str, *, timeout: float = MAX_LONG_POLL) -> JobRecord:
+        """The job once it is terminal, or as it is after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        poll = 0.05
+        while True:
+            job = self.get_job(job_id)
+            remaining = deadline - time.monotonic()
+            if job.state.terminal or remaining <= 0:
+                return job
+            with self._wakeup:
+                self._wakeup.wait(min(poll, remaining))
+            poll = min(poll * 1.5, 0.5)
+
+    def events(self, job_id: str) -> list[JobEvent]:
+        with self.store.read() as s:
+            return [mapping.job_event(r) for r in queries.events(s, job_id)]
+
+    # ------------------------------------------------------------------ bundles
+
+    def has_bundle(self, digest: str) -> bool:
+        with self.store.read() as s:
+            return queries.bundle_exists(s, digest)
+
+    def put_bundle(self, digest: str, data: bytes) -> BundleStored:
+        """Store a bundle (``stored`` False when that address was already stored).
+        Verifies that the content hashes to its address first."""
+        _bundles.verify_digest(data, digest)
+        try:
+            with self.store.write(lock=False) as s:
+                if queries.bundle_exists(s, digest):
+                    return BundleStored(digest=digest, size=len(data), stored=False)
+                queries.add_bundle(s, BundleRow(digest=digest, size=len(data), data=data, created_at=self.clock()))
+        except IntegrityError:  # the same content, uploaded concurrently by someone else
+            return BundleStored(digest=digest, size=len(data), stored=False)
+        return BundleStored(digest=digest, size=len(data), stored=True)
+
+    def get_bundle(self, digest: str) -> bytes:
+        with self.store.read() as s:
+            return bytes(queries.bundle(s, digest).data)
+
+    # ------------------------------------------------------------------ workers
+
+
+def _check_arguments(function: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+    """A function job's arguments within the documented limits (the same embedded and on a
+    server), counted with an early stop so that a huge list is refused in bounded time."""
+    env = config.settings()
+    budget = env.max_args_values
+    stack: list[Any] = [args, kwargs]
+    while stack:
+        value = stack.pop()
+        budget -= 1
+        if budget < 0:
+            raise InvalidArgument(f"arguments of {function}: more than {env.max_args_values} values "
+                                  "(GPULAYER_MAX_ARGS_VALUES); pass large data as a file in the bundle or a URL")
+        if isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+    size = len(json.dumps([args, kwargs]).encode("utf-8", "surrogatepass"))
+    if size > env.max_args_mb * 1024 * 1024:
+        raise InvalidArgument(f"arguments of {function}: {size} bytes of JSON, over the limit of "
+                              f"{env.max_args_mb:g} MB (GPULAYER_MAX_ARGS_MB); pass large data as a file in "
+                              "the bundle or a URL")
+
+
+def _result_json(result: Any, spec: JobSpec) -> str | None:
+    """A function's result as stored, or InvalidInput when it is not JSON or over the limit
+    (the same embedded and on a server; the worker then fails the task with this message)."""
+    if result is None:
+        return None
+    what = f"the result of {spec.function}" if spec.kind == "function" else "the result"
+    try:
+        text = json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidInput(f"{what} is not JSON ({exc})") from None
+    limit = config.settings().max_result_mb
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limit * 1024 * 1024:
+        raise InvalidInput(f"{what} is {size} bytes of JSON, over the limit of {limit:g} MB "
+                           "(GPULAYER_MAX_RESULT_MB); return a path or a URL to large data instead")
+    return text
+

@@ -1,0 +1,350 @@
+"""What workers do with the control plane: register or join, heartbeat, take tasks, report
+them; and how silent or departed workers are written off."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlmodel import Session
+
+from gpulayer import lifecycle, tokens
+from gpulayer.api import (
+    HeartbeatReply,
+    JoinReply,
+    LogStream,
+    TaskAssignment,
+    WorkerUsage,
+)
+from gpulayer.control import placement
+from gpulayer.control.core import Core, _pid_alive, _view
+from gpulayer.control.jobs import _result_json
+from gpulayer.errors import Conflict, InvalidInput
+from gpulayer.hookrecords import Capabilities, Rendezvous
+from gpulayer.records import JobError, JobState, TaskState, WorkerRecord, new_id
+from gpulayer.store import LogRow, WorkerRow, mapping, queries
+
+ORIGINS = ("local", "existing", "provider")
+#: the name of the worker a script or `gpulayer submit` runs in its own process: its row is
+#: forgotten when it stops (it is started afresh by the next one)
+IN_PROCESS_NAME = "in-process"
+
+
+class WorkerOps(Core):
+    def register_worker(
+        self, capabilities: Capabilities, *, worker_id: str | None = None, name: str | None = None,
+        cpu_slots: int = 1, pid: int | None = None, origin: str | None = None,
+    ) -> WorkerRecord:
+        """Register a worker, or register an existing one again (it keeps its origin).
+
+        ``origin`` applies to a new worker only and defaults to ``local``: in this process
+        (or on this home) a worker is local unless a join token said otherwise.
+        """
+        if origin is not None and origin not in ORIGINS:
+            raise InvalidInput(f"origin {origin!r}: expected local, existing or provider")
+        if cpu_slots < 0:
+            raise InvalidInput(f"cpu_slots {cpu_slots}: expected 0 or more")
+        with self.store.write() as s:
+            wid = self._register(s, capabilities, worker_id=worker_id, name=name, cpu_slots=cpu_slots,
+                                 pid=pid, origin=origin)
+        self.schedule()
+        return self.get_worker(wid)
+
+    def _register(self, s: Session, capabilities: Capabilities, *, worker_id: str | None, name: str | None,
+                  cpu_slots: int, pid: int | None, origin: str | None, token_id: str | None = None) -> str:
+        now = self.clock()
+        row = queries.find_worker(s, worker_id) if worker_id else None
+        if row is None:
+            row = WorkerRow(id=worker_id or new_id("wkr"), name=name or socket.gethostname(),
+                            origin=origin or "local", capabilities="{}", registered_at=now)
+        row.capabilities = capabilities.model_dump_json()
+        row.name = name or row.name
+        row.cpu_slots = cpu_slots
+        row.online = True
+        row.draining = False
+        row.last_heartbeat = now
+        row.pid = pid
+        row.hostname = capabilities.host.hostname
+        row.token_id = token_id or row.token_id
+        s.add(row)
+        self._event(s, "worker_registered", worker_id=row.id, message=row.origin)
+        return row.id
+
+    def join_worker(self, capabilities: Capabilities, *, join_token: str, name: str | None = None,
+                    cpu_slots: int = 1, pid: int | None = None) -> JoinReply:
+        """Spend a join or bootstrap token, register a new worker and issue its credential,
+        all in one transaction: a failure part-way burns nothing."""
+        if cpu_slots < 0:
+            raise InvalidInput(f"cpu_slots {cpu_slots}: expected 0 or more")
+        now = self.clock()
+        with self.store.write() as s:
+            joined = tokens.check(s, join_token, now=now, spend=True)
+            if joined.scope not in ("join", "bootstrap"):
+                raise InvalidInput(f"token {joined.id} has scope {joined.scope!r}; workers join with a join "
+                                   "or bootstrap token")
+            wid = new_id("wkr")
+            cred, secret = tokens.new_token(s, "worker", now=now, worker_id=wid,
+                                            description=f"credential of {wid} (joined with {joined.id})")
+            origin = "provider" if joined.scope == "bootstrap" else "existing"
+            self._register(s, capabilities, worker_id=wid, name=name, cpu_slots=cpu_slots, pid=pid,
+                           origin=origin, token_id=cred.id)
+        self.schedule()
+        return JoinReply(worker_id=wid, token=secret, token_id=cred.id, worker=self.get_worker(wid))
+
+    def get_worker(self, worker_id: str) -> WorkerRecord:
+        with self.store.read() as s:
+            return mapping.worker_record(queries.worker(s, worker_id))
+
+    def list_workers(self, *, include_offline: bool = True) -> list[WorkerRecord]:
+        self.expire_workers()
+        with self.store.read() as s:
+            return [mapping.worker_record(r) for r in queries.workers(s, online_only=not include_offline)]
+
+    def worker_usage(self) -> dict[str, WorkerUsage]:
+        """Per online worker: busy devices and CPU slots, from the active tasks."""
+        with self.store.read() as s:
+            fleet = placement.fleet(s)
+        return {
+            w.record.id: WorkerUsage(busy_devices=sorted(f"{k}:{i}" for k, i in w.busy_devices),
+                                     busy_cpu_slots=w.busy_cpu_slots)
+            for w in fleet
+        }
+
+    def heartbeat(self, worker_id: str, *, running: Sequence[str] = ()) -> HeartbeatReply:
+        """Record that the worker is alive; say which of its tasks it must end."""
+        return self.heartbeats({worker_id: list(running)})[worker_id]
+
+    def heartbeats(self, reports: dict[str, list[str]]) -> dict[str, HeartbeatReply]:
+        """Many workers' heartbeats (worker id -> the task ids it runs) in one transaction.
+
+        The reply tells each worker which of its tasks to end (:func:`lifecycle.must_end`).
+        A task this control plane thinks is running but that its (alive) worker no longer
+        reports is lost: its report went missing (see :meth:`_reconcile`).
+
+        The hottest call of a large fleet, so the server batches what arrives together and
+        this uses plain statements, not ORM objects.
+        """
+        now = self.clock()
+        with self.store.write(lock=False) as s:
+            known = queries.online_flags(s, reports)
+            queries.touch_workers(s, known, now)
+            rows = queries.heartbeat_view(s, {t for wid in known for t in reports[wid]})
+            doomed = queries.attempts_ended_badly(s, {r[3] for r in rows})
+        with self._reports_lock:
+            for wid in known:  # what each worker says it runs, for the periodic reconciliation
+                self._reports[wid] = (now, frozenset(reports[wid]))
+        tasks = {r[0]: r for r in rows}
+        replies: dict[str, HeartbeatReply] = {}
+        for wid, running in reports.items():
+            if wid not in known:
+                replies[wid] = HeartbeatReply(known=False)
+                continue
+            cancel = []
+            for task_id in running:
+                row = tasks.get(task_id)
+                if row is None:
+                    cancel.append(task_id)
+                    continue
+                _, state, owner, job_id, attempt, cancel_requested, job_state, job_attempt = row
+                if lifecycle.must_end(task_state=TaskState(state), owner=owner, reporter=wid, attempt=attempt,
+                                      job_state=JobState(job_state) if job_state else None,
+                                      job_attempt=job_attempt, cancel_requested=bool(cancel_requested),
+                                      attempt_ended_badly=(job_id, attempt) in doomed):
+                    cancel.append(task_id)
+            replies[wid] = HeartbeatReply(known=True, cancel=sorted(cancel))
+        if not all(known.values()):
+            self.schedule()  # a worker came back: jobs waiting for it may be placed now
+        # every heartbeat would otherwise rescan the fleet; once per third of the timeout
+        # is enough to notice a silent worker (or a lost report) in time
+        if now - self._last_expiry > self.heartbeat_timeout / 3:
+            self.expire_workers()
+        return replies
+
+    def _reconcile(self, now: float) -> None:
+        """Running tasks that their worker, alive and reporting, no longer lists are lost:
+        their final report went missing. Only reports this process received count, and a
+        task must have started well before them (twice the heartbeat timeout)."""
+        with self._reports_lock:
+            for wid in [w for w, (at, _) in self._reports.items() if now - at >= self.heartbeat_timeout]:
+                del self._reports[wid]  # stale: its worker is silent or gone
+            recent = {wid: running for wid, (_, running) in self._reports.items()}
+        if not recent:
+            return
+        with self.store.read() as s:
+            candidates = queries.running_tasks_started_before(s, now - 2 * self.heartbeat_timeout)
+        unreported = [tid for tid, wid in candidates if wid in recent and tid not in recent[wid]]
+        if not unreported:
+            return
+        why = "its worker no longer reports it running (the final report was lost)"
+        with self.store.write() as s:
+            for task_id in unreported:
+                task = queries.task(s, task_id)
+                self._lose(s, task, now, why)
+        self.schedule()
+
+    def drain_worker(self, worker_id: str) -> None:
+        """The worker takes no new work; what it runs now may finish."""
+        now = self.clock()
+        with self.store.write() as s:
+            row = queries.worker(s, worker_id)
+            row.draining = True
+            s.add(row)
+            # tasks handed to it that never started go back to the queue
+            for t in queries.assigned_tasks_of_worker(s, worker_id):
+                self._lose(s, t, now, "worker is draining")
+        self.schedule()
+
+    def deregister_worker(self, worker_id: str) -> None:
+        """A worker leaving on purpose: offline now, its unfinished tasks lost, its
+        credential revoked."""
+        now = self.clock()
+        with self.store.write() as s:
+            row = queries.worker(s, worker_id)
+            row.online = False
+            row.draining = True
+            s.add(row)
+            for t in queries.active_tasks_of_worker(s, worker_id):
+                self._lose(s, t, now, "worker stopped")
+            self._event(s, "worker_left", worker_id=worker_id)
+            queries.revoke_worker_tokens(s, worker_id)
+        self.tokens.forget()
+        self.schedule()
+
+    def begin_grace(self) -> None:
+        """A server that just started (maybe after being down a while) has heard nobody
+        yet: for one heartbeat timeout no worker is offline for its silence, so workers that
+        kept running through the outage reconnect and report instead of being written off."""
+        self._grace_until = self.clock() + self.heartbeat_timeout
+
+    def seen(self, worker_ids: Iterable[str]) -> None:
+        """Signs of life other than heartbeats (any call a worker made): they count the same."""
+        with self.store.write(lock=False) as s:
+            # only workers still online: a late call of a worker that left (or was written
+            # off) must not bring it back
+            alive = [w for w, online in queries.online_flags(s, worker_ids).items() if online]
+            queries.touch_workers(s, alive, self.clock())
+
+    def expire_workers(self) -> list[str]:
+        """Mark silent workers offline and their tasks lost; returns their ids."""
+        now = self.clock()
+        self._last_expiry = now
+        self._reconcile(now)
+        cutoff = now - self.heartbeat_timeout
+        silence_counts = now >= self._grace_until
+        here = socket.gethostname()
+
+        def dead(w: WorkerRow) -> bool:
+            pid_gone = w.origin == "local" and w.hostname == here and bool(w.pid) and not _pid_alive(w.pid or 0)
+            return (silence_counts and w.last_heartbeat < cutoff) or pid_gone
+
+        with self.store.read() as s:
+            stale = [w.id for w in queries.expiry_candidates(s, cutoff, here) if dead(w)]
+        if not stale:
+            return []
+        with self.store.write() as s:
+            for wid in stale:
+                # look again inside the write: a heartbeat may have come in since the read
+                # (FOR UPDATE: on PostgreSQL heartbeats do not take the writers' lock)
+                row = queries.worker(s, wid, for_update=not self.store.is_sqlite, fresh=True)
+                if not row.online or not dead(row):
+                    continue
+                row.online = False
+                s.add(row)
+                why = (f"worker {wid} (pid {row.pid}) is gone" if row.origin == "local" and row.hostname == here
+                       and row.pid and not _pid_alive(row.pid) else f"worker {wid} stopped sending heartbeats")
+                for t in queries.active_tasks_of_worker(s, wid):
+                    self._lose(s, t, now, why)
+                self._event(s, "worker_offline", worker_id=wid)
+                if row.name == IN_PROCESS_NAME and row.origin == "local":
+                    queries.delete_workers(s, [wid])  # a script's own worker is not worth a row once gone
+        self.schedule()
+        return stale
+
+    # ------------------------------------------------------------------ tasks (worker side)
+
+    def poll_tasks(self, worker_id: str, *, wait: float = 0.0) -> list[TaskAssignment]:
+        """Tasks assigned to this worker and not started yet; waits up to ``wait`` seconds."""
+        deadline = time.monotonic() + wait
+        while True:
+            with self.store.read() as s:
+                out = []
+                for t in queries.assigned_tasks_of_worker(s, worker_id):
+                    job = queries.find_job(s, t.job_id)
+                    if job is None:
+                        continue
+                    out.append(TaskAssignment(
+                        task_id=t.id, job_id=t.job_id, attempt=t.attempt, node_rank=t.node_rank,
+                        accelerator=t.accelerator, devices=json.loads(t.devices), spec=mapping.job_spec(job),
+                        rendezvous=Rendezvous.model_validate_json(t.rendezvous) if t.rendezvous else None,
+                    ))
+            remaining = deadline - time.monotonic()
+            if out or remaining <= 0:
+                return out
+            with self._wakeup:
+                self._wakeup.wait(min(remaining, 0.2))
+
+    def start_task(self, task_id: str, *, worker_id: str) -> None:
+        """Idempotent: starting a task its worker already started is success (the first
+        answer may have been lost), so a worker can retry this through an outage."""
+        now = self.clock()
+        with self.store.write() as s:
+            task = self._own_task(s, task_id, worker_id)
+            if not queries.transition_task(s, task_id, TaskState.RUNNING, started_at=now):
+                if task.state == TaskState.RUNNING.value:
+                    return
+                raise Conflict(f"task {task_id} is {task.state}; it cannot start")
+            self._settle(s, queries.job(s, task.job_id), now)
+            self._event(s, "task_started", job_id=task.job_id, task_id=task_id, worker_id=worker_id)
+
+    def append_logs(self, task_id: str, *, worker_id: str, chunks: Sequence[tuple[LogStream, str]]) -> None:
+        now = self.clock()
+        with self.store.write(lock=False) as s:
+            task = self._own_task(s, task_id, worker_id)
+            for stream, _ in chunks:
+                if stream not in ("stdout", "stderr", "system"):
+                    raise InvalidInput(f"log stream {stream!r}: expected stdout, stderr or system")
+            queries.add_logs(s, (LogRow(job_id=task.job_id, task_id=task_id, node_rank=task.node_rank,
+                                        stream=stream, data=mapping.stored_log_text(data), ts=now)
+                                 for stream, data in chunks))
+        self._changed()
+
+    def finish_task(
+        self, task_id: str, *, worker_id: str, state: TaskState, exit_code: int | None = None,
+        result: Any = None, error: JobError | None = None,
+    ) -> None:
+        """A worker's final report. A report for a task that already ended (superseded,
+        cancelled) is refused with :class:`Conflict` and changes nothing; one for a task
+        marked lost is accepted while no newer attempt superseded it."""
+        state = TaskState(state)
+        if not state.terminal:
+            raise InvalidInput(f"state {state.value!r}: a finished task reports a terminal state")
+        now = self.clock()
+        with self.store.write() as s:
+            task = self._own_task(s, task_id, worker_id)
+            job = queries.job(s, task.job_id)
+            stored_result = _result_json(result, mapping.spec(job.spec))  # the bare spec: no arguments needed
+            if not queries.transition_task(s, task_id, state, ended_at=now, exit_code=exit_code, error=error):
+                revived = (task.state == TaskState.LOST.value
+                           and lifecycle.late_report_accepted(_view(job), task.attempt)
+                           and queries.revive_lost_task(s, task_id, state, ended_at=now, exit_code=exit_code,
+                                                        error=error))
+                if not revived:
+                    raise Conflict(f"task {task_id} is already {task.state}; a late report from a superseded "
+                                   "attempt is refused")
+                # the loss was only a silence: the job is back to this attempt, settled below
+                job.state = JobState.RUNNING.value
+                self._event(s, "late_report_accepted", job_id=task.job_id, task_id=task_id, worker_id=worker_id,
+                            message="the task was marked lost, but its worker finished it")
+            if task.attempt == job.attempt and task.node_rank == 0:
+                if state is TaskState.SUCCEEDED and stored_result is not None:
+                    job.result = stored_result
+                job.exit_code = exit_code
+            self._settle(s, job, now, reported=error)
+            self._event(s, "task_finished", job_id=task.job_id, task_id=task_id, worker_id=worker_id,
+                        message=f"{state.value} {error.message if error else ''}".strip())
+        self._changed()
+        self.schedule()
+
