@@ -15,25 +15,39 @@ from gpulayer.errors import (
     RemoteError,
     Unschedulable,
 )
-from gpulayer.hookspecs import hookimpl
-from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, Placement, Requirements
 
 __version__ = "0.1.0"
 
-# The SDK imports the control plane and the store (SQLModel); load it on first use so that
-# ``import gpulayer`` stays cheap for plugins and the CLI.
-_SDK_NAMES = {"remote", "submit", "explain", "wait", "as_completed", "JobHandle", "connect", "get_job"}
+# Everything but the errors is loaded on first use: the SDK imports the control plane and
+# the store (SQLAlchemy), the specs pydantic, ``hookimpl`` pluggy. So ``import gpulayer``
+# (which every ``gpulayer`` command and every plugin does) costs next to nothing
+# (tests/unit/test_cli_startup.py).
+_LAZY = {
+    **dict.fromkeys(("remote", "submit", "explain", "wait", "as_completed", "JobHandle", "connect", "get_job"),
+                    "gpulayer.sdk"),
+    **dict.fromkeys(("CommandJob", "DistributedJob", "FunctionJob", "Placement", "Requirements"), "gpulayer.specs"),
+    "hookimpl": "gpulayer.hookspecs",
+}
 
 if TYPE_CHECKING:
+    from gpulayer.hookspecs import hookimpl
     from gpulayer.sdk import JobHandle, as_completed, connect, explain, get_job, remote, submit, wait
+    from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, Placement, Requirements
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SDK_NAMES:
-        from gpulayer import sdk
+    module = _LAZY.get(name)
+    if module is not None:
+        import importlib
 
-        return getattr(sdk, name)
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # the next look-up is a plain attribute
+        return value
     raise AttributeError(f"module 'gpulayer' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = [

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from gpulayer import bundles, config
+from gpulayer import config
 from gpulayer.errors import BundleError, GpulayerError
+
+if TYPE_CHECKING:
+    from gpulayer import bundles
 
 bundle_app = typer.Typer(
     name="bundle",
     help="Source bundles: the deterministic zip your code travels in.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 
@@ -34,6 +38,8 @@ def inspect_cmd(
 
     Exits 1 when the bundle is over the size limit (GPULAYER_MAX_BUNDLE_MB), 2 on bad input.
     """
+    from gpulayer import bundles
+
     try:
         limit = config.max_bundle_bytes()
         inspection = bundles.inspect_directory(directory)
@@ -78,6 +84,8 @@ def _print_text(
     inspection: bundles.Inspection, largest: list[bundles.BundleFile], digest: str | None,
     bundle_size: int | None, limit: int,
 ) -> None:
+    from gpulayer import bundles
+
     echo = typer.echo
     size = bundles.format_size
     echo(f"Bundle of {inspection.root}")

@@ -15,6 +15,7 @@ from typing import Any
 import typer
 
 from gpulayer import config
+from gpulayer.cli.conventions import EXIT_BAD_INPUT, echo_json, json_option
 
 #: the dashboard's default port (the server's is 8765)
 DEFAULT_PORT = 8766
@@ -32,6 +33,7 @@ def register(app: typer.Typer) -> None:
 def dashboard(
     port: int = typer.Option(DEFAULT_PORT, "--port", min=0, max=65535, help="port on 127.0.0.1 (0: any free one)"),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level"),
+    as_json: bool = json_option("once listening, print url, token and home as one line of JSON on stdout"),
 ) -> None:
     """Serve the web dashboard of the embedded control plane on 127.0.0.1.
 
@@ -50,7 +52,7 @@ def dashboard(
         typer.echo(f"error: GPULAYER_URL is {settings.url}: that server serves its own dashboard at "
                    f"{settings.url.rstrip('/')}/ (log in with an admin or client token). 'gpulayer dashboard' "
                    "shows the embedded control plane; unset GPULAYER_URL (or drop --url) for it.", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_BAD_INPUT)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # bound here, not by uvicorn, so the address printed is the one listening (and --port 0 works)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -60,7 +62,7 @@ def dashboard(
     except OSError as exc:
         sock.close()
         typer.echo(f"error: cannot listen on 127.0.0.1:{port}: {exc.strerror}; pick another with --port", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_BAD_INPUT) from None
     sock.listen(128)
     bound = sock.getsockname()[1]
     store = Store(settings.database_url)
@@ -80,6 +82,8 @@ def dashboard(
     typer.echo(f"gpulayer dashboard on http://127.0.0.1:{bound}/ (embedded control plane, {config.home()})", err=True)
     typer.echo("log in with this token (good until this command stops; it is not stored anywhere):", err=True)
     typer.echo(f"  {token}", err=True)
+    if as_json:
+        echo_json({"url": f"http://127.0.0.1:{bound}/", "token": token, "home": str(config.home())}, lines=True)
     try:
         uv.run(sockets=[sock])  # after a graceful stop uvicorn raises the signal again: SIGTERM ends us
     finally:

@@ -13,14 +13,16 @@ from __future__ import annotations
 import inspect
 import shlex
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from gpulayer.cli import jobs
-from gpulayer.client import Client
-from gpulayer.records import Explanation
-from gpulayer.specs import JobSpec
+
+if TYPE_CHECKING:
+    from gpulayer.client import Client
+    from gpulayer.records import Explanation
+    from gpulayer.specs import JobSpec
 
 EXIT_UNSCHEDULABLE = jobs.EXIT_UNSCHEDULABLE
 
@@ -68,7 +70,7 @@ def explain_cmd(**flags: Any) -> None:
     _show(e, flags["as_json"], command_line())
 
 
-def jobs_explain(job_id: str = typer.Argument(...), as_json: bool = typer.Option(
+def jobs_explain(job_id: str = typer.Argument(..., metavar="JOB"), as_json: bool = typer.Option(
         False, "--json", help="print the explanation record as JSON")) -> None:
     """Could the job run now, where, and if not, which worker comes closest and what change would make it fit."""
     e = jobs._client().explain_job(job_id)

@@ -1,11 +1,13 @@
 """``gpulayer submit`` and the ``gpulayer jobs`` group.
 
-Exit codes of ``gpulayer submit`` (without ``--detach``):
+Exit codes of ``gpulayer submit`` (without ``--detach``), ``jobs wait``, ``jobs result``
+and ``jobs logs --follow`` (:mod:`gpulayer.cli.conventions`):
 
 =====  ================================================================
 N      the job ran: its own exit code (0 on success)
 1      the job failed without an exit code of its own
-2      bad input (a flag, a spec, a bundle)
+2      bad input (a flag, a spec, a bundle, a job id)
+75     still running: the wait ended before the job did
 124    the job timed out
 125    the job could not be placed (no eligible worker)
 126    the job's worker was lost and no retry was left
@@ -15,27 +17,52 @@ N      the job ran: its own exit code (0 on success)
 
 from __future__ import annotations
 
-import json
+import math
 import subprocess
 import sys
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from gpulayer import joboptions
-from gpulayer.client import Client, chunk_text, prefixes_nodes
+from gpulayer.cli.conventions import (
+    EXIT_CANCELLED,
+    EXIT_FAILED,
+    EXIT_LOST,
+    EXIT_STILL_RUNNING,
+    EXIT_TIMED_OUT,
+    EXIT_UNSCHEDULABLE,
+    echo_json,
+    exit_code_for,
+    json_option,
+    outcome_record,
+    outcome_text,
+)
 from gpulayer.errors import GpulayerError, InvalidInput
-from gpulayer.records import JobRecord, JobState
-from gpulayer.specs import CommandJob, DistributedJob
 
-EXIT_FAILED = 1
-EXIT_TIMED_OUT = 124
-EXIT_UNSCHEDULABLE = 125
-EXIT_LOST = 126
-EXIT_CANCELLED = 130
+if TYPE_CHECKING:
+    from gpulayer.client import Client
+    from gpulayer.records import JobRecord, JobState
+    from gpulayer.specs import CommandJob, DistributedJob, Requirements
+    from gpulayer.wording import Spelling
 
-jobs_app = typer.Typer(help="Inspect and control jobs.", no_args_is_help=True)
+__all__ = ["EXIT_CANCELLED", "EXIT_FAILED", "EXIT_LOST", "EXIT_STILL_RUNNING", "EXIT_TIMED_OUT",
+           "EXIT_UNSCHEDULABLE", "exit_code_for", "follow_job", "spec_from_flags", "submit_cmd"]
+
+jobs_app = typer.Typer(help="Inspect and control jobs.", no_args_is_help=True, rich_markup_mode=None)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SUBMIT_SPELLING":  # joboptions loads pydantic: only when a command needs it
+        return _spelling()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _spelling() -> Spelling:
+    """How ``gpulayer submit`` writes each spec field: errors name the flag as typed."""
+    from gpulayer import joboptions
+
+    return joboptions.CLI_SPELLING
 
 
 def _client() -> Client:
@@ -45,6 +72,8 @@ def _client() -> Client:
 
 
 def _job_state(state: str | None) -> JobState | None:
+    from gpulayer.records import JobState
+
     if state is None:
         return None
     try:
@@ -54,29 +83,16 @@ def _job_state(state: str | None) -> JobState | None:
 
 
 def _echo_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, default=str))
+    echo_json(data)
 
 
-def exit_code_for(job: JobRecord) -> int:
-    if job.state is JobState.SUCCEEDED:
-        return 0
-    if job.state is JobState.UNSCHEDULABLE:
-        return EXIT_UNSCHEDULABLE
-    if job.state is JobState.TIMED_OUT:
-        return EXIT_TIMED_OUT
-    if job.state is JobState.CANCELLED:
-        return EXIT_CANCELLED
-    if job.error and job.error.type == "lost":
-        return EXIT_LOST
-    if job.exit_code is not None and job.exit_code > 0:
-        return job.exit_code
-    return EXIT_FAILED
-
-
-def follow_job(client: Client, job_id: str, *, node: int | None = None, progress: bool = False) -> JobRecord:
+def follow_job(client: Client, job_id: str, *, node: int | None = None, progress: bool = False,
+               stdout_to_stderr: bool = False) -> JobRecord:
     """Stream the job's output to our stdout/stderr until it ends; returns its record.
-    ``progress``: show the job's status on stderr as it goes (:mod:`gpulayer.cli.progress`)."""
+    ``progress``: show the job's status on stderr as it goes (:mod:`gpulayer.cli.progress`);
+    ``stdout_to_stderr``: the job's stdout too goes to stderr (stdout is for ``--json``)."""
     from gpulayer.cli.progress import status_for
+    from gpulayer.client import chunk_text, prefixes_nodes
 
     show = status_for(client) if progress else None
     prefix: bool | None = None
@@ -92,7 +108,7 @@ def follow_job(client: Client, job_id: str, *, node: int | None = None, progress
 
     try:
         for c in client.follow(job_id, node=node, on_update=seen):
-            out = sys.stderr if c.stream == "stderr" else sys.stdout
+            out = sys.stderr if c.stream == "stderr" or stdout_to_stderr else sys.stdout
             if show is None:
                 out.write(chunk_text(c, prefix=bool(prefix)))
                 out.flush()
@@ -115,43 +131,42 @@ def register(app: typer.Typer) -> None:
     )(submit_cmd)
 
 
-#: how ``gpulayer submit`` writes each spec field: errors name the flag as typed
-SUBMIT_SPELLING = joboptions.CLI_SPELLING
-
-
 def submit_cmd(
     command: list[str] = typer.Argument(..., help="the command to run, after --"),
-    accelerator: Optional[str] = typer.Option(None, "--accelerator", "-a", help="cuda, rocm, mps, ... (default: none)"),
+    accelerator: Optional[str] = typer.Option(None, "--accelerator", "-a", metavar="KIND", help="cuda, rocm, mps, ... (default: none)"),
     allow_unknown_accelerator: bool = typer.Option(
         False, "--allow-unknown-accelerator", help="accept an --accelerator no installed plugin knows"),
-    gpus: Optional[int] = typer.Option(None, "--gpus", help="devices per node (default 1 with --accelerator)"),
-    min_gpu_memory: Optional[float] = typer.Option(None, "--min-gpu-memory", help="GB of memory per device"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", metavar="N", help="devices per node (default 1 with --accelerator)"),
+    min_gpu_memory: Optional[float] = typer.Option(None, "--min-gpu-memory", metavar="GB", help="GB of memory per device"),
     compute_capability: Optional[str] = typer.Option(
-        None, "--compute-capability", help="e.g. 8.0 (meaning >=8.0) or '>=8.0,<9'"),
-    framework: list[str] = typer.Option([], "--framework", "-f", help="e.g. 'torch>=2.2' (repeatable)"),
-    python_version: Optional[str] = typer.Option(None, "--python-version", help="e.g. 3.11 or '>=3.10,<3.13'"),
-    os_name: Optional[str] = typer.Option(None, "--os", help="linux, darwin, ..."),
-    cpus: Optional[int] = typer.Option(None, "--cpus", help="CPUs the worker must have"),
-    memory: Optional[float] = typer.Option(None, "--memory", help="GB of RAM the worker must have"),
-    profile: Optional[str] = typer.Option(None, "--profile", help="runtime profile, e.g. pytorch-cuda"),
+        None, "--compute-capability", metavar="SPEC", help="e.g. 8.0 (meaning >=8.0) or '>=8.0,<9'"),
+    framework: list[str] = typer.Option([], "--framework", "-f", metavar="SPEC", help="e.g. 'torch>=2.2' (repeatable)"),
+    python_version: Optional[str] = typer.Option(None, "--python-version", metavar="SPEC", help="e.g. 3.11 or '>=3.10,<3.13'"),
+    os_name: Optional[str] = typer.Option(None, "--os", metavar="NAME", help="linux, darwin, ..."),
+    cpus: Optional[int] = typer.Option(None, "--cpus", metavar="N", help="CPUs the worker must have"),
+    memory: Optional[float] = typer.Option(None, "--memory", metavar="GB", help="GB of RAM the worker must have"),
+    profile: Optional[str] = typer.Option(None, "--profile", metavar="NAME", help="runtime profile, e.g. pytorch-cuda"),
     target: Optional[str] = typer.Option(
-        None, "--target", help="local, remote or cloud (default: local embedded, remote with --url)"),
-    fallback: list[str] = typer.Option([], "--fallback", help="fallback target, in order (repeatable)"),
-    bundle: Optional[str] = typer.Option(None, "--bundle", help="directory to send and run in"),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds per attempt (default: no limit)"),
-    retries: int = typer.Option(0, "--retries", help="extra attempts after a failure or loss"),
-    on_unschedulable: str = typer.Option("fail", "--on-unschedulable", help="fail or wait"),
-    env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE for the job (repeatable)"),
-    label: list[str] = typer.Option([], "--label", help="required worker label KEY=VALUE (repeatable)"),
-    priority: int = typer.Option(0, "--priority", help="higher runs first"),
-    name: Optional[str] = typer.Option(None, "--name"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="nodes of a distributed job"),
-    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", help="processes per node"),
-    launcher: Optional[str] = typer.Option(None, "--launcher", help="launcher of a distributed job (default: torchrun)"),
+        None, "--target", metavar="T", help="local, remote or cloud (default: local embedded, remote with --url)"),
+    fallback: list[str] = typer.Option([], "--fallback", metavar="T", help="fallback target, in order (repeatable)"),
+    bundle: Optional[str] = typer.Option(None, "--bundle", metavar="DIR", help="directory to send and run in"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", metavar="S", help="seconds per attempt (default: no limit)"),
+    retries: int = typer.Option(0, "--retries", metavar="N", help="extra attempts after a failure or loss"),
+    on_unschedulable: str = typer.Option("fail", "--on-unschedulable", metavar="fail|wait", help="fail or wait"),
+    env: list[str] = typer.Option([], "--env", "-e", metavar="K=V", help="KEY=VALUE for the job (repeatable)"),
+    label: list[str] = typer.Option([], "--label", metavar="K=V", help="required worker label KEY=VALUE (repeatable)"),
+    priority: int = typer.Option(0, "--priority", metavar="P", help="higher runs first"),
+    name: Optional[str] = typer.Option(None, "--name", metavar="NAME"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", metavar="N", help="nodes of a distributed job"),
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", metavar="K", help="processes per node"),
+    launcher: Optional[str] = typer.Option(None, "--launcher", metavar="NAME", help="launcher of a distributed job (default: torchrun)"),
     detach: bool = typer.Option(False, "--detach", "-d", help="print the job id and return"),
     dry_run: bool = typer.Option(False, "--dry-run", help="show the spec and the bundle's contents; submit nothing"),
-    as_json: bool = typer.Option(False, "--json", help="with --detach or --dry-run: print JSON"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON: the job's id (--detach), the spec (--dry-run), "
+                                 "or its outcome once it ends, with the job's output on stderr"),
 ) -> None:
+    from gpulayer.records import JobState
+
     spec = spec_from_flags(dict(locals()))
     if dry_run:
         _dry_run(spec, as_json)
@@ -170,14 +185,17 @@ def submit_cmd(
             typer.echo(job.id)
         return
     try:
-        final = follow_job(client, job.id, progress=True)
+        final = follow_job(client, job.id, progress=True, stdout_to_stderr=as_json)
     except KeyboardInterrupt:
         client.api.cancel(job.id)
         typer.echo(f"\ngpulayer: cancelled {job.id}", err=True)
+        if as_json:
+            echo_json(outcome_record(client.api.get_job(job.id)))
         raise typer.Exit(EXIT_CANCELLED) from None
     if final.state is not JobState.SUCCEEDED:
-        err = final.error.message if final.error and final.error.message else final.state.value
-        typer.echo(f"gpulayer: job {final.id} {final.state.value}: {err}", err=True)
+        typer.echo(f"gpulayer: {outcome_text(final)}", err=True)
+    if as_json:
+        echo_json(outcome_record(final))
     raise typer.Exit(exit_code_for(final))
 
 
@@ -188,6 +206,9 @@ ACTION_FLAGS = ("detach", "dry_run")
 def spec_from_flags(flags: dict[str, Any]) -> CommandJob | DistributedJob:
     """The spec that ``gpulayer submit``'s flags (and so ``gpulayer explain``'s) describe,
     checked as every front end checks one (:mod:`gpulayer.joboptions`)."""
+    from gpulayer import joboptions
+
+    spelling = _spelling()
     f = flags
     command, launcher, nodes, nproc_per_node = f["command"], f["launcher"], f["nodes"], f["nproc_per_node"]
     options: joboptions.JobOptions = {
@@ -201,13 +222,13 @@ def spec_from_flags(flags: dict[str, Any]) -> CommandJob | DistributedJob:
     }
     spec: CommandJob | DistributedJob
     if nproc_per_node is not None or (nodes is not None and nodes != 1):
-        spec = joboptions.distributed_job(command[0], command[1:], options, SUBMIT_SPELLING, nodes=nodes,
+        spec = joboptions.distributed_job(command[0], command[1:], options, spelling, nodes=nodes,
                                           nproc_per_node=nproc_per_node, launcher=launcher)
     else:
-        spec = joboptions.command_job(command, options, SUBMIT_SPELLING)
+        spec = joboptions.command_job(command, options, spelling)
         if launcher is not None:
             # no launcher runs a one-process job, but a misspelt name is still a mistake
-            joboptions.check_launcher(launcher, SUBMIT_SPELLING)
+            joboptions.check_launcher(launcher, spelling)
     return spec
 
 
@@ -238,13 +259,15 @@ def _pairs(items: list[str], path: str) -> dict[str, str]:
     out = {}
     for item in items:
         if "=" not in item:
-            raise InvalidInput(f"{SUBMIT_SPELLING.input(path, [item])}: no '='; accepted: KEY=VALUE")
+            raise InvalidInput(f"{_spelling().input(path, [item])}: no '='; accepted: KEY=VALUE")
         k, v = item.split("=", 1)
         out[k] = v
     return out
 
 
 def _dry_run(spec: CommandJob | DistributedJob, as_json: bool) -> None:
+    import json
+
     from gpulayer import bundles
     from gpulayer.profiles import resolve_requirements
 
@@ -289,13 +312,13 @@ def _job_summary(job: JobRecord) -> dict[str, Any]:
 @jobs_app.command("list")
 def jobs_list(
     state: Optional[str] = typer.Option(None, "--state", help="only jobs in this state"),
-    limit: int = typer.Option(50, "--limit", min=1),
-    as_json: bool = typer.Option(False, "--json"),
+    limit: int = typer.Option(50, "--limit", min=1, metavar="N"),
+    as_json: bool = json_option(),
 ) -> None:
     """List recent jobs, newest first."""
     jobs = _client().api.list_jobs(state=_job_state(state), limit=limit)
     if as_json:
-        _echo_json([_job_summary(j) for j in jobs])
+        echo_json([_job_summary(j) for j in jobs])
         return
     if not jobs:
         typer.echo("no jobs")
@@ -315,8 +338,27 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
+def requirements_text(req: Requirements) -> str:
+    """What a job needs, written as ``gpulayer submit``'s flags (the one way the CLI shows
+    requirements): ``--accelerator cuda --gpus 2 --framework 'torch>=2.2'``."""
+    import shlex
+
+    spelling = _spelling()
+    words: list[str] = []
+    for path, value in req.model_dump(exclude_defaults=True).items():
+        flag = spelling.name(f"requirements.{path}")
+        if isinstance(value, dict) and path == "frameworks":
+            words.extend(f"{flag} {shlex.quote(name + spec)}" for name, spec in value.items())
+        elif isinstance(value, dict):
+            words.extend(f"{flag} {shlex.quote(f'{k}={v}')}" for k, v in value.items())
+        else:
+            text = f"{value:g}" if isinstance(value, float) else str(value)
+            words.append(f"{flag} {shlex.quote(text)}")
+    return " ".join(words)
+
+
 @jobs_app.command("show")
-def jobs_show(job_id: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")) -> None:
+def jobs_show(job_id: str = typer.Argument(..., metavar="JOB"), as_json: bool = json_option()) -> None:
     """A job's spec, state, tasks and last placement decision (one line per worker)."""
     job = _client().api.get_job(job_id)
     if as_json:
@@ -326,8 +368,7 @@ def jobs_show(job_id: str = typer.Argument(...), as_json: bool = typer.Option(Fa
     typer.echo(f"job       {job.id}")
     typer.echo(f"state     {job.state.value}" + (f" (exit code {job.exit_code})" if job.exit_code is not None else ""))
     typer.echo(f"kind      {s['kind']}: {s['what']}")
-    req = job.spec.requirements.model_dump(exclude_defaults=True)
-    typer.echo(f"needs     {json.dumps(req) if req else 'nothing special (CPU)'}")
+    typer.echo(f"needs     {requirements_text(job.spec.requirements) or 'nothing special (CPU)'}")
     typer.echo(f"placement target={job.spec.placement.target} fallback={job.spec.placement.fallback_targets} "
                f"on_unschedulable={job.spec.placement.on_unschedulable}")
     typer.echo(f"attempt   {job.attempt} of {job.spec.retries + 1}")
@@ -343,15 +384,25 @@ def jobs_show(job_id: str = typer.Argument(...), as_json: bool = typer.Option(Fa
 
 @jobs_app.command("logs")
 def jobs_logs(
-    job_id: str = typer.Argument(...),
-    follow: bool = typer.Option(False, "--follow", "-f", help="keep streaming until the job ends"),
-    node: Optional[int] = typer.Option(None, "--node", min=0, help="only this node of a distributed job"),
+    job_id: str = typer.Argument(..., metavar="JOB"),
+    follow: bool = typer.Option(False, "--follow", "-f",
+                                help="keep streaming until the job ends, then exit with its outcome"),
+    node: Optional[int] = typer.Option(None, "--node", min=0, metavar="RANK",
+                                       help="only this node of a distributed job"),
 ) -> None:
-    """Print a job's output (stdout and stderr as written)."""
+    """Print a job's output (stdout and stderr as written).
+
+    With --follow it exits as gpulayer submit does: the job's exit code, 130 when it was
+    cancelled, 124 when it timed out (see gpulayer jobs wait --help)."""
+    from gpulayer.client import chunk_text, prefixes_nodes
+
     client = _client()
     if follow:
-        follow_job(client, job_id, node=node)
-        return
+        final = follow_job(client, job_id, node=node)
+        sys.stdout.flush()
+        if final.state.value != "succeeded":
+            typer.echo(f"gpulayer: {outcome_text(final)}", err=True)
+        raise typer.Exit(exit_code_for(final))
     job = client.api.get_job(job_id)
     prefix = prefixes_nodes(job.spec, node)
     for c in client.api.logs(job_id, node=node):
@@ -361,29 +412,98 @@ def jobs_logs(
 
 
 @jobs_app.command("cancel")
-def jobs_cancel(job_id: str = typer.Argument(...)) -> None:
-    """Cancel a job: its processes are ended, grandchildren included."""
-    job = _client().api.cancel(job_id)
-    typer.echo(f"{job.id} {job.state.value}" + (" (cancel requested)" if not job.state.terminal else ""))
+def jobs_cancel(
+    job_ids: list[str] = typer.Argument(..., metavar="JOB...", help="one or more job ids"),
+    as_json: bool = json_option("print one record per job: id, state, whether the cancel is still under way"),
+) -> None:
+    """Cancel jobs: their processes are ended, grandchildren included.
+
+    A job id that names no job is reported and the others are still cancelled; the command
+    then exits 2."""
+    client = _client()
+    done: list[dict[str, Any]] = []
+    failed = False
+    for job_id in job_ids:
+        try:
+            job = client.api.cancel(job_id)
+        except GpulayerError as exc:
+            failed = True
+            typer.echo(f"error: {exc}", err=True)
+            done.append({"id": job_id, "state": None, "pending": False, "error": str(exc)})
+            continue
+        done.append({"id": job.id, "state": job.state.value, "pending": not job.state.terminal, "error": None})
+        if not as_json:
+            typer.echo(f"{job.id} {job.state.value}" + (" (cancel requested)" if not job.state.terminal else ""))
+    if as_json:
+        echo_json(done)
+    if failed:
+        raise typer.Exit(2)
+
+
+def _check_wait_timeout(timeout: float | None) -> None:
+    if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
+        raise InvalidInput(f"--timeout {timeout:g}: not a number of seconds; accepted: a number >= 0 "
+                           "(leave it out to wait as long as it takes)")
+
+
+@jobs_app.command("wait")
+def jobs_wait(
+    job_ids: list[str] = typer.Argument(..., metavar="JOB...", help="one or more job ids"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", metavar="S",
+                                            help="give up after S seconds (default: wait as long as it takes)"),
+    as_json: bool = json_option("print one outcome record per job"),
+) -> None:
+    """Wait until every job has ended, printing each one's outcome.
+
+    Exit codes: 0 when every job succeeded; 75 when the --timeout passed with a job still
+    queued or running (it keeps running; wait again); otherwise the code of the first job
+    given that did not succeed, as gpulayer submit exits: the job's own exit code, 1 failed,
+    124 timed out, 125 unschedulable, 126 lost, 130 cancelled; 2 for a job id that names no job."""
+    _check_wait_timeout(timeout)
+    client = _client()
+    for job_id in job_ids:  # every id is checked before waiting on any
+        client.api.get_job(job_id)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    finals: list[JobRecord] = []
+    for job_id in job_ids:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        job = client.wait(job_id, left)
+        finals.append(job)
+        if not as_json:
+            text = outcome_text(job) if job.state.terminal else f"job {job.id} still {job.state.value}"
+            typer.echo(text, err=job.state.terminal and job.state.value != "succeeded")
+    if as_json:
+        echo_json([outcome_record(j) for j in finals])
+    codes = [exit_code_for(j) for j in finals]
+    if EXIT_STILL_RUNNING in codes:
+        raise typer.Exit(EXIT_STILL_RUNNING)
+    raise typer.Exit(next((c for c in codes if c != 0), 0))
 
 
 @jobs_app.command("result")
 def jobs_result(
-    job_id: str = typer.Argument(...),
+    job_id: str = typer.Argument(..., metavar="JOB"),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="wait for the job to end"),
-    timeout: Optional[float] = typer.Option(None, "--timeout"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", metavar="S", help="give up after S seconds"),
+    as_json: bool = json_option("print the outcome record (id, state, exit code, error, result)"),
 ) -> None:
-    """Print a job's JSON result (function jobs) or exit code (command jobs)."""
+    """Print a job's JSON result (function jobs) or exit code (command jobs).
+
+    Exits as gpulayer jobs wait does: 0, 75 when the job has not ended (--no-wait, or after
+    --timeout), else the job's outcome."""
+    _check_wait_timeout(timeout)
     client = _client()
     job = client.wait(job_id, timeout) if wait else client.api.get_job(job_id)
+    if as_json:
+        echo_json(outcome_record(job))
+        raise typer.Exit(exit_code_for(job))
     if not job.state.terminal:
         typer.echo(f"job {job_id} is still {job.state.value}", err=True)
-        raise typer.Exit(EXIT_FAILED)
-    if job.state is JobState.SUCCEEDED:
-        _echo_json(job.result if job.spec.kind == "function" else {"exit_code": job.exit_code})
+        raise typer.Exit(EXIT_STILL_RUNNING)
+    if job.state.value == "succeeded":
+        echo_json(job.result if job.spec.kind == "function" else {"exit_code": job.exit_code})
         return
-    err = job.error
-    typer.echo(f"job {job.id} {job.state.value}: {err.describe() if err else job.state.value}", err=True)
-    if err is not None and err.traceback:
-        typer.echo(err.traceback, err=True)
+    typer.echo(outcome_text(job), err=True)
+    if job.error is not None and job.error.traceback:
+        typer.echo(job.error.traceback, err=True)
     raise typer.Exit(exit_code_for(job))

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import json
 import warnings
+from typing import TYPE_CHECKING
 
 import typer
 
-from gpulayer import plugins
-from gpulayer.hookrecords import Capabilities
 from gpulayer.units import format_gb
 
-resources_app = typer.Typer(help="What this machine offers to jobs.", no_args_is_help=True)
-plugins_app = typer.Typer(help="Installed GPUlayer plugins.", no_args_is_help=True)
+if TYPE_CHECKING:  # pydantic records and pluggy: loaded by the commands, not by --help
+    from gpulayer import plugins
+    from gpulayer.hookrecords import Capabilities
+
+resources_app = typer.Typer(help="What this machine offers to jobs.", no_args_is_help=True, rich_markup_mode=None)
+plugins_app = typer.Typer(help="Installed GPUlayer plugins.", no_args_is_help=True, rich_markup_mode=None)
 profiles_app = typer.Typer(help="Runtime profiles (named accelerator + framework presets).",
-                           no_args_is_help=True)
+                           no_args_is_help=True, rich_markup_mode=None)
 
 _W = 10  # label column width: "device    [0] ..."
 
@@ -28,6 +31,8 @@ def _load_plugins(*, skip_unknown_disabled: bool = False, strict: bool = True) -
     """Load plugins, turning the manager's warnings into ``warning:`` lines on stderr.
     ``strict``: a hard plugin error (a plugin named in GPULAYER_PLUGINS that does not
     import, ...) raises; else the caller reports it."""
+    from gpulayer import plugins
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", plugins.PluginWarning)
         manager = plugins.get_manager(strict=strict)
@@ -92,6 +97,8 @@ def list_plugins(as_json: bool = typer.Option(False, "--json", help="print JSON"
     """List plugins: name, status, source distribution and version, hooks implemented."""
     # Listing is how a user finds out what is broken, so it lists even when a plugin
     # GPUlayer cannot do without is broken, and fails afterwards.
+    from gpulayer import plugins
+
     manager = _load_plugins(skip_unknown_disabled=True, strict=False)
     infos = manager.list_plugins()
     if as_json:
@@ -123,6 +130,8 @@ def list_plugins(as_json: bool = typer.Option(False, "--json", help="print JSON"
 @profiles_app.command("list")
 def list_profiles(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """List runtime profiles and what each fills in."""
+    from gpulayer import plugins
+
     manager = _load_plugins()
     records = plugins.profiles()
     if as_json:

@@ -13,8 +13,9 @@ from typing import Any, Optional
 import typer
 
 from gpulayer import config
+from gpulayer.cli.conventions import EXIT_BAD_INPUT, echo_json, json_option
 
-server_app = typer.Typer(help="Run the self-hosted control plane.", no_args_is_help=True)
+server_app = typer.Typer(help="Run the self-hosted control plane.", no_args_is_help=True, rich_markup_mode=None)
 
 
 def register(app: typer.Typer) -> None:
@@ -91,6 +92,8 @@ def server_start(
     self_signed_flag: bool = typer.Option(False, "--self-signed", help="make a certificate in $GPULAYER_HOME/tls/"),
     insecure_http: bool = typer.Option(False, "--insecure-http", help="allow plain HTTP on a non-loopback address"),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level"),
+    as_json: bool = json_option("once listening, print url, ca, fingerprint, pid and database as one line "
+                                "of JSON on stdout"),
 ) -> None:
     """Serve the control plane over HTTP(S). Every API route needs a token."""
     import uvicorn
@@ -113,7 +116,7 @@ def server_start(
         typer.echo(f"error: refusing to serve plain HTTP on {host}: a job API is remote code execution and "
                    "tokens would cross the network in the clear. Use --tls-cert/--tls-key or --self-signed, "
                    "or --insecure-http if a proxy in front terminates TLS.", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_BAD_INPUT)
     home = config.home()
     fingerprint = None
     ca_path: str | None = None
@@ -156,13 +159,15 @@ def server_start(
                 bound = sock.getsockname()[1]
                 break
         url = f"{scheme}://{shown_host}:{bound}"
-        _write_private(home / "server.json", json.dumps(
-            {"url": url, "ca": ca_path, "fingerprint": fingerprint, "pid": os.getpid(),
-             "database": store.url.split("@")[-1] if "@" in store.url else store.url}, indent=2) + "\n")
+        ready = {"url": url, "ca": ca_path, "fingerprint": fingerprint, "pid": os.getpid(),
+                 "database": store.url.split("@")[-1] if "@" in store.url else store.url}
+        _write_private(home / "server.json", json.dumps(ready, indent=2) + "\n")
         typer.echo(f"gpulayer server listening on {url} (database {_redact(store.url)})", err=True)
         if fingerprint:
             typer.echo(f"TLS certificate fingerprint: {fingerprint}", err=True)
             typer.echo(f"  clients: GPULAYER_URL={url} GPULAYER_CA={fingerprint}", err=True)
+        if as_json:
+            echo_json(ready, lines=True)
 
     uv.startup = startup  # type: ignore[method-assign]
     orig_exit = uv.handle_exit

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Optional
 
 import typer
 
+from gpulayer.cli.conventions import echo_json, json_option
 from gpulayer.errors import InvalidInput
 
 token_app = typer.Typer(help="Manage a server's API tokens (needs --url and an admin token).",
-                        no_args_is_help=True)
+                        no_args_is_help=True, rich_markup_mode=None)
 
 
 def register(app: typer.Typer) -> None:
@@ -37,7 +37,7 @@ def token_create(
     ttl: Optional[str] = typer.Option(None, "--ttl", help="lifetime such as 30m, 24h, 7d (join default 24h)"),
     uses: Optional[int] = typer.Option(None, "--uses", min=1, help="at most this many uses (join)"),
     description: str = typer.Option("", "--description", "-d"),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = json_option("print the new token's record, secret included, as JSON"),
 ) -> None:
     """Create a token; its secret is printed once."""
     from gpulayer.tokens import parse_duration
@@ -65,11 +65,11 @@ def token_create(
 
 
 @token_app.command("list")
-def token_list(as_json: bool = typer.Option(False, "--json")) -> None:
+def token_list(as_json: bool = json_option()) -> None:
     """Tokens on the server (never their secrets)."""
     rows = _admin().list_tokens()
     if as_json:
-        typer.echo(json.dumps([t.model_dump(mode="json") for t in rows], indent=2))
+        echo_json([t.model_dump(mode="json") for t in rows])
         return
     typer.echo(f"{'ID':<18}{'SCOPE':<11}{'STATE':<10}{'EXPIRES':<18}{'USES':<6}{'WORKER':<18}DESCRIPTION")
     now = time.time()
@@ -83,7 +83,11 @@ def token_list(as_json: bool = typer.Option(False, "--json")) -> None:
 
 
 @token_app.command("revoke")
-def token_revoke(token_id: str = typer.Argument(..., help="token id (tok-...)")) -> None:
+def token_revoke(token_id: str = typer.Argument(..., metavar="TOKEN", help="token id (tok-...)"),
+                 as_json: bool = json_option("print the revoked token's record as JSON")) -> None:
     """Revoke a token: it is refused from now on."""
     t = _admin().revoke_token(token_id)
+    if as_json:
+        echo_json(t)
+        return
     typer.echo(f"revoked {t.id} ({t.scope})")

@@ -9,10 +9,11 @@ from typing import Any, Optional
 
 import typer
 
+from gpulayer.cli.conventions import EXIT_BAD_INPUT, echo_json, json_option
 from gpulayer.errors import InvalidInput
 from gpulayer.units import format_gb
 
-worker_app = typer.Typer(help="Run and inspect workers.", no_args_is_help=True)
+worker_app = typer.Typer(help="Run and inspect workers.", no_args_is_help=True, rich_markup_mode=None)
 
 
 def register(app: typer.Typer) -> None:
@@ -28,6 +29,7 @@ def worker_start(
     token: Optional[str] = typer.Option(None, "--token", help="join token (with --url)"),
     grace: float = typer.Option(10.0, "--grace", min=0, help="seconds running tasks get to finish on SIGTERM"),
     idle_exit: Optional[float] = typer.Option(None, "--idle-exit", min=0, help="stop after this many idle seconds"),
+    as_json: bool = json_option("once registered, print the worker's record as one line of JSON on stdout"),
 ) -> None:
     """Start a worker: embedded (this machine's $GPULAYER_HOME) or, with --url, for a server."""
     from gpulayer import config
@@ -71,6 +73,10 @@ def worker_start(
     record = agent.start()
     typer.echo(f"worker {record.id} ({record.name}) serving {record.target} jobs: "
                f"{len(caps.devices)} device(s), {agent.cpu_slots} CPU slot(s)", err=True)
+    if as_json:
+        echo_json({"id": record.id, "name": record.name, "target": record.target, "pid": os.getpid(),
+                   "devices": [f"{d.kind}:{d.index}" for d in caps.devices], "cpu_slots": agent.cpu_slots},
+                  lines=True)
     agent.run_forever()
     typer.echo("worker: stopped", err=True)
 
@@ -89,7 +95,7 @@ def _worker_rows(as_json: bool) -> tuple[list[Any], dict[str, Any]]:
 
 
 @worker_app.command("list")
-def worker_list(as_json: bool = typer.Option(False, "--json")) -> None:
+def worker_list(as_json: bool = json_option()) -> None:
     """Registered workers, with availability."""
     workers, usage = _worker_rows(as_json)
     if as_json:
@@ -129,8 +135,8 @@ def _status(w: Any, usage: dict[str, Any]) -> dict[str, Any]:
 
 @worker_app.command("status")
 def worker_status(
-    worker_id: Optional[str] = typer.Argument(None, help="one worker (default: all)"),
-    as_json: bool = typer.Option(False, "--json"),
+    worker_id: Optional[str] = typer.Argument(None, metavar="WORKER", help="one worker (default: all)"),
+    as_json: bool = json_option(),
 ) -> None:
     """Capabilities (devices, frameworks, host) and availability of workers."""
     workers, usage = _worker_rows(as_json)
@@ -138,7 +144,7 @@ def worker_status(
         workers = [w for w in workers if w.id == worker_id]
         if not workers:
             typer.echo(f"error: worker {worker_id!r}: no such worker", err=True)
-            raise typer.Exit(2)
+            raise typer.Exit(EXIT_BAD_INPUT)
     data = [_status(w, usage) for w in workers]
     if as_json:
         typer.echo(json.dumps(data if worker_id is None else data[0], indent=2))
@@ -164,7 +170,7 @@ def worker_status(
 def worker_prune(
     older_than: Optional[str] = typer.Option(None, "--older-than",
                                              help="only workers silent for at least this long, e.g. 1h, 7d"),
-    as_json: bool = typer.Option(False, "--json", help="print the ids removed as JSON"),
+    as_json: bool = json_option("print the ids removed as JSON"),
 ) -> None:
     """Forget offline workers (of any origin); their credentials are revoked."""
     from gpulayer.client import connect
@@ -176,6 +182,6 @@ def worker_prune(
         raise InvalidInput(f"--older-than {older_than!r}: {str(exc).split(': ', 1)[-1]}") from None
     gone = connect().api.prune_workers(older_than=seconds)
     if as_json:
-        typer.echo(json.dumps(gone))
+        echo_json(gone)
         return
     typer.echo(f"removed {len(gone)} offline worker(s)" + (": " + ", ".join(gone) if gone else ""))

@@ -1,0 +1,92 @@
+"""How long the CLI takes to start, as a ratio to ``python -c pass`` measured in the same run.
+
+    python bench/cli_startup.py [-n 9]
+
+Runs each command N times in a fresh ``$GPULAYER_HOME`` (after one warm-up run each, which
+also fills the detection cache and creates the embedded database) and prints the median,
+the p95, the ``python -c pass`` floor and the ratio of the medians. The goals (issue 11):
+``import gpulayer`` <= 2x, ``--help`` and ``jobs list`` <= 3x, ``resources detect`` with
+its cache warm <= 3x. ``gpulayer`` runs as ``python -m gpulayer.cli``, which is what the
+console script does. The CPU time (user + system) of each run is shown too: on a machine
+shared with other work it moves less than the wall time. Nothing asserts on these
+numbers; they are for reading.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+GOALS = {"import gpulayer": 2.0, "gpulayer --help": 3.0, "gpulayer jobs list": 3.0,
+         "gpulayer resources detect": 3.0}
+
+
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall time and CPU time (user + system) of one run, in ``$GPULAYER_HOME`` (so that the
+    current directory, first on ``sys.path``, holds no other copy of GPUlayer)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                            cwd=env["GPULAYER_HOME"])
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, argv)
+    return time.perf_counter() - start, usage.ru_utime + usage.ru_stime
+
+
+def p95(runs: list[float]) -> float:
+    ordered = sorted(runs)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("-n", type=int, default=9, help="runs per command (default 9)")
+    args = parser.parse_args()
+    home = tempfile.mkdtemp(prefix="gpulayer-bench-")
+    env = {**os.environ, "GPULAYER_HOME": home}
+    env.pop("GPULAYER_URL", None)
+    py = sys.executable
+    cli = [py, "-m", "gpulayer.cli"]
+    cases = [
+        ("python -c pass", [py, "-c", "pass"]),
+        ("import gpulayer", [py, "-c", "import gpulayer"]),
+        ("gpulayer --help", [*cli, "--help"]),
+        ("gpulayer jobs list", [*cli, "jobs", "list"]),
+        ("gpulayer resources detect", [*cli, "resources", "detect"]),
+    ]
+    runs: dict[str, list[float]] = {label: [] for label, _ in cases}
+    cpu: dict[str, list[float]] = {label: [] for label, _ in cases}
+    try:
+        for _, argv in cases:
+            timed(argv, env)  # warm the OS file cache, the detection cache and the database
+        for _ in range(args.n):  # interleaved, so a burst of load hits every command alike
+            for label, argv in cases:
+                wall, used = timed(argv, env)
+                runs[label].append(wall)
+                cpu[label].append(used)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    floor = statistics.median(runs["python -c pass"])
+    cpu_floor = statistics.median(cpu["python -c pass"])
+    width = max(len(label) for label, _ in cases)
+    print(f"{'command':<{width}}  {'median':>8}  {'p95':>8}  {'floor':>8}  {'ratio':>6}  "
+          f"{'cpu':>8}  {'cpu ratio':>9}  goal")
+    for label, _ in cases:
+        med = statistics.median(runs[label])
+        used = statistics.median(cpu[label])
+        goal = GOALS.get(label)
+        mark = "" if goal is None else f"<= {goal:.0f}x " + ("ok" if med / floor <= goal else "MISSED")
+        print(f"{label:<{width}}  {med * 1000:>6.0f}ms  {p95(runs[label]) * 1000:>6.0f}ms  "
+              f"{floor * 1000:>6.0f}ms  {med / floor:>5.1f}x  {used * 1000:>6.0f}ms  {used / cpu_floor:>8.1f}x  {mark}")
+    print(f"({args.n} runs each, python {sys.version.split()[0]}, {os.cpu_count()} CPUs)")
+
+
+if __name__ == "__main__":
+    main()

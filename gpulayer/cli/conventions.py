@@ -1,0 +1,167 @@
+"""What every ``gpulayer`` command shares: exit codes, ``--json`` output, help rendering.
+
+A command module adds itself in :func:`gpulayer.cli._add_groups` and follows these
+conventions (docs/cli.md, "Conventions", says the same for people):
+
+* **Exit codes** are the constants below, never bare numbers: 0 done, 2 bad input (any
+  :class:`~gpulayer.errors.GpulayerError` that reaches :func:`gpulayer.cli.main`), and for
+  commands that report on a job the job's outcome (:func:`exit_code_for`); a wait that ran
+  out before the job ended exits :data:`EXIT_STILL_RUNNING`, never a failure code.
+* **``--json``**: every command that prints a result takes :func:`json_option` and prints
+  one JSON document on stdout through :func:`echo_json` (a long-running command prints its
+  ready record as one line of JSON, then keeps running); messages for people go to stderr.
+* **Help**: options show a metavar (``--gpus N``), never a type placeholder such as
+  ``<int>``, and flags show none; ``-h`` is ``--help`` everywhere. :func:`prepare` applies
+  this to the whole command tree, so a new command only gives a ``metavar=`` where the
+  upper-cased option name would read badly.
+
+This module imports nothing heavy (only Typer and the standard library): every command's
+``--help`` goes through it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from gpulayer.records import JobRecord
+
+#: the command did what was asked (for a job: the job succeeded)
+EXIT_OK = 0
+#: the job failed without an exit code of its own
+EXIT_FAILED = 1
+#: bad input (a flag, a spec, a bundle, an id that names nothing): the message names it
+EXIT_BAD_INPUT = 2
+#: a wait (``jobs wait --timeout``, ``jobs result --no-wait``) ended before the job did
+EXIT_STILL_RUNNING = 75
+#: the job timed out
+EXIT_TIMED_OUT = 124
+#: the job could not be placed (no eligible worker)
+EXIT_UNSCHEDULABLE = 125
+#: the job's worker was lost and no retry was left
+EXIT_LOST = 126
+#: the job was cancelled (or Ctrl-C cancelled it)
+EXIT_CANCELLED = 130
+
+#: the exit-code table of docs/cli.md, as (code, meaning), for tests and ``--help`` text
+EXIT_CODES = (
+    ("N", "the job ran: its own exit code (0 on success)"),
+    (str(EXIT_FAILED), "the job failed without an exit code of its own"),
+    (str(EXIT_BAD_INPUT), "bad input (a flag, a spec, a bundle, a job id): the message names it"),
+    (str(EXIT_STILL_RUNNING), "still running: the wait ended before the job did (not a failure)"),
+    (str(EXIT_TIMED_OUT), "the job timed out"),
+    (str(EXIT_UNSCHEDULABLE), "the job could not be placed"),
+    (str(EXIT_LOST), "the job's worker was lost and no retry was left"),
+    (str(EXIT_CANCELLED), "the job was cancelled"),
+)
+
+
+def json_option(help: str = "print JSON") -> Any:
+    """The ``--json`` flag, the same on every command."""
+    return typer.Option(False, "--json", help=help)
+
+
+def echo_json(data: Any, *, lines: bool = False) -> None:
+    """Print ``data`` (plain data or a pydantic record) as JSON on stdout: indented, or on
+    one line with ``lines`` (a ready line, or one record per line of a stream)."""
+    if hasattr(data, "model_dump"):
+        data = data.model_dump(mode="json")
+    typer.echo(json.dumps(data, default=str, indent=None if lines else 2))
+
+
+# --------------------------------------------------------------------------- job outcomes
+
+
+def exit_code_for(job: JobRecord) -> int:
+    """The exit code a command that waited for ``job`` exits with (``gpulayer submit``'s table)."""
+    from gpulayer.records import JobState
+
+    if not job.state.terminal:
+        return EXIT_STILL_RUNNING
+    if job.state is JobState.SUCCEEDED:
+        return EXIT_OK
+    if job.state is JobState.UNSCHEDULABLE:
+        return EXIT_UNSCHEDULABLE
+    if job.state is JobState.TIMED_OUT:
+        return EXIT_TIMED_OUT
+    if job.state is JobState.CANCELLED:
+        return EXIT_CANCELLED
+    if job.error and job.error.type == "lost":
+        return EXIT_LOST
+    if job.exit_code is not None and job.exit_code > 0:
+        return job.exit_code
+    return EXIT_FAILED
+
+
+def outcome_text(job: JobRecord) -> str:
+    """``job-... cancelled`` or ``job-... failed: exit code 3``: the state once, then what
+    the error adds to it (nothing when it only repeats the state)."""
+    state = job.state.value
+    why = job.error.describe() if job.error else ""
+    while why.startswith(f"{state}: "):  # "cancelled: cancelled: ..." says it once
+        why = why[len(state) + 2:]
+    return f"job {job.id} {state}" if why in ("", state) else f"job {job.id} {state}: {why}"
+
+
+def outcome_record(job: JobRecord) -> dict[str, Any]:
+    """A job's outcome as ``--json`` prints it: id, state, exit code of the job and of the
+    command, error (type and message) and, for a function job that succeeded, its result."""
+    data: dict[str, Any] = {"id": job.id, "state": job.state.value, "exit_code": job.exit_code,
+                            "code": exit_code_for(job),
+                            "error": None if job.error is None else
+                            {"type": job.error.type, "message": job.error.message}}
+    if job.spec.kind == "function" and job.state.value == "succeeded":
+        data["result"] = job.result
+    return data
+
+
+# --------------------------------------------------------------------------- help
+
+
+def _metavar(param: Any) -> str:
+    name = (param.name or "value").upper()
+    return {"JOB_ID": "JOB", "WORKER_ID": "WORKER", "TOKEN_ID": "TOKEN"}.get(name, name)
+
+
+def _no_type(ctx: Any = None) -> None:
+    return None
+
+
+def _usage_name(p: Any) -> Any:
+    def name() -> str:
+        text = str(p.metavar) if p.required else f"[{p.metavar}]"
+        return text + ("..." if p.nargs != 1 else "")
+
+    return name
+
+
+def prepare(command: Any) -> Any:
+    """Apply the help conventions to ``command`` and everything under it (idempotent):
+    plain help (Typer's rich panels show ``<bool>`` on flags and cost an import of rich),
+    and a metavar on every option that takes a value and every argument."""
+    # duck-typed: Typer ships its own copy of click, whose classes are not click's
+    seen: set[int] = set()
+
+    def walk(cmd: Any) -> None:
+        if id(cmd) in seen:
+            return
+        seen.add(id(cmd))
+        if hasattr(cmd, "rich_markup_mode"):
+            cmd.rich_markup_mode = None
+        for p in cmd.params:
+            if p.param_type_name == "option" and (getattr(p, "is_flag", False) or getattr(p, "count", False)):
+                continue
+            if p.metavar is None:
+                p.metavar = _metavar(p)
+            if p.param_type_name == "argument" and hasattr(p, "display_type_rich"):
+                # Typer writes an argument as `{job_id} <str>`; we write `JOB` (`[JOB]` if optional)
+                p.display_type_rich = _no_type
+                p._usage_display_name = _usage_name(p)
+        for sub in getattr(cmd, "commands", {}).values():
+            walk(sub)
+
+    walk(command)
+    return command

@@ -1,0 +1,119 @@
+"""The CLI's job commands as a user runs them (docs/cli.md): ``jobs wait`` and its exit codes,
+``jobs cancel`` of several jobs, ``logs --follow`` exiting with the outcome, ``--json`` on
+``submit`` and ``worker start``, a cancelled job said once, requirements as flags."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import cli
+
+
+@pytest.fixture
+def worker(home: Path) -> Iterator[dict[str, Any]]:
+    """``gpulayer worker start --json``: its first line on stdout is its ready record."""
+    proc = subprocess.Popen([sys.executable, "-m", "gpulayer.cli", "worker", "start", "--cpu-slots", "3", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=dict(os.environ))
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # bounded: the worker exits (EOF) if it cannot start
+        assert line, "the worker printed no ready line"
+        record = json.loads(line)
+        yield record
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def detach(*command: str, flags: tuple[str, ...] = ()) -> str:
+    proc = cli("submit", "--detach", *flags, "--", *command, check=True)
+    return proc.stdout.strip()
+
+
+def test_worker_start_json_prints_its_ready_record(worker: dict[str, Any]) -> None:
+    assert worker["id"].startswith("wkr-")
+    assert worker["cpu_slots"] == 3 and worker["devices"] == [] and worker["target"] == "local"
+    listed = json.loads(cli("worker", "list", "--json", check=True).stdout)
+    assert worker["id"] in [w["id"] for w in listed]
+
+
+@pytest.mark.usefixtures("worker")
+def test_wait_cancel_and_result_exit_codes() -> None:
+    ok = detach("true")
+    bad = detach("sh", "-c", "exit 3")
+    slow = detach("sleep", "60")
+    slow2 = detach("sleep", "60")
+
+    assert cli("jobs", "wait", ok, timeout=60).returncode == 0
+    done = cli("jobs", "wait", ok, bad, timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == f"job {ok} succeeded\n"
+    assert done.stderr == f"job {bad} failed: exit code 3\n"
+
+    # still running after the timeout is 75, not a failure; the job goes on
+    running = cli("jobs", "wait", slow, "--timeout", "0.5", "--json", timeout=60)
+    assert running.returncode == 75, running.stderr
+    [record] = json.loads(running.stdout)
+    assert record["id"] == slow and record["state"] in ("queued", "assigned", "running") and record["code"] == 75
+    assert cli("jobs", "result", slow, "--no-wait", timeout=60).returncode == 75
+
+    # several jobs cancelled at once, one id that names nothing reported and the rest done
+    cancelled = cli("jobs", "cancel", slow, "job-000000000000", slow2, "--json", timeout=60)
+    assert cancelled.returncode == 2
+    records = json.loads(cancelled.stdout)
+    assert [r["id"] for r in records] == [slow, "job-000000000000", slow2]
+    assert records[1]["error"] and records[0]["error"] is None and records[2]["error"] is None
+    assert "job-000000000000" in cancelled.stderr
+
+    waited = cli("jobs", "wait", slow, slow2, "--timeout", "60", timeout=90)
+    assert waited.returncode == 130, waited.stderr
+    assert waited.stderr == f"job {slow} cancelled\njob {slow2} cancelled\n"
+    result = cli("jobs", "result", slow, timeout=60)
+    assert result.returncode == 130
+    assert result.stderr == f"job {slow} cancelled\n"  # said once, not "cancelled: cancelled"
+
+
+@pytest.mark.usefixtures("worker")
+def test_logs_follow_exits_with_the_jobs_outcome() -> None:
+    job = detach("sh", "-c", "echo hello; sleep 0.5; exit 7")
+    proc = cli("jobs", "logs", job, "--follow", timeout=60)
+    assert proc.returncode == 7, proc.stderr
+    assert proc.stdout == "hello\n"
+    assert proc.stderr == f"gpulayer: job {job} failed: exit code 7\n"
+    good = detach("echo", "fine")
+    assert cli("jobs", "logs", good, "-f", timeout=60).returncode == 0
+
+
+@pytest.mark.usefixtures("worker")
+def test_attached_submit_json_prints_the_outcome_and_sends_output_to_stderr() -> None:
+    proc = cli("submit", "--json", "--", "sh", "-c", "echo out; echo err >&2; exit 4", timeout=60)
+    assert proc.returncode == 4
+    record = json.loads(proc.stdout)
+    assert record["state"] == "failed" and record["exit_code"] == 4 and record["code"] == 4
+    assert record["id"].startswith("job-")
+    assert "out\n" in proc.stderr and "err\n" in proc.stderr
+
+
+def test_show_writes_requirements_as_submit_flags(home: Path) -> None:
+    proc = cli("submit", "--detach", "--on-unschedulable", "wait", "--framework", "torch>=2.2", "--cpus", "1",
+               "--memory", "0.5", "--label", "zone=a", "--", "true", timeout=60)
+    job = proc.stdout.strip()
+    try:
+        show = cli("jobs", "show", job, check=True).stdout
+        needs = next(line for line in show.splitlines() if line.startswith("needs"))
+        assert needs == "needs     --framework 'torch>=2.2' --cpus 1 --memory 0.5 --label zone=a"
+    finally:
+        cli("jobs", "cancel", job)

@@ -1,0 +1,138 @@
+"""The conventions every ``gpulayer`` command follows (gpulayer/cli/conventions.py,
+docs/cli.md "Conventions"), checked by walking the whole command tree, so that a command
+added later is held to them too."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from gpulayer.cli import app, conventions
+from gpulayer.records import JobError, JobRecord, JobState
+from tests.factories import make_job
+
+#: commands that print no result of their own, so take no ``--json``, and why
+NO_JSON = {
+    "jobs logs": "prints the job's own output as written; jobs wait --json gives its outcome",
+}
+
+
+def _tree() -> Any:
+    return conventions.prepare(typer.main.get_command(app))
+
+
+def commands() -> Iterator[tuple[str, Any]]:
+    def walk(prefix: str, cmd: Any) -> Iterator[tuple[str, Any]]:
+        yield prefix, cmd
+        for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+            yield from walk(f"{prefix} {name}".strip(), sub)
+
+    yield from walk("", _tree())
+
+
+ALL = [path for path, _ in commands()]
+LEAVES = [path for path, cmd in commands() if not getattr(cmd, "commands", None)]
+
+
+def run(*args: str) -> Any:
+    return CliRunner().invoke(app, list(args))
+
+
+def test_the_walk_finds_the_commands() -> None:
+    assert {"submit", "jobs wait", "jobs cancel", "worker start", "resources detect"} <= set(LEAVES)
+
+
+@pytest.mark.parametrize("path", ALL)
+def test_help_has_no_type_placeholders_and_h_is_help(path: str) -> None:
+    words = path.split()
+    long = run(*words, "--help")
+    short = run(*words, "-h")
+    assert long.exit_code == 0, long.output
+    assert short.output == long.output
+    assert long.output.startswith(f"Usage: gpulayer {path}".rstrip() + " ")
+    # Typer's rich panels wrote `--help <bool>`, `--gpus <int>`, `{job_id}`: none of that
+    assert not re.search(r"<(bool|str|int|float|list|path|\w+ range)[^>]*>", long.output), long.output
+    assert not re.search(r"\{\w+\}", long.output.splitlines()[0]), long.output
+    assert "╭" not in long.output
+
+
+@pytest.mark.parametrize("path", LEAVES)
+def test_every_option_that_takes_a_value_shows_a_metavar(path: str) -> None:
+    cmd = dict(commands())[path]
+    for p in cmd.params:
+        if p.param_type_name == "option" and not (p.is_flag or p.count):
+            assert (p.metavar and p.metavar == p.metavar.upper()) or "|" in p.metavar, (path, p.opts, p.metavar)
+
+
+@pytest.mark.parametrize("path", LEAVES)
+def test_every_command_that_prints_a_result_takes_json(path: str) -> None:
+    cmd = dict(commands())[path]
+    opts = {o for p in cmd.params for o in p.opts}
+    if path in NO_JSON:
+        assert "--json" not in opts, f"{path} takes --json now: drop it from NO_JSON"
+        return
+    assert "--json" in opts, f"gpulayer {path} has no --json (or add it to NO_JSON with the reason)"
+    option = next(p for p in cmd.params if "--json" in p.opts)
+    assert option.is_flag and option.default is False
+
+
+def test_version() -> None:
+    from gpulayer import __version__
+
+    for args in (["--version"], ["--version", "jobs", "list"]):
+        result = run(*args)
+        assert result.exit_code == 0
+        assert result.output == f"gpulayer {__version__}\n"
+
+
+def test_bad_input_names_the_flag_and_exits_2(tmp_path: Any) -> None:
+    from tests.support import cli
+
+    proc = cli("jobs", "wait", "--timeout", "inf", "job-x", env={"GPULAYER_HOME": str(tmp_path)}, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr == ("error: --timeout inf: not a number of seconds; accepted: a number >= 0 "
+                           "(leave it out to wait as long as it takes)\n")
+
+
+# --------------------------------------------------------------------------- outcomes
+
+
+def _job(state: JobState, error: JobError | None = None, exit_code: int | None = None) -> JobRecord:
+    return JobRecord(id="job-1", spec=make_job(), state=state, error=error, exit_code=exit_code,
+                     attempt=1, created_at=0.0, updated_at=0.0)
+
+
+@pytest.mark.parametrize(("state", "error", "exit_code", "text", "code"), [
+    (JobState.CANCELLED, JobError.cancelled(), -15, "job job-1 cancelled", 130),
+    (JobState.CANCELLED, JobError(type="cancelled", message="cancelled: cancelled"), None, "job job-1 cancelled", 130),
+    (JobState.CANCELLED, JobError.cancelled("cancelled: the process that submitted it received SIGTERM"), None,
+     "job job-1 cancelled: the process that submitted it received SIGTERM", 130),
+    (JobState.FAILED, JobError(type="failed", message="exit code 3"), 3, "job job-1 failed: exit code 3", 3),
+    (JobState.FAILED, JobError.lost("worker wkr-1 went silent"), None, "job job-1 failed: lost: worker wkr-1 went silent",
+     126),
+    (JobState.TIMED_OUT, JobError(type="timed_out", message="timed out after 1 s"), None,
+     "job job-1 timed_out: timed out after 1 s", 124),
+    (JobState.SUCCEEDED, None, 0, "job job-1 succeeded", 0),
+    (JobState.RUNNING, None, None, "job job-1 running", 75),
+])
+def test_outcome_says_the_state_once(state: JobState, error: JobError | None, exit_code: int | None,
+                                     text: str, code: int) -> None:
+    job = _job(state, error, exit_code)
+    assert conventions.outcome_text(job) == text
+    assert conventions.exit_code_for(job) == code
+    record = conventions.outcome_record(job)
+    assert record["code"] == code and record["state"] == state.value
+
+
+def test_the_exit_code_table_is_documented() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    for code, meaning in conventions.EXIT_CODES:
+        assert re.search(rf"^\| {re.escape(code)} \|", doc, flags=re.M), f"docs/cli.md has no row for exit code {code}"
+        assert meaning
