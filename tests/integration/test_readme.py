@@ -1,23 +1,21 @@
-"""README.md's Python snippet, pasted into a file and run exactly as written."""
+"""README.md's Python snippet, pasted into a file and run exactly as written, and what it
+prints (tests/integration/test_doc_snippets.py runs every other snippet; README.md marks
+this one ``<!-- run: by=tests/integration/test_readme.py -->``)."""
 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def python_blocks(text: str) -> list[str]:
-    return re.findall(r"^```python\n(.*?)^```", text, re.M | re.S)
+from tests.docsnippets import ROOT, snippets
 
 
 def test_the_readme_python_snippet_runs_as_pasted(home: Path, tmp_path: Path) -> None:
-    [snippet] = python_blocks(README.read_text())
-    (tmp_path / "main.py").write_text(snippet)
+    [snippet] = [s for s in snippets([ROOT / "README.md"]) if s.lang == "python"]
+    assert snippet.options.get("by") == "tests/integration/test_readme.py"
+    (tmp_path / "main.py").write_text(snippet.body)
     env = {**os.environ, "GPULAYER_HOME": str(home)}
     proc = subprocess.run([sys.executable, "main.py"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=180)
