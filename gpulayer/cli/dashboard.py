@@ -8,8 +8,6 @@ dashboard at its own ``/``, behind its tokens.
 
 from __future__ import annotations
 
-import logging
-import socket
 from typing import Any
 
 import typer
@@ -39,6 +37,9 @@ def dashboard(
 
     It shows the jobs and workers of $GPULAYER_HOME; log in with the token it prints. A
     server (gpulayer server start) serves its own dashboard at its URL."""
+    import logging
+    import socket
+
     import uvicorn
 
     from gpulayer.control import ControlPlane

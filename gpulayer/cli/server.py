@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
-import logging
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -96,6 +95,8 @@ def server_start(
                                 "of JSON on stdout"),
 ) -> None:
     """Serve the control plane over HTTP(S). Every API route needs a token."""
+    import logging
+
     import uvicorn
 
     from gpulayer.control import ControlPlane

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 from typing import Any, Optional
 
@@ -32,6 +31,8 @@ def worker_start(
     as_json: bool = json_option("once registered, print the worker's record as one line of JSON on stdout"),
 ) -> None:
     """Start a worker: embedded (this machine's $GPULAYER_HOME) or, with --url, for a server."""
+    import logging
+
     from gpulayer import config
     from gpulayer.resources import detect_capabilities
     from gpulayer.worker.agent import Agent
