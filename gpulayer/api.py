@@ -49,6 +49,7 @@ __all__ = [
     "Route",
     "TaskAssignment",
     "TokenInfo",
+    "WorkPoll",
     "WorkerAPI",
     "WorkerUsage",
     "route_for",
@@ -97,6 +98,15 @@ class HeartbeatReply(Wire):
     #: False when the control plane has no such worker: register again
     known: bool = True
     #: task ids the worker must end now
+    cancel: list[str] = Field(default_factory=list)
+
+
+class WorkPoll(Wire):
+    """What a worker's long poll answers: tasks to start, and running tasks to end."""
+
+    #: tasks assigned to the worker and not started yet
+    tasks: list[TaskAssignment] = Field(default_factory=list)
+    #: of the task ids the worker said it runs, those it must end now (as a heartbeat's reply)
     cancel: list[str] = Field(default_factory=list)
 
 
@@ -295,6 +305,11 @@ class WorkerAPI(Protocol):
         """Tasks assigned to the worker and not started; waits up to ``wait`` seconds for one."""
         ...
 
+    def poll_work(self, worker_id: str, *, running: Sequence[str] = (), wait: float = 0.0) -> WorkPoll:
+        """Tasks to start, and which of ``running`` to end (a cancel); waits up to ``wait``
+        seconds for either, so a worker hears of a cancel at once, not at its next heartbeat."""
+        ...
+
     def start_task(self, task_id: str, *, worker_id: str) -> None:
         """The worker started the task. Idempotent for the worker that owns it."""
         ...
@@ -453,6 +468,9 @@ ROUTES: tuple[Route, ...] = (
     Route("poll_tasks", "GET", "/v1/workers/{worker_id}/tasks", WORKERS,
           f"Assigned tasks not started yet; waits at most {MAX_LONG_POLL:g} s for one (long poll)",
           response=list[TaskAssignment], query=PollQuery, own_worker=True, long_poll="wait"),
+    Route("poll_work", "POST", "/v1/workers/{worker_id}/work", WORKERS,
+          f"Tasks to start and running tasks to end; waits at most {MAX_LONG_POLL:g} s for either (long poll)",
+          response=WorkPoll, query=PollQuery, body=HeartbeatBody, own_worker=True, long_poll="wait"),
     Route("drain_worker", "POST", "/v1/workers/{worker_id}/drain", ("worker", "admin"), "Take no new work",
           status=204, own_worker=True, errors=(404,)),
     Route("deregister_worker", "DELETE", "/v1/workers/{worker_id}", ("worker", "admin"),

@@ -37,6 +37,9 @@ class ControlObserver:
     def on_assigned(self, worker_ids: frozenset[str]) -> None:
         """A placement pass handed tasks to these workers."""
 
+    def on_cancel(self, worker_ids: frozenset[str]) -> None:
+        """These workers run tasks they must end now (a cancel): wake their long polls."""
+
 
 @dataclass
 class Core:
@@ -47,6 +50,9 @@ class Core:
     reserve_after: float = 60.0
     clock: Callable[[], float] = time.time
     _wakeup: threading.Condition = field(default_factory=threading.Condition)
+    #: counts the changes :meth:`_changed` announced: a waiter that read it before looking
+    #: at the database cannot miss a change made between its look and its wait
+    _generation: int = 0
     _observers: list[ControlObserver] = field(default_factory=list)
     _last_expiry: float = 0.0
     #: worker id -> (when, task ids it said it runs), from heartbeats this process received;
@@ -140,9 +146,25 @@ class Core:
 
     def _changed(self) -> None:
         with self._wakeup:
+            self._generation += 1
             self._wakeup.notify_all()
         for o in self._observers:
             o.on_change()
+
+    def _wait_change(self, generation: int, timeout: float) -> None:
+        """Sleep until a change after ``generation`` (read before the caller's last look at
+        the database) or ``timeout`` seconds: waiters in this process wake at once, and the
+        timeout bounds how late a change made by another process is noticed."""
+        with self._wakeup:
+            self._wakeup.wait_for(lambda: self._generation != generation, timeout)
+
+    def _cancelled_on(self, worker_ids: frozenset[str]) -> None:
+        """Tell the long polls of these workers that they have tasks to end."""
+        if not worker_ids:
+            return
+        self._changed()
+        for o in self._observers:
+            o.on_cancel(worker_ids)
 
     def counts(self) -> dict[str, Any]:
         """Figures for metrics: jobs by state, workers online, queue depth."""

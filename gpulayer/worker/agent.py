@@ -8,8 +8,9 @@ first (``WorkerAPI.join_worker``, see ``gpulayer worker start``) and is handed t
 already registered.
 
 Each task runs in its own thread as its own process tree (:mod:`gpulayer.worker.process`).
-A heartbeat thread keeps the worker alive and learns which tasks to end (a cancelled job,
-a group whose other node failed). Stopping (SIGINT/SIGTERM, or :meth:`Agent.stop`) stops
+One long poll (``WorkerAPI.poll_work``) both takes new tasks and hears at once which running
+ones to end (a cancelled job); a heartbeat thread keeps the worker alive and learns the same
+as a safety net (a group whose other node failed, a poll that was not answered). Stopping (SIGINT/SIGTERM, or :meth:`Agent.stop`) stops
 taking work, lets running tasks finish for a grace period, then ends and reports them.
 """
 
@@ -35,6 +36,7 @@ from gpulayer.api import LogStream, TaskAssignment, WorkerAPI
 from gpulayer.errors import Conflict, ConnectionFailed, GpulayerError, InvalidInput, NotFound
 from gpulayer.hookrecords import Capabilities
 from gpulayer.records import JobError, TaskState, WorkerRecord
+from gpulayer.worker.process import Cancel
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -171,7 +173,7 @@ class Agent:
         self.worker_id: str | None = registered.id if registered is not None else None
         self._stopping = threading.Event()
         self._stopped = threading.Event()
-        self._running: dict[str, threading.Event] = {}
+        self._running: dict[str, Cancel] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
         self._shutdown_ended: set[str] = set()
@@ -274,11 +276,15 @@ class Agent:
                 except Exception as exc:
                     log.warning("re-register failed: %s", exc)
                 continue
-            with self._lock:
-                for task_id in reply.cancel:
-                    event = self._running.get(task_id)
-                    if event is not None:
-                        event.set()
+            self._end(reply.cancel)
+
+    def _end(self, task_ids: list[str]) -> None:
+        """End these running tasks (a cancel, a superseded attempt): their trees die now."""
+        with self._lock:
+            events = [self._running.get(t) for t in task_ids]
+        for event in events:
+            if event is not None:
+                event.set()
 
     def _poll_loop(self) -> None:
         backoff = 0.5
@@ -286,7 +292,9 @@ class Agent:
             if self.worker_id is None:  # pragma: no cover - start() registers first
                 return
             try:
-                assignments = self.api.poll_tasks(self.worker_id, wait=self.poll_wait)
+                # the tasks running here go with the poll, so a cancel of one of them answers
+                # it at once (not at the next heartbeat)
+                work = self.api.poll_work(self.worker_id, running=self.running_tasks, wait=self.poll_wait)
                 backoff = 0.5
             except ConnectionFailed as exc:
                 log.warning("poll failed (%s); retrying in %.1f s", exc, backoff)
@@ -297,11 +305,12 @@ class Agent:
                 log.warning("poll failed (%s: %s)", type(exc).__name__, exc)
                 self._stopping.wait(1.0)
                 continue
-            for a in assignments:
+            self._end(work.cancel)
+            for a in work.tasks:
                 with self._lock:
                     if a.task_id in self._running or self._stopping.is_set():
                         continue
-                    self._running[a.task_id] = threading.Event()
+                    self._running[a.task_id] = Cancel()
                     thread = threading.Thread(target=self._run_task, args=(a,), name=f"gpulayer-{a.task_id}",
                                               daemon=True)
                     self._threads[a.task_id] = thread
