@@ -174,6 +174,8 @@ class Agent:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._running: dict[str, Cancel] = {}
+        #: running tasks already told to end (they are ending)
+        self._ending: set[str] = set()
         self._threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
         self._shutdown_ended: set[str] = set()
@@ -282,6 +284,7 @@ class Agent:
         """End these running tasks (a cancel, a superseded attempt): their trees die now."""
         with self._lock:
             events = [self._running.get(t) for t in task_ids]
+            self._ending.update(t for t in task_ids if t in self._running)
         for event in events:
             if event is not None:
                 event.set()
@@ -294,7 +297,9 @@ class Agent:
             try:
                 # the tasks running here go with the poll, so a cancel of one of them answers
                 # it at once (not at the next heartbeat)
-                work = self.api.poll_work(self.worker_id, running=self.running_tasks, wait=self.poll_wait)
+                with self._lock:  # not those already told to end: the answer would repeat at once
+                    running = [t for t in self._running if t not in self._ending]
+                work = self.api.poll_work(self.worker_id, running=running, wait=self.poll_wait)
                 backoff = 0.5
             except ConnectionFailed as exc:
                 log.warning("poll failed (%s); retrying in %.1f s", exc, backoff)
@@ -337,6 +342,7 @@ class Agent:
         finally:
             with self._lock:
                 self._running.pop(a.task_id, None)
+                self._ending.discard(a.task_id)
                 self._threads.pop(a.task_id, None)
                 self._last_busy = time.monotonic()
 

@@ -261,17 +261,28 @@ def terminate_tree(
         pgid = _own_group(pid)
     elif pgid == os.getpgrp():
         pgid = None  # never signal our own group
-    procs = _collect(pid, marker)
+    # the descendants first (before any signal: a child whose parent dies is re-parented
+    # and no longer found as a descendant), the slower scan for markers after the first
+    # signals, so a tree that stayed in its group starts ending at once
+    procs = _collect(pid, None)
     for proc in extra:
         procs.setdefault(proc.pid, proc)
     procs.pop(os.getpid(), None)
 
     _signal_group(pgid, signal.SIGTERM)
+    signalled: set[int] = set()
     for proc in procs.values():
         # one SIGTERM per process: a second one can land while its handler is already
         # shutting the interpreter down (default disposition again) and kill it mid-cleanup
         if pgid is None or _group_of(proc) != pgid:
             _signal(proc, signal.SIGTERM)
+        signalled.add(proc.pid)
+    if marker:  # those that left the group and whose parent already exited
+        for proc in _marked(marker):
+            if proc.pid not in signalled and proc.pid != os.getpid():
+                procs[proc.pid] = proc
+                if pgid is None or _group_of(proc) != pgid:
+                    _signal(proc, signal.SIGTERM)
 
     deadline = time.monotonic() + max(grace, 0.0)
     pause = 0.001  # most trees end within a millisecond or two of SIGTERM: look soon
