@@ -200,6 +200,11 @@ class JoinBody(Wire):
     pid: int | None = Field(default=None, ge=0, le=2**31)
 
 
+class StartQuery(Wire):
+    how: str = Field(default="", max_length=500,
+                     description="how the task's process was started: the task_started event's message")
+
+
 class HeartbeatBody(Wire):
     running: list[str] = Field(default_factory=list, max_length=100_000)
 
@@ -310,8 +315,10 @@ class WorkerAPI(Protocol):
         seconds for either, so a worker hears of a cancel at once, not at its next heartbeat."""
         ...
 
-    def start_task(self, task_id: str, *, worker_id: str) -> None:
-        """The worker started the task. Idempotent for the worker that owns it."""
+    def start_task(self, task_id: str, *, worker_id: str, how: str = "") -> None:
+        """The worker started the task. Idempotent for the worker that owns it. ``how`` says
+        how its process was started (``started by fork server``, ``spawned: ...``); it is the
+        message of the task's ``task_started`` event."""
         ...
 
     def append_logs(self, task_id: str, *, worker_id: str,
@@ -478,7 +485,7 @@ ROUTES: tuple[Route, ...] = (
           errors=(404,)),
     # ---------------------------------------------------------------- tasks
     Route("start_task", "POST", "/v1/tasks/{task_id}/start", WORKERS, "The worker started the task",
-          status=204, context={"worker_id": "worker"}, errors=(404, 409)),
+          status=204, query=StartQuery, context={"worker_id": "worker"}, errors=(404, 409)),
     Route("append_logs", "POST", "/v1/tasks/{task_id}/logs", WORKERS, "Append log chunks",
           status=204, body=LogsBody, context={"worker_id": "worker"}, safe=False, errors=(404, 409)),
     Route("finish_task", "POST", "/v1/tasks/{task_id}/finish", WORKERS,

@@ -53,6 +53,8 @@ class Core:
     #: counts the changes :meth:`_changed` announced: a waiter that read it before looking
     #: at the database cannot miss a change made between its look and its wait
     _generation: int = 0
+    #: the same, for changes a worker's poll cares about: tasks assigned, tasks to end
+    _work_generation: int = 0
     _observers: list[ControlObserver] = field(default_factory=list)
     _last_expiry: float = 0.0
     #: worker id -> (when, task ids it said it runs), from heartbeats this process received;
@@ -87,6 +89,8 @@ class Core:
             return
         seconds = time.perf_counter() - started
         workers = frozenset(n.worker_id for a in result.assignments for n in a.nodes)
+        if workers:
+            self._work_changed()
         for o in self._observers:
             o.on_placement(seconds)
             if workers:
@@ -125,6 +129,8 @@ class Core:
         views = [lifecycle.TaskView(id=t.id, state=TaskState(t.state), error=mapping.error_of(t.error))
                  for t in tasks]
         out = lifecycle.settle(_view(job), views, reported=reported)
+        if out.cancel:  # the other nodes of a group end: their workers' polls hear it
+            self._work_changed()
         for task_id in out.cancel:
             queries.transition_task(s, task_id, TaskState.CANCELLED, ended_at=now,
                                     error=JobError.cancelled(lifecycle.OTHER_NODE_ENDED))
@@ -151,18 +157,27 @@ class Core:
         for o in self._observers:
             o.on_change()
 
-    def _wait_change(self, generation: int, timeout: float) -> None:
+    def _work_changed(self) -> None:
+        with self._wakeup:
+            self._work_generation += 1
+            self._wakeup.notify_all()
+
+    def _wait_change(self, generation: int, timeout: float, *, work: bool = False) -> None:
         """Sleep until a change after ``generation`` (read before the caller's last look at
         the database) or ``timeout`` seconds: waiters in this process wake at once, and the
-        timeout bounds how late a change made by another process is noticed."""
+        timeout bounds how late a change made by another process is noticed. ``work``: only
+        a change of :attr:`_work_generation` counts (what workers' polls wait for)."""
         with self._wakeup:
-            self._wakeup.wait_for(lambda: self._generation != generation, timeout)
+            if work:
+                self._wakeup.wait_for(lambda: self._work_generation != generation, timeout)
+            else:
+                self._wakeup.wait_for(lambda: self._generation != generation, timeout)
 
     def _cancelled_on(self, worker_ids: frozenset[str]) -> None:
         """Tell the long polls of these workers that they have tasks to end."""
         if not worker_ids:
             return
-        self._changed()
+        self._work_changed()
         for o in self._observers:
             o.on_cancel(worker_ids)
 

@@ -280,7 +280,7 @@ class WorkerOps(Core):
         wakes it at once; a change made by another process is seen within 0.2 s."""
         deadline = time.monotonic() + wait
         while True:
-            generation = self._generation
+            generation = self._work_generation
             with self.store.read() as s:
                 out = []
                 for t in queries.assigned_tasks_of_worker(s, worker_id):
@@ -296,9 +296,9 @@ class WorkerOps(Core):
             remaining = deadline - time.monotonic()
             if out or cancel or remaining <= 0:
                 return WorkPoll(tasks=out, cancel=cancel)
-            self._wait_change(generation, min(remaining, 0.2))
+            self._wait_change(generation, min(remaining, 0.2), work=True)
 
-    def start_task(self, task_id: str, *, worker_id: str) -> None:
+    def start_task(self, task_id: str, *, worker_id: str, how: str = "") -> None:
         """Idempotent: starting a task its worker already started is success (the first
         answer may have been lost), so a worker can retry this through an outage."""
         now = self.clock()
@@ -309,7 +309,7 @@ class WorkerOps(Core):
                     return
                 raise Conflict(f"task {task_id} is {task.state}; it cannot start")
             self._settle(s, queries.job(s, task.job_id), now)
-            self._event(s, "task_started", job_id=task.job_id, task_id=task_id, worker_id=worker_id)
+            self._event(s, "task_started", job_id=task.job_id, task_id=task_id, worker_id=worker_id, message=how)
 
     def append_logs(self, task_id: str, *, worker_id: str, chunks: Sequence[tuple[LogStream, str]]) -> None:
         now = self.clock()

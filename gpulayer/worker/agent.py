@@ -36,7 +36,8 @@ from gpulayer.api import LogStream, TaskAssignment, WorkerAPI
 from gpulayer.errors import Conflict, ConnectionFailed, GpulayerError, InvalidInput, NotFound
 from gpulayer.hookrecords import Capabilities
 from gpulayer.records import JobError, TaskState, WorkerRecord
-from gpulayer.worker.process import Cancel
+from gpulayer.worker.forking import ForkServer, ForkServers
+from gpulayer.worker.process import Cancel, Started, Starter
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -182,6 +183,9 @@ class Agent:
         self._last_busy = time.monotonic()
         self._bundle_cache = config.home() / "bundles"
         self._started = False
+        #: warm interpreters that fork FunctionJob tasks (:mod:`gpulayer.worker.forking`),
+        #: started on first use with the environment every task inherits
+        self.forks = ForkServers(self.python, {k: v for k, v in os.environ.items() if k not in WORKER_SECRETS})
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -244,6 +248,7 @@ class Agent:
         for thread in list(self._threads.values()):
             thread.join(self.kill_grace + 5)
         self._stopped.set()
+        self.forks.close()
         if self.worker_id is not None:
             try:
                 self.api.deregister_worker(self.worker_id)
@@ -328,12 +333,17 @@ class Agent:
         worker_id = self._own_id()
         cancel = self._running[a.task_id]
         try:
+            fork: ForkServer | None = None
+            how = "spawned"
+            if a.spec.kind == "function":
+                # what the task's interpreter would start with: the worker's, with the job's
+                fork, how = self.forks.choose(a.spec.python, {**self.forks.env, **a.spec.env})
             try:
-                self._start_task(a.task_id, worker_id)
+                self._start_task(a.task_id, worker_id, how)
             except (Conflict, NotFound) as exc:
                 log.info("not starting %s: %s", a.task_id, exc)
                 return
-            outcome = self._execute(a, cancel)
+            outcome = self._execute(a, cancel, fork)
             self._report(a.task_id, outcome)
         except Exception as exc:  # a bug or an environment problem: the task must still end
             log.exception("task %s crashed in the worker", a.task_id)
@@ -356,13 +366,13 @@ class Agent:
     start_for = 120.0
     report_for = 600.0
 
-    def _start_task(self, task_id: str, worker_id: str) -> None:
+    def _start_task(self, task_id: str, worker_id: str, how: str) -> None:
         """Starting matters (a task that cannot start is lost, then retried), so keep trying
         through an outage; the control plane treats a repeated start as success."""
         deadline = time.monotonic() + self.start_for
         while True:
             try:
-                self.api.start_task(task_id, worker_id=worker_id)
+                self.api.start_task(task_id, worker_id=worker_id, how=how)
                 return
             except ConnectionFailed:
                 if time.monotonic() > deadline:
@@ -431,18 +441,19 @@ class Agent:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir), env.get("PYTHONPATH", "")) if p)
         return env
 
-    def _execute(self, a: TaskAssignment, cancel: threading.Event) -> TaskOutcome:
+    def _execute(self, a: TaskAssignment, cancel: threading.Event, fork: ForkServer | None = None) -> TaskOutcome:
         worker_id = self._own_id()
         logbuf = _LogBuffer(lambda chunks: self.api.append_logs(a.task_id, worker_id=worker_id, chunks=chunks))
         scratch = config.home() / "tasks" / a.task_id
         try:
             with tempfile.TemporaryDirectory(prefix="gpulayer-task-") as private:
-                return self._run(a, cancel, logbuf, Path(private))
+                return self._run(a, cancel, logbuf, Path(private), fork)
         finally:
             logbuf.close()
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def _run(self, a: TaskAssignment, cancel: threading.Event, logbuf: _LogBuffer, private: Path) -> TaskOutcome:
+    def _run(self, a: TaskAssignment, cancel: threading.Event, logbuf: _LogBuffer, private: Path,
+             fork: ForkServer | None) -> TaskOutcome:
         """Prepare the task's directory, environment and command; run it; read its outcome."""
         from gpulayer.worker.process import run_process
 
@@ -454,6 +465,7 @@ class Agent:
         env = self.task_env(a, workdir)
         spec = a.spec
         result_path: Path | None = None
+        start: Starter | None = None
         if spec.kind == "command":
             argv = list(spec.command)
             if argv and argv[0] == "python":  # "python" is the worker's job Python, not PATH's
@@ -464,6 +476,11 @@ class Agent:
             spec_path.write_text(json.dumps({"function": spec.function, "args": spec.args,
                                              "kwargs": spec.kwargs}))
             argv = [spec.python or self.python, RUNNER_PATH, str(spec_path), str(result_path)]
+            if fork is not None:
+                server, cwd, paths = fork, str(workdir), (str(spec_path), str(result_path))
+
+                def start(full_env: dict[str, str]) -> tuple[Started, int, int]:
+                    return server.start(cwd=cwd, env=full_env, spec=paths[0], result=paths[1])
         elif spec.kind == "distributed":
             launchers = plugins.launchers()
             launcher = launchers.get(spec.launcher)
@@ -478,7 +495,7 @@ class Agent:
         else:  # pragma: no cover - the spec union is closed
             raise AssertionError(spec.kind)
         outcome = run_process(argv, env=env, cwd=str(workdir), on_output=logbuf.write,
-                              timeout=spec.timeout, cancel=cancel, grace=self.kill_grace)
+                              timeout=spec.timeout, cancel=cancel, grace=self.kill_grace, start=start)
         state = TaskState(outcome.state)
         if state is TaskState.CANCELLED and a.task_id in self._shutdown_ended:
             # ended because this worker is stopping, not because anyone cancelled the job:

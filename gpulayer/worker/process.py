@@ -38,11 +38,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
-__all__ = ["TREE_ID_ENV", "Cancel", "ProcessOutcome", "reap_orphans", "run_process", "terminate_tree"]
+from gpulayer.worker.wakeups import Cancel, ExitWaiter
+
+__all__ = ["TREE_ID_ENV", "Cancel", "ProcessOutcome", "StartFailed", "Started", "Starter", "reap_orphans", "run_process",
+           "terminate_tree"]
 
 log = logging.getLogger(__name__)
 
@@ -384,103 +387,30 @@ class _Reader(threading.Thread):
                 log.exception("on_output raised; the rest of the output is still read")
 
 
-# --------------------------------------------------------------------------- waiting
-
-
-class Cancel(threading.Event):
-    """A cancel flag that also wakes a waiting :func:`run_process` at once.
-
-    A plain :class:`threading.Event` works too, but is only looked at every few
-    milliseconds; this one interrupts the wait, so a cancel ends the tree without delay."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._hooks: list[Callable[[], None]] = []
-        self._hooks_lock = threading.Lock()
-
-    def set(self) -> None:
-        super().set()
-        with self._hooks_lock:
-            hooks = list(self._hooks)
-        for hook in hooks:
-            hook()
-
-    def on_set(self, hook: Callable[[], None]) -> Callable[[], None]:
-        """Call ``hook`` (from the setting thread) when set; returns what unregisters it."""
-        with self._hooks_lock:
-            self._hooks.append(hook)
-
-        def remove() -> None:
-            with self._hooks_lock, contextlib.suppress(ValueError):
-                self._hooks.remove(hook)
-
-        return remove
-
-
-class _ExitWaiter:
-    """Sleeps until a process exits, a :class:`Cancel` is set, or a timeout passes.
-
-    Linux: a pidfd (readable once the process exited) and a wake-up pipe in one select, so
-    an exit or a cancel is noticed in microseconds rather than at the next poll. Elsewhere
-    (or with a plain Event) it falls back to short sleeps that grow to 50 ms."""
-
-    def __init__(self, pid: int, cancel: threading.Event | None) -> None:
-        self._sel: selectors.BaseSelector | None = None
-        self._fds: list[int] = []
-        self._unhook: Callable[[], None] | None = None
-        self._interval = 0.001
-        self._cancel = cancel
-        pidfd_open = getattr(os, "pidfd_open", None)
-        if pidfd_open is None:
-            return
-        try:
-            pidfd = pidfd_open(pid)
-        except OSError:  # an old kernel, or the process is already gone and reaped
-            return
-        self._fds.append(pidfd)
-        self._sel = selectors.DefaultSelector()
-        self._sel.register(pidfd, selectors.EVENT_READ)
-        if isinstance(cancel, Cancel):
-            r, w = os.pipe()
-            os.set_blocking(w, False)
-            self._fds += [r, w]
-            self._sel.register(r, selectors.EVENT_READ)
-
-            def wake() -> None:
-                with contextlib.suppress(OSError):
-                    os.write(w, b"x")
-
-            self._unhook = cancel.on_set(wake)
-            if cancel.is_set():
-                wake()
-
-    def __enter__(self) -> _ExitWaiter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._unhook is not None:
-            self._unhook()
-        if self._sel is not None:
-            self._sel.close()
-        for fd in self._fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    def wait(self, timeout: float | None) -> None:
-        if self._sel is not None:
-            if self._cancel is not None and self._unhook is None:  # a plain Event: look again soon
-                timeout = 0.01 if timeout is None else min(timeout, 0.01)
-            self._sel.select(timeout)
-            return
-        wait = self._interval if timeout is None else min(self._interval, timeout)
-        if self._cancel is not None:
-            self._cancel.wait(wait)
-        else:
-            time.sleep(wait)
-        self._interval = min(self._interval * 2, 0.05)
-
-
 # --------------------------------------------------------------------------- running
+
+
+class Started(Protocol):
+    """A task's main process started by a :data:`Starter` (a Popen offers the same, but ``exited``)."""
+
+    pid: int
+
+    @property
+    def exited(self) -> Cancel | None:
+        """Set once the process exited, when it is not this process's child (else None)."""
+
+    def poll(self) -> int | None: ...
+
+    def wait(self) -> int: ...
+
+
+#: starts a task's main process from its full environment: the process and the read ends
+#: of its stdout and stderr pipes; raises :class:`StartFailed` to fall back to a spawn
+Starter = Callable[[dict[str, str]], tuple[Started, int, int]]
+
+
+class StartFailed(Exception):
+    """A :data:`Starter` could not start the task; the message says why."""
 
 
 def _exit_error(code: int) -> str:
@@ -504,6 +434,7 @@ def run_process(
     grace: float = 5.0,
     on_start: Callable[[int], None] | None = None,
     cancel_grace: float = 1.0,
+    start: Starter | None = None,
 ) -> ProcessOutcome:
     """Run ``argv`` as its own process tree until it exits, times out or is cancelled.
 
@@ -518,6 +449,10 @@ def run_process(
     every 10 ms). Exit code 0: ``succeeded``; anything else: ``failed``. A command that
     cannot be started: ``failed`` with exit code 127 (not found) or 126 (not executable),
     the message also written to ``on_output("stderr", ...)``.
+
+    ``start`` starts the main process another way (a fork server: :mod:`.forking`); when it
+    raises :class:`StartFailed` the task is spawned from ``argv`` after all, saying so on
+    stderr. Everything else (output, cancel, timeout, ending the tree) is the same.
     """
     if cancel is not None and cancel.is_set():
         return ProcessOutcome("cancelled", None, "cancelled before it started")
@@ -531,31 +466,40 @@ def run_process(
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     full_env[TREE_ID_ENV] = marker
 
-    try:
-        proc = subprocess.Popen(
-            argv,
-            env=full_env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-            preexec_fn=_die_with_parent(os.getpid()),
-        )
-    except OSError as exc:
-        code = 127 if isinstance(exc, FileNotFoundError) else 126
-        where = f" in {cwd}" if cwd else ""
-        message = f"cannot start {shlex.join(argv)}{where}: {exc}"
-        _emit_safely(on_output, message)
-        return ProcessOutcome("failed", code, message)
-
-    if proc.stdout is None or proc.stderr is None:  # pragma: no cover - PIPE always gives both
-        raise RuntimeError("subprocess pipes missing")
-    # the reader thread owns the descriptors from here on
-    fds = {os.dup(proc.stdout.fileno()): "stdout", os.dup(proc.stderr.fileno()): "stderr"}
-    proc.stdout.close()
-    proc.stderr.close()
+    proc: Started | subprocess.Popen[bytes] | None = None
+    if start is not None:
+        try:
+            proc, out_fd, err_fd = start(full_env)
+            fds = {out_fd: "stdout", err_fd: "stderr"}
+        except StartFailed as exc:  # the other way is not available now: spawn after all
+            _emit_safely(on_output, f"{exc}; spawned instead")
+            proc = None
+    if proc is None:
+        try:
+            popen = subprocess.Popen(
+                argv,
+                env=full_env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
+                preexec_fn=_die_with_parent(os.getpid()),
+            )
+        except OSError as exc:
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            where = f" in {cwd}" if cwd else ""
+            message = f"cannot start {shlex.join(argv)}{where}: {exc}"
+            _emit_safely(on_output, message)
+            return ProcessOutcome("failed", code, message)
+        if popen.stdout is None or popen.stderr is None:  # pragma: no cover - PIPE always gives both
+            raise RuntimeError("subprocess pipes missing")
+        # the reader thread owns the descriptors from here on
+        fds = {os.dup(popen.stdout.fileno()): "stdout", os.dup(popen.stderr.fileno()): "stderr"}
+        popen.stdout.close()
+        popen.stderr.close()
+        proc = popen
     reader = _Reader(fds, on_output, name=f"gpulayer-output-{proc.pid}")
     reader.start()
 
@@ -566,7 +510,7 @@ def run_process(
         if on_start is not None:
             on_start(proc.pid)
         deadline = None if timeout is None else time.monotonic() + timeout
-        with _ExitWaiter(proc.pid, cancel) as waiter:
+        with ExitWaiter(proc.pid, cancel, getattr(proc, "exited", None)) as waiter:
             while proc.poll() is None:
                 if cancel is not None and cancel.is_set():
                     state, error = "cancelled", "cancelled"
