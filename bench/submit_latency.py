@@ -1,96 +1,146 @@
-"""Submit-to-start latency and no-op FunctionJob round trip on the embedded control plane.
+"""Local job latency and throughput on the embedded control plane, each next to its floor.
 
-Each figure is set next to its floor, measured in the same run: spawning the same Python
-with ``subprocess`` directly. The goal is a small constant over that floor.
+    python bench/submit_latency.py [--jobs 50] [--cli 10] [--throughput 1000]
 
-    python bench/submit_latency.py [--jobs 200]
+Measured as a user would call it, one job at a time, with the SDK's in-process worker
+started beforehand (as in a long session):
 
-Prints a table: median and p95 in milliseconds, and the difference and ratio to the floor.
+* CommandJob ``python -c pass``: ``gl.submit(...).result()``, next to
+  ``subprocess.run([sys.executable, "-c", "pass"])``;
+* a no-op ``@gl.remote`` function's ``.remote().result()``, next to the same floor;
+* ``gpulayer submit -- python -c pass`` (a fresh CLI process each time), next to the floor
+  plus the CLI's own start-up (``gpulayer --help``);
+* ``--throughput`` no-op FunctionJobs submitted at once through two local workers (jobs/s),
+  next to as many ``subprocess.run`` calls from two threads.
+
+Each table row: median and p95, the floor's median and p95, the difference and the ratio.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-STAMP = "import time; print(repr(time.time()), flush=True)"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _stats import table
+
+NOOP = "import gpulayer as gl\n\n\n@gl.remote\ndef noop():\n    return None\n"
 
 
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-
-def floor_start(n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t0 = time.time()
-        proc = subprocess.run([sys.executable, "-c", STAMP], capture_output=True, text=True, check=True)
-        out.append(float(proc.stdout) - t0)
-    return out
-
-
-def floor_roundtrip(n: int) -> list[float]:
+def timed(fn: object, n: int) -> list[float]:
     out = []
     for _ in range(n):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        fn()  # type: ignore[operator]
         out.append(time.perf_counter() - t0)
     return out
 
 
+def floor() -> None:
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+
+def cli() -> list[str]:
+    exe = shutil.which("gpulayer")
+    return [exe] if exe else [sys.executable, "-m", "gpulayer.cli"]
+
+
+def throughput(n: int, noop: object) -> tuple[float, float]:
+    """Jobs/s for ``n`` no-op FunctionJobs through two extra local workers, and the floor's
+    processes/s from two threads."""
+    import gpulayer as gl
+    from gpulayer.client import connect
+    from gpulayer.worker.agent import Agent
+
+    client = connect()
+    assert client.control is not None
+    agents = [Agent(client.control, name=f"bench-{i}", capabilities=client._agent.capabilities)
+              for i in (1, 2)]
+    client._agent.stop(grace=5)  # the two bench workers do the work
+    client._agent = agents[0]
+    for a in agents:
+        a.start()
+    t0 = time.perf_counter()
+    handles = [noop.remote() for _ in range(n)]  # type: ignore[attr-defined]
+    gl.wait(handles, timeout=600)
+    jobs_s = n / (time.perf_counter() - t0)
+    for a in agents[1:]:
+        a.stop(grace=5)
+
+    left = [n]
+    lock = threading.Lock()
+
+    def spawn() -> None:
+        while True:
+            with lock:
+                if left[0] <= 0:
+                    return
+                left[0] -= 1
+            floor()
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=spawn) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return jobs_s, n / (time.perf_counter() - t0)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=200, help="jobs per measurement (default 200)")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=50, help="jobs per latency measurement (default 50)")
+    parser.add_argument("--cli", type=int, default=10, help="`gpulayer submit` runs (default 10; 0 skips)")
+    parser.add_argument("--throughput", type=int, default=1000, help="jobs for the throughput run (0 skips)")
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="gpulayer-bench-")
     os.environ["GPULAYER_HOME"] = home
-    bundle = Path(home) / "code"
-    bundle.mkdir()
-    (bundle / "noop.py").write_text("def noop():\n    return None\n")
+    code = Path(home) / "code"
+    code.mkdir()
+    (code / "bench_noop.py").write_text(NOOP)
+    sys.path.insert(0, str(code))
+
+    import bench_noop
 
     import gpulayer as gl
     from gpulayer.client import connect
 
     client = connect()
-    client.ensure_local_worker()  # started once, outside the measurement (as in a long session)
-    warm = gl.submit(gl.CommandJob(command=[sys.executable, "-c", "pass"]))
-    warm.result(timeout=120)
+    client.ensure_local_worker()  # started once, outside the measurement
+    command = gl.CommandJob(command=[sys.executable, "-c", "pass"])
+    for _ in range(3):  # warm: imports, the bundle, the fork server
+        gl.submit(command).result(timeout=120)
+        bench_noop.noop.remote().result(timeout=120)
 
     n = args.jobs
-    starts = []
-    for _ in range(n):
-        t0 = time.time()
-        h = gl.submit(gl.CommandJob(command=[sys.executable, "-c", STAMP]))
-        h.wait(timeout=120)
-        starts.append(float(h.logs()) - t0)
-    trips = []
-    spec = gl.FunctionJob(function="noop:noop", bundle=str(bundle))
-    for _ in range(n):
-        t0 = time.perf_counter()
-        gl.submit(spec).result(timeout=120)
-        trips.append(time.perf_counter() - t0)
-    f_start = floor_start(n)
-    f_trip = floor_roundtrip(n)
-
+    cmd = timed(lambda: gl.submit(command).result(timeout=120), n)
+    fn = timed(lambda: bench_noop.noop.remote().result(timeout=120), n)
+    base = timed(floor, n)
     rows = [
-        ("submit -> process start", starts, f_start, "spawn -> process start"),
-        ("no-op FunctionJob round trip", trips, f_trip, "subprocess.run(python -c pass)"),
+        ("CommandJob python -c pass", cmd, "subprocess.run(python -c pass)", base),
+        ("no-op FunctionJob round trip", fn, "subprocess.run(python -c pass)", base),
     ]
-    print(f"embedded control plane, SQLite, in-process worker; {n} jobs each, one at a time")
-    print(f"{'measure':<30}{'median':>9}{'p95':>9}   {'floor':<32}{'median':>9}{'p95':>9}"
-          f"{'+median':>9}{'ratio':>7}")
-    for name, got, floor, floor_name in rows:
-        gm, gp = statistics.median(got) * 1e3, pct(got, 95) * 1e3
-        fm, fp = statistics.median(floor) * 1e3, pct(floor, 95) * 1e3
-        print(f"{name:<30}{gm:>8.1f}ms{gp:>7.1f}ms   {floor_name:<32}{fm:>7.1f}ms{fp:>7.1f}ms"
-              f"{gm - fm:>7.1f}ms{gm / fm:>6.1f}x")
+    if args.cli:
+        env = {**os.environ, "GPULAYER_HOME": home}
+        sub = timed(lambda: subprocess.run([*cli(), "submit", "--", sys.executable, "-c", "pass"], env=env,
+                                           check=True, capture_output=True), args.cli)
+        helps = timed(lambda: subprocess.run([*cli(), "--help"], env=env, check=True, capture_output=True),
+                      args.cli)
+        base_cli = [b + h for b, h in zip(base, helps, strict=False)]
+        rows.append(("gpulayer submit -- python -c pass", sub, "python -c pass + gpulayer --help", base_cli))
+    print(table(f"embedded control plane, SQLite, in-process worker; {n} jobs each, one at a time", rows))
+    if args.throughput:
+        jobs_s, floor_s = throughput(args.throughput, bench_noop.noop)
+        print(f"\n{args.throughput} no-op FunctionJobs at once, two local workers: {jobs_s:.0f} jobs/s; "
+              f"floor (subprocess.run from two threads): {floor_s:.0f} processes/s; "
+              f"ratio {jobs_s / floor_s:.2f}x")
     client.close()
 
 

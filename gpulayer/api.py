@@ -49,6 +49,7 @@ __all__ = [
     "Route",
     "TaskAssignment",
     "TokenInfo",
+    "WorkPoll",
     "WorkerAPI",
     "WorkerUsage",
     "route_for",
@@ -97,6 +98,15 @@ class HeartbeatReply(Wire):
     #: False when the control plane has no such worker: register again
     known: bool = True
     #: task ids the worker must end now
+    cancel: list[str] = Field(default_factory=list)
+
+
+class WorkPoll(Wire):
+    """What a worker's long poll answers: tasks to start, and running tasks to end."""
+
+    #: tasks assigned to the worker and not started yet
+    tasks: list[TaskAssignment] = Field(default_factory=list)
+    #: of the task ids the worker said it runs, those it must end now (as a heartbeat's reply)
     cancel: list[str] = Field(default_factory=list)
 
 
@@ -188,6 +198,11 @@ class JoinBody(Wire):
     name: str | None = Field(default=None, max_length=200)
     cpu_slots: int = Field(default=1, ge=0, le=100_000)
     pid: int | None = Field(default=None, ge=0, le=2**31)
+
+
+class StartQuery(Wire):
+    how: str = Field(default="", max_length=500,
+                     description="how the task's process was started: the task_started event's message")
 
 
 class HeartbeatBody(Wire):
@@ -295,8 +310,15 @@ class WorkerAPI(Protocol):
         """Tasks assigned to the worker and not started; waits up to ``wait`` seconds for one."""
         ...
 
-    def start_task(self, task_id: str, *, worker_id: str) -> None:
-        """The worker started the task. Idempotent for the worker that owns it."""
+    def poll_work(self, worker_id: str, *, running: Sequence[str] = (), wait: float = 0.0) -> WorkPoll:
+        """Tasks to start, and which of ``running`` to end (a cancel); waits up to ``wait``
+        seconds for either, so a worker hears of a cancel at once, not at its next heartbeat."""
+        ...
+
+    def start_task(self, task_id: str, *, worker_id: str, how: str = "") -> None:
+        """The worker started the task. Idempotent for the worker that owns it. ``how`` says
+        how its process was started (``started by fork server``, ``spawned: ...``); it is the
+        message of the task's ``task_started`` event."""
         ...
 
     def append_logs(self, task_id: str, *, worker_id: str,
@@ -453,6 +475,9 @@ ROUTES: tuple[Route, ...] = (
     Route("poll_tasks", "GET", "/v1/workers/{worker_id}/tasks", WORKERS,
           f"Assigned tasks not started yet; waits at most {MAX_LONG_POLL:g} s for one (long poll)",
           response=list[TaskAssignment], query=PollQuery, own_worker=True, long_poll="wait"),
+    Route("poll_work", "POST", "/v1/workers/{worker_id}/work", WORKERS,
+          f"Tasks to start and running tasks to end; waits at most {MAX_LONG_POLL:g} s for either (long poll)",
+          response=WorkPoll, query=PollQuery, body=HeartbeatBody, own_worker=True, long_poll="wait"),
     Route("drain_worker", "POST", "/v1/workers/{worker_id}/drain", ("worker", "admin"), "Take no new work",
           status=204, own_worker=True, errors=(404,)),
     Route("deregister_worker", "DELETE", "/v1/workers/{worker_id}", ("worker", "admin"),
@@ -460,7 +485,7 @@ ROUTES: tuple[Route, ...] = (
           errors=(404,)),
     # ---------------------------------------------------------------- tasks
     Route("start_task", "POST", "/v1/tasks/{task_id}/start", WORKERS, "The worker started the task",
-          status=204, context={"worker_id": "worker"}, errors=(404, 409)),
+          status=204, query=StartQuery, context={"worker_id": "worker"}, errors=(404, 409)),
     Route("append_logs", "POST", "/v1/tasks/{task_id}/logs", WORKERS, "Append log chunks",
           status=204, body=LogsBody, context={"worker_id": "worker"}, safe=False, errors=(404, 409)),
     Route("finish_task", "POST", "/v1/tasks/{task_id}/finish", WORKERS,

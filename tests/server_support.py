@@ -124,7 +124,7 @@ def start_remote_worker(url: str, join_token: str, home: Path, *, cpu_slots: int
     if name:
         cmd += ["--name", name]
     log = open(home / "worker.log", "a")
-    proc = subprocess.Popen(cmd, env=base_env(home, GPULAYER_HEARTBEAT_INTERVAL="0.3", **(env or {})),
+    proc = subprocess.Popen(cmd, env=base_env(home, **{"GPULAYER_HEARTBEAT_INTERVAL": "0.3", **(env or {})}),
                             stdout=log, stderr=subprocess.STDOUT, text=True)
     log.close()
     return proc

@@ -37,6 +37,9 @@ class ControlObserver:
     def on_assigned(self, worker_ids: frozenset[str]) -> None:
         """A placement pass handed tasks to these workers."""
 
+    def on_cancel(self, worker_ids: frozenset[str]) -> None:
+        """These workers run tasks they must end now (a cancel): wake their long polls."""
+
 
 @dataclass
 class Core:
@@ -47,6 +50,11 @@ class Core:
     reserve_after: float = 60.0
     clock: Callable[[], float] = time.time
     _wakeup: threading.Condition = field(default_factory=threading.Condition)
+    #: counts the changes :meth:`_changed` announced: a waiter that read it before looking
+    #: at the database cannot miss a change made between its look and its wait
+    _generation: int = 0
+    #: the same, for changes a worker's poll cares about: tasks assigned, tasks to end
+    _work_generation: int = 0
     _observers: list[ControlObserver] = field(default_factory=list)
     _last_expiry: float = 0.0
     #: worker id -> (when, task ids it said it runs), from heartbeats this process received;
@@ -81,6 +89,8 @@ class Core:
             return
         seconds = time.perf_counter() - started
         workers = frozenset(n.worker_id for a in result.assignments for n in a.nodes)
+        if workers:
+            self._work_changed()
         for o in self._observers:
             o.on_placement(seconds)
             if workers:
@@ -119,6 +129,8 @@ class Core:
         views = [lifecycle.TaskView(id=t.id, state=TaskState(t.state), error=mapping.error_of(t.error))
                  for t in tasks]
         out = lifecycle.settle(_view(job), views, reported=reported)
+        if out.cancel:  # the other nodes of a group end: their workers' polls hear it
+            self._work_changed()
         for task_id in out.cancel:
             queries.transition_task(s, task_id, TaskState.CANCELLED, ended_at=now,
                                     error=JobError.cancelled(lifecycle.OTHER_NODE_ENDED))
@@ -140,9 +152,34 @@ class Core:
 
     def _changed(self) -> None:
         with self._wakeup:
+            self._generation += 1
             self._wakeup.notify_all()
         for o in self._observers:
             o.on_change()
+
+    def _work_changed(self) -> None:
+        with self._wakeup:
+            self._work_generation += 1
+            self._wakeup.notify_all()
+
+    def _wait_change(self, generation: int, timeout: float, *, work: bool = False) -> None:
+        """Sleep until a change after ``generation`` (read before the caller's last look at
+        the database) or ``timeout`` seconds: waiters in this process wake at once, and the
+        timeout bounds how late a change made by another process is noticed. ``work``: only
+        a change of :attr:`_work_generation` counts (what workers' polls wait for)."""
+        with self._wakeup:
+            if work:
+                self._wakeup.wait_for(lambda: self._work_generation != generation, timeout)
+            else:
+                self._wakeup.wait_for(lambda: self._generation != generation, timeout)
+
+    def _cancelled_on(self, worker_ids: frozenset[str]) -> None:
+        """Tell the long polls of these workers that they have tasks to end."""
+        if not worker_ids:
+            return
+        self._work_changed()
+        for o in self._observers:
+            o.on_cancel(worker_ids)
 
     def counts(self) -> dict[str, Any]:
         """Figures for metrics: jobs by state, workers online, queue depth."""

@@ -22,6 +22,9 @@ from gpulayer.records import JobError, JobRecord, JobState, TaskState, new_id
 from gpulayer.specs import JobSpec
 from gpulayer.store import BundleRow, JobRow, mapping, queries
 
+#: the states of a task that its worker may be running (or about to start)
+ACTIVE = frozenset({TaskState.RUNNING.value, TaskState.ASSIGNED.value})
+
 
 class JobOps(Core):
     def submit(self, spec: JobSpec, *, idempotency_key: str | None = None,
@@ -75,9 +78,11 @@ class JobOps(Core):
             return [mapping.job_record(r) for r in queries.jobs(s, state=value, limit=limit, owner=owner)]
 
     def cancel(self, job_id: str, *, reason: str | None = None) -> JobRecord:
-        """End the job: a queued one at once, a running one through its workers (their next
-        heartbeat or poll). ``reason`` (in-process callers) becomes the job's error."""
+        """End the job: a queued one at once, a running one through its workers, whose long
+        polls (:meth:`poll_work`) are woken to hear it at once. ``reason`` (in-process
+        callers) becomes the job's error."""
         now = self.clock()
+        running_on: frozenset[str] = frozenset()
         with self.store.write() as s:
             row = queries.job(s, job_id)
             if JobState(row.state).terminal:
@@ -92,7 +97,9 @@ class JobOps(Core):
                 if reason:
                     row.error = JobError.cancelled(reason).model_dump_json()
                 # assigned but not started: nothing to stop, end it here
-                for t in queries.tasks_of(s, row.id, row.attempt):
+                tasks = queries.tasks_of(s, row.id, row.attempt)
+                running_on = frozenset(t.worker_id for t in tasks if t.state in ACTIVE)
+                for t in tasks:
                     if t.state == TaskState.ASSIGNED.value:
                         queries.transition_task(s, t.id, TaskState.CANCELLED, ended_at=now,
                                                 error=JobError.cancelled())
@@ -100,6 +107,7 @@ class JobOps(Core):
                 self._settle(s, row, now)
             s.add(row)
             self._event(s, "cancel_requested", job_id=job_id)
+        self._cancelled_on(running_on)  # first: the workers end the processes while we go on
         self.schedule()  # devices of cancelled unstarted tasks are free for queued jobs
         self._changed()
         return self.get_job(job_id)
@@ -114,12 +122,12 @@ class JobOps(Core):
         deadline = time.monotonic() + timeout
         poll = 0.05
         while True:
+            generation = self._generation
             job = self.get_job(job_id)
             remaining = deadline - time.monotonic()
             if job.state.terminal or remaining <= 0:
                 return job
-            with self._wakeup:
-                self._wakeup.wait(min(poll, remaining))
+            self._wait_change(generation, min(poll, remaining))
             poll = min(poll * 1.5, 0.5)
 
     def events(self, job_id: str) -> list[JobEvent]:

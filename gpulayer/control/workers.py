@@ -18,6 +18,7 @@ from gpulayer.api import (
     LogStream,
     TaskAssignment,
     WorkerUsage,
+    WorkPoll,
 )
 from gpulayer.control import placement
 from gpulayer.control.core import Core, _pid_alive, _view
@@ -131,17 +132,27 @@ class WorkerOps(Core):
         with self.store.write(lock=False) as s:
             known = queries.online_flags(s, reports)
             queries.touch_workers(s, known, now)
-            rows = queries.heartbeat_view(s, {t for wid in known for t in reports[wid]})
-            doomed = queries.attempts_ended_badly(s, {r[3] for r in rows})
+            to_end = self._to_end(s, {wid: reports[wid] for wid in known})
         with self._reports_lock:
             for wid in known:  # what each worker says it runs, for the periodic reconciliation
                 self._reports[wid] = (now, frozenset(reports[wid]))
+        replies = {wid: HeartbeatReply(known=True, cancel=to_end[wid]) if wid in known else HeartbeatReply(known=False)
+                   for wid in reports}
+        if not all(known.values()):
+            self.schedule()  # a worker came back: jobs waiting for it may be placed now
+        # every heartbeat would otherwise rescan the fleet; once per third of the timeout
+        # is enough to notice a silent worker (or a lost report) in time
+        if now - self._last_expiry > self.heartbeat_timeout / 3:
+            self.expire_workers()
+        return replies
+
+    def _to_end(self, s: Session, reports: dict[str, Sequence[str]]) -> dict[str, list[str]]:
+        """Per worker, which of the tasks it says it runs it must end (:func:`lifecycle.must_end`)."""
+        rows = queries.heartbeat_view(s, {t for running in reports.values() for t in running})
+        doomed = queries.attempts_ended_badly(s, {r[3] for r in rows})
         tasks = {r[0]: r for r in rows}
-        replies: dict[str, HeartbeatReply] = {}
+        out: dict[str, list[str]] = {}
         for wid, running in reports.items():
-            if wid not in known:
-                replies[wid] = HeartbeatReply(known=False)
-                continue
             cancel = []
             for task_id in running:
                 row = tasks.get(task_id)
@@ -154,14 +165,8 @@ class WorkerOps(Core):
                                       job_attempt=job_attempt, cancel_requested=bool(cancel_requested),
                                       attempt_ended_badly=(job_id, attempt) in doomed):
                     cancel.append(task_id)
-            replies[wid] = HeartbeatReply(known=True, cancel=sorted(cancel))
-        if not all(known.values()):
-            self.schedule()  # a worker came back: jobs waiting for it may be placed now
-        # every heartbeat would otherwise rescan the fleet; once per third of the timeout
-        # is enough to notice a silent worker (or a lost report) in time
-        if now - self._last_expiry > self.heartbeat_timeout / 3:
-            self.expire_workers()
-        return replies
+            out[wid] = sorted(cancel)
+        return out
 
     def _reconcile(self, now: float) -> None:
         """Running tasks that their worker, alive and reporting, no longer lists are lost:
@@ -267,8 +272,15 @@ class WorkerOps(Core):
 
     def poll_tasks(self, worker_id: str, *, wait: float = 0.0) -> list[TaskAssignment]:
         """Tasks assigned to this worker and not started yet; waits up to ``wait`` seconds."""
+        return self.poll_work(worker_id, wait=wait).tasks
+
+    def poll_work(self, worker_id: str, *, running: Sequence[str] = (), wait: float = 0.0) -> WorkPoll:
+        """Tasks assigned to this worker and not started, and which of ``running`` it must
+        end; waits up to ``wait`` seconds for either. In this process a placement or a cancel
+        wakes it at once; a change made by another process is seen within 0.2 s."""
         deadline = time.monotonic() + wait
         while True:
+            generation = self._work_generation
             with self.store.read() as s:
                 out = []
                 for t in queries.assigned_tasks_of_worker(s, worker_id):
@@ -280,13 +292,13 @@ class WorkerOps(Core):
                         accelerator=t.accelerator, devices=json.loads(t.devices), spec=mapping.job_spec(job),
                         rendezvous=Rendezvous.model_validate_json(t.rendezvous) if t.rendezvous else None,
                     ))
+                cancel = self._to_end(s, {worker_id: running})[worker_id] if running else []
             remaining = deadline - time.monotonic()
-            if out or remaining <= 0:
-                return out
-            with self._wakeup:
-                self._wakeup.wait(min(remaining, 0.2))
+            if out or cancel or remaining <= 0:
+                return WorkPoll(tasks=out, cancel=cancel)
+            self._wait_change(generation, min(remaining, 0.2), work=True)
 
-    def start_task(self, task_id: str, *, worker_id: str) -> None:
+    def start_task(self, task_id: str, *, worker_id: str, how: str = "") -> None:
         """Idempotent: starting a task its worker already started is success (the first
         answer may have been lost), so a worker can retry this through an outage."""
         now = self.clock()
@@ -297,7 +309,7 @@ class WorkerOps(Core):
                     return
                 raise Conflict(f"task {task_id} is {task.state}; it cannot start")
             self._settle(s, queries.job(s, task.job_id), now)
-            self._event(s, "task_started", job_id=task.job_id, task_id=task_id, worker_id=worker_id)
+            self._event(s, "task_started", job_id=task.job_id, task_id=task_id, worker_id=worker_id, message=how)
 
     def append_logs(self, task_id: str, *, worker_id: str, chunks: Sequence[tuple[LogStream, str]]) -> None:
         now = self.clock()

@@ -50,7 +50,7 @@ from starlette.routing import BaseRoute
 from starlette.routing import Route as StarletteRoute
 
 from gpulayer import api, config
-from gpulayer.api import HeartbeatReply, TaskAssignment, TokenInfo
+from gpulayer.api import HeartbeatReply, TokenInfo, WorkPoll
 from gpulayer.control import ControlObserver, ControlPlane
 from gpulayer.errors import (
     BadRequest,
@@ -118,6 +118,9 @@ class Server(ControlObserver):
     def on_assigned(self, worker_ids: frozenset[str]) -> None:
         self._soon(self._wake_workers, worker_ids)
 
+    def on_cancel(self, worker_ids: frozenset[str]) -> None:
+        self._soon(self._wake_workers, worker_ids)
+
     def on_placement(self, seconds: float) -> None:
         self.metrics.placement(seconds)
 
@@ -146,7 +149,8 @@ class Server(ControlObserver):
         self._soon(self._wake_all)
 
     def arm(self, worker_id: str) -> asyncio.Event:
-        """A fresh event set when this server next assigns ``worker_id`` a task. Arm it
+        """A fresh event set when this server next assigns ``worker_id`` a task or cancels
+        one of its tasks. Arm it
         before looking at the database, so an assignment in between is not missed."""
         event = self._worker_events[worker_id] = asyncio.Event()
         return event
@@ -333,18 +337,24 @@ async def _wait_job(server: Server, request: Request, kw: dict[str, Any]) -> Any
 
 
 async def _poll_tasks(server: Server, request: Request, kw: dict[str, Any]) -> Any:
+    poll = await _poll_work(server, request, {**kw, "running": ()})
+    return poll.tasks
+
+
+async def _poll_work(server: Server, request: Request, kw: dict[str, Any]) -> Any:
     wid = kw["worker_id"]
+    running = list(kw["running"])
     deadline = time.monotonic() + kw["wait"]
     while True:
-        assigned = server.arm(wid)
-        out: list[TaskAssignment] = await run_in_threadpool(functools.partial(server.control.poll_tasks, wid))
+        woken = server.arm(wid)
+        out: WorkPoll = await run_in_threadpool(functools.partial(server.control.poll_work, wid, running=running))
         remaining = deadline - time.monotonic()
-        if out or remaining <= 0 or server.shutting_down or await request.is_disconnected():
+        if out.tasks or out.cancel or remaining <= 0 or server.shutting_down or await request.is_disconnected():
             return out
-        # woken at once by this server's assignments; another server sharing the database
-        # is noticed at the next look, at most POLL_RECHECK seconds later
+        # woken at once by this server's assignments and cancels; another server sharing
+        # the database is noticed at the next look, at most POLL_RECHECK seconds later
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(assigned.wait(), min(remaining, POLL_RECHECK))
+            await asyncio.wait_for(woken.wait(), min(remaining, POLL_RECHECK))
 
 
 async def _heartbeat(server: Server, request: Request, kw: dict[str, Any]) -> Any:
@@ -376,7 +386,7 @@ async def _put_bundle(server: Server, request: Request, kw: dict[str, Any]) -> A
 
 #: operations the generic endpoint cannot serve as a plain call
 SPECIAL: dict[str, Handler] = {
-    "wait_job": _wait_job, "poll_tasks": _poll_tasks, "heartbeat": _heartbeat, "put_bundle": _put_bundle,
+    "wait_job": _wait_job, "poll_tasks": _poll_tasks, "poll_work": _poll_work, "heartbeat": _heartbeat, "put_bundle": _put_bundle,
 }
 
 

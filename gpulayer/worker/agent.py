@@ -8,8 +8,9 @@ first (``WorkerAPI.join_worker``, see ``gpulayer worker start``) and is handed t
 already registered.
 
 Each task runs in its own thread as its own process tree (:mod:`gpulayer.worker.process`).
-A heartbeat thread keeps the worker alive and learns which tasks to end (a cancelled job,
-a group whose other node failed). Stopping (SIGINT/SIGTERM, or :meth:`Agent.stop`) stops
+One long poll (``WorkerAPI.poll_work``) both takes new tasks and hears at once which running
+ones to end (a cancelled job); a heartbeat thread keeps the worker alive and learns the same
+as a safety net (a group whose other node failed, a poll that was not answered). Stopping (SIGINT/SIGTERM, or :meth:`Agent.stop`) stops
 taking work, lets running tasks finish for a grace period, then ends and reports them.
 """
 
@@ -35,6 +36,8 @@ from gpulayer.api import LogStream, TaskAssignment, WorkerAPI
 from gpulayer.errors import Conflict, ConnectionFailed, GpulayerError, InvalidInput, NotFound
 from gpulayer.hookrecords import Capabilities
 from gpulayer.records import JobError, TaskState, WorkerRecord
+from gpulayer.worker.forking import ForkServer, ForkServers
+from gpulayer.worker.process import Cancel, Started, Starter
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -171,13 +174,18 @@ class Agent:
         self.worker_id: str | None = registered.id if registered is not None else None
         self._stopping = threading.Event()
         self._stopped = threading.Event()
-        self._running: dict[str, threading.Event] = {}
+        self._running: dict[str, Cancel] = {}
+        #: running tasks already told to end (they are ending)
+        self._ending: set[str] = set()
         self._threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
         self._shutdown_ended: set[str] = set()
         self._last_busy = time.monotonic()
         self._bundle_cache = config.home() / "bundles"
         self._started = False
+        #: warm interpreters that fork FunctionJob tasks (:mod:`gpulayer.worker.forking`),
+        #: started on first use with the environment every task inherits
+        self.forks = ForkServers(self.python, {k: v for k, v in os.environ.items() if k not in WORKER_SECRETS})
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -240,6 +248,7 @@ class Agent:
         for thread in list(self._threads.values()):
             thread.join(self.kill_grace + 5)
         self._stopped.set()
+        self.forks.close()
         if self.worker_id is not None:
             try:
                 self.api.deregister_worker(self.worker_id)
@@ -274,11 +283,16 @@ class Agent:
                 except Exception as exc:
                     log.warning("re-register failed: %s", exc)
                 continue
-            with self._lock:
-                for task_id in reply.cancel:
-                    event = self._running.get(task_id)
-                    if event is not None:
-                        event.set()
+            self._end(reply.cancel)
+
+    def _end(self, task_ids: list[str]) -> None:
+        """End these running tasks (a cancel, a superseded attempt): their trees die now."""
+        with self._lock:
+            events = [self._running.get(t) for t in task_ids]
+            self._ending.update(t for t in task_ids if t in self._running)
+        for event in events:
+            if event is not None:
+                event.set()
 
     def _poll_loop(self) -> None:
         backoff = 0.5
@@ -286,7 +300,11 @@ class Agent:
             if self.worker_id is None:  # pragma: no cover - start() registers first
                 return
             try:
-                assignments = self.api.poll_tasks(self.worker_id, wait=self.poll_wait)
+                # the tasks running here go with the poll, so a cancel of one of them answers
+                # it at once (not at the next heartbeat)
+                with self._lock:  # not those already told to end: the answer would repeat at once
+                    running = [t for t in self._running if t not in self._ending]
+                work = self.api.poll_work(self.worker_id, running=running, wait=self.poll_wait)
                 backoff = 0.5
             except ConnectionFailed as exc:
                 log.warning("poll failed (%s); retrying in %.1f s", exc, backoff)
@@ -297,11 +315,12 @@ class Agent:
                 log.warning("poll failed (%s: %s)", type(exc).__name__, exc)
                 self._stopping.wait(1.0)
                 continue
-            for a in assignments:
+            self._end(work.cancel)
+            for a in work.tasks:
                 with self._lock:
                     if a.task_id in self._running or self._stopping.is_set():
                         continue
-                    self._running[a.task_id] = threading.Event()
+                    self._running[a.task_id] = Cancel()
                     thread = threading.Thread(target=self._run_task, args=(a,), name=f"gpulayer-{a.task_id}",
                                               daemon=True)
                     self._threads[a.task_id] = thread
@@ -314,12 +333,17 @@ class Agent:
         worker_id = self._own_id()
         cancel = self._running[a.task_id]
         try:
+            fork: ForkServer | None = None
+            how = "spawned"
+            if a.spec.kind == "function":
+                # what the task's interpreter would start with: the worker's, with the job's
+                fork, how = self.forks.choose(a.spec.python, {**self.forks.env, **a.spec.env})
             try:
-                self._start_task(a.task_id, worker_id)
+                self._start_task(a.task_id, worker_id, how)
             except (Conflict, NotFound) as exc:
                 log.info("not starting %s: %s", a.task_id, exc)
                 return
-            outcome = self._execute(a, cancel)
+            outcome = self._execute(a, cancel, fork)
             self._report(a.task_id, outcome)
         except Exception as exc:  # a bug or an environment problem: the task must still end
             log.exception("task %s crashed in the worker", a.task_id)
@@ -328,6 +352,7 @@ class Agent:
         finally:
             with self._lock:
                 self._running.pop(a.task_id, None)
+                self._ending.discard(a.task_id)
                 self._threads.pop(a.task_id, None)
                 self._last_busy = time.monotonic()
 
@@ -341,13 +366,13 @@ class Agent:
     start_for = 120.0
     report_for = 600.0
 
-    def _start_task(self, task_id: str, worker_id: str) -> None:
+    def _start_task(self, task_id: str, worker_id: str, how: str) -> None:
         """Starting matters (a task that cannot start is lost, then retried), so keep trying
         through an outage; the control plane treats a repeated start as success."""
         deadline = time.monotonic() + self.start_for
         while True:
             try:
-                self.api.start_task(task_id, worker_id=worker_id)
+                self.api.start_task(task_id, worker_id=worker_id, how=how)
                 return
             except ConnectionFailed:
                 if time.monotonic() > deadline:
@@ -416,18 +441,19 @@ class Agent:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir), env.get("PYTHONPATH", "")) if p)
         return env
 
-    def _execute(self, a: TaskAssignment, cancel: threading.Event) -> TaskOutcome:
+    def _execute(self, a: TaskAssignment, cancel: threading.Event, fork: ForkServer | None = None) -> TaskOutcome:
         worker_id = self._own_id()
         logbuf = _LogBuffer(lambda chunks: self.api.append_logs(a.task_id, worker_id=worker_id, chunks=chunks))
         scratch = config.home() / "tasks" / a.task_id
         try:
             with tempfile.TemporaryDirectory(prefix="gpulayer-task-") as private:
-                return self._run(a, cancel, logbuf, Path(private))
+                return self._run(a, cancel, logbuf, Path(private), fork)
         finally:
             logbuf.close()
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def _run(self, a: TaskAssignment, cancel: threading.Event, logbuf: _LogBuffer, private: Path) -> TaskOutcome:
+    def _run(self, a: TaskAssignment, cancel: threading.Event, logbuf: _LogBuffer, private: Path,
+             fork: ForkServer | None) -> TaskOutcome:
         """Prepare the task's directory, environment and command; run it; read its outcome."""
         from gpulayer.worker.process import run_process
 
@@ -439,6 +465,7 @@ class Agent:
         env = self.task_env(a, workdir)
         spec = a.spec
         result_path: Path | None = None
+        start: Starter | None = None
         if spec.kind == "command":
             argv = list(spec.command)
             if argv and argv[0] == "python":  # "python" is the worker's job Python, not PATH's
@@ -449,6 +476,11 @@ class Agent:
             spec_path.write_text(json.dumps({"function": spec.function, "args": spec.args,
                                              "kwargs": spec.kwargs}))
             argv = [spec.python or self.python, RUNNER_PATH, str(spec_path), str(result_path)]
+            if fork is not None:
+                server, cwd, paths = fork, str(workdir), (str(spec_path), str(result_path))
+
+                def start(full_env: dict[str, str]) -> tuple[Started, int, int]:
+                    return server.start(cwd=cwd, env=full_env, spec=paths[0], result=paths[1])
         elif spec.kind == "distributed":
             launchers = plugins.launchers()
             launcher = launchers.get(spec.launcher)
@@ -463,7 +495,7 @@ class Agent:
         else:  # pragma: no cover - the spec union is closed
             raise AssertionError(spec.kind)
         outcome = run_process(argv, env=env, cwd=str(workdir), on_output=logbuf.write,
-                              timeout=spec.timeout, cancel=cancel, grace=self.kill_grace)
+                              timeout=spec.timeout, cancel=cancel, grace=self.kill_grace, start=start)
         state = TaskState(outcome.state)
         if state is TaskState.CANCELLED and a.task_id in self._shutdown_ended:
             # ended because this worker is stopping, not because anyone cancelled the job:

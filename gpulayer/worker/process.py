@@ -38,11 +38,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
-__all__ = ["TREE_ID_ENV", "ProcessOutcome", "reap_orphans", "run_process", "terminate_tree"]
+from gpulayer.worker.wakeups import Cancel, ExitWaiter
+
+__all__ = ["TREE_ID_ENV", "Cancel", "ProcessOutcome", "StartFailed", "Started", "Starter", "reap_orphans", "run_process",
+           "terminate_tree"]
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +176,10 @@ def _signal_group(pgid: int | None, sig: int) -> None:
 
 def _marked(marker: str) -> list[psutil.Process]:
     """Processes (other than this one) whose environment has ``TREE_ID_ENV=marker``."""
-    found = []
     me = os.getpid()
+    if _PROC_ENVIRON:
+        return [p for p in (_process(pid) for pid in _marked_pids(marker)) if p is not None and p.pid != me]
+    found = []
     for proc in psutil.process_iter():
         if proc.pid == me:
             continue
@@ -184,6 +189,34 @@ def _marked(marker: str) -> list[psutil.Process]:
         except (psutil.Error, OSError):
             continue
     return found
+
+
+#: Linux: read /proc/PID/environ directly, which is several times cheaper than psutil's
+#: parsed dict (this scan runs once per task, after its main process exited)
+_PROC_ENVIRON = sys.platform.startswith("linux") and os.path.isdir("/proc/self")
+
+
+def _marked_pids(marker: str) -> list[int]:
+    needle = f"\0{TREE_ID_ENV}={marker}\0".encode()
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                data = f.read()
+        except OSError:  # gone, or not ours to read
+            continue
+        if needle in b"\0" + data + b"\0":
+            pids.append(int(name))
+    return pids
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
 
 
 def _collect(pid: int, marker: str | None) -> dict[int, psutil.Process]:
@@ -231,21 +264,34 @@ def terminate_tree(
         pgid = _own_group(pid)
     elif pgid == os.getpgrp():
         pgid = None  # never signal our own group
-    procs = _collect(pid, marker)
+    # the descendants first (before any signal: a child whose parent dies is re-parented
+    # and no longer found as a descendant), the slower scan for markers after the first
+    # signals, so a tree that stayed in its group starts ending at once
+    procs = _collect(pid, None)
     for proc in extra:
         procs.setdefault(proc.pid, proc)
     procs.pop(os.getpid(), None)
 
     _signal_group(pgid, signal.SIGTERM)
+    signalled: set[int] = set()
     for proc in procs.values():
         # one SIGTERM per process: a second one can land while its handler is already
         # shutting the interpreter down (default disposition again) and kill it mid-cleanup
         if pgid is None or _group_of(proc) != pgid:
             _signal(proc, signal.SIGTERM)
+        signalled.add(proc.pid)
+    if marker:  # those that left the group and whose parent already exited
+        for proc in _marked(marker):
+            if proc.pid not in signalled and proc.pid != os.getpid():
+                procs[proc.pid] = proc
+                if pgid is None or _group_of(proc) != pgid:
+                    _signal(proc, signal.SIGTERM)
 
     deadline = time.monotonic() + max(grace, 0.0)
+    pause = 0.001  # most trees end within a millisecond or two of SIGTERM: look soon
     while time.monotonic() < deadline and any(_alive(p) for p in procs.values()):
-        time.sleep(0.02)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
 
     # SIGKILL the group even when everything known is gone: it catches late forks.
     _signal_group(pgid, signal.SIGKILL)
@@ -344,6 +390,29 @@ class _Reader(threading.Thread):
 # --------------------------------------------------------------------------- running
 
 
+class Started(Protocol):
+    """A task's main process started by a :data:`Starter` (a Popen offers the same, but ``exited``)."""
+
+    pid: int
+
+    @property
+    def exited(self) -> Cancel | None:
+        """Set once the process exited, when it is not this process's child (else None)."""
+
+    def poll(self) -> int | None: ...
+
+    def wait(self) -> int: ...
+
+
+#: starts a task's main process from its full environment: the process and the read ends
+#: of its stdout and stderr pipes; raises :class:`StartFailed` to fall back to a spawn
+Starter = Callable[[dict[str, str]], tuple[Started, int, int]]
+
+
+class StartFailed(Exception):
+    """A :data:`Starter` could not start the task; the message says why."""
+
+
 def _exit_error(code: int) -> str:
     if code < 0:
         try:
@@ -365,6 +434,7 @@ def run_process(
     grace: float = 5.0,
     on_start: Callable[[int], None] | None = None,
     cancel_grace: float = 1.0,
+    start: Starter | None = None,
 ) -> ProcessOutcome:
     """Run ``argv`` as its own process tree until it exits, times out or is cancelled.
 
@@ -375,9 +445,14 @@ def run_process(
 
     ``timeout`` (seconds): the tree gets SIGTERM, ``grace`` seconds, then SIGKILL; state
     ``timed_out``. ``cancel`` set from another thread: the same with ``cancel_grace``; state
-    ``cancelled``. Exit code 0: ``succeeded``; anything else: ``failed``. A command that
+    ``cancelled`` (a :class:`Cancel` interrupts the wait at once; a plain Event is looked at
+    every 10 ms). Exit code 0: ``succeeded``; anything else: ``failed``. A command that
     cannot be started: ``failed`` with exit code 127 (not found) or 126 (not executable),
     the message also written to ``on_output("stderr", ...)``.
+
+    ``start`` starts the main process another way (a fork server: :mod:`.forking`); when it
+    raises :class:`StartFailed` the task is spawned from ``argv`` after all, saying so on
+    stderr. Everything else (output, cancel, timeout, ending the tree) is the same.
     """
     if cancel is not None and cancel.is_set():
         return ProcessOutcome("cancelled", None, "cancelled before it started")
@@ -391,31 +466,40 @@ def run_process(
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     full_env[TREE_ID_ENV] = marker
 
-    try:
-        proc = subprocess.Popen(
-            argv,
-            env=full_env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-            preexec_fn=_die_with_parent(os.getpid()),
-        )
-    except OSError as exc:
-        code = 127 if isinstance(exc, FileNotFoundError) else 126
-        where = f" in {cwd}" if cwd else ""
-        message = f"cannot start {shlex.join(argv)}{where}: {exc}"
-        _emit_safely(on_output, message)
-        return ProcessOutcome("failed", code, message)
-
-    if proc.stdout is None or proc.stderr is None:  # pragma: no cover - PIPE always gives both
-        raise RuntimeError("subprocess pipes missing")
-    # the reader thread owns the descriptors from here on
-    fds = {os.dup(proc.stdout.fileno()): "stdout", os.dup(proc.stderr.fileno()): "stderr"}
-    proc.stdout.close()
-    proc.stderr.close()
+    proc: Started | subprocess.Popen[bytes] | None = None
+    if start is not None:
+        try:
+            proc, out_fd, err_fd = start(full_env)
+            fds = {out_fd: "stdout", err_fd: "stderr"}
+        except StartFailed as exc:  # the other way is not available now: spawn after all
+            _emit_safely(on_output, f"{exc}; spawned instead")
+            proc = None
+    if proc is None:
+        try:
+            popen = subprocess.Popen(
+                argv,
+                env=full_env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
+                preexec_fn=_die_with_parent(os.getpid()),
+            )
+        except OSError as exc:
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            where = f" in {cwd}" if cwd else ""
+            message = f"cannot start {shlex.join(argv)}{where}: {exc}"
+            _emit_safely(on_output, message)
+            return ProcessOutcome("failed", code, message)
+        if popen.stdout is None or popen.stderr is None:  # pragma: no cover - PIPE always gives both
+            raise RuntimeError("subprocess pipes missing")
+        # the reader thread owns the descriptors from here on
+        fds = {os.dup(popen.stdout.fileno()): "stdout", os.dup(popen.stderr.fileno()): "stderr"}
+        popen.stdout.close()
+        popen.stderr.close()
+        proc = popen
     reader = _Reader(fds, on_output, name=f"gpulayer-output-{proc.pid}")
     reader.start()
 
@@ -426,24 +510,17 @@ def run_process(
         if on_start is not None:
             on_start(proc.pid)
         deadline = None if timeout is None else time.monotonic() + timeout
-        interval = 0.001
-        while proc.poll() is None:
-            if cancel is not None and cancel.is_set():
-                state, error = "cancelled", "cancelled"
-                terminate_tree(proc.pid, cancel_grace, pgid=pgid, marker=marker)
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                state, error = "timed_out", f"timed out after {timeout} s"
-                terminate_tree(proc.pid, grace, pgid=pgid, marker=marker)
-                break
-            wait = interval
-            if deadline is not None:
-                wait = max(0.0, min(wait, deadline - time.monotonic()))
-            if cancel is not None:
-                cancel.wait(wait)
-            else:
-                time.sleep(wait)
-            interval = min(interval * 2, 0.05)
+        with ExitWaiter(proc.pid, cancel, getattr(proc, "exited", None)) as waiter:
+            while proc.poll() is None:
+                if cancel is not None and cancel.is_set():
+                    state, error = "cancelled", "cancelled"
+                    terminate_tree(proc.pid, cancel_grace, pgid=pgid, marker=marker)
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    state, error = "timed_out", f"timed out after {timeout} s"
+                    terminate_tree(proc.pid, grace, pgid=pgid, marker=marker)
+                    break
+                waiter.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         code = proc.wait()
     except BaseException:
         # on_start raised, or we were interrupted: do not leave the tree behind

@@ -65,9 +65,11 @@ def test_the_heartbeat_thread_survives_errors_of_any_kind() -> None:
                 raise RuntimeError("database is locked")
             return HeartbeatReply(known=True)
 
-        def poll_tasks(self, worker_id, *, wait=0.0):  # type: ignore[no-untyped-def]
+        def poll_work(self, worker_id, *, running=(), wait=0.0):  # type: ignore[no-untyped-def]
+            from gpulayer.api import WorkPoll
+
             time.sleep(min(wait, 0.05))
-            return []
+            return WorkPoll()
 
         def drain_worker(self, worker_id):  # type: ignore[no-untyped-def]
             pass

@@ -1,0 +1,186 @@
+"""A warm interpreter that forks one child per FunctionJob task (the worker's fork server).
+
+Started by :mod:`gpulayer.worker.forking` in the job's Python, with one end of an
+``AF_UNIX``/``SOCK_SEQPACKET`` socket pair. It loads the function runner (and, when it
+imports, ``gpulayer`` itself, which most job modules import), then serves one request per
+task: a JSON message with the task's cwd, environment and ``sys.path`` entries, and the
+write ends of the task's stdout and stderr pipes passed as file descriptors. For each it
+forks a child that becomes the task's process tree:
+
+* a new session (so its own process group), ``PR_SET_PDEATHSIG`` (SIGKILL when this server
+  dies; this server dies with the worker the same way);
+* stdin /dev/null, stdout and stderr the task's pipes, every other descriptor closed;
+* the task's cwd, environment (``os.environ`` replaced, so the processes it starts see it)
+  and ``sys.path`` (the task's ``PYTHONPATH`` entries before this interpreter's own);
+  preloaded modules that the task's own path would shadow (a bundle with its own copy) are
+  dropped, so they are imported afresh from there;
+* then it runs the function runner, as ``python function_runner.py SPEC RESULT`` would.
+
+Replies: ``{"ready": ...}`` once, then per request ``{"id", "pid"}`` (or ``{"id", "error"}``)
+and, when the child ended, ``{"id", "exit"}`` with its exit code (negative: the signal).
+The server exits when the worker closes its end.
+
+Unlike a fresh interpreter, a forked child shares this server's hash seed. Linux only; like
+the runner, it imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import traceback
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+_MAX_MESSAGE = 1 << 22
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        sock.send(json.dumps(message).encode())
+
+
+def _origin(module: Any) -> str | None:
+    """The ``sys.path`` entry a module was imported from."""
+    file: str | None = getattr(module, "__file__", None)
+    if not file:
+        return None
+    here = os.path.dirname(os.path.abspath(file))
+    return os.path.dirname(here) if os.path.basename(file) == "__init__.py" else here
+
+
+def _provides(entry: str, name: str) -> bool:
+    base = os.path.join(entry or ".", name)
+    return os.path.isdir(base) or os.path.exists(base + ".py")
+
+
+def _shadowed(origins: dict[str, str | None], search: list[str]) -> list[str]:
+    """Preloaded modules that the task's ``search`` path would import from elsewhere."""
+    out = []
+    for name, origin in origins.items():
+        first = next((os.path.abspath(e or ".") for e in search if _provides(e, name)), None)
+        if first != origin:
+            out.append(name)
+    return out
+
+
+def _child(req: dict[str, Any], fds: list[int], runner: Any, base_path: list[str],
+           origins: dict[str, str | None], prctl: Any, server: int) -> None:
+    code = 1
+    try:
+        os.setsid()
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != server:  # the server died before the call: nobody would end us
+                os._exit(137)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        entries = [p for p in req["path"] if p]
+        # the runner puts the cwd first (see function_runner._setup_path)
+        for name in _shadowed(origins, [req["cwd"], *entries, *base_path]):
+            for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+                del sys.modules[mod]
+        sys.path[:] = [*entries, *base_path]
+        sys.argv[:] = [runner.__file__, req["spec"], req["result"]]
+        code = runner.main([req["spec"], req["result"]])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or ".") == here:
+        del sys.path[0]  # keep process.py & co. from shadowing the user's modules
+    spec = importlib.util.spec_from_file_location("_gpulayer_function_runner", runner_path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load the function runner {runner_path}")
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    preloaded = []
+    for name in preload:
+        try:
+            __import__(name)
+            preloaded.append(name)
+        except Exception:  # not installed in this Python: the job imports what it has
+            continue
+    # the entries of the PYTHONPATH we started with are the worker's, not the task's: the
+    # task's own PYTHONPATH goes in front of what is left
+    started = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    base_path = [p for p in sys.path if os.path.abspath(p or ".") not in started]
+    tops = {name.partition(".")[0] for name in preloaded}
+    origins = {name: _origin(sys.modules.get(name)) for name in tops}
+    prctl = None
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+    threads = sys.modules["threading"].active_count() if "threading" in sys.modules else 1
+    _send(sock, {"ready": True, "pid": os.getpid(), "preloaded": preloaded,
+                 "unsafe": f"{threads} threads after preloading" if threads > 1 else None})
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ, None)
+    me = os.getpid()
+    while True:
+        for key, _ in sel.select():
+            if key.data is None:
+                try:
+                    msg, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 2)
+                except OSError:
+                    return
+                if not msg:
+                    return  # the worker closed its end (or died): our children die with us
+                req = json.loads(msg)
+                try:
+                    if len(fds) != 2:
+                        raise OSError(f"expected 2 descriptors, got {len(fds)}")
+                    pid = os.fork()
+                    if pid == 0:
+                        _child(req, fds, runner, base_path, origins, prctl, me)
+                    pidfd = os.pidfd_open(pid)
+                except OSError as exc:
+                    _send(sock, {"id": req.get("id"), "error": f"{type(exc).__name__}: {exc}"})
+                    continue
+                finally:
+                    for fd in fds:
+                        with contextlib.suppress(OSError):
+                            os.close(fd)
+                sel.register(pidfd, selectors.EVENT_READ, (req["id"], pid))
+                _send(sock, {"id": req["id"], "pid": pid})
+            else:
+                task, pid = key.data
+                sel.unregister(key.fd)
+                os.close(key.fd)
+                _, status = os.waitpid(pid, 0)
+                _send(sock, {"id": task, "exit": os.waitstatus_to_exitcode(status)})
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the worker's to handle
+    serve(sock, sys.argv[2], sys.argv[3:])
+
+
+if __name__ == "__main__":
+    main()

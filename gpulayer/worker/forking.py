@@ -1,0 +1,254 @@
+"""The worker's side of its fork servers (:mod:`gpulayer.worker.fork_server`).
+
+A FunctionJob spawned the plain way pays for a fresh interpreter and its imports on every
+task. A fork server is a warm interpreter of the job's Python, with the function runner
+(and ``gpulayer``'s SDK) loaded, that forks one child per task; the child is the task's process
+tree, with the task's cwd, environment, ``sys.path`` and granted devices (environment
+variables) applied after the fork, and it is ended, timed out and cancelled exactly like a
+spawned one (:func:`gpulayer.worker.process.run_process` with a ``start``).
+
+:meth:`ForkServers.choose` says which path a task takes, and why, before it starts; the
+task's ``task_started`` event records it (``started by fork server`` or ``spawned: ...``).
+A task is spawned when forking is not safe or not possible:
+
+* not Linux (pidfds and descriptor passing are needed), or the server failed to start;
+* the job names a Python other than the worker's job Python;
+* the job's environment changes a variable an interpreter reads as it starts (``PYTHON*``
+  other than ``PYTHONPATH``, ``LD_*``, ``MALLOC_*``): a forked child would not see it.
+
+A bundle with its own copy of a preloaded module is no reason: the child drops that module
+and imports the bundle's. Each task keeps its own process; only start-up is shared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from gpulayer.worker.process import StartFailed, _die_with_parent
+from gpulayer.worker.wakeups import Cancel
+
+log = logging.getLogger(__name__)
+
+SERVER_PATH = str(Path(__file__).with_name("fork_server.py"))
+RUNNER_PATH = str(Path(__file__).with_name("function_runner.py"))
+#: imported by the server before it forks, when the job's Python has them: what a module
+#: with ``@gl.remote`` functions imports (the SDK's records are most of its start-up)
+PRELOAD = ("gpulayer", "gpulayer.sdk")
+#: how long the first FunctionJob waits for a fork server to come up before it spawns
+READY_TIMEOUT = 60.0
+FORKED = "started by fork server"
+
+_START_PREFIXES = ("PYTHON", "LD_", "MALLOC_")
+_PER_TASK = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED"})
+
+
+def unsupported() -> str | None:
+    """Why this platform cannot run a fork server, or None."""
+    if not sys.platform.startswith("linux"):
+        return f"forking is not used on {sys.platform}"
+    if not (hasattr(os, "pidfd_open") and hasattr(socket, "send_fds") and hasattr(socket, "SOCK_SEQPACKET")):
+        return "this Python or kernel lacks pidfds or descriptor passing"
+    return None
+
+
+def start_variables(env: dict[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that an interpreter reads as it starts (see the module doc)."""
+    return {k: v for k, v in env.items() if k.startswith(_START_PREFIXES) and k not in _PER_TASK}
+
+
+class _Child:
+    """A task's main process as a fork server started it (a :class:`~.process.Started`)."""
+
+    def __init__(self) -> None:
+        self.pid = 0
+        self.code: int | None = None
+        self.error: str | None = None
+        self.started = threading.Event()
+        self.exited = Cancel()
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def wait(self) -> int:
+        self.exited.wait()
+        return self.code if self.code is not None else -9
+
+
+class ForkServer:
+    """One warm interpreter of ``python``; thread-safe. The thread that starts it also reads
+    its answers and lives as long as it does (the server gets ``PR_SET_PDEATHSIG`` bound to
+    that thread, and forwards it to its children)."""
+
+    def __init__(self, python: str, env: dict[str, str]) -> None:
+        self.python = python
+        self.env = env
+        self.failed: str | None = None
+        self.preloaded: list[str] = []
+        self._ready = threading.Event()
+        self._sock: socket.socket | None = None
+        self._send_lock = threading.Lock()
+        self._children: dict[int, _Child] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        threading.Thread(target=self._serve, name="gpulayer-forkserver", daemon=True).start()
+
+    def ready(self, timeout: float = READY_TIMEOUT) -> str | None:
+        """Wait until it serves; None when it does, else why not."""
+        if not self._ready.wait(timeout):
+            return f"the fork server did not start within {timeout:g} s"
+        return self.failed
+
+    def _serve(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = subprocess.Popen(
+                [self.python, "-u", SERVER_PATH, str(theirs.fileno()), RUNNER_PATH, *PRELOAD],
+                env=self.env, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), close_fds=True,
+                start_new_session=True,  # a Ctrl-C at the terminal is the worker's, not the server's
+                preexec_fn=_die_with_parent(os.getpid()),
+            )
+        except OSError as exc:
+            self.failed = f"the fork server could not start: {exc}"
+            self._ready.set()
+            ours.close()
+            return
+        finally:
+            theirs.close()
+        try:
+            hello = json.loads(ours.recv(1 << 16) or b"{}")
+            if not hello.get("ready"):
+                self.failed = "the fork server exited as it started"
+            elif hello.get("unsafe"):
+                self.failed = f"the fork server is not safe to fork: {hello['unsafe']}"
+            self.preloaded = list(hello.get("preloaded") or [])
+        except (OSError, ValueError) as exc:
+            self.failed = f"the fork server did not answer: {exc}"
+        self._sock = ours
+        self._ready.set()
+        try:
+            while True:
+                data = ours.recv(1 << 16)
+                if not data:
+                    break
+                self._answer(json.loads(data))
+        except (OSError, ValueError) as exc:
+            log.warning("fork server: %s", exc)
+        finally:
+            self.failed = self.failed or "the fork server exited"
+            with self._lock:
+                children, self._children = dict(self._children), {}
+            for child in children.values():  # they died with it (PDEATHSIG)
+                child.error = child.error or self.failed
+                child.started.set()
+                child.exited.set()
+            ours.close()
+            with contextlib.suppress(OSError):
+                proc.kill()
+            proc.wait()
+
+    def _answer(self, msg: dict[str, Any]) -> None:
+        with self._lock:
+            child = self._children.get(msg.get("id", -1))
+        if child is None:
+            return
+        if "pid" in msg:
+            child.pid = int(msg["pid"])
+            child.started.set()
+        elif "error" in msg:
+            child.error = str(msg["error"])
+            child.started.set()
+            child.exited.set()
+        elif "exit" in msg:
+            child.code = int(msg["exit"])
+            with self._lock:
+                self._children.pop(msg["id"], None)
+            child.exited.set()
+
+    def start(self, *, cwd: str, env: dict[str, str], spec: str, result: str) -> tuple[_Child, int, int]:
+        """Fork the task's process; its child and the read ends of its stdout and stderr."""
+        if self.failed or self._sock is None:
+            raise StartFailed(self.failed or "the fork server is not running")
+        child = _Child()
+        task_id = next(self._ids)
+        with self._lock:
+            self._children[task_id] = child
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        request = json.dumps({"id": task_id, "cwd": cwd, "env": env, "path": path, "spec": spec,
+                              "result": result}).encode()
+        try:
+            with self._send_lock:
+                socket.send_fds(self._sock, [request], [out_w, err_w])
+        except OSError as exc:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            with self._lock:
+                self._children.pop(task_id, None)
+            raise StartFailed(f"the fork server could not be reached: {exc}") from None
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        child.started.wait()
+        if child.error is not None or child.pid == 0:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            raise StartFailed(f"the fork server could not start the task: {child.error}")
+        return child, out_r, err_r
+
+    def close(self) -> None:
+        """Stop the server (its children, if any are left, die with it)."""
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+class ForkServers:
+    """A worker's fork servers, started on first use: one for its job Python."""
+
+    def __init__(self, python: str, env: dict[str, str]) -> None:
+        self.python = python
+        #: what the server starts with, and what a forked task inherits from at start-up
+        self.env = env
+        self._server: ForkServer | None = None
+        self._lock = threading.Lock()
+        #: servers started so far: one that keeps failing is not started again and again
+        self._starts = 0
+
+    def choose(self, python: str | None, env: dict[str, str]) -> tuple[ForkServer | None, str]:
+        """The server to fork a task from (None: spawn it) and the event message saying so."""
+        why = unsupported()
+        if why is None and python not in (None, self.python):
+            why = f"the job's Python {python} is not the worker's {self.python}"
+        if why is None:
+            changed = sorted(k for k, v in start_variables(env).items() if self.env.get(k) != v)
+            gone = sorted(k for k in start_variables(self.env) if k not in env)
+            if changed or gone:
+                why = f"the job sets {', '.join(changed + gone)}, read as an interpreter starts"
+        if why is None:
+            with self._lock:
+                if self._server is None or (self._server.failed and self._starts < 3):
+                    self._starts += 1
+                    self._server = ForkServer(self.python, self.env)
+                server = self._server
+            why = server.ready()
+            if why is None:
+                return server, FORKED
+        return None, f"spawned: {why}"
+
+    def close(self) -> None:
+        with self._lock:
+            server, self._server = self._server, None
+        if server is not None:
+            server.close()

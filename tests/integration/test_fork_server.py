@@ -1,0 +1,140 @@
+"""FunctionJobs start from the worker's fork server where that is safe, else by a spawn;
+the task's ``task_started`` event says which, and a forked task is its own process tree."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpulayer.client import Client
+from gpulayer.control import ControlPlane
+from gpulayer.records import JobRecord, JobState
+from gpulayer.specs import CommandJob, FunctionJob
+from gpulayer.store import Store
+from gpulayer.worker.agent import Agent
+from gpulayer.worker.forking import FORKED, unsupported
+from tests.factories import make_capabilities
+from tests.server_support import until
+
+pytestmark = pytest.mark.skipif(unsupported() is not None, reason=f"{unsupported()}")
+
+MODULE = '''
+import os, subprocess, sys, time
+
+def facts():
+    return {"own_session": os.getsid(0) == os.getpid(), "own_group": os.getpgid(0) == os.getpid(),
+            "cwd": os.getcwd(), "mine": os.environ.get("MINE"), "task": os.environ.get("GPULAYER_TASK_ID"),
+            "pid": os.getpid()}
+
+def add(a, b):
+    print("adding", a, b)
+    return a + b
+
+def tree():
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    time.sleep(600)
+
+def which_gpulayer():
+    import gpulayer
+    return gpulayer.__file__
+'''
+
+
+@pytest.fixture
+def plane(home: Path) -> Iterator[tuple[ControlPlane, Client]]:
+    cp = ControlPlane(Store())
+    client = Client(cp, location="embedded", default_target="local", control=cp)
+    agent = Agent(cp, capabilities=make_capabilities(), cpu_slots=2)
+    agent.start()
+    try:
+        yield cp, client
+    finally:
+        agent.stop(grace=0)
+
+
+@pytest.fixture
+def bundle(tmp_path: Path) -> Path:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "jobmod.py").write_text(MODULE)
+    return code
+
+
+def _run(cp: ControlPlane, client: Client, spec: FunctionJob | CommandJob) -> JobRecord:
+    job = cp.submit(client.prepare(spec))
+    return cp.wait_job(job.id, timeout=120)
+
+
+def _how(cp: ControlPlane, job_id: str) -> str:
+    [started] = [e.message for e in cp.events(job_id) if e.kind == "task_started"]
+    return started
+
+
+def test_a_function_job_is_forked_into_its_own_session_with_its_environment(plane, bundle) -> None:  # type: ignore[no-untyped-def]
+    cp, client = plane
+    done = _run(cp, client, FunctionJob(function="jobmod:facts", bundle=str(bundle), env={"MINE": "yes"}))
+    assert done.state is JobState.SUCCEEDED, done.error
+    assert _how(cp, done.id) == FORKED
+    facts = done.result
+    assert facts["own_session"] and facts["own_group"]
+    assert facts["mine"] == "yes" and facts["task"] == done.tasks[0].id
+    assert Path(facts["cwd"]).name == done.spec.bundle_digest
+    # and its output reaches the job's log, its result the job
+    added = _run(cp, client, FunctionJob(function="jobmod:add", args=[2, 3], bundle=str(bundle)))
+    assert added.result == 5 and _how(cp, added.id) == FORKED
+    assert "adding 2 3" in "".join(c.data for c in cp.logs(added.id))
+
+
+def test_a_job_with_another_python_or_start_up_variables_is_spawned(plane, bundle, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cp, client = plane
+    other = tmp_path / "python-other"
+    other.symlink_to(sys.executable)
+    done = _run(cp, client, FunctionJob(function="jobmod:add", args=[1, 1], bundle=str(bundle), python=str(other)))
+    assert done.result == 2
+    assert _how(cp, done.id).startswith("spawned: the job's Python")
+    hashed = _run(cp, client, FunctionJob(function="jobmod:add", args=[1, 2], bundle=str(bundle),
+                                          env={"PYTHONHASHSEED": "7"}))
+    assert hashed.result == 3
+    assert _how(cp, hashed.id) == "spawned: the job sets PYTHONHASHSEED, read as an interpreter starts"
+    command = _run(cp, client, CommandJob(command=[sys.executable, "-c", "pass"]))
+    assert command.state is JobState.SUCCEEDED and _how(cp, command.id) == "spawned"
+
+
+def test_a_bundle_with_its_own_copy_of_a_preloaded_module_imports_its_own(plane, bundle) -> None:  # type: ignore[no-untyped-def]
+    cp, client = plane
+    (bundle / "gpulayer").mkdir()
+    (bundle / "gpulayer" / "__init__.py").write_text("MARK = 'the bundle'\n")
+    done = _run(cp, client, FunctionJob(function="jobmod:which_gpulayer", bundle=str(bundle)))
+    assert _how(cp, done.id) == FORKED
+    assert Path(done.result).parent.parent.name == done.spec.bundle_digest
+
+
+def test_cancel_ends_a_forked_tasks_whole_tree(plane, bundle) -> None:  # type: ignore[no-untyped-def]
+    cp, client = plane
+    job = cp.submit(client.prepare(FunctionJob(function="jobmod:tree", bundle=str(bundle))))
+
+    def tree() -> list[psutil.Process]:
+        procs = []
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get("GPULAYER_JOB_ID") == job.id:
+                    procs.append(p)
+            except (psutil.Error, OSError):
+                continue
+        return procs
+
+    # the forked main process shows the server's start-up environment in /proc, so it is
+    # found as the parent of the child, which carries the job's
+    child = until(lambda: tree(), 60, "the task's child running")[0]
+    main = child.parent()
+    assert main is not None and os.getpgid(main.pid) == main.pid
+    assert _how(cp, job.id) == FORKED
+    cp.cancel(job.id)
+    until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in (main, child)), 30,
+          "the forked task's tree gone")
+    assert cp.wait_job(job.id, timeout=60).state is JobState.CANCELLED
