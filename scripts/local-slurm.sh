@@ -15,8 +15,9 @@
 #
 # The cluster: one node "localhost" (127.0.0.1) with $GPULAYER_SLURM_CPUS CPUs (default 8),
 # $GPULAYER_SLURM_GPUS fake GPUs (default 2, GRES gpu:fake) and $GPULAYER_SLURM_MEMORY_MB
-# of memory (default 8192), in two partitions over the same node: "gpu" (the default) and
-# "debug". The settings work without cgroups (containers, VMs without systemd):
+# of memory (default 8192), in three partitions over the same node: "gpu" (the default),
+# "debug", and "short" (MaxTime 10 minutes: a job asking for more is accepted and stays
+# pending, reason PartitionTimeLimit). The settings work without cgroups (containers, VMs without systemd):
 # proctrack/linuxproc, task/none, no accounting. Ports 16817/16818 (slurmctld/slurmd), so a
 # real Slurm on the default ports is left alone.
 #
@@ -77,7 +78,7 @@ write_config() {
     gres_line=" Gres=gpu:fake:$GPUS"
     gres_conf="NodeName=localhost Name=gpu Type=fake File=$DIR/dev/nvidia[0-$((GPUS - 1))]"
   fi
-  cat >"$CONF" <<EOF
+  cat >"$CONF.new" <<EOF
 # Written by scripts/local-slurm.sh: a single-node Slurm for GPUlayer's tests.
 ClusterName=gpulayer
 SlurmctldHost=localhost(127.0.0.1)
@@ -119,8 +120,14 @@ MinJobAge=30
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEMORY_MB$gres_line State=UNKNOWN
 PartitionName=gpu Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 PartitionName=debug Nodes=localhost MaxTime=INFINITE State=UP
+PartitionName=short Nodes=localhost MaxTime=00:10:00 State=UP
 EOF
-  echo "$gres_conf" >"$DIR/gres.conf"
+  echo "$gres_conf" >"$DIR/gres.conf.new"
+  CHANGED=0
+  for f in "$CONF" "$DIR/gres.conf"; do
+    if ! cmp -s "$f.new" "$f"; then CHANGED=1; fi
+    mv -f "$f.new" "$f"
+  done
 }
 
 start_munge() {
@@ -153,6 +160,11 @@ start() {
   install_packages
   write_config
   export SLURM_CONF=$CONF
+  if [ "$CHANGED" = 1 ] && { pid_alive "$DIR/run/slurmctld.pid" || pid_alive "$DIR/run/slurmd.pid"; }; then
+    say "the configuration changed: restarting slurmctld and slurmd"
+    stop_pid slurmd "$DIR/run/slurmd.pid"
+    stop_pid slurmctld "$DIR/run/slurmctld.pid"
+  fi
   start_munge
   wait_for 10 munged munge -n --socket="$DIR/munge/munge.socket"
   if ! pid_alive "$DIR/run/slurmctld.pid"; then

@@ -93,7 +93,7 @@ def test_check_passes_and_names_a_missing_partition(slurm: LocalSlurm, tmp_path:
 
 def test_offers_show_partitions_and_gres(provider: SlurmProvider) -> None:
     offers = provider.offers(plugin.Requirements(accelerator="cuda", gpus=2))
-    assert {o.region for o in offers} == {"gpu", "debug"}
+    assert {o.region for o in offers} == {"gpu", "debug", "short"}
     for offer in offers:
         assert offer.price_per_hour is None
         assert offer.availability in ("available", "limited")
