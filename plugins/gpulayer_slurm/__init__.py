@@ -1,0 +1,291 @@
+"""Bundled GPUlayer plugin: Slurm allocations as ``cloud`` machines (a pilot job per machine).
+
+A ``[NAME]`` section of providers.toml with ``type = "slurm"`` makes one provider:
+
+- ``offers(requirements)``: one offer per partition (and GPU type) where some usable node
+  could hold the allocation the job needs: its GPUs as GRES ``gpu`` (reported as devices of
+  ``gpu_kind``, cuda by default), its CPUs and memory. Read from ``sinfo``; price none
+  (your own capacity); available when a node has that much free now, limited when the
+  nodes are busy, unavailable when they are all down or drained.
+- ``launch(request)``: ``sbatch --parsable`` of a pilot job whose script runs
+  ``gpulayer worker start`` and nothing else. The job's name is ``gpulayer-<machine id>``
+  and its comment ``gpulayer:<label>:<machine id>``. The bootstrap token and the rest of
+  the worker's environment reach the job through sbatch's own environment and
+  ``--export`` of their names: never an argv, never the script (which sbatch reads from
+  stdin; no file is written).
+- ``list(label)``: ``squeue --json --me`` (``squeue --format`` where this Slurm has no
+  ``--json``), the jobs whose comment carries the label.
+- ``terminate(machine_id, provider_id)``: ``scancel`` by job id and name (a job id reused
+  by another job is left alone), or by name alone; an ended or unknown job is success.
+
+Every command runs with a timeout, on this machine or, with ``ssh_host``, on a login node
+through paramiko (see :mod:`gpulayer_slurm._runner`). See docs/providers.md, "slurm".
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpulayer import plugin
+
+from . import _parse
+from ._runner import LocalRunner, Runner, SshRunner
+
+NAME_PREFIX = "gpulayer-"
+COMMENT_PREFIX = "gpulayer:"
+Availability = Literal["available", "limited", "unavailable", "unknown"]
+#: the environment passed to the pilot job besides the worker's own (when set where sbatch runs)
+DEFAULT_EXPORT = ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV"]
+
+
+class SlurmConfig(BaseModel):
+    """A ``type = "slurm"`` section of providers.toml (the core's own keys taken out)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    partitions: list[str] = Field(default_factory=list,
+                                  description="partitions to offer, in this order; empty: every partition")
+    python: str = Field(default="python3", description="the Python on the compute nodes that has gpulayer")
+    cpus: int = Field(default=1, ge=1, description="CPUs per pilot job when the job does not say")
+    memory_gb: float = Field(default=2.0, gt=0, description="memory per pilot job when the job does not say")
+    gpu_kind: str = Field(default="cuda", description="device kind the GRES gpu stands for")
+    gpu_memory_gb: dict[str, float] = Field(
+        default_factory=dict, description='memory of one GPU by GRES type, e.g. {a100 = 80}; "*" for any')
+    time_limit: str | None = Field(default=None, description="sbatch --time of the pilot job, e.g. 8:00:00")
+    sbatch_args: list[str] = Field(default_factory=list, description="more sbatch options, e.g. --account=x")
+    setup: list[str] = Field(default_factory=list,
+                             description="shell lines the pilot runs before the worker (module load ...)")
+    env: dict[str, str] = Field(default_factory=dict, description="variables the worker gets (no secrets)")
+    export_env: list[str] = Field(default_factory=lambda: list(DEFAULT_EXPORT),
+                                  description="variables copied from where sbatch runs into the job")
+    log_dir: str | None = Field(default=None, description="where pilot jobs write their output")
+    workdir: str | None = Field(default=None, description="sbatch --chdir of the pilot job")
+    slurm_conf: str | None = Field(default=None, description="SLURM_CONF for the commands")
+    command_timeout: float = Field(default=30.0, gt=0, description="seconds for one Slurm command")
+    ssh_host: str | None = Field(default=None, description="run the commands on this login node")
+    ssh_port: int = Field(default=22, ge=1, le=65535)
+    ssh_user: str | None = None
+    ssh_key: str | None = Field(default=None, description="private key file (default: agent, ~/.ssh)")
+    ssh_known_hosts: str | None = Field(default=None, description="known_hosts file (default: the system's)")
+
+    @field_validator("partitions", "sbatch_args", "setup", "export_env")
+    @classmethod
+    def _no_empty(cls, v: list[str]) -> list[str]:
+        if any(not item.strip() for item in v):
+            raise ValueError("empty entries are not accepted")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if not name.replace("_", "a").isalnum() or name[:1].isdigit():
+                raise ValueError(f"{name!r} is not an environment variable name (letters, digits, _)")
+            if name.startswith("GPULAYER_TOKEN"):
+                raise ValueError(f"{name} is set by GPULAYER itself (the bootstrap token)")
+        return v
+
+
+def _gpu_request(requirements: plugin.Requirements, kind: str) -> int | None:
+    """GPUs per machine the job needs; None when it needs an accelerator Slurm's gpu is not."""
+    if requirements.accelerator is None:
+        return 0
+    if requirements.accelerator != kind:
+        return None
+    return 1 if requirements.gpus is None else requirements.gpus
+
+
+class SlurmProvider:
+    """One configured Slurm provider; see the module docstring."""
+
+    def __init__(self, name: str, config: SlurmConfig, runner: Runner | None = None) -> None:
+        self.name = name
+        self.config = config
+        self.runner = runner or self._runner(config)
+
+    @staticmethod
+    def _runner(c: SlurmConfig) -> Runner:
+        if c.ssh_host:
+            return SshRunner(c.ssh_host, port=c.ssh_port, user=c.ssh_user, key_file=c.ssh_key,
+                             known_hosts=c.ssh_known_hosts, python=c.python, slurm_conf=c.slurm_conf,
+                             connect_timeout=c.command_timeout)
+        return LocalRunner(c.slurm_conf)
+
+    # ----------------------------------------------------------------- commands
+
+    def _run(self, argv: list[str], *, env: dict[str, str] | None = None, stdin: str | None = None) -> tuple[int, str, str]:
+        return self.runner.run(argv, env=env, stdin=stdin, timeout=self.config.command_timeout)
+
+    def _query(self, argv: list[str]) -> str:
+        rc, out, err = self._run(argv)
+        if rc != 0:
+            raise _parse.command_error(argv[0], rc, err, self.runner.where)
+        return out
+
+    def nodes(self) -> list[_parse.Node]:
+        out = self._query(["sinfo", "--Node", "--noheader", f"--Format={_parse.SINFO_FORMAT}"])
+        return _parse.parse_nodes(out)
+
+    def check(self) -> None:
+        """``sinfo`` answers (commands found, munge and the controller reachable)."""
+        conf = self.config.slurm_conf
+        if conf and not self.config.ssh_host and not os.path.isfile(conf):
+            raise plugin.ProviderAuthFailed(f"slurm_conf = {conf!r}: no such file on this machine")
+        nodes = self.nodes()
+        missing = [p for p in self.config.partitions if p not in {n.partition for n in nodes}]
+        if missing:
+            raise plugin.ProviderAuthFailed(
+                f"partitions = {missing}: not on this cluster (sinfo shows "
+                f"{sorted({n.partition for n in nodes}) or 'none'})")
+
+    # ----------------------------------------------------------------- offers
+
+    def offers(self, requirements: plugin.Requirements) -> list[plugin.MachineOffer]:
+        c = self.config
+        gpus = _gpu_request(requirements, c.gpu_kind)
+        if gpus is None:
+            return []
+        cpus = max(requirements.cpus or 0, c.cpus)
+        memory_mb = int(max(requirements.memory_gb or 0.0, c.memory_gb) * 1024)
+        by_partition: dict[str, list[_parse.Node]] = {}
+        for node in self.nodes():
+            by_partition.setdefault(node.partition, []).append(node)
+        order = c.partitions or list(by_partition)
+        offers = []
+        for partition in order:
+            nodes = by_partition.get(partition, [])
+            types = sorted({t for n in nodes for t in n.gpus}) if gpus else [None]
+            for gtype in types:
+                offer = self._offer(partition, nodes, gtype, gpus, cpus, memory_mb)
+                if offer is not None:
+                    offers.append(offer)
+        return offers
+
+    def _offer(self, partition: str, nodes: list[_parse.Node], gtype: str | None, gpus: int, cpus: int,
+               memory_mb: int) -> plugin.MachineOffer | None:
+        fits = [n for n in nodes if n.cpus >= cpus and n.memory_mb >= memory_mb and n.gpu_count(gtype) >= gpus]
+        if not fits:
+            return None
+        usable = [n for n in fits if n.usable]
+        free = [n for n in usable if n.cpus_free >= cpus and n.memory_free_mb >= memory_mb
+                and n.gpus_free(gtype) >= gpus]
+        availability: Availability = "available" if free else "limited" if usable else "unavailable"
+        gres = f"gpu:{gtype}:{gpus}" if gtype else f"gpu:{gpus}"
+        label = gtype or "gpu"
+        shape = f"{cpus}cpu-{memory_mb / 1024:g}gb" + (f"-{gpus}x{label}" if gpus else "")
+        memory = self.config.gpu_memory_gb.get(gtype or "", self.config.gpu_memory_gb.get("*"))
+        devices = [plugin.Device(kind=self.config.gpu_kind, index=i, name=f"Slurm GRES {label}",
+                                 memory_bytes=int(memory * 1024**3) if memory else None)
+                   for i in range(gpus)]
+        host = plugin.HostInfo(os="linux", arch="x86_64", hostname=fits[0].name, cpu_count=cpus,
+                               memory_bytes=memory_mb * 1024 * 1024, python_version="")
+        return plugin.MachineOffer(
+            provider=self.name, shape=shape, region=partition, availability=availability,
+            capabilities=plugin.Capabilities(host=host, devices=devices), price_per_hour=None,
+            data={"partition": partition, "cpus": cpus, "memory_mb": memory_mb,
+                  "gres": gres if gpus else None, "nodes": [n.name for n in fits]},
+        )
+
+    # ----------------------------------------------------------------- launch
+
+    def job_script(self, request: plugin.LaunchRequest) -> str:
+        """The pilot job's script: setup lines, the worker's plain settings, the worker. No secret."""
+        c = self.config
+        lines = ["#!/bin/sh", f"# GPUlayer pilot job for machine {request.machine_id}: one worker, then exit."]
+        lines += c.setup
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(c.env.items())]
+        lines.append("exec " + shlex.join(request.worker_argv(c.python)))
+        return "\n".join(lines) + "\n"
+
+    def sbatch_argv(self, request: plugin.LaunchRequest, export: list[str]) -> list[str]:
+        c = self.config
+        data = request.offer.data
+        argv = ["sbatch", "--parsable", f"--job-name={NAME_PREFIX}{request.machine_id}",
+                f"--comment={COMMENT_PREFIX}{request.label}:{request.machine_id}",
+                f"--partition={data.get('partition') or request.offer.region}", "--nodes=1", "--ntasks=1",
+                f"--cpus-per-task={int(data.get('cpus') or c.cpus)}",
+                f"--mem={int(data.get('memory_mb') or c.memory_gb * 1024)}M",
+                f"--export={','.join(export)}"]
+        if data.get("gres"):
+            argv.append(f"--gres={data['gres']}")
+        if c.time_limit:
+            argv.append(f"--time={c.time_limit}")
+        if c.log_dir:
+            argv.append(f"--output={c.log_dir.rstrip('/')}/%x-%j.out")
+        if c.workdir:
+            argv.append(f"--chdir={c.workdir}")
+        return argv + c.sbatch_args
+
+    def launch(self, request: plugin.LaunchRequest) -> plugin.LaunchedMachine:
+        # Idempotent: a launch retried with the same machine id finds its first job.
+        for job in self._jobs():
+            if job.name == NAME_PREFIX + request.machine_id and job.live_state is not None:
+                return plugin.LaunchedMachine(provider_id=job.job_id, data={"partition": request.offer.region})
+        env = request.worker_environment()
+        export = sorted(env) + [n for n in self.config.export_env
+                                if n not in env and (self.config.ssh_host or n in _local_env())]
+        rc, out, err = self._run(self.sbatch_argv(request, export), env=env, stdin=self.job_script(request))
+        if rc != 0:
+            raise _parse.sbatch_error(err, str(request.offer.data.get("partition") or request.offer.region))
+        job_id = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
+        if not job_id.isdigit():
+            raise plugin.ProviderTransient(f"sbatch answered {out.strip()!r}, not a job id")
+        return plugin.LaunchedMachine(provider_id=job_id, data={"partition": request.offer.region,
+                                                                "submitted_at": time.time()})
+
+    # ----------------------------------------------------------------- list, terminate
+
+    def _jobs(self) -> list[_parse.Job]:
+        rc, out, err = self._run(["squeue", "--json", "--me"])
+        if rc == 0:
+            try:
+                return _parse.parse_squeue_json(out)
+            except ValueError:
+                pass  # not JSON after all: read the plain format below
+        elif not _parse.json_unsupported(err):
+            raise _parse.command_error("squeue", rc, err, self.runner.where)
+        out = self._query(["squeue", "--me", "--noheader", f"--format={_parse.SQUEUE_FORMAT}"])
+        return _parse.parse_squeue_format(out)
+
+    def list(self, label: str) -> list[plugin.LiveMachine]:
+        prefix = f"{COMMENT_PREFIX}{label}:"
+        machines = []
+        for job in self._jobs():
+            state = job.live_state
+            if state is None or not job.comment.startswith(prefix):
+                continue
+            machines.append(plugin.LiveMachine(machine_id=job.comment[len(prefix):], provider_id=job.job_id,
+                                               state=state, data={"slurm_state": job.state}))
+        return machines
+
+    def terminate(self, machine_id: str, provider_id: str | None) -> None:
+        argv = ["scancel", f"--name={NAME_PREFIX}{machine_id}"]
+        if provider_id:
+            argv.append(provider_id)
+        rc, _, err = self._run(argv)
+        if rc != 0 and "invalid job id" not in err.lower() and "already completing or completed" not in err.lower():
+            raise _parse.command_error("scancel", rc, err, self.runner.where)
+
+
+def _local_env() -> set[str]:
+    return set(os.environ)
+
+
+def create(name: str, config: Any) -> SlurmProvider:
+    return SlurmProvider(name, config if isinstance(config, SlurmConfig) else SlurmConfig.model_validate(config))
+
+
+@plugin.hookimpl
+def gpulayer_provider_adapters() -> Iterator[plugin.ProviderAdapter]:
+    yield plugin.ProviderAdapter(
+        name="slurm", description="Slurm allocations: a pilot job per machine (sbatch, squeue, scancel)",
+        config=SlurmConfig, create=create)
+
+
+__all__ = ["SlurmConfig", "SlurmProvider", "gpulayer_provider_adapters"]

@@ -1,0 +1,163 @@
+"""The slurm plugin's pure parts: what it reads from Slurm's commands, how it names their
+errors, and what goes over SSH. Against a real Slurm: tests/providers/."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+from gpulayer_slurm import SlurmConfig, SlurmProvider, _parse
+from gpulayer_slurm._runner import SshRunner
+from pydantic import SecretStr, ValidationError
+
+from gpulayer import plugin
+
+SINFO = (
+    "gpu1|gpu*|mixed|64|16/48/0/64|512000|128000|gpu:a100:4(S:0-1)|gpu:a100:3(IDX:0-2)|up|\n"
+    "gpu2|gpu*|drained|64|0/0/64/64|512000|0|gpu:a100:4(S:0-1)|gpu:a100:0(IDX:N/A)|up|\n"
+    "cpu1|cpu|idle|32|0/32/0/32|128000|0|(null)|gpu:0|up|\n"
+    "old1|old|idle*|16|0/16/0/16|64000|0|gpu:2|gpu:0|down|\n"
+)
+
+
+def test_gres_strings() -> None:
+    assert _parse.parse_gres("gpu:a100:4(S:0-1)") == {"a100": 4}
+    assert _parse.parse_gres("gpu:2,nic:1") == {"": 2}
+    assert _parse.parse_gres("gpu:a100:2(IDX:0,1),gpu:v100:1") == {"a100": 2, "v100": 1}
+    assert _parse.parse_gres("(null)") == {}
+    assert _parse.parse_gres("") == {}
+
+
+def test_nodes_from_sinfo() -> None:
+    nodes = _parse.parse_nodes(SINFO)
+    gpu1, gpu2, cpu1, old1 = nodes
+    assert (gpu1.partition, gpu1.cpus, gpu1.cpus_free, gpu1.memory_free_mb) == ("gpu", 64, 48, 384000)
+    assert (gpu1.gpu_count(), gpu1.gpus_free("a100"), gpu1.usable) == (4, 1, True)
+    assert not gpu2.usable and cpu1.usable and cpu1.gpu_count() == 0
+    assert not old1.usable  # partition down, node not responding
+
+
+class _Canned:
+    """A runner that answers like Slurm's commands did (the real ones: tests/providers/)."""
+
+    where = "canned"
+
+    def __init__(self, answers: dict[str, tuple[int, str, str]]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[list[str], dict[str, str] | None, str | None]] = []
+
+    def run(self, argv: list[str], *, env: dict[str, str] | None = None, stdin: str | None = None,
+            timeout: float) -> tuple[int, str, str]:
+        self.calls.append((argv, env, stdin))
+        return self.answers[argv[0]]
+
+
+def test_offers_availability_and_shapes() -> None:
+    runner = _Canned({"sinfo": (0, SINFO, "")})
+    p = SlurmProvider("hpc", SlurmConfig(gpu_memory_gb={"a100": 80}), runner=runner)
+    one = p.offers(plugin.Requirements(accelerator="cuda", gpus=1))
+    assert [(o.scope, o.availability) for o in one] == [("hpc/gpu/1cpu-2gb-1xa100", "available"),
+                                                       ("hpc/old/1cpu-2gb-1xgpu", "unavailable")]
+    assert one[0].capabilities.devices[0].memory_gb == 80
+    two = p.offers(plugin.Requirements(accelerator="cuda", gpus=2, cpus=8, memory_gb=64))
+    # gpu1 has 1 GPU free now (limited); old1's 64000 MB cannot hold 64 GB (no offer).
+    assert [(o.region, o.shape, o.availability) for o in two] == [("gpu", "8cpu-64gb-2xa100", "limited")]
+    assert two[0].data["gres"] == "gpu:a100:2" and two[0].data["memory_mb"] == 65536
+
+
+def test_squeue_json_of_both_eras_and_the_format_fallback() -> None:
+    old = json.dumps({"jobs": [{"job_id": 7, "name": "gpulayer-m-1", "job_state": "RUNNING",
+                                "comment": "gpulayer:srv:m-1"}]})
+    new = json.dumps({"jobs": [{"job_id": 8, "name": "gpulayer-m-2", "job_state": ["PENDING"],
+                                "comment": "gpulayer:srv:m-2"}]})
+    assert [(j.job_id, j.live_state) for j in _parse.parse_squeue_json(old)] == [("7", "running")]
+    assert [(j.job_id, j.live_state) for j in _parse.parse_squeue_json(new)] == [("8", "pending")]
+    fmt = _parse.parse_squeue_format("9|gpulayer-m-3|COMPLETING|gpulayer:srv:m-3\n10|x|COMPLETED|(null)\n")
+    assert [(j.job_id, j.live_state, j.comment) for j in fmt] == [("9", "stopping", "gpulayer:srv:m-3"),
+                                                                  ("10", None, "")]
+    runner = _Canned({})
+
+    def answer(argv: list[str], **_: object) -> tuple[int, str, str]:
+        if "--json" in argv:
+            return 1, "", "squeue: unrecognized option '--json'\n"
+        return 0, "9|gpulayer-m-3|RUNNING|gpulayer:srv:m-3\n11|gpulayer-m-4|RUNNING|gpulayer:other:m-4\n", ""
+
+    runner.run = answer  # type: ignore[assignment,method-assign]
+    machines = SlurmProvider("hpc", SlurmConfig(), runner=runner).list("srv")
+    assert [(m.machine_id, m.provider_id, m.state) for m in machines] == [("m-3", "9", "running")]
+
+
+@pytest.mark.parametrize(("stderr", "error"), [
+    ("sbatch: error: Batch job submission failed: Requested node configuration is not available",
+     plugin.SkipOffer),
+    ("sbatch: error: Batch job submission failed: Invalid partition name specified", plugin.SkipOffer),
+    ("sbatch: error: Batch job submission failed: Requested partition configuration not available now",
+     plugin.NoCapacity),
+    ("sbatch: error: QOSMaxGRESPerUser\nsbatch: error: Batch job submission failed: Job violates "
+     "accounting/QOS policy (job submit limit, user's size and/or time limits)", plugin.QuotaExceeded),
+    ("sbatch: error: Munge encode failed: Failed to access \"/run/munge/munge.socket.2\"", plugin.ProviderAuthFailed),
+    ("sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)",
+     plugin.ProviderTransient),
+])
+def test_sbatch_errors_are_typed(stderr: str, error: type[plugin.ProviderError]) -> None:
+    exc = _parse.sbatch_error(stderr, "gpu")
+    assert type(exc) is error
+    assert stderr.splitlines()[-1].split("error: ")[-1] in str(exc)
+
+
+def _request(token: str) -> plugin.LaunchRequest:
+    offer = plugin.MachineOffer(shape="1cpu-2gb-1xgpu", region="gpu", capabilities=plugin.Capabilities(
+        host=plugin.HostInfo(os="linux", arch="x86_64", cpu_count=1, memory_bytes=2**31, python_version="")),
+        data={"partition": "gpu", "cpus": 1, "memory_mb": 2048, "gres": "gpu:1"})
+    return plugin.LaunchRequest(machine_id="m-1", label="srv", offer=offer, control_url="https://cp:8443",
+                                bootstrap_token=SecretStr(token), join_deadline=time.time() + 60)
+
+
+def test_launch_puts_the_token_in_the_environment_only() -> None:
+    runner = _Canned({"squeue": (0, json.dumps({"jobs": []}), ""), "sbatch": (0, "4242\n", "")})
+    config = SlurmConfig(setup=["module load cuda"], env={"HF_HOME": "/scratch/hf cache"}, log_dir="/scratch/logs",
+                         sbatch_args=["--account=ml"], time_limit="8:00:00")
+    launched = SlurmProvider("hpc", config, runner=runner).launch(_request("glb_secret"))
+    assert launched.provider_id == "4242"
+    argv, env, script = runner.calls[-1]
+    assert "glb_secret" not in " ".join(argv) and script is not None and "glb_secret" not in script
+    assert env is not None and env["GPULAYER_TOKEN"] == "glb_secret"
+    export = next(a for a in argv if a.startswith("--export="))
+    assert "GPULAYER_TOKEN" in export.split("=", 1)[1].split(",")
+    assert {"--job-name=gpulayer-m-1", "--comment=gpulayer:srv:m-1", "--partition=gpu", "--gres=gpu:1",
+            "--mem=2048M", "--time=8:00:00", "--output=/scratch/logs/%x-%j.out"} <= set(argv)
+    assert argv[-1] == "--account=ml"
+    assert script.splitlines()[2:] == ["module load cuda", "export HF_HOME='/scratch/hf cache'",
+                                       "exec python3 -m gpulayer.cli worker start --name m-1"]
+
+
+def test_config_errors_name_the_key() -> None:
+    with pytest.raises(ValidationError, match="partitions"):
+        SlurmConfig.model_validate({"partitions": [""]})
+    with pytest.raises(ValidationError, match="not an environment variable name"):
+        SlurmConfig.model_validate({"env": {"1X": "y"}})
+    with pytest.raises(ValidationError, match="bootstrap token"):
+        SlurmConfig.model_validate({"env": {"GPULAYER_TOKEN": "y"}})
+    with pytest.raises(ValidationError, match="sbatch_arg"):
+        SlurmConfig.model_validate({"sbatch_arg": []})
+
+
+def test_ssh_command_line_keeps_secrets_on_stdin() -> None:
+    runner = SshRunner("login.example", python="/opt/py/bin/python3", slurm_conf="/etc/slurm/x.conf")
+    line, payload = runner.command_line(["sbatch", "--parsable", "--export=GPULAYER_TOKEN"],
+                                        env={"GPULAYER_TOKEN": "glb_secret"}, stdin="#!/bin/sh\n")
+    assert "glb_secret" not in line and payload is not None
+    assert json.loads(payload) == {"env": {"GPULAYER_TOKEN": "glb_secret"}, "stdin": "#!/bin/sh\n"}
+    argv = shlex.split(line)
+    assert argv[:2] == ["/opt/py/bin/python3", "-c"]
+    assert argv[3:] == ["env", "SLURM_CONF=/etc/slurm/x.conf", "sbatch", "--parsable", "--export=GPULAYER_TOKEN"]
+    # The remote side: the same Python code run here reads the payload and runs the argv with it.
+    proc = subprocess.run([sys.executable, "-c", argv[2], "sh", "-c", 'printf %s "$GPULAYER_TOKEN"; cat'],
+                          input=payload, capture_output=True, text=True, timeout=30)
+    assert (proc.returncode, proc.stdout) == (0, "glb_secret#!/bin/sh\n")
+    plain, none = runner.command_line(["squeue", "--me"], env=None, stdin=None)
+    assert (plain, none) == ("env SLURM_CONF=/etc/slurm/x.conf squeue --me", None)
