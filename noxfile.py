@@ -33,13 +33,15 @@ def types(session: nox.Session) -> None:
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    """The docs checks: every hook documented, every relative link and cited test exists."""
+    """The docs checks: every hook documented, every relative link and cited test exists, and
+    every snippet runs as written (or says why not)."""
     _install(session)
-    session.run("python", "-m", "pytest", "-q", "tests/unit/test_docs.py", "tests/unit/test_doc_references.py")
+    session.run("python", "-m", "pytest", "-q", "tests/unit/test_docs.py", "tests/unit/test_doc_references.py",
+                "tests/integration/test_doc_snippets.py", "tests/integration/test_readme.py")
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
     _install(session)
-    for script in ("placement.py", "resources_detect.py", "submit_latency.py"):
+    for script in ("placement.py", "resources_detect.py", "cli_startup.py", "submit_latency.py"):
         session.run("python", f"bench/{script}")

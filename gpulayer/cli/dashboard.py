@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
 
 def dashboard(
     port: int = typer.Option(DEFAULT_PORT, "--port", min=0, max=65535, help="port on 127.0.0.1 (0: any free one)"),
-    log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level"),
+    log_level: str = typer.Option("warning", "--log-level", metavar="LEVEL", help="uvicorn log level"),
     as_json: bool = json_option("once listening, print url, token and home as one line of JSON on stdout"),
 ) -> None:
     """Serve the web dashboard of the embedded control plane on 127.0.0.1.

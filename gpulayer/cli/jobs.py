@@ -177,6 +177,8 @@ def submit_cmd(
     job = client.submit(spec)
     if job.state is JobState.UNSCHEDULABLE:
         typer.echo(job.error.message if job.error else "scheduling: no eligible worker", err=True)
+        if as_json:
+            echo_json(outcome_record(job))
         raise typer.Exit(EXIT_UNSCHEDULABLE)
     if detach:
         if as_json:
@@ -413,7 +415,7 @@ def jobs_logs(
 
 @jobs_app.command("cancel")
 def jobs_cancel(
-    job_ids: list[str] = typer.Argument(..., metavar="JOB...", help="one or more job ids"),
+    job_ids: list[str] = typer.Argument(..., metavar="JOB", help="one or more job ids"),
     as_json: bool = json_option("print one record per job: id, state, whether the cancel is still under way"),
 ) -> None:
     """Cancel jobs: their processes are ended, grandchildren included.
@@ -448,7 +450,7 @@ def _check_wait_timeout(timeout: float | None) -> None:
 
 @jobs_app.command("wait")
 def jobs_wait(
-    job_ids: list[str] = typer.Argument(..., metavar="JOB...", help="one or more job ids"),
+    job_ids: list[str] = typer.Argument(..., metavar="JOB", help="one or more job ids"),
     timeout: Optional[float] = typer.Option(None, "--timeout", metavar="S",
                                             help="give up after S seconds (default: wait as long as it takes)"),
     as_json: bool = json_option("print one outcome record per job"),

@@ -76,8 +76,8 @@ def render_capabilities(caps: Capabilities) -> list[str]:
 def detect(
     as_json: bool = typer.Option(False, "--json", help="print the Capabilities record as JSON"),
     python: str | None = typer.Option(
-        None, "--python", help="the Python that will run jobs (default: this one)"),
-    timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="seconds per detector and probe"),
+        None, "--python", metavar="PATH", help="the Python that will run jobs (default: this one)"),
+    timeout: float = typer.Option(10.0, "--timeout", min=0.1, metavar="S", help="seconds per detector and probe"),
     refresh: bool = typer.Option(False, "--refresh", help="ignore cached framework probe results"),
 ) -> None:
     """Show the accelerators, frameworks and host facts a worker here would report."""

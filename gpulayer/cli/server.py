@@ -84,13 +84,13 @@ def self_signed(host: str, directory: Path) -> tuple[Path, Path]:
 def server_start(
     host: str = typer.Option("127.0.0.1", "--host", help="address to bind (loopback by default)"),
     port: int = typer.Option(8765, "--port", min=0, max=65535),
-    database: Optional[str] = typer.Option(None, "--database", envvar="GPULAYER_DATABASE_URL",
+    database: Optional[str] = typer.Option(None, "--database", metavar="URL", envvar="GPULAYER_DATABASE_URL",
                                            help="sqlite:///PATH or postgresql://USER@HOST/DB (default: SQLite in $GPULAYER_HOME)"),
-    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="PEM certificate (chain)"),
-    tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="PEM private key"),
+    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", metavar="FILE", help="PEM certificate (chain)"),
+    tls_key: Optional[Path] = typer.Option(None, "--tls-key", metavar="FILE", help="PEM private key"),
     self_signed_flag: bool = typer.Option(False, "--self-signed", help="make a certificate in $GPULAYER_HOME/tls/"),
     insecure_http: bool = typer.Option(False, "--insecure-http", help="allow plain HTTP on a non-loopback address"),
-    log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level"),
+    log_level: str = typer.Option("warning", "--log-level", metavar="LEVEL", help="uvicorn log level"),
     as_json: bool = json_option("once listening, print url, ca, fingerprint, pid and database as one line "
                                 "of JSON on stdout"),
 ) -> None:

@@ -21,13 +21,13 @@ def register(app: typer.Typer) -> None:
 
 @worker_app.command("start")
 def worker_start(
-    cpu_slots: Optional[int] = typer.Option(None, "--cpu-slots", min=0, help="CPU-only tasks at once (default: min(4, CPUs))"),
+    cpu_slots: Optional[int] = typer.Option(None, "--cpu-slots", min=0, metavar="N", help="CPU-only tasks at once (default: min(4, CPUs))"),
     name: Optional[str] = typer.Option(None, "--name", help="a name to show (default: host name)"),
-    python: Optional[str] = typer.Option(None, "--python", help="the Python that runs jobs (default: this one)"),
-    label: list[str] = typer.Option([], "--label", help="KEY=VALUE label jobs can require (repeatable)"),
-    token: Optional[str] = typer.Option(None, "--token", help="join token (with --url)"),
-    grace: float = typer.Option(10.0, "--grace", min=0, help="seconds running tasks get to finish on SIGTERM"),
-    idle_exit: Optional[float] = typer.Option(None, "--idle-exit", min=0, help="stop after this many idle seconds"),
+    python: Optional[str] = typer.Option(None, "--python", metavar="PATH", help="the Python that runs jobs (default: this one)"),
+    label: list[str] = typer.Option([], "--label", metavar="K=V", help="KEY=VALUE label jobs can require (repeatable)"),
+    token: Optional[str] = typer.Option(None, "--token", metavar="JOIN", help="join token (with --url)"),
+    grace: float = typer.Option(10.0, "--grace", min=0, metavar="S", help="seconds running tasks get to finish on SIGTERM"),
+    idle_exit: Optional[float] = typer.Option(None, "--idle-exit", min=0, metavar="S", help="stop after this many idle seconds"),
     as_json: bool = json_option("once registered, print the worker's record as one line of JSON on stdout"),
 ) -> None:
     """Start a worker: embedded (this machine's $GPULAYER_HOME) or, with --url, for a server."""
@@ -169,7 +169,7 @@ def worker_status(
 
 @worker_app.command("prune")
 def worker_prune(
-    older_than: Optional[str] = typer.Option(None, "--older-than",
+    older_than: Optional[str] = typer.Option(None, "--older-than", metavar="AGE",
                                              help="only workers silent for at least this long, e.g. 1h, 7d"),
     as_json: bool = json_option("print the ids removed as JSON"),
 ) -> None:

@@ -105,6 +105,9 @@ def test_attached_submit_json_prints_the_outcome_and_sends_output_to_stderr() ->
     assert record["state"] == "failed" and record["exit_code"] == 4 and record["code"] == 4
     assert record["id"].startswith("job-")
     assert "out\n" in proc.stderr and "err\n" in proc.stderr
+    nowhere = cli("submit", "--json", "--accelerator", "cuda", "--", "true", timeout=60)
+    assert nowhere.returncode == 125
+    assert json.loads(nowhere.stdout)["state"] == "unschedulable"
 
 
 def test_show_writes_requirements_as_submit_flags(home: Path) -> None:
