@@ -56,6 +56,7 @@ class Core:
     #: the same, for changes a worker's poll cares about: tasks assigned, tasks to end
     _work_generation: int = 0
     _observers: list[ControlObserver] = field(default_factory=list)
+    _placement_cache: placement.Cache = field(default_factory=placement.Cache)
     _last_expiry: float = 0.0
     #: worker id -> (when, task ids it said it runs), from heartbeats this process received;
     #: written by heartbeat batches and read by reconciliation on other threads
@@ -84,7 +85,8 @@ class Core:
         started = time.perf_counter()
         now = self.clock()
         with self.store.write() as s:
-            result = placement.run(s, now, reserve_after=self.reserve_after, event=self._event)
+            result = placement.run(s, now, reserve_after=self.reserve_after, event=self._event,
+                                   cache=self._placement_cache)
         if result is None:  # nothing queued
             return
         seconds = time.perf_counter() - started
