@@ -47,10 +47,12 @@ class Cache:
         #: job id -> (the stored decision's text, that decision without its time, as JSON)
         self.decisions: dict[str, tuple[str, str]] = {}
 
-    def load(self, s: Session, job_ids: list[str]) -> dict[str, JobSpec]:
-        live = set(job_ids)
-        self.specs = {k: v for k, v in self.specs.items() if k in live}
-        self.decisions = {k: v for k, v in self.decisions.items() if k in live}
+    def load(self, s: Session, job_ids: list[str], *, keep_others: bool = False) -> dict[str, JobSpec]:
+        """The specs of ``job_ids`` (the queue); ``keep_others``: a pass over a part of it."""
+        if not keep_others:
+            live = set(job_ids)
+            self.specs = {k: v for k, v in self.specs.items() if k in live}
+            self.decisions = {k: v for k, v in self.decisions.items() if k in live}
         missing = [j for j in job_ids if j not in self.specs]
         if missing:
             for job_id, raw in queries.job_specs(s, missing).items():
@@ -72,19 +74,24 @@ class Cache:
 
 
 def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
-        cache: Cache | None = None) -> scheduling.PlacementResult | None:
+        cache: Cache | None = None, new_job: str | None = None) -> scheduling.PlacementResult | None:
     """One pass over the whole queue; None when nothing is queued.
 
     Only the jobs it changes are loaded as rows (those assigned, and those whose decision
-    says something new): with a long queue that waits, a pass reads a few columns per job."""
+    says something new): with a long queue that waits, a pass reads a few columns per job.
+
+    ``new_job`` (a submit): when no online worker has a free CPU slot or device, nothing
+    can be assigned, and the jobs already queued were decided against this same fleet at
+    the last change of its capacity (every such change runs a pass): only the new job is
+    decided. Otherwise the whole queue is, as always."""
     cache = cache if cache is not None else Cache()
-    keys = queries.queue_keys(s)
+    workers = fleet(s)
+    keys = queries.queue_keys(s, new_job if new_job is not None and not has_room(workers) else None)
     if not keys:
         return None
-    specs = cache.load(s, [k[0] for k in keys])
+    specs = cache.load(s, [k[0] for k in keys], keep_others=len(keys) == 1 and new_job is not None)
     queue = [scheduling.QueuedJob(id=job_id, spec=specs[job_id], seq=i, queued_at=updated or created)
              for i, (job_id, created, updated, _, _) in enumerate(keys)]
-    workers = fleet(s)
     result = scheduling.place(queue, workers, now, reserve_after=reserve_after)
     assigned = {a.job_id for a in result.assignments}
     changed = []
@@ -130,6 +137,13 @@ class Hints:
             self._closest[shape] = closest_line(nearest.closest(spec, self._workers))
         line = self._closest[shape]
         return [*([line] if line else []), f"run: gpulayer jobs explain {job_id}"]
+
+
+def has_room(workers: list[scheduling.WorkerState]) -> bool:
+    """Whether any online worker that takes work has a free CPU slot or device."""
+    return any(not w.record.draining and (w.record.cpu_slots > w.busy_cpu_slots
+                                          or len(w.record.capabilities.devices) > len(w.busy_devices))
+               for w in workers)
 
 
 def fleet(s: Session) -> list[scheduling.WorkerState]:
@@ -195,4 +209,4 @@ def rendezvous_port() -> int:
     return low + secrets.randbelow(high - low + 1)
 
 
-__all__ = ["RENDEZVOUS_PORTS", "Cache", "Hints", "assign", "fleet", "record_decision", "rendezvous_port", "run", "settled"]
+__all__ = ["RENDEZVOUS_PORTS", "Cache", "Hints", "assign", "fleet", "has_room", "record_decision", "rendezvous_port", "run", "settled"]

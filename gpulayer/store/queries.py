@@ -100,12 +100,15 @@ def queued_jobs(s: Session) -> Sequence[JobRow]:
     ).all())
 
 
-def queue_keys(s: Session) -> list[tuple[str, float, float | None, int, str | None]]:
-    """The queue as plain rows, in submission order: ``(id, created_at, updated_at, attempt,
-    decision)``; what a placement pass reads of every queued job (no ORM objects, no spec)."""
+def queue_keys(s: Session, job_id: str | None = None) -> list[tuple[str, float, float | None, int, str | None]]:
+    """The queue (or only ``job_id``, if queued) as plain rows, in submission order: ``(id,
+    created_at, updated_at, attempt, decision)``; what a placement pass reads of every
+    queued job (no ORM objects, no spec)."""
     stmt = (sa_select(col(JobRow.id), col(JobRow.created_at), col(JobRow.updated_at), col(JobRow.attempt),
                       col(JobRow.decision))
             .where(col(JobRow.state) == JobState.QUEUED.value).order_by(col(JobRow.created_at), col(JobRow.id)))
+    if job_id is not None:
+        stmt = stmt.where(col(JobRow.id) == job_id)
     return [tuple(r) for r in s.execute(stmt).all()]
 
 
