@@ -1,4 +1,5 @@
-"""Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s types``, ``nox -s docs``, ``nox -s bench``."""
+"""Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s types``, ``nox -s docs``, ``nox -s bench``,
+``nox -s peers``."""
 
 from __future__ import annotations
 
@@ -43,5 +44,14 @@ def docs(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     _install(session)
-    for script in ("placement.py", "resources_detect.py", "cli_startup.py", "submit_latency.py"):
+    for script in ("placement.py", "resources_detect.py", "cli_startup.py", "submit_latency.py", "cancel.py"):
         session.run("python", f"bench/{script}")
+
+
+@nox.session
+def peers(session: nox.Session) -> None:
+    """bench/peers.py: the same workloads on Ray, Dask and GPUlayer, in an environment of
+    their own (Ray and Dask are not dependencies of GPUlayer)."""
+    session.install("-e", ".")
+    session.install("ray", "dask[distributed]")
+    session.run("python", "bench/peers.py", *session.posargs)

@@ -8,6 +8,7 @@ puts them together.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -17,11 +18,13 @@ from typing import Any
 import psutil
 from sqlmodel import Session
 
-from gpulayer import config, lifecycle, tokens
+from gpulayer import config, lifecycle, scheduling, tokens
 from gpulayer.control import placement
 from gpulayer.errors import Conflict
 from gpulayer.records import JobError, JobState, TaskState
 from gpulayer.store import EventRow, JobRow, Store, TaskRow, mapping, queries
+
+log = logging.getLogger("gpulayer.control")
 
 
 class ControlObserver:
@@ -56,6 +59,7 @@ class Core:
     #: the same, for changes a worker's poll cares about: tasks assigned, tasks to end
     _work_generation: int = 0
     _observers: list[ControlObserver] = field(default_factory=list)
+    _placement_cache: placement.Cache = field(default_factory=placement.Cache)
     _last_expiry: float = 0.0
     #: worker id -> (when, task ids it said it runs), from heartbeats this process received;
     #: written by heartbeat batches and read by reconciliation on other threads
@@ -79,12 +83,32 @@ class Core:
 
     # ------------------------------------------------------------------ placement
 
-    def schedule(self) -> None:
-        """One placement pass over the whole queue, written in one transaction."""
+    def schedule(self, *, new_job: str | None = None) -> None:
+        """One placement pass over the whole queue, written in one transaction (after a
+        submit of ``new_job`` into a full fleet, over that job alone: see :func:`placement.run`)."""
         started = time.perf_counter()
-        now = self.clock()
         with self.store.write() as s:
-            result = placement.run(s, now, reserve_after=self.reserve_after, event=self._event)
+            result = self._place(s, new_job=new_job)
+        self._placed(result, started)
+
+    def _place(self, s: Session, *, new_job: str | None = None) -> scheduling.PlacementResult | None:
+        """A placement pass in the caller's transaction; call :meth:`_placed` after it committed."""
+        return placement.run(s, self.clock(), reserve_after=self.reserve_after, event=self._event,
+                             cache=self._placement_cache, new_job=new_job)
+
+    def _place_too(self, s: Session, *, new_job: str | None = None) -> scheduling.PlacementResult | None:
+        """:meth:`_place` after a change the caller must keep (a submit, a report): in a
+        savepoint, so a pass that fails is undone alone and the change still commits (the
+        next pass, at the latest the server's periodic one, places the queue)."""
+        try:
+            with s.begin_nested():
+                return self._place(s, new_job=new_job)
+        except Exception:
+            log.exception("a placement pass failed; the change before it is kept")
+            return None
+
+    def _placed(self, result: scheduling.PlacementResult | None, started: float) -> None:
+        """Tell workers and observers what a committed pass (begun at ``started``) did."""
         if result is None:  # nothing queued
             return
         seconds = time.perf_counter() - started

@@ -41,6 +41,7 @@ class JobOps(Core):
         if spec.kind == "function":
             _check_arguments(spec.function, spec.args, spec.kwargs)
         now = self.clock()
+        started = time.perf_counter()
         with self.store.write() as s:
             if key is not None:
                 existing = queries.find_job_by_key(s, key)
@@ -57,7 +58,10 @@ class JobOps(Core):
             s.add(row)
             self._event(s, "submitted", job_id=row.id, message=spec.kind)
             job_id = row.id
-        self.schedule()
+            s.flush()
+            # placed in the same transaction: one commit per submit
+            result = self._place_too(s, new_job=job_id)
+        self._placed(result, started)
         return self.get_job(job_id)
 
     def get_job(self, job_id: str) -> JobRecord:

@@ -36,26 +36,91 @@ EventSink = Callable[..., None]
 RENDEZVOUS_PORTS = (20000, 32767)
 
 
-def run(s: Session, now: float, *, reserve_after: float, event: EventSink) -> scheduling.PlacementResult | None:
-    """One pass over the whole queue; None when nothing is queued."""
-    rows = queries.queued_jobs(s)
-    if not rows:
-        return None
-    specs = {r.id: mapping.spec(r.spec) for r in rows}
-    queue = [scheduling.QueuedJob(id=r.id, spec=specs[r.id], seq=i, queued_at=r.updated_at or r.created_at)
-             for i, r in enumerate(rows)]
+class Cache:
+    """What a placement pass may keep between passes: each queued job's parsed spec (a spec
+    never changes once stored) and the comparable form of its stored decision. Entries of
+    jobs that left the queue are dropped at the next pass. Several control planes sharing
+    one database keep their own; nothing here can go stale."""
+
+    def __init__(self) -> None:
+        self.specs: dict[str, JobSpec] = {}
+        #: job id -> (the stored decision's text, that decision without its time, as JSON)
+        self.decisions: dict[str, tuple[str, str]] = {}
+
+    def load(self, s: Session, job_ids: list[str], *, keep_others: bool = False) -> dict[str, JobSpec]:
+        """The specs of ``job_ids`` (the queue); ``keep_others``: a pass over a part of it."""
+        if not keep_others:
+            live = set(job_ids)
+            self.specs = {k: v for k, v in self.specs.items() if k in live}
+            self.decisions = {k: v for k, v in self.decisions.items() if k in live}
+        missing = [j for j in job_ids if j not in self.specs]
+        if missing:
+            for job_id, raw in queries.job_specs(s, missing).items():
+                self.specs[job_id] = mapping.spec(raw)
+        return self.specs
+
+    def same_decision(self, job_id: str, stored: str | None, decision: PlacementDecision) -> bool:
+        """Whether ``decision`` says what the stored one says (its time aside)."""
+        if stored is None:
+            return False
+        known = self.decisions.get(job_id)
+        if known is None or known[0] != stored:
+            parsed = mapping.decision_of(stored)
+            if parsed is None:
+                return False
+            known = (stored, parsed.model_dump_json(exclude={"at"}))
+            self.decisions[job_id] = known
+        return known[1] == decision.model_dump_json(exclude={"at"})
+
+
+def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
+        cache: Cache | None = None, new_job: str | None = None) -> scheduling.PlacementResult | None:
+    """One pass over the whole queue; None when nothing is queued.
+
+    Only the jobs it changes are loaded as rows (those assigned, and those whose decision
+    says something new): with a long queue that waits, a pass reads a few columns per job.
+
+    ``new_job`` (a submit): when no online worker has a free CPU slot or device, nothing
+    can be assigned, and the jobs already queued were decided against this same fleet at
+    the last change of its capacity (every such change runs a pass): only the new job is
+    decided. Otherwise the whole queue is, as always."""
+    cache = cache if cache is not None else Cache()
     workers = fleet(s)
+    keys = queries.queue_keys(s, new_job if new_job is not None and not has_room(workers) else None)
+    if not keys:
+        return None
+    specs = cache.load(s, [k[0] for k in keys], keep_others=len(keys) == 1 and new_job is not None)
+    queue = [scheduling.QueuedJob(id=job_id, spec=specs[job_id], seq=i, queued_at=updated or created)
+             for i, (job_id, created, updated, _, _) in enumerate(keys)]
     result = scheduling.place(queue, workers, now, reserve_after=reserve_after)
-    by_id = {r.id: r for r in rows}
+    assigned = {a.job_id for a in result.assignments}
+    changed = []
+    for job_id, _, _, attempt, stored in keys:
+        decision = result.decisions.get(job_id)
+        if job_id in assigned or decision is None:
+            continue
+        final = settled(specs[job_id], attempt, decision)
+        if final is None or not cache.same_decision(job_id, stored, final):
+            changed.append(job_id)
+    rows = queries.jobs_by_id(s, [*assigned, *changed]) if assigned or changed else {}
     addresses = {w.record.id: w.record.capabilities.host.address for w in workers}
     for a in result.assignments:
-        assign(s, by_id[a.job_id], specs[a.job_id], a, addresses, result.decisions.get(a.job_id), now, event)
-    assigned = {a.job_id for a in result.assignments}
+        assign(s, rows[a.job_id], specs[a.job_id], a, addresses, result.decisions.get(a.job_id), now, event)
     hints = Hints(workers)
-    for job_id, decision in result.decisions.items():
-        if job_id not in assigned:
-            record_decision(s, by_id[job_id], specs[job_id], decision, now, event, hints=hints)
+    for job_id in changed:
+        record_decision(s, rows[job_id], specs[job_id], result.decisions[job_id], now, event, hints=hints)
     return result
+
+
+def settled(spec: JobSpec, attempt: int, decision: PlacementDecision) -> PlacementDecision | None:
+    """The decision a waiting job keeps; None when the job fails as unschedulable instead."""
+    if decision.outcome == "unschedulable" and spec.placement.on_unschedulable == "fail" and attempt == 0:
+        return None
+    if decision.outcome == "unschedulable" and attempt > 0:  # it waits (see the module doc): say so
+        return decision.model_copy(update={
+            "outcome": "waiting",
+            "summary": f"waiting for a worker: attempt {attempt} ran, but {decision.summary.removeprefix('scheduling: ')}"})
+    return decision
 
 
 class Hints:
@@ -72,6 +137,13 @@ class Hints:
             self._closest[shape] = closest_line(nearest.closest(spec, self._workers))
         line = self._closest[shape]
         return [*([line] if line else []), f"run: gpulayer jobs explain {job_id}"]
+
+
+def has_room(workers: list[scheduling.WorkerState]) -> bool:
+    """Whether any online worker that takes work has a free CPU slot or device."""
+    return any(not w.record.draining and (w.record.cpu_slots > w.busy_cpu_slots
+                                          or len(w.record.capabilities.devices) > len(w.busy_devices))
+               for w in workers)
 
 
 def fleet(s: Session) -> list[scheduling.WorkerState]:
@@ -115,7 +187,8 @@ def assign(s: Session, job: JobRow, spec: JobSpec, a: scheduling.Assignment, add
 
 def record_decision(s: Session, job: JobRow, spec: JobSpec, decision: PlacementDecision, now: float,
                     event: EventSink, *, hints: Hints | None = None) -> None:
-    if decision.outcome == "unschedulable" and spec.placement.on_unschedulable == "fail" and job.attempt == 0:
+    final = settled(spec, job.attempt, decision)
+    if final is None:
         job.state = JobState.UNSCHEDULABLE.value
         job.updated_at = now
         job.decision = decision.model_dump_json()
@@ -123,14 +196,10 @@ def record_decision(s: Session, job: JobRow, spec: JobSpec, decision: PlacementD
         s.add(job)
         event(s, "unschedulable", job_id=job.id, message=decision.summary)
         return
-    if decision.outcome == "unschedulable" and job.attempt > 0:  # it waits (see above): say so
-        decision = decision.model_copy(update={
-            "outcome": "waiting",
-            "summary": f"waiting for a worker: attempt {job.attempt} ran, but {decision.summary.removeprefix('scheduling: ')}"})
     # rewrite the stored decision only when it says something new (not just a new time)
     stored = mapping.decision_of(job.decision)
-    if stored is None or stored.model_copy(update={"at": decision.at}) != decision:
-        job.decision = decision.model_dump_json()
+    if stored is None or stored.model_copy(update={"at": final.at}) != final:
+        job.decision = final.model_dump_json()
         s.add(job)
 
 
@@ -140,4 +209,4 @@ def rendezvous_port() -> int:
     return low + secrets.randbelow(high - low + 1)
 
 
-__all__ = ["RENDEZVOUS_PORTS", "Hints", "assign", "fleet", "record_decision", "rendezvous_port", "run"]
+__all__ = ["RENDEZVOUS_PORTS", "Cache", "Hints", "assign", "fleet", "has_room", "record_decision", "rendezvous_port", "run", "settled"]

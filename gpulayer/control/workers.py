@@ -334,6 +334,7 @@ class WorkerOps(Core):
         if not state.terminal:
             raise InvalidInput(f"state {state.value!r}: a finished task reports a terminal state")
         now = self.clock()
+        started = time.perf_counter()
         with self.store.write() as s:
             task = self._own_task(s, task_id, worker_id)
             job = queries.job(s, task.job_id)
@@ -357,6 +358,9 @@ class WorkerOps(Core):
             self._settle(s, job, now, reported=error)
             self._event(s, "task_finished", job_id=task.job_id, task_id=task_id, worker_id=worker_id,
                         message=f"{state.value} {error.message if error else ''}".strip())
+            s.flush()
+            # what the task held is free: placed in the same transaction (one commit per report)
+            result = self._place_too(s)
         self._changed()
-        self.schedule()
+        self._placed(result, started)
 

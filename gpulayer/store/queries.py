@@ -100,6 +100,28 @@ def queued_jobs(s: Session) -> Sequence[JobRow]:
     ).all())
 
 
+def queue_keys(s: Session, job_id: str | None = None) -> list[tuple[str, float, float | None, int, str | None]]:
+    """The queue (or only ``job_id``, if queued) as plain rows, in submission order: ``(id,
+    created_at, updated_at, attempt, decision)``; what a placement pass reads of every
+    queued job (no ORM objects, no spec)."""
+    stmt = (sa_select(col(JobRow.id), col(JobRow.created_at), col(JobRow.updated_at), col(JobRow.attempt),
+                      col(JobRow.decision))
+            .where(col(JobRow.state) == JobState.QUEUED.value).order_by(col(JobRow.created_at), col(JobRow.id)))
+    if job_id is not None:
+        stmt = stmt.where(col(JobRow.id) == job_id)
+    return [tuple(r) for r in s.execute(stmt).all()]
+
+
+def job_specs(s: Session, job_ids: Sequence[str]) -> dict[str, str]:
+    """The stored specs (without a function's arguments) of these jobs."""
+    out: dict[str, str] = {}
+    for i in range(0, len(job_ids), 500):
+        chunk = list(job_ids[i:i + 500])
+        out.update((r[0], r[1]) for r in s.execute(sa_select(col(JobRow.id), col(JobRow.spec))
+                                                     .where(col(JobRow.id).in_(chunk))).all())
+    return out
+
+
 def job_counts(s: Session) -> dict[str, int]:
     rows = s.execute(sa_select(col(JobRow.state), func.count()).group_by(col(JobRow.state))).all()
     return {str(state): int(n) for state, n in rows}
