@@ -93,7 +93,12 @@ def list_plugins(as_json: bool = typer.Option(False, "--json", help="print JSON"
     # Listing is how a user finds out what is broken, so it lists even when a plugin
     # GPUlayer cannot do without is broken, and fails afterwards.
     manager = _load_plugins(skip_unknown_disabled=True, strict=False)
-    infos = manager.list_plugins()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", plugins.PluginWarning)
+        infos = manager.list_plugins()  # calls every record hook: a raising one shows as failed
+    for w in caught:
+        if issubclass(w.category, plugins.PluginWarning):
+            typer.echo(f"warning: {w.message}", err=True)
     if as_json:
         typer.echo(json.dumps({
             "plugins": [i.to_dict() for i in infos],
@@ -109,6 +114,8 @@ def list_plugins(as_json: bool = typer.Option(False, "--json", help="print JSON"
         typer.echo(f"{info.name:<{width}}  {info.status:<8}  {source:<20}  {hooks}")
         if info.error:
             typer.echo(f"{'':<{width}}  error: {info.error}")
+        if info.status == "failed":
+            typer.echo(f"{'':<{width}}  to stop loading it: {plugins.DISABLE_ENV}={info.name}")
     if not infos:
         typer.echo("no plugins installed")
     if manager.unknown_disabled:
