@@ -69,6 +69,7 @@ DETECTORS_ENV = "GPULAYER_DETECTORS"
 NO_DETECTORS = "none"
 
 DETECTORS_HOOK = "gpulayer_accelerator_detectors"
+PROBES_HOOK = "gpulayer_framework_probes"
 DEVICE_ENVIRONMENT_HOOK = "gpulayer_device_environment"
 
 R = TypeVar("R", bound=HookRecord)
