@@ -221,3 +221,23 @@ def test_a_bad_override_fails_a_submit_naming_it(gpulayer_home):
     proc = gpulayer("submit", "--", sys.executable, "-c", "pass", env={"GPULAYER_DETECTORS": "none"})
     assert proc.returncode == 2
     assert f"error: {gpulayer_home / 'resources.toml'}: cpu_count = 'x': expected a whole number >= 1" in proc.stderr
+
+
+def test_worker_status_json_shows_overrides_and_detector_trouble(gpulayer_home, fake_accelerator, monkeypatch):
+    from gpulayer.client import connect
+
+    fake_accelerator("xpu", fail="xpu-smi: no answer within 10s")
+    monkeypatch.setenv("GPULAYER_OVERRIDE_CPU_COUNT", "1")
+    client = connect()
+    client.ensure_local_worker()  # the in-process worker, heartbeating while the CLI reads
+    proc = gpulayer("worker", "status", "--json", env={"GPULAYER_DETECTORS": "none"})
+    assert proc.returncode == 0, proc.stderr
+    [worker] = json.loads(proc.stdout)
+    assert worker["overrides"] == {"host.cpu_count": "GPULAYER_OVERRIDE_CPU_COUNT"}
+    assert worker["capabilities"]["host"]["cpu_count"] == 1
+    assert worker["capabilities"]["provenance"]["host.cpu_count"]["override"] == "GPULAYER_OVERRIDE_CPU_COUNT"
+    assert worker["detector_problems"] == {
+        "xpu": "detector 'xpu' (plugin 'fake-xpu') failed: RuntimeError: xpu-smi: no answer within 10s"}
+    explained = gpulayer("explain", "--accelerator", "xpu", "--allow-unknown-accelerator", "--", "true", env={"GPULAYER_DETECTORS": "none"})
+    assert "needs 1 usable xpu device(s), worker has 0 (detection trouble: detector 'xpu' (plugin 'fake-xpu') " \
+           "failed: RuntimeError: xpu-smi: no answer within 10s)" in explained.stdout + explained.stderr
