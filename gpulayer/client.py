@@ -125,10 +125,10 @@ class Client:
         record that is not registered; none when one runs already or the job is not local."""
         if "local" not in spec.placement.targets or self._agent is not None or self.live_local_workers():
             return []
-        from gpulayer.resources import detect_capabilities
+        from gpulayer.capability_cache import cached_capabilities
         from gpulayer.worker.agent import default_cpu_slots
 
-        caps = detect_capabilities()
+        caps = cached_capabilities()
         slots = config.settings().cpu_slots
         return [WorkerRecord(id=IN_PROCESS, name="the worker this process would start", origin="local",
                              capabilities=caps, cpu_slots=default_cpu_slots(caps) if slots is None else slots)]
@@ -184,10 +184,13 @@ class Client:
         with self._agent_lock:
             if self._agent is not None or self.live_local_workers():
                 return
+            from gpulayer.capability_cache import cached_capabilities
             from gpulayer.control import IN_PROCESS_NAME
             from gpulayer.worker.agent import Agent
 
-            self._agent = Agent(self.control, name=IN_PROCESS_NAME, cpu_slots=config.settings().cpu_slots)
+            # the cached detection: a foreground submit or a script does not detect again
+            self._agent = Agent(self.control, name=IN_PROCESS_NAME, capabilities=cached_capabilities(),
+                                cpu_slots=config.settings().cpu_slots)
             self._agent.start()
             atexit.register(self._at_exit)
             _end_on_sigterm(self)

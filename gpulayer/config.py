@@ -26,7 +26,7 @@ from typing import Any
 
 from gpulayer.errors import InvalidInput
 
-__all__ = ["SETTINGS", "Setting", "Settings", "home", "max_bundle_bytes", "settings"]
+__all__ = ["SETTINGS", "Setting", "Settings", "home", "max_bundle_bytes", "parse_device_refs", "settings"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,43 @@ def _port_range(name: str, raw: str) -> tuple[int, int]:
     return low, high
 
 
+def _nonnegative(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise InvalidInput(f"{name}={raw!r}: expected a number >= 0")
+    return value
+
+
+def parse_device_refs(where: str, items: tuple[str, ...]) -> tuple[tuple[str, int | None], ...]:
+    """``("cuda:1", "rocm")`` as ``(("cuda", 1), ("rocm", None))``; ``where`` names the input."""
+    refs: list[tuple[str, int | None]] = []
+    for item in items:
+        kind, sep, index = item.strip().partition(":")
+        if not kind or (sep and not index.isdigit()):
+            raise InvalidInput(f"{where}: {item!r} is not KIND or KIND:INDEX (e.g. cuda:1, or cuda for every "
+                               "cuda device)")
+        refs.append((kind.lower(), int(index) if sep else None))
+    return tuple(refs)
+
+
+def _device_refs(name: str, raw: str) -> tuple[tuple[str, int | None], ...]:
+    return parse_device_refs(f"{name}={raw!r}", _names(name, raw))
+
+
+def _framework_versions(name: str, raw: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in _names(name, raw):
+        fw, sep, version = item.partition("=")
+        if not sep or not fw.strip():
+            raise InvalidInput(f"{name}={raw!r}: expected NAME=VERSION pairs, comma separated "
+                               "(NAME= for a framework that is absent), e.g. torch=2.4.0,jax=")
+        out[fw.strip()] = version.strip()
+    return out
+
+
 def _level(name: str, raw: str) -> str:
     levels = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
     if raw.strip().upper() not in levels:
@@ -152,6 +189,23 @@ SETTINGS: tuple[Setting, ...] = (
             "threads of `gpulayer server start` for database calls"),
     Setting("GPULAYER_LOG_LEVEL", "log_level", _level, "INFO", "`INFO`",
             "log level of `gpulayer worker start` and `gpulayer server start`"),
+    # Overrides of detected values; the same keys as resources.toml (gpulayer/overrides.py).
+    Setting("GPULAYER_OVERRIDE_CPU_COUNT", "override_cpu_count", _count(1), None, "detected",
+            "the CPUs a worker reports (a container's CPU quota); resources.toml `cpu_count`"),
+    Setting("GPULAYER_OVERRIDE_MEMORY_GB", "override_memory_gb", _positive, None, "detected",
+            "the RAM a worker reports, in GB (2^30 bytes); resources.toml `memory_gb`"),
+    Setting("GPULAYER_OVERRIDE_DISK_FREE_GB", "override_disk_free_gb", _nonnegative, None, "detected",
+            "the free disk a worker reports, in GB; resources.toml `disk_free_gb`"),
+    Setting("GPULAYER_OVERRIDE_ADDRESS", "override_address", _text, None, "detected",
+            "the address a worker reports for peers (behind NAT); resources.toml `address`"),
+    Setting("GPULAYER_OVERRIDE_HIDE_DEVICES", "override_hide_devices", _device_refs, None, "none",
+            "devices a worker does not offer, comma separated: `cuda:1`, or `cuda` for all of a kind; "
+            "resources.toml `hide_devices`"),
+    Setting("GPULAYER_OVERRIDE_BACKENDS", "override_backends", _names, None, "detected",
+            "the distributed backends a worker reports, comma separated; resources.toml `backends`"),
+    Setting("GPULAYER_OVERRIDE_FRAMEWORKS", "override_frameworks", _framework_versions, None, "detected",
+            "framework versions a worker reports: `torch=2.4.0,jax=` (empty: absent); "
+            "resources.toml `[frameworks]`"),
 )
 
 
@@ -178,6 +232,13 @@ class Settings:
     rendezvous_ports: tuple[int, int]
     server_threads: int
     log_level: str
+    override_cpu_count: int | None
+    override_memory_gb: float | None
+    override_disk_free_gb: float | None
+    override_address: str | None
+    override_hide_devices: tuple[tuple[str, int | None], ...] | None
+    override_backends: tuple[str, ...] | None
+    override_frameworks: dict[str, str] | None
 
 
 _cache: tuple[tuple[str | None, ...], Settings] | None = None

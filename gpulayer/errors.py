@@ -153,6 +153,11 @@ class TooLarge(InvalidInput):
 class PluginError(GpulayerError):
     code = "plugin_error"
 
+    def __init__(self, message: str, *, hook: str | None = None) -> None:
+        super().__init__(message)
+        #: the hook the error is about, when it is about one
+        self.hook = hook
+
 
 class ProviderError(GpulayerError):
     """A provider adapter could not do what was asked; the subclass says what to do next."""

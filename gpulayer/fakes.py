@@ -155,7 +155,7 @@ class FakeAcceleratorPlugin:
             time.sleep(self.hang)
         if self.fail:
             raise RuntimeError(self.fail)
-        return DetectionResult(devices=[d.model_copy() for d in self.devices])
+        return DetectionResult(devices=[d.model_copy() for d in self.devices], source="fake (test fixture)")
 
     @hookimpl
     def gpulayer_accelerator_detectors(self) -> Iterator[AcceleratorDetector]:
@@ -179,7 +179,7 @@ def _from_env() -> dict[str, list[Device]]:
 def gpulayer_accelerator_detectors() -> Iterator[AcceleratorDetector]:
     for kind, devices in _from_env().items():
         def detect(timeout: float, _devices: list[Device] = devices) -> DetectionResult:
-            return DetectionResult(devices=[d.model_copy() for d in _devices])
+            return DetectionResult(devices=[d.model_copy() for d in _devices], source=f"fake ({FAKE_DEVICES_ENV})")
 
         yield _detector(kind, f"fake {kind} devices ({FAKE_DEVICES_ENV})", detect)
 

@@ -48,6 +48,11 @@ class Device(Record):
     unusable_reason: str | None = None
     independent: SupportLevel = SupportLevel.UNTESTED
     distributed: SupportLevel = SupportLevel.UNTESTED
+    source: str | None = Field(
+        default=None, description='how the detector learnt of the device and its memory and compute '
+                                  'capability: "NVML", "nvidia-smi", "sysfs", "sysctl", ... (set by the plugin; '
+                                  "default: the DetectionResult's source)")
+    plugin: str | None = Field(default=None, description="the plugin whose detector reported it (set by GPUlayer)")
 
     @property
     def memory_gb(self) -> float | None:
@@ -73,6 +78,8 @@ class DetectionResult(Record):
 
     devices: list[Device] = Field(default_factory=list)
     diagnostics: list[str] = Field(default_factory=list)
+    source: str | None = Field(default=None, description="where the devices came from, for those that do "
+                                                         "not say it themselves (Device.source)")
 
 
 class HostInfo(Record):
@@ -88,8 +95,28 @@ class HostInfo(Record):
     address: str = Field(default="127.0.0.1", description="the address peers can reach")
 
 
+class Provenance(Record):
+    """Where one value of :class:`Capabilities` came from (``resources detect --explain``)."""
+
+    plugin: str | None = Field(default=None, description="the plugin that reported it; None for the core's own facts")
+    source: str = Field(description='"NVML", "nvidia-smi", "sysfs", "package metadata (torch)", '
+                                    '"sub-probe torch.cuda", "os.cpu_count()", ...')
+    override: str | None = Field(default=None, description="the override that set it: "
+                                 '"GPULAYER_OVERRIDE_CPU_COUNT" or "PATH/resources.toml: cpu_count"')
+    detected: str | None = Field(default=None, description="what detection said, where an override replaced it")
+
+
 class Capabilities(Record):
-    """Everything a worker reports: host facts, devices, frameworks, backends."""
+    """Everything a worker reports: host facts, devices, frameworks, backends.
+
+    ``provenance`` says where each value came from, keyed ``host.cpu_count``,
+    ``host.memory_bytes``, ``host.disk_free_bytes``, ``host.address``, ``host.python_version``,
+    ``device.<kind>:<index>``, ``framework.<name>`` and ``backends``; ``overrides`` lists the
+    keys an override set, with where it came from. ``hidden_devices`` are
+    devices that were detected but hidden by an override; ``detector_problems`` is, per
+    accelerator kind, what went wrong detecting it (a timeout, a failure), so that a
+    rejection for too few devices can say so.
+    """
 
     host: HostInfo
     devices: list[Device] = Field(default_factory=list)
@@ -97,6 +124,17 @@ class Capabilities(Record):
     distributed_backends: list[str] = Field(default_factory=list)
     labels: dict[str, str] = Field(default_factory=dict)
     diagnostics: list[str] = Field(default_factory=list)
+    provenance: dict[str, Provenance] = Field(default_factory=dict)
+    hidden_devices: list[Device] = Field(default_factory=list)
+    detector_problems: dict[str, str] = Field(default_factory=dict)
+    #: the framework probe's trouble (a hang, a crash), when it had some
+    probe_problems: list[str] = Field(default_factory=list)
+    #: provenance key -> the override that set it (the same as its provenance says)
+    overrides: dict[str, str] = Field(default_factory=dict)
+
+    def overridden(self, key: str) -> bool:
+        """Whether the value at provenance ``key`` was set by an override."""
+        return key in self.overrides
 
 
 # --------------------------------------------------------------------------- hook records

@@ -13,10 +13,18 @@ What is an error and what is only a warning follows who asked for the plugin. An
 point found by scanning that fails to import is skipped with one warning and listed as
 ``broken``: one bad package must not take GPUlayer down. A module named in
 ``GPULAYER_PLUGINS`` was asked for by name, so failing to import it is a
-:class:`~gpulayer.errors.PluginError` carrying its traceback, as is a plugin that
-implements a hook GPUlayer does not define or wraps a record hook. Two distributions
-offering an entry point of the same name are reported naming both; the one first on
-``sys.path`` is loaded, as Python would import it.
+:class:`~gpulayer.errors.PluginError` carrying its traceback. Two distributions offering an
+entry point of the same name are reported naming both; the one first on ``sys.path`` is
+loaded, as Python would import it.
+
+A plugin that imports but misbehaves is isolated, not fatal: one that implements a hook
+GPUlayer does not define (a misspelt name) or wraps a record hook is left unregistered,
+and a record hook that raises or returns something other than records has its records of
+that hook left out. Either way the plugin is listed as ``failed`` with the reason, and one
+:class:`PluginWarning` names the plugin, the hook, the error and the way out
+(``GPULAYER_DISABLE_PLUGINS=<name>``); every other plugin, and every command that does not
+need the failed one, keeps working. (:meth:`PluginManager.register`, an explicit call,
+still raises.)
 
 Record hooks are called through pluggy's own hook caller, one plugin at a time (a subset
 caller that leaves the others out), so that pluggy's tracing and call monitoring see every
@@ -61,6 +69,7 @@ DETECTORS_ENV = "GPULAYER_DETECTORS"
 NO_DETECTORS = "none"
 
 DETECTORS_HOOK = "gpulayer_accelerator_detectors"
+PROBES_HOOK = "gpulayer_framework_probes"
 DEVICE_ENVIRONMENT_HOOK = "gpulayer_device_environment"
 
 R = TypeVar("R", bound=HookRecord)
@@ -78,7 +87,7 @@ class PluginInfo:
     distribution: str | None = None
     version: str | None = None
     module: str | None = None
-    status: str = "loaded"  # loaded | disabled | broken
+    status: str = "loaded"  # loaded | disabled | broken (did not import) | failed (misbehaved)
     error: str | None = None
     traceback: str | None = None
     hooks: list[str] = field(default_factory=list)
@@ -143,6 +152,8 @@ class PluginManager:
         self._owners: dict[str, dict[str, str]] = {}
         #: detector kind -> the plugin whose detector a stand-in replaced
         self._replaced: dict[str, str] = {}
+        #: (plugin, hook) pairs whose failure was reported: each is reported once
+        self._reported: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------------ loading
 
@@ -233,9 +244,8 @@ class PluginManager:
         try:
             self._register(obj, info)
         except PluginError as exc:
-            info.status = "broken"
-            info.error = str(exc)
-            self.fatal.append((str(exc), exc))
+            self._fail(info.name, None, str(exc).removeprefix(f"plugin {info.name!r}").lstrip(": "),
+                       stacklevel=5)
 
     def _register(self, obj: Any, info: PluginInfo) -> None:
         """Register ``obj`` as ``info.name``; a plugin that breaks the contract is refused
@@ -258,9 +268,11 @@ class PluginManager:
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
+            unknown = next((h for h in dir(obj) if h.startswith("gpulayer_") and h not in hook_names()
+                            and self.pm.parse_hookimpl_opts(obj, h) is not None), None)
             raise PluginError(
-                f"plugin {name!r} implements a hook that GPUlayer does not define: {exc}; "
-                f"known hooks: {', '.join(hook_names())}"
+                f"plugin {name!r} implements {unknown or 'a hook'}, which GPUlayer does not define "
+                f"(known hooks: {', '.join(hook_names())})", hook=unknown,
             ) from exc
         for hook_name in hookspecs.RECORD_HOOKS:
             for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
@@ -269,7 +281,8 @@ class PluginManager:
                     # registry calls one plugin at a time, so it would wrap nothing.
                     raise PluginError(
                         f"plugin {name!r}: {hook_name} is a record hook and takes no wrapper "
-                        f"(wrapper=True or hookwrapper=True); return or yield records instead"
+                        f"(wrapper=True or hookwrapper=True); return or yield records instead",
+                        hook=hook_name,
                     )
 
     def register(self, obj: Any, name: str | None = None) -> None:
@@ -287,6 +300,29 @@ class PluginManager:
             self.pm.unregister(name=name)
             self.infos.pop(name, None)
             self._forget_records()
+
+    def _fail(self, plugin_name: str, hook_name: str | None, error: str, *, stacklevel: int = 4) -> None:
+        """Mark ``plugin_name`` failed and say so once per (plugin, hook), with the way out.
+        ``hook_name`` None: the plugin could not be registered at all."""
+        info = self.infos.get(plugin_name)
+        if info is not None:
+            info.status = "failed"
+            info.error = error if hook_name is None else f"{hook_name}: {error}"
+        key = (plugin_name, hook_name or "")
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        what = ("was not registered" if hook_name is None
+                else f"failed in {hook_name}, which leaves it out")
+        warnings.warn(
+            f"gpulayer plugin {plugin_name!r} {what}: {error} "
+            f"(to stop loading it: {DISABLE_ENV}={plugin_name})",
+            PluginWarning, stacklevel=stacklevel,
+        )
+
+    def failures(self) -> list[PluginInfo]:
+        """The plugins that imported but misbehaved (status ``failed``)."""
+        return [i for i in self.infos.values() if i.status == "failed"]
 
     def _forget_records(self) -> None:
         self._cache.clear()
@@ -337,13 +373,14 @@ class PluginManager:
                         raise TypeError(f"returned one {type(result).__name__}; return or yield an iterable of records")
                     items.extend(result)
             except Exception as exc:
-                raise PluginError(f"plugin {plugin_name!r}: {hook_name} raised {type(exc).__name__}: {exc}") from exc
+                self._fail(plugin_name, hook_name, f"{type(exc).__name__}: {exc}")
+                continue
+            wrong = next((rec for rec in items if not isinstance(rec, declared)), None)
+            if wrong is not None:
+                self._fail(plugin_name, hook_name, f"returned {type(wrong).__name__}, "
+                                                   f"expected {what} records ({declared.__name__})")
+                continue
             for rec in items:
-                if not isinstance(rec, declared):
-                    raise PluginError(
-                        f"plugin {plugin_name!r}: {hook_name} returned {type(rec).__name__}, "
-                        f"expected {what} records ({declared.__name__})"
-                    )
                 stand_in = isinstance(rec, AcceleratorDetector) and rec.stand_in
                 records, owners = groups[stand_in]
                 if rec.name in records:
@@ -388,23 +425,50 @@ class PluginManager:
                 f"no {kind} device gets the hide_env of the {kind} detector instead"
             )
         with self._lock:
-            caller = self.hook.gpulayer_device_environment
+            self.load()
+            every = self.pm.hook.gpulayer_device_environment.get_hookimpls()
+            impls = every
             if self.stood_in_for(kind) is not None:
                 fake = self.pm.get_plugin(self._owners[DETECTORS_HOOK][kind])
-                caller = self.pm.subset_hook_caller(DEVICE_ENVIRONMENT_HOOK, [fake])
-        result = caller(kind=kind, devices=list(devices))
-        if result is None:
-            return {}
-        if not isinstance(result, DeviceEnvironment):
+                impls = [i for i in every if i.plugin is not fake]
+        # One plugin at a time, in pluggy's order (last registered first), so that one that
+        # raises is named and passed over instead of failing every task of every kind.
+        failed: list[str] = []
+        for impl in reversed(impls):
+            only_this = self.pm.subset_hook_caller(
+                DEVICE_ENVIRONMENT_HOOK, [o.plugin for o in every if o.plugin is not impl.plugin])
+            try:
+                result = only_this(kind=kind, devices=list(devices))
+            except Exception as exc:
+                self._fail(impl.plugin_name, DEVICE_ENVIRONMENT_HOOK, f"{type(exc).__name__}: {exc}")
+                failed.append(impl.plugin_name)
+                continue
+            if result is None:
+                continue
+            if not isinstance(result, DeviceEnvironment):
+                raise PluginError(
+                    f"plugin {impl.plugin_name!r}: {DEVICE_ENVIRONMENT_HOOK} for {kind!r} returned "
+                    f"{type(result).__name__}, expected a DeviceEnvironment or None", hook=DEVICE_ENVIRONMENT_HOOK)
+            return dict(result.env)
+        if failed:
+            # Without an answer the task would see every device of the kind: refuse instead.
             raise PluginError(
-                f"{DEVICE_ENVIRONMENT_HOOK} for {kind!r} returned {type(result).__name__}, "
-                "expected a DeviceEnvironment or None"
-            )
-        return dict(result.env)
+                f"no environment for the granted {kind} device(s): {DEVICE_ENVIRONMENT_HOOK} failed in "
+                f"plugin(s) {', '.join(map(repr, failed))}", hook=DEVICE_ENVIRONMENT_HOOK)
+        return {}
 
     def list_plugins(self) -> list[PluginInfo]:
-        """Every plugin found, broken ones included: listing never raises for a plugin."""
+        """Every plugin found, broken and failed ones included: listing never raises for a
+        plugin. Every record hook is collected (no detector runs), so a hook that raises
+        shows as ``failed``; a conflict between two plugins becomes a warning here."""
         self.load(strict=False)
+        for hook_name in hookspecs.RECORD_HOOKS:
+            try:
+                with self._lock:
+                    if hook_name not in self._cache:
+                        self._collect(hook_name)
+            except PluginError as exc:
+                warnings.warn(str(exc), PluginWarning, stacklevel=2)
         return sorted(self.infos.values(), key=lambda i: i.name)
 
 

@@ -1,51 +1,49 @@
-"""Builds a worker's :class:`~gpulayer.hookrecords.Capabilities` from hook results.
+"""Builds a worker's :class:`~gpulayer.hookrecords.Capabilities` from hook results, with
+the source of every value and the site's overrides.
 
 Three sources, run concurrently and each bounded by ``timeout``:
 
 * every accelerator detector (``gpulayer_accelerator_detectors``), each in its own daemon
-  thread: one that raises or hangs becomes a diagnostic line, never a crash or a hang;
-* the framework probes (``gpulayer_framework_probes``), evaluated in ONE subprocess of the
-  job Python (which need not be ours): versions from package metadata, then the sub-probes
-  and backend checks, which import frameworks such as torch. The CLI's own process never
-  imports a framework. The answer is cached on disk (see below);
+  thread: one that raises or hangs becomes a diagnostic line (and a ``detector_problems``
+  entry for its kind), never a crash or a hang;
+* the framework probes (``gpulayer_framework_probes``), in subprocesses of the job Python,
+  one per plugin (:mod:`gpulayer.framework_probe`, which also caches them);
 * host facts: OS, CPU, RAM, free disk under ``$GPULAYER_HOME``, the job Python, and the
   address peers can reach.
 
-The probe cache lives in ``$GPULAYER_HOME/cache/probes/``. An entry is keyed by the job
-Python's path, the probe definitions and ``PYTHONPATH``, and is valid while the Python
-executable and every directory on that Python's ``sys.path`` keep their modification time;
-installing or removing a package touches its ``site-packages`` directory, so the next
-detection probes again. ``use_cache=False`` (``--refresh``) always probes.
+Every value gets a :class:`~gpulayer.hookrecords.Provenance` in ``Capabilities.provenance``
+(which plugin, which source), and then the overrides of ``resources.toml`` and the
+``GPULAYER_OVERRIDE_*`` variables (:mod:`gpulayer.overrides`) are applied on top, each
+recorded as such. ``resources detect --explain`` prints the lot.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import platform
 import shutil
 import socket
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from gpulayer import config, plugins
+from gpulayer import config, overrides, plugins
+from gpulayer.framework_probe import PROBE_SCRIPT, ProbeResult, probe_frameworks
 from gpulayer.hookrecords import (
     AcceleratorDetector,
     Capabilities,
     DetectionResult,
     Device,
-    FrameworkProbe,
     HostInfo,
+    Provenance,
 )
 
 __all__ = [
     "PROBE_SCRIPT",
+    "DeviceDetection",
     "ProbeResult",
     "advertise_address",
     "detect_capabilities",
@@ -55,201 +53,8 @@ __all__ = [
 ]
 
 ADVERTISE_ENV = "GPULAYER_ADVERTISE_ADDRESS"
-_SENTINEL = "@@gpulayer-probe@@"
 # Grace on top of a detector's own timeout before we stop waiting for its thread.
 _GRACE = 1.0
-
-# Runs in the job Python: `python -c PROBE_SCRIPT`, probes as JSON on stdin, one JSON line
-# (after the sentinel) on stdout. Kept compatible with Python 3.8+.
-PROBE_SCRIPT = r"""
-import fnmatch, json, re, sys, traceback
-from importlib import metadata
-spec = json.load(sys.stdin)
-out = {"python_version": "%d.%d.%d" % sys.version_info[:3], "python_path": sys.executable,
-       "sys_path": [p for p in sys.path if p], "frameworks": {}, "backends": [], "errors": []}
-_all = None
-def _norm(n):
-    return re.sub(r"[-_.]+", "-", n).lower()
-def version_of(names):
-    global _all
-    for name in names:
-        if "*" in name:
-            if _all is None:
-                _all = {}
-                for d in metadata.distributions():
-                    try:
-                        _all.setdefault(_norm(d.metadata["Name"]), d.version)
-                    except Exception:
-                        pass
-            for dn in sorted(_all):
-                if fnmatch.fnmatchcase(dn, _norm(name)):
-                    return _all[dn]
-        else:
-            try:
-                return metadata.version(name)
-            except metadata.PackageNotFoundError:
-                pass
-    return None
-def run(name, code):
-    src = "def _probe():\n" + "\n".join("    " + l for l in code.strip().splitlines())
-    ns = {}
-    exec(compile(src, "<probe %s>" % name, "exec"), ns)
-    return ns["_probe"]()
-for p in spec["probes"]:
-    v = version_of(p["distributions"] or [p["name"]])
-    if v is None:
-        continue
-    out["frameworks"][p["name"]] = v
-    for sp in p["subprobes"]:
-        try:
-            r = run(sp["name"], sp["code"])
-        except Exception as exc:
-            out["errors"].append("%s: %s: %s" % (sp["name"], type(exc).__name__, exc))
-            continue
-        if r:
-            out["frameworks"][sp["name"]] = str(r)
-    if p.get("backends_code"):
-        try:
-            for b in run(p["name"] + " backends", p["backends_code"]) or []:
-                if b not in out["backends"]:
-                    out["backends"].append(str(b))
-        except Exception as exc:
-            out["errors"].append("%s backends: %s: %s" % (p["name"], type(exc).__name__, exc))
-sys.stdout.flush()
-print("\n" + SENTINEL + json.dumps(out))
-""".replace("SENTINEL", repr(_SENTINEL))
-
-
-class ProbeResult(dict):  # type: ignore[type-arg]
-    """The framework probe's answer: python_version, python_path, sys_path, frameworks,
-    backends, errors (plain JSON, as cached)."""
-
-
-# --------------------------------------------------------------------------- frameworks
-
-
-def _probe_spec(probes: Mapping[str, FrameworkProbe]) -> dict[str, Any]:
-    return {"probes": [
-        {"name": p.name, "distributions": p.distributions,
-         "subprobes": [{"name": s.name, "code": s.code} for s in p.subprobes],
-         "backends_code": p.backends_code}
-        for p in sorted(probes.values(), key=lambda p: p.name)
-    ]}
-
-
-def _cache_path(python: str, spec: dict[str, Any]) -> Path:
-    key = json.dumps([python, spec, os.environ.get("PYTHONPATH", "")], sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-    return config.home() / "cache" / "probes" / f"{digest}.json"
-
-
-def _stamp(paths: list[str]) -> list[list[Any]]:
-    stamps: list[list[Any]] = []
-    for p in paths:
-        try:
-            st = os.stat(p)
-            stamps.append([p, st.st_mtime_ns, st.st_size])
-        except OSError:
-            stamps.append([p, None, None])
-    return stamps
-
-
-def _read_cache(path: Path) -> ProbeResult | None:
-    try:
-        entry = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(entry, dict) or "result" not in entry or "stamps" not in entry:
-        return None
-    paths = [s[0] for s in entry["stamps"]]
-    if _stamp(paths) != entry["stamps"]:
-        return None
-    return ProbeResult(entry["result"])
-
-
-def _write_cache(path: Path, python: str, result: ProbeResult) -> None:
-    stamps = _stamp([python, *result.get("sys_path", [])])
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"stamps": stamps, "result": dict(result)}))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home only costs speed
-
-
-def _metadata_only(probes: Mapping[str, FrameworkProbe]) -> dict[str, str]:
-    """Versions from our own package metadata (when the job Python is ours)."""
-    from importlib import metadata
-
-    found: dict[str, str] = {}
-    for probe in probes.values():
-        for dist in probe.distributions or [probe.name]:
-            if "*" in dist:
-                continue
-            try:
-                found[probe.name] = metadata.version(dist)
-                break
-            except metadata.PackageNotFoundError:
-                continue
-    return found
-
-
-def probe_frameworks(
-    python: str | None = None, *, timeout: float = 10.0, use_cache: bool = True,
-    probes: Mapping[str, FrameworkProbe] | None = None,
-) -> tuple[ProbeResult, list[str]]:
-    """Run every framework probe in one subprocess of ``python``; return (result, diagnostics).
-
-    On a timeout or a broken interpreter the result holds what could be learned without
-    it (our own metadata when ``python`` is this interpreter) and a diagnostic says why.
-    """
-    python = python or sys.executable
-    probes = plugins.framework_probes() if probes is None else probes
-    spec = _probe_spec(probes)
-    cache = _cache_path(python, spec)
-    if use_cache:
-        cached = _read_cache(cache)
-        if cached is not None:
-            return cached, [f"framework probe: {e}" for e in cached.get("errors", [])]
-    ours = os.path.realpath(python) == os.path.realpath(sys.executable)
-    fallback = ProbeResult(
-        python_version=platform.python_version() if ours else "unknown",
-        python_path=python, sys_path=[], frameworks=_metadata_only(probes) if ours else {},
-        backends=[], errors=[],
-    )
-    env = dict(os.environ)
-    env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
-    try:
-        proc = subprocess.Popen(
-            [python, "-c", PROBE_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, errors="replace", env=env,
-            start_new_session=(os.name == "posix"),
-        )
-    except OSError as exc:
-        return fallback, [f"framework probe: cannot run {python}: {exc}"]
-    try:
-        out, err = proc.communicate(json.dumps(spec), timeout=timeout)
-    except subprocess.TimeoutExpired:
-        try:
-            if os.name == "posix":
-                os.killpg(proc.pid, 9)
-            else:  # pragma: no cover
-                proc.kill()
-        except OSError:
-            pass
-        proc.communicate()
-        return fallback, [
-            f"framework probe: {python} gave no answer within {timeout:g}s (killed); "
-            "framework sub-probes (torch.cuda, ...) are not reported"
-        ]
-    line = next((ln for ln in reversed(out.splitlines()) if ln.startswith(_SENTINEL)), None)
-    if proc.returncode != 0 or line is None:
-        tail = (err.strip().splitlines() or ["no output"])[-1][:300]
-        return fallback, [f"framework probe: {python} exited with status {proc.returncode}: {tail}"]
-    result = ProbeResult(json.loads(line[len(_SENTINEL):]))
-    _write_cache(cache, python, result)  # a fresh answer refreshes the cache either way
-    return result, [f"framework probe: {e}" for e in result.get("errors", [])]
 
 
 # --------------------------------------------------------------------------- devices
@@ -283,6 +88,16 @@ def _detectors_to_run() -> tuple[dict[str, AcceleratorDetector], list[str]]:
     return kept, diagnostics
 
 
+class DeviceDetection(NamedTuple):
+    """What the detectors found: devices (each with its ``plugin`` and ``source``),
+    diagnostics, and per kind what went wrong (a detector that timed out, raised, or found
+    nothing and said why)."""
+
+    devices: list[Device]
+    diagnostics: list[str]
+    problems: dict[str, str]
+
+
 def detect_devices(timeout: float = 10.0) -> tuple[list[Device], list[str]]:
     """Call every detector concurrently; a detector that raises or overruns becomes a
     diagnostic. Devices are ordered by kind, then index.
@@ -290,8 +105,18 @@ def detect_devices(timeout: float = 10.0) -> tuple[list[Device], list[str]]:
     ``GPULAYER_DETECTORS=cuda,npu`` runs only the detectors of those kinds, ``none`` none
     of them; stand-in (fake) detectors run either way.
     """
+    found = detect_device_kinds(timeout)
+    return found.devices, found.diagnostics
+
+
+def detect_device_kinds(timeout: float = 10.0, only: set[str] | None = None) -> DeviceDetection:
+    """:func:`detect_devices` with the trouble of each kind kept apart; ``only``: run just
+    the detectors of these kinds (a retry of the ones that timed out)."""
     manager = plugins.get_manager()
     detectors, diagnostics = _detectors_to_run()
+    if only is not None:
+        detectors = {k: d for k, d in detectors.items() if k in only}
+        diagnostics = []
     threads: list[tuple[str, threading.Thread, dict[str, Any]]] = []
     for name, det in sorted(detectors.items()):
         slot: dict[str, Any] = {}
@@ -300,25 +125,31 @@ def detect_devices(timeout: float = 10.0) -> tuple[list[Device], list[str]]:
         t.start()
         threads.append((name, t, slot))
     devices: list[Device] = []
+    problems: dict[str, str] = {}
     deadline = time.monotonic() + timeout + _GRACE
     for name, t, slot in threads:
         t.join(max(deadline - time.monotonic(), 0))
         owner = manager.owner(plugins.DETECTORS_HOOK, name)
         who = f"detector {name!r} (plugin {owner!r})"
         if t.is_alive():
-            diagnostics.append(f"{who} gave no answer within {timeout:g}s and was abandoned")
+            problems[name] = f"{who} gave no answer within {timeout:g}s and was abandoned"
+            diagnostics.append(problems[name])
             continue
         if "error" in slot:
-            diagnostics.append(f"{who} failed: {slot['error']}")
+            problems[name] = f"{who} failed: {slot['error']}"
+            diagnostics.append(problems[name])
             continue
         result: DetectionResult = slot["result"]
         for dev in result.devices:
             if dev.kind != name:
                 diagnostics.append(f"{who} reported a {dev.kind!r} device; kept as {dev.kind!r}")
-            devices.append(dev)
+            devices.append(dev.model_copy(update={
+                "plugin": owner, "source": dev.source or result.source or f"detector {name!r}"}))
         diagnostics.extend(result.diagnostics)
+        if result.diagnostics and not any(d.usable for d in result.devices):
+            problems[name] = "; ".join(result.diagnostics)
     devices.sort(key=lambda d: (d.kind, d.index))
-    return devices, diagnostics
+    return DeviceDetection(devices, diagnostics, problems)
 
 
 # --------------------------------------------------------------------------- host
@@ -327,31 +158,45 @@ def detect_devices(timeout: float = 10.0) -> tuple[list[Device], list[str]]:
 def advertise_address() -> str:
     """``$GPULAYER_ADVERTISE_ADDRESS``, else the source address of the default route (a UDP
     ``connect`` sends no packet), else 127.0.0.1."""
+    return _address()[0]
+
+
+def _address() -> tuple[str, str]:
     explicit = config.settings().advertise_address
     if explicit:
-        return explicit
+        return explicit, ADVERTISE_ENV
     for family, target in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
         try:
             with socket.socket(family, socket.SOCK_DGRAM) as s:
                 s.connect((target, 9))
                 addr = str(s.getsockname()[0])
             if addr and not addr.startswith(("127.", "0.")) and addr not in ("::", "::1"):
-                return addr
+                return addr, "the default route's source address"
         except OSError:
             continue
-    return "127.0.0.1"
+    return "127.0.0.1", "no route found: loopback"
+
+
+_MEMORY_SOURCE = {"linux": "psutil (/proc/meminfo)", "darwin": "psutil (sysctl hw.memsize)"}
 
 
 def host_info(python: str | None = None, python_version: str | None = None) -> HostInfo:
+    return _host(python, python_version)[0]
+
+
+def _host(python: str | None, python_version: str | None) -> tuple[HostInfo, dict[str, Provenance]]:
     import psutil
 
     python = python or sys.executable
+    home = config.home()
     try:
-        disk_free = shutil.disk_usage(config.home()).free
+        disk_free = shutil.disk_usage(home).free
     except OSError:
         disk_free = 0
-    return HostInfo(
-        os=platform.system().lower(),
+    address, address_source = _address()
+    system = platform.system().lower()
+    host = HostInfo(
+        os=system,
         os_release=platform.release(),
         arch=platform.machine(),
         hostname=socket.gethostname(),
@@ -360,23 +205,37 @@ def host_info(python: str | None = None, python_version: str | None = None) -> H
         disk_free_bytes=disk_free,
         python_version=python_version or platform.python_version(),
         python_path=python,
-        address=advertise_address(),
+        address=address,
     )
+    ours = os.path.realpath(python) == os.path.realpath(sys.executable)
+    provenance = {
+        "host.cpu_count": Provenance(source="os.cpu_count()"),
+        "host.memory_bytes": Provenance(source=_MEMORY_SOURCE.get(system, "psutil")),
+        "host.disk_free_bytes": Provenance(source=f"free space under {home}"),
+        "host.address": Provenance(source=address_source),
+        "host.python_version": Provenance(
+            source="this interpreter" if ours and python_version in (None, platform.python_version())
+            else f"the framework probe of {python}"),
+    }
+    return host, provenance
 
 
 # --------------------------------------------------------------------------- all together
 
 
-def detect_capabilities(
-    *, python: str | None = None, timeout: float = 10.0,
-    labels: Mapping[str, str] | None = None, use_cache: bool = True,
-) -> Capabilities:
-    """Everything this machine offers to jobs run by ``python`` (default: this interpreter).
+class RawDetection(NamedTuple):
+    """What the detectors and probes said, before host facts and overrides: what the
+    capability cache keeps (:mod:`gpulayer.capability_cache`)."""
 
-    Never raises for a misbehaving detector or probe and never waits much longer than
-    ``timeout``: trouble is reported in ``Capabilities.diagnostics``.
-    """
-    python = python or sys.executable
+    devices: DeviceDetection
+    probe: ProbeResult
+    probe_diagnostics: list[str]
+
+
+def detect_raw(python: str, *, timeout: float = 10.0, use_cache: bool = True,
+               only: set[str] | None = None, probe: bool = True) -> RawDetection:
+    """Run the detectors (``only`` some kinds) and, with ``probe``, the framework probes,
+    concurrently; never raises for a misbehaving one."""
     probe_slot: dict[str, Any] = {}
 
     def _probe() -> None:
@@ -387,22 +246,69 @@ def detect_capabilities(
 
     plugins.get_manager()  # load plugins (and raise plugin errors) in this thread
     probe_thread = threading.Thread(target=_probe, name="gpulayer-probe", daemon=True)
-    probe_thread.start()
-    devices, diagnostics = detect_devices(timeout)
-    probe_thread.join(timeout + _GRACE + 2)
-    result: ProbeResult
-    if "value" in probe_slot:
-        result, probe_diags = probe_slot["value"]
-        diagnostics.extend(probe_diags)
-    else:
-        result = ProbeResult(frameworks={}, backends=[])
-        diagnostics.append(f"framework probe failed: {probe_slot.get('error', 'no answer')}")
-    host = host_info(python, result.get("python_version") or "unknown")
+    if probe:
+        probe_thread.start()
+    found = detect_device_kinds(timeout, only)
+    result = ProbeResult(frameworks={}, backends=[])
+    probe_diags: list[str] = []
+    if probe:
+        probe_thread.join(timeout + _GRACE + 2)
+        if "value" in probe_slot:
+            result, probe_diags = probe_slot["value"]
+        else:
+            probe_diags = [f"framework probe failed: {probe_slot.get('error', 'no answer')}"]
+    return RawDetection(found, result, probe_diags)
+
+
+def assemble(raw: RawDetection, python: str, labels: Mapping[str, str] | None = None) -> Capabilities:
+    """Capabilities from a raw detection, this host's facts, and where each value came from."""
+    result = raw.probe
+    host, provenance = _host(python, result.get("python_version") or "unknown")
+    for d in raw.devices.devices:
+        provenance[f"device.{d.kind}:{d.index}"] = Provenance(plugin=d.plugin, source=d.source or "detector")
+    sources = result.get("sources", {})
+    owners = result.get("plugins", {})
+    for name in result.get("frameworks", {}):
+        provenance[f"framework.{name}"] = Provenance(plugin=owners.get(name),
+                                                     source=sources.get(name, "package metadata"))
+    backends = list(result.get("backends", []))
+    if backends:
+        how = sorted({sources.get(f"backend {b}", "backends check") for b in backends})
+        owner = next((owners.get(n) for n in result.get("frameworks", {}) if owners.get(n)), None)
+        provenance["backends"] = Provenance(plugin=owner, source="; ".join(how))
+    probe_problems = [d for d in raw.probe_diagnostics if "no answer" in d or "exited with" in d
+                      or "cannot run" in d or "probe failed" in d]
     return Capabilities(
         host=host,
-        devices=devices,
+        devices=list(raw.devices.devices),
         frameworks=dict(sorted(result.get("frameworks", {}).items())),
-        distributed_backends=list(result.get("backends", [])),
+        distributed_backends=backends,
         labels=dict(labels or {}),
-        diagnostics=diagnostics,
+        diagnostics=[*raw.devices.diagnostics, *raw.probe_diagnostics],
+        provenance=dict(sorted(provenance.items())),
+        detector_problems=dict(raw.devices.problems),
+        probe_problems=probe_problems,
     )
+
+
+def detect_capabilities(
+    *, python: str | None = None, timeout: float = 10.0,
+    labels: Mapping[str, str] | None = None, use_cache: bool = True,
+    resources_file: str | Path | None = None,
+) -> Capabilities:
+    """Everything this machine offers to jobs run by ``python`` (default: this interpreter),
+    detected now (framework probes may come from their cache), with the overrides of
+    ``resources_file`` (default: ``$GPULAYER_HOME/resources.toml`` when it exists) and of
+    the ``GPULAYER_OVERRIDE_*`` variables applied.
+
+    Never raises for a misbehaving detector or probe and never waits much longer than
+    ``timeout``: trouble is reported in ``Capabilities.diagnostics``. A bad override is an
+    :class:`~gpulayer.errors.InvalidInput` naming the key (and the file).
+    """
+    python = python or sys.executable
+    wanted = overrides.load(resources_file)  # bad input fails before anything runs
+    raw = detect_raw(python, timeout=timeout, use_cache=use_cache)
+    from gpulayer import capability_cache
+
+    capability_cache.store(python, raw, timeout=timeout)
+    return overrides.apply(assemble(raw, python, labels), wanted)

@@ -92,7 +92,26 @@ def _add_groups() -> None:
 _add_groups()
 
 
+def _show_plugin_warnings() -> None:
+    """A plugin warning met while a command runs (a plugin that failed in a hook) is one
+    ``warning:`` line on stderr, not a Python warning with a source line. Matched by name,
+    so the CLI's start-up does not import the plugin machinery."""
+    import warnings
+
+    shown = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: object = None, line: str | None = None) -> None:
+        if category.__name__ == "PluginWarning":
+            typer.echo(f"warning: {message}", err=True)
+            return
+        shown(message, category, filename, lineno, file, line)  # type: ignore[arg-type]
+
+    warnings.showwarning = show
+
+
 def main() -> None:
+    _show_plugin_warnings()
     try:
         app()
     except GpulayerError as exc:

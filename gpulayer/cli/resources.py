@@ -72,6 +72,55 @@ def render_capabilities(caps: Capabilities) -> list[str]:
     return lines
 
 
+def _from(caps: Capabilities, key: str) -> str:
+    """``plugin cuda: NVML`` / ``os.cpu_count()`` / ``override FILE: key (detected 8, os.cpu_count())``."""
+    p = caps.provenance.get(key)
+    if p is None:
+        return "unknown"
+    if p.override is not None:
+        return f"override {p.override}" + (f" (detected {p.detected})" if p.detected else "")
+    return f"plugin {p.plugin}: {p.source}" if p.plugin else p.source
+
+
+def render_explain(caps: Capabilities) -> list[str]:
+    """``resources detect --explain``: every value, and where it came from."""
+    h = caps.host
+    rows: list[tuple[str, str, str]] = [
+        ("cpus", str(h.cpu_count), _from(caps, "host.cpu_count")),
+        ("memory", _gb(h.memory_bytes), _from(caps, "host.memory_bytes")),
+        ("disk free", _gb(h.disk_free_bytes), _from(caps, "host.disk_free_bytes")),
+        ("address", h.address, _from(caps, "host.address")),
+        ("python", f"{h.python_version} ({h.python_path})", _from(caps, "host.python_version")),
+    ]
+    for d in caps.devices:
+        facts = [d.name]
+        if d.memory_bytes is not None:
+            facts.append(f"{_gb(d.memory_bytes)}{' unified' if d.unified_memory else ''}")
+        if d.compute_capability:
+            facts.append(f"cc={d.compute_capability}")
+        if not d.usable:
+            facts.append(f"unusable ({d.unusable_reason or 'no reason given'})")
+        rows.append((f"device {d.kind}:{d.index}", ", ".join(facts), _from(caps, f"device.{d.kind}:{d.index}")))
+    for d in caps.hidden_devices:
+        rows.append((f"device {d.kind}:{d.index}", f"hidden ({d.name})", _from(caps, f"device.{d.kind}:{d.index}")))
+    for name, version in caps.frameworks.items():
+        rows.append((f"framework {name}", version, _from(caps, f"framework.{name}")))
+    for key in caps.overrides:  # frameworks an override removed
+        if key.startswith("framework.") and key.removeprefix("framework.") not in caps.frameworks:
+            rows.append((f"framework {key.removeprefix('framework.')}", "absent", _from(caps, key)))
+    rows.append(("backends", ", ".join(caps.distributed_backends) or "none",
+                 _from(caps, "backends") if "backends" in caps.provenance else "no probe reported one"))
+    width = max(len(r[0]) for r in rows) + 2
+    vwidth = min(max(len(r[1]) for r in rows), 40) + 2
+    lines = [f"{'VALUE':<{width}}{'':<{vwidth}}FROM"]
+    lines.extend(f"{label:<{width}}{value:<{vwidth}}{source}" for label, value, source in rows)
+    for kind, problem in caps.detector_problems.items():
+        lines.append(f"{'trouble':<{width}}{kind:<{vwidth}}{problem}")
+    for problem in caps.probe_problems:
+        lines.append(f"{'trouble':<{width}}{'frameworks':<{vwidth}}{problem}")
+    return lines
+
+
 @resources_app.command("detect")
 def detect(
     as_json: bool = typer.Option(False, "--json", help="print the Capabilities record as JSON"),
@@ -79,6 +128,8 @@ def detect(
         None, "--python", metavar="PATH", help="the Python that will run jobs (default: this one)"),
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, metavar="S", help="seconds per detector and probe"),
     refresh: bool = typer.Option(False, "--refresh", help="ignore cached framework probe results"),
+    explain: bool = typer.Option(False, "--explain",
+                                 help="show where every value came from (plugin and source, or override)"),
 ) -> None:
     """Show the accelerators, frameworks and host facts a worker here would report."""
     from gpulayer.resources import detect_capabilities
@@ -88,8 +139,11 @@ def detect(
     if as_json:
         typer.echo(caps.model_dump_json(indent=2))
         return
-    for line in render_capabilities(caps):
+    for line in (render_explain(caps) if explain else render_capabilities(caps)):
         typer.echo(line)
+    if explain and caps.diagnostics:
+        typer.echo("")
+        typer.echo("\n".join(f"diagnostic {d}" for d in caps.diagnostics))
 
 
 @plugins_app.command("list")
@@ -100,7 +154,12 @@ def list_plugins(as_json: bool = typer.Option(False, "--json", help="print JSON"
     from gpulayer import plugins
 
     manager = _load_plugins(skip_unknown_disabled=True, strict=False)
-    infos = manager.list_plugins()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", plugins.PluginWarning)
+        infos = manager.list_plugins()  # calls every record hook: a raising one shows as failed
+    for w in caught:
+        if issubclass(w.category, plugins.PluginWarning):
+            typer.echo(f"warning: {w.message}", err=True)
     if as_json:
         typer.echo(json.dumps({
             "plugins": [i.to_dict() for i in infos],
@@ -116,6 +175,8 @@ def list_plugins(as_json: bool = typer.Option(False, "--json", help="print JSON"
         typer.echo(f"{info.name:<{width}}  {info.status:<8}  {source:<20}  {hooks}")
         if info.error:
             typer.echo(f"{'':<{width}}  error: {info.error}")
+        if info.status == "failed":
+            typer.echo(f"{'':<{width}}  to stop loading it: {plugins.DISABLE_ENV}={info.name}")
     if not infos:
         typer.echo("no plugins installed")
     if manager.unknown_disabled:

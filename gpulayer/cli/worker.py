@@ -29,6 +29,9 @@ def worker_start(
     grace: float = typer.Option(10.0, "--grace", min=0, metavar="S", help="seconds running tasks get to finish on SIGTERM"),
     idle_exit: Optional[float] = typer.Option(None, "--idle-exit", min=0, metavar="S", help="stop after this many idle seconds"),
     as_json: bool = json_option("once registered, print the worker's record as one line of JSON on stdout"),
+    resources: Optional[str] = typer.Option(
+        None, "--resources", metavar="FILE",
+        help="overrides of detected values (default: $GPULAYER_HOME/resources.toml if it exists)"),
 ) -> None:
     """Start a worker: embedded (this machine's $GPULAYER_HOME) or, with --url, for a server."""
     import logging
@@ -46,7 +49,7 @@ def worker_start(
             raise typer.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--label")
         k, v = item.split("=", 1)
         labels[k] = v
-    caps = detect_capabilities(python=python)
+    caps = detect_capabilities(python=python, resources_file=resources)
     if labels:
         caps = caps.model_copy(update={"labels": {**caps.labels, **labels}})
     api: Any
@@ -131,6 +134,10 @@ def _status(w: Any, usage: dict[str, Any]) -> dict[str, Any]:
                          "devices": kinds, "busy_devices": sorted(busy)},
         "capabilities": json.loads(w.capabilities.model_dump_json()),
         "frameworks": w.capabilities.frameworks,
+        # what the worker's site overrode (resources.toml, GPULAYER_OVERRIDE_*), and what
+        # its detectors had trouble with: the two things that explain surprising capabilities
+        "overrides": w.capabilities.overrides,
+        "detector_problems": w.capabilities.detector_problems,
     }
 
 

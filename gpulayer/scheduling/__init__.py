@@ -29,14 +29,18 @@ label               ``needs label zone=us-east, worker has zone=eu-west``
                     ``needs label zone=us-east, worker has none``
 cpu_slots           ``runs no jobs without devices (cpu_slots=0)``
 devices             ``needs 1 usable cuda device(s), worker has 0``; when the worker has
-                    unusable devices of that kind, `` (2 unusable: <why>)`` is appended
+                    unusable devices of that kind, `` (2 unusable: <why>)`` is appended,
+                    when an override hid some `` (1 hidden by override)``, and when the
+                    kind's detector was in trouble `` (detection trouble: <what>)``
 gpu_memory          ``needs 1 cuda device(s) with >= 80.0 GB, worker has 0``
 compute_capability  ``needs 1 cuda device(s) with compute capability >=9.0, worker has 0``
 device_filters      ``needs 8 cuda device(s) with >= 80.0 GB and compute capability
                     >=9.0, worker has 4`` (each filter alone is met, not both at once)
 distributed         ``mps device(s) do not support distributed work (distributed=unsupported)``
-framework_missing   ``framework 'jax' not installed``
-framework_version   ``torch 2.1.0 does not satisfy >=2.2``
+framework_missing   ``framework 'jax' not installed`` (`` (removed by override)`` or the
+                    framework probe's trouble appended, when there is either)
+framework_version   ``torch 2.1.0 does not satisfy >=2.2`` (`` (set by override)`` appended
+                    when an override set the version; so for ``cpus`` and ``memory``)
                     (``mlx 0.9.0 does not satisfy >=0.10``)
 ==================  ==================================================================
 

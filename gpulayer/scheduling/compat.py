@@ -11,7 +11,7 @@ from typing import NamedTuple
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from gpulayer.hookrecords import Device, SupportLevel
+from gpulayer.hookrecords import Capabilities, SupportLevel
 from gpulayer.records import TARGET_FOR_ORIGIN, Reason, WorkerRecord
 from gpulayer.scheduling.shapes import Shape, shape_of
 from gpulayer.specs import JobSpec
@@ -61,8 +61,8 @@ def compat(shape: Shape, rec: WorkerRecord) -> Compat:
     eligible: tuple[int, ...] = ()
     all_usable = True
     if shape.accelerator is not None:
-        eligible, all_usable = _device_reasons(shape, rec.capabilities.devices, out)
-    _framework_reasons(shape, rec.capabilities.frameworks, out)
+        eligible, all_usable = _device_reasons(shape, rec.capabilities, out)
+    _framework_reasons(shape, rec.capabilities, out)
     return Compat(out, eligible, all_usable)
 
 
@@ -82,13 +82,15 @@ def _worker_reasons(shape: Shape, rec: WorkerRecord, out: list[RawReason]) -> No
                              f"python {host.python_version} does not satisfy {shape.python}"))
     if shape.cpus and host.cpu_count < shape.cpus:
         out.append(RawReason("cpus", str(shape.cpus), str(host.cpu_count),
-                             f"needs {shape.cpus} CPUs, worker has {host.cpu_count}"))
+                             f"needs {shape.cpus} CPUs, worker has {host.cpu_count}"
+                             f"{_by_override(caps, 'host.cpu_count')}"))
     if shape.memory_gb and host.memory_bytes < shape.memory_gb * GB:
         want = f"{shape.memory_gb:.1f}"
         have = format_gb(host.memory_bytes)
         if have == want:  # 63.96 GB is not 64 GB: show enough digits to see why
             have = format_gb(host.memory_bytes, 3)
-        out.append(RawReason("memory", want, have, f"needs {want} GB RAM, worker has {have} GB"))
+        out.append(RawReason("memory", want, have, f"needs {want} GB RAM, worker has {have} GB"
+                                                    f"{_by_override(caps, 'host.memory_bytes')}"))
     for key, value in shape.labels:
         hv = caps.labels.get(key)
         if hv != value:
@@ -100,13 +102,20 @@ def _worker_reasons(shape: Shape, rec: WorkerRecord, out: list[RawReason]) -> No
                              f"runs no jobs without devices (cpu_slots={rec.cpu_slots})"))
 
 
-def _device_reasons(shape: Shape, devices: list[Device], out: list[RawReason]) -> tuple[tuple[int, ...], bool]:
+def _by_override(caps: Capabilities, key: str) -> str:
+    """`` (set by override)`` when the value at provenance ``key`` came from an override."""
+    return " (set by override)" if caps.overridden(key) else ""
+
+
+def _device_reasons(shape: Shape, caps: Capabilities, out: list[RawReason]) -> tuple[tuple[int, ...], bool]:
     """Devices of the shape's kind: enough usable ones, then memory, compute capability and
     distributed filters; returns the eligible indices and whether they are all usable ones.
-    A worker without enough usable devices hears only that (not also that they are too small)."""
+    A worker without enough usable devices hears only that (not also that they are too small),
+    and why it may have fewer than it seems: devices hidden by an override, a detector that
+    timed out or failed."""
     kind = shape.accelerator
     need = max(shape.device_count, 1)
-    devs = [d for d in devices if d.kind == kind]
+    devs = [d for d in caps.devices if d.kind == kind]
     usable = [d for d in devs if d.usable]
     if len(usable) < need:
         msg = f"needs {need} usable {kind} device(s), worker has {len(usable)}"
@@ -114,6 +123,12 @@ def _device_reasons(shape: Shape, devices: list[Device], out: list[RawReason]) -
         if unusable:
             whys = sorted({d.unusable_reason or "no reason given" for d in unusable})
             msg += f" ({len(unusable)} unusable: {'; '.join(whys)})"
+        hidden = sum(1 for d in caps.hidden_devices if d.kind == kind)
+        if hidden:
+            msg += f" ({hidden} hidden by override)"
+        problem = caps.detector_problems.get(kind or "")
+        if problem:
+            msg += f" (detection trouble: {problem})"
         out.append(RawReason("devices", str(need), str(len(usable)), msg))
         return (), True
     ok = usable
@@ -155,8 +170,10 @@ def _device_reasons(shape: Shape, devices: list[Device], out: list[RawReason]) -
     return tuple(sorted(d.index for d in ok)), len(ok) == len(usable)
 
 
-def _framework_reasons(shape: Shape, frameworks: dict[str, str], out: list[RawReason]) -> None:
-    """Each framework (or sub-probe) the shape names: installed, and in the specifier."""
+def _framework_reasons(shape: Shape, caps: Capabilities, out: list[RawReason]) -> None:
+    """Each framework (or sub-probe) the shape names: installed, and in the specifier; an
+    override or a framework probe in trouble is said."""
+    frameworks = caps.frameworks
     for name, spec in shape.frameworks:
         version = frameworks.get(name)
         if version is None:  # "cupy_cuda12x" matches "cupy-cuda12x"
@@ -167,10 +184,13 @@ def _framework_reasons(shape: Shape, frameworks: dict[str, str], out: list[RawRe
                     break
         wanted = f"{name}{spec}"
         if version is None:
-            out.append(RawReason("framework_missing", wanted, None, f"framework '{name}' not installed"))
+            note = (" (removed by override)" if caps.overridden(f"framework.{name}")
+                    else f" ({caps.probe_problems[0]})" if caps.probe_problems else "")
+            out.append(RawReason("framework_missing", wanted, None, f"framework '{name}' not installed{note}"))
         elif spec and not satisfies(spec, version):
             shown = version or "(unknown version)"
-            out.append(RawReason("framework_version", wanted, version, f"{name} {shown} does not satisfy {spec}"))
+            out.append(RawReason("framework_version", wanted, version, f"{name} {shown} does not satisfy {spec}"
+                                                                        f"{_by_override(caps, f'framework.{name}')}"))
 
 
 def bind(worker_id: str, reasons: list[RawReason]) -> list[Reason]:

@@ -143,8 +143,10 @@ def misses_of(shape: Shape, rec: WorkerRecord, reasons: Sequence[RawReason]) -> 
         elif code == "devices":
             n = int(have or 0)
             unusable = sum(1 for d in rec.capabilities.devices if d.kind == kind and not d.usable)
+            hidden = sum(1 for d in rec.capabilities.hidden_devices if d.kind == kind)
             text = f"has {n} of {need} {kind} {_plural(need, 'device')}"
             text += f" ({unusable} unusable)" if unusable else ""
+            text += f" ({hidden} hidden by override)" if hidden else ""
             distance, field = _short(n, need), "requirements.gpus"
         elif code in ("gpu_memory", "compute_capability", "device_filters"):
             n = int(have or 0)

@@ -91,6 +91,9 @@ class ClassKey(NamedTuple):
     devices: tuple[DeviceKey, ...]
     frameworks: Pairs
     labels: Pairs
+    #: what a reason may add: devices hidden by override, detector and probe trouble,
+    #: which values overrides set
+    notes: tuple[object, ...] = ()
 
 
 def class_key(rec: WorkerRecord) -> ClassKey:
@@ -100,8 +103,12 @@ def class_key(rec: WorkerRecord) -> ClassKey:
         (d.kind, d.index, d.usable, d.unusable_reason, d.memory_bytes, d.compute_capability, d.distributed)
         for d in caps.devices
     )
+    notes: tuple[object, ...] = ()
+    if caps.hidden_devices or caps.detector_problems or caps.probe_problems or caps.overrides:
+        notes = (tuple(sorted(d.kind for d in caps.hidden_devices)), _pairs(caps.detector_problems),
+                 tuple(caps.probe_problems), tuple(sorted(caps.overrides)))
     return ClassKey(rec.origin, rec.cpu_slots > 0, h.os, h.python_version, h.cpu_count, h.memory_bytes,
-                    devices, _pairs(caps.frameworks), _pairs(caps.labels))
+                    devices, _pairs(caps.frameworks), _pairs(caps.labels), notes)
 
 
 #: The host fields of a class key that only some shapes read, and whether a shape does.

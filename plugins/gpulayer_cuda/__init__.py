@@ -96,7 +96,7 @@ def detect_nvml(timeout: float) -> plugin.DetectionResult | None:
                    for d in data["devices"]]
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         return plugin.DetectionResult(diagnostics=[f"cuda: NVML query gave unreadable output ({exc})"])
-    return plugin.DetectionResult(devices=devices)
+    return plugin.DetectionResult(devices=devices, source="NVML")
 
 
 def _value(text: str) -> str | None:
@@ -152,7 +152,7 @@ def detect_nvidia_smi(timeout: float) -> plugin.DetectionResult:
     except plugin.ToolError as exc:
         return plugin.DetectionResult(diagnostics=[f"cuda: {exc}"])
     try:
-        return plugin.DetectionResult(devices=parse_nvidia_smi(out, fields))
+        return plugin.DetectionResult(devices=parse_nvidia_smi(out, fields), source="nvidia-smi")
     except ValueError as exc:
         return plugin.DetectionResult(diagnostics=[f"cuda: nvidia-smi gave unreadable output ({exc})"])
 

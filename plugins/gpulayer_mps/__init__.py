@@ -50,7 +50,7 @@ def detect(timeout: float) -> plugin.DetectionResult:
         architecture=chip or "arm64", usable=True,
         independent=plugin.SupportLevel.FIXTURE_TESTED, distributed=plugin.SupportLevel.UNSUPPORTED,
     )
-    return plugin.DetectionResult(devices=[device], diagnostics=diagnostics)
+    return plugin.DetectionResult(devices=[device], diagnostics=diagnostics, source="sysctl")
 
 
 @plugin.hookimpl

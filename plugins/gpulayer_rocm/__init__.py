@@ -181,9 +181,9 @@ def detect(timeout: float) -> plugin.DetectionResult:
             diagnostics.append(f"rocm: {argv[0]} gave unreadable output ({type(exc).__name__}: {exc})")
             continue
         if devices:
-            return plugin.DetectionResult(devices=devices, diagnostics=diagnostics)
+            return plugin.DetectionResult(devices=devices, diagnostics=diagnostics, source=argv[0])
     root = os.environ.get(KFD_ROOT_ENV) or DEFAULT_KFD_ROOT
-    return plugin.DetectionResult(devices=detect_kfd(root), diagnostics=diagnostics)
+    return plugin.DetectionResult(devices=detect_kfd(root), diagnostics=diagnostics, source=f"sysfs ({root})")
 
 
 def visible_env(devices: list[plugin.Device]) -> dict[str, str]:

@@ -42,11 +42,12 @@ def write_distribution(site: Path, dist: str, version: str, entry_points: str, m
         (site / f"{name}.py").write_text(textwrap.dedent(source))
 
 
-def gpulayer_cli(*args: str, pythonpath: list[Path]) -> subprocess.CompletedProcess[str]:
+def gpulayer_cli(*args: str, pythonpath: list[Path],
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, pythonpath), *inherited])}
+    full = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([*map(str, pythonpath), *inherited])}
     return subprocess.run([sys.executable, "-m", "gpulayer.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=60)
+                          env=full, timeout=60)
 
 
 class Profiles:
@@ -206,7 +207,8 @@ def test_unknown_hook_names_the_plugin(plugin_manager):
         def gpulayer_accelerator_detector(self):  # singular: no such hook
             return []
 
-    with pytest.raises(PluginError, match="plugin 'typo-plugin' implements a hook"):
+    with pytest.raises(PluginError, match="plugin 'typo-plugin' implements gpulayer_accelerator_detector, which "
+                                          "GPUlayer does not define"):
         plugin_manager.register(Typo(), name="typo-plugin")
     assert "typo-plugin" not in {i.name for i in plugin_manager.list_plugins()}
 
@@ -256,29 +258,106 @@ def test_the_registry_is_typed(plugin_manager):
         plugin.records(HookRecord)
 
 
-def test_a_record_of_the_wrong_type_names_the_plugin(plugin_manager):
+def test_a_record_of_the_wrong_type_fails_only_that_plugin(plugin_manager):
     class Wrong:
         @hookimpl
         def gpulayer_runtime_profiles(self):
             yield FrameworkProbe(name="oops")
 
     plugin_manager.register(Wrong(), name="wrong")
-    with pytest.raises(PluginError) as err:
-        plugins.profiles()
-    assert str(err.value) == ("plugin 'wrong': gpulayer_runtime_profiles returned FrameworkProbe, "
-                              "expected runtime profile records (RuntimeProfile)")
+    with pytest.warns(plugins.PluginWarning) as caught:
+        found = plugins.profiles()
+    assert "pytorch-cuda" in found and "oops" not in found
+    assert [str(w.message) for w in caught] == [
+        "gpulayer plugin 'wrong' failed in gpulayer_runtime_profiles, which leaves it out: returned "
+        "FrameworkProbe, expected runtime profile records (RuntimeProfile) "
+        "(to stop loading it: GPULAYER_DISABLE_PLUGINS=wrong)"]
 
 
-def test_a_single_record_instead_of_an_iterable_names_the_plugin(plugin_manager):
+def test_a_single_record_instead_of_an_iterable_fails_only_that_plugin(plugin_manager):
     class Single:
         @hookimpl
         def gpulayer_runtime_profiles(self):
             return RuntimeProfile(name="alone")
 
     plugin_manager.register(Single(), name="single")
-    with pytest.raises(PluginError, match="plugin 'single': gpulayer_runtime_profiles raised TypeError: "
-                                          "returned one RuntimeProfile; return or yield an iterable of records"):
-        plugins.profiles()
+    with pytest.warns(plugins.PluginWarning, match="'single' failed in gpulayer_runtime_profiles, which leaves "
+                                                   "it out: TypeError: returned one RuntimeProfile; return or "
+                                                   "yield an iterable of records"):
+        assert "alone" not in plugins.profiles()
+
+
+def test_a_hook_that_raises_is_reported_once_and_the_others_keep_working(plugin_manager):
+    class Raising:
+        @hookimpl
+        def gpulayer_accelerator_detectors(self):
+            raise RuntimeError("driver table missing")
+
+        @hookimpl
+        def gpulayer_runtime_profiles(self):
+            yield RuntimeProfile(name="still-here")
+
+    plugin_manager.register(Raising(), name="raising")
+    with pytest.warns(plugins.PluginWarning) as caught:
+        assert {"cuda", "rocm", "mps"} <= set(plugins.detectors())
+        plugin_manager._forget_records()  # collected again: not reported again
+        assert {"cuda", "rocm", "mps"} <= set(plugins.detectors())
+    assert [str(w.message) for w in caught] == [
+        "gpulayer plugin 'raising' failed in gpulayer_accelerator_detectors, which leaves it out: "
+        "RuntimeError: driver table missing (to stop loading it: GPULAYER_DISABLE_PLUGINS=raising)"]
+    assert "still-here" in plugins.profiles()  # its other hooks still answer
+    info = {i.name: i for i in plugin_manager.list_plugins()}["raising"]
+    assert (info.status, info.error) == ("failed", "gpulayer_accelerator_detectors: RuntimeError: driver table missing")
+
+
+def test_a_device_environment_hook_that_raises_is_named_and_passed_over(plugin_manager):
+    class Raising:
+        @hookimpl
+        def gpulayer_device_environment(self, kind, devices):
+            raise KeyError("oops")
+
+    plugin_manager.register(Raising(), name="raising-env")
+    dev = plugin.Device(kind="cuda", index=1, name="GPU")
+    with pytest.warns(plugins.PluginWarning, match="'raising-env' failed in gpulayer_device_environment"):
+        assert plugins.device_environment("cuda", [dev])["CUDA_VISIBLE_DEVICES"] == "1"
+    with pytest.raises(PluginError, match=r"no environment for the granted npu device.*'raising-env'"):
+        plugins.device_environment("npu", [dev.model_copy(update={"kind": "npu"})])
+
+
+BAD_PLUGINS = {
+    "gl_raises": """\
+        from gpulayer import plugin
+
+        @plugin.hookimpl
+        def gpulayer_accelerator_detectors():
+            raise RuntimeError("boom")
+        """,
+    "gl_typo": """\
+        from gpulayer import plugin
+
+        @plugin.hookimpl
+        def gpulayer_runtime_profile():
+            return []
+        """,
+}
+
+
+@pytest.mark.parametrize("module", sorted(BAD_PLUGINS))
+def test_a_misbehaving_plugin_does_not_stop_commands(module, tmp_path, gpulayer_home):
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(BAD_PLUGINS[module]))
+    env = {"GPULAYER_PLUGINS": module, "GPULAYER_DETECTORS": "none"}
+    listed = gpulayer_cli("plugins", "list", pythonpath=[tmp_path], env=env)
+    assert listed.returncode == 0, listed.stderr
+    line = next(ln for ln in listed.stdout.splitlines() if ln.startswith(module))
+    assert line.split()[1] == "failed"
+    assert f"to stop loading it: GPULAYER_DISABLE_PLUGINS={module}" in listed.stdout
+    ran = gpulayer_cli("submit", "--", sys.executable, "-c", "print('ran')", pythonpath=[tmp_path], env=env)
+    assert ran.returncode == 0, ran.stderr
+    assert "ran" in ran.stdout
+    warnings = [ln for ln in ran.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warnings) == 1 and f"gpulayer plugin {module!r}" in warnings[0], ran.stderr
+    assert "GPULAYER_DISABLE_PLUGINS=" + module in warnings[0]
+    assert "Warning:" not in ran.stderr  # one plain line, not a Python warning with its source
 
 
 # --------------------------------------------------------------------------- fakes

@@ -55,7 +55,7 @@ def test_class_key_is_named_and_ignores_identity():
 
 def test_blank_unread_blanks_only_host_fields_the_shape_does_not_read():
     key = class_key(make_worker(devices=make_cuda_devices(1), labels={"zone": "a"}))
-    always = (key.origin, key.has_cpu_slots, key.os, key.devices, key.frameworks, key.labels)
+    always = (key.origin, key.has_cpu_slots, key.os, key.devices, key.frameworks, key.labels, key.notes)
     assert blank_unread(shape_of(make_job(accelerator="cuda")))(key) == (*always[:3], *always[3:])
     assert blank_unread(shape_of(make_job(python=">=3.10", cpus=2, memory_gb=8)))(key) == tuple(key)
     assert blank_unread(shape_of(make_job(memory_gb=8)))(key) == (*always[:3], key.memory_bytes, *always[3:])
