@@ -24,6 +24,7 @@ from typing import Any, Optional
 import typer
 
 from gpulayer import joboptions
+from gpulayer.cli.display import printable
 from gpulayer.client import Client, chunk_text, prefixes_nodes
 from gpulayer.errors import GpulayerError, InvalidInput
 from gpulayer.records import JobRecord, JobState
@@ -304,7 +305,8 @@ def jobs_list(
     now = time.time()
     for j in jobs:
         s = _job_summary(j)
-        typer.echo(f"{s['id']:<18}{s['state']:<15}{s['kind']:<12}{_age(now - j.created_at):>8}  {s['what'][:60]}")
+        what = printable(s["what"])
+        typer.echo(f"{s['id']:<18}{s['state']:<15}{s['kind']:<12}{_age(now - j.created_at):>8}  {what[:60]}")
 
 
 def _age(seconds: float) -> str:
@@ -325,14 +327,14 @@ def jobs_show(job_id: str = typer.Argument(...), as_json: bool = typer.Option(Fa
     s = _job_summary(job)
     typer.echo(f"job       {job.id}")
     typer.echo(f"state     {job.state.value}" + (f" (exit code {job.exit_code})" if job.exit_code is not None else ""))
-    typer.echo(f"kind      {s['kind']}: {s['what']}")
+    typer.echo(f"kind      {s['kind']}: {printable(s['what'])}")
     req = job.spec.requirements.model_dump(exclude_defaults=True)
     typer.echo(f"needs     {json.dumps(req) if req else 'nothing special (CPU)'}")
     typer.echo(f"placement target={job.spec.placement.target} fallback={job.spec.placement.fallback_targets} "
                f"on_unschedulable={job.spec.placement.on_unschedulable}")
     typer.echo(f"attempt   {job.attempt} of {job.spec.retries + 1}")
     if job.error:
-        typer.echo(f"error     {job.error.describe()}")
+        typer.echo(f"error     {printable(job.error.describe())}")
     for t in job.tasks:
         devs = f" {t.accelerator}{t.devices}" if t.devices else ""
         typer.echo(f"task      {t.id} attempt={t.attempt} node={t.node_rank} worker={t.worker_id}{devs} "

@@ -370,7 +370,8 @@ async def _put_bundle(server: Server, request: Request, kw: dict[str, Any]) -> A
         raise BundleError(
             f"bundle content does not match its address: expected sha256 {digest}, got {h.hexdigest()} "
             f"({len(buf)} bytes); nothing was stored")
-    stored = await run_in_threadpool(server.control.put_bundle, digest, bytes(buf))
+    stored = await run_in_threadpool(functools.partial(server.control.put_bundle, digest, bytes(buf),
+                                                         owner=kw["owner"]))
     return JSONResponse(stored.model_dump(mode="json"), status_code=201 if stored.stored else 200)
 
 
