@@ -16,7 +16,7 @@ from typing import BinaryIO, NamedTuple
 import pathspec
 
 from gpulayer import config
-from gpulayer.bundles.archive import _within, compute_digest, format_size
+from gpulayer.bundles.archive import _within, check_archive, compute_digest, format_size
 from gpulayer.errors import BundleError
 
 __all__ = [
@@ -351,6 +351,13 @@ def build_from_inspection(inspection: Inspection, *, max_bytes: int | None = Non
     if not complete or size > limit:
         raise _too_large(inspection.root, inspection, limit, size, complete)
     data = buf.getvalue()
+    try:  # what every receiver would refuse (too many files, too much, too compressible)
+        check_archive(data)
+    except BundleError as exc:
+        raise BundleError(
+            f"source bundle of {inspection.root} would be refused: {exc}. Exclude what the job does "
+            f"not need with a .gpulayerignore file, and check with `gpulayer bundle inspect {inspection.root}`."
+        ) from None
     return Bundle(digest=compute_digest(data), data=data, files=list(inspection.included))
 
 

@@ -90,6 +90,19 @@ def test_the_limits_are_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert bundles.check_archive(data) == ["zeros.bin"]
 
 
+def test_building_a_bundle_that_receivers_would_refuse_fails_first(tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "main.py").write_text("print(1)\n")
+    with open(proj / "zeros.bin", "wb") as f:
+        f.write(bytes(8 << 20))
+    with pytest.raises(BundleError, match=r"source bundle of .*proj would be refused: bundle entry 'zeros.bin' "
+                                          r"would extract 8.0 MB .*GPULAYER_MAX_BUNDLE_RATIO.*\.gpulayerignore"):
+        bundles.build_bundle(proj)
+    (proj / ".gpulayerignore").write_text("*.bin\n")
+    assert [f.path for f in bundles.build_bundle(proj).files] == [".gpulayerignore", "main.py"]
+
+
 # ---------------------------------------------------------------------------------- the server
 
 
