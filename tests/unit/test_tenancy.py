@@ -197,3 +197,23 @@ def test_home_and_database_are_private(tmp_path: Path, monkeypatch: pytest.Monke
         if p.name.startswith("gpulayer.db"):
             assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
     store.dispose()
+
+
+def test_migrating_to_schema_4_on_postgres(postgres_url: str) -> None:
+    """The same upgrade on PostgreSQL: a schema 3 database (made by dropping what 4 added)."""
+    import sqlalchemy as sa
+
+    store = Store(postgres_url)
+    digest, data = a_bundle("z = 3\n")
+    cp = ControlPlane(store)
+    cp.put_bundle(digest, data, owner="tok-carol")
+    cp.submit(job_with(digest), owner="tok-carol")
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE gl_bundle_readers"))
+        conn.execute(sa.text("UPDATE gl_schema SET version = 3"))
+    store.dispose()
+    cp = ControlPlane(Store(postgres_url))
+    assert cp.store.schema_version() == 4
+    assert cp.get_bundle(digest, owner="tok-carol") == data
+    assert cp.has_bundle(digest, owner="tok-dave") is False
+    cp.store.dispose()
