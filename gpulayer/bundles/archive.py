@@ -507,14 +507,16 @@ def _remove_unused(cache: Path, digest: str) -> bool:
             return False  # a task uses it
         with _DigestLock(cache / f".{digest}.lock"):  # no extraction of it meanwhile
             target = cache / digest
+            if not target.is_dir():  # someone else evicted it
+                return False
             # renamed first, so no one finds a half-deleted folder at the digest's path
             doomed = Path(tempfile.mkdtemp(prefix=f".{digest}.evict-", dir=cache))
-            os.rename(target, doomed / "tree")
-            shutil.rmtree(doomed, ignore_errors=True)
+            try:
+                os.rename(target, doomed / "tree")
+            finally:
+                shutil.rmtree(doomed, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         return True
-    except FileNotFoundError:
-        return False
     finally:
         os.close(fd)
