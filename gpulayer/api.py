@@ -422,6 +422,8 @@ class Route:
 
 
 _DIGEST = {"digest": DIGEST_PATTERN}
+#: who reads a bundle: a client token's id, or a worker credential's worker
+_BUNDLE_READER = {"owner": "owner", "worker_id": "worker"}
 
 ROUTES: tuple[Route, ...] = (
     # ---------------------------------------------------------------- jobs
@@ -451,14 +453,17 @@ ROUTES: tuple[Route, ...] = (
           "Could a job with this (resolved) spec run now, and if not, what comes closest; nothing is stored",
           response=Explanation, body=ExplainBody, context={"owner": "owner"}),
     # ---------------------------------------------------------------- bundles
-    Route("has_bundle", "HEAD", "/v1/bundles/{digest}", BUNDLE_READERS, "Whether a bundle is stored (200 or 404)",
-          response=bool, exists=True, path_patterns=_DIGEST, errors=(404,)),
-    Route("get_bundle", "GET", "/v1/bundles/{digest}", BUNDLE_READERS, "Download a bundle",
-          response=bytes, raw_response="application/zip", path_patterns=_DIGEST, errors=(404,)),
+    Route("has_bundle", "HEAD", "/v1/bundles/{digest}", BUNDLE_READERS,
+          "Whether a bundle you may read is stored (200 or 404)",
+          response=bool, exists=True, path_patterns=_DIGEST, context=_BUNDLE_READER, errors=(404,)),
+    Route("get_bundle", "GET", "/v1/bundles/{digest}", BUNDLE_READERS,
+          "Download a bundle (its uploaders, workers running a job that uses it, admins)",
+          response=bytes, raw_response="application/zip", path_patterns=_DIGEST, context=_BUNDLE_READER,
+          errors=(404,)),
     Route("put_bundle", "PUT", "/v1/bundles/{digest}", ("admin", "client"),
-          "Upload a bundle; the body must hash to the digest and fit GPULAYER_MAX_BUNDLE_MB",
+          "Upload a bundle; the body must hash to the digest, fit GPULAYER_MAX_BUNDLE_MB and be a safe archive",
           response=BundleStored, status=201, also_ok=(200,), raw_body="application/zip",
-          path_patterns=_DIGEST, errors=(413,)),
+          path_patterns=_DIGEST, context={"owner": "owner"}, errors=(413,)),
     # ---------------------------------------------------------------- workers
     Route("list_workers", "GET", "/v1/workers", READERS, "Registered workers", response=list[WorkerRecord]),
     Route("worker_usage", "GET", "/v1/workers/usage", READERS, "Busy devices and CPU slots per online worker",

@@ -165,6 +165,19 @@ SETTINGS: tuple[Setting, ...] = (
             "(fake devices of the test helpers always run)"),
     Setting("GPULAYER_MAX_BUNDLE_MB", "max_bundle_mb", _positive, 100.0, "`100`",
             "largest source bundle accepted, in MB (2^20 bytes)"),
+    Setting("GPULAYER_MAX_BUNDLE_UNPACKED_MB", "max_bundle_unpacked_mb", _positive, 1000.0, "`1000`",
+            "most content a source bundle may extract to, in MB (2^20 bytes); a bundle that declares more is "
+            "refused at upload and by workers before anything is written"),
+    Setting("GPULAYER_MAX_BUNDLE_RATIO", "max_bundle_ratio", _positive, 200.0, "`200`",
+            "highest compression ratio (extracted / compressed size) of a source bundle, and of each of its "
+            "files over 1 MB; a higher one is refused as a compression bomb"),
+    Setting("GPULAYER_MAX_BUNDLE_FILES", "max_bundle_files", _count(1), 100_000, "`100000`",
+            "most entries a source bundle may hold"),
+    Setting("GPULAYER_BUNDLE_CACHE_MB", "bundle_cache_mb", _positive, 10240.0, "`10240`",
+            "size a worker's extracted bundles (`$GPULAYER_HOME/bundles`) may reach before the least recently "
+            "used are deleted, in MB (2^20 bytes); bundles of running tasks are kept"),
+    Setting("GPULAYER_BUNDLE_CACHE_DAYS", "bundle_cache_days", _positive, 7.0, "`7`",
+            "days after its last use an extracted bundle is deleted"),
     Setting("GPULAYER_MAX_ARGS_MB", "max_args_mb", _positive, 1.0, "`1`",
             "largest JSON arguments (args and kwargs together) of a function job, in MB (2^20 bytes)"),
     Setting("GPULAYER_MAX_ARGS_VALUES", "max_args_values", _count(1), 100_000, "`100000`",
@@ -220,6 +233,11 @@ class Settings:
     disable_plugins: tuple[str, ...]
     detectors: tuple[str, ...]
     max_bundle_mb: float
+    max_bundle_unpacked_mb: float
+    max_bundle_ratio: float
+    max_bundle_files: int
+    bundle_cache_mb: float
+    bundle_cache_days: float
     max_args_mb: float
     max_args_values: int
     max_result_mb: float
@@ -264,6 +282,9 @@ def home() -> Path:
     raw = settings().home or str(Path.home() / ".gpulayer")
     path = Path(raw).expanduser().resolve()
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid == os.getuid() and st.st_mode & 0o077:  # made before, or by something else
+        os.chmod(path, 0o700)
     return path
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from gpulayer import config
+from gpulayer.cli.display import printable
 from gpulayer.errors import BundleError, GpulayerError
 
 if TYPE_CHECKING:
@@ -29,17 +30,25 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 @bundle_app.command("inspect")
 def inspect_cmd(
-    directory: Path = typer.Argument(..., help="the directory to bundle", show_default=False),
+    directory: Path = typer.Argument(..., help="the directory to bundle, or a bundle (.zip) to check",
+                                     show_default=False),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of text"),
     top: int = typer.Option(10, "--top", min=0, help="how many of the largest files to list"),
 ) -> None:
     """List what goes into DIRECTORY's bundle, what is left out and by which rule, the largest
     files, the total size and the bundle's SHA-256 address.
 
-    Exits 1 when the bundle is over the size limit (GPULAYER_MAX_BUNDLE_MB), 2 on bad input.
+    Given a zip file instead, check it as a worker would before extracting it (entry names,
+    kinds, number, sizes, compression ratio; see docs/bundles.md) and list its files.
+
+    Exits 1 when the bundle is over the size limit (GPULAYER_MAX_BUNDLE_MB), 2 on bad input
+    (an unsafe archive included).
     """
     from gpulayer import bundles
 
+    if directory.is_file():
+        _inspect_archive(directory, as_json)
+        return
     try:
         limit = config.max_bundle_bytes()
         inspection = bundles.inspect_directory(directory)
@@ -78,6 +87,32 @@ def inspect_cmd(
         _print_text(inspection, largest, digest, bundle_size, limit)
     if problem:
         raise _fail(problem, code=1)
+
+
+def _inspect_archive(path: Path, as_json: bool) -> None:
+    from gpulayer import bundles
+
+    limit = config.max_bundle_bytes()
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise BundleError(f"bundle {str(path)!r} is {size} bytes, over the limit of {limit} bytes "
+                              "(GPULAYER_MAX_BUNDLE_MB)")
+        data = path.read_bytes()
+        files = bundles.check_archive(data)
+    except OSError as exc:
+        raise _fail(f"cannot read bundle {str(path)!r}: {exc.strerror or exc}") from None
+    except GpulayerError as exc:
+        raise _fail(f"bundle {str(path)!r} refused: {exc}") from None
+    digest = bundles.compute_digest(data)
+    if as_json:
+        typer.echo(json.dumps({"archive": str(path), "digest": digest, "bundle_bytes": len(data),
+                               "file_count": len(files), "files": files, "error": None}, indent=2))
+        return
+    typer.echo(f"Bundle archive {path}: {len(files)} files, {bundles.format_size(len(data))}, safe to extract")
+    for name in files:
+        typer.echo(f"  {printable(name)}")
+    typer.echo(f"Digest:  sha256:{digest}")
 
 
 def _print_text(

@@ -38,6 +38,7 @@ from gpulayer.cli.conventions import (
     outcome_record,
     outcome_text,
 )
+from gpulayer.cli.display import printable
 from gpulayer.errors import GpulayerError, InvalidInput
 
 if TYPE_CHECKING:
@@ -329,7 +330,8 @@ def jobs_list(
     now = time.time()
     for j in jobs:
         s = _job_summary(j)
-        typer.echo(f"{s['id']:<18}{s['state']:<15}{s['kind']:<12}{_age(now - j.created_at):>8}  {s['what'][:60]}")
+        what = printable(s["what"])
+        typer.echo(f"{s['id']:<18}{s['state']:<15}{s['kind']:<12}{_age(now - j.created_at):>8}  {what[:60]}")
 
 
 def _age(seconds: float) -> str:
@@ -369,13 +371,13 @@ def jobs_show(job_id: str = typer.Argument(..., metavar="JOB"), as_json: bool = 
     s = _job_summary(job)
     typer.echo(f"job       {job.id}")
     typer.echo(f"state     {job.state.value}" + (f" (exit code {job.exit_code})" if job.exit_code is not None else ""))
-    typer.echo(f"kind      {s['kind']}: {s['what']}")
+    typer.echo(f"kind      {s['kind']}: {printable(s['what'])}")
     typer.echo(f"needs     {requirements_text(job.spec.requirements) or 'nothing special (CPU)'}")
     typer.echo(f"placement target={job.spec.placement.target} fallback={job.spec.placement.fallback_targets} "
                f"on_unschedulable={job.spec.placement.on_unschedulable}")
     typer.echo(f"attempt   {job.attempt} of {job.spec.retries + 1}")
     if job.error:
-        typer.echo(f"error     {job.error.describe()}")
+        typer.echo(f"error     {printable(job.error.describe())}")
     for t in job.tasks:
         devs = f" {t.accelerator}{t.devices}" if t.devices else ""
         typer.echo(f"task      {t.id} attempt={t.attempt} node={t.node_rank} worker={t.worker_id}{devs} "

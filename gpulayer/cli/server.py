@@ -136,7 +136,8 @@ def server_start(
     if not tokens.has_admin():
         _info, secret = tokens.create("admin", description="first admin token (server start)")
         _write_private(token_file, secret + "\n")
-        typer.echo(f"admin token (shown once; also in {token_file}, mode 0600):\n  {secret}", err=True)
+        # the secret goes to that file only, never to the output: a server's output is its log
+        typer.echo(f"admin token created in {token_file} (mode 0600; it is not shown or logged)", err=True)
     scheme = "https" if tls else "http"
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     if ":" in shown_host:
@@ -178,8 +179,16 @@ def server_start(
         orig_exit(sig, frame)
 
     uv.handle_exit = handle_exit  # type: ignore[method-assign]
+    orig_shutdown = uv.shutdown
+
+    async def shutdown(sockets: Any = None) -> None:
+        await orig_shutdown(sockets=sockets)
+        # said here: after a signal, uvicorn raises it again once serving ends, so the
+        # process may end before uv.run() returns
+        typer.echo("gpulayer server stopped", err=True)
+
+    uv.shutdown = shutdown  # type: ignore[method-assign]
     uv.run()
-    typer.echo("gpulayer server stopped", err=True)
 
 
 def _redact(url: str) -> str:

@@ -8,6 +8,7 @@ from typing import Any, Optional
 import typer
 
 from gpulayer.cli.conventions import echo_json, json_option
+from gpulayer.cli.display import printable
 from gpulayer.errors import InvalidInput
 
 token_app = typer.Typer(help="Manage a server's API tokens (needs --url and an admin token).",
@@ -79,7 +80,7 @@ def token_list(as_json: bool = json_option()) -> None:
         exp = time.strftime("%Y-%m-%d %H:%M", time.localtime(t.expires_at)) if t.expires_at else "-"
         uses = "-" if t.uses_left is None else str(t.uses_left)
         typer.echo(f"{t.id:<18}{t.scope:<11}{state:<10}{exp:<18}{uses:<6}{t.worker_id or '-':<18}"
-                   f"{t.description}")
+                   f"{printable(t.description)}")
 
 
 @token_app.command("revoke")

@@ -9,6 +9,7 @@ from typing import Any, Optional
 import typer
 
 from gpulayer.cli.conventions import EXIT_BAD_INPUT, echo_json, json_option
+from gpulayer.cli.display import printable
 from gpulayer.errors import InvalidInput
 from gpulayer.units import format_gb
 
@@ -113,7 +114,7 @@ def worker_list(as_json: bool = json_option()) -> None:
         st = _status(w, usage)
         devs = ", ".join(f"{k} {v['free']}/{v['total']} free" for k, v in st["availability"]["devices"].items()) or "-"
         slots = f"{st['availability']['free_cpu_slots']}/{w.cpu_slots}"
-        typer.echo(f"{w.id:<18}{w.name[:15]:<16}{w.target:<8}{st['state']:<9}{devs:<22}{slots:<10}")
+        typer.echo(f"{w.id:<18}{printable(w.name)[:15]:<16}{w.target:<8}{st['state']:<9}{devs:<22}{slots:<10}")
 
 
 def _status(w: Any, usage: dict[str, Any]) -> dict[str, Any]:
@@ -162,7 +163,7 @@ def worker_status(
         return
     for w, st in zip(workers, data, strict=True):
         h = w.capabilities.host
-        typer.echo(f"worker    {w.id} ({w.name}) {st['state']}, serves {w.target} jobs")
+        typer.echo(f"worker    {w.id} ({printable(w.name)}) {st['state']}, serves {w.target} jobs")
         typer.echo(f"host      {h.os} {h.arch}, {h.cpu_count} CPUs, {format_gb(h.memory_bytes)} GB RAM, "
                    f"python {h.python_version}, address {h.address}")
         for d in w.capabilities.devices:

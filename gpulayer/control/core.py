@@ -20,7 +20,7 @@ from sqlmodel import Session
 
 from gpulayer import config, lifecycle, scheduling, tokens
 from gpulayer.control import placement
-from gpulayer.errors import Conflict
+from gpulayer.errors import Forbidden
 from gpulayer.records import JobError, JobState, TaskState
 from gpulayer.store import EventRow, JobRow, Store, TaskRow, mapping, queries
 
@@ -126,7 +126,8 @@ class Core:
     def _own_task(self, s: Session, task_id: str, worker_id: str) -> TaskRow:
         task = queries.task(s, task_id)
         if task.worker_id != worker_id:
-            raise Conflict(f"task {task_id} is assigned to {task.worker_id}, not {worker_id}")
+            # another worker's task: refused without naming who holds it
+            raise Forbidden(f"task {task_id} is not assigned to worker {worker_id}")
         return task
 
     def _lose(self, s: Session, t: TaskRow, now: float, why: str) -> None:

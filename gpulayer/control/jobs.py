@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session
 
 from gpulayer import bundles as _bundles
 from gpulayer import config
@@ -17,7 +18,7 @@ from gpulayer.api import (
     LogChunk,
 )
 from gpulayer.control.core import Core
-from gpulayer.errors import InvalidArgument, InvalidInput
+from gpulayer.errors import InvalidArgument, InvalidInput, NotFound
 from gpulayer.records import JobError, JobRecord, JobState, TaskState, new_id
 from gpulayer.specs import JobSpec
 from gpulayer.store import BundleRow, JobRow, mapping, queries
@@ -47,7 +48,7 @@ class JobOps(Core):
                 existing = queries.find_job_by_key(s, key)
                 if existing is not None:
                     return mapping.job_record(existing, queries.tasks_of(s, existing.id))
-            if spec.bundle_digest is not None and not queries.bundle_exists(s, spec.bundle_digest):
+            if spec.bundle_digest is not None and not self._may_read_bundle(s, spec.bundle_digest, owner):
                 raise InvalidInput(f"bundle_digest {spec.bundle_digest}: no bundle with that address was uploaded")
             spec_json, args_json = mapping.stored_spec(spec)
             row = JobRow(
@@ -140,25 +141,47 @@ class JobOps(Core):
 
     # ------------------------------------------------------------------ bundles
 
-    def has_bundle(self, digest: str) -> bool:
-        with self.store.read() as s:
-            return queries.bundle_exists(s, digest)
+    # A bundle is readable by the admin (and in-process callers: ``owner`` and ``worker_id``
+    # None), by each client token that uploaded it (``owner``: the token's id), and by a
+    # worker while a task of a job that uses it is assigned to it. To anyone else it does not
+    # exist: has_bundle says False, get_bundle and a submit naming it say it was not uploaded.
 
-    def put_bundle(self, digest: str, data: bytes) -> BundleStored:
-        """Store a bundle (``stored`` False when that address was already stored).
-        Verifies that the content hashes to its address first."""
+    def _may_read_bundle(self, s: Session, digest: str, owner: str | None,
+                         worker_id: str | None = None) -> bool:
+        if not queries.bundle_exists(s, digest):
+            return False
+        if worker_id is not None:
+            return queries.worker_runs_bundle(s, worker_id, digest)
+        return owner is None or queries.is_bundle_reader(s, digest, owner)
+
+    def has_bundle(self, digest: str, *, owner: str | None = None, worker_id: str | None = None) -> bool:
+        with self.store.read() as s:
+            return self._may_read_bundle(s, digest, owner, worker_id)
+
+    def put_bundle(self, digest: str, data: bytes, *, owner: str | None = None) -> BundleStored:
+        """Store a bundle (``stored`` False when that address was already stored) and record
+        ``owner`` as one of its readers. Verifies that the content hashes to its address and
+        that it is a safe archive (:func:`gpulayer.bundles.check_archive`) first."""
         _bundles.verify_digest(data, digest)
-        try:
-            with self.store.write(lock=False) as s:
-                if queries.bundle_exists(s, digest):
-                    return BundleStored(digest=digest, size=len(data), stored=False)
-                queries.add_bundle(s, BundleRow(digest=digest, size=len(data), data=data, created_at=self.clock()))
-        except IntegrityError:  # the same content, uploaded concurrently by someone else
-            return BundleStored(digest=digest, size=len(data), stored=False)
-        return BundleStored(digest=digest, size=len(data), stored=True)
+        _bundles.check_archive(data, digest)
+        now = self.clock()
+        for _ in range(2):  # once more when the same content was uploaded concurrently
+            try:
+                with self.store.write(lock=False) as s:
+                    stored = not queries.bundle_exists(s, digest)
+                    if stored:
+                        queries.add_bundle(s, BundleRow(digest=digest, size=len(data), data=data, created_at=now))
+                    if owner is not None:
+                        queries.add_bundle_reader(s, digest, owner, now)
+                return BundleStored(digest=digest, size=len(data), stored=stored)
+            except IntegrityError:
+                continue
+        return BundleStored(digest=digest, size=len(data), stored=False)
 
-    def get_bundle(self, digest: str) -> bytes:
+    def get_bundle(self, digest: str, *, owner: str | None = None, worker_id: str | None = None) -> bytes:
         with self.store.read() as s:
+            if not self._may_read_bundle(s, digest, owner, worker_id):
+                raise NotFound(f"bundle {digest!r}: no such bundle")
             return bytes(queries.bundle(s, digest).data)
 
     # ------------------------------------------------------------------ workers

@@ -46,7 +46,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, request_response
 from starlette.routing import Route as StarletteRoute
 
 from gpulayer import api, config
@@ -380,7 +380,8 @@ async def _put_bundle(server: Server, request: Request, kw: dict[str, Any]) -> A
         raise BundleError(
             f"bundle content does not match its address: expected sha256 {digest}, got {h.hexdigest()} "
             f"({len(buf)} bytes); nothing was stored")
-    stored = await run_in_threadpool(server.control.put_bundle, digest, bytes(buf))
+    stored = await run_in_threadpool(functools.partial(server.control.put_bundle, digest, bytes(buf),
+                                                         owner=kw["owner"]))
     return JSONResponse(stored.model_dump(mode="json"), status_code=201 if stored.stored else 200)
 
 
@@ -531,7 +532,7 @@ def create_app(control: ControlPlane | None = None, *, database_url: str | None 
     # a static segment ("/v1/workers/join", "/v1/workers/usage") must win over "{worker_id}"
     for path in sorted(by_path, key=lambda p: "{" in p):
         handlers = by_path[path]
-        allowed = ", ".join(sorted(handlers))
+        allowed = ", ".join(sorted({*handlers, *(["HEAD"] if "GET" in handlers else [])}))
 
         async def dispatch(request: Request, handlers: dict[str, Any] = handlers, allowed: str = allowed) -> Response:
             h = handlers.get(request.method) or (handlers.get("GET") if request.method == "HEAD" else None)
@@ -543,8 +544,9 @@ def create_app(control: ControlPlane | None = None, *, database_url: str | None 
             response: Response = await h(request)
             return response
 
-        all_methods = sorted({*handlers, "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
-        routes.append(StarletteRoute(path, dispatch, methods=all_methods))
+        # every method reaches dispatch (an ASGI endpoint takes them all), so any other one
+        # (TRACE, a made-up one) gets this 405 with the path's Allow header
+        routes.append(StarletteRoute(path, _AnyMethod(dispatch)))
 
     # the dashboard's pages are not API operations: they are not in ROUTES or the OpenAPI
     # document, and they take a session cookie where the API takes a bearer token
@@ -554,11 +556,23 @@ def create_app(control: ControlPlane | None = None, *, database_url: str | None 
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         error = NotFound(f"{request.method} {request.url.path}: no such route") if status == 404 else \
             GpulayerError(f"{request.method} {request.url.path}: HTTP {status}")
-        return JSONResponse({"error": error.to_dict()}, status_code=status)
+        headers = exc.headers if isinstance(exc, HTTPException) else None
+        return JSONResponse({"error": error.to_dict()}, status_code=status, headers=headers)
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.server = server
     return app
+
+
+class _AnyMethod:
+    """An ASGI endpoint over ``fn(request)`` for every method (Starlette routes a plain
+    function endpoint for GET alone unless given its methods)."""
+
+    def __init__(self, fn: Callable[[Request], Awaitable[Response]]) -> None:
+        self.app = request_response(fn)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
 
 
 def default_threads() -> int:

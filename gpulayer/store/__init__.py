@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ from gpulayer import config
 from gpulayer.errors import InvalidInput
 from gpulayer.store import migrations
 from gpulayer.store.tables import (
+    BundleReaderRow,
     BundleRow,
     EventRow,
     JobRow,
@@ -41,6 +43,7 @@ from gpulayer.store.tables import (
 )
 
 __all__ = [
+    "BundleReaderRow",
     "BundleRow",
     "EventRow",
     "JobRow",
@@ -97,6 +100,10 @@ class Store:
             path = make_url(self.url).database
             if path and path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
+                # created readable by its owner only (SQLite gives its -wal and -shm files the
+                # database's mode): it holds job specs, code, logs, results and token hashes
+                with contextlib.suppress(FileExistsError):
+                    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             # pooled: opening a connection (and its PRAGMAs) cost more than a heartbeat's work
             engine = create_engine(
                 self.url, pool_size=16, max_overflow=48, pool_timeout=60,
@@ -128,7 +135,7 @@ class Store:
                 found = migrations.current_version(conn)
                 if found is None:
                     tables: list[Any] = [SchemaRow, WorkerRow, JobRow, TaskRow, BundleRow, LogRow,
-                                         EventRow, TokenRow]
+                                         EventRow, TokenRow, BundleReaderRow]
                     SQLModel.metadata.create_all(conn, tables=[t.__table__ for t in tables])
                     conn.execute(text("INSERT INTO gl_schema (id, version) VALUES (1, :v)"),
                                  {"v": migrations.SCHEMA_VERSION})

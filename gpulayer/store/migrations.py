@@ -18,7 +18,7 @@ from sqlalchemy import Connection, inspect, text
 
 from gpulayer.errors import GpulayerError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Version 1: the first released schema (no tokens, no idempotent submit).
 SCHEMA_V1 = [
@@ -73,8 +73,30 @@ def _v2_to_v3(conn: Connection) -> None:
     conn.execute(text("ALTER TABLE gl_jobs ADD COLUMN args TEXT"))
 
 
+def _v3_to_v4(conn: Connection) -> None:
+    # who may read a bundle: the client tokens that uploaded it. Uploads before this version
+    # were not recorded; the owner of a stored job that uses a bundle keeps reading it, and
+    # any other client uploads it again (which proves it has the bytes) to read it
+    import json
+
+    from gpulayer.store.tables import BundleReaderRow
+
+    BundleReaderRow.__table__.create(conn)  # type: ignore[attr-defined]
+    pairs: set[tuple[str, str]] = set()
+    for owner, spec in conn.execute(text("SELECT owner, spec FROM gl_jobs WHERE owner IS NOT NULL")):
+        try:
+            digest = json.loads(spec).get("bundle_digest")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(digest, str):
+            pairs.add((digest, owner))
+    for digest, owner in sorted(pairs):
+        conn.execute(text("INSERT INTO gl_bundle_readers (digest, reader, created_at) VALUES (:d, :r, 0)"),
+                     {"d": digest, "r": owner})
+
+
 #: MIGRATIONS[n] brings a database at version n to version n + 1.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 
 class SchemaTooNew(GpulayerError):

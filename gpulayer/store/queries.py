@@ -24,7 +24,7 @@ from sqlmodel import Session, SQLModel, col, select
 
 from gpulayer.errors import NotFound
 from gpulayer.records import JobState, TaskState
-from gpulayer.store.tables import BundleRow, EventRow, JobRow, LogRow, TaskRow, TokenRow, WorkerRow
+from gpulayer.store.tables import BundleReaderRow, BundleRow, EventRow, JobRow, LogRow, TaskRow, TokenRow, WorkerRow
 
 ACTIVE_TASK_STATES = (TaskState.ASSIGNED.value, TaskState.RUNNING.value)
 ENDED_BADLY = (TaskState.FAILED.value, TaskState.TIMED_OUT.value, TaskState.LOST.value,
@@ -319,6 +319,32 @@ def bundle(s: Session, digest: str) -> BundleRow:
 
 def add_bundle(s: Session, row: BundleRow) -> None:
     s.add(row)
+
+
+def is_bundle_reader(s: Session, digest: str, reader: str) -> bool:
+    q = sa_select(col(BundleReaderRow.digest)).where(col(BundleReaderRow.digest) == digest,
+                                                     col(BundleReaderRow.reader) == reader)
+    return s.execute(q).first() is not None
+
+
+def add_bundle_reader(s: Session, digest: str, reader: str, now: float) -> None:
+    if not is_bundle_reader(s, digest, reader):
+        s.add(BundleReaderRow(digest=digest, reader=reader, created_at=now))
+
+
+def worker_runs_bundle(s: Session, worker_id: str, digest: str) -> bool:
+    """Whether a task assigned to or running on ``worker_id`` belongs to a job whose code is
+    bundle ``digest`` (the specs are filtered by text first, then read)."""
+    q = (sa_select(col(JobRow.spec)).join(TaskRow, col(TaskRow.job_id) == col(JobRow.id))
+         .where(col(TaskRow.worker_id) == worker_id, col(TaskRow.state).in_(ACTIVE_TASK_STATES),
+                col(JobRow.spec).contains(digest)))
+    for (spec,) in s.execute(q):
+        try:
+            if json.loads(spec).get("bundle_digest") == digest:
+                return True
+        except (ValueError, AttributeError):
+            continue
+    return False
 
 
 # --------------------------------------------------------------------------- tokens

@@ -88,6 +88,17 @@ class BundleRow(SQLModel, table=True):
     created_at: float = 0.0
 
 
+class BundleReaderRow(SQLModel, table=True):
+    """Who may read a bundle besides the admin (added in schema 4): each client token that
+    uploaded it. A worker reads it while a task of a job that uses it is assigned to it."""
+
+    __tablename__ = "gl_bundle_readers"
+
+    digest: str = Field(primary_key=True)
+    reader: str = Field(primary_key=True)
+    created_at: float = 0.0
+
+
 class LogRow(SQLModel, table=True):
     __tablename__ = "gl_logs"
 

@@ -17,6 +17,7 @@ taking work, lets running tasks finish for a grace period, then ends and reports
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
 import logging
 import os
@@ -33,7 +34,7 @@ from typing import Any
 
 from gpulayer import bundles, config, plugins
 from gpulayer.api import LogStream, TaskAssignment, WorkerAPI
-from gpulayer.errors import Conflict, ConnectionFailed, GpulayerError, InvalidInput, NotFound
+from gpulayer.errors import Conflict, ConnectionFailed, Forbidden, GpulayerError, InvalidInput, NotFound
 from gpulayer.hookrecords import Capabilities
 from gpulayer.records import JobError, TaskState, WorkerRecord
 from gpulayer.worker.forking import ForkServer, ForkServers
@@ -340,7 +341,7 @@ class Agent:
                 fork, how = self.forks.choose(a.spec.python, {**self.forks.env, **a.spec.env})
             try:
                 self._start_task(a.task_id, worker_id, how)
-            except (Conflict, NotFound) as exc:
+            except (Conflict, NotFound, Forbidden) as exc:
                 log.info("not starting %s: %s", a.task_id, exc)
                 return
             outcome = self._execute(a, cancel, fork)
@@ -390,7 +391,7 @@ class Agent:
                 self.api.finish_task(task_id, worker_id=worker_id, state=outcome.state,
                                      exit_code=outcome.exit_code, result=outcome.result, error=outcome.error)
                 return
-            except (Conflict, NotFound) as exc:
+            except (Conflict, NotFound, Forbidden) as exc:
                 log.info("report for %s refused: %s", task_id, exc)
                 return
             except InvalidInput as exc:
@@ -411,13 +412,20 @@ class Agent:
                 delay = min(delay * 2, RECONNECT_MAX)
 
     def _workdir(self, a: TaskAssignment) -> Path:
+        """The task's working directory: its bundle extracted in the cache (held by the
+        running task, see :meth:`_execute`), or a scratch folder."""
         digest = a.spec.bundle_digest
         if digest:
             target: Path = self._bundle_cache / digest
             if target.is_dir():
                 return target
             data = self.api.get_bundle(digest)
-            return Path(bundles.extract_bundle(data, digest, self._bundle_cache))
+            extracted = Path(bundles.extract_bundle(data, digest, self._bundle_cache))
+            # a new bundle in the cache: keep the cache within its limits (held ones stay)
+            removed = bundles.evict_cache(self._bundle_cache)
+            if removed:
+                log.info("bundle cache: removed %d extracted bundle(s): %s", len(removed), ", ".join(removed))
+            return extracted
         scratch: Path = config.home() / "tasks" / a.task_id
         scratch.mkdir(parents=True, exist_ok=True)
         return scratch
@@ -445,8 +453,10 @@ class Agent:
         worker_id = self._own_id()
         logbuf = _LogBuffer(lambda chunks: self.api.append_logs(a.task_id, worker_id=worker_id, chunks=chunks))
         scratch = config.home() / "tasks" / a.task_id
+        digest = a.spec.bundle_digest
+        held = bundles.bundle_in_use(self._bundle_cache, digest) if digest else contextlib.nullcontext()
         try:
-            with tempfile.TemporaryDirectory(prefix="gpulayer-task-") as private:
+            with held, tempfile.TemporaryDirectory(prefix="gpulayer-task-") as private:
                 return self._run(a, cancel, logbuf, Path(private), fork)
         finally:
             logbuf.close()

@@ -224,6 +224,23 @@ def test_bad_query_and_path_values_name_the_parameter(served: tuple[ControlPlane
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
 
 
+def test_a_method_a_path_does_not_serve_is_405_with_that_paths_allow(
+        served: tuple[ControlPlane, TestClient]) -> None:
+    control, tc = served
+    headers = {"authorization": f"Bearer {control.create_token(scope='admin').token}"}
+    served_methods: dict[str, set[str]] = {}
+    for r in (*api.ROUTES, *SERVER_ROUTES):
+        served_methods.setdefault(r.path, set()).add(r.method)
+    for path, methods in served_methods.items():
+        allowed = methods | ({"HEAD"} if "GET" in methods else set())
+        url = path.replace("{digest}", "0" * 64).replace("{", "").replace("}", "")
+        for method in ("TRACE", "PATCH", "OPTIONS", "BREW"):
+            r = tc.request(method, url, headers=headers)
+            assert r.status_code == 405, (method, path, r.status_code)
+            assert set(r.headers["allow"].split(", ")) == allowed, (method, path, r.headers.get("allow"))
+            assert r.json()["error"]["code"] == "method_not_allowed"
+
+
 # ---------------------------------------------------------------------------------- OpenAPI
 
 

@@ -343,14 +343,14 @@ def test_extract_once_under_a_thread_race(project: Path, tmp_path: Path,
     bundle = build_bundle(project)
     cache = tmp_path / "cache"
     calls = []
-    real = bundles._extract_members
+    real = bundles.archive._extract_members
 
     def slow_extract(*args, **kwargs):
         calls.append(threading.get_ident())
         time.sleep(0.05)  # widen the window for a race
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(bundles, "_extract_members", slow_extract)
+    monkeypatch.setattr(bundles.archive, "_extract_members", slow_extract)
     barrier = threading.Barrier(8)
     results: list[Path] = []
     errors: list[BaseException] = []
@@ -382,14 +382,14 @@ def test_extract_once_under_a_process_race(project: Path, tmp_path: Path) -> Non
     script = textwrap.dedent(f"""
         import os, sys, time
         from pathlib import Path
-        from gpulayer import bundles
-        real = bundles._extract_members
+        import gpulayer.bundles.archive as archive; from gpulayer import bundles
+        real = archive._extract_members
         def counted(*a, **k):
             with open({str(counter)!r}, "a") as f:
                 f.write("x")
             time.sleep(0.1)
             return real(*a, **k)
-        bundles._extract_members = counted
+        archive._extract_members = counted
         while not os.path.exists({str(go)!r}):
             time.sleep(0.005)
         data = Path({str(blob)!r}).read_bytes()

@@ -1,0 +1,29 @@
+"""Text from users' jobs, made safe to print on a terminal.
+
+A job's command, name or function comes from whoever submitted it; printed as it is, an
+escape sequence in it (``\\x1b]0;...``, ``\\x1b[2J``) would retitle, clear or rewrite the
+reader's terminal, and a newline or a bidirectional override would forge table rows.
+:func:`printable` shows every such character as its Python escape instead (``\\x1b``,
+``\\n``, ``\\u202e``); everything else is left as it is.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+__all__ = ["printable"]
+
+
+def _escape(ch: str) -> str:
+    # control characters (C0, DEL, C1) and invisible format characters (bidi overrides,
+    # zero-width marks), as their escapes; the ASCII ones by name (\n, \t), as Python writes them
+    if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+        return repr(ch)[1:-1] if ord(ch) < 0x80 else (f"\\x{ord(ch):02x}" if ord(ch) <= 0xFF else f"\\u{ord(ch):04x}")
+    return ch
+
+
+def printable(text: str) -> str:
+    """``text`` with every control or invisible format character escaped."""
+    if text.isprintable():
+        return text
+    return "".join(_escape(ch) for ch in text)
