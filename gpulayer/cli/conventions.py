@@ -122,8 +122,10 @@ def outcome_record(job: JobRecord) -> dict[str, Any]:
 
 
 def _metavar(param: Any) -> str:
-    name = (param.name or "value").upper()
-    return {"JOB_ID": "JOB", "WORKER_ID": "WORKER", "TOKEN_ID": "TOKEN"}.get(name, name)
+    """The option's long name in capitals (``--idle-exit IDLE_EXIT``), or the argument's."""
+    longs = [o for o in getattr(param, "opts", []) if o.startswith("--")]
+    name = (longs[0][2:] if longs else param.name or "value").replace("-", "_").upper()
+    return {"JOB_ID": "JOB", "JOB_IDS": "JOB", "WORKER_ID": "WORKER", "TOKEN_ID": "TOKEN"}.get(name, name)
 
 
 def _no_type(ctx: Any = None) -> None:
