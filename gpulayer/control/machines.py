@@ -39,6 +39,7 @@ log = logging.getLogger("gpulayer.provisioning")
 
 #: how often the orphan sweep asks every provider for its machines, seconds
 SWEEP_SECONDS = 60.0
+TERMINATED_BY_ADMIN = "terminated by an admin (gpulayer machines terminate)"
 #: a machine whose worker went silent is terminated after this many heartbeat timeouts
 LOST_GRACE_TIMEOUTS = 3
 #: a scope whose launch failed for a transient reason is skipped this long, seconds
@@ -111,16 +112,24 @@ class MachineOps(WorkerOps):
             return mapping.machine_record(queries.machine(s, machine_id), self.clock())
 
     def terminate_machine(self, machine_id: str) -> MachineRecord:
-        """Drain the machine's worker and terminate it (idempotent; one already ended stays
-        as it is). The provider is called here, bounded by its timeout."""
+        """Drain the machine's worker and mark the machine ``terminating``: the next
+        provisioning pass (within about a second on a server) calls the provider, as for
+        every other step. Idempotent; a machine already ended stays as it is."""
         with self.store.read() as s:
             row = queries.machine(s, machine_id)
-        if row.state not in provisioning.LIVE_STATES:
+        if row.state not in provisioning.LIVE_STATES or row.state == "terminating":
             return self.get_machine(machine_id)
         if self.providers is None or row.provider not in self.providers.configured:
             raise InvalidInput(f"machine {machine_id}: its provider {row.provider!r} is not configured on this "
                                "server (providers.toml); terminate it with the provider's own tools")
-        self._end_machine(machine_id, "terminated by an admin (gpulayer machines terminate)")
+        if row.worker_id:
+            self.drain_worker(row.worker_id)
+        with self.store.write() as s:
+            row = queries.machine(s, machine_id)
+            if row.state in provisioning.LIVE_STATES and row.state != "terminating":
+                row.state, row.reason, row.updated_at = "terminating", TERMINATED_BY_ADMIN, self.clock()
+                s.add(row)
+        self._changed()
         return self.get_machine(machine_id)
 
     # ------------------------------------------------------------------ the pass

@@ -237,13 +237,17 @@ def test_after_a_restart_orphans_are_terminated_and_half_done_launches_settled(s
 
 def test_terminate_machine_and_list_providers(store: Store) -> None:
     cp, _ = plane(store)
-    cp.submit(CLOUD)
+    job = cp.submit(CLOUD)
     cp.provision()
     [m] = cp.list_machines()
     [p] = [x for x in cp.list_providers() if x.configured]
     assert (p.name, p.type, p.credentials_ok, p.machines_running, p.max_machines) == ("p", "rec", True, 1, 4)
-    assert cp.terminate_machine(m.id).state == "failed"  # it never joined
-    assert cp.terminate_machine(m.id).state == "failed"  # idempotent
+    assert cp.terminate_machine(m.id).state == "terminating"  # the provider is called by the pass
+    assert cp.terminate_machine(m.id).state == "terminating"  # idempotent
+    cp.cancel(job.id)  # (else the pass would launch it another machine)
+    cp.provision()
+    m = cp.get_machine(m.id)
+    assert (m.state, m.reason) == ("failed", "terminated by an admin (gpulayer machines terminate)")  # never joined
     assert next(x for x in cp.list_providers() if x.configured).machines_running == 0
 
 
