@@ -202,8 +202,8 @@ class MachineOps(WorkerOps):
         assert ps is not None
         now = self.clock()
         with self.store.read() as s:
-            queue = [provisioning.QueuedCloudJob(job_id=r.id, spec=mapping.spec(r.spec))
-                     for r in queries.queued_jobs(s)]
+            queue = [provisioning.QueuedCloudJob(job_id=r.id, spec=spec, preference=tuple(spec.placement.prefer))
+                     for r in queries.queued_jobs(s) for spec in [mapping.spec(r.spec)]]
             live = queries.machines(s, live_only=True)
         if not queue:
             return
