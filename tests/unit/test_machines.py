@@ -69,9 +69,10 @@ class Recorder:
 ADAPTER = {"rec": ProviderAdapter(name="rec", config=Cfg, create=Recorder)}
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(f"sqlite:///{tmp_path / 'm.db'}")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    url = f"sqlite:///{tmp_path / 'm.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+    s = Store(url)
     yield s
     s.dispose()
 
