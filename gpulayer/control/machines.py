@@ -198,67 +198,82 @@ class MachineOps(WorkerOps):
             self._end_machine(a.machine_id, a.reason, drain_first=(a.kind == "terminate"))
 
     def _launch_for_demand(self) -> None:
+        """Plan the launches and write their machines (``requested``) in one serialised
+        transaction, so control planes sharing a database never launch twice for one job;
+        then call the provider for each, outside it."""
         ps = self.providers
         assert ps is not None
         now = self.clock()
-        with self.store.read() as s:
+        self.machine_label()  # (its own transaction, before the planning one)
+        with self.store.write() as s:
             rows = queries.queued_jobs(s)
+            if not rows:
+                return
             live = queries.machines(s, live_only=True)
-        # a stored spec never changes: parse each queued job's once, not at every pass
-        specs = {r.id: ps.specs.get(r.id) or mapping.spec(r.spec) for r in rows}
-        ps.specs = specs
-        queue = [provisioning.QueuedCloudJob(job_id=jid, spec=spec, preference=tuple(spec.placement.prefer))
-                 for jid, spec in specs.items()]
-        if not queue:
-            return
-        pending: dict[str, int] = {}
-        counts: dict[str, int] = {}
-        for r in live:
-            counts[r.provider] = counts.get(r.provider, 0) + 1
-            if r.state in provisioning.PENDING_STATES and r.job_id:
-                pending[r.job_id] = pending.get(r.job_id, 0) + 1
-        views = {n: provisioning.ProviderView(limits=c.limits, live=counts.get(n, 0),
-                                              enabled=ps.status[n].disabled is None)
-                 for n, c in ps.configured.items()}
-        jobs = provisioning.demand(queue, ps.cached_offers(), pending)
+            # a stored spec never changes: parse each queued job's once, not at every pass
+            specs = {r.id: ps.specs.get(r.id) or mapping.spec(r.spec) for r in rows}
+            ps.specs = specs
+            queue = [provisioning.QueuedCloudJob(job_id=jid, spec=spec, preference=tuple(spec.placement.prefer))
+                     for jid, spec in specs.items()]
+            pending: dict[str, int] = {}
+            counts: dict[str, int] = {}
+            for r in live:
+                counts[r.provider] = counts.get(r.provider, 0) + 1
+                if r.state in provisioning.PENDING_STATES and r.job_id:
+                    pending[r.job_id] = pending.get(r.job_id, 0) + 1
+            views = {n: provisioning.ProviderView(limits=c.limits, live=counts.get(n, 0),
+                                                  enabled=ps.status[n].disabled is None)
+                     for n, c in ps.configured.items()}
+            jobs = provisioning.demand(queue, ps.cached_offers(), pending)
+            todo = [(lc, self._request(s, lc, now)) for lc in provisioning.plan(jobs, views, ps.blocks.active(now), now)]
         tried: set[tuple[str, str]] = set()
-        todo = provisioning.plan(jobs, views, ps.blocks.active(now), now)
         by_id = {j.job_id: j for j in jobs}
         while todo:
             retry = []
-            for launch in todo:
+            for launch, requests in todo:
                 tried.add((launch.job_id, launch.offer.scope))
-                if self._launch(launch):
+                if self._launch(launch, requests):
                     continue
                 views[launch.offer.provider].live -= launch.count
                 # failover: the job's next offer, in this same pass
                 retry.extend(provisioning.plan([by_id[launch.job_id]], views, ps.blocks.active(self.clock()),
                                                self.clock(), tried=tried))
-            todo = retry
+            todo = []
+            for launch in retry:
+                with self.store.write() as s:
+                    todo.append((launch, self._request(s, launch, self.clock())))
 
-    def _launch(self, launch: provisioning.Launch) -> bool:
-        """Launch one machine (``count`` for a gang, all or none); False when it failed."""
+    def _request(self, s: Any, launch: provisioning.Launch, now: float) -> list[LaunchRequest]:
+        """Write the machines of one launch (``requested``, each with its bootstrap token)
+        in ``s``'s transaction; returns what the provider is to be given."""
         ps = self.providers
         assert ps is not None and ps.control_url is not None
         offer = launch.offer
         limits = ps.configured[offer.provider].limits
-        now = self.clock()
         deadline = now + limits.join_timeout
         gang = new_id("gang") if launch.count > 1 else None
-        requests: list[LaunchRequest] = []
         label = self.machine_label()
-        with self.store.write() as s:
-            for _ in range(launch.count):
-                mid = new_id("m")
-                info, secret = tokens.new_token(s, "bootstrap", now=now, ttl=limits.join_timeout,
-                                                description=f"bootstrap token of machine {mid}")
-                queries.add_machine(s, MachineRow(
-                    id=mid, provider=offer.provider, shape=offer.shape, region=offer.region,
-                    offer=offer.model_dump_json(), state="requested", job_id=launch.job_id, gang=gang,
-                    token_id=info.id, price_per_hour=offer.price_per_hour, created_at=now, updated_at=now,
-                    join_deadline=deadline))
-                requests.append(LaunchRequest(machine_id=mid, label=label, offer=offer, control_url=ps.control_url,
-                                              ca=ps.ca, bootstrap_token=SecretStr(secret), join_deadline=deadline))
+        requests: list[LaunchRequest] = []
+        for _ in range(launch.count):
+            mid = new_id("m")
+            info, secret = tokens.new_token(s, "bootstrap", now=now, ttl=limits.join_timeout,
+                                            description=f"bootstrap token of machine {mid}")
+            queries.add_machine(s, MachineRow(
+                id=mid, provider=offer.provider, shape=offer.shape, region=offer.region,
+                offer=offer.model_dump_json(), state="requested", job_id=launch.job_id, gang=gang,
+                token_id=info.id, price_per_hour=offer.price_per_hour, created_at=now, updated_at=now,
+                join_deadline=deadline))
+            requests.append(LaunchRequest(machine_id=mid, label=label, offer=offer, control_url=ps.control_url,
+                                          ca=ps.ca, bootstrap_token=SecretStr(secret), join_deadline=deadline))
+        return requests
+
+    def _launch(self, launch: provisioning.Launch, requests: list[LaunchRequest]) -> bool:
+        """Call the provider for the machines of one launch, already stored (``count`` for a
+        gang: all or none); False when it failed."""
+        ps = self.providers
+        assert ps is not None
+        offer = launch.offer
+        now = self.clock()
         launched: list[str] = []
         for req in requests:
             with self.store.write() as s:
