@@ -205,27 +205,12 @@ class MachineOps(WorkerOps):
         assert ps is not None
         now = self.clock()
         self.machine_label()  # (its own transaction, before the planning one)
-        with self.store.write() as s:
-            rows = queries.queued_jobs(s)
-            if not rows:
+        with self.store.read() as s:  # most passes launch nothing: find out without the writers' lock
+            if not self._plan(s, now)[2]:
                 return
-            live = queries.machines(s, live_only=True)
-            # a stored spec never changes: parse each queued job's once, not at every pass
-            specs = {r.id: ps.specs.get(r.id) or mapping.spec(r.spec) for r in rows}
-            ps.specs = specs
-            queue = [provisioning.QueuedCloudJob(job_id=jid, spec=spec, preference=tuple(spec.placement.prefer))
-                     for jid, spec in specs.items()]
-            pending: dict[str, int] = {}
-            counts: dict[str, int] = {}
-            for r in live:
-                counts[r.provider] = counts.get(r.provider, 0) + 1
-                if r.state in provisioning.PENDING_STATES and r.job_id:
-                    pending[r.job_id] = pending.get(r.job_id, 0) + 1
-            views = {n: provisioning.ProviderView(limits=c.limits, live=counts.get(n, 0),
-                                                  enabled=ps.status[n].disabled is None)
-                     for n, c in ps.configured.items()}
-            jobs = provisioning.demand(queue, ps.cached_offers(), pending)
-            todo = [(lc, self._request(s, lc, now)) for lc in provisioning.plan(jobs, views, ps.blocks.active(now), now)]
+        with self.store.write() as s:
+            jobs, views, launches = self._plan(s, now)
+            todo = [(lc, self._request(s, lc, now)) for lc in launches]
         tried: set[tuple[str, str]] = set()
         by_id = {j.job_id: j for j in jobs}
         while todo:
@@ -242,6 +227,30 @@ class MachineOps(WorkerOps):
             for launch in retry:
                 with self.store.write() as s:
                     todo.append((launch, self._request(s, launch, self.clock())))
+
+    def _plan(self, s: Any, now: float) -> tuple[list[provisioning.DemandJob], dict[str, provisioning.ProviderView],
+                                                   list[provisioning.Launch]]:
+        """The demand, the providers' room and the launches of this pass, read in ``s``."""
+        ps = self.providers
+        assert ps is not None
+        rows = queries.queued_jobs(s)
+        live = queries.machines(s, live_only=True)
+        # a stored spec never changes: parse each queued job's once, not at every pass
+        specs = {r.id: ps.specs.get(r.id) or mapping.spec(r.spec) for r in rows}
+        ps.specs = specs
+        queue = [provisioning.QueuedCloudJob(job_id=jid, spec=spec, preference=tuple(spec.placement.prefer))
+                 for jid, spec in specs.items()]
+        pending: dict[str, int] = {}
+        counts: dict[str, int] = {}
+        for r in live:
+            counts[r.provider] = counts.get(r.provider, 0) + 1
+            if r.state in provisioning.PENDING_STATES and r.job_id:
+                pending[r.job_id] = pending.get(r.job_id, 0) + 1
+        views = {n: provisioning.ProviderView(limits=c.limits, live=counts.get(n, 0),
+                                              enabled=ps.status[n].disabled is None)
+                 for n, c in ps.configured.items()}
+        jobs = provisioning.demand(queue, ps.cached_offers(), pending)
+        return jobs, views, provisioning.plan(jobs, views, ps.blocks.active(now), now)
 
     def _request(self, s: Any, launch: provisioning.Launch, now: float) -> list[LaunchRequest]:
         """Write the machines of one launch (``requested``, each with its bootstrap token)
