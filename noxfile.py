@@ -44,7 +44,8 @@ def docs(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     _install(session)
-    for script in ("placement.py", "resources_detect.py", "cli_startup.py", "submit_latency.py", "cancel.py"):
+    for script in ("placement.py", "resources_detect.py", "cli_startup.py", "submit_latency.py", "cancel.py",
+                   "provisioning.py"):
         session.run("python", f"bench/{script}")
 
 

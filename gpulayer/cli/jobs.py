@@ -154,6 +154,8 @@ def submit_cmd(
     timeout: Optional[float] = typer.Option(None, "--timeout", metavar="S", help="seconds per attempt (default: no limit)"),
     retries: int = typer.Option(0, "--retries", metavar="N", help="extra attempts after a failure or loss"),
     on_unschedulable: str = typer.Option("fail", "--on-unschedulable", metavar="fail|wait", help="fail or wait"),
+    prefer: list[str] = typer.Option([], "--prefer", metavar="SCOPE", help="cloud: provider, provider/region or scope to try first, "
+                                                                          "in order (repeatable)"),
     env: list[str] = typer.Option([], "--env", "-e", metavar="K=V", help="KEY=VALUE for the job (repeatable)"),
     label: list[str] = typer.Option([], "--label", metavar="K=V", help="required worker label KEY=VALUE (repeatable)"),
     priority: int = typer.Option(0, "--priority", metavar="P", help="higher runs first"),
@@ -220,7 +222,7 @@ def spec_from_flags(flags: dict[str, Any]) -> CommandJob | DistributedJob:
         "frameworks": f["framework"], "python_version": f["python_version"], "os": f["os_name"], "cpus": f["cpus"],
         "memory_gb": f["memory"], "labels": _pairs(f["label"], "requirements.labels"), "profile": f["profile"],
         "target": f["target"], "fallback_targets": f["fallback"], "on_unschedulable": f["on_unschedulable"],
-        "timeout": f["timeout"], "retries": f["retries"], "priority": f["priority"], "env": _pairs(f["env"], "env"),
+        "prefer": f["prefer"], "timeout": f["timeout"], "retries": f["retries"], "priority": f["priority"], "env": _pairs(f["env"], "env"),
         "name": f["name"], "bundle": f["bundle"],
     }
     spec: CommandJob | DistributedJob
@@ -384,6 +386,12 @@ def jobs_show(job_id: str = typer.Argument(..., metavar="JOB"), as_json: bool = 
                    f"{t.state.value}" + (f" exit={t.exit_code}" if t.exit_code is not None else ""))
     if job.decision:
         typer.echo("placement " + job.decision.render().replace("\n", "\n          "))
+    if "cloud" in job.spec.placement.targets:
+        from gpulayer.provisioning import history
+
+        line = history((e.kind, e.message) for e in _client().api.events(job_id))
+        if line:
+            typer.echo(f"cloud     {line}")
 
 
 @jobs_app.command("logs")

@@ -93,6 +93,8 @@ def server_start(
     log_level: str = typer.Option("warning", "--log-level", metavar="LEVEL", help="uvicorn log level"),
     as_json: bool = json_option("once listening, print url, ca, fingerprint, pid and database as one line "
                                 "of JSON on stdout"),
+    providers: Optional[Path] = typer.Option(None, "--providers", envvar="GPULAYER_PROVIDERS", metavar="FILE",
+                                             help="providers file (default: $GPULAYER_HOME/providers.toml if it exists)"),
 ) -> None:
     """Serve the control plane over HTTP(S). Every API route needs a token."""
     import logging
@@ -129,8 +131,14 @@ def server_start(
             if p is None or not p.is_file():
                 raise typer.BadParameter(f"{p}: no such file", param_hint="--tls-cert/--tls-key")
         fingerprint = fingerprint_of_pem(tls_cert.read_text())
+    from gpulayer import provider_config
+    from gpulayer.control.providers import ProviderSet
+
+    configured = provider_config.load(providers)  # a bad file stops the start here (exit 2)
     store = Store(database)
     control = ControlPlane(store)
+    if configured:
+        control.providers = ProviderSet(configured, ca=fingerprint)
     tokens = TokenStore(store)
     token_file = home / "admin.token"
     if not tokens.has_admin():
@@ -161,6 +169,10 @@ def server_start(
                 bound = sock.getsockname()[1]
                 break
         url = f"{scheme}://{shown_host}:{bound}"
+        if control.providers is not None:
+            control.providers.control_url = config.settings().public_url or url
+            typer.echo(f"providers: {', '.join(control.providers.configured)} (machines join {control.providers.control_url})",
+                       err=True)
         ready = {"url": url, "ca": ca_path, "fingerprint": fingerprint, "pid": os.getpid(),
                  "database": store.url.split("@")[-1] if "@" in store.url else store.url}
         _write_private(home / "server.json", json.dumps(ready, indent=2) + "\n")

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from sqlmodel import Session
@@ -25,6 +25,8 @@ from gpulayer.records import JobError, JobState, TaskState
 from gpulayer.store import EventRow, JobRow, Store, TaskRow, mapping, queries
 
 log = logging.getLogger("gpulayer.control")
+if TYPE_CHECKING:
+    from gpulayer.control.providers import ProviderSet
 
 
 class ControlObserver:
@@ -68,6 +70,12 @@ class Core:
     _tokens: tokens.TokenStore | None = None
     #: until when silence counts for nothing (a server's start: see begin_grace)
     _grace_until: float = 0.0
+    #: the providers of providers.toml (the cloud target); None: none configured
+    providers: ProviderSet | None = None
+    #: served by ``gpulayer server start`` (machines can reach it); False: embedded
+    serving: bool = False
+    #: the label of this control plane's machines (read from the database once)
+    _label: str | None = None
 
     def observe(self, observer: ControlObserver) -> None:
         self._observers.append(observer)
@@ -94,7 +102,8 @@ class Core:
     def _place(self, s: Session, *, new_job: str | None = None) -> scheduling.PlacementResult | None:
         """A placement pass in the caller's transaction; call :meth:`_placed` after it committed."""
         return placement.run(s, self.clock(), reserve_after=self.reserve_after, event=self._event,
-                             cache=self._placement_cache, new_job=new_job)
+                             cache=self._placement_cache, new_job=new_job,
+                             offers=self.providers.cached_offers() if self.providers else ())
 
     def _place_too(self, s: Session, *, new_job: str | None = None) -> scheduling.PlacementResult | None:
         """:meth:`_place` after a change the caller must keep (a submit, a report): in a

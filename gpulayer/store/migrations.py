@@ -18,7 +18,7 @@ from sqlalchemy import Connection, inspect, text
 
 from gpulayer.errors import GpulayerError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Version 1: the first released schema (no tokens, no idempotent submit).
 SCHEMA_V1 = [
@@ -64,7 +64,7 @@ def _v1_to_v2(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX ix_gl_jobs_owner ON gl_jobs (owner)"))
     from gpulayer.store.tables import TokenRow
 
-    TokenRow.__table__.create(conn)  # type: ignore[attr-defined]
+    TokenRow.__table__.create(conn, checkfirst=True)  # type: ignore[attr-defined]
 
 
 def _v2_to_v3(conn: Connection) -> None:
@@ -81,7 +81,7 @@ def _v3_to_v4(conn: Connection) -> None:
 
     from gpulayer.store.tables import BundleReaderRow
 
-    BundleReaderRow.__table__.create(conn)  # type: ignore[attr-defined]
+    BundleReaderRow.__table__.create(conn, checkfirst=True)  # type: ignore[attr-defined]
     pairs: set[tuple[str, str]] = set()
     for owner, spec in conn.execute(text("SELECT owner, spec FROM gl_jobs WHERE owner IS NOT NULL")):
         try:
@@ -95,8 +95,16 @@ def _v3_to_v4(conn: Connection) -> None:
                      {"d": digest, "r": owner})
 
 
+def _v4_to_v5(conn: Connection) -> None:
+    # the cloud target: the machines providers bring up, and the label they carry
+    from gpulayer.store.tables import MachineRow, MetaRow
+
+    MachineRow.__table__.create(conn, checkfirst=True)  # type: ignore[attr-defined]
+    MetaRow.__table__.create(conn, checkfirst=True)  # type: ignore[attr-defined]
+
+
 #: MIGRATIONS[n] brings a database at version n to version n + 1.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
 
 
 class SchemaTooNew(GpulayerError):

@@ -123,7 +123,7 @@ def test_migrating_to_schema_4_keeps_job_owners_readers_of_their_bundles(tmp_pat
     db.commit()
     db.close()
     cp = ControlPlane(Store(f"sqlite:///{path}"))
-    assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 4
+    assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 5
     assert cp.get_bundle(digest, owner="tok-alice") == data
     assert cp.has_bundle(digest, owner="tok-bob") is False
 
@@ -213,7 +213,7 @@ def test_migrating_to_schema_4_on_postgres(postgres_url: str) -> None:
         conn.execute(sa.text("UPDATE gl_schema SET version = 3"))
     store.dispose()
     cp = ControlPlane(Store(postgres_url))
-    assert cp.store.schema_version() == 4
+    assert cp.store.schema_version() == migrations.SCHEMA_VERSION
     assert cp.get_bundle(digest, owner="tok-carol") == data
     assert cp.has_bundle(digest, owner="tok-dave") is False
     cp.store.dispose()
