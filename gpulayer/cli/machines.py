@@ -8,6 +8,8 @@ from typing import Any, Optional
 
 import typer
 
+from gpulayer.cli.conventions import echo_json, json_option
+
 providers_app = typer.Typer(help="Providers that bring up machines for cloud jobs (admin).", no_args_is_help=True)
 machines_app = typer.Typer(help="Machines providers brought up for cloud jobs (admin).", no_args_is_help=True)
 
@@ -38,7 +40,7 @@ def _duration(seconds: float | None) -> str:
 
 
 @providers_app.command("list")
-def providers_list(as_json: bool = typer.Option(False, "--json")) -> None:
+def providers_list(as_json: bool = json_option()) -> None:
     """Providers: configured?, credentials ok?, machines running, why one is disabled."""
     rows = _api().list_providers()
     if as_json:
@@ -64,7 +66,7 @@ def providers_offers(
     gpu_memory: Optional[float] = typer.Option(None, "--min-gpu-memory", help="GB per device, at least"),
     cpus: Optional[int] = typer.Option(None, "--cpus"),
     memory: Optional[float] = typer.Option(None, "--memory", help="GB of RAM, at least"),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = json_option(),
 ) -> None:
     """Every provider offer that fits, cheapest first: provider, shape, region, price/h, availability."""
     from gpulayer.joboptions import CLI_SPELLING
@@ -96,7 +98,7 @@ def providers_offers(
 @machines_app.command("list")
 def machines_list(
     all_: bool = typer.Option(False, "--all", help="ended machines too"),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = json_option(),
 ) -> None:
     """Machines: id, provider, shape, state, worker, idle for, cost so far."""
     rows = _api().list_machines()
@@ -118,7 +120,8 @@ def machines_list(
 
 
 @machines_app.command("terminate")
-def machines_terminate(machine_id: str = typer.Argument(..., help="machine id (m-...)")) -> None:
+def machines_terminate(machine_id: str = typer.Argument(..., metavar="MACHINE", help="machine id (m-...)"),
+                       as_json: bool = json_option("print the machine's record as JSON")) -> None:
     """Drain a machine's worker and terminate the machine (waits up to a minute for the provider)."""
     api = _api()
     m = api.terminate_machine(machine_id)
@@ -126,4 +129,7 @@ def machines_terminate(machine_id: str = typer.Argument(..., help="machine id (m
     while m.state == "terminating" and time.monotonic() < deadline:
         time.sleep(0.5)
         m = next((x for x in api.list_machines() if x.id == machine_id), m)
+    if as_json:
+        echo_json(m)
+        return
     typer.echo(f"{m.id} {m.state}" + (f" ({m.reason})" if m.reason else ""))
