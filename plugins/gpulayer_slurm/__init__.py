@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpulayer import plugin
 
@@ -73,6 +73,21 @@ class SlurmConfig(BaseModel):
     ssh_user: str | None = None
     ssh_key: str | None = Field(default=None, description="private key file (default: agent, ~/.ssh)")
     ssh_known_hosts: str | None = Field(default=None, description="known_hosts file (default: the system's)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_partition(cls, data: Any) -> Any:
+        """``partition = "gpu"`` and ``partitions = "gpu"`` mean ``partitions = ["gpu"]``."""
+        if isinstance(data, dict):
+            data = dict(data)
+            if isinstance(data.get("partitions"), str):
+                data["partitions"] = [data["partitions"]]
+            if "partition" in data:
+                if "partitions" in data:
+                    raise ValueError("partition and partitions: give one of them")
+                one = data.pop("partition")
+                data["partitions"] = [one] if isinstance(one, str) else one
+        return data
 
     @field_validator("partitions", "sbatch_args", "setup", "export_env")
     @classmethod

@@ -142,6 +142,10 @@ def test_config_errors_name_the_key() -> None:
         SlurmConfig.model_validate({"env": {"1X": "y"}})
     with pytest.raises(ValidationError, match="bootstrap token"):
         SlurmConfig.model_validate({"env": {"GPULAYER_TOKEN": "y"}})
+    assert SlurmConfig.model_validate({"partition": "gpu"}).partitions == ["gpu"]
+    assert SlurmConfig.model_validate({"partitions": "gpu"}).partitions == ["gpu"]
+    with pytest.raises(ValidationError, match="give one of them"):
+        SlurmConfig.model_validate({"partition": "gpu", "partitions": ["x"]})
     with pytest.raises(ValidationError, match="sbatch_arg"):
         SlurmConfig.model_validate({"sbatch_arg": []})
 
