@@ -42,17 +42,24 @@ def section(name: str, slurm: LocalSlurm, logs: Path, *, partition: str = "gpu",
 
 
 @pytest.fixture
-def servers() -> Iterator[list[ServerProc]]:
-    started: list[ServerProc] = []
+def servers(slurm: LocalSlurm) -> Iterator[list[tuple[ServerProc, Api]]]:
+    started: list[tuple[ServerProc, Api]] = []
     yield started
-    for srv in started:
+    # A stopped server terminates nothing (its machines rejoin a restarted one): end the
+    # test's pilot jobs here, so that none outlives the test.
+    for srv, api in started:
+        ids = {m["id"] for m in machines(api)}
         srv.stop()
+        for job in live_pilots(slurm, ids):
+            slurm.run("scancel", job, check=False)
+        until(lambda ids=ids: live_pilots(slurm, ids) == [], 60, "the test's pilot jobs to end")
 
 
-def start(servers: list[ServerProc], home: Path, toml: str) -> tuple[ServerProc, Api]:
+def start(servers: list[tuple[ServerProc, Api]], home: Path, toml: str) -> tuple[ServerProc, Api]:
     srv = provider_server(home, toml, plugins="gpulayer_slurm").start()
-    servers.append(srv)
-    return srv, Api(srv.url, srv.admin_token)
+    api = Api(srv.url, srv.admin_token)
+    servers.append((srv, api))
+    return srv, api
 
 
 def submit(api: Api, spec: dict[str, Any]) -> str:
@@ -83,7 +90,7 @@ def cloud_line(srv: ServerProc, job_id: str) -> str:
 
 
 def test_a_cloud_job_runs_inside_a_slurm_allocation_and_the_idle_machine_is_cancelled(
-        slurm: LocalSlurm, servers: list[ServerProc], tmp_path: Path) -> None:
+        slurm: LocalSlurm, servers: list[tuple[ServerProc, Api]], tmp_path: Path) -> None:
     srv, api = start(servers, tmp_path / "srv", section("slurm", slurm, tmp_path))
     job_id = submit(api, {"kind": "command", "command": [sys.executable, "-c", SHOW_ENV],
                           "requirements": {"accelerator": "cuda", "gpus": 1}, "placement": {"target": "cloud"}})
@@ -104,7 +111,7 @@ def test_a_cloud_job_runs_inside_a_slurm_allocation_and_the_idle_machine_is_canc
 
 
 def test_a_pending_allocation_past_its_join_deadline_fails_over(
-        slurm: LocalSlurm, servers: list[ServerProc], tmp_path: Path) -> None:
+        slurm: LocalSlurm, servers: list[tuple[ServerProc, Api]], tmp_path: Path) -> None:
     # Partition "short" allows 10 minutes; a pilot asking for an hour is accepted and stays
     # pending (PartitionTimeLimit) although sinfo shows the node idle: the offer looks good.
     toml = (section("held", slurm, tmp_path, partition="short", join="6s", extra='time_limit = "1:00:00"')
@@ -128,7 +135,7 @@ def test_a_pending_allocation_past_its_join_deadline_fails_over(
 
 
 def test_scancel_of_the_pilot_from_outside_loses_the_task_and_the_job_is_retried(
-        slurm: LocalSlurm, servers: list[ServerProc], tmp_path: Path) -> None:
+        slurm: LocalSlurm, servers: list[tuple[ServerProc, Api]], tmp_path: Path) -> None:
     _, api = start(servers, tmp_path / "srv", section("slurm", slurm, tmp_path, idle="60s"))
     marks = tmp_path / "runs"
     job_id = submit(api, {"kind": "command", "retries": 1,
