@@ -41,5 +41,5 @@ def docs(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     _install(session)
-    for script in ("placement.py", "resources_detect.py", "submit_latency.py"):
+    for script in ("placement.py", "resources_detect.py", "submit_latency.py", "provisioning.py"):
         session.run("python", f"bench/{script}")

@@ -76,6 +76,7 @@ class SharedOptions(TypedDict, total=False):
     target: str | None
     fallback_targets: Sequence[str] | None
     on_unschedulable: str | None
+    prefer: Sequence[str] | None
     timeout: float | None
     retries: int | None
     priority: int | None
@@ -106,6 +107,7 @@ OPTION_FIELDS: dict[str, str] = {
     "target": "placement.target",
     "fallback_targets": "placement.fallback_targets",
     "on_unschedulable": "placement.on_unschedulable",
+    "prefer": "placement.prefer",
     "timeout": "timeout",
     "retries": "retries",
     "priority": "priority",
@@ -304,7 +306,7 @@ CLI_SPELLING = Spelling(
         "requirements.frameworks": "--framework", "requirements.python": "--python-version", "requirements.os": "--os",
         "requirements.cpus": "--cpus", "requirements.memory_gb": "--memory", "requirements.labels": "--label",
         "requirements.profile": "--profile", "placement.target": "--target", "placement.fallback_targets": "--fallback",
-        "placement.on_unschedulable": "--on-unschedulable", "timeout": "--timeout", "retries": "--retries",
+        "placement.on_unschedulable": "--on-unschedulable", "placement.prefer": "--prefer", "timeout": "--timeout", "retries": "--retries",
         "priority": "--priority", "env": "--env", "name": "--name", "bundle": "--bundle", "nodes": "--nodes",
         "nproc_per_node": "--nproc-per-node", "launcher": "--launcher",
         "allow_unknown_accelerator": "--allow-unknown-accelerator",

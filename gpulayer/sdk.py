@@ -298,8 +298,8 @@ def remote(fn: Callable[..., T] | None = None, **options: Unpack[JobOptions]) ->
     flags): ``accelerator``, ``allow_unknown_accelerator``, ``gpus``, ``min_gpu_memory_gb``,
     ``compute_capability``, ``frameworks`` ({name: specifier} or a list of 'name>=x'
     strings), ``python_version``, ``os``, ``cpus``, ``memory_gb``, ``labels``, ``profile``,
-    ``target``, ``fallback_targets``, ``on_unschedulable`` ("fail" or "wait"), ``timeout``,
-    ``retries``, ``priority``, ``env``, ``name``, ``bundle`` (directory; default: the
+    ``target``, ``fallback_targets``, ``on_unschedulable`` ("fail" or "wait"), ``prefer``
+    (the cloud target's offers to try first), ``timeout``, ``retries``, ``priority``, ``env``, ``name``, ``bundle`` (directory; default: the
     directory the function's module is imported from).
     """
     joboptions.check_option_names(options, _REMOTE_OPTIONS, "@gl.remote", renamed={"gpus_per_node": "gpus"})

@@ -286,6 +286,9 @@ class Placement(_UserRecord):
     target: Target = "local"
     fallback_targets: list[Target] = Field(default_factory=list)
     on_unschedulable: Literal["fail", "wait"] = "fail"
+    #: the cloud target's offers to try first, in order: provider names (``ec2``), a provider
+    #: and region (``ec2/us-west-2``) or whole scopes (``ec2/us-west-2/p5.48xlarge``)
+    prefer: list[Annotated[str, Field(min_length=1, max_length=300)]] = Field(default_factory=list, max_length=50)
 
     @field_validator("fallback_targets")
     @classmethod

@@ -141,6 +141,8 @@ def submit_cmd(
     timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds per attempt (default: no limit)"),
     retries: int = typer.Option(0, "--retries", help="extra attempts after a failure or loss"),
     on_unschedulable: str = typer.Option("fail", "--on-unschedulable", help="fail or wait"),
+    prefer: list[str] = typer.Option([], "--prefer", help="cloud: provider, provider/region or scope to try first, "
+                                                          "in order (repeatable)"),
     env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE for the job (repeatable)"),
     label: list[str] = typer.Option([], "--label", help="required worker label KEY=VALUE (repeatable)"),
     priority: int = typer.Option(0, "--priority", help="higher runs first"),
@@ -196,7 +198,7 @@ def spec_from_flags(flags: dict[str, Any]) -> CommandJob | DistributedJob:
         "frameworks": f["framework"], "python_version": f["python_version"], "os": f["os_name"], "cpus": f["cpus"],
         "memory_gb": f["memory"], "labels": _pairs(f["label"], "requirements.labels"), "profile": f["profile"],
         "target": f["target"], "fallback_targets": f["fallback"], "on_unschedulable": f["on_unschedulable"],
-        "timeout": f["timeout"], "retries": f["retries"], "priority": f["priority"], "env": _pairs(f["env"], "env"),
+        "prefer": f["prefer"], "timeout": f["timeout"], "retries": f["retries"], "priority": f["priority"], "env": _pairs(f["env"], "env"),
         "name": f["name"], "bundle": f["bundle"],
     }
     spec: CommandJob | DistributedJob

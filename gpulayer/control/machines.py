@@ -202,9 +202,13 @@ class MachineOps(WorkerOps):
         assert ps is not None
         now = self.clock()
         with self.store.read() as s:
-            queue = [provisioning.QueuedCloudJob(job_id=r.id, spec=mapping.spec(r.spec))
-                     for r in queries.queued_jobs(s)]
+            rows = queries.queued_jobs(s)
             live = queries.machines(s, live_only=True)
+        # a stored spec never changes: parse each queued job's once, not at every pass
+        specs = {r.id: ps.specs.get(r.id) or mapping.spec(r.spec) for r in rows}
+        ps.specs = specs
+        queue = [provisioning.QueuedCloudJob(job_id=jid, spec=spec, preference=tuple(spec.placement.prefer))
+                 for jid, spec in specs.items()]
         if not queue:
             return
         pending: dict[str, int] = {}

@@ -70,6 +70,8 @@ class ProviderSet:
         self._pool = ThreadPoolExecutor(max_workers=max(4, 2 * len(configured)),
                                         thread_name_prefix="gpulayer-provider")
         self._lock = threading.Lock()
+        #: the specs of the queued jobs, by job id, as the last pass parsed them
+        self.specs: dict[str, Any] = {}
         #: whether the orphan sweep after a start has run
         self.reconciled = False
         self.last_sweep = 0.0

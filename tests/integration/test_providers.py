@@ -281,3 +281,11 @@ def test_providers_offers_lists_what_fits_cheapest_first(servers: list[ServerPro
     assert [line.split()[:5] for line in listed.splitlines()[1:3]] == [
         ["cloud", "local-process", "gpulayer.testprovider", "yes", "ok"],
         ["owned", "local-process", "gpulayer.testprovider", "yes", "ok"]]
+
+
+def test_providers_list_shows_installed_adapters_no_section_configures(tmp_path: Path) -> None:
+    out = cli("providers", "list", env=base_env(tmp_path / "home", GPULAYER_PLUGINS="gpulayer.testprovider"))
+    assert out.returncode == 0, out.stderr
+    row = next(line.split() for line in out.stdout.splitlines() if line.startswith("local-process"))
+    assert row[:4] == ["local-process", "local-process", "gpulayer.testprovider", "no"]
+    assert "no section in providers.toml" in out.stdout

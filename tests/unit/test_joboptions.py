@@ -47,7 +47,7 @@ EVERY_OPTION: JobOptions = {
     "accelerator": "cuda", "gpus": 2, "min_gpu_memory_gb": 40, "compute_capability": "8.0",
     "frameworks": {"jax": ">=0.4"}, "python_version": "3.10", "os": "linux", "cpus": 4, "memory_gb": 16,
     "labels": {"zone": "a"}, "profile": "jax-cuda", "target": "local", "fallback_targets": ["remote"],
-    "on_unschedulable": "wait", "timeout": 60, "retries": 1, "priority": 5, "env": {"A": "1"}, "name": "n",
+    "on_unschedulable": "wait", "prefer": ["ec2/us-west-2"], "timeout": 60, "retries": 1, "priority": 5, "env": {"A": "1"}, "name": "n",
 }
 
 
@@ -65,7 +65,8 @@ def test_every_option_reaches_the_spec() -> None:
     assert (req.accelerator, req.gpus, req.min_gpu_memory_gb, req.compute_capability) == ("cuda", 2, 40, ">=8.0")
     assert (req.frameworks, req.python, req.os, req.cpus, req.memory_gb) == ({"jax": ">=0.4"}, ">=3.10", "linux", 4, 16)
     assert (req.labels, req.profile) == ({"zone": "a"}, "jax-cuda")
-    assert job.placement.model_dump() == {"target": "local", "fallback_targets": ["remote"], "on_unschedulable": "wait"}
+    assert job.placement.model_dump() == {"target": "local", "fallback_targets": ["remote"], "on_unschedulable": "wait",
+                                          "prefer": ["ec2/us-west-2"]}
     assert (job.timeout, job.retries, job.priority, job.env, job.name) == (60, 1, 5, {"A": "1"}, "n")
 
 
@@ -148,8 +149,8 @@ PYTHON_BAD: list[tuple[Callable[[], object], type[Exception], str]] = [
     (lambda: gl.remote(gpus_per_node=1)(double), InvalidArgument,  # type: ignore[call-arg]
      "@gl.remote: unknown option(s) gpus_per_node (did you mean gpus?); accepted: accelerator, "
      "allow_unknown_accelerator, bundle, compute_capability, cpus, env, fallback_targets, frameworks, gpus, labels, "
-     "memory_gb, min_gpu_memory_gb, name, on_unschedulable, os, priority, profile, python_version, retries, target, "
-     "timeout"),
+     "memory_gb, min_gpu_memory_gb, name, on_unschedulable, os, prefer, priority, profile, python_version, retries, "
+     "target, timeout"),
     (lambda: Trainer("x:y", gpus_per_node=2, bundle=None), InvalidRequirement,
      "Trainer(gpus_per_node=2): devices need an accelerator, and none is named; accepted: gpus_per_node together "
      f"with accelerator='KIND' ({KINDS}), or with a profile= that names one"),
@@ -174,7 +175,7 @@ PYTHON_BAD: list[tuple[Callable[[], object], type[Exception], str]] = [
     (lambda: Trainer("x:y", gpus=2, bundle=None), InvalidArgument,  # type: ignore[call-arg]
      "Trainer: unknown option(s) gpus (did you mean gpus_per_node?); accepted: accelerator, allow_unknown_accelerator, "
      "args, bundle, client, compute_capability, cpus, env, fallback_targets, frameworks, gpus_per_node, labels, "
-     "launcher, memory_gb, min_gpu_memory_gb, name, nodes, nproc_per_node, on_unschedulable, os, priority, profile, "
+     "launcher, memory_gb, min_gpu_memory_gb, name, nodes, nproc_per_node, on_unschedulable, os, prefer, priority, profile, "
      "python_version, retries, target, timeout"),
 ]
 

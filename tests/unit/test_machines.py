@@ -16,7 +16,7 @@ from gpulayer.errors import AuthError, InvalidInput, NoCapacity, ProviderTransie
 from gpulayer.hookrecords import LaunchedMachine, LaunchRequest, LiveMachine, MachineOffer, ProviderAdapter
 from gpulayer.provider_config import parse
 from gpulayer.records import JobState
-from gpulayer.specs import Requirements
+from gpulayer.specs import Placement, Requirements
 from gpulayer.store import Store
 from tests.factories import make_capabilities, make_cuda_devices, make_distributed_job, make_job
 
@@ -69,9 +69,10 @@ class Recorder:
 ADAPTER = {"rec": ProviderAdapter(name="rec", config=Cfg, create=Recorder)}
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(f"sqlite:///{tmp_path / 'm.db'}")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    url = f"sqlite:///{tmp_path / 'm.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+    s = Store(url)
     yield s
     s.dispose()
 
@@ -256,3 +257,11 @@ def test_an_embedded_control_plane_refuses_a_cloud_only_job(store: Store) -> Non
     with pytest.raises(InvalidInput, match="target cloud: machines that providers bring up join a control plane"):
         cp.submit(CLOUD)
     assert cp.submit(make_job(target="local", fallback=["cloud"])).state is JobState.UNSCHEDULABLE
+
+
+def test_the_jobs_preference_picks_the_offer(store: Store) -> None:
+    cp, rec = plane(store, '[p]\ntype = "rec"\nshapes = ["a", "b"]\n')
+    cp.submit(make_job(target="cloud", accelerator="cuda", gpus=1).model_copy(
+        update={"placement": Placement(target="cloud", prefer=["p/r/b"])}))
+    cp.provision()
+    assert [r.offer.shape for m, r in rec.calls if m == "launch"] == ["b"]  # not the cheaper a
