@@ -1,10 +1,17 @@
 """Time from submit to join through the local Slurm (scripts/local-slurm.sh).
 
-For each of ``--machines`` machines, one at a time: the slurm adapter's ``launch`` (one
-``sbatch`` of a pilot job carrying a bootstrap token), then the wait until the pilot's
-worker has joined a real ``gpulayer server start`` on loopback. Next to it, the floor
-measured in the same run: ``sbatch --wrap`` of a job that only prints the time it started
-(Slurm's own submit-to-start), and the worker joining when started directly.
+For each of ``--machines`` machines, one at a time, against a real ``gpulayer server start``
+on loopback:
+
+- the slurm adapter driven by hand: its ``launch`` (one ``sbatch`` of a pilot job carrying a
+  bootstrap token), then the wait until the pilot's worker has joined;
+- the whole cloud path: a server with a ``type = "slurm"`` providers.toml, a 1-GPU cloud job
+  submitted, and the time until the machine's worker joined and until the job ended (the
+  provisioning pass, sbatch, Slurm's scheduling, the worker's start and join, placement).
+
+Next to them, the floors measured in the same run: ``sbatch --wrap`` of a job that only
+prints the time it started (Slurm's own submit-to-start), and a worker joining when started
+directly.
 
     scripts/local-slurm.sh start
     python bench/slurm_join.py [--machines 5]
@@ -23,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
@@ -69,7 +77,7 @@ def main() -> None:
     from pydantic import SecretStr
 
     from gpulayer import plugin
-    from tests.server_support import Api, ServerProc, start_remote_worker, stop_proc
+    from tests.server_support import Api, ServerProc, provider_server, start_remote_worker, stop_proc, wait_job
 
     home = Path(tempfile.mkdtemp(prefix="gpulayer-bench-slurm-"))
     server = ServerProc(home / "server").start()
@@ -98,27 +106,71 @@ def main() -> None:
             provider.terminate(machine, launched.provider_id)
             wait(lambda m=machine: not joined(m), 60, f"{machine} to leave")
         direct = []
-        for i in range(args.machines):
+        # one GPULAYER_HOME for all, and a first start not counted: the pilots' workers find
+        # their probe cache warm in ~/.gpulayer too
+        for i in range(args.machines + 1):
             name = f"direct-{i}"
             t0 = time.perf_counter()
-            proc = start_remote_worker(server.url, api.token_for("join")["token"], home / name, name=name,
+            proc = start_remote_worker(server.url, api.token_for("join")["token"], home / "direct", name=name,
                                        env=FAKE_CUDA)
             wait(lambda n=name: joined(n), 120, f"{name} to join")
-            direct.append(time.perf_counter() - t0)
+            if i:
+                direct.append(time.perf_counter() - t0)
             stop_proc(proc)
         floor = slurm_floor(args.machines, home)
     finally:
         for m in provider.list(label):
             provider.terminate(m.machine_id, m.provider_id)
         server.stop()
+    cloud_join, cloud_done = cloud_path(args.machines, home, provider_server, Api, wait_job)
+    report(args.machines, sbatch, join, cloud_join, cloud_done, floor, direct)
 
-    print(f"local single-node Slurm ({SLURM_CONF}), server on loopback; {args.machines} machines, one at a time")
-    print(f"{'measure':<46}{'median':>9}{'p95':>9}")
+
+def cloud_path(n: int, home: Path, provider_server: Any, api_type: Any, wait_job: Any) -> tuple[list[float], list[float]]:
+    """Submit a 1-GPU cloud job to a server whose provider is the local Slurm; n times."""
+    env = {**FAKE_CUDA, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "plugins")])}
+    toml = "\n".join([
+        "[slurm]", 'type = "slurm"', 'partitions = ["gpu"]', 'idle_timeout = "2s"',
+        f'slurm_conf = "{SLURM_CONF}"', f'python = "{sys.executable}"', f'log_dir = "{home}"',
+        "env = { " + ", ".join(f'{k} = "{v}"' for k, v in env.items()) + " }", ""])
+    srv = provider_server(home / "cloud", toml, plugins="gpulayer_slurm").start()
+    api = api_type(srv.url, srv.admin_token)
+    joined, done = [], []
+    spec = {"kind": "command", "command": ["true"], "requirements": {"accelerator": "cuda", "gpus": 1},
+            "placement": {"target": "cloud"}}
+    try:
+        for _ in range(n):
+            t0 = time.time()
+            job_id = api("POST", "/v1/jobs", json={"spec": spec}).json()["id"]
+            job = wait_job(api, job_id, 180)
+            t_done = time.time()
+            if job["state"] != "succeeded":
+                raise SystemExit(f"cloud job {job_id} ended {job['state']}: {job.get('error')}")
+            worker = next(w for w in api("GET", "/v1/workers").json() if w["id"] == job["tasks"][0]["worker_id"])
+            joined.append(worker["registered_at"] - t0)
+            done.append(t_done - t0)
+            # wait for the idle machine's end, so the next job boots a machine of its own
+            wait(lambda: all(m["state"] in ("terminated", "failed") for m in api("GET", "/v1/machines").json()),
+                 120, "the idle machine to be terminated")
+    finally:
+        ids = {m["provider_id"] for m in api("GET", "/v1/machines").json() if m.get("provider_id")}
+        srv.stop()
+        subprocess.run(["scancel", *ids], env={**os.environ, "SLURM_CONF": SLURM_CONF}, capture_output=True,
+                       check=False, timeout=30)
+    return joined, done
+
+
+def report(n: int, sbatch: list[float], join: list[float], cloud_join: list[float], cloud_done: list[float],
+           floor: list[float], direct: list[float]) -> None:
+    print(f"local single-node Slurm ({SLURM_CONF}), server on loopback; {n} machines, one at a time")
+    print(f"{'measure':<52}{'median':>9}{'p95':>9}")
     for name, values in [("adapter launch (sbatch --parsable returns)", sbatch),
-                         ("submit -> worker joined (pilot job)", join),
+                         ("adapter launch -> worker joined (pilot job)", join),
+                         ("cloud job submitted -> its machine's worker joined", cloud_join),
+                         ("cloud job submitted -> job ended", cloud_done),
                          ("floor: sbatch --wrap -> job started", floor),
                          ("floor: worker started directly -> joined", direct)]:
-        print(f"{name:<46}{statistics.median(values):>8.2f}s{pct(values, 95):>8.2f}s")
+        print(f"{name:<52}{statistics.median(values):>8.2f}s{pct(values, 95):>8.2f}s")
 
 
 if __name__ == "__main__":

@@ -13,9 +13,9 @@
 # Nothing under /etc is used or changed: point Slurm's commands at it with
 # SLURM_CONF=$GPULAYER_SLURM_DIR/slurm.conf.
 #
-# The cluster: one node "localhost" (127.0.0.1) with $GPULAYER_SLURM_CPUS CPUs (default 8),
-# $GPULAYER_SLURM_GPUS fake GPUs (default 2, GRES gpu:fake) and $GPULAYER_SLURM_MEMORY_MB
-# of memory (default 8192), in three partitions over the same node: "gpu" (the default),
+# The cluster: one node "localhost" (127.0.0.1) with $GPULAYER_SLURM_CPUS CPUs (default 16),
+# $GPULAYER_SLURM_GPUS fake GPUs (default 4, GRES gpu:fake) and $GPULAYER_SLURM_MEMORY_MB
+# of memory (default 16384), in three partitions over the same node: "gpu" (the default),
 # "debug", and "short" (MaxTime 10 minutes: a job asking for more is accepted and stays
 # pending, reason PartitionTimeLimit). The settings work without cgroups (containers, VMs without systemd):
 # proctrack/linuxproc, task/none, no accounting. Ports 16817/16818 (slurmctld/slurmd), so a
@@ -26,9 +26,9 @@
 set -euo pipefail
 
 DIR=${GPULAYER_SLURM_DIR:-/tmp/gpulayer-slurm}
-CPUS=${GPULAYER_SLURM_CPUS:-8}
-GPUS=${GPULAYER_SLURM_GPUS:-2}
-MEMORY_MB=${GPULAYER_SLURM_MEMORY_MB:-8192}
+CPUS=${GPULAYER_SLURM_CPUS:-16}
+GPUS=${GPULAYER_SLURM_GPUS:-4}
+MEMORY_MB=${GPULAYER_SLURM_MEMORY_MB:-16384}
 CTLD_PORT=${GPULAYER_SLURM_CTLD_PORT:-16817}
 SLURMD_PORT=${GPULAYER_SLURM_SLURMD_PORT:-16818}
 PACKAGES=(slurmctld slurmd slurm-client munge)

@@ -12,6 +12,10 @@ One long poll (``WorkerAPI.poll_work``) both takes new tasks and hears at once w
 ones to end (a cancelled job); a heartbeat thread keeps the worker alive and learns the same
 as a safety net (a group whose other node failed, a poll that was not answered). Stopping (SIGINT/SIGTERM, or :meth:`Agent.stop`) stops
 taking work, lets running tasks finish for a grace period, then ends and reports them.
+A task that the same kind of signal killed while the worker was being stopped by one (a
+Ctrl-C reaches the terminal's whole process group; ``scancel`` of a Slurm allocation and
+a machine's shutdown signal every process on it) is not reported: its machine went away,
+the task did not fail, and the worker's leaving marks it lost.
 """
 
 from __future__ import annotations
@@ -135,6 +139,10 @@ class _LogBuffer:
                     log.warning("could not ship %d log chunk(s): %s", len(chunks), exc)
 
 
+#: exit codes (negative: killed by that signal) of a death by a stopping signal
+_STOP_SIGNALS = frozenset(-int(s) for s in (signal.SIGHUP, signal.SIGINT, signal.SIGKILL, signal.SIGTERM))
+
+
 class Agent:
     def __init__(
         self,
@@ -174,6 +182,7 @@ class Agent:
         self.registered = registered
         self.worker_id: str | None = registered.id if registered is not None else None
         self._stopping = threading.Event()
+        self._signalled = threading.Event()
         self._stopped = threading.Event()
         self._running: dict[str, Cancel] = {}
         #: running tasks already told to end (they are ending)
@@ -216,6 +225,7 @@ class Agent:
 
         def _on_signal(signum: int, _frame: Any) -> None:
             log.warning("%s: draining (grace %g s)", signal.Signals(signum).name, self.grace)
+            self._signalled.set()
             self._stopping.set()
 
         signal.signal(signal.SIGTERM, _on_signal)
@@ -345,6 +355,10 @@ class Agent:
                 log.info("not starting %s: %s", a.task_id, exc)
                 return
             outcome = self._execute(a, cancel, fork)
+            if self._died_with_worker(a.task_id, outcome):
+                log.warning("task %s was killed by a signal while this worker was being stopped by one: "
+                            "left to be marked lost", a.task_id)
+                return
             self._report(a.task_id, outcome)
         except Exception as exc:  # a bug or an environment problem: the task must still end
             log.exception("task %s crashed in the worker", a.task_id)
@@ -356,6 +370,16 @@ class Agent:
                 self._ending.discard(a.task_id)
                 self._threads.pop(a.task_id, None)
                 self._last_busy = time.monotonic()
+
+    def _died_with_worker(self, task_id: str, outcome: TaskOutcome) -> bool:
+        """Whether ``outcome`` is a death by the signal that stops this worker (see the module
+        doc), not by the worker's own kill after the grace period."""
+        if (outcome.state is not TaskState.FAILED or outcome.exit_code not in _STOP_SIGNALS
+                or task_id in self._shutdown_ended):
+            return False
+        # the signal reaches the task's process and this worker's main thread at once, and
+        # the task's end may be seen first
+        return self._signalled.wait(1.0)
 
     def _own_id(self) -> str:
         if self.worker_id is None:

@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpulayer import plugin
 
@@ -52,8 +52,11 @@ class SlurmConfig(BaseModel):
     partitions: list[str] = Field(default_factory=list,
                                   description="partitions to offer, in this order; empty: every partition")
     python: str = Field(default="python3", description="the Python on the compute nodes that has gpulayer")
-    cpus: int = Field(default=1, ge=1, description="CPUs per pilot job when the job does not say")
-    memory_gb: float = Field(default=2.0, gt=0, description="memory per pilot job when the job does not say")
+    cpus: int = Field(default=1, ge=1, description="CPUs of a pilot job at least (the whole of one without GPUs)")
+    memory_gb: float = Field(default=2.0, gt=0, description="memory of a pilot job at least")
+    cpus_per_gpu: int | None = Field(default=None, ge=1, description="CPUs per GPU (default: the node's share)")
+    memory_gb_per_gpu: float | None = Field(default=None, gt=0,
+                                            description="memory per GPU (default: the node's share)")
     gpu_kind: str = Field(default="cuda", description="device kind the GRES gpu stands for")
     gpu_memory_gb: dict[str, float] = Field(
         default_factory=dict, description='memory of one GPU by GRES type, e.g. {a100 = 80}; "*" for any')
@@ -73,6 +76,21 @@ class SlurmConfig(BaseModel):
     ssh_user: str | None = None
     ssh_key: str | None = Field(default=None, description="private key file (default: agent, ~/.ssh)")
     ssh_known_hosts: str | None = Field(default=None, description="known_hosts file (default: the system's)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_partition(cls, data: Any) -> Any:
+        """``partition = "gpu"`` and ``partitions = "gpu"`` mean ``partitions = ["gpu"]``."""
+        if isinstance(data, dict):
+            data = dict(data)
+            if isinstance(data.get("partitions"), str):
+                data["partitions"] = [data["partitions"]]
+            if "partition" in data:
+                if "partitions" in data:
+                    raise ValueError("partition and partitions: give one of them")
+                one = data.pop("partition")
+                data["partitions"] = [one] if isinstance(one, str) else one
+        return data
 
     @field_validator("partitions", "sbatch_args", "setup", "export_env")
     @classmethod
@@ -147,25 +165,46 @@ class SlurmProvider:
     # ----------------------------------------------------------------- offers
 
     def offers(self, requirements: plugin.Requirements) -> list[plugin.MachineOffer]:
+        """Every shape for an empty ``requirements`` (what the core caches): per partition, one
+        without GPUs and one per GPU type and count up to a node's; for a job's requirements,
+        the shapes with exactly its GPUs, grown to its CPUs and memory."""
         c = self.config
-        gpus = _gpu_request(requirements, c.gpu_kind)
-        if gpus is None:
+        wanted = _gpu_request(requirements, c.gpu_kind)
+        if wanted is None:
             return []
-        cpus = max(requirements.cpus or 0, c.cpus)
-        memory_mb = int(max(requirements.memory_gb or 0.0, c.memory_gb) * 1024)
+        every = requirements == plugin.Requirements()
         by_partition: dict[str, list[_parse.Node]] = {}
         for node in self.nodes():
             by_partition.setdefault(node.partition, []).append(node)
-        order = c.partitions or list(by_partition)
         offers = []
-        for partition in order:
+        for partition in c.partitions or list(by_partition):
             nodes = by_partition.get(partition, [])
-            types = sorted({t for n in nodes for t in n.gpus}) if gpus else [None]
-            for gtype in types:
-                offer = self._offer(partition, nodes, gtype, gpus, cpus, memory_mb)
+            types = sorted({t for n in nodes for t, count in n.gpus.items() if count})
+            sizes: list[tuple[str | None, int]] = [(None, 0)] if every or wanted == 0 else []
+            for kind in types:
+                most = max(n.gpu_count(kind) for n in nodes)
+                sizes += [(kind, k) for k in (range(1, most + 1) if every else [wanted] if wanted else [])]
+            for gtype, count in sizes:
+                cpus, memory_mb = self._size(nodes, gtype, count)
+                cpus = max(cpus, requirements.cpus or 0)
+                memory_mb = max(memory_mb, int((requirements.memory_gb or 0.0) * 1024))
+                offer = self._offer(partition, nodes, gtype, count, cpus, memory_mb)
                 if offer is not None:
                     offers.append(offer)
         return offers
+
+    def _size(self, nodes: list[_parse.Node], gtype: str | None, count: int) -> tuple[int, int]:
+        """CPUs and memory (MB) of a pilot with ``count`` GPUs: ``cpus_per_gpu`` and
+        ``memory_gb_per_gpu``, else each GPU's share of its node (the smallest node's share)."""
+        c = self.config
+        cpus, memory_mb = c.cpus, int(c.memory_gb * 1024)
+        if count == 0:
+            return cpus, memory_mb
+        having = [n for n in nodes if n.gpu_count(gtype)]
+        per_cpu = c.cpus_per_gpu or min(max(1, n.cpus // n.gpu_count(gtype)) for n in having)
+        per_mb = (int(c.memory_gb_per_gpu * 1024) if c.memory_gb_per_gpu
+                  else min(n.memory_mb // n.gpu_count(gtype) for n in having))
+        return max(cpus, per_cpu * count), max(memory_mb, per_mb * count)
 
     def _offer(self, partition: str, nodes: list[_parse.Node], gtype: str | None, gpus: int, cpus: int,
                memory_mb: int) -> plugin.MachineOffer | None:

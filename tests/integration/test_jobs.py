@@ -290,6 +290,26 @@ def test_worker_sigterm_drains_then_ends_and_reports_its_tasks(plane: Plane) -> 
     assert [w["state"] for w in workers] == ["offline"]
 
 
+def test_a_task_killed_by_the_signal_that_stops_its_worker_is_lost(plane: Plane, tmp_path: Path) -> None:
+    """What scancel of a Slurm allocation, a machine's shutdown or a Ctrl-C does: the same
+    signal reaches the worker and its task at once. The machine went away; the task did not fail."""
+    worker = plane.start_worker("--cpu-slots", "1", "--grace", "5")
+    pidfile = tmp_path / "task.pid"
+    try:
+        wait_for(plane.online_workers, what="worker")
+        out = cli("submit", "--detach", "--", "sh", "-c", f"echo $$ > {pidfile}; exec sleep 300", check=True)
+        job_id = out.stdout.strip()
+        wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="job to start")
+        os.kill(int(pidfile.read_text()), signal.SIGTERM)  # the task first: its end is seen first
+        worker.send_signal(signal.SIGTERM)
+    finally:
+        log = stop(worker)
+    assert worker.returncode == 0, log
+    job = gl.get_job(job_id).record()
+    assert job.tasks[0].state is TaskState.LOST, log
+    assert job.state is JobState.FAILED and job.error is not None and job.error.type == "lost"
+
+
 def test_logs_follow_streams_until_the_end(plane: Plane) -> None:
     worker = plane.start_worker()
     try:

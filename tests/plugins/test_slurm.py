@@ -59,14 +59,30 @@ class _Canned:
 def test_offers_availability_and_shapes() -> None:
     runner = _Canned({"sinfo": (0, SINFO, "")})
     p = SlurmProvider("hpc", SlurmConfig(gpu_memory_gb={"a100": 80}), runner=runner)
+    # a GPU's share of its node: gpu1 has 64 CPUs and 500 GB for 4 GPUs; old1 16 and 62.5 GB for 2
     one = p.offers(plugin.Requirements(accelerator="cuda", gpus=1))
-    assert [(o.scope, o.availability) for o in one] == [("hpc/gpu/1cpu-2gb-1xa100", "available"),
-                                                       ("hpc/old/1cpu-2gb-1xgpu", "unavailable")]
+    assert [(o.scope, o.availability) for o in one] == [("hpc/gpu/16cpu-125gb-1xa100", "available"),
+                                                       ("hpc/old/8cpu-31.25gb-1xgpu", "unavailable")]
     assert one[0].capabilities.devices[0].memory_gb == 80
-    two = p.offers(plugin.Requirements(accelerator="cuda", gpus=2, cpus=8, memory_gb=64))
-    # gpu1 has 1 GPU free now (limited); old1's 64000 MB cannot hold 64 GB (no offer).
-    assert [(o.region, o.shape, o.availability) for o in two] == [("gpu", "8cpu-64gb-2xa100", "limited")]
-    assert two[0].data["gres"] == "gpu:a100:2" and two[0].data["memory_mb"] == 65536
+    assert one[0].capabilities.host.cpu_count == 16
+    two = p.offers(plugin.Requirements(accelerator="cuda", gpus=2, cpus=8, memory_gb=300))
+    # gpu1 has 1 GPU free now (limited); old1 cannot hold 300 GB (no offer)
+    assert [(o.region, o.shape, o.availability) for o in two] == [("gpu", "32cpu-300gb-2xa100", "limited")]
+    assert two[0].data["gres"] == "gpu:a100:2" and two[0].data["memory_mb"] == 300 * 1024
+    cpu = p.offers(plugin.Requirements(cpus=4))
+    assert [(o.scope, o.data["gres"]) for o in cpu] == [("hpc/gpu/4cpu-2gb", None), ("hpc/cpu/4cpu-2gb", None),
+                                                        ("hpc/old/4cpu-2gb", None)]
+
+
+def test_every_shape_for_empty_requirements() -> None:
+    p = SlurmProvider("hpc", SlurmConfig(cpus_per_gpu=4, memory_gb_per_gpu=32),
+                      runner=_Canned({"sinfo": (0, SINFO, "")}))
+    shapes = [(o.region, o.shape) for o in p.offers(plugin.Requirements())]
+    assert shapes == [("gpu", "1cpu-2gb"), ("gpu", "4cpu-32gb-1xa100"), ("gpu", "8cpu-64gb-2xa100"),
+                      ("gpu", "12cpu-96gb-3xa100"), ("gpu", "16cpu-128gb-4xa100"), ("cpu", "1cpu-2gb"),
+                      ("old", "1cpu-2gb"), ("old", "4cpu-32gb-1xgpu")]  # old1's 64000 MB < 64 GB
+    assert SlurmProvider("hpc", SlurmConfig(partitions=["cpu"]), runner=p.runner).offers(
+        plugin.Requirements(accelerator="cuda")) == []
 
 
 def test_squeue_json_of_both_eras_and_the_format_fallback() -> None:
@@ -142,6 +158,10 @@ def test_config_errors_name_the_key() -> None:
         SlurmConfig.model_validate({"env": {"1X": "y"}})
     with pytest.raises(ValidationError, match="bootstrap token"):
         SlurmConfig.model_validate({"env": {"GPULAYER_TOKEN": "y"}})
+    assert SlurmConfig.model_validate({"partition": "gpu"}).partitions == ["gpu"]
+    assert SlurmConfig.model_validate({"partitions": "gpu"}).partitions == ["gpu"]
+    with pytest.raises(ValidationError, match="give one of them"):
+        SlurmConfig.model_validate({"partition": "gpu", "partitions": ["x"]})
     with pytest.raises(ValidationError, match="sbatch_arg"):
         SlurmConfig.model_validate({"sbatch_arg": []})
 

@@ -99,13 +99,17 @@ def test_offers_show_partitions_and_gres(provider: SlurmProvider) -> None:
         assert offer.availability in ("available", "limited")
         assert [d.kind for d in offer.capabilities.devices] == ["cuda", "cuda"]
         assert offer.data["gres"] == "gpu:fake:2"
-        assert offer.shape.endswith("-2xfake")
-    # The node has 2 GPUs: a job needing 3 gets no offer; one on another accelerator neither.
-    assert provider.offers(plugin.Requirements(accelerator="cuda", gpus=3)) == []
+        assert offer.shape == "8cpu-8gb-2xfake"  # 2 of the node's 4 GPUs, 16 CPUs and 16 GB
+    # The node has 4 GPUs: a job needing 5 gets no offer; one on another accelerator neither.
+    assert provider.offers(plugin.Requirements(accelerator="cuda", gpus=5)) == []
     assert provider.offers(plugin.Requirements(accelerator="rocm")) == []
     cpu_only = provider.offers(plugin.Requirements(cpus=2))
     assert cpu_only and all(o.capabilities.devices == [] and o.data["gres"] is None for o in cpu_only)
     assert all(o.capabilities.host.cpu_count == 2 for o in cpu_only)
+    # What the core caches: every shape, from none to all four GPUs, in every partition
+    every = provider.offers(plugin.Requirements())
+    assert [o.shape for o in every if o.region == "gpu"] == [
+        "1cpu-0.25gb", "4cpu-4gb-1xfake", "8cpu-8gb-2xfake", "12cpu-12gb-3xfake", "16cpu-16gb-4xfake"]
 
 
 def test_partitions_in_config_order(slurm: LocalSlurm, tmp_path: Path) -> None:
@@ -164,7 +168,7 @@ def test_pilot_job_starts_a_worker_and_the_token_is_in_no_argv(slurm: LocalSlurm
     assert env["GPULAYER_TOKEN"] == token
     assert env["GPULAYER_MACHINE_ID"] == request.machine_id
     assert env["GPULAYER_URL"] == request.control_url
-    assert env["CUDA_VISIBLE_DEVICES"] in ("0", "1")  # Slurm's GRES grant: one of the two fake GPUs
+    assert env["CUDA_VISIBLE_DEVICES"] in ("0", "1", "2", "3")  # Slurm's GRES grant: one of the fake GPUs
 
     # Never an argv: not the worker's, not sbatch's, not slurmstepd's, not anybody's.
     leaks = [(p, a) for p, a, _ in _processes() if token in " ".join(a)]
@@ -193,7 +197,7 @@ def test_refused_submission_is_a_typed_error(slurm: LocalSlurm, provider: SlurmP
     with pytest.raises(plugin.SkipOffer, match=r"partition no-such-partition: .*[Ii]nvalid partition"):
         provider.launch(bad)
     too_many = request.model_copy(update={"offer": request.offer.model_copy(
-        update={"data": {**request.offer.data, "gres": "gpu:fake:5"}})})
+        update={"data": {**request.offer.data, "gres": "gpu:fake:9"}})})
     with pytest.raises(plugin.SkipOffer, match="node configuration is not available"):
         provider.launch(too_many)
 
