@@ -1,0 +1,302 @@
+"""The ``ssh`` provider: one pool of hosts, driven over SSH with paramiko.
+
+Each operation opens one SSH connection per host it needs (bounded by ``connect_timeout``),
+runs :mod:`gpulayer_ssh.remote` there with the host's Python and closes it again; nothing is
+kept open between calls, so a host that went away costs one timeout and no stale state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import threading
+from pathlib import Path
+from typing import Any, Literal
+
+import paramiko
+
+from gpulayer import plugin
+from gpulayer_ssh.config import HostConfig, SshPoolConfig
+
+log = logging.getLogger("gpulayer.ssh")
+
+#: what the host runs: the source of gpulayer_ssh/remote.py, as ``python -c``'s program
+REMOTE_SOURCE = (Path(__file__).parent / "remote.py").read_text()
+GIB = 1024**3
+#: a worker on a pool host is up within a few seconds of the SSH command
+BOOT_SECONDS = 5.0
+Availability = Literal["available", "limited", "unavailable", "unknown"]
+
+
+class _UnknownHostKey(paramiko.SSHException):
+    pass
+
+
+class _RejectUnknown(paramiko.MissingHostKeyPolicy):
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        raise _UnknownHostKey(f"{key.get_name()} {key.get_base64()}")
+
+
+class _AcceptSilently(paramiko.MissingHostKeyPolicy):
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        log.warning("ssh: not checking the host key of %s (strict_host_key_checking = \"no\")", hostname)
+
+
+class _Remote(Exception):
+    """The remote script failed: its exit status and what it said."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+
+
+class SshProvider:
+    """A configured ``ssh`` pool (one providers.toml section)."""
+
+    def __init__(self, name: str, config: SshPoolConfig) -> None:
+        self.name = name
+        self.config = config
+        self.hosts = {h.label: h for h in config.hosts}
+        self._probed: dict[str, plugin.Capabilities] = {}
+        self._known_hosts_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ connections
+
+    def _what(self, host: HostConfig) -> str:
+        return f"ssh host {host.label!r} ({host.where()}) of provider {self.name!r}"
+
+    def _key(self, host: HostConfig) -> paramiko.PKey:
+        path = os.path.expanduser(host.key_file)
+        try:
+            return paramiko.PKey.from_path(path)
+        except paramiko.PasswordRequiredException:
+            raise plugin.ProviderAuthFailed(
+                f"{self._what(host)}: key_file {host.key_file!r} needs a passphrase; use a key without one") from None
+        except (OSError, paramiko.SSHException, ValueError) as exc:
+            raise plugin.ProviderAuthFailed(
+                f"{self._what(host)}: key_file {host.key_file!r} cannot be read as a private key: {exc}") from None
+
+    def _known_hosts_file(self, host: HostConfig) -> str:
+        return os.path.expanduser(host.known_hosts or "~/.ssh/known_hosts")
+
+    def connect(self, host: HostConfig) -> paramiko.SSHClient:
+        """An authenticated connection to ``host``, its host key checked as configured."""
+        key = self._key(host)
+        client = paramiko.SSHClient()
+        known = self._known_hosts_file(host)
+        if host.strict_host_key_checking == "no":
+            client.set_missing_host_key_policy(_AcceptSilently())
+        else:
+            if os.path.exists(known):
+                client.load_host_keys(known)
+            client.set_missing_host_key_policy(
+                paramiko.AutoAddPolicy() if host.strict_host_key_checking == "accept-new" else _RejectUnknown())
+        t = self.config.connect_timeout
+        try:
+            client.connect(host.host, port=host.port, username=host.user, pkey=key, timeout=t, banner_timeout=t,
+                           auth_timeout=t, channel_timeout=t, look_for_keys=False, allow_agent=False)
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            raise plugin.ProviderAuthFailed(
+                f"{self._what(host)}: authentication failed for user {host.user!r} with key_file "
+                f"{host.key_file!r} ({exc})") from None
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            raise plugin.ProviderAuthFailed(
+                f"{self._what(host)}: the host key is not the one in {known} (expected "
+                f"{exc.expected_key.get_name()}, got {exc.key.get_name()} {exc.key.get_fingerprint().hex()}); "
+                f"if the host was reinstalled, remove its line from that file") from None
+        except _UnknownHostKey as exc:
+            client.close()
+            raise plugin.ProviderAuthFailed(
+                f"{self._what(host)}: its host key ({str(exc).split()[0]}) is not in {known}; add it "
+                f"(ssh-keyscan -p {host.port} {host.host} >> {known}, after checking its fingerprint) or set "
+                f"strict_host_key_checking = \"accept-new\"") from None
+        except (OSError, EOFError, paramiko.SSHException) as exc:  # refused, unreachable, timed out
+            client.close()
+            raise plugin.ProviderTransient(f"{self._what(host)}: cannot connect: {exc or type(exc).__name__}") from None
+        if host.strict_host_key_checking == "accept-new" and host.known_hosts:
+            with self._known_hosts_lock:  # remember a newly accepted key, as OpenSSH does
+                client.save_host_keys(known)
+        return client
+
+    def _run(self, client: paramiko.SSHClient, host: HostConfig, request: dict[str, Any],
+             timeout: float) -> dict[str, Any]:
+        """Run the remote script with ``request`` on its stdin; its JSON answer."""
+        command = f"exec {shlex.quote(host.python)} -c {shlex.quote(REMOTE_SOURCE)}"
+        body = json.dumps({**request, "state_dir": host.state_dir, "env": host.environment})
+        try:
+            stdin, stdout, stderr = client.exec_command(command, timeout=timeout)
+            stdin.write(body)
+            stdin.flush()
+            stdin.channel.shutdown_write()
+            out = stdout.read().decode("utf-8", "replace")
+            err = stderr.read().decode("utf-8", "replace")
+            if not stdout.channel.status_event.wait(timeout):
+                raise TimeoutError(f"no exit status within {timeout:g} s")
+            status = stdout.channel.recv_exit_status()
+        except (OSError, EOFError, paramiko.SSHException) as exc:  # socket.timeout is an OSError
+            raise plugin.ProviderTransient(
+                f"{self._what(host)}: the remote step {request['op']!r} did not finish: "
+                f"{exc or type(exc).__name__}") from None
+        if status != 0:
+            tail = " | ".join(err.strip().splitlines()[-3:]) or out.strip()[-300:]
+            if status == 127:
+                tail = f"{host.python!r} not found on the host (python = ...: give the path of a Python with " \
+                       f"GPUlayer installed); {tail}"
+            raise _Remote(status, tail)
+        try:
+            answer = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise _Remote(status, f"no JSON answer: {out[-300:]!r} {err[-300:]!r}") from None
+        if not isinstance(answer, dict):
+            raise _Remote(status, f"unexpected answer {answer!r}")
+        return answer
+
+    def call(self, host: HostConfig, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """Connect, run one remote step, disconnect. Transport trouble is ProviderTransient."""
+        client = self.connect(host)
+        try:
+            return self._run(client, host, request, timeout or self.config.command_timeout)
+        except _Remote as exc:
+            raise plugin.ProviderTransient(
+                f"{self._what(host)}: the remote step {request['op']!r} failed (exit {exc.status}): {exc}") from None
+        finally:
+            client.close()
+
+    # ------------------------------------------------------------------ Provider
+
+    def check(self) -> None:
+        """Connect to every host; the first one that refuses us fails the whole provider."""
+        problems = []
+        for host in self.hosts.values():
+            try:
+                client = self.connect(host)
+            except plugin.ProviderTransient as exc:
+                problems.append(str(exc))  # unreachable now is not a credential problem
+                continue
+            client.close()
+        if problems and len(problems) == len(self.hosts):
+            raise plugin.ProviderTransient("; ".join(problems))
+        for problem in problems:
+            log.warning("%s", problem)
+
+    def _capabilities(self, host: HostConfig, probe: dict[str, Any] | None) -> plugin.Capabilities | None:
+        if host.declared:
+            return declared_capabilities(host)
+        if host.label in self._probed:
+            return self._probed[host.label]
+        if probe is None:
+            return None
+        if "error" in probe:
+            log.warning("%s: cannot probe its capabilities: %s", self._what(host), probe["error"])
+            return None
+        caps = plugin.Capabilities.model_validate(probe["capabilities"])
+        self._probed[host.label] = caps
+        return caps
+
+    def offers(self, requirements: plugin.Requirements) -> list[plugin.MachineOffer]:
+        """One offer per host; ``available`` when no GPUlayer worker of this pool runs there.
+        The scheduler matches ``requirements`` against each offer's capabilities itself."""
+        offers, problems = [], []
+        for host in self.hosts.values():
+            wants_probe = not host.declared and host.label not in self._probed
+            try:
+                status = self.call(host, {"op": "status", "probe": wants_probe, "probe_timeout": self.config.probe_timeout},
+                                   timeout=self.config.command_timeout + (self.config.probe_timeout if wants_probe else 0))
+            except plugin.ProviderTransient as exc:
+                problems.append(str(exc))
+                if host.declared:  # still worth showing: what it is, not whether it is up
+                    offers.append(self._offer(host, declared_capabilities(host), "unknown"))
+                continue
+            caps = self._capabilities(host, status.get("probe"))
+            if caps is None:
+                problems.append(f"{self._what(host)}: its capabilities are not known (probe failed; see the log)")
+                continue
+            taken = [m for m in status.get("markers", []) if m.get("alive")]
+            offers.append(self._offer(host, caps, "unavailable" if taken else "available"))
+        if problems and not offers:
+            raise plugin.ProviderTransient("; ".join(problems))
+        for problem in problems:
+            log.warning("%s", problem)
+        return offers
+
+    def _offer(self, host: HostConfig, caps: plugin.Capabilities, availability: Availability) -> plugin.MachineOffer:
+        return plugin.MachineOffer(shape=host.label, region=None, capabilities=caps, price_per_hour=None,
+                                   availability=availability, boot_seconds=BOOT_SECONDS, data={"host": host.label})
+
+    def launch(self, request: plugin.LaunchRequest) -> plugin.LaunchedMachine:
+        label = str(request.offer.data.get("host") or request.offer.shape)
+        host = self.hosts.get(label)
+        if host is None:
+            raise plugin.SkipOffer(f"provider {self.name!r} has no host {label!r} (any more)")
+        body = {"op": "launch", "machine_id": request.machine_id, "label": request.label,
+                "argv": request.worker_argv(host.python), "worker_env": request.worker_environment()}
+        client = self.connect(host)
+        try:
+            answer = self._run(client, host, body, self.config.command_timeout)
+        except _Remote as exc:
+            # the host cannot start a worker as configured (no such Python, no GPUlayer there)
+            raise plugin.SkipOffer(f"{self._what(host)}: cannot start a worker (exit {exc.status}): {exc}") from None
+        finally:
+            client.close()
+        if "busy" in answer:
+            raise plugin.NoCapacity(f"{self._what(host)} already runs machine {answer['busy']}")
+        pid = int(answer["pid"])
+        return plugin.LaunchedMachine(provider_id=f"{host.label}:{pid}", address=host.host,
+                                      data={"host": host.label, "pid": pid})
+
+    def list(self, label: str) -> list[plugin.LiveMachine]:
+        found, problems = [], []
+        for host in self.hosts.values():
+            try:
+                status = self.call(host, {"op": "status"})
+            except plugin.ProviderTransient as exc:
+                problems.append(str(exc))
+                continue
+            for marker in status.get("markers", []):
+                if marker.get("label") == label and marker.get("alive"):
+                    found.append(plugin.LiveMachine(
+                        machine_id=str(marker["machine_id"]), provider_id=f"{host.label}:{marker['pid']}",
+                        state="running", data={"host": host.label, "pid": marker["pid"]}))
+        if problems:
+            # a partial list would make the core take the machines on a host it could not
+            # reach for gone; say so instead
+            raise plugin.ProviderTransient("; ".join(problems))
+        return found
+
+    def terminate(self, machine_id: str, provider_id: str | None) -> None:
+        label = provider_id.rsplit(":", 1)[0] if provider_id else None
+        candidates = [self.hosts[label]] if label in self.hosts else list(self.hosts.values())
+        problems = []
+        body = {"op": "terminate", "machine_id": machine_id, "grace": self.config.stop_grace}
+        timeout = self.config.command_timeout + self.config.stop_grace
+        for host in candidates:
+            try:
+                answer = self.call(host, body, timeout=timeout)
+            except plugin.ProviderTransient as exc:
+                problems.append(str(exc))
+                continue
+            if answer.get("was_running"):
+                log.info("ssh: stopped machine %s on %s", machine_id, host.label)
+                return
+        if problems:
+            raise plugin.ProviderTransient("; ".join(problems))
+
+
+def declared_capabilities(host: HostConfig) -> plugin.Capabilities:
+    """What a host declared in providers.toml, as the worker-to-be's capabilities."""
+    devices: list[plugin.Device] = []
+    for group in host.devices:
+        for _ in range(group.count):
+            devices.append(plugin.Device(
+                kind=group.kind, index=len([d for d in devices if d.kind == group.kind]),
+                name=group.name or group.kind,
+                memory_bytes=int(group.memory_gb * GIB) if group.memory_gb else None,
+                compute_capability=group.compute_capability))
+    info = plugin.HostInfo(os="linux", arch="unknown", hostname=host.label, cpu_count=host.cpus or 0,
+                           memory_bytes=int((host.memory_gb or 0) * GIB), python_version="unknown",
+                           python_path=host.python, address=host.host)
+    return plugin.Capabilities(host=info, devices=devices, frameworks=dict(host.frameworks))
