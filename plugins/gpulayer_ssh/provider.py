@@ -12,8 +12,10 @@ import logging
 import os
 import shlex
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import paramiko
 
@@ -27,6 +29,9 @@ REMOTE_SOURCE = (Path(__file__).parent / "remote.py").read_text()
 GIB = 1024**3
 #: a worker on a pool host is up within a few seconds of the SSH command
 BOOT_SECONDS = 5.0
+#: hosts asked at once by offers, list, check and a terminate without a handle
+PARALLEL_HOSTS = 16
+_T = TypeVar("_T")
 Availability = Literal["available", "limited", "unavailable", "unknown"]
 
 
@@ -168,17 +173,32 @@ class SshProvider:
 
     # ------------------------------------------------------------------ Provider
 
-    def check(self) -> None:
-        """Connect to every host; the first one that refuses us fails the whole provider."""
-        problems = []
-        for host in self.hosts.values():
+    def _each(self, hosts: list[HostConfig], step: Callable[[HostConfig], _T]) -> list[tuple[HostConfig, _T | None, str]]:
+        """``step`` on every host at once (a dead host costs one timeout, not one per host):
+        ``(host, result, "")`` or ``(host, None, transient problem)``, in the pool's order.
+        ``ProviderAuthFailed`` (and any other error) of a host is raised."""
+        def one(host: HostConfig) -> tuple[HostConfig, _T | None, str]:
             try:
-                client = self.connect(host)
+                return host, step(host), ""
             except plugin.ProviderTransient as exc:
-                problems.append(str(exc))  # unreachable now is not a credential problem
-                continue
-            client.close()
-        if problems and len(problems) == len(self.hosts):
+                return host, None, str(exc)
+
+        if len(hosts) == 1:
+            return [one(hosts[0])]
+        with ThreadPoolExecutor(max_workers=min(PARALLEL_HOSTS, len(hosts)), thread_name_prefix="gpulayer-ssh") as pool:
+            return list(pool.map(one, hosts))
+
+    def check(self) -> None:
+        """Connect to every host; one that refuses us (key, host key) fails the whole provider:
+        that is a configuration to fix. Hosts that are only unreachable now are logged; all of
+        them unreachable is ProviderTransient."""
+        def connect(host: HostConfig) -> bool:
+            self.connect(host).close()
+            return True
+
+        results = self._each(list(self.hosts.values()), connect)
+        problems = [problem for _, _, problem in results if problem]
+        if problems and len(problems) == len(results):
             raise plugin.ProviderTransient("; ".join(problems))
         for problem in problems:
             log.warning("%s", problem)
@@ -200,22 +220,24 @@ class SshProvider:
     def offers(self, requirements: plugin.Requirements) -> list[plugin.MachineOffer]:
         """One offer per host; ``available`` when no GPUlayer worker of this pool runs there.
         The scheduler matches ``requirements`` against each offer's capabilities itself."""
+        def status(host: HostConfig) -> dict[str, Any]:
+            probe = not host.declared and host.label not in self._probed
+            return self.call(host, {"op": "status", "probe": probe, "probe_timeout": self.config.probe_timeout},
+                             timeout=self.config.command_timeout + (self.config.probe_timeout if probe else 0))
+
         offers, problems = [], []
-        for host in self.hosts.values():
-            wants_probe = not host.declared and host.label not in self._probed
-            try:
-                status = self.call(host, {"op": "status", "probe": wants_probe, "probe_timeout": self.config.probe_timeout},
-                                   timeout=self.config.command_timeout + (self.config.probe_timeout if wants_probe else 0))
-            except plugin.ProviderTransient as exc:
-                problems.append(str(exc))
+        for host, answer, problem in self._each(list(self.hosts.values()), status):
+            if answer is None:
+                problems.append(problem)
                 if host.declared:  # still worth showing: what it is, not whether it is up
                     offers.append(self._offer(host, declared_capabilities(host), "unknown"))
                 continue
-            caps = self._capabilities(host, status.get("probe"))
+            caps = self._capabilities(host, answer.get("probe"))
             if caps is None:
-                problems.append(f"{self._what(host)}: its capabilities are not known (probe failed; see the log)")
+                problems.append(f"{self._what(host)}: its capabilities are not known: "
+                                f"{(answer.get('probe') or {}).get('error', 'no probe answer')}")
                 continue
-            taken = [m for m in status.get("markers", []) if m.get("alive")]
+            taken = [m for m in answer.get("markers", []) if m.get("alive")]
             offers.append(self._offer(host, caps, "unavailable" if taken else "available"))
         if problems and not offers:
             raise plugin.ProviderTransient("; ".join(problems))
@@ -250,13 +272,11 @@ class SshProvider:
 
     def list(self, label: str) -> list[plugin.LiveMachine]:
         found, problems = [], []
-        for host in self.hosts.values():
-            try:
-                status = self.call(host, {"op": "status"})
-            except plugin.ProviderTransient as exc:
-                problems.append(str(exc))
+        for host, answer, problem in self._each(list(self.hosts.values()), lambda h: self.call(h, {"op": "status"})):
+            if answer is None:
+                problems.append(problem)
                 continue
-            for marker in status.get("markers", []):
+            for marker in answer.get("markers", []):
                 if marker.get("label") == label and marker.get("alive"):
                     found.append(plugin.LiveMachine(
                         machine_id=str(marker["machine_id"]), provider_id=f"{host.label}:{marker['pid']}",
@@ -269,20 +289,17 @@ class SshProvider:
 
     def terminate(self, machine_id: str, provider_id: str | None) -> None:
         label = provider_id.rsplit(":", 1)[0] if provider_id else None
+        # without the handle (the launch's answer was lost) every host is asked
         candidates = [self.hosts[label]] if label in self.hosts else list(self.hosts.values())
-        problems = []
         body = {"op": "terminate", "machine_id": machine_id, "grace": self.config.stop_grace}
         timeout = self.config.command_timeout + self.config.stop_grace
-        for host in candidates:
-            try:
-                answer = self.call(host, body, timeout=timeout)
-            except plugin.ProviderTransient as exc:
-                problems.append(str(exc))
-                continue
+        results = self._each(candidates, lambda h: self.call(h, body, timeout=timeout))
+        found = [(host, answer) for host, answer, _ in results if answer is not None and answer.get("found")]
+        for host, answer in found:
             if answer.get("was_running"):
                 log.info("ssh: stopped machine %s on %s", machine_id, host.label)
-                return
-        if problems:
+        problems = [problem for _, _, problem in results if problem]
+        if problems and not found:  # it may be on a host that did not answer
             raise plugin.ProviderTransient("; ".join(problems))
 
 

@@ -224,7 +224,7 @@ def terminate(req: dict[str, Any]) -> dict[str, Any]:
         marker = _read_marker(folder)
         if marker is None:
             shutil.rmtree(folder, ignore_errors=True)
-            return {"gone": True, "was_running": False}
+            return {"found": False, "was_running": False}
         running = _alive(marker)
         if running:
             pid = int(marker["pid"])
@@ -236,7 +236,7 @@ def terminate(req: dict[str, Any]) -> dict[str, Any]:
             if not _gone(pid, procs):
                 _signal_all(pid, _tree(pid) or procs, signal.SIGKILL)
         shutil.rmtree(folder, ignore_errors=True)
-        return {"gone": True, "was_running": running}
+        return {"found": True, "was_running": running}
 
 
 #: the umask the worker gets: the login's own (this script's files are private, 0600/0700)

@@ -279,3 +279,24 @@ def test_terminate_kills_a_worker_that_ignores_sigterm(local_sshd: LocalSshd, tm
     for proc in [psutil.Process(pid), *children]:
         until(lambda p=proc: not p.is_running() or p.status() == psutil.STATUS_ZOMBIE, 30, f"pid {proc.pid} to end")
     assert pool.list(LABEL) == []
+
+
+def test_a_host_that_does_not_answer_costs_its_offer_only(local_sshd: LocalSshd, tmp_path: Path) -> None:
+    from tests.server_support import free_port
+
+    remote = tmp_path / "remote"
+    good = local_sshd.host_config(remote)
+    dead = {**good, "name": "dead", "port": free_port()}
+    declared_dead = {**dead, "name": "dead-declared", "cpus": 8, "memory_gb": 32}
+    pool = SshProvider("pool", SshPoolConfig.model_validate({"hosts": [good, dead, declared_dead], "connect_timeout": 5}))
+    _made.append(pool)
+    pool.check()  # one host answers: the credentials work
+    by_shape = {o.shape: o.availability for o in pool.offers(plugin.Requirements())}
+    assert by_shape == {"local": "available", "dead-declared": "unknown"}
+    # a list that misses a host would make the core think its machines gone: it says so instead
+    with pytest.raises(plugin.ProviderTransient, match="ssh host 'dead'"):
+        pool.list(LABEL)
+    # a terminate without the handle that finds nothing, and could not ask every host, is not done
+    with pytest.raises(plugin.ProviderTransient, match="cannot connect"):
+        pool.terminate("m-nowhere", None)
+    pool.terminate("m-nowhere", "local:1")  # the host is known and answered: gone is success
