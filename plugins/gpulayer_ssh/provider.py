@@ -7,6 +7,8 @@ kept open between calls, so a host that went away costs one timeout and no stale
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import logging
 import os
@@ -35,13 +37,19 @@ _T = TypeVar("_T")
 Availability = Literal["available", "limited", "unavailable", "unknown"]
 
 
+def fingerprint(key: paramiko.PKey) -> str:
+    """``ssh-ed25519 SHA256:...``, as ``ssh-keygen -lf`` and OpenSSH's prompts show a key."""
+    digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+    return f"{key.get_name()} SHA256:{digest}"
+
+
 class _UnknownHostKey(paramiko.SSHException):
     pass
 
 
 class _RejectUnknown(paramiko.MissingHostKeyPolicy):
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        raise _UnknownHostKey(f"{key.get_name()} {key.get_base64()}")
+        raise _UnknownHostKey(fingerprint(key))
 
 
 class _AcceptSilently(paramiko.MissingHostKeyPolicy):
@@ -111,12 +119,12 @@ class SshProvider:
             client.close()
             raise plugin.ProviderAuthFailed(
                 f"{self._what(host)}: the host key is not the one in {known} (expected "
-                f"{exc.expected_key.get_name()}, got {exc.key.get_name()} {exc.key.get_fingerprint().hex()}); "
+                f"{fingerprint(exc.expected_key)}, got {fingerprint(exc.key)}); "
                 f"if the host was reinstalled, remove its line from that file") from None
         except _UnknownHostKey as exc:
             client.close()
             raise plugin.ProviderAuthFailed(
-                f"{self._what(host)}: its host key ({str(exc).split()[0]}) is not in {known}; add it "
+                f"{self._what(host)}: its host key ({exc}) is not in {known}; add it "
                 f"(ssh-keyscan -p {host.port} {host.host} >> {known}, after checking its fingerprint) or set "
                 f"strict_host_key_checking = \"accept-new\"") from None
         except (OSError, EOFError, paramiko.SSHException) as exc:  # refused, unreachable, timed out
@@ -130,7 +138,7 @@ class SshProvider:
     def _run(self, client: paramiko.SSHClient, host: HostConfig, request: dict[str, Any],
              timeout: float) -> dict[str, Any]:
         """Run the remote script with ``request`` on its stdin; its JSON answer."""
-        command = f"exec {shlex.quote(host.python)} -c {shlex.quote(REMOTE_SOURCE)}"
+        command = f"exec {remote_path(host.python)} -c {shlex.quote(REMOTE_SOURCE)}"
         body = json.dumps({**request, "state_dir": host.state_dir, "env": host.environment})
         try:
             stdin, stdout, stderr = client.exec_command(command, timeout=timeout)
@@ -301,6 +309,11 @@ class SshProvider:
         problems = [problem for _, _, problem in results if problem]
         if problems and not found:  # it may be on a host that did not answer
             raise plugin.ProviderTransient("; ".join(problems))
+
+
+def remote_path(path: str) -> str:
+    """``path`` quoted for the host's shell, a leading ``~/`` left for it to expand."""
+    return "~/" + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
 
 
 def declared_capabilities(host: HostConfig) -> plugin.Capabilities:

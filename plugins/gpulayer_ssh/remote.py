@@ -165,7 +165,8 @@ def launch(req: dict[str, Any]) -> dict[str, Any]:
             # its own session: no SIGHUP when the SSH channel closes, and one process group
             # for terminate to signal; no descriptor of the channel is inherited, so the
             # channel closes as soon as this script exits
-            proc = subprocess.Popen(req["argv"], env=env, cwd=folder, stdin=subprocess.DEVNULL, stdout=fd,
+            argv = [os.path.expanduser(req["argv"][0]), *req["argv"][1:]]
+            proc = subprocess.Popen(argv, env=env, cwd=folder, stdin=subprocess.DEVNULL, stdout=fd,
                                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                                     umask=_LOGIN_UMASK)
         finally:

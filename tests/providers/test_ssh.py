@@ -133,8 +133,12 @@ def test_a_missing_key_file_is_auth_failed_naming_it(local_sshd: LocalSshd, tmp_
 def test_an_unknown_host_key_is_refused_unless_accept_new(local_sshd: LocalSshd, tmp_path: Path) -> None:
     known = tmp_path / "known_hosts"
     known.write_text("")
-    with pytest.raises(plugin.ProviderAuthFailed, match=r"is not in .*known_hosts.*ssh-keyscan"):
+    with pytest.raises(plugin.ProviderAuthFailed, match=r"is not in .*known_hosts.*ssh-keyscan") as info:
         provider(local_sshd, tmp_path / "remote", known_hosts=str(known)).check()
+    # the fingerprint OpenSSH would show, to check before trusting it
+    listed = subprocess.run(["ssh-keygen", "-lf", str(local_sshd.state / "host_ed25519_key.pub")],
+                            capture_output=True, text=True, check=True, timeout=30).stdout.split()[1]
+    assert f"ssh-ed25519 {listed}" in str(info.value)
     provider(local_sshd, tmp_path / "remote", known_hosts=str(known), strict_host_key_checking="accept-new").check()
     assert f"[127.0.0.1]:{local_sshd.port}" in known.read_text()  # remembered, as OpenSSH does
     provider(local_sshd, tmp_path / "remote", known_hosts=str(known)).check()
@@ -300,3 +304,11 @@ def test_a_host_that_does_not_answer_costs_its_offer_only(local_sshd: LocalSshd,
     with pytest.raises(plugin.ProviderTransient, match="cannot connect"):
         pool.terminate("m-nowhere", None)
     pool.terminate("m-nowhere", "local:1")  # the host is known and answered: gone is success
+
+
+def test_a_python_under_the_home_folder_is_left_for_the_host_to_expand() -> None:
+    from gpulayer_ssh.provider import remote_path
+
+    assert remote_path("~/venv/bin/python") == "~/venv/bin/python"
+    assert remote_path("~/my venv/python") == "~/'my venv/python'"
+    assert remote_path("/opt/py thon") == "'/opt/py thon'"
