@@ -188,3 +188,24 @@ def test_a_pool_whose_key_is_refused_is_disabled_naming_the_host(
     assert p["credentials_ok"] is False
     assert "ssh host 'local'" in p["disabled"] and "authentication failed" in p["disabled"]
     assert "ssh host 'local'" in gl(srv, "providers", "list")
+
+
+def test_two_cloud_jobs_at_once_get_a_host_each(local_sshd: LocalSshd, servers: list[ServerProc], tmp_path: Path) -> None:
+    """One machine per host: both jobs run, on different hosts. (The core may plan both on the
+    first host from its cached offers; the second launch then answers NoCapacity and the job
+    fails over to the other host in the same pass, which `jobs show` tells.)"""
+    remote, remote2 = tmp_path / "remote", tmp_path / "remote" / "second-host"
+    section = two_host_section(local_sshd, remote, remote2).replace("max_machines = 1", "max_machines = 2")
+    _, api = start(servers, tmp_path / "srv", section)
+    slow = {**CUDA_JOB, "command": ["sh", "-c", "sleep 2; echo $GPULAYER_MACHINE_ID"]}
+    jobs = [submit(api, slow), submit(api, slow)]
+    done = [wait_job(api, j, timeout=180) for j in jobs]
+    assert [j["state"] for j in done] == ["succeeded", "succeeded"], done
+    ms = api("GET", "/v1/machines").json()
+    assert sorted(m["shape"] for m in ms if m["state"] != "failed") == ["local", "local2"]
+    for m in ms:
+        if m["state"] == "failed":
+            assert m["reason"].startswith("no capacity (ssh host") and "already runs machine" in m["reason"]
+    # a job may run on the machine launched for the other one: any free worker takes it
+    logs = sorted("".join(c["data"] for c in api("GET", f"/v1/jobs/{j}/logs").json()) for j in jobs)
+    assert logs == sorted(f"{m['id']}\n" for m in ms if m["state"] != "failed")
