@@ -25,6 +25,10 @@ from gpulayer import plugin
 from gpulayer_ssh.config import HostConfig, SshPoolConfig
 
 log = logging.getLogger("gpulayer.ssh")
+# paramiko says "Connected" and "Authentication successful" at INFO for every connection, and
+# the server asks its hosts every half minute; keep its warnings, unless someone chose a level
+if logging.getLogger("paramiko").level == logging.NOTSET:
+    logging.getLogger("paramiko").setLevel(logging.WARNING)
 
 #: what the host runs: the source of gpulayer_ssh/remote.py, as ``python -c``'s program
 REMOTE_SOURCE = (Path(__file__).parent / "remote.py").read_text()
