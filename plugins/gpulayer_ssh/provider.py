@@ -1,0 +1,336 @@
+"""The ``ssh`` provider: one pool of hosts, driven over SSH with paramiko.
+
+Each operation opens one SSH connection per host it needs (bounded by ``connect_timeout``),
+runs :mod:`gpulayer_ssh.remote` there with the host's Python and closes it again; nothing is
+kept open between calls, so a host that went away costs one timeout and no stale state.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+import shlex
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import paramiko
+
+from gpulayer import plugin
+from gpulayer_ssh.config import HostConfig, SshPoolConfig
+
+log = logging.getLogger("gpulayer.ssh")
+# paramiko says "Connected" and "Authentication successful" at INFO for every connection, and
+# the server asks its hosts every half minute; keep its warnings, unless someone chose a level
+if logging.getLogger("paramiko").level == logging.NOTSET:
+    logging.getLogger("paramiko").setLevel(logging.WARNING)
+
+#: what the host runs: the source of gpulayer_ssh/remote.py, as ``python -c``'s program
+REMOTE_SOURCE = (Path(__file__).parent / "remote.py").read_text()
+GIB = 1024**3
+#: a worker on a pool host is up within a few seconds of the SSH command
+BOOT_SECONDS = 5.0
+#: hosts asked at once by offers, list, check and a terminate without a handle
+PARALLEL_HOSTS = 16
+_T = TypeVar("_T")
+Availability = Literal["available", "limited", "unavailable", "unknown"]
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """``ssh-ed25519 SHA256:...``, as ``ssh-keygen -lf`` and OpenSSH's prompts show a key."""
+    digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+    return f"{key.get_name()} SHA256:{digest}"
+
+
+class _UnknownHostKey(paramiko.SSHException):
+    pass
+
+
+class _RejectUnknown(paramiko.MissingHostKeyPolicy):
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        raise _UnknownHostKey(fingerprint(key))
+
+
+class _AcceptSilently(paramiko.MissingHostKeyPolicy):
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        log.warning("ssh: not checking the host key of %s (strict_host_key_checking = \"no\")", hostname)
+
+
+class _Remote(Exception):
+    """The remote script failed: its exit status and what it said."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+
+
+class SshProvider:
+    """A configured ``ssh`` pool (one providers.toml section)."""
+
+    def __init__(self, name: str, config: SshPoolConfig) -> None:
+        self.name = name
+        self.config = config
+        self.hosts = {h.label: h for h in config.hosts}
+        self._probed: dict[str, plugin.Capabilities] = {}
+        self._known_hosts_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ connections
+
+    def _what(self, host: HostConfig) -> str:
+        return f"ssh host {host.label!r} ({host.where()}) of provider {self.name!r}"
+
+    def _key(self, host: HostConfig) -> paramiko.PKey:
+        path = os.path.expanduser(host.key_file)
+        try:
+            return paramiko.PKey.from_path(path)
+        except paramiko.PasswordRequiredException:
+            raise plugin.ProviderAuthFailed(
+                f"{self._what(host)}: key_file {host.key_file!r} needs a passphrase; use a key without one") from None
+        except (OSError, paramiko.SSHException, ValueError) as exc:
+            raise plugin.ProviderAuthFailed(
+                f"{self._what(host)}: key_file {host.key_file!r} cannot be read as a private key: {exc}") from None
+
+    def _known_hosts_file(self, host: HostConfig) -> str:
+        return os.path.expanduser(host.known_hosts or "~/.ssh/known_hosts")
+
+    def connect(self, host: HostConfig) -> paramiko.SSHClient:
+        """An authenticated connection to ``host``, its host key checked as configured."""
+        key = self._key(host)
+        client = paramiko.SSHClient()
+        known = self._known_hosts_file(host)
+        if host.strict_host_key_checking == "no":
+            client.set_missing_host_key_policy(_AcceptSilently())
+        else:
+            if os.path.exists(known):
+                client.load_host_keys(known)
+            client.set_missing_host_key_policy(
+                paramiko.AutoAddPolicy() if host.strict_host_key_checking == "accept-new" else _RejectUnknown())
+        t = self.config.connect_timeout
+        try:
+            client.connect(host.host, port=host.port, username=host.user, pkey=key, timeout=t, banner_timeout=t,
+                           auth_timeout=t, channel_timeout=t, look_for_keys=False, allow_agent=False)
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            raise plugin.ProviderAuthFailed(
+                f"{self._what(host)}: authentication failed for user {host.user!r} with key_file "
+                f"{host.key_file!r} ({exc})") from None
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            raise plugin.ProviderAuthFailed(
+                f"{self._what(host)}: the host key is not the one in {known} (expected "
+                f"{fingerprint(exc.expected_key)}, got {fingerprint(exc.key)}); "
+                f"if the host was reinstalled, remove its line from that file") from None
+        except _UnknownHostKey as exc:
+            client.close()
+            raise plugin.ProviderAuthFailed(
+                f"{self._what(host)}: its host key ({exc}) is not in {known}; add it "
+                f"(ssh-keyscan -p {host.port} {host.host} >> {known}, after checking its fingerprint) or set "
+                f"strict_host_key_checking = \"accept-new\"") from None
+        except (OSError, EOFError, paramiko.SSHException) as exc:  # refused, unreachable, timed out
+            client.close()
+            raise plugin.ProviderTransient(f"{self._what(host)}: cannot connect: {exc or type(exc).__name__}") from None
+        if host.strict_host_key_checking == "accept-new" and host.known_hosts:
+            with self._known_hosts_lock:  # remember a newly accepted key, as OpenSSH does
+                client.save_host_keys(known)
+        return client
+
+    def _run(self, client: paramiko.SSHClient, host: HostConfig, request: dict[str, Any],
+             timeout: float) -> dict[str, Any]:
+        """Run the remote script with ``request`` on its stdin; its JSON answer."""
+        command = f"exec {remote_path(host.python)} -c {shlex.quote(REMOTE_SOURCE)}"
+        body = json.dumps({**request, "state_dir": host.state_dir, "env": host.environment})
+        try:
+            stdin, stdout, stderr = client.exec_command(command, timeout=timeout)
+            stdin.write(body)
+            stdin.flush()
+            stdin.channel.shutdown_write()
+            out = stdout.read().decode("utf-8", "replace")
+            err = stderr.read().decode("utf-8", "replace")
+            if not stdout.channel.status_event.wait(timeout):
+                raise TimeoutError(f"no exit status within {timeout:g} s")
+            status = stdout.channel.recv_exit_status()
+        except (OSError, EOFError, paramiko.SSHException) as exc:  # socket.timeout is an OSError
+            raise plugin.ProviderTransient(
+                f"{self._what(host)}: the remote step {request['op']!r} did not finish: "
+                f"{exc or type(exc).__name__}") from None
+        if status != 0:
+            tail = " | ".join(err.strip().splitlines()[-3:]) or out.strip()[-300:]
+            if status == 127:
+                tail = f"{host.python!r} not found on the host (python = ...: give the path of a Python with " \
+                       f"GPUlayer installed); {tail}"
+            raise _Remote(status, tail)
+        try:
+            answer = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise _Remote(status, f"no JSON answer: {out[-300:]!r} {err[-300:]!r}") from None
+        if not isinstance(answer, dict):
+            raise _Remote(status, f"unexpected answer {answer!r}")
+        return answer
+
+    def call(self, host: HostConfig, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """Connect, run one remote step, disconnect. Transport trouble is ProviderTransient."""
+        client = self.connect(host)
+        try:
+            return self._run(client, host, request, timeout or self.config.command_timeout)
+        except _Remote as exc:
+            raise plugin.ProviderTransient(
+                f"{self._what(host)}: the remote step {request['op']!r} failed (exit {exc.status}): {exc}") from None
+        finally:
+            client.close()
+
+    # ------------------------------------------------------------------ Provider
+
+    def _each(self, hosts: list[HostConfig], step: Callable[[HostConfig], _T]) -> list[tuple[HostConfig, _T | None, str]]:
+        """``step`` on every host at once (a dead host costs one timeout, not one per host):
+        ``(host, result, "")`` or ``(host, None, transient problem)``, in the pool's order.
+        ``ProviderAuthFailed`` (and any other error) of a host is raised."""
+        def one(host: HostConfig) -> tuple[HostConfig, _T | None, str]:
+            try:
+                return host, step(host), ""
+            except plugin.ProviderTransient as exc:
+                return host, None, str(exc)
+
+        if len(hosts) == 1:
+            return [one(hosts[0])]
+        with ThreadPoolExecutor(max_workers=min(PARALLEL_HOSTS, len(hosts)), thread_name_prefix="gpulayer-ssh") as pool:
+            return list(pool.map(one, hosts))
+
+    def check(self) -> None:
+        """Connect to every host; one that refuses us (key, host key) fails the whole provider:
+        that is a configuration to fix. Hosts that are only unreachable now are logged; all of
+        them unreachable is ProviderTransient."""
+        def connect(host: HostConfig) -> bool:
+            self.connect(host).close()
+            return True
+
+        results = self._each(list(self.hosts.values()), connect)
+        problems = [problem for _, _, problem in results if problem]
+        if problems and len(problems) == len(results):
+            raise plugin.ProviderTransient("; ".join(problems))
+        for problem in problems:
+            log.warning("%s", problem)
+
+    def _capabilities(self, host: HostConfig, probe: dict[str, Any] | None) -> plugin.Capabilities | None:
+        if host.declared:
+            return declared_capabilities(host)
+        if host.label in self._probed:
+            return self._probed[host.label]
+        if probe is None:
+            return None
+        if "error" in probe:
+            log.warning("%s: cannot probe its capabilities: %s", self._what(host), probe["error"])
+            return None
+        caps = plugin.Capabilities.model_validate(probe["capabilities"])
+        self._probed[host.label] = caps
+        return caps
+
+    def offers(self, requirements: plugin.Requirements) -> list[plugin.MachineOffer]:
+        """One offer per host; ``available`` when no GPUlayer worker of this pool runs there.
+        The scheduler matches ``requirements`` against each offer's capabilities itself."""
+        def status(host: HostConfig) -> dict[str, Any]:
+            probe = not host.declared and host.label not in self._probed
+            return self.call(host, {"op": "status", "probe": probe, "probe_timeout": self.config.probe_timeout},
+                             timeout=self.config.command_timeout + (self.config.probe_timeout if probe else 0))
+
+        offers, problems = [], []
+        for host, answer, problem in self._each(list(self.hosts.values()), status):
+            if answer is None:
+                problems.append(problem)
+                if host.declared:  # still worth showing: what it is, not whether it is up
+                    offers.append(self._offer(host, declared_capabilities(host), "unknown"))
+                continue
+            caps = self._capabilities(host, answer.get("probe"))
+            if caps is None:
+                problems.append(f"{self._what(host)}: its capabilities are not known: "
+                                f"{(answer.get('probe') or {}).get('error', 'no probe answer')}")
+                continue
+            taken = [m for m in answer.get("markers", []) if m.get("alive")]
+            offers.append(self._offer(host, caps, "unavailable" if taken else "available"))
+        if problems and not offers:
+            raise plugin.ProviderTransient("; ".join(problems))
+        for problem in problems:
+            log.warning("%s", problem)
+        return offers
+
+    def _offer(self, host: HostConfig, caps: plugin.Capabilities, availability: Availability) -> plugin.MachineOffer:
+        return plugin.MachineOffer(shape=host.label, region=None, capabilities=caps, price_per_hour=None,
+                                   availability=availability, boot_seconds=BOOT_SECONDS, data={"host": host.label})
+
+    def launch(self, request: plugin.LaunchRequest) -> plugin.LaunchedMachine:
+        label = str(request.offer.data.get("host") or request.offer.shape)
+        host = self.hosts.get(label)
+        if host is None:
+            raise plugin.SkipOffer(f"provider {self.name!r} has no host {label!r} (any more)")
+        body = {"op": "launch", "machine_id": request.machine_id, "label": request.label,
+                "argv": request.worker_argv(host.python), "worker_env": request.worker_environment()}
+        client = self.connect(host)
+        try:
+            answer = self._run(client, host, body, self.config.command_timeout)
+        except _Remote as exc:
+            # the host cannot start a worker as configured (no such Python, no GPUlayer there)
+            raise plugin.SkipOffer(f"{self._what(host)}: cannot start a worker (exit {exc.status}): {exc}") from None
+        finally:
+            client.close()
+        if "busy" in answer:
+            raise plugin.NoCapacity(f"{self._what(host)} already runs machine {answer['busy']}")
+        pid = int(answer["pid"])
+        return plugin.LaunchedMachine(provider_id=f"{host.label}:{pid}", address=host.host,
+                                      data={"host": host.label, "pid": pid})
+
+    def list(self, label: str) -> list[plugin.LiveMachine]:
+        found, problems = [], []
+        for host, answer, problem in self._each(list(self.hosts.values()), lambda h: self.call(h, {"op": "status"})):
+            if answer is None:
+                problems.append(problem)
+                continue
+            for marker in answer.get("markers", []):
+                if marker.get("label") == label and marker.get("alive"):
+                    found.append(plugin.LiveMachine(
+                        machine_id=str(marker["machine_id"]), provider_id=f"{host.label}:{marker['pid']}",
+                        state="running", data={"host": host.label, "pid": marker["pid"]}))
+        if problems:
+            # a partial list would make the core take the machines on a host it could not
+            # reach for gone; say so instead
+            raise plugin.ProviderTransient("; ".join(problems))
+        return found
+
+    def terminate(self, machine_id: str, provider_id: str | None) -> None:
+        label = provider_id.rsplit(":", 1)[0] if provider_id else None
+        # without the handle (the launch's answer was lost) every host is asked
+        candidates = [self.hosts[label]] if label in self.hosts else list(self.hosts.values())
+        body = {"op": "terminate", "machine_id": machine_id, "grace": self.config.stop_grace}
+        timeout = self.config.command_timeout + self.config.stop_grace
+        results = self._each(candidates, lambda h: self.call(h, body, timeout=timeout))
+        found = [(host, answer) for host, answer, _ in results if answer is not None and answer.get("found")]
+        for host, answer in found:
+            if answer.get("was_running"):
+                log.info("ssh: stopped machine %s on %s", machine_id, host.label)
+        problems = [problem for _, _, problem in results if problem]
+        if problems and not found:  # it may be on a host that did not answer
+            raise plugin.ProviderTransient("; ".join(problems))
+
+
+def remote_path(path: str) -> str:
+    """``path`` quoted for the host's shell, a leading ``~/`` left for it to expand."""
+    return "~/" + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
+
+
+def declared_capabilities(host: HostConfig) -> plugin.Capabilities:
+    """What a host declared in providers.toml, as the worker-to-be's capabilities."""
+    devices: list[plugin.Device] = []
+    for group in host.devices:
+        for _ in range(group.count):
+            devices.append(plugin.Device(
+                kind=group.kind, index=len([d for d in devices if d.kind == group.kind]),
+                name=group.name or group.kind,
+                memory_bytes=int(group.memory_gb * GIB) if group.memory_gb else None,
+                compute_capability=group.compute_capability))
+    info = plugin.HostInfo(os="linux", arch="unknown", hostname=host.label, cpu_count=host.cpus or 0,
+                           memory_bytes=int((host.memory_gb or 0) * GIB), python_version="unknown",
+                           python_path=host.python, address=host.host)
+    return plugin.Capabilities(host=info, devices=devices, frameworks=dict(host.frameworks))

@@ -1,0 +1,258 @@
+"""The half of the ``ssh`` provider that runs on a pool host.
+
+The adapter never installs anything on a host: it sends this file's source as the program
+of ``PYTHON -c SOURCE`` over SSH (the Python the host's section names, the same one that
+runs the worker) and one JSON request on the channel's stdin; the answer is one JSON line
+on stdout. Secrets (the bootstrap token) travel only in that stdin, never in an argv.
+
+Operations (``op`` in the request):
+
+``status``     every marker under the state directory, each with ``alive``; with
+               ``probe: true`` also the host's capabilities (``gpulayer.cli resources detect``)
+``launch``     start the worker detached, in a session and process group of its own, its
+               output in ``logs/<machine_id>.log``, and write its marker; an existing live
+               marker of the same machine id is the answer again (launch is idempotent); a
+               live marker of another machine means the host is taken
+``terminate``  SIGTERM to the worker's process group (and every descendant that left it),
+               up to ``grace`` seconds, then SIGKILL; remove the machine's folder; a
+               missing marker is success
+
+State directory layout (``state_dir``, default ``~/.gpulayer/ssh-provider``)::
+
+    machines/<machine_id>/marker.json   {machine_id, label, pid, create_time, started_at}
+    machines/<machine_id>/home/         the worker's GPULAYER_HOME (bundles, caches)
+    logs/<machine_id>.log               the worker's output (kept after terminate)
+    lock                                flock'ed while a launch or terminate runs
+
+Standard library only, plus psutil when the host's Python has it (GPUlayer depends on it):
+psutil tells a live worker from a recycled pid (by its start time) and finds descendants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+try:
+    import psutil
+except ImportError:  # pragma: no cover - GPUlayer's own Python always has it
+    psutil = None  # type: ignore[assignment]
+
+
+def _create_time(pid: int) -> float | None:
+    if psutil is None:
+        return None
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def _alive(marker: dict[str, Any]) -> bool:
+    pid = int(marker.get("pid") or 0)
+    if pid <= 0:
+        return False
+    if psutil is not None:
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return False
+            started = marker.get("create_time")
+            # a pid the kernel gave to another process since is not our worker
+            return started is None or abs(proc.create_time() - float(started)) < 1.0
+        except psutil.Error:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _machines(state: str) -> str:
+    return os.path.join(state, "machines")
+
+
+def _read_marker(folder: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(folder, "marker.json")) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _markers(state: str) -> list[dict[str, Any]]:
+    root = _machines(state)
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        marker = _read_marker(os.path.join(root, name))
+        if marker is not None:
+            found.append({**marker, "alive": _alive(marker)})
+    return found
+
+
+@contextlib.contextmanager
+def _locked(state: str) -> Iterator[None]:
+    os.makedirs(state, mode=0o700, exist_ok=True)
+    with open(os.path.join(state, "lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _probe(req: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    home = os.path.join(req["state_dir"], "probe-home")
+    os.makedirs(home, mode=0o700, exist_ok=True)
+    try:
+        out = subprocess.run([sys.executable, "-m", "gpulayer.cli", "resources", "detect", "--json"],
+                             env={"GPULAYER_HOME": home, **env}, stdin=subprocess.DEVNULL, capture_output=True,
+                             text=True, timeout=float(req.get("probe_timeout", 120)))
+    except subprocess.TimeoutExpired:
+        return {"error": f"'{sys.executable} -m gpulayer.cli resources detect --json' did not finish in "
+                         f"{req.get('probe_timeout', 120)} s"}
+    if out.returncode != 0:
+        tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
+        return {"error": f"'{sys.executable} -m gpulayer.cli resources detect --json' exited {out.returncode}: "
+                         + " | ".join(tail)}
+    try:
+        return {"capabilities": json.loads(out.stdout)}
+    except ValueError:
+        return {"error": "'gpulayer.cli resources detect --json' printed no JSON"}
+
+
+def status(req: dict[str, Any]) -> dict[str, Any]:
+    answer: dict[str, Any] = {"markers": _markers(req["state_dir"])}
+    if req.get("probe"):
+        answer["probe"] = _probe(req, {**os.environ, **req.get("env", {})})
+    return answer
+
+
+def launch(req: dict[str, Any]) -> dict[str, Any]:
+    state, machine_id = req["state_dir"], req["machine_id"]
+    with _locked(state):
+        for marker in _markers(state):
+            if not marker["alive"]:
+                continue
+            if marker.get("machine_id") == machine_id:
+                return {"pid": marker["pid"], "existing": True}
+            return {"busy": marker.get("machine_id")}
+        folder = os.path.join(_machines(state), machine_id)
+        home = os.path.join(folder, "home")
+        os.makedirs(home, mode=0o700, exist_ok=True)
+        logs = os.path.join(state, "logs")
+        os.makedirs(logs, mode=0o700, exist_ok=True)
+        env = {**os.environ, "GPULAYER_HOME": home, **req.get("env", {}), **req["worker_env"]}
+        fd = os.open(os.path.join(logs, f"{machine_id}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            # its own session: no SIGHUP when the SSH channel closes, and one process group
+            # for terminate to signal; no descriptor of the channel is inherited, so the
+            # channel closes as soon as this script exits
+            argv = [os.path.expanduser(req["argv"][0]), *req["argv"][1:]]
+            proc = subprocess.Popen(argv, env=env, cwd=folder, stdin=subprocess.DEVNULL, stdout=fd,
+                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                                    umask=_LOGIN_UMASK)
+        finally:
+            os.close(fd)
+        marker = {"machine_id": machine_id, "label": req["label"], "pid": proc.pid,
+                  "create_time": _create_time(proc.pid), "started_at": time.time()}
+        tmp = os.path.join(folder, "marker.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(marker, f)
+        os.replace(tmp, os.path.join(folder, "marker.json"))
+        return {"pid": proc.pid, "existing": False}
+
+
+def _tree(pid: int) -> list[Any]:
+    if psutil is None:
+        return []
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _signal_all(pgid: int, procs: list[Any], sig: int) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(pgid, sig)
+    for proc in procs:  # descendants that left the group (a task's own session)
+        with contextlib.suppress(Exception):
+            proc.send_signal(sig)
+
+
+def _gone(pgid: int, procs: list[Any]) -> bool:
+    if psutil is not None:
+        # only the worker's descendants can be in its group; a zombie is as good as gone
+        # (a host whose init does not reap would otherwise keep the group "alive")
+        def ended(proc: Any) -> bool:
+            try:
+                return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+            except psutil.Error:
+                return True
+
+        return all(ended(p) for p in procs)
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def terminate(req: dict[str, Any]) -> dict[str, Any]:
+    state, machine_id = req["state_dir"], req["machine_id"]
+    folder = os.path.join(_machines(state), machine_id)
+    with _locked(state):
+        marker = _read_marker(folder)
+        if marker is None:
+            shutil.rmtree(folder, ignore_errors=True)
+            return {"found": False, "was_running": False}
+        running = _alive(marker)
+        if running:
+            pid = int(marker["pid"])
+            procs = _tree(pid)
+            _signal_all(pid, procs, signal.SIGTERM)
+            deadline = time.monotonic() + float(req.get("grace", 20))
+            while not _gone(pid, procs) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not _gone(pid, procs):
+                _signal_all(pid, _tree(pid) or procs, signal.SIGKILL)
+        shutil.rmtree(folder, ignore_errors=True)
+        return {"found": True, "was_running": running}
+
+
+#: the umask the worker gets: the login's own (this script's files are private, 0600/0700)
+_LOGIN_UMASK = 0o022
+
+
+def main() -> None:
+    global _LOGIN_UMASK
+    _LOGIN_UMASK = os.umask(0o077)
+    req = json.loads(sys.stdin.read())
+    req["state_dir"] = os.path.expanduser(req["state_dir"])
+    ops = {"status": status, "launch": launch, "terminate": terminate}
+    answer = ops[req["op"]](req)
+    sys.stdout.write(json.dumps(answer) + "\n")
+
+
+if __name__ == "__main__":
+    main()
