@@ -164,7 +164,7 @@ def label() -> str:
 
 
 def launch_request(provider: Any, label: str, machine_id: str, *, shape: str = "t3.large",
-                   url: str = "http://127.0.0.1:9", token: str = "glb_not-a-real-token") -> plugin.LaunchRequest:
+                   url: str = "http://127.0.0.1:9", token: str = "glt_not-a-real-token") -> plugin.LaunchRequest:
     [offer] = [o for o in provider.offers(plugin.Requirements()) if o.shape == shape][:1]
     return plugin.LaunchRequest(machine_id=machine_id, label=label, offer=offer, control_url=url,
                                 bootstrap_token=token, join_deadline=time.time() + 600)

@@ -18,7 +18,7 @@ def instances(ec2, label, region="us-east-1"):
 
 def test_launch_tags_the_machine_and_passes_the_token_in_user_data(make_provider, ec2, label):
     p = make_provider()
-    req = launch_request(p, label, "m-tags1", shape="g5.xlarge", token="glb_secret-123")
+    req = launch_request(p, label, "m-tags1", shape="g5.xlarge", token="glt_secret-123")
     launched = p.launch(req)
     [inst] = instances(ec2, label)
     assert launched.provider_id == f"us-east-1/{inst['InstanceId']}" and inst["InstanceType"] == "g5.xlarge"
@@ -27,11 +27,11 @@ def test_launch_tags_the_machine_and_passes_the_token_in_user_data(make_provider
     attr = ec2().describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")
     script = base64.b64decode(attr["UserData"]["Value"]).decode()
     lines = script.splitlines()
-    assert lines[0] == "#!/bin/sh" and "export GPULAYER_TOKEN=glb_secret-123" in lines
+    assert lines[0] == "#!/bin/sh" and "export GPULAYER_TOKEN=glt_secret-123" in lines
     assert "export GPULAYER_MACHINE_ID=m-tags1" in lines and "export GPULAYER_URL=http://127.0.0.1:9" in lines
     # the worker's own command line carries no secret
     assert lines[-1] == "exec " + shlex.join(req.worker_argv(python=p.config.python))
-    assert "glb_secret" not in lines[-1]
+    assert "glt_secret" not in lines[-1]
 
 
 def test_the_same_machine_id_twice_is_one_instance(make_provider, ec2, label):
