@@ -99,3 +99,8 @@ def test_no_credentials_is_an_auth_failure(make_provider, monkeypatch):
         monkeypatch.delenv(name)
     with pytest.raises(plugin.ProviderAuthFailed, match="no usable AWS credentials"):
         make_provider().check()
+
+
+def test_an_unknown_profile_is_an_auth_failure(make_provider):
+    with pytest.raises(plugin.ProviderAuthFailed, match="The config profile \\(nope\\) could not be found; the 'profile' key"):
+        make_provider(profile="nope").check()

@@ -8,7 +8,7 @@ to the next offer (and block this scope for a while), ``SkipOffer`` drops the of
 
 from __future__ import annotations
 
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError, ProfileNotFound
 
 from gpulayer import plugin
 
@@ -40,6 +40,8 @@ def mapped(exc: Exception, where: str) -> plugin.ProviderError:
         return plugin.ProviderAuthFailed(f"{where}: no usable AWS credentials ({exc}); set them the way boto3 "
                                          "reads them (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, ~/.aws, "
                                          "an instance role) or name a profile with 'profile'")
+    if isinstance(exc, ProfileNotFound):
+        return plugin.ProviderAuthFailed(f"{where}: {exc}; the 'profile' key names a profile of ~/.aws/config")
     if isinstance(exc, BotoCoreError):  # could not connect, timed out, ...
         return plugin.ProviderTransient(f"{where}: {exc}")
     if not isinstance(exc, ClientError):

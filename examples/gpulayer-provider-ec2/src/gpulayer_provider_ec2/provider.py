@@ -25,14 +25,16 @@ MACHINE_TAG = "gpulayer:machine-id"
 #: states of a machine that still exists (stopped instances keep their disks, and cost)
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
 _STATE: dict[str, Any] = {"pending": "pending", "running": "running", "stopping": "stopping"}
-# calls are bounded: GPUlayer calls from its own threads with its own timeouts, and a hung
-# connection must not outlive them
 #: DescribeInstances' answer, flattened (``list`` is a method name in the class below)
 Instances = list[dict[str, Any]]
+# calls are bounded: GPUlayer calls from its own threads with its own timeouts, and a hung
+# connection must not outlive them
 _BOTO = Config(connect_timeout=5, read_timeout=30, retries={"mode": "standard", "max_attempts": 3})
 
 
 class Ec2Provider:
+    """The provider of one providers.toml section: a boto3 client per configured region."""
+
     def __init__(self, name: str, config: Ec2Config) -> None:
         self.name = name
         self.config = config
