@@ -29,9 +29,18 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gpulayer.hookrecords import Capabilities, Rendezvous
-from gpulayer.records import Explanation, JobError, JobRecord, JobState, TaskState, WorkerRecord
-from gpulayer.specs import JobSpec
+from gpulayer.hookrecords import Capabilities, MachineOffer, Rendezvous
+from gpulayer.records import (
+    Explanation,
+    JobError,
+    JobRecord,
+    JobState,
+    MachineRecord,
+    ProviderInfo,
+    TaskState,
+    WorkerRecord,
+)
+from gpulayer.specs import JobSpec, Requirements
 
 __all__ = [
     "MAX_LONG_POLL",
@@ -183,11 +192,21 @@ class PollQuery(Wire):
                         description=f"seconds to wait for work, at most {MAX_LONG_POLL:g}")
 
 
-class JoinBody(Wire):
+class RegisterBody(Wire):
     capabilities: Capabilities
     name: str | None = Field(default=None, max_length=200)
     cpu_slots: int = Field(default=1, ge=0, le=100_000)
     pid: int | None = Field(default=None, ge=0, le=2**31)
+
+
+class JoinBody(RegisterBody):
+    #: the machine a provider booted this worker on (``GPULAYER_MACHINE_ID``); with a
+    #: bootstrap token it must be the token's machine
+    machine_id: str | None = Field(default=None, max_length=200)
+
+
+class OffersBody(Wire):
+    requirements: Requirements = Field(default_factory=Requirements)
 
 
 class HeartbeatBody(Wire):
@@ -278,8 +297,9 @@ class WorkerAPI(Protocol):
     """What a worker agent does with a control plane."""
 
     def join_worker(self, capabilities: Capabilities, *, join_token: str, name: str | None = None,
-                    cpu_slots: int = 1, pid: int | None = None) -> JoinReply:
-        """Spend a join (or bootstrap) token: register a new worker, get its credential."""
+                    cpu_slots: int = 1, pid: int | None = None, machine_id: str | None = None) -> JoinReply:
+        """Spend a join (or bootstrap) token: register a new worker, get its credential. A
+        bootstrap token binds the worker to the machine it was made for (``machine_id``)."""
         ...
 
     def register_worker(self, capabilities: Capabilities, *, worker_id: str | None = None,
@@ -332,6 +352,22 @@ class AdminAPI(Protocol):
     def prune_workers(self, *, older_than: float = 0.0) -> list[str]:
         """Forget offline workers silent for at least ``older_than`` seconds (any origin);
         their credentials are revoked. Returns their ids."""
+        ...
+
+    def list_providers(self) -> list[ProviderInfo]:
+        """The providers of providers.toml (and installed adapters no section configures)."""
+        ...
+
+    def offers(self, requirements: Requirements) -> list[MachineOffer]:
+        """Every provider offer that fits, cheapest first (from the offers cache)."""
+        ...
+
+    def list_machines(self) -> list[MachineRecord]:
+        """Every machine providers brought up for this control plane, oldest first."""
+        ...
+
+    def terminate_machine(self, machine_id: str) -> MachineRecord:
+        """Drain the machine's worker and terminate the machine (idempotent)."""
         ...
 
 
@@ -446,7 +482,7 @@ ROUTES: tuple[Route, ...] = (
           response=JoinReply, status=201, body=JoinBody, context={"join_token": "bearer"}, safe=False),
     Route("register_worker", "POST", "/v1/workers/{worker_id}/register", WORKERS,
           "Register again (after a restart, or when the control plane forgot the worker)",
-          response=WorkerRecord, body=JoinBody, own_worker=True, context={"origin": "remote_origin"}),
+          response=WorkerRecord, body=RegisterBody, own_worker=True, context={"origin": "remote_origin"}),
     Route("heartbeat", "POST", "/v1/workers/{worker_id}/heartbeat", WORKERS,
           "Heartbeat with the tasks the worker runs; answers the tasks to end",
           response=HeartbeatReply, body=HeartbeatBody, own_worker=True),
@@ -476,6 +512,17 @@ ROUTES: tuple[Route, ...] = (
           response=list[str], query=PruneQuery, safe=False),
     Route("revoke_token", "DELETE", "/v1/tokens/{token_id}", ("admin",), "Revoke a token",
           response=TokenInfo, errors=(404,)),
+    # ---------------------------------------------------------------- providers and machines (the cloud target)
+    Route("list_providers", "GET", "/v1/providers", ("admin",),
+          "Providers: configured?, credentials ok?, disabled reason, machines running, caps",
+          response=list[ProviderInfo]),
+    Route("offers", "POST", "/v1/offers", ("admin",), "Every provider offer that fits the requirements, cheapest first",
+          response=list[MachineOffer], body=OffersBody),
+    Route("list_machines", "GET", "/v1/machines", ("admin",), "Machines brought up by providers, oldest first",
+          response=list[MachineRecord]),
+    Route("terminate_machine", "POST", "/v1/machines/{machine_id}/terminate", ("admin",),
+          "Drain a machine's worker and terminate the machine (idempotent)", response=MachineRecord,
+          errors=(404,)),
 )
 
 _BY_OP = {r.op: r for r in ROUTES}

@@ -150,6 +150,12 @@ SETTINGS: tuple[Setting, ...] = (
             "ports the control plane draws a distributed job's rendezvous port from"),
     Setting("GPULAYER_SERVER_THREADS", "server_threads", _count(1), 200, "`200`",
             "threads of `gpulayer server start` for database calls"),
+    Setting("GPULAYER_PROVIDERS", "providers", _text, None, "`$GPULAYER_HOME/providers.toml` if it exists",
+            "the providers file of `gpulayer server start` (what `--providers FILE` sets): docs/providers.md"),
+    Setting("GPULAYER_PUBLIC_URL", "public_url", _text, None, "the URL the server listens on",
+            "the URL machines booted by providers reach `gpulayer server start` at"),
+    Setting("GPULAYER_MACHINE_ID", "machine_id", _text, None, "unset",
+            "set by a provider on a machine it boots: `gpulayer worker start` joins as that machine"),
     Setting("GPULAYER_LOG_LEVEL", "log_level", _level, "INFO", "`INFO`",
             "log level of `gpulayer worker start` and `gpulayer server start`"),
 )
@@ -177,6 +183,9 @@ class Settings:
     advertise_address: str | None
     rendezvous_ports: tuple[int, int]
     server_threads: int
+    providers: str | None
+    public_url: str | None
+    machine_id: str | None
     log_level: str
 
 

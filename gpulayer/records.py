@@ -199,6 +199,67 @@ class JobRecord(Record):
 
 
 
+# --------------------------------------------------------------------------- machines
+#
+# The cloud target: machines providers bring up (:mod:`gpulayer.provisioning`).
+
+#: a machine's states, in the order it goes through them (``failed`` ends a machine that
+#: never worked: its launch failed, or it did not join by its deadline)
+MachineState = Literal["requested", "launching", "booting", "idle", "busy", "terminating", "terminated",
+                       "failed"]
+MACHINE_ENDED = ("terminated", "failed")
+
+
+class MachineRecord(Record):
+    """One machine of a provider, as ``gpulayer machines list`` shows it."""
+
+    id: str
+    provider: str
+    shape: str
+    region: str | None = None
+    state: MachineState
+    #: why it is in this state (failed, terminating, terminated)
+    reason: str = ""
+    job_id: str | None = None
+    worker_id: str | None = None
+    provider_id: str | None = None
+    price_per_hour: float | None = None
+    created_at: float
+    launched_at: float | None = None
+    joined_at: float | None = None
+    join_deadline: float
+    idle_since: float | None = None
+    ended_at: float | None = None
+    #: what it cost from launch to now (or to its end); None for capacity you own
+    cost: float | None = None
+
+    @property
+    def scope(self) -> str:
+        return "/".join(p for p in (self.provider, self.region, self.shape) if p)
+
+
+class ProviderInfo(Record):
+    """One provider instance (a section of providers.toml), as ``gpulayer providers list`` shows it."""
+
+    name: str
+    type: str
+    #: the plugin (distribution) the adapter comes from
+    plugin: str = ""
+    configured: bool = True
+    #: None: not checked yet
+    credentials_ok: bool | None = None
+    #: why the provider is disabled (its credentials failed); None when it is in use
+    disabled: str | None = None
+    machines_running: int = 0
+    max_machines: int
+    max_price_per_hour: float | None = None
+    idle_timeout: float
+    join_timeout: float
+    #: the last error of a call to it, if the last call failed
+    last_error: str | None = None
+
+
+
 
 # --------------------------------------------------------------------------- explanations
 #

@@ -158,3 +158,27 @@ def until(predicate: Any, timeout: float = 30.0, what: str = "condition") -> Any
                 raise AssertionError(f"timed out waiting for {what}")
             return value
         time.sleep(0.1)
+
+
+def provider_server(home: Path, providers_toml: str, *, env: dict[str, str] | None = None,
+                    args: tuple[str, ...] = (), plugins: str = "gpulayer.testprovider") -> ServerProc:
+    """A ``gpulayer server start --providers FILE`` (not started yet) whose providers file
+    holds ``providers_toml``; ``plugins`` (``GPULAYER_PLUGINS``) loads the test provider
+    (``type = "local-process"``, :mod:`gpulayer.testprovider`). Heartbeats time out after
+    3 s so that a machine whose worker died is noticed quickly."""
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "providers.toml"
+    path.write_text(providers_toml)
+    extra = {"GPULAYER_HEARTBEAT_TIMEOUT": "3", **({"GPULAYER_PLUGINS": plugins} if plugins else {}), **(env or {})}
+    return ServerProc(home, env=extra, args=("--providers", str(path), *args))
+
+
+def wait_job(api: Api, job_id: str, timeout: float = 120.0) -> dict[str, Any]:
+    """The job once it is terminal (long polls of the server, bounded by ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job: dict[str, Any] = api("GET", f"/v1/jobs/{job_id}/wait", params={"timeout": 5}).json()
+        if job["state"] in ("succeeded", "failed", "cancelled", "timed_out", "unschedulable"):
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} still {job['state']} after {timeout:g} s")

@@ -45,7 +45,7 @@ def _add_groups() -> None:
     from gpulayer.cli import resources
 
     resources.register(app)
-    for modname in ("bundle", "jobs", "explain", "worker", "server", "token", "dashboard"):
+    for modname in ("bundle", "jobs", "explain", "worker", "server", "token", "dashboard", "machines"):
         try:
             mod = __import__(f"gpulayer.cli.{modname}", fromlist=["register"])
         except ModuleNotFoundError as exc:

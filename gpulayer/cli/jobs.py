@@ -339,6 +339,12 @@ def jobs_show(job_id: str = typer.Argument(...), as_json: bool = typer.Option(Fa
                    f"{t.state.value}" + (f" exit={t.exit_code}" if t.exit_code is not None else ""))
     if job.decision:
         typer.echo("placement " + job.decision.render().replace("\n", "\n          "))
+    if "cloud" in job.spec.placement.targets:
+        from gpulayer.provisioning import history
+
+        line = history((e.kind, e.message) for e in _client().api.events(job_id))
+        if line:
+            typer.echo(f"cloud     {line}")
 
 
 @jobs_app.command("logs")

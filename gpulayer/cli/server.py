@@ -91,6 +91,8 @@ def server_start(
     self_signed_flag: bool = typer.Option(False, "--self-signed", help="make a certificate in $GPULAYER_HOME/tls/"),
     insecure_http: bool = typer.Option(False, "--insecure-http", help="allow plain HTTP on a non-loopback address"),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level"),
+    providers: Optional[Path] = typer.Option(None, "--providers", envvar="GPULAYER_PROVIDERS",
+                                             help="providers file (default: $GPULAYER_HOME/providers.toml if it exists)"),
 ) -> None:
     """Serve the control plane over HTTP(S). Every API route needs a token."""
     import uvicorn
@@ -125,8 +127,14 @@ def server_start(
             if p is None or not p.is_file():
                 raise typer.BadParameter(f"{p}: no such file", param_hint="--tls-cert/--tls-key")
         fingerprint = fingerprint_of_pem(tls_cert.read_text())
+    from gpulayer import provider_config
+    from gpulayer.control.providers import ProviderSet
+
+    configured = provider_config.load(providers)  # a bad file stops the start here (exit 2)
     store = Store(database)
     control = ControlPlane(store)
+    if configured:
+        control.providers = ProviderSet(configured, ca=fingerprint)
     tokens = TokenStore(store)
     token_file = home / "admin.token"
     if not tokens.has_admin():
@@ -156,6 +164,10 @@ def server_start(
                 bound = sock.getsockname()[1]
                 break
         url = f"{scheme}://{shown_host}:{bound}"
+        if control.providers is not None:
+            control.providers.control_url = config.settings().public_url or url
+            typer.echo(f"providers: {', '.join(control.providers.configured)} (machines join {control.providers.control_url})",
+                       err=True)
         _write_private(home / "server.json", json.dumps(
             {"url": url, "ca": ca_path, "fingerprint": fingerprint, "pid": os.getpid(),
              "database": store.url.split("@")[-1] if "@" in store.url else store.url}, indent=2) + "\n")

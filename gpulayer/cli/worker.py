@@ -59,7 +59,10 @@ def worker_start(
         # each call keeps retrying through a short outage (every 2 s at most), so the worker
         # is back within moments of its server; the agent's own loops retry beyond that
         api = connect_http(url, ca=env.ca, retry_for=30.0)
-        reply = api.join_worker(caps, join_token=join, name=name, cpu_slots=_slots(cpu_slots, caps), pid=os.getpid())
+        # a machine a provider booted joins as that machine (GPULAYER_MACHINE_ID)
+        name = name or env.machine_id
+        reply = api.join_worker(caps, join_token=join, name=name, cpu_slots=_slots(cpu_slots, caps), pid=os.getpid(),
+                                machine_id=env.machine_id)
         api.token = reply.token
         registered = reply.worker
     else:

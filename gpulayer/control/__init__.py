@@ -11,7 +11,8 @@ share one database: every state change is a serialised transaction (see
 Every task ends in exactly one terminal state; a task whose worker goes silent becomes
 ``lost`` (its process may still run: execution is at-least-once).
 
-The operations live by audience: :mod:`.jobs` (clients), :mod:`.workers` (workers) and
+The operations live by audience: :mod:`.jobs` (clients), :mod:`.workers` (workers),
+:mod:`.machines` (the cloud target: providers, offers, machines, the provisioning pass) and
 here (admin, explanations), over the shared state and steps of :mod:`.core`.
 
 Who wants to hear about changes (the server's long polls, its metrics) registers a
@@ -28,16 +29,18 @@ from gpulayer.api import NewToken, TaskAssignment, TokenInfo
 from gpulayer.control import explaining
 from gpulayer.control.core import ControlObserver
 from gpulayer.control.jobs import JobOps
-from gpulayer.control.workers import IN_PROCESS_NAME, ORIGINS, WorkerOps
+from gpulayer.control.machines import MachineOps
+from gpulayer.control.workers import IN_PROCESS_NAME, ORIGINS
 from gpulayer.records import Explanation, WorkerRecord
 from gpulayer.specs import JobSpec
 from gpulayer.store import queries
 
 
 @dataclass
-class ControlPlane(JobOps, WorkerOps):
+class ControlPlane(JobOps, MachineOps):
     """Every operation of :mod:`gpulayer.api`: jobs (:mod:`.jobs`), workers
-    (:mod:`.workers`) and, here, the admin's."""
+    (:mod:`.workers`), machines and providers (:mod:`.machines`: the cloud target) and,
+    here, the admin's."""
 
     # ------------------------------------------------------------------ explanations
     # (they read jobs, workers and providers alike: see :mod:`.explaining`)

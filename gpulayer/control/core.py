@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from sqlmodel import Session
@@ -22,6 +22,9 @@ from gpulayer.control import placement
 from gpulayer.errors import Conflict
 from gpulayer.records import JobError, JobState, TaskState
 from gpulayer.store import EventRow, JobRow, Store, TaskRow, mapping, queries
+
+if TYPE_CHECKING:
+    from gpulayer.control.providers import ProviderSet
 
 
 class ControlObserver:
@@ -56,6 +59,12 @@ class Core:
     _tokens: tokens.TokenStore | None = None
     #: until when silence counts for nothing (a server's start: see begin_grace)
     _grace_until: float = 0.0
+    #: the providers of providers.toml (the cloud target); None: none configured
+    providers: ProviderSet | None = None
+    #: served by ``gpulayer server start`` (machines can reach it); False: embedded
+    serving: bool = False
+    #: the label of this control plane's machines (read from the database once)
+    _label: str | None = None
 
     def observe(self, observer: ControlObserver) -> None:
         self._observers.append(observer)
@@ -76,7 +85,8 @@ class Core:
         started = time.perf_counter()
         now = self.clock()
         with self.store.write() as s:
-            result = placement.run(s, now, reserve_after=self.reserve_after, event=self._event)
+            result = placement.run(s, now, reserve_after=self.reserve_after, event=self._event,
+                                   offers=self.providers.cached_offers() if self.providers else ())
         if result is None:  # nothing queued
             return
         seconds = time.perf_counter() - started

@@ -7,8 +7,8 @@ place in the queue, and the provider offers that would fit. Nothing is written.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from gpulayer import scheduling
 from gpulayer.control import placement
@@ -83,13 +83,11 @@ def explain(plane: ControlPlane, spec: JobSpec | None, *, job_id: str | None = N
 
 
 def provider_offers(plane: ControlPlane, spec: JobSpec) -> list[MachineOffer] | None:
-    """The provider offers for the job's requirements; None when this control plane has no
-    providers to ask. The one place that looks: ``ControlPlane.offers(requirements)`` comes
-    with the provisioning work (another branch); until it is merged there is nothing to ask."""
-    ask: Callable[[Any], Sequence[MachineOffer]] | None = getattr(plane, "offers", None)
-    if ask is None:
+    """The provider offers for the job's requirements (from the offers cache); None when
+    this control plane has no providers to ask."""
+    if plane.providers is None:
         return None
-    return list(ask(spec.requirements))
+    return list(plane.offers(spec.requirements))
 
 
 def _fit(o: MachineOffer) -> OfferFit:

@@ -22,6 +22,13 @@ from gpulayer.records import JobError, JobRecord, JobState, TaskState, new_id
 from gpulayer.specs import JobSpec
 from gpulayer.store import BundleRow, JobRow, mapping, queries
 
+#: why an embedded control plane refuses a job that can only run on the cloud target
+CLOUD_NEEDS_SERVER = (
+    "target cloud: machines that providers bring up join a control plane they can reach over the "
+    "network, and this one is embedded (it lives in this process). Start one with 'gpulayer server "
+    "start' (providers in $GPULAYER_HOME/providers.toml or --providers FILE) and submit to it with "
+    "GPULAYER_URL=URL and GPULAYER_TOKEN=TOKEN; see docs/providers.md")
+
 
 class JobOps(Core):
     def submit(self, spec: JobSpec, *, idempotency_key: str | None = None,
@@ -34,6 +41,8 @@ class JobOps(Core):
                 "spec.bundle: the control plane takes bundles by address; upload the "
                 "directory first and pass bundle_digest (the SDK and CLI do this)"
             )
+        if not self.serving and spec.placement.targets == ["cloud"]:
+            raise InvalidInput(CLOUD_NEEDS_SERVER)
         key = f"{owner}:{idempotency_key}" if owner and idempotency_key else idempotency_key
         if spec.kind == "function":
             _check_arguments(spec.function, spec.args, spec.kwargs)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from sqlmodel import Session
 
 from gpulayer import config, scheduling
-from gpulayer.hookrecords import Rendezvous
+from gpulayer.hookrecords import MachineOffer, Rendezvous
 from gpulayer.records import JobError, JobState, PlacementDecision, TaskState, closest_line, new_id
 from gpulayer.scheduling import nearest
 from gpulayer.scheduling.shapes import Shape, shape_of
@@ -36,8 +36,10 @@ EventSink = Callable[..., None]
 RENDEZVOUS_PORTS = (20000, 32767)
 
 
-def run(s: Session, now: float, *, reserve_after: float, event: EventSink) -> scheduling.PlacementResult | None:
-    """One pass over the whole queue; None when nothing is queued."""
+def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
+        offers: Sequence[MachineOffer] = ()) -> scheduling.PlacementResult | None:
+    """One pass over the whole queue; None when nothing is queued. ``offers``: the providers'
+    cached offers (a cloud job that fits one waits for its machine)."""
     rows = queries.queued_jobs(s)
     if not rows:
         return None
@@ -45,7 +47,7 @@ def run(s: Session, now: float, *, reserve_after: float, event: EventSink) -> sc
     queue = [scheduling.QueuedJob(id=r.id, spec=specs[r.id], seq=i, queued_at=r.updated_at or r.created_at)
              for i, r in enumerate(rows)]
     workers = fleet(s)
-    result = scheduling.place(queue, workers, now, reserve_after=reserve_after)
+    result = scheduling.place(queue, workers, now, reserve_after=reserve_after, offers=offers)
     by_id = {r.id: r for r in rows}
     addresses = {w.record.id: w.record.capabilities.host.address for w in workers}
     for a in result.assignments:

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlmodel import Session
 
-from gpulayer import lifecycle, tokens
+from gpulayer import lifecycle, provisioning, tokens
 from gpulayer.api import (
     HeartbeatReply,
     JoinReply,
@@ -74,9 +74,12 @@ class WorkerOps(Core):
         return row.id
 
     def join_worker(self, capabilities: Capabilities, *, join_token: str, name: str | None = None,
-                    cpu_slots: int = 1, pid: int | None = None) -> JoinReply:
+                    cpu_slots: int = 1, pid: int | None = None, machine_id: str | None = None) -> JoinReply:
         """Spend a join or bootstrap token, register a new worker and issue its credential,
-        all in one transaction: a failure part-way burns nothing."""
+        all in one transaction: a failure part-way burns nothing.
+
+        A bootstrap token makes the worker's origin ``provider`` and binds it to the machine
+        the token was made for (``machine_id``, when the worker gives it, must be that one)."""
         if cpu_slots < 0:
             raise InvalidInput(f"cpu_slots {cpu_slots}: expected 0 or more")
         now = self.clock()
@@ -89,10 +92,28 @@ class WorkerOps(Core):
             cred, secret = tokens.new_token(s, "worker", now=now, worker_id=wid,
                                             description=f"credential of {wid} (joined with {joined.id})")
             origin = "provider" if joined.scope == "bootstrap" else "existing"
-            self._register(s, capabilities, worker_id=wid, name=name, cpu_slots=cpu_slots, pid=pid,
+            bound = self._bind_machine(s, joined.id, wid, machine_id) if joined.scope == "bootstrap" else None
+            self._register(s, capabilities, worker_id=wid, name=name or bound, cpu_slots=cpu_slots, pid=pid,
                            origin=origin, token_id=cred.id)
         self.schedule()
         return JoinReply(worker_id=wid, token=secret, token_id=cred.id, worker=self.get_worker(wid))
+
+    def _bind_machine(self, s: Session, token_id: str, worker_id: str, machine_id: str | None) -> str | None:
+        """A worker joining with a bootstrap token: bind it to the token's machine (in the
+        join's transaction). Returns the machine id; refuses a join for another machine."""
+        row = queries.machine_by_token(s, token_id)
+        if row is None:
+            return None
+        if machine_id and machine_id != row.id:
+            raise InvalidInput(f"machine_id {machine_id!r}: this bootstrap token was made for machine {row.id}")
+        if row.state not in provisioning.PENDING_STATES:
+            raise InvalidInput(f"machine {row.id} is {row.state}: it can no longer join")
+        now = self.clock()
+        row.state, row.worker_id, row.joined_at, row.idle_since, row.updated_at = "idle", worker_id, now, now, now
+        s.add(row)
+        if row.job_id:
+            self._event(s, "cloud_joined", job_id=row.job_id, worker_id=worker_id, message=f"joined as {worker_id}")
+        return row.id
 
     def get_worker(self, worker_id: str) -> WorkerRecord:
         with self.store.read() as s:

@@ -92,6 +92,8 @@ class Server(ControlObserver):
         #: how often it looks for silent workers: a cheap query, so a lost task is retried
         #: within about a second of its worker's timeout
         self.expiry_tick = min(1.0, self.tick)
+        #: how often the provisioning pass runs (the cloud target; only with providers)
+        self.provision_tick = 1.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
         # long polls of workers wait on their own event, set only when they got a task:
@@ -212,6 +214,16 @@ class Server(ControlObserver):
                     await run_in_threadpool(self.control.schedule)
             except Exception:  # the database may be away for a moment; try again next tick
                 log.exception("background pass failed")
+
+    async def provisioning(self) -> None:
+        """The provisioning pass (:meth:`ControlPlane.provision`) every ``provision_tick``
+        seconds, on a thread: provider calls never run on the event loop or in a request."""
+        while True:
+            try:
+                await run_in_threadpool(self.control.provision)
+            except Exception:  # a provider or the database misbehaved; try again next tick
+                log.exception("provisioning pass failed")
+            await asyncio.sleep(self.provision_tick)
 
 
 # ---------------------------------------------------------------------------------- parsing
@@ -492,6 +504,7 @@ def create_app(control: ControlPlane | None = None, *, database_url: str | None 
 
     if control is None:
         control = ControlPlane(Store(database_url))
+    control.serving = True  # machines and remote workers can reach it
     server = Server(control)
 
     @contextlib.asynccontextmanager
@@ -500,14 +513,22 @@ def create_app(control: ControlPlane | None = None, *, database_url: str | None 
         server._loop = asyncio.get_running_loop()
         server._changed = asyncio.Event()
         control.begin_grace()
-        task = asyncio.create_task(server.background()) if background else None
+        tasks = [asyncio.create_task(server.background())] if background else []
+        if background and control.providers is not None:
+            # offers known before the first request, so a cloud job submitted at once waits
+            # for its machine instead of being found unschedulable
+            await run_in_threadpool(control.providers.check)
+            await run_in_threadpool(control.providers.refresh_offers)
+            tasks.append(asyncio.create_task(server.provisioning()))
         try:
             yield
         finally:
-            if task is not None:
+            for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if control.providers is not None:
+                control.providers.close()
             server._loop = None
             control.unobserve(server)
             control.store.dispose()

@@ -34,6 +34,8 @@ from gpulayer.store.tables import (
     EventRow,
     JobRow,
     LogRow,
+    MachineRow,
+    MetaRow,
     SchemaRow,
     TaskRow,
     TokenRow,
@@ -45,6 +47,8 @@ __all__ = [
     "EventRow",
     "JobRow",
     "LogRow",
+    "MachineRow",
+    "MetaRow",
     "Store",
     "TaskRow",
     "TokenRow",
@@ -128,7 +132,7 @@ class Store:
                 found = migrations.current_version(conn)
                 if found is None:
                     tables: list[Any] = [SchemaRow, WorkerRow, JobRow, TaskRow, BundleRow, LogRow,
-                                         EventRow, TokenRow]
+                                         EventRow, TokenRow, MachineRow, MetaRow]
                     SQLModel.metadata.create_all(conn, tables=[t.__table__ for t in tables])
                     conn.execute(text("INSERT INTO gl_schema (id, version) VALUES (1, :v)"),
                                  {"v": migrations.SCHEMA_VERSION})

@@ -16,9 +16,18 @@ from pydantic import TypeAdapter, ValidationError
 
 from gpulayer.api import JobEvent, LogChunk, TokenInfo
 from gpulayer.hookrecords import Capabilities, Rendezvous
-from gpulayer.records import JobError, JobRecord, JobState, PlacementDecision, TaskRecord, TaskState, WorkerRecord
+from gpulayer.records import (
+    JobError,
+    JobRecord,
+    JobState,
+    MachineRecord,
+    PlacementDecision,
+    TaskRecord,
+    TaskState,
+    WorkerRecord,
+)
 from gpulayer.specs import JobSpec
-from gpulayer.store.tables import EventRow, JobRow, LogRow, TaskRow, TokenRow, WorkerRow
+from gpulayer.store.tables import EventRow, JobRow, LogRow, MachineRow, TaskRow, TokenRow, WorkerRow
 
 SPEC: TypeAdapter[Any] = TypeAdapter(JobSpec)
 
@@ -129,3 +138,17 @@ def token_info(row: TokenRow) -> TokenInfo:
     return TokenInfo(id=row.id, scope=row.scope, created_at=row.created_at, expires_at=row.expires_at,
                      uses_left=row.uses_left, revoked=row.revoked, worker_id=row.worker_id,
                      description=row.description)
+
+
+def machine_record(row: MachineRow, now: float) -> MachineRecord:
+    """A machine, with what it cost from launch to its end (or ``now``)."""
+    cost = None
+    if row.price_per_hour is not None and row.launched_at is not None:
+        cost = row.price_per_hour * max(0.0, (row.ended_at or now) - row.launched_at) / 3600
+    return MachineRecord(
+        id=row.id, provider=row.provider, shape=row.shape, region=row.region, state=row.state,
+        reason=row.reason, job_id=row.job_id, worker_id=row.worker_id, provider_id=row.provider_id,
+        price_per_hour=row.price_per_hour, created_at=row.created_at, launched_at=row.launched_at,
+        joined_at=row.joined_at, join_deadline=row.join_deadline, idle_since=row.idle_since,
+        ended_at=row.ended_at, cost=cost,
+    )

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, inspect, text
 
 from gpulayer.errors import GpulayerError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Version 1: the first released schema (no tokens, no idempotent submit).
 SCHEMA_V1 = [
@@ -73,8 +73,16 @@ def _v2_to_v3(conn: Connection) -> None:
     conn.execute(text("ALTER TABLE gl_jobs ADD COLUMN args TEXT"))
 
 
+def _v3_to_v4(conn: Connection) -> None:
+    # the cloud target: the machines providers bring up, and the label they carry
+    from gpulayer.store.tables import MachineRow, MetaRow
+
+    MachineRow.__table__.create(conn)  # type: ignore[attr-defined]
+    MetaRow.__table__.create(conn)  # type: ignore[attr-defined]
+
+
 #: MIGRATIONS[n] brings a database at version n to version n + 1.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 
 class SchemaTooNew(GpulayerError):

@@ -24,7 +24,17 @@ from sqlmodel import Session, SQLModel, col, select
 
 from gpulayer.errors import NotFound
 from gpulayer.records import JobState, TaskState
-from gpulayer.store.tables import BundleRow, EventRow, JobRow, LogRow, TaskRow, TokenRow, WorkerRow
+from gpulayer.store.tables import (
+    BundleRow,
+    EventRow,
+    JobRow,
+    LogRow,
+    MachineRow,
+    MetaRow,
+    TaskRow,
+    TokenRow,
+    WorkerRow,
+)
 
 ACTIVE_TASK_STATES = (TaskState.ASSIGNED.value, TaskState.RUNNING.value)
 ENDED_BADLY = (TaskState.FAILED.value, TaskState.TIMED_OUT.value, TaskState.LOST.value,
@@ -341,3 +351,66 @@ def revoke_token(s: Session, token_id: str) -> None:
 def revoke_worker_tokens(s: Session, worker_id: str) -> None:
     s.execute(update(TokenRow).where(col(TokenRow.worker_id) == worker_id, col(TokenRow.scope) == "worker")
               .values(revoked=True).execution_options(synchronize_session=False))
+
+
+# --------------------------------------------------------------------------- machines
+
+MACHINE_ENDED = ("terminated", "failed")
+
+
+def machine(s: Session, machine_id: str) -> MachineRow:
+    return get_or_raise(s, MachineRow, machine_id, "machine", fresh=True)
+
+
+def add_machine(s: Session, row: MachineRow) -> None:
+    s.add(row)
+
+
+def machines(s: Session, *, live_only: bool = False, provider: str | None = None) -> Sequence[MachineRow]:
+    """Machines, oldest first; ``live_only``: not terminated or failed."""
+    q = select(MachineRow).order_by(col(MachineRow.created_at), col(MachineRow.id))
+    if live_only:
+        q = q.where(col(MachineRow.state).not_in(MACHINE_ENDED))
+    if provider is not None:
+        q = q.where(MachineRow.provider == provider)
+    return list(s.exec(q.execution_options(populate_existing=True)).all())
+
+
+def machine_by_token(s: Session, token_id: str) -> MachineRow | None:
+    """The machine a bootstrap token was made for."""
+    row: MachineRow | None = s.exec(select(MachineRow).where(MachineRow.token_id == token_id)).first()
+    return row
+
+
+def machine_of_worker(s: Session, worker_id: str) -> MachineRow | None:
+    row: MachineRow | None = s.exec(select(MachineRow).where(MachineRow.worker_id == worker_id)).first()
+    return row
+
+
+def busy_worker_ids(s: Session, worker_ids: Iterable[str]) -> set[str]:
+    """Which of these workers hold an assigned or running task."""
+    ids = list(worker_ids)
+    if not ids:
+        return set()
+    rows = s.execute(sa_select(col(TaskRow.worker_id)).where(
+        col(TaskRow.worker_id).in_(ids), col(TaskRow.state).in_(ACTIVE_TASK_STATES)).distinct()).all()
+    return {str(r[0]) for r in rows}
+
+
+def meta(s: Session, key: str) -> str | None:
+    row = s.get(MetaRow, key)
+    return row.value if row is not None else None
+
+
+def set_meta(s: Session, key: str, value: str) -> None:
+    s.merge(MetaRow(key=key, value=value))
+
+
+def last_task_ends(s: Session, worker_ids: Iterable[str]) -> dict[str, float]:
+    """Worker id -> when its last task ended (what a machine's idle time counts from)."""
+    ids = list(worker_ids)
+    if not ids:
+        return {}
+    rows = s.execute(sa_select(col(TaskRow.worker_id), func.max(col(TaskRow.ended_at)))
+                     .where(col(TaskRow.worker_id).in_(ids)).group_by(col(TaskRow.worker_id))).all()
+    return {str(w): float(t) for w, t in rows if t is not None}

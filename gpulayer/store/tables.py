@@ -128,3 +128,48 @@ class TokenRow(SQLModel, table=True):
     revoked: bool = False
     worker_id: str | None = None
     description: str = ""
+
+
+class MachineRow(SQLModel, table=True):
+    """A machine a provider brings up for the cloud target; added in schema 4.
+
+    Every step of its life is written here before the provider is called
+    (:mod:`gpulayer.provisioning`): ``requested -> launching -> booting -> idle/busy ->
+    terminating -> terminated``, or ``failed`` with ``reason``.
+    """
+
+    __tablename__ = "gl_machines"
+
+    id: str = Field(primary_key=True)
+    provider: str = Field(index=True)
+    shape: str
+    region: str | None = None
+    offer: str = Field(sa_column=Column(Text, nullable=False))
+    state: str = Field(index=True)
+    reason: str = ""
+    #: the job it was launched for (any job may then use it)
+    job_id: str | None = None
+    #: the machines of one distributed job, launched together: one that fails ends them all
+    gang: str | None = None
+    worker_id: str | None = Field(default=None, index=True)
+    provider_id: str | None = None
+    address: str | None = None
+    data: str = Field(default="{}", sa_column=Column(Text, nullable=False))
+    token_id: str | None = Field(default=None, index=True)
+    price_per_hour: float | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    launched_at: float | None = None
+    joined_at: float | None = None
+    join_deadline: float = 0.0
+    idle_since: float | None = None
+    ended_at: float | None = None
+
+
+class MetaRow(SQLModel, table=True):
+    """Facts about this control plane (the label its machines carry); added in schema 4."""
+
+    __tablename__ = "gl_meta"
+
+    key: str = Field(primary_key=True)
+    value: str = Field(sa_column=Column(Text, nullable=False))

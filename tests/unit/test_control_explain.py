@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpulayer.control import ControlPlane
+from gpulayer.control.providers import ProviderSet
 from gpulayer.errors import NotFound
 from gpulayer.hookrecords import MachineOffer
 from gpulayer.records import JobState, WorkerRecord
@@ -138,10 +139,9 @@ def test_workers_a_caller_would_start_count_as_workers(cp: ControlPlane) -> None
 
 
 class WithProviders(ControlPlane):
-    """A control plane that also answers ``offers(requirements)``, as the provisioning work
-    adds it, with offers of two shapes."""
+    """A control plane with providers whose cached offers are these (two shapes)."""
 
-    def offers(self, requirements: Requirements) -> Sequence[MachineOffer]:
+    def offers(self, requirements: Requirements) -> list[MachineOffer]:
         return [
             MachineOffer(provider="aws", shape="g5.2xlarge", region="us-east-1", capabilities=cuda(1),
                          price_per_hour=1.21),
@@ -158,7 +158,7 @@ def test_offers_that_fit_are_listed_cheapest_first_when_the_control_plane_has_pr
     try:
         plain = ControlPlane(store)
         assert plain.explain(job()).offers is None  # nothing to ask
-        cp = WithProviders(store)
+        cp = WithProviders(store, providers=ProviderSet([]))
         cloud = job(placement=Placement(target="cloud"))
         e = cp.explain(cloud)
         assert [(o.provider, o.shape, o.price_per_hour, o.spot) for o in e.offers or []] == [

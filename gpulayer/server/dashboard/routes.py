@@ -184,7 +184,7 @@ class Dashboard:
         notice = session.take_notice() if session is not None and not stream else None
         return {"who": session.identity if session else None, "csrf": session.csrf if session else "",
                 "notice": notice, "current": current,
-                "static": STATIC, "live": None, "machines_nav": views.provisioning(self.control) is not None}
+                "static": STATIC, "live": None, "machines_nav": self.control.providers is not None}
 
     def _error(self, request: Request, session: Session | None, status: int, message: str) -> Response:
         if request.url.path.startswith("/live/"):

@@ -21,7 +21,6 @@ import json
 import re
 import shlex
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -317,20 +316,6 @@ def overview(control: ControlPlane, who: Identity) -> dict[str, Any]:
             "now": time.time()}
 
 
-def provisioning(control: ControlPlane) -> tuple[Callable[[], list[Any]], Callable[[], list[Any]]] | None:
-    """The control plane's ``list_providers`` and ``list_machines``, where it has them.
-
-    The provisioning work (the cloud target) adds these operations to the control plane;
-    until a control plane has both, the machines page says that no providers are
-    configured. This is the one place that asks.
-    """
-    providers = getattr(control, "list_providers", None)
-    machines = getattr(control, "list_machines", None)
-    if callable(providers) and callable(machines):
-        return providers, machines
-    return None
-
-
 def _columns(records: list[Any]) -> tuple[list[str], list[list[str]]]:
     """A table of records whose fields this dashboard does not know in advance."""
     dumped = [r.model_dump(mode="json") if hasattr(r, "model_dump") else dict(r) for r in records]
@@ -342,10 +327,9 @@ def _columns(records: list[Any]) -> tuple[list[str], list[list[str]]]:
 
 
 def machines(control: ControlPlane, who: Identity) -> dict[str, Any]:
-    found = provisioning(control) if who.admin else None
-    out: dict[str, Any] = {"provisioning": found is not None, "now": time.time()}
-    if found is not None:
-        list_providers, list_machines = found
-        out["providers"] = _columns(list(list_providers()))
-        out["machines"] = _columns(list(list_machines()))
+    shown = who.admin and control.providers is not None
+    out: dict[str, Any] = {"provisioning": shown, "now": time.time()}
+    if shown:
+        out["providers"] = _columns(list(control.list_providers()))
+        out["machines"] = _columns(list(control.list_machines()))
     return out

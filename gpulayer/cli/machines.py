@@ -1,0 +1,124 @@
+"""``gpulayer providers list | offers`` and ``gpulayer machines list | terminate``: the cloud target."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Optional
+
+import typer
+
+providers_app = typer.Typer(help="Providers that bring up machines for cloud jobs (admin).", no_args_is_help=True)
+machines_app = typer.Typer(help="Machines providers brought up for cloud jobs (admin).", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(providers_app, name="providers")
+    app.add_typer(machines_app, name="machines")
+
+
+def _api() -> Any:
+    from gpulayer.client import connect
+
+    return connect().api
+
+
+def _price(p: float | None) -> str:
+    return "owned" if p is None else f"${p:.2f}"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+@providers_app.command("list")
+def providers_list(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Providers: configured?, credentials ok?, machines running, why one is disabled."""
+    rows = _api().list_providers()
+    if as_json:
+        typer.echo(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
+        return
+    if not rows:
+        typer.echo("no provider adapters installed and none configured (see docs/providers.md)")
+        return
+    typer.echo(f"{'NAME':<16}{'TYPE':<15}{'PLUGIN':<22}{'CONFIGURED':<11}{'CREDENTIALS':<12}{'MACHINES':<10}STATUS")
+    for r in rows:
+        cred = "-" if not r.configured else {True: "ok", False: "failed", None: "unchecked"}[r.credentials_ok]
+        machines = f"{r.machines_running}/{r.max_machines}" if r.configured else "-"
+        status = r.disabled or (f"last error: {r.last_error}" if r.last_error else ("in use" if r.configured else
+                                                                                       "no section in providers.toml"))
+        typer.echo(f"{r.name[:15]:<16}{r.type[:14]:<15}{r.plugin[:21]:<22}{'yes' if r.configured else 'no':<11}"
+                   f"{cred:<12}{machines:<10}{status}")
+
+
+@providers_app.command("offers")
+def providers_offers(
+    accelerator: Optional[str] = typer.Option(None, "--accelerator", help="cuda, rocm, mps, ... or cpu"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="devices per machine"),
+    gpu_memory: Optional[float] = typer.Option(None, "--min-gpu-memory", help="GB per device, at least"),
+    cpus: Optional[int] = typer.Option(None, "--cpus"),
+    memory: Optional[float] = typer.Option(None, "--memory", help="GB of RAM, at least"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Every provider offer that fits, cheapest first: provider, shape, region, price/h, availability."""
+    from gpulayer.joboptions import CLI_SPELLING
+    from gpulayer.specs import Requirements
+    from gpulayer.wording import Spelling, build
+
+    raw: dict[str, Any] = {"accelerator": accelerator, "gpus": gpus, "min_gpu_memory_gb": gpu_memory,
+                           "cpus": cpus, "memory_gb": memory}
+    prefix = "requirements."
+    spelling = Spelling(names={k[len(prefix):]: v for k, v in CLI_SPELLING.names.items() if k.startswith(prefix)})
+    req = build(Requirements, {k: v for k, v in raw.items() if v is not None}, spelling)
+    rows = _api().offers(req)
+    if as_json:
+        typer.echo(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
+        return
+    if not rows:
+        typer.echo("no provider offered a machine that fits (gpulayer providers list shows the providers)")
+        return
+    typer.echo(f"{'PROVIDER':<16}{'SHAPE':<22}{'REGION':<16}{'PRICE/H':<10}{'SPOT':<6}{'DEVICES':<22}AVAILABILITY")
+    for o in rows:
+        kinds: dict[str, int] = {}
+        for d in o.capabilities.devices:
+            kinds[d.kind] = kinds.get(d.kind, 0) + 1
+        devs = ", ".join(f"{n} {k}" for k, n in kinds.items()) or "-"
+        typer.echo(f"{o.provider[:15]:<16}{o.shape[:21]:<22}{(o.region or '-')[:15]:<16}{_price(o.price_per_hour):<10}"
+                   f"{'yes' if o.spot else 'no':<6}{devs[:21]:<22}{o.availability}")
+
+
+@machines_app.command("list")
+def machines_list(
+    all_: bool = typer.Option(False, "--all", help="ended machines too"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Machines: id, provider, shape, state, worker, idle for, cost so far."""
+    rows = _api().list_machines()
+    if not all_:
+        rows = [m for m in rows if m.state not in ("terminated", "failed")]
+    if as_json:
+        typer.echo(json.dumps([m.model_dump(mode="json") for m in rows], indent=2))
+        return
+    if not rows:
+        typer.echo("no machines" + ("" if all_ else " running (--all shows ended ones)"))
+        return
+    now = time.time()
+    typer.echo(f"{'MACHINE':<16}{'PROVIDER':<14}{'SHAPE':<20}{'STATE':<12}{'WORKER':<18}{'IDLE FOR':<9}{'COST':<9}REASON")
+    for m in rows:
+        idle = _duration(now - m.idle_since) if m.state == "idle" and m.idle_since else "-"
+        cost = "owned" if m.price_per_hour is None else f"${m.cost or 0:.2f}"
+        typer.echo(f"{m.id:<16}{m.provider[:13]:<14}{m.shape[:19]:<20}{m.state:<12}{m.worker_id or '-':<18}"
+                   f"{idle:<9}{cost:<9}{m.reason}")
+
+
+@machines_app.command("terminate")
+def machines_terminate(machine_id: str = typer.Argument(..., help="machine id (m-...)")) -> None:
+    """Drain a machine's worker and terminate the machine."""
+    m = _api().terminate_machine(machine_id)
+    typer.echo(f"{m.id} {m.state}" + (f" ({m.reason})" if m.reason else ""))

@@ -1,0 +1,182 @@
+"""Loading providers.toml: one section per provider instance, each validated by its adapter.
+
+A section names an adapter (the ``type`` key: the ``name`` of a
+:class:`~gpulayer.hookrecords.ProviderAdapter` from the ``gpulayer_provider_adapters`` hook)
+and holds the core's own keys (:data:`CORE_KEYS`: caps and timeouts); everything else is
+validated by the adapter's ``config`` model. Every error names the file, the section and
+the key as the user wrote them::
+
+    providers.toml: [gpu-a100] max_machines: expected a whole number >= 0, got 'many'
+    providers.toml: [ec2] type: 'ec3' is not an installed provider adapter; installed: ec2, slurm, ssh
+
+The file is ``--providers FILE`` of ``gpulayer server start``, else ``GPULAYER_PROVIDERS``,
+else ``$GPULAYER_HOME/providers.toml`` when it exists (no file: no providers).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from gpulayer import config, plugins
+from gpulayer.errors import InvalidInput
+from gpulayer.hookrecords import Provider, ProviderAdapter
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+#: the keys of a section the core reads itself (the adapter's model never sees them)
+CORE_KEYS = ("type", "max_machines", "max_price_per_hour", "idle_timeout", "join_timeout")
+DEFAULT_MAX_MACHINES = 10
+DEFAULT_IDLE_TIMEOUT = 300.0
+DEFAULT_JOIN_TIMEOUT = 600.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A provider instance's caps and timeouts (the core keys of its section)."""
+
+    max_machines: int = DEFAULT_MAX_MACHINES
+    #: offers priced above this are never launched; None: no cap (owned capacity is free)
+    max_price_per_hour: float | None = None
+    #: seconds a machine may sit without a task before it is drained and terminated
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    #: seconds from launch by which its worker must have joined
+    join_timeout: float = DEFAULT_JOIN_TIMEOUT
+
+
+@dataclass
+class ConfiguredProvider:
+    """One section of providers.toml, made into a provider."""
+
+    name: str
+    type: str
+    adapter: ProviderAdapter
+    settings: BaseModel
+    limits: Limits
+    provider: Provider
+    #: the plugin the adapter comes from
+    plugin: str = ""
+
+
+def providers_file(explicit: str | Path | None = None) -> tuple[Path | None, bool]:
+    """The file to read and whether the user named it (a named file must exist)."""
+    if explicit:
+        return Path(explicit).expanduser(), True
+    named = config.settings().providers
+    if named:
+        return Path(named).expanduser(), True
+    default = config.home() / "providers.toml"
+    return (default, False) if default.is_file() else (None, False)
+
+
+def load(explicit: str | Path | None = None) -> list[ConfiguredProvider]:
+    """The providers of the providers file (see the module doc); none without a file."""
+    path, named = providers_file(explicit)
+    if path is None:
+        return []
+    if not path.is_file():
+        if named:
+            raise InvalidInput(f"--providers {path}: no such file")
+        return []
+    return parse(path.read_text(), str(path))
+
+
+def parse(text: str, where: str = "providers.toml",
+          adapters: dict[str, ProviderAdapter] | None = None) -> list[ConfiguredProvider]:
+    """The providers of a providers.toml text (``where`` names it in errors)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidInput(f"{where}: not valid TOML: {exc}") from None
+    if adapters is None:
+        adapters = plugins.providers()
+    out = []
+    for section, body in data.items():
+        if not isinstance(body, dict):
+            raise InvalidInput(f"{where}: {section!r}: expected a section [{section}] with a type key, "
+                               f"got a bare value")
+        out.append(_section(where, section, body, adapters))
+    return out
+
+
+def _section(where: str, section: str, body: dict[str, Any],
+             adapters: dict[str, ProviderAdapter]) -> ConfiguredProvider:
+    def bad(key: str, msg: str) -> InvalidInput:
+        return InvalidInput(f"{where}: [{section}] {key}: {msg}")
+
+    kind = body.get("type")
+    installed = ", ".join(sorted(adapters)) or "none"
+    if kind is None:
+        raise bad("type", f"missing; name a provider adapter (installed: {installed})")
+    if not isinstance(kind, str) or kind not in adapters:
+        raise bad("type", f"{kind!r} is not an installed provider adapter; installed: {installed}")
+    limits = Limits(
+        max_machines=_count(body, "max_machines", DEFAULT_MAX_MACHINES, bad),
+        max_price_per_hour=_number(body, "max_price_per_hour", None, bad, allow_zero=True),
+        idle_timeout=_duration(body, "idle_timeout", DEFAULT_IDLE_TIMEOUT, bad),
+        join_timeout=_duration(body, "join_timeout", DEFAULT_JOIN_TIMEOUT, bad),
+    )
+    adapter = adapters[kind]
+    rest = {k: v for k, v in body.items() if k not in CORE_KEYS}
+    try:
+        settings = adapter.config.model_validate(rest)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"]) or "(section)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            known = sorted([*CORE_KEYS, *adapter.config.model_fields])
+            msg = f"not a setting of {kind} providers; accepted: {', '.join(known)}"
+        elif "input" in err and err["type"] != "missing":
+            msg = f"{msg}, got {err['input']!r}"
+        raise bad(key, msg) from None
+    try:
+        provider = adapter.create(section, settings)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{where}: [{section}] {exc}") from None
+    owner = plugins.get_manager().owner("gpulayer_provider_adapters", kind) or ""
+    return ConfiguredProvider(name=section, type=kind, adapter=adapter, settings=settings, limits=limits,
+                              provider=provider, plugin=owner)
+
+
+def _count(body: dict[str, Any], key: str, default: int, bad: Any) -> int:
+    value = body.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise bad(key, f"expected a whole number >= 0, got {value!r}")
+    return value
+
+
+def _number(body: dict[str, Any], key: str, default: float | None, bad: Any, *, allow_zero: bool) -> float | None:
+    value = body.get(key, default)
+    if value is None:
+        return None
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+          and (value >= 0 if allow_zero else value > 0))
+    if not ok:
+        raise bad(key, f"expected a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _duration(body: dict[str, Any], key: str, default: float, bad: Any) -> float:
+    from gpulayer.tokens import parse_duration
+
+    value = body.get(key, default)
+    if isinstance(value, str):
+        try:
+            return parse_duration(value)
+        except InvalidInput:
+            pass
+    elif not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
+        return float(value)
+    raise bad(key, f"expected seconds > 0 or a duration such as 90s, 15m, 1h; got {value!r}")
+
+
+__all__ = ["CORE_KEYS", "ConfiguredProvider", "Limits", "load", "parse", "providers_file"]

@@ -1,0 +1,288 @@
+"""The cloud target's decisions, as pure functions: no I/O, no clock, no provider calls.
+
+The control plane (:mod:`gpulayer.control.machines`) loads the inputs, calls these, writes
+each decision to the database, and only then calls the provider. A machine goes through
+
+    requested -> launching -> booting -> idle <-> busy -> terminating -> terminated
+                                  \\-> failed (the launch failed, or it did not join in time)
+
+Rules
+-----
+* Demand (:func:`demand`): every queued job that lists ``cloud`` among its targets (as its
+  target or a fallback) and that the placement pass could not place, with the offers that
+  fit it (the same ``check`` as against a worker). A job needs one machine per node; a job
+  that has machines on the way (requested, launching, booting) needs none more.
+* Offer order (:func:`order_offers`): the job's preference first, when it gives one (a list
+  of provider names or scopes); then available before limited before unknown, then cheapest
+  (capacity you own, priced None, first), then fastest to boot.
+* Launches (:func:`plan`): one machine per unit of demand, in queue order, never more than a
+  provider's ``max_machines`` (machines not yet ended count) and never an offer priced above
+  its ``max_price_per_hour``. A distributed job gets all of its N machines from one offer or
+  none, under one join deadline. An offer whose scope (``provider/region/shape``) is blocked
+  is skipped, as is a provider that is disabled.
+* Failover: a launch that fails with ``NoCapacity``, ``QuotaExceeded`` or ``SkipOffer``, and
+  a machine that does not join before its deadline, block their scope for
+  :data:`BLOCK_SECONDS` for every job; the next pass (or the same one, for a failed launch)
+  tries the next offer.
+* Housekeeping (:func:`housekeeping`): a machine whose worker holds no task for its
+  provider's ``idle_timeout`` is drained and terminated; one whose worker stopped sending
+  heartbeats is terminated after ``grace`` seconds; one past its join deadline is terminated
+  (and its scope blocked); one left ``terminating`` is terminated again (terminate is
+  idempotent).
+* Orphans (:func:`orphans`): a live machine a provider lists with this control plane's label
+  and that the records do not know (or know as ended) is terminated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gpulayer import scheduling
+from gpulayer.hookrecords import LiveMachine, MachineOffer
+from gpulayer.provider_config import Limits
+from gpulayer.scheduling.fleet import offer_record
+from gpulayer.scheduling.shapes import Shape, shape_of
+from gpulayer.specs import JobSpec
+
+#: how long a scope whose launch failed (or whose machine did not join) is skipped, seconds
+BLOCK_SECONDS = 300.0
+#: how long offers are cached, seconds
+OFFER_TTL = 30.0
+#: machine states that count against a provider's cap and are not ended
+LIVE_STATES = ("requested", "launching", "booting", "idle", "busy", "terminating")
+#: machines on their way to joining (their job needs no more)
+PENDING_STATES = ("requested", "launching", "booting")
+JOINED_STATES = ("idle", "busy")
+_AVAILABILITY_RANK = {"available": 0, "limited": 1, "unknown": 2, "unavailable": 3}
+
+
+# --------------------------------------------------------------------------- offers
+
+
+def order_offers(offers: Iterable[MachineOffer], preference: Sequence[str] = ()) -> list[MachineOffer]:
+    """Offers in the order they are tried (see the module doc). ``preference`` entries name a
+    provider (``ec2``), a provider and region (``ec2/us-east-1``) or a whole scope."""
+
+    def rank(o: MachineOffer) -> tuple[int, int, float, float]:
+        pref = next((i for i, p in enumerate(preference) if o.scope == p or o.scope.startswith(p + "/")),
+                    len(preference))
+        return (pref, _AVAILABILITY_RANK.get(o.availability, 2), o.price_per_hour or 0.0,
+                o.boot_seconds if o.boot_seconds is not None else float("inf"))
+
+    return sorted(offers, key=rank)
+
+
+def within_price(offer: MachineOffer, limits: Limits) -> bool:
+    cap = limits.max_price_per_hour
+    return cap is None or offer.price_per_hour is None or offer.price_per_hour <= cap
+
+
+def fitting(spec: JobSpec, offers: Sequence[MachineOffer]) -> list[MachineOffer]:
+    """The offers a job could run on once booted (the scheduler's ``check``)."""
+    return [o for o in offers if not scheduling.check(spec, offer_record(o))]
+
+
+# --------------------------------------------------------------------------- demand and launches
+
+
+@dataclass(frozen=True)
+class DemandJob:
+    """A queued cloud job no worker could take, and what could run it."""
+
+    job_id: str
+    #: machines it needs at once (a distributed job's nodes)
+    nodes: int
+    #: the offers that fit it, in the order they are tried
+    offers: list[MachineOffer]
+    #: machines on their way for it (requested, launching, booting)
+    pending: int = 0
+
+
+@dataclass(frozen=True)
+class QueuedCloudJob:
+    """A queued job as :func:`demand` reads it, in queue order."""
+
+    job_id: str
+    spec: JobSpec
+    preference: tuple[str, ...] = ()
+
+
+def demand(queue: Sequence[QueuedCloudJob], offers: Sequence[MachineOffer],
+           pending: Mapping[str, int]) -> list[DemandJob]:
+    """The jobs of ``queue`` (queued after a placement pass, in queue order) that may run on
+    the cloud target, with the offers that fit each. ``pending``: job id -> machines on their
+    way for it. ``check`` runs once per job shape."""
+    fits: dict[Shape, list[MachineOffer]] = {}
+    out = []
+    for q in queue:
+        if "cloud" not in q.spec.placement.targets:
+            continue
+        shape = shape_of(q.spec)
+        if shape not in fits:
+            fits[shape] = fitting(q.spec, offers)
+        nodes = q.spec.nodes if q.spec.kind == "distributed" else 1
+        out.append(DemandJob(job_id=q.job_id, nodes=nodes, offers=order_offers(fits[shape], q.preference),
+                             pending=pending.get(q.job_id, 0)))
+    return out
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Bring up ``count`` machines of ``offer`` for ``job_id`` (count > 1: a gang, together)."""
+
+    job_id: str
+    offer: MachineOffer
+    count: int
+
+
+@dataclass
+class ProviderView:
+    """A provider instance as a pass sees it."""
+
+    limits: Limits
+    #: machines not ended (they count against ``max_machines``)
+    live: int = 0
+    enabled: bool = True
+
+    @property
+    def room(self) -> int:
+        return max(0, self.limits.max_machines - self.live)
+
+
+def plan(jobs: Sequence[DemandJob], providers: Mapping[str, ProviderView], blocked: Mapping[str, float],
+         now: float, *, tried: Iterable[tuple[str, str]] = ()) -> list[Launch]:
+    """The launches of one pass (see the module doc). ``blocked``: scope -> blocked until;
+    ``tried``: ``(job id, scope)`` pairs not to try again in this pass. ``providers`` is
+    updated with the machines planned (``live``)."""
+    skip = set(tried)
+    out = []
+    for job in jobs:
+        if job.pending > 0:
+            continue
+        for offer in job.offers:
+            p = providers.get(offer.provider)
+            if (p is None or not p.enabled or offer.availability == "unavailable"
+                    or blocked.get(offer.scope, 0.0) > now or (job.job_id, offer.scope) in skip
+                    or not within_price(offer, p.limits) or p.room < job.nodes):
+                continue
+            p.live += job.nodes
+            out.append(Launch(job_id=job.job_id, offer=offer, count=job.nodes))
+            break
+    return out
+
+
+# --------------------------------------------------------------------------- machines already there
+
+
+@dataclass(frozen=True)
+class MachineView:
+    """A stored machine, with its worker's facts, as :func:`housekeeping` reads it."""
+
+    id: str
+    provider: str
+    scope: str
+    state: str
+    join_deadline: float
+    idle_since: float | None = None
+    worker_id: str | None = None
+    #: its worker holds an assigned or running task
+    busy: bool = False
+    worker_online: bool = True
+    #: when its worker was last heard from
+    last_heartbeat: float = 0.0
+    #: the machines of one gang share a group: one that fails ends them all
+    gang: str | None = None
+
+
+ActionKind = Literal["busy", "idle", "terminate", "fail"]
+
+
+@dataclass(frozen=True)
+class Action:
+    """What to do with one machine: mark it ``busy``/``idle``, ``terminate`` it (it served),
+    or ``fail`` it (terminate, and it counts as a failed attempt: its scope is blocked)."""
+
+    machine_id: str
+    kind: ActionKind
+    reason: str = ""
+    block: str | None = None  # the scope to block
+
+
+def housekeeping(machines: Sequence[MachineView], limits: Mapping[str, Limits], now: float, *,
+                 grace: float) -> list[Action]:
+    """What each machine needs now (see the module doc); machines that need nothing are left out."""
+    out: list[Action] = []
+    failed_groups: set[str] = set()
+    for m in machines:
+        lim = limits.get(m.provider, Limits())
+        if m.state in PENDING_STATES and now > m.join_deadline:
+            out.append(Action(m.id, "fail", f"did not join within {lim.join_timeout:g} s", block=m.scope))
+            if m.gang:
+                failed_groups.add(m.gang)
+        elif m.state == "terminating":
+            out.append(Action(m.id, "terminate", "terminate again (the last call did not finish)"))
+        elif m.state in JOINED_STATES:
+            if not m.worker_online and now - m.last_heartbeat > grace:
+                out.append(Action(m.id, "terminate", f"its worker {m.worker_id} stopped sending heartbeats"))
+            elif m.busy and m.state == "idle":
+                out.append(Action(m.id, "busy"))
+            elif not m.busy and m.state == "busy":
+                out.append(Action(m.id, "idle"))
+            elif not m.busy and m.idle_since is not None and now - m.idle_since >= lim.idle_timeout:
+                out.append(Action(m.id, "terminate", f"idle for {lim.idle_timeout:g} s"))
+    if failed_groups:  # a gang joins together or not at all
+        done = {a.machine_id for a in out}
+        out.extend(Action(m.id, "fail", "another machine of its group did not join in time")
+                   for m in machines if m.gang in failed_groups and m.id not in done
+                   and m.state in PENDING_STATES)
+    return out
+
+
+def orphans(live: Iterable[LiveMachine], known: Mapping[str, str]) -> list[LiveMachine]:
+    """Machines a provider lists with our label that the records (``machine id -> state``) do
+    not know, or know as ended: they are terminated."""
+    return [m for m in live if known.get(m.machine_id, "terminated") in ("terminated", "failed")]
+
+
+# --------------------------------------------------------------------------- what jobs show
+
+
+#: event kinds of a job's cloud history; a continuation joins the line before it with ", "
+HISTORY_KINDS = ("cloud", "cloud_joined")
+
+
+def history(events: Iterable[tuple[str, str]]) -> str | None:
+    """A job's cloud attempts as one line: ``slurm/gpu-a100: launched m-3f2a (4.1 s), joined
+    as wkr-...`` or ``ec2/us-east-1/p5.48xlarge: quota exceeded -> ec2/us-west-2/...``, from its
+    ``(kind, message)`` events in order."""
+    parts: list[str] = []
+    for kind, message in events:
+        if kind == "cloud_joined" and parts:
+            parts[-1] += ", " + message
+        elif kind in HISTORY_KINDS:
+            parts.append(message)
+    return " -> ".join(parts) if parts else None
+
+
+@dataclass
+class Blocks:
+    """Scopes blocked until a time, for every job (kept by the control plane between passes)."""
+
+    until: dict[str, float] = field(default_factory=dict)
+
+    def block(self, scope: str, now: float, seconds: float = BLOCK_SECONDS) -> None:
+        self.until[scope] = max(self.until.get(scope, 0.0), now + seconds)
+
+    def active(self, now: float) -> dict[str, float]:
+        for scope in [s for s, t in self.until.items() if t <= now]:
+            del self.until[scope]
+        return dict(self.until)
+
+
+__all__ = [
+    "BLOCK_SECONDS", "JOINED_STATES", "LIVE_STATES", "OFFER_TTL", "PENDING_STATES", "Action", "Blocks",
+    "DemandJob", "Launch", "MachineView", "ProviderView", "QueuedCloudJob", "demand", "fitting", "history",
+    "housekeeping", "order_offers", "orphans", "plan", "within_price",
+]
