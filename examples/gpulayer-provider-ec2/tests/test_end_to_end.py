@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 
 import boto3
 from conftest import Server, play_machine, start_moto, stop, wait_for
+
+from gpulayer import plugin
 
 
 def tagged_instances(client):
@@ -20,7 +23,7 @@ def tagged_instances(client):
     return [i for r in pages["Reservations"] for i in r["Instances"]]
 
 
-def test_a_cloud_job_boots_an_instance_runs_and_the_instance_is_terminated(tmp_path):
+def test_a_cloud_job_boots_an_instance_runs_and_the_instance_is_terminated(tmp_path, make_provider):
     # moto of its own: the instances this test counts are the server's only
     moto, url = start_moto(tmp_path / "moto.log")
     try:
@@ -80,6 +83,23 @@ ami = "{ami}"
             shown = server.cli("jobs", "show", job_id)
             expected = rf"cloud +aws/us-east-1/t3\.large: launched {record['id']} \([\d.]+ s\), joined as {worker['id']}"
             assert re.search(expected, shown), shown
+
+            # An instance with this server's label that its records do not know (a launch
+            # whose answer was lost, a database restored from a backup): the server's list()
+            # after a restart finds it, and it is terminated as an orphan.
+            server.stop()
+            orphan = make_provider(endpoint_url=url, regions={"us-east-1": {"ami": ami}})
+            [offer] = [o for o in orphan.offers(plugin.Requirements()) if o.shape == "t3.large"]
+            stray = orphan.launch(plugin.LaunchRequest(
+                machine_id="m-stray", label=tags["gpulayer:label"], offer=offer, control_url=server.url,
+                bootstrap_token="glt_never-issued", join_deadline=time.time() + 600)).provider_id.split("/")[1]
+            server = Server(tmp_path / "server-home", "--providers", str(toml))
+
+            def stray_gone():
+                [now] = [i for i in tagged_instances(client) if i["InstanceId"] == stray]
+                return now["State"]["Name"] in ("shutting-down", "terminated")
+
+            wait_for(stray_gone, 120, "the orphan to be terminated after the restart")
         finally:
             if machine is not None:
                 stop(machine)

@@ -104,3 +104,23 @@ def test_no_credentials_is_an_auth_failure(make_provider, monkeypatch):
 def test_an_unknown_profile_is_an_auth_failure(make_provider):
     with pytest.raises(plugin.ProviderAuthFailed, match="The config profile \\(nope\\) could not be found; the 'profile' key"):
         make_provider(profile="nope").check()
+
+
+def test_a_stopped_instance_is_still_listed_and_can_be_terminated(make_provider, ec2, label):
+    p = make_provider()
+    launched = p.launch(launch_request(p, label, "m-stopped"))
+    ec2().stop_instances(InstanceIds=[launched.provider_id.split("/")[1]])
+    [m] = p.list(label)  # it still costs its disks: the orphan sweep must see it
+    assert (m.machine_id, m.state, m.data["state"]) == ("m-stopped", "unknown", "stopped")
+    p.terminate("m-stopped", None)
+    assert p.list(label) == []
+
+
+def test_an_offer_for_another_section_is_skipped(make_provider, amis, label):
+    wide = make_provider(regions={r: {"ami": amis[r]} for r in ("us-east-1", "us-west-2")})
+    narrow = make_provider(instance_types=["g5.xlarge"])
+    west = next(o for o in wide.offers(plugin.Requirements()) if o.region == "us-west-2" and o.shape == "g5.xlarge")
+    with pytest.raises(plugin.SkipOffer, match="region 'us-west-2' is not configured for provider 'aws'"):
+        narrow.launch(launch_request(wide, label, "m-skip1", shape="g5.xlarge").model_copy(update={"offer": west}))
+    with pytest.raises(plugin.SkipOffer, match=r"instance type 't3\.large' is not allowed for 'aws'"):
+        narrow.launch(launch_request(wide, label, "m-skip2"))
