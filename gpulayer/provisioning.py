@@ -185,6 +185,7 @@ class MachineView:
     scope: str
     state: str
     join_deadline: float
+    #: since when it holds no task: its join, or its worker's last task's end, the later
     idle_since: float | None = None
     worker_id: str | None = None
     #: its worker holds an assigned or running task
@@ -208,6 +209,8 @@ class Action:
     kind: ActionKind
     reason: str = ""
     block: str | None = None  # the scope to block
+    #: ``idle``: since when (its worker's last task ended)
+    since: float | None = None
 
 
 def housekeeping(machines: Sequence[MachineView], limits: Mapping[str, Limits], now: float, *,
@@ -229,7 +232,7 @@ def housekeeping(machines: Sequence[MachineView], limits: Mapping[str, Limits], 
             elif m.busy and m.state == "idle":
                 out.append(Action(m.id, "busy"))
             elif not m.busy and m.state == "busy":
-                out.append(Action(m.id, "idle"))
+                out.append(Action(m.id, "idle", since=m.idle_since if m.idle_since is not None else now))
             elif not m.busy and m.idle_since is not None and now - m.idle_since >= lim.idle_timeout:
                 out.append(Action(m.id, "terminate", f"idle for {lim.idle_timeout:g} s"))
     if failed_groups:  # a gang joins together or not at all

@@ -119,6 +119,11 @@ def machines_list(
 
 @machines_app.command("terminate")
 def machines_terminate(machine_id: str = typer.Argument(..., help="machine id (m-...)")) -> None:
-    """Drain a machine's worker and terminate the machine."""
-    m = _api().terminate_machine(machine_id)
+    """Drain a machine's worker and terminate the machine (waits up to a minute for the provider)."""
+    api = _api()
+    m = api.terminate_machine(machine_id)
+    deadline = time.monotonic() + 60
+    while m.state == "terminating" and time.monotonic() < deadline:
+        time.sleep(0.5)
+        m = next((x for x in api.list_machines() if x.id == machine_id), m)
     typer.echo(f"{m.id} {m.state}" + (f" ({m.reason})" if m.reason else ""))

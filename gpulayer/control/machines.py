@@ -39,6 +39,9 @@ log = logging.getLogger("gpulayer.provisioning")
 
 #: how often the orphan sweep asks every provider for its machines, seconds
 SWEEP_SECONDS = 60.0
+TERMINATED_BY_ADMIN = "terminated by an admin (gpulayer machines terminate)"
+#: a machine whose worker went silent is terminated after this many heartbeat timeouts
+LOST_GRACE_TIMEOUTS = 3
 #: a scope whose launch failed for a transient reason is skipped this long, seconds
 TRANSIENT_BLOCK = 30.0
 
@@ -109,16 +112,24 @@ class MachineOps(WorkerOps):
             return mapping.machine_record(queries.machine(s, machine_id), self.clock())
 
     def terminate_machine(self, machine_id: str) -> MachineRecord:
-        """Drain the machine's worker and terminate it (idempotent; one already ended stays
-        as it is). The provider is called here, bounded by its timeout."""
+        """Drain the machine's worker and mark the machine ``terminating``: the next
+        provisioning pass (within about a second on a server) calls the provider, as for
+        every other step. Idempotent; a machine already ended stays as it is."""
         with self.store.read() as s:
             row = queries.machine(s, machine_id)
-        if row.state not in provisioning.LIVE_STATES:
+        if row.state not in provisioning.LIVE_STATES or row.state == "terminating":
             return self.get_machine(machine_id)
         if self.providers is None or row.provider not in self.providers.configured:
             raise InvalidInput(f"machine {machine_id}: its provider {row.provider!r} is not configured on this "
                                "server (providers.toml); terminate it with the provider's own tools")
-        self._end_machine(machine_id, "terminated by an admin (gpulayer machines terminate)")
+        if row.worker_id:
+            self.drain_worker(row.worker_id)
+        with self.store.write() as s:
+            row = queries.machine(s, machine_id)
+            if row.state in provisioning.LIVE_STATES and row.state != "terminating":
+                row.state, row.reason, row.updated_at = "terminating", TERMINATED_BY_ADMIN, self.clock()
+                s.add(row)
+        self._changed()
         return self.get_machine(machine_id)
 
     # ------------------------------------------------------------------ the pass
@@ -165,20 +176,21 @@ class MachineOps(WorkerOps):
         for r in rows:
             w = workers.get(r.worker_id or "")
             # idle since its last task ended, even one too short for a pass to see it busy
-            idle_since = max(r.idle_since, ended.get(r.worker_id or "", 0.0)) if r.idle_since is not None else None
+            last = ended.get(r.worker_id or "")
+            idle_since = max(r.idle_since or 0.0, last or 0.0) if (r.idle_since or last) else None
             views.append(provisioning.MachineView(
                 id=r.id, provider=r.provider, scope=_scope(r), state=r.state, join_deadline=r.join_deadline,
                 idle_since=idle_since, worker_id=r.worker_id, busy=(r.worker_id in busy),
                 worker_online=w.online if w is not None else r.worker_id is None,
                 last_heartbeat=w.last_heartbeat if w is not None else 0.0, gang=r.gang))
         limits = {n: c.limits for n, c in ps.configured.items()}
-        grace = max(30.0, 3 * self.heartbeat_timeout)
+        grace = LOST_GRACE_TIMEOUTS * self.heartbeat_timeout
         for a in provisioning.housekeeping(views, limits, now, grace=grace):
             if a.kind in ("busy", "idle"):
                 with self.store.write() as s:
                     row = queries.machine(s, a.machine_id)
                     if row.state in provisioning.JOINED_STATES:
-                        row.state, row.idle_since, row.updated_at = a.kind, (now if a.kind == "idle" else None), now
+                        row.state, row.idle_since, row.updated_at = a.kind, a.since, now
                         s.add(row)
                 continue
             if a.block:

@@ -34,9 +34,14 @@ CALL_TIMEOUT = 30.0
 LAUNCH_TIMEOUT = 120.0
 
 
+#: seconds before a check that failed for a transient reason is tried again
+CHECK_RETRY = 30.0
+
+
 @dataclass
 class ProviderStatus:
     credentials_ok: bool | None = None
+    checked_at: float | None = None
     disabled: str | None = None
     last_error: str | None = None
     offers: list[MachineOffer] = field(default_factory=list)
@@ -107,10 +112,12 @@ class ProviderSet:
 
     def check(self) -> None:
         """Check the credentials of every provider not checked yet."""
+        now = self.clock()
         for name in self.enabled():
             st = self.status[name]
-            if st.credentials_ok is not None:
+            if st.credentials_ok is not None or (st.checked_at is not None and now - st.checked_at < CHECK_RETRY):
                 continue
+            st.checked_at = now
             try:
                 self.call(name, "check")
                 st.credentials_ok = True

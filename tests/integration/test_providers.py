@@ -243,3 +243,41 @@ def test_machines_terminate_ends_a_machine_at_once(servers: list[ServerProc], tm
     as_json = json.loads(cli("--url", srv.url, "--token", srv.admin_token, "machines", "list", "--all", "--json",
                              env=env).stdout)
     assert [x["state"] for x in as_json] == ["terminated"]
+
+
+def test_a_machine_whose_worker_hangs_is_terminated_and_its_job_retried_on_a_new_machine(
+        servers: list[ServerProc], tmp_path: Path) -> None:
+    _, api = start(servers, tmp_path / "srv", section(shapes=shape("local", "gpu1"), idle="300s"))
+    marker = tmp_path / "first-attempt"
+    job_id = submit(api, {**CUDA_JOB, "retries": 1,
+                          "command": ["sh", "-c", f"test -f {marker} || {{ touch {marker}; sleep 600; }}"]})
+    until(lambda: marker.exists(), 90, "the first attempt to start")
+    [first] = machines(api)
+    worker = psutil.Process(int(first["provider_id"].removeprefix("local-")))
+    worker.suspend()  # the machine hangs: no heartbeats, no answer
+    job = wait_job(api, job_id, 180)
+    assert job["state"] == "succeeded" and job["attempt"] == 2
+    ended = until(lambda: next((m for m in machines(api) if m["id"] == first["id"] and m["state"] == "terminated"),
+                               None), 60, "the hung machine's end")
+    assert ended["reason"] == f"its worker {first['worker_id']} stopped sending heartbeats"
+    assert not psutil.pid_exists(worker.pid) or worker.status() == psutil.STATUS_ZOMBIE
+    assert len(machines(api)) == 2  # the retry booted a machine of its own
+
+
+def test_providers_offers_lists_what_fits_cheapest_first(servers: list[ServerProc], tmp_path: Path) -> None:
+    toml = (section("cloud", shapes=shape("cloud", "big", devices="cuda:4:80:9.0", price=8.0)
+                    + shape("cloud", "small", price=1.25))
+            + section("owned", shapes=shape("owned", "rack", devices="cuda:2:40:8.0", price=None)))
+    srv, _ = start(servers, tmp_path / "srv", toml)
+    env = base_env(srv.home)
+    out = cli("--url", srv.url, "--token", srv.admin_token, "providers", "offers", "--accelerator", "cuda",
+              "--gpus", "2", env=env)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split()[:4] for line in out.stdout.splitlines()[1:]]
+    assert rows == [["cloud", "big", "here", "$8.00"], ["owned", "rack", "here", "owned"]]
+    bad = cli("--url", srv.url, "--token", srv.admin_token, "providers", "offers", "--gpus", "-1", env=env)
+    assert bad.returncode == 2 and "--gpus" in bad.stderr
+    listed = cli("--url", srv.url, "--token", srv.admin_token, "providers", "list", env=env).stdout
+    assert [line.split()[:5] for line in listed.splitlines()[1:3]] == [
+        ["cloud", "local-process", "gpulayer.testprovider", "yes", "ok"],
+        ["owned", "local-process", "gpulayer.testprovider", "yes", "ok"]]
