@@ -165,7 +165,7 @@ def label() -> str:
 
 def launch_request(provider: Any, label: str, machine_id: str, *, shape: str = "t3.large",
                    url: str = "http://127.0.0.1:9", token: str = "glt_not-a-real-token") -> plugin.LaunchRequest:
-    [offer] = [o for o in provider.offers(plugin.Requirements()) if o.shape == shape][:1]
+    offer = next(o for o in provider.offers(plugin.Requirements()) if o.shape == shape)
     return plugin.LaunchRequest(machine_id=machine_id, label=label, offer=offer, control_url=url,
                                 bootstrap_token=token, join_deadline=time.time() + 600)
 
