@@ -1,11 +1,11 @@
-"""Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s types``, ``nox -s docs``, ``nox -s bench``,
-``nox -s peers``."""
+"""Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s types``, ``nox -s docs``, ``nox -s ec2``,
+``nox -s bench``, ``nox -s peers``."""
 
 from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["tests", "lint", "types", "docs"]
+nox.options.sessions = ["tests", "lint", "types", "docs", "ec2"]
 
 
 def _install(session: nox.Session) -> None:
@@ -39,6 +39,16 @@ def docs(session: nox.Session) -> None:
     _install(session)
     session.run("python", "-m", "pytest", "-q", "tests/unit/test_docs.py", "tests/unit/test_doc_references.py",
                 "tests/integration/test_doc_snippets.py", "tests/integration/test_readme.py")
+
+
+@nox.session
+def ec2(session: nox.Session) -> None:
+    """The example provider package: installed from its own folder, tested and typed there."""
+    session.install("-e", ".")
+    session.chdir("examples/gpulayer-provider-ec2")
+    session.install("-e", ".[test]", "mypy")
+    session.run("python", "-m", "pytest", "-q", *session.posargs)
+    session.run("mypy")  # strict, files: src (its own pyproject.toml)
 
 
 @nox.session

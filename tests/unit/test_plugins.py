@@ -460,7 +460,8 @@ def _gpulayer_imports(path: Path) -> list[str]:
     return found
 
 
-PLUGIN_SOURCES = sorted([*(ROOT / "plugins").rglob("*.py"), *(ROOT / "examples" / "third_party_plugin").rglob("*.py")])
+PLUGIN_SOURCES = sorted([*(ROOT / "plugins").rglob("*.py"), *(ROOT / "examples" / "third_party_plugin").rglob("*.py"),
+                         *(ROOT / "examples" / "gpulayer-provider-ec2").rglob("*.py")])
 
 
 @pytest.mark.parametrize("path", PLUGIN_SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -469,7 +470,8 @@ def test_plugins_and_the_example_import_only_gpulayer_plugin(path):
 
 
 def test_the_bundled_plugins_are_checked_at_all():
-    assert {p.parent.name for p in PLUGIN_SOURCES} >= {"gpulayer_cuda", "gpulayer_rocm", "gpulayer_acme_npu", "tests"}
+    assert {p.parent.name for p in PLUGIN_SOURCES} >= {"gpulayer_cuda", "gpulayer_rocm", "gpulayer_acme_npu",
+                                                        "gpulayer_provider_ec2", "tests"}
     assert _gpulayer_imports(ROOT / "plugins" / "gpulayer_cuda" / "__init__.py") == ["from gpulayer import plugin"]
 
 
