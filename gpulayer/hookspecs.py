@@ -54,6 +54,9 @@ def gpulayer_accelerator_detectors() -> Iterable[AcceleratorDetector]:
 
     ``hide_env`` is the environment that hides every device of the kind; a worker sets
     it for tasks that were granted none of them (see ``gpulayer_device_environment``).
+    Say where the devices came from in ``DetectionResult.source`` (``"NVML"``,
+    ``"nvidia-smi"``, ``"sysfs"``): ``resources detect --explain`` shows it with your
+    plugin's name. A plugin whose hook raises is left out of it and named once, not fatal.
 
     **Example**::
 
@@ -63,7 +66,7 @@ def gpulayer_accelerator_detectors() -> Iterable[AcceleratorDetector]:
         def gpulayer_accelerator_detectors():
             def detect(timeout: float) -> plugin.DetectionResult:
                 return plugin.DetectionResult(
-                    devices=[plugin.Device(kind="npu", index=0, name="Acme NPU")])
+                    devices=[plugin.Device(kind="npu", index=0, name="Acme NPU")], source="acme-smi")
             yield plugin.AcceleratorDetector(name="npu", detect=detect,
                                              hide_env={"ACME_VISIBLE_DEVICES": ""})
     """

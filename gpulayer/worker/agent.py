@@ -468,7 +468,9 @@ class Agent:
         from gpulayer.devices import task_environment
 
         # the granted devices visible, every other device this worker has hidden
-        env.update(task_environment(self.capabilities.devices, a.accelerator, a.devices))
+        # devices an override hid are hidden from every task too (their kind's hide_env)
+        have = [*self.capabilities.devices, *self.capabilities.hidden_devices]
+        env.update(task_environment(have, a.accelerator, a.devices))
         if a.spec.bundle_digest:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir), env.get("PYTHONPATH", "")) if p)
         return env

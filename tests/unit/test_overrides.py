@@ -241,3 +241,11 @@ def test_worker_status_json_shows_overrides_and_detector_trouble(gpulayer_home, 
     explained = gpulayer("explain", "--accelerator", "xpu", "--allow-unknown-accelerator", "--", "true", env={"GPULAYER_DETECTORS": "none"})
     assert "needs 1 usable xpu device(s), worker has 0 (detection trouble: detector 'xpu' (plugin 'fake-xpu') " \
            "failed: RuntimeError: xpu-smi: no answer within 10s)" in explained.stdout + explained.stderr
+
+
+def test_a_task_cannot_see_devices_an_override_hid(gpulayer_home):
+    env = {**fake_devices_env("cuda:2"), "GPULAYER_DETECTORS": "none", "GPULAYER_OVERRIDE_HIDE_DEVICES": "cuda"}
+    show = "import os; print('CVD=' + repr(os.environ.get('CUDA_VISIBLE_DEVICES')))"
+    proc = gpulayer("submit", "--", sys.executable, "-c", show, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "CVD=''" in proc.stdout  # hidden like a CPU task's, though the worker offers no cuda device
