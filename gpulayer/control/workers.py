@@ -280,7 +280,7 @@ class WorkerOps(Core):
         wakes it at once; a change made by another process is seen within 0.2 s."""
         deadline = time.monotonic() + wait
         while True:
-            generation = self._work_generation
+            seen = self._work_of(worker_id)
             with self.store.read() as s:
                 out = []
                 for t in queries.assigned_tasks_of_worker(s, worker_id):
@@ -296,7 +296,7 @@ class WorkerOps(Core):
             remaining = deadline - time.monotonic()
             if out or cancel or remaining <= 0:
                 return WorkPoll(tasks=out, cancel=cancel)
-            self._wait_change(generation, min(remaining, 0.2), work=True)
+            self._wait_work(worker_id, seen, min(remaining, 0.2))
 
     def start_task(self, task_id: str, *, worker_id: str, how: str = "") -> None:
         """Idempotent: starting a task its worker already started is success (the first
@@ -360,7 +360,8 @@ class WorkerOps(Core):
                         message=f"{state.value} {error.message if error else ''}".strip())
             s.flush()
             # what the task held is free: placed in the same transaction (one commit per report)
-            result = self._place_too(s)
+            # (a retry back in the queue gets its new decision from a whole pass)
+            result = self._place_too(s, until_full=job.state != JobState.QUEUED.value)
         self._changed()
         self._placed(result, started)
 
