@@ -185,19 +185,23 @@ class Core:
         for o in self._observers:
             o.on_change()
 
-    def _work_changed(self, worker_ids: frozenset[str] | None = None) -> None:
-        """Wake the polls of these workers (None: of every worker)."""
+    def _work_changed(self, worker_ids: frozenset[str] | None = None, *, ends: bool = False) -> None:
+        """Wake the polls of these workers (None: of every worker); ``ends``: they have
+        tasks to end (else: tasks to start)."""
         with self._wakeup:
             if worker_ids is None:
                 self._work_generation += 1
             else:
                 for wid in worker_ids:
-                    self._worker_generation[wid] = self._worker_generation.get(wid, 0) + 1
+                    key = f"{wid}:end" if ends else wid
+                    self._worker_generation[key] = self._worker_generation.get(key, 0) + 1
             self._wakeup.notify_all()
 
-    def _work_of(self, worker_id: str) -> tuple[int, int]:
-        """What a poll of ``worker_id`` compares to see whether it has news."""
-        return self._work_generation, self._worker_generation.get(worker_id, 0)
+    def _work_of(self, worker_id: str) -> tuple[int, int, int]:
+        """What a poll of ``worker_id`` compares to see whether it has news: changes for every
+        worker, tasks for it to start, tasks for it to end."""
+        g = self._worker_generation
+        return self._work_generation, g.get(worker_id, 0), g.get(f"{worker_id}:end", 0)
 
     def _wait_change(self, generation: int, timeout: float) -> None:
         """Sleep until a change after ``generation`` (read before the caller's last look at
@@ -206,7 +210,7 @@ class Core:
         with self._wakeup:
             self._wakeup.wait_for(lambda: self._generation != generation, timeout)
 
-    def _wait_work(self, worker_id: str, seen: tuple[int, int], timeout: float) -> None:
+    def _wait_work(self, worker_id: str, seen: tuple[int, int, int], timeout: float) -> None:
         """:meth:`_wait_change` for a worker's poll: only news for ``worker_id`` wakes it."""
         with self._wakeup:
             self._wakeup.wait_for(lambda: self._work_of(worker_id) != seen, timeout)
@@ -215,7 +219,7 @@ class Core:
         """Tell the long polls of these workers that they have tasks to end."""
         if not worker_ids:
             return
-        self._work_changed(worker_ids)
+        self._work_changed(worker_ids, ends=True)
         for o in self._observers:
             o.on_cancel(worker_ids)
 

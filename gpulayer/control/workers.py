@@ -275,15 +275,19 @@ class WorkerOps(Core):
         return self.poll_work(worker_id, wait=wait).tasks
 
     def poll_work(self, worker_id: str, *, running: Sequence[str] = (), wait: float = 0.0) -> WorkPoll:
-        """Tasks assigned to this worker and not started, and which of ``running`` it must
-        end; waits up to ``wait`` seconds for either. In this process a placement or a cancel
+        """Tasks assigned to this worker, not started and not in ``running``, and which of
+        ``running`` it must end; waits up to ``wait`` seconds for either. In this process a placement or a cancel
         wakes it at once; a change made by another process is seen within 0.2 s."""
         deadline = time.monotonic() + wait
+        ends_seen: int | None = None  # the worker's own count when its tasks to end were last read
         while True:
             seen = self._work_of(worker_id)
             with self.store.read() as s:
                 out = []
+                taken = set(running)
                 for t in queries.assigned_tasks_of_worker(s, worker_id):
+                    if t.id in taken:  # the worker has it already (it is starting it)
+                        continue
                     job = queries.find_job(s, t.job_id)
                     if job is None:
                         continue
@@ -292,7 +296,12 @@ class WorkerOps(Core):
                         accelerator=t.accelerator, devices=json.loads(t.devices), spec=mapping.job_spec(job),
                         rendezvous=Rendezvous.model_validate_json(t.rendezvous) if t.rendezvous else None,
                     ))
-                cancel = self._to_end(s, {worker_id: running})[worker_id] if running else []
+                cancel = []
+                # first look, then only when news for this worker came (a cancel wakes it):
+                # a look at the database every 0.2 s (for other processes' changes) need not
+                if running and ends_seen != seen[0] + seen[2]:
+                    cancel = self._to_end(s, {worker_id: running})[worker_id]
+                    ends_seen = seen[0] + seen[2]
             remaining = deadline - time.monotonic()
             if out or cancel or remaining <= 0:
                 return WorkPoll(tasks=out, cancel=cancel)
