@@ -58,8 +58,10 @@ class Core:
     #: counts the changes :meth:`_changed` announced: a waiter that read it before looking
     #: at the database cannot miss a change made between its look and its wait
     _generation: int = 0
-    #: the same, for changes a worker's poll cares about: tasks assigned, tasks to end
+    #: the same, for changes a worker's poll cares about (tasks assigned, tasks to end):
+    #: one count for changes that concern any worker, one per worker for its own
     _work_generation: int = 0
+    _worker_generation: dict[str, int] = field(default_factory=dict)
     _observers: list[ControlObserver] = field(default_factory=list)
     _placement_cache: placement.Cache = field(default_factory=placement.Cache)
     _last_expiry: float = 0.0
@@ -99,19 +101,21 @@ class Core:
             result = self._place(s, new_job=new_job)
         self._placed(result, started)
 
-    def _place(self, s: Session, *, new_job: str | None = None) -> scheduling.PlacementResult | None:
+    def _place(self, s: Session, *, new_job: str | None = None,
+               until_full: bool = False) -> scheduling.PlacementResult | None:
         """A placement pass in the caller's transaction; call :meth:`_placed` after it committed."""
         return placement.run(s, self.clock(), reserve_after=self.reserve_after, event=self._event,
-                             cache=self._placement_cache, new_job=new_job,
+                             cache=self._placement_cache, new_job=new_job, until_full=until_full,
                              offers=self.providers.cached_offers() if self.providers else ())
 
-    def _place_too(self, s: Session, *, new_job: str | None = None) -> scheduling.PlacementResult | None:
+    def _place_too(self, s: Session, *, new_job: str | None = None,
+                   until_full: bool = False) -> scheduling.PlacementResult | None:
         """:meth:`_place` after a change the caller must keep (a submit, a report): in a
         savepoint, so a pass that fails is undone alone and the change still commits (the
         next pass, at the latest the server's periodic one, places the queue)."""
         try:
             with s.begin_nested():
-                return self._place(s, new_job=new_job)
+                return self._place(s, new_job=new_job, until_full=until_full)
         except Exception:
             log.exception("a placement pass failed; the change before it is kept")
             return None
@@ -123,7 +127,7 @@ class Core:
         seconds = time.perf_counter() - started
         workers = frozenset(n.worker_id for a in result.assignments for n in a.nodes)
         if workers:
-            self._work_changed()
+            self._work_changed(workers)
         for o in self._observers:
             o.on_placement(seconds)
             if workers:
@@ -191,27 +195,41 @@ class Core:
         for o in self._observers:
             o.on_change()
 
-    def _work_changed(self) -> None:
+    def _work_changed(self, worker_ids: frozenset[str] | None = None, *, ends: bool = False) -> None:
+        """Wake the polls of these workers (None: of every worker); ``ends``: they have
+        tasks to end (else: tasks to start)."""
         with self._wakeup:
-            self._work_generation += 1
+            if worker_ids is None:
+                self._work_generation += 1
+            else:
+                for wid in worker_ids:
+                    key = f"{wid}:end" if ends else wid
+                    self._worker_generation[key] = self._worker_generation.get(key, 0) + 1
             self._wakeup.notify_all()
 
-    def _wait_change(self, generation: int, timeout: float, *, work: bool = False) -> None:
+    def _work_of(self, worker_id: str) -> tuple[int, int, int]:
+        """What a poll of ``worker_id`` compares to see whether it has news: changes for every
+        worker, tasks for it to start, tasks for it to end."""
+        g = self._worker_generation
+        return self._work_generation, g.get(worker_id, 0), g.get(f"{worker_id}:end", 0)
+
+    def _wait_change(self, generation: int, timeout: float) -> None:
         """Sleep until a change after ``generation`` (read before the caller's last look at
         the database) or ``timeout`` seconds: waiters in this process wake at once, and the
-        timeout bounds how late a change made by another process is noticed. ``work``: only
-        a change of :attr:`_work_generation` counts (what workers' polls wait for)."""
+        timeout bounds how late a change made by another process is noticed."""
         with self._wakeup:
-            if work:
-                self._wakeup.wait_for(lambda: self._work_generation != generation, timeout)
-            else:
-                self._wakeup.wait_for(lambda: self._generation != generation, timeout)
+            self._wakeup.wait_for(lambda: self._generation != generation, timeout)
+
+    def _wait_work(self, worker_id: str, seen: tuple[int, int, int], timeout: float) -> None:
+        """:meth:`_wait_change` for a worker's poll: only news for ``worker_id`` wakes it."""
+        with self._wakeup:
+            self._wakeup.wait_for(lambda: self._work_of(worker_id) != seen, timeout)
 
     def _cancelled_on(self, worker_ids: frozenset[str]) -> None:
         """Tell the long polls of these workers that they have tasks to end."""
         if not worker_ids:
             return
-        self._work_changed()
+        self._work_changed(worker_ids, ends=True)
         for o in self._observers:
             o.on_cancel(worker_ids)
 

@@ -136,10 +136,11 @@ class JobOps(Core):
         poll = 0.05
         while True:
             generation = self._generation
-            job = self.get_job(job_id)
+            with self.store.read() as s:  # the state alone while waiting; the record at the end
+                state = queries.job_state(s, job_id)
             remaining = deadline - time.monotonic()
-            if job.state.terminal or remaining <= 0:
-                return job
+            if state is None or JobState(state).terminal or remaining <= 0:
+                return self.get_job(job_id)  # (NotFound for a job that does not exist)
             self._wait_change(generation, min(poll, remaining))
             poll = min(poll * 1.5, 0.5)
 

@@ -75,7 +75,7 @@ class Cache:
 
 def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
         cache: Cache | None = None, new_job: str | None = None,
-        offers: Sequence[MachineOffer] = ()) -> scheduling.PlacementResult | None:
+        offers: Sequence[MachineOffer] = (), until_full: bool = False) -> scheduling.PlacementResult | None:
     """One pass over the whole queue; None when nothing is queued.
 
     Only the jobs it changes are loaded as rows (those assigned, and those whose decision
@@ -84,7 +84,8 @@ def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
     ``new_job`` (a submit): when no online worker has a free CPU slot or device, nothing
     can be assigned, and the jobs already queued were decided against this same fleet at
     the last change of its capacity (every such change runs a pass): only the new job is
-    decided. Otherwise the whole queue is, as always.
+    decided. Otherwise the whole queue is, as always. ``until_full``: a task ended (only
+    capacity changed): the pass stops once the fleet is full (:func:`scheduling.place`).
 
     ``offers``: the providers' cached offers (a cloud job that fits one waits for its machine)."""
     cache = cache if cache is not None else Cache()
@@ -95,7 +96,8 @@ def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
     specs = cache.load(s, [k[0] for k in keys], keep_others=len(keys) == 1 and new_job is not None)
     queue = [scheduling.QueuedJob(id=job_id, spec=specs[job_id], seq=i, queued_at=updated or created)
              for i, (job_id, created, updated, _, _) in enumerate(keys)]
-    result = scheduling.place(queue, workers, now, reserve_after=reserve_after, offers=offers)
+    result = scheduling.place(queue, workers, now, reserve_after=reserve_after, offers=offers,
+                              until_full=until_full)
     assigned = {a.job_id for a in result.assignments}
     changed = []
     for job_id, _, _, attempt, stored in keys:

@@ -296,15 +296,19 @@ class WorkerOps(Core):
         return self.poll_work(worker_id, wait=wait).tasks
 
     def poll_work(self, worker_id: str, *, running: Sequence[str] = (), wait: float = 0.0) -> WorkPoll:
-        """Tasks assigned to this worker and not started, and which of ``running`` it must
-        end; waits up to ``wait`` seconds for either. In this process a placement or a cancel
+        """Tasks assigned to this worker, not started and not in ``running``, and which of
+        ``running`` it must end; waits up to ``wait`` seconds for either. In this process a placement or a cancel
         wakes it at once; a change made by another process is seen within 0.2 s."""
         deadline = time.monotonic() + wait
+        ends_seen: int | None = None  # the worker's own count when its tasks to end were last read
         while True:
-            generation = self._work_generation
+            seen = self._work_of(worker_id)
             with self.store.read() as s:
                 out = []
+                taken = set(running)
                 for t in queries.assigned_tasks_of_worker(s, worker_id):
+                    if t.id in taken:  # the worker has it already (it is starting it)
+                        continue
                     job = queries.find_job(s, t.job_id)
                     if job is None:
                         continue
@@ -313,11 +317,16 @@ class WorkerOps(Core):
                         accelerator=t.accelerator, devices=json.loads(t.devices), spec=mapping.job_spec(job),
                         rendezvous=Rendezvous.model_validate_json(t.rendezvous) if t.rendezvous else None,
                     ))
-                cancel = self._to_end(s, {worker_id: running})[worker_id] if running else []
+                cancel = []
+                # first look, then only when news for this worker came (a cancel wakes it):
+                # a look at the database every 0.2 s (for other processes' changes) need not
+                if running and ends_seen != seen[0] + seen[2]:
+                    cancel = self._to_end(s, {worker_id: running})[worker_id]
+                    ends_seen = seen[0] + seen[2]
             remaining = deadline - time.monotonic()
             if out or cancel or remaining <= 0:
                 return WorkPoll(tasks=out, cancel=cancel)
-            self._wait_change(generation, min(remaining, 0.2), work=True)
+            self._wait_work(worker_id, seen, min(remaining, 0.2))
 
     def start_task(self, task_id: str, *, worker_id: str, how: str = "") -> None:
         """Idempotent: starting a task its worker already started is success (the first
@@ -381,7 +390,8 @@ class WorkerOps(Core):
                         message=f"{state.value} {error.message if error else ''}".strip())
             s.flush()
             # what the task held is free: placed in the same transaction (one commit per report)
-            result = self._place_too(s)
+            # (a retry back in the queue gets its new decision from a whole pass)
+            result = self._place_too(s, until_full=job.state != JobState.QUEUED.value)
         self._changed()
         self._placed(result, started)
 

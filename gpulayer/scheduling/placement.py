@@ -31,6 +31,7 @@ def place(
     reserve_after: float | None = 60.0,
     offers: Sequence[Offer] = (),
     reason_limit: int = 50,
+    until_full: bool = False,
 ) -> PlacementResult:
     """One placement pass: decide every queued job against the fleet.
 
@@ -38,6 +39,10 @@ def place(
     (``None`` or ``math.inf``: never). ``offers``: provider machines that could be booted;
     a job that fits one and is not assigned waits (``offer_requests`` names the offer).
     ``reason_limit``: most workers listed in one decision's reasons.
+    ``until_full``: stop once no active worker has a free CPU slot or device left (the
+    jobs not reached get no decision: the caller keeps their last one). Right after a task
+    ended, when only capacity changed, that decides the same as a whole pass, in time that
+    does not grow with the queue behind the first job that fits.
     See :mod:`gpulayer.scheduling` for the rules.
     """
     if reserve_after is None:
@@ -51,7 +56,10 @@ def place(
 
     result = PlacementResult(assignments=[], decisions={})
     decisions, assignments = result.decisions, result.assignments
+    room = sum(w.free_cpu + sum(len(f) for f in w.free.values()) for w in workers.workers if w.state is None)
     for qj in queue_order(queue):
+        if until_full and room <= 0:
+            break
         spec = qj.spec
         st = shapes[shape_of(spec)]
         nodes = spec.nodes if spec.kind == "distributed" else 1
@@ -61,6 +69,7 @@ def place(
             grants, target_index, best_partial = assign(st, nodes)
             if grants is not None:
                 assignments.append(Assignment(job_id=qj.id, nodes=grants))
+                room -= sum(max(1, len(g.devices)) for g in grants)
                 decisions[qj.id] = assigned_decision(st, grants, target_index, nodes, now)
                 continue
             # blocked: compatible workers exist, none (or too few) has room

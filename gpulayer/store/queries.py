@@ -68,6 +68,12 @@ def job(s: Session, job_id: str, *, for_update: bool = False) -> JobRow:
     return get_or_raise(s, JobRow, job_id, "job", for_update=for_update)
 
 
+def job_state(s: Session, job_id: str) -> str | None:
+    """Only the job's state (None: no such job): what a wait looks at while it waits."""
+    value: str | None = s.execute(sa_select(col(JobRow.state)).where(col(JobRow.id) == job_id)).scalar()
+    return value
+
+
 def find_job(s: Session, job_id: str) -> JobRow | None:
     return s.get(JobRow, job_id)
 

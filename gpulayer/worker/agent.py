@@ -185,7 +185,7 @@ class Agent:
         self._signalled = threading.Event()
         self._stopped = threading.Event()
         self._running: dict[str, Cancel] = {}
-        #: running tasks already told to end (they are ending)
+        #: running tasks already told to end, or whose process ended (they are reporting)
         self._ending: set[str] = set()
         self._threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
@@ -313,7 +313,7 @@ class Agent:
             try:
                 # the tasks running here go with the poll, so a cancel of one of them answers
                 # it at once (not at the next heartbeat)
-                with self._lock:  # not those already told to end: the answer would repeat at once
+                with self._lock:  # (those told to end are left out: the answer would repeat at once)
                     running = [t for t in self._running if t not in self._ending]
                 work = self.api.poll_work(self.worker_id, running=running, wait=self.poll_wait)
                 backoff = 0.5
@@ -355,6 +355,8 @@ class Agent:
                 log.info("not starting %s: %s", a.task_id, exc)
                 return
             outcome = self._execute(a, cancel, fork)
+            with self._lock:  # ended: a poll need not ask about it any more
+                self._ending.add(a.task_id)
             if self._died_with_worker(a.task_id, outcome):
                 log.warning("task %s was killed by a signal while this worker was being stopped by one: "
                             "left to be marked lost", a.task_id)

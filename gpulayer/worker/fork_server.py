@@ -61,18 +61,23 @@ def _provides(entry: str, name: str) -> bool:
     return os.path.isdir(base) or os.path.exists(base + ".py")
 
 
-def _shadowed(origins: dict[str, str | None], search: list[str]) -> list[str]:
-    """Preloaded modules that the task's ``search`` path would import from elsewhere."""
+def _shadowed(origins: dict[str, str | None], search: list[str], entries: set[str]) -> list[str]:
+    """Preloaded modules that the task's ``search`` path would import from elsewhere, or
+    not at all. ``entries``: this server's own path entries when it preloaded; a module it
+    found through none of them came from an import hook (an editable install), which the
+    task's interpreter would use the same way."""
     out = []
     for name, origin in origins.items():
         first = next((os.path.abspath(e or ".") for e in search if _provides(e, name)), None)
+        if first is None and origin not in entries:
+            continue
         if first != origin:
             out.append(name)
     return out
 
 
 def _child(req: dict[str, Any], fds: list[int], runner: Any, base_path: list[str],
-           origins: dict[str, str | None], prctl: Any, server: int) -> None:
+           origins: dict[str, str | None], entries_then: set[str], prctl: Any, server: int) -> None:
     code = 1
     try:
         os.setsid()
@@ -92,7 +97,7 @@ def _child(req: dict[str, Any], fds: list[int], runner: Any, base_path: list[str
         os.environ.update(req["env"])
         entries = [p for p in req["path"] if p]
         # the runner puts the cwd first (see function_runner._setup_path)
-        for name in _shadowed(origins, [req["cwd"], *entries, *base_path]):
+        for name in _shadowed(origins, [req["cwd"], *entries, *base_path], entries_then):
             for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
                 del sys.modules[mod]
         sys.path[:] = [*entries, *base_path]
@@ -132,6 +137,7 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
     base_path = [p for p in sys.path if os.path.abspath(p or ".") not in started]
     tops = {name.partition(".")[0] for name in preloaded}
     origins = {name: _origin(sys.modules.get(name)) for name in tops}
+    entries_then = {os.path.abspath(p or ".") for p in sys.path}
     prctl = None
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
@@ -157,7 +163,7 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
                         raise OSError(f"expected 2 descriptors, got {len(fds)}")
                     pid = os.fork()
                     if pid == 0:
-                        _child(req, fds, runner, base_path, origins, prctl, me)
+                        _child(req, fds, runner, base_path, origins, entries_then, prctl, me)
                     pidfd = os.pidfd_open(pid)
                 except OSError as exc:
                     _send(sock, {"id": req.get("id"), "error": f"{type(exc).__name__}: {exc}"})

@@ -123,3 +123,19 @@ def test_waiting_decision_summaries():
     assert waiting_decision(st, 1, 0, [], ["w0"], 60.0, 0.0).summary == (
         "waiting: 3 compatible worker(s) busy; reserved w0 for it (queued longer than reserve_after=60s)"
         "; offer p:gpu could run it once booted")
+
+
+def test_until_full_stops_once_no_worker_has_room_and_decides_the_same_up_to_there():
+    from gpulayer.scheduling import place
+
+    fleet = [make_state(make_worker("wkr-a", cpu_slots=2), busy_cpu_slots=1),
+             make_state(make_worker("wkr-b", devices=make_cuda_devices(1), cpu_slots=0))]
+    queue = [queued(make_job(accelerator="cuda", gpus=1), "gpu", seq=0),
+             *(queued(make_job(), f"cpu{i}", seq=i + 1) for i in range(5))]
+    whole = place(queue, fleet, now=0.0)
+    part = place(queue, fleet, now=0.0, until_full=True)
+    assert [a.job_id for a in part.assignments] == [a.job_id for a in whole.assignments] == ["gpu", "cpu0"]
+    # the jobs behind the last one that fitted are not reached: they keep their last decision
+    assert set(part.decisions) == {"gpu", "cpu0"}
+    assert all(part.decisions[j].summary == whole.decisions[j].summary for j in part.decisions)
+    assert set(whole.decisions) == {q.id for q in queue}
