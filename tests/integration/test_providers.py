@@ -233,7 +233,8 @@ def test_an_embedded_cloud_job_fails_at_once_saying_how_to_start_a_server(tmp_pa
 def test_machines_terminate_ends_a_machine_at_once(servers: list[ServerProc], tmp_path: Path) -> None:
     srv, api = start(servers, tmp_path / "srv", section(shapes=shape("local", "gpu1"), idle="300s"))
     wait_job(api, submit(api, CUDA_JOB))
-    [m] = machines(api)
+    # the job has ended; the machine reads idle from the next provisioning pass on (about 1 s)
+    [m] = until(lambda: [x for x in machines(api) if x["state"] == "idle"], 30, "the machine to be idle")
     env = base_env(srv.home)
     listed = cli("--url", srv.url, "--token", srv.admin_token, "machines", "list", env=env)
     assert m["id"] in listed.stdout and "idle" in listed.stdout and "$" in listed.stdout
