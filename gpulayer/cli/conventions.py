@@ -21,7 +21,6 @@ This module imports nothing heavy (only Typer and the standard library): every c
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -67,6 +66,8 @@ def json_option(help: str = "print JSON") -> Any:
 def echo_json(data: Any, *, lines: bool = False) -> None:
     """Print ``data`` (plain data or a pydantic record) as JSON on stdout: indented, or on
     one line with ``lines`` (a ready line, or one record per line of a stream)."""
+    import json  # here, not at the top: gpulayer --help goes through this module
+
     if hasattr(data, "model_dump"):
         data = data.model_dump(mode="json")
     typer.echo(json.dumps(data, default=str, indent=None if lines else 2))
