@@ -148,3 +148,17 @@ def test_an_embedded_jobs_list_starts_no_worker_loads_no_plugin_and_detects_noth
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1]) == {"threads": ["MainThread"], "plugins loaded": False,
                                                         "cache": []}
+
+
+def test_a_command_closes_the_embedded_database_at_exit(tmp_path: Path) -> None:
+    """The CLI's last exit handler closes its clients before it freezes the garbage
+    collector (gpulayer.cli._at_last): SQLite checkpoints and removes its WAL, as it did
+    when the interpreter freed the engine."""
+    env = {**_env(), "GPULAYER_HOME": str(tmp_path)}
+    for args in (["jobs", "list"], ["submit", "--", sys.executable, "-c", "pass"]):
+        proc = subprocess.run([sys.executable, "-m", "gpulayer.cli", *args], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert (tmp_path / "gpulayer.db").exists()
+        left = sorted(p.name for p in tmp_path.glob("gpulayer.db-*"))
+        assert left == [], (args, left)
