@@ -152,8 +152,8 @@ class Client:
         progress lines); ``stream=False`` reads no logs, it only waits."""
         after = 0
         delay = 0.05
+        job = self.api.get_job(job_id)
         while True:
-            job = self.api.get_job(job_id)
             if on_update is not None:
                 on_update(job)
             chunks = self.api.logs(job_id, after=after, node=node) if stream else []
@@ -164,8 +164,11 @@ class Client:
                 return
             if chunks:
                 delay = 0.05
+                job = self.api.get_job(job_id)
             else:
-                time.sleep(delay)
+                # a long poll instead of a sleep: the job's end is seen at once, not a
+                # growing delay after it; new output is read after at most `delay`
+                job = self.api.wait_job(job_id, timeout=delay)
                 delay = min(delay * 1.5, 0.5)
 
     # ------------------------------------------------------------------ the in-process worker

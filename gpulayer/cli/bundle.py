@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from gpulayer import config
+from gpulayer.cli.commands import help_of
 from gpulayer.cli.display import printable
 from gpulayer.errors import BundleError, GpulayerError
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 bundle_app = typer.Typer(
     name="bundle",
-    help="Source bundles: the deterministic zip your code travels in.",
+    help=help_of("bundle"),
     no_args_is_help=True,
     rich_markup_mode=None,
 )

@@ -1,6 +1,6 @@
 """What every ``gpulayer`` command shares: exit codes, ``--json`` output, help rendering.
 
-A command module adds itself in :func:`gpulayer.cli._add_groups` and follows these
+A command module is named in :data:`gpulayer.cli.commands.COMMANDS` and follows these
 conventions (docs/cli.md, "Conventions", says the same for people):
 
 * **Exit codes** are the constants below, never bare numbers: 0 done, 2 bad input (any
@@ -21,7 +21,6 @@ This module imports nothing heavy (only Typer and the standard library): every c
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -67,6 +66,8 @@ def json_option(help: str = "print JSON") -> Any:
 def echo_json(data: Any, *, lines: bool = False) -> None:
     """Print ``data`` (plain data or a pydantic record) as JSON on stdout: indented, or on
     one line with ``lines`` (a ready line, or one record per line of a stream)."""
+    import json  # here, not at the top: gpulayer --help goes through this module
+
     if hasattr(data, "model_dump"):
         data = data.model_dump(mode="json")
     typer.echo(json.dumps(data, default=str, indent=None if lines else 2))
@@ -162,7 +163,9 @@ def prepare(command: Any) -> Any:
                 # Typer writes an argument as `{job_id} <str>`; we write `JOB` (`[JOB]` if optional)
                 p.display_type_rich = _no_type
                 p._usage_display_name = _usage_name(p)
-        for sub in getattr(cmd, "commands", {}).values():
+        subs = getattr(cmd, "commands", {})
+        # the root's lazy commands: only those loaded so far (the rest are prepared as they load)
+        for sub in subs.loaded() if hasattr(subs, "loaded") else subs.values():
             walk(sub)
 
     walk(command)

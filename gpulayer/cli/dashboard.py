@@ -13,6 +13,7 @@ from typing import Any
 import typer
 
 from gpulayer import config
+from gpulayer.cli.commands import help_of
 from gpulayer.cli.conventions import EXIT_BAD_INPUT, echo_json, json_option
 
 #: the dashboard's default port (the server's is 8765)
@@ -25,7 +26,11 @@ RECHECK = 1.0
 
 
 def register(app: typer.Typer) -> None:
-    app.command("dashboard")(dashboard)
+    app.command("dashboard", help=f"{help_of('dashboard')}\n\n{_MORE}")(dashboard)
+
+
+_MORE = ("It shows the jobs and workers of $GPULAYER_HOME; log in with the token it prints. A "
+         "server (gpulayer server start) serves its own dashboard at its URL.")
 
 
 def dashboard(
@@ -33,10 +38,7 @@ def dashboard(
     log_level: str = typer.Option("warning", "--log-level", metavar="LEVEL", help="uvicorn log level"),
     as_json: bool = json_option("once listening, print url, token and home as one line of JSON on stdout"),
 ) -> None:
-    """Serve the web dashboard of the embedded control plane on 127.0.0.1.
-
-    It shows the jobs and workers of $GPULAYER_HOME; log in with the token it prints. A
-    server (gpulayer server start) serves its own dashboard at its URL."""
+    # its help: help_of("dashboard") and _MORE
     import logging
     import socket
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from gpulayer.cli import jobs
+from gpulayer.cli.commands import help_of
 
 if TYPE_CHECKING:
     from gpulayer.client import Client
@@ -70,9 +71,8 @@ def explain_cmd(**flags: Any) -> None:
     _show(e, flags["as_json"], command_line())
 
 
-def jobs_explain(job_id: str = typer.Argument(..., metavar="JOB"), as_json: bool = typer.Option(
-        False, "--json", help="print the explanation record as JSON")) -> None:
-    """Could the job run now, where, and if not, which worker comes closest and what change would make it fit."""
+def explain_job(job_id: str, as_json: bool) -> None:
+    """``gpulayer jobs explain JOB`` (defined in :mod:`gpulayer.cli.jobs`, with its group)."""
     e = jobs._client().explain_job(job_id)
     _show(e, as_json, f"gpulayer jobs explain {job_id}")
 
@@ -97,7 +97,5 @@ def register(app: typer.Typer) -> None:
     app.command(
         "explain",
         context_settings={"allow_interspersed_args": False},
-        help="Could this job run, where, and if not, which worker comes closest? Takes gpulayer submit's "
-             "options; submits nothing.",
+        help=help_of("explain"),
     )(explain_cmd)
-    jobs.jobs_app.command("explain")(jobs_explain)

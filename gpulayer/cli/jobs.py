@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
+from gpulayer.cli.commands import help_of
 from gpulayer.cli.conventions import (
     EXIT_CANCELLED,
     EXIT_FAILED,
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["EXIT_CANCELLED", "EXIT_FAILED", "EXIT_LOST", "EXIT_STILL_RUNNING", "EXIT_TIMED_OUT",
            "EXIT_UNSCHEDULABLE", "exit_code_for", "follow_job", "spec_from_flags", "submit_cmd"]
 
-jobs_app = typer.Typer(help="Inspect and control jobs.", no_args_is_help=True, rich_markup_mode=None)
+jobs_app = typer.Typer(help=help_of("jobs"), no_args_is_help=True, rich_markup_mode=None)
 
 
 def __getattr__(name: str) -> Any:
@@ -128,7 +129,7 @@ def register(app: typer.Typer) -> None:
     app.command(
         "submit",
         context_settings={"allow_interspersed_args": False},
-        help="Submit a command as a job, stream its output and exit with its exit code.",
+        help=help_of("submit"),
     )(submit_cmd)
 
 
@@ -519,3 +520,12 @@ def jobs_result(
     if job.error is not None and job.error.traceback:
         typer.echo(job.error.traceback, err=True)
     raise typer.Exit(exit_code_for(job))
+
+
+@jobs_app.command("explain")
+def jobs_explain(job_id: str = typer.Argument(..., metavar="JOB"), as_json: bool = typer.Option(
+        False, "--json", help="print the explanation record as JSON")) -> None:
+    """Could the job run now, where, and if not, which worker comes closest and what change would make it fit."""
+    from gpulayer.cli.explain import explain_job
+
+    explain_job(job_id, as_json)

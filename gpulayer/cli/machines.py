@@ -8,10 +8,11 @@ from typing import Any, Optional
 
 import typer
 
+from gpulayer.cli.commands import help_of
 from gpulayer.cli.conventions import echo_json, json_option
 
-providers_app = typer.Typer(help="Providers that bring up machines for cloud jobs (admin).", no_args_is_help=True)
-machines_app = typer.Typer(help="Machines providers brought up for cloud jobs (admin).", no_args_is_help=True)
+providers_app = typer.Typer(help=help_of("providers"), no_args_is_help=True)
+machines_app = typer.Typer(help=help_of("machines"), no_args_is_help=True)
 
 
 def register(app: typer.Typer) -> None:

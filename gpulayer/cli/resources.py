@@ -13,15 +13,16 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from gpulayer.cli.commands import help_of
 from gpulayer.units import format_gb
 
 if TYPE_CHECKING:  # pydantic records and pluggy: loaded by the commands, not by --help
     from gpulayer import plugins
     from gpulayer.hookrecords import Capabilities
 
-resources_app = typer.Typer(help="What this machine offers to jobs.", no_args_is_help=True, rich_markup_mode=None)
-plugins_app = typer.Typer(help="Installed GPUlayer plugins.", no_args_is_help=True, rich_markup_mode=None)
-profiles_app = typer.Typer(help="Runtime profiles (named accelerator + framework presets).",
+resources_app = typer.Typer(help=help_of("resources"), no_args_is_help=True, rich_markup_mode=None)
+plugins_app = typer.Typer(help=help_of("plugins"), no_args_is_help=True, rich_markup_mode=None)
+profiles_app = typer.Typer(help=help_of("profiles"),
                            no_args_is_help=True, rich_markup_mode=None)
 
 _W = 10  # label column width: "device    [0] ..."

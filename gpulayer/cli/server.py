@@ -12,9 +12,10 @@ from typing import Any, Optional
 import typer
 
 from gpulayer import config
+from gpulayer.cli.commands import help_of
 from gpulayer.cli.conventions import EXIT_BAD_INPUT, echo_json, json_option
 
-server_app = typer.Typer(help="Run the self-hosted control plane.", no_args_is_help=True, rich_markup_mode=None)
+server_app = typer.Typer(help=help_of("server"), no_args_is_help=True, rich_markup_mode=None)
 
 
 def register(app: typer.Typer) -> None:

@@ -7,11 +7,12 @@ from typing import Any, Optional
 
 import typer
 
+from gpulayer.cli.commands import help_of
 from gpulayer.cli.conventions import echo_json, json_option
 from gpulayer.cli.display import printable
 from gpulayer.errors import InvalidInput
 
-token_app = typer.Typer(help="Manage a server's API tokens (needs --url and an admin token).",
+token_app = typer.Typer(help=help_of("token"),
                         no_args_is_help=True, rich_markup_mode=None)
 
 

@@ -8,12 +8,13 @@ from typing import Any, Optional
 
 import typer
 
+from gpulayer.cli.commands import help_of
 from gpulayer.cli.conventions import EXIT_BAD_INPUT, echo_json, json_option
 from gpulayer.cli.display import printable
 from gpulayer.errors import InvalidInput
 from gpulayer.units import format_gb
 
-worker_app = typer.Typer(help="Run and inspect workers.", no_args_is_help=True, rich_markup_mode=None)
+worker_app = typer.Typer(help=help_of("worker"), no_args_is_help=True, rich_markup_mode=None)
 
 
 def register(app: typer.Typer) -> None:

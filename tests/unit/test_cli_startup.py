@@ -4,6 +4,7 @@ no database, HTTP or ML stack. Each check runs in a fresh interpreter and reads 
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -11,6 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+from gpulayer.cli import commands
 
 #: never loaded by ``import gpulayer`` or ``gpulayer --help``
 HEAVY = ("sqlalchemy", "sqlmodel", "httpx", "uvicorn", "starlette", "torch")
@@ -62,11 +65,56 @@ def test_help_is_light(args: list[str], tmp_path: Path) -> None:
     assert not loaded & {*HEAVY, *ALSO_LIGHT}, sorted(loaded & {*HEAVY, *ALSO_LIGHT})
 
 
-@pytest.mark.parametrize("args", [["jobs", "--help"], ["submit", "--help"], ["worker", "start", "--help"],
-                                  ["resources", "detect", "--help"], ["server", "start", "--help"]])
+@pytest.mark.parametrize("args", [["jobs", "--help"], ["jobs", "list", "--help"], ["submit", "--help"],
+                                  ["worker", "start", "--help"], ["resources", "detect", "--help"],
+                                  ["server", "start", "--help"]])
 def test_a_commands_help_loads_no_database_or_http_stack(args: list[str], tmp_path: Path) -> None:
     loaded = loaded_after(HELP.replace("ARGS", repr(args)), tmp_path)
     assert not loaded & {*HEAVY, "pluggy"}, sorted(loaded & {*HEAVY, "pluggy"})
+
+
+def cli_modules_after(code: str, tmp_path: Path) -> set[str]:
+    probe = textwrap.dedent(code) + textwrap.dedent("""
+        import json, sys
+        print(json.dumps(sorted(m for m in sys.modules if m.startswith("gpulayer.cli."))))
+    """)
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**_env(), "GPULAYER_HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    return set(json.loads(proc.stdout.splitlines()[-1]))
+
+
+def test_the_roots_help_imports_no_command_module(tmp_path: Path) -> None:
+    loaded = cli_modules_after(HELP.replace("ARGS", "['--help']"), tmp_path)
+    assert loaded <= {"gpulayer.cli.commands", "gpulayer.cli.conventions"}, sorted(loaded)
+
+
+@pytest.mark.parametrize(("args", "module"), [(["jobs", "--help"], "jobs"), (["submit", "--help"], "jobs"),
+                                              (["worker", "--help"], "worker"), (["token", "--help"], "token"),
+                                              (["profiles", "--help"], "resources")])
+def test_a_command_imports_only_its_own_module(args: list[str], module: str, tmp_path: Path) -> None:
+    loaded = cli_modules_after(HELP.replace("ARGS", repr(args)), tmp_path)
+    others = {f"gpulayer.cli.{m}" for m, _ in commands.COMMANDS.values()} - {f"gpulayer.cli.{module}"}
+    assert f"gpulayer.cli.{module}" in loaded
+    assert not loaded & others, sorted(loaded & others)
+
+
+def test_every_listed_command_is_registered_by_its_module() -> None:
+    """The table of gpulayer.cli.commands and the modules agree: each module registers
+    exactly the names the table gives it, and each takes its help from the table."""
+    import typer
+
+    from gpulayer.cli import app
+
+    root = typer.main.get_command(app)
+    for name, (_, one_line) in commands.COMMANDS.items():
+        cmd = root.commands[name]  # type: ignore[attr-defined]
+        assert (cmd.help or "").startswith(one_line), (name, cmd.help)
+    for module in {m for m, _ in commands.COMMANDS.values()}:
+        holder = typer.Typer()
+        importlib.import_module(f"gpulayer.cli.{module}").register(holder)
+        names = {c.name for c in holder.registered_commands} | {g.name for g in holder.registered_groups}
+        assert names == {n for n, (m, _) in commands.COMMANDS.items() if m == module}, module
 
 
 def test_the_lazy_names_of_gpulayer_still_resolve(tmp_path: Path) -> None:
@@ -84,3 +132,33 @@ def test_jobs_list_loads_no_http_or_server_stack(tmp_path: Path) -> None:
     loaded = loaded_after(HELP.replace("ARGS", "['jobs', 'list']").replace('"Usage: gpulayer"', '"no jobs"'),
                           tmp_path)
     assert not loaded & {"httpx", "uvicorn", "starlette", "torch"}, sorted(loaded)
+
+
+def test_an_embedded_jobs_list_starts_no_worker_loads_no_plugin_and_detects_nothing(tmp_path: Path) -> None:
+    probe = HELP.replace("ARGS", "['jobs', 'list']").replace('"Usage: gpulayer"', '"no jobs"') + """
+    import json, os, threading
+    plugins = sys.modules.get("gpulayer.plugins")
+    cache = os.path.join(os.environ["GPULAYER_HOME"], "cache")
+    print(json.dumps({"threads": [t.name for t in threading.enumerate()],
+                      "plugins loaded": plugins is not None and plugins._manager is not None,
+                      "cache": sorted(f for _, _, fs in os.walk(cache) for f in fs)}))
+    """
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(probe)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env={**_env(), "GPULAYER_HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"threads": ["MainThread"], "plugins loaded": False,
+                                                        "cache": []}
+
+
+def test_a_command_closes_the_embedded_database_at_exit(tmp_path: Path) -> None:
+    """The CLI's last exit handler closes its clients before it freezes the garbage
+    collector (gpulayer.cli._at_last): SQLite checkpoints and removes its WAL, as it did
+    when the interpreter freed the engine."""
+    env = {**_env(), "GPULAYER_HOME": str(tmp_path)}
+    for args in (["jobs", "list"], ["submit", "--", sys.executable, "-c", "pass"]):
+        proc = subprocess.run([sys.executable, "-m", "gpulayer.cli", *args], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert (tmp_path / "gpulayer.db").exists()
+        left = sorted(p.name for p in tmp_path.glob("gpulayer.db-*"))
+        assert left == [], (args, left)
