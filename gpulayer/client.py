@@ -63,6 +63,9 @@ class Client:
         #: local jobs this process submitted (it waits for them at exit)
         self._submitted: list[str] = []
         self._terminating = False
+        #: bundles the control plane holds and lets this client read (stored bundles and
+        #: their readers are never removed), so a loop of submits asks once per bundle
+        self._bundles_held: set[str] = set()
 
     @property
     def embedded(self) -> bool:
@@ -85,8 +88,10 @@ class Client:
         spec = self.resolve(spec)
         if spec.bundle is not None:
             bundle = bundles.build_bundle(spec.bundle)
-            if not self.api.has_bundle(bundle.digest):
-                self.api.put_bundle(bundle.digest, bundle.data)
+            if bundle.digest not in self._bundles_held:
+                if not self.api.has_bundle(bundle.digest):
+                    self.api.put_bundle(bundle.digest, bundle.data)
+                self._bundles_held.add(bundle.digest)
             spec = spec.model_copy(update={"bundle": None, "bundle_digest": bundle.digest})
         return spec
 

@@ -285,15 +285,23 @@ def settings() -> Settings:
     return parsed
 
 
+_homes: dict[str, Path] = {}
+
+
 def home() -> Path:
     """The state directory, created on first use (readable by its owner only: it holds the
     database, with job specs, code, logs and results, and tokens)."""
     raw = settings().home or str(Path.home() / ".gpulayer")
+    known = _homes.get(raw)
+    if known is not None and known.is_dir():  # (looked at several times per job: one stat)
+        return known
     path = Path(raw).expanduser().resolve()
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = path.stat()
     if st.st_uid == os.getuid() and st.st_mode & 0o077:  # made before, or by something else
         os.chmod(path, 0o700)
+    if os.path.isabs(raw):  # (a relative one follows the working directory)
+        _homes[raw] = path
     return path
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 import io
 import os
 import stat
+import threading
 import zipfile
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import pathspec
 
@@ -85,6 +87,8 @@ class Inspection:
     excluded: list[Excluded] = field(default_factory=list)
     #: absolute path each included file's bytes are read from (a symlink's target)
     sources: dict[str, Path] = field(default_factory=dict, repr=False)
+    #: each included file's (device, inode, mtime_ns, ctime_ns): what says it changed
+    stamps: dict[str, tuple[int, int, int, int]] = field(default_factory=dict, repr=False)
 
     @property
     def total_size(self) -> int:
@@ -266,6 +270,7 @@ def inspect_directory(directory: str | os.PathLike[str]) -> Inspection:
             mode = 0o755 if st.st_mode & 0o111 else 0o644
             inspection.included.append(BundleFile(rel, st.st_size, mode))
             inspection.sources[rel] = source
+            inspection.stamps[rel] = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
 
     walk(root, "", [_default_layer(), *_read_layers(root, "")])
     inspection.included.sort(key=lambda f: f.path)
@@ -337,8 +342,33 @@ def build_bundle(directory: str | os.PathLike[str], *, max_bytes: int | None = N
     ``max_bytes`` is the largest bundle accepted (default :func:`gpulayer.config.max_bundle_bytes`,
     from ``GPULAYER_MAX_BUNDLE_MB``). A bigger bundle raises :class:`BundleTooLarge` naming the
     limit, the size and the largest files; a missing directory raises :class:`BundleError`.
+
+    The directory is walked every time (its rules and files as they are now), but a bundle
+    whose files all have the same size, mode, inode, mtime and ctime as when it was last
+    built in this process is not zipped and hashed again: a loop of ``.remote()`` calls pays
+    for a stat of each file, not for reading it.
     """
-    return build_from_inspection(inspect_directory(directory), max_bytes=max_bytes)
+    inspection = inspect_directory(directory)
+    limit = config.max_bundle_bytes() if max_bytes is None else int(max_bytes)
+    key = (str(inspection.root), limit)
+    stamp = tuple((f, inspection.stamps[f.path]) for f in inspection.included)
+    with _built_lock:
+        known = _built.get(key)
+    if known is not None and known[0] == stamp:
+        return known[1]
+    bundle = build_from_inspection(inspection, max_bytes=limit)
+    with _built_lock:
+        _built[key] = (stamp, bundle)
+        _built.move_to_end(key)
+        while len(_built) > _BUILT_KEPT:
+            _built.popitem(last=False)
+    return bundle
+
+
+#: the bundles this process built last, by (root, limit), with the stamp of their files
+_built: OrderedDict[tuple[str, int], tuple[tuple[Any, ...], Bundle]] = OrderedDict()
+_built_lock = threading.Lock()
+_BUILT_KEPT = 8
 
 
 def build_from_inspection(inspection: Inspection, *, max_bytes: int | None = None) -> Bundle:

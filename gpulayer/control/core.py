@@ -22,7 +22,7 @@ from gpulayer import config, lifecycle, scheduling, tokens
 from gpulayer.control import placement
 from gpulayer.errors import Forbidden
 from gpulayer.records import JobError, JobState, TaskState
-from gpulayer.store import EventRow, JobRow, Store, TaskRow, mapping, queries
+from gpulayer.store import JobRow, Store, TaskRow, mapping, queries
 
 log = logging.getLogger("gpulayer.control")
 if TYPE_CHECKING:
@@ -185,8 +185,8 @@ class Core:
     def _event(self, s: Session, kind: str, *, job_id: str | None = None, task_id: str | None = None,
                worker_id: str | None = None, message: str = "") -> None:
         """Record an event of the history ``gpulayer jobs show`` and ``events`` read."""
-        queries.add_event(s, EventRow(ts=self.clock(), kind=kind, job_id=job_id, task_id=task_id,
-                                      worker_id=worker_id, message=message))
+        queries.add_event(s, ts=self.clock(), kind=kind, job_id=job_id, task_id=task_id,
+                          worker_id=worker_id, message=message)
 
     def _changed(self) -> None:
         with self._wakeup:

@@ -70,8 +70,9 @@ class JobOps(Core):
             s.flush()
             # placed in the same transaction: one commit per submit
             result = self._place_too(s, new_job=job_id)
+            record = mapping.job_record(queries.job(s, job_id), queries.tasks_of(s, job_id))
         self._placed(result, started)
-        return self.get_job(job_id)
+        return record
 
     def get_job(self, job_id: str) -> JobRecord:
         with self.store.read() as s:
@@ -138,9 +139,10 @@ class JobOps(Core):
             generation = self._generation
             with self.store.read() as s:  # the state alone while waiting; the record at the end
                 state = queries.job_state(s, job_id)
-            remaining = deadline - time.monotonic()
-            if state is None or JobState(state).terminal or remaining <= 0:
-                return self.get_job(job_id)  # (NotFound for a job that does not exist)
+                remaining = deadline - time.monotonic()
+                if state is None or JobState(state).terminal or remaining <= 0:
+                    # (NotFound for a job that does not exist)
+                    return mapping.job_record(queries.job(s, job_id), queries.tasks_of(s, job_id))
             self._wait_change(generation, min(poll, remaining))
             poll = min(poll * 1.5, 0.5)
 

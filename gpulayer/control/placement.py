@@ -89,10 +89,16 @@ def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
 
     ``offers``: the providers' cached offers (a cloud job that fits one waits for its machine)."""
     cache = cache if cache is not None else Cache()
-    workers = fleet(s)
-    keys = queries.queue_keys(s, new_job if new_job is not None and not has_room(workers) else None)
-    if not keys:
-        return None
+    if new_job is None:  # (a report, a cancel: most often nothing is queued, so look first)
+        keys = queries.queue_keys(s, None)
+        if not keys:
+            return None
+        workers = fleet(s)
+    else:
+        workers = fleet(s)
+        keys = queries.queue_keys(s, new_job if not has_room(workers) else None)
+        if not keys:
+            return None
     specs = cache.load(s, [k[0] for k in keys], keep_others=len(keys) == 1 and new_job is not None)
     queue = [scheduling.QueuedJob(id=job_id, spec=specs[job_id], seq=i, queued_at=updated or created)
              for i, (job_id, created, updated, _, _) in enumerate(keys)]

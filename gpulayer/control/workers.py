@@ -368,7 +368,8 @@ class WorkerOps(Core):
         with self.store.write() as s:
             task = self._own_task(s, task_id, worker_id)
             job = queries.job(s, task.job_id)
-            stored_result = _result_json(result, mapping.spec(job.spec))  # the bare spec: no arguments needed
+            # the bare spec (no arguments needed), parsed only when there is a result to check
+            stored_result = None if result is None else _result_json(result, mapping.spec(job.spec))
             if not queries.transition_task(s, task_id, state, ended_at=now, exit_code=exit_code, error=error):
                 revived = (task.state == TaskState.LOST.value
                            and lifecycle.late_report_accepted(_view(job), task.attempt)

@@ -315,8 +315,15 @@ def logs(s: Session, job_id: str, *, after: int, node: int | None, limit: int) -
     return list(s.exec(q.order_by(col(LogRow.id)).limit(limit)).all())
 
 
-def add_event(s: Session, row: EventRow) -> None:
-    s.add(row)
+def add_event(s: Session, *, ts: float, kind: str, job_id: str | None = None, task_id: str | None = None,
+              worker_id: str | None = None, message: str = "") -> None:
+    """Append an event: a plain INSERT (several per job; building an ORM row for each cost
+    more than the insert itself)."""
+    s.execute(_INSERT_EVENT, {"ts": ts, "kind": kind, "job_id": job_id, "task_id": task_id,
+                              "worker_id": worker_id, "message": message})
+
+
+_INSERT_EVENT = EventRow.__table__.insert()  # type: ignore[attr-defined]
 
 
 def events(s: Session, job_id: str) -> Sequence[EventRow]:

@@ -83,9 +83,9 @@ class _LogBuffer:
         self._size = 0
         self._last = time.monotonic()
         self._closed = threading.Event()
-        # output that arrives in one burst and then nothing must still show up promptly
-        self._ticker = threading.Thread(target=self._tick, name="gpulayer-logs", daemon=True)
-        self._ticker.start()
+        # output that arrives in one burst and then nothing must still show up promptly:
+        # a ticker ships it, started with the first output (a silent task needs none)
+        self._ticker: threading.Thread | None = None
 
     def _tick(self) -> None:
         while not self._closed.wait(self._interval):
@@ -95,7 +95,10 @@ class _LogBuffer:
     def close(self) -> None:
         """Stop the ticker and ship everything, including a character cut off at the end."""
         self._closed.set()
-        self._ticker.join(5)
+        with self._lock:
+            ticker = self._ticker
+        if ticker is not None:
+            ticker.join(5)
         with self._lock:
             for stream, dec in self._decoders.items():
                 tail = dec.decode(b"", final=True)
@@ -111,6 +114,9 @@ class _LogBuffer:
             dec = self._decoders.setdefault(name, codecs.getincrementaldecoder("utf-8")("replace"))
             self._append(name, dec.decode(data))
             due = self._size > 64_000 or time.monotonic() - self._last >= self._interval
+            if self._ticker is None and not self._closed.is_set():
+                self._ticker = threading.Thread(target=self._tick, name="gpulayer-logs", daemon=True)
+                self._ticker.start()
         if due:
             self.flush()
 

@@ -123,6 +123,29 @@ def test_content_name_or_executable_bit_change_the_digest(project: Path) -> None
     assert build_bundle(project).digest != base
 
 
+
+def test_an_unchanged_tree_is_not_zipped_again_and_a_changed_one_is(project: Path) -> None:
+    """build_bundle keeps the last bundles it built: an unchanged tree gives the same bundle
+    without zipping; a change of content (even with the old mtime put back), a new file, a
+    removed file or a new ignore rule gives a new one."""
+    first = build_bundle(project)
+    assert build_bundle(project) is first  # not rebuilt
+    main = project / "main.py"
+    before = main.stat()
+    main.write_text("print('changed, same mtime')\n")
+    os.utime(main, ns=(before.st_atime_ns, before.st_mtime_ns))
+    changed = build_bundle(project)
+    assert changed.digest != first.digest
+    (project / "extra.py").write_text("x = 1\n")
+    added = build_bundle(project)
+    assert "extra.py" in {f.path for f in added.files}
+    (project / ".gpulayerignore").write_text("extra.py\n")
+    assert "extra.py" not in {f.path for f in build_bundle(project).files}
+    (project / ".gpulayerignore").unlink()
+    (project / "extra.py").unlink()
+    assert build_bundle(project).digest == changed.digest
+
+
 _names = st.text(alphabet="abcxyz_-.0123", min_size=1, max_size=6).filter(
     lambda s: s not in (".", "..") and not s.endswith(".pyc")
 )

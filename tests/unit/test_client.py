@@ -30,3 +30,27 @@ def test_a_handle_outlives_a_switch_to_other_settings(tmp_path: Path, monkeypatc
     assert h.status() == "queued" and other.status() == "queued"  # the first client still works
     assert h.cancel() == JobState.CANCELLED.value
     assert [j.id for j in client_mod.connect().api.list_jobs()] == [other.id]
+
+
+def test_a_bundle_is_asked_for_and_uploaded_once_per_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop of submits with one source directory asks the control plane about the bundle
+    once (stored bundles and their readers are never removed); a changed directory is a new
+    bundle, asked about and uploaded again."""
+    monkeypatch.setenv("GPULAYER_HOME", str(tmp_path / "home"))
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "job.py").write_text("print('one')\n")
+    client = client_mod.connect()
+    asked: list[str] = []
+    uploaded: list[str] = []
+    has, put = client.api.has_bundle, client.api.put_bundle
+    monkeypatch.setattr(client.api, "has_bundle", lambda d, **kw: asked.append(d) or has(d, **kw))
+    monkeypatch.setattr(client.api, "put_bundle", lambda d, data, **kw: uploaded.append(d) or put(d, data, **kw))
+    wait = Placement(on_unschedulable="wait", target="remote")  # no worker: they stay queued
+    jobs = [gl.submit(CommandJob(command=["python", "job.py"], bundle=str(code), placement=wait)) for _ in range(3)]
+    assert len(asked) == 1 and len(uploaded) == 1
+    stored = {client.api.get_job(h.id).spec.bundle_digest for h in jobs}
+    assert stored == {uploaded[0]}
+    (code / "job.py").write_text("print('two')\n")
+    gl.submit(CommandJob(command=["python", "job.py"], bundle=str(code), placement=wait))
+    assert len(asked) == 2 and len(uploaded) == 2 and uploaded[1] != uploaded[0]

@@ -503,3 +503,46 @@ def test_reap_orphans_leaves_live_workers_tasks_alone(tmp_path: Path) -> None:
     finally:
         cancel.set()
         t.join(30)
+
+
+PDEATHSIG_OF_SELF = (
+    "import ctypes; v = ctypes.c_int(); "
+    "ctypes.CDLL(None, use_errno=True).prctl(2, ctypes.byref(v)); print(v.value)"  # PR_GET_PDEATHSIG
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux only")
+@pytest.mark.parametrize("setpriv", [True, False], ids=["setpriv", "preexec_fn"])
+def test_the_task_gets_the_parent_death_signal_either_way(setpriv: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With util-linux's setpriv the task is started without a preexec_fn (vfork: cheap in a
+    large worker); without it, by the preexec_fn. Either way its main process has SIGKILL as
+    its parent-death signal, and it sees its own argv[0] as a path to the same program."""
+    from gpulayer.worker import process
+
+    if setpriv:
+        assert process._setpriv_path() is not None, "setpriv (util-linux) is missing on this machine"
+        assert process._spawn_argv([PY, "-c", "pass"], env(), None)[1] is False
+    else:
+        monkeypatch.setattr(process, "_setpriv", [None])
+        assert process._spawn_argv([PY, "-c", "pass"], env(), None)[1] is True
+    out = Output()
+    result = run_process([PY, "-c", PDEATHSIG_OF_SELF + "; import sys; print(sys.argv[0])"], env=env(),
+                         cwd=None, on_output=out)
+    assert result.ok, out.text("stderr")
+    assert out.text("stdout").split()[0] == "9"  # SIGKILL
+
+
+def test_a_command_is_resolved_in_the_task_path_and_cwd(tmp_path: Path) -> None:
+    """The setpriv path resolves the command as exec would: PATH of the task's environment,
+    a relative path against the task's cwd."""
+    script = tmp_path / "bin" / "hello-gl"
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\necho hello from $0\n")
+    script.chmod(0o755)
+    out = Output()
+    assert run_process(["hello-gl"], env={**env(), "PATH": f"{script.parent}:{os.environ['PATH']}"},
+                       cwd=None, on_output=out).ok
+    assert "hello from" in out.text("stdout")
+    out = Output()
+    assert run_process(["bin/hello-gl"], env=env(), cwd=str(tmp_path), on_output=out).ok
+    assert "hello from" in out.text("stdout")
