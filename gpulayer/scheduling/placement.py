@@ -74,7 +74,8 @@ def _place(queue: list[QueuedJob], fleet: list[WorkerState], now: float, *, rese
     # plane's parsed-spec cache, a batch of identical submits) skip ``shape_of``; the queue
     # holds every spec for the whole pass, so no id is reused
     by_spec: dict[int, ShapeState] = {}
-    room = sum(w.free_cpu + sum(len(f) for f in w.free.values()) for w in workers.workers if w.state is None)
+    room = (sum(w.free_cpu + sum(len(f) for f in w.free.values()) for w in workers.workers if w.state is None)
+            if until_full else 1)  # (only until_full counts it down)
     for qj in queue_order(queue):
         if until_full and room <= 0:
             break
