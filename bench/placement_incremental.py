@@ -15,7 +15,8 @@ pass, as a server would have). Then, ``--runs`` times each:
 For each: the pass alone (``_place``, inside the operation's transaction) and the whole
 operation, next to floors measured in the same run: one empty write transaction, and one
 read of the queue's keys (``queries.queue_keys``: what a pass that reads every queued job
-reads). The table is bench/_stats.py's: median, p95, the floor's, the difference, the ratio;
+reads); in CPU time also the plain reads of the online workers' rows and of what the active
+tasks hold, which every pass makes. The table is bench/_stats.py's: median, p95, the floor's, the difference, the ratio;
 a second table gives the passes' CPU time, which a loaded machine disturbs less.
 """
 
@@ -99,7 +100,7 @@ def main() -> None:
         cp, store, running = build(Path(tmp), args.workers, args.jobs)
         print(f"set up {args.workers} busy workers and {args.jobs} queued jobs in {time.perf_counter() - t:.0f} s")
         submit_pass, submit_op, end_pass, end_op, empty, keys = [], [], [], [], [], []
-        submit_cpu, end_cpu, empty_cpu = [], [], []
+        submit_cpu, end_cpu, empty_cpu, fleet_reads = [], [], [], []
         spec = gpu_job()
         ids = list(running)
         for i in range(args.runs):
@@ -129,10 +130,14 @@ def main() -> None:
                 pass
             empty.append(time.perf_counter() - t)
             empty_cpu.append(time.process_time() - c)
-            t = time.perf_counter()
             with store.read() as s:
+                c = time.process_time()
+                queries.online_worker_rows(s)
+                queries.active_holdings(s)
+                fleet_reads.append(time.process_time() - c)
+                t = time.perf_counter()
                 queries.queue_keys(s)
-            keys.append(time.perf_counter() - t)
+                keys.append(time.perf_counter() - t)
         queued = len(cp.list_jobs(state=JobState.QUEUED, limit=args.jobs * 2))
         store.dispose()
     print(table(f"incremental passes: {args.workers} busy workers, {queued} jobs queued, SQLite, "
@@ -147,6 +152,8 @@ def main() -> None:
     print(table("the same passes in CPU time (this process; the machine may be loaded)", [
         ("pass after a submit, CPU", submit_cpu, "empty write transaction, CPU", empty_cpu),
         ("pass after a task ended, CPU", end_cpu, "empty write transaction, CPU", empty_cpu),
+        ("pass after a submit, CPU", submit_cpu, "read the fleet's rows, CPU", fleet_reads),
+        ("pass after a task ended, CPU", end_cpu, "read the fleet's rows, CPU", fleet_reads),
     ]))
 
 

@@ -49,9 +49,12 @@ class Cache:
         self.specs: dict[str, JobSpec] = {}
         #: job id -> (the stored decision's text, that decision without its time, as JSON)
         self.decisions: dict[str, tuple[str, str]] = {}
-        #: online worker id -> (its row, the record parsed from it, the record's class key)
-        self.workers: dict[str, tuple[tuple[Any, ...], WorkerRecord, ClassKey]] = {}
+        #: online worker id -> (its row, the record parsed from it, the record's class key,
+        #: (draining, CPU slots, devices) of the record)
+        self.workers: dict[str, tuple[tuple[Any, ...], WorkerRecord, ClassKey, tuple[bool, int, int]]] = {}
         self._worker_rows: list[tuple[Any, ...]] = []
+        #: whether the fleet of the last :meth:`fleet` has room (:func:`has_room`)
+        self.room = True
 
     def fleet(self, s: Session) -> list[scheduling.WorkerState]:
         """:func:`fleet` for a pass, parsing only the workers whose row changed since the last
@@ -67,11 +70,14 @@ class Cache:
                 hit = known.get(row[0])
                 if hit is None or hit[0] != row:
                     rec = mapping.worker_record(dict(zip(queries.WORKER_COLUMNS, row, strict=True)))
-                    hit = (row, rec, class_key(rec))
+                    hit = (row, rec, class_key(rec), (rec.draining, rec.cpu_slots, len(rec.capabilities.devices)))
                 fresh[row[0]] = hit
             self.workers, self._worker_rows = fresh, rows
-        states = {wid: scheduling.WorkerState(record=rec, class_key=key) for wid, (_, rec, key) in self.workers.items()}
+        states = {wid: scheduling.WorkerState(record=rec, class_key=key) for wid, (_, rec, key, _) in self.workers.items()}
         _add_holdings(states, queries.active_holdings(s))
+        # = has_room(fleet), from the numbers kept with each record
+        self.room = any(not draining and (slots > ws.busy_cpu_slots or n > len(ws.busy_devices))
+                        for ws, (_, _, _, (draining, slots, n)) in zip(states.values(), self.workers.values(), strict=True))
         return list(states.values())
 
     def load(self, s: Session, job_ids: list[str], *, keep_others: bool = False) -> dict[str, JobSpec]:
@@ -130,7 +136,7 @@ def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
     if until_full and new_job is None:
         keys, specs, result = _until_full(s, cache, workers, now, reserve_after, offers)
     else:
-        keys = queries.queue_keys(s, new_job if new_job is not None and not has_room(workers) else None)
+        keys = queries.queue_keys(s, new_job if new_job is not None and not cache.room else None)
         if not keys:
             return None
         specs = cache.load(s, [k[0] for k in keys], keep_others=len(keys) == 1 and new_job is not None)

