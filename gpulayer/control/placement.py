@@ -53,6 +53,7 @@ class Cache:
         #: (draining, CPU slots, devices) of the record)
         self.workers: dict[str, tuple[tuple[Any, ...], WorkerRecord, ClassKey, tuple[bool, int, int]]] = {}
         self._worker_rows: list[tuple[Any, ...]] = []
+        self._class_keys: dict[ClassKey, ClassKey] = {}
         #: whether the fleet of the last :meth:`fleet` has room (:func:`has_room`)
         self.room = True
 
@@ -70,9 +71,13 @@ class Cache:
                 hit = known.get(row[0])
                 if hit is None or hit[0] != row:
                     rec = mapping.worker_record(dict(zip(queries.WORKER_COLUMNS, row, strict=True)))
-                    hit = (row, rec, class_key(rec), (rec.draining, rec.cpu_slots, len(rec.capabilities.devices)))
+                    key = class_key(rec)
+                    key = self._class_keys.setdefault(key, key)  # one object per class (see Fleet)
+                    hit = (row, rec, key, (rec.draining, rec.cpu_slots, len(rec.capabilities.devices)))
                 fresh[row[0]] = hit
             self.workers, self._worker_rows = fresh, rows
+            if len(self._class_keys) > 2 * len(fresh) + 64:  # keys of classes that left
+                self._class_keys = {k: k for _, _, k, _ in fresh.values()}
         states = {wid: scheduling.WorkerState(record=rec, class_key=key) for wid, (_, rec, key, _) in self.workers.items()}
         _add_holdings(states, queries.active_holdings(s))
         # = has_room(fleet), from the numbers kept with each record

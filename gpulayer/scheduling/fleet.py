@@ -60,14 +60,24 @@ class Fleet:
 
     def __init__(self, states: list[WorkerState]) -> None:
         by_key: dict[ClassKey, WorkerClass] = {}
+        # the same, by the key object's id: a caller that passes one key object for equal keys
+        # (the control plane's cache) saves hashing the nested tuple of every worker's key
+        # (the states hold their keys for the whole loop, so no id is reused)
+        by_id: dict[int, WorkerClass] = {}
         self.workers: list[Worker] = []
         self.registered: dict[str, int] = {"local": 0, "remote": 0, "cloud": 0}
         for pos, ws in enumerate(states):
             rec = ws.record
-            key = class_key(rec) if ws.class_key is None else ws.class_key
-            cls = by_key.get(key)
+            key = ws.class_key
+            cls = None if key is None else by_id.get(id(key))
             if cls is None:
-                cls = by_key[key] = WorkerClass(key, rec, pos)
+                if key is None:
+                    key = class_key(rec)
+                cls = by_key.get(key)
+                if cls is None:
+                    cls = by_key[key] = WorkerClass(key, rec, pos)
+                if ws.class_key is not None:
+                    by_id[id(key)] = cls
             state = "offline" if not rec.online else ("draining" if rec.draining else None)
             w = Worker(ws, pos, cls, state)
             self.workers.append(w)
