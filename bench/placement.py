@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/placement.py [--runs 7] [--jobs 10000] [--workers 1000]
 
-Prints, for each scenario, the median and minimum of ``place()`` over several runs next to
+Prints, for each scenario, the median and minimum of ``place()`` over several runs (and the
+median of its CPU time, which a loaded machine disturbs less) next to
 two floors measured in the same process on the same inputs:
 
 * ``floor: pairs`` -- merely visiting every (job, worker class) pair once (what any
@@ -129,15 +130,16 @@ def floor_output(queue: list[QueuedJob], fleet: list[WorkerState]) -> float:
         return time.perf_counter() - t
 
 
-def timed_place(queue: list[QueuedJob], fleet: list[WorkerState]) -> tuple[float, float, object]:
-    """The pass, then a full collection with its result alive (what the pass left to collect)."""
+def timed_place(queue: list[QueuedJob], fleet: list[WorkerState]) -> tuple[float, float, float, object]:
+    """The pass (wall and CPU time), then a full collection with its result alive (what the
+    pass left to collect)."""
     gc.collect()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     result = place(queue, fleet, now=1000.0, reserve_after=600.0)
-    dt = time.perf_counter() - t
+    dt, dc = time.perf_counter() - t, time.process_time() - c
     t = time.perf_counter()
     gc.collect()
-    return dt, time.perf_counter() - t, result
+    return dt, dc, time.perf_counter() - t, result
 
 
 def main() -> None:
@@ -150,7 +152,8 @@ def main() -> None:
     print(f"place(): {args.jobs} queued jobs, {args.workers} workers, reasons recorded, "
           f"{args.runs} runs, one core (Python {sys.version.split()[0]})\n")
     header = (f"{'scenario':8} {'classes':>7} {'assigned':>8} {'waiting':>7} {'unsched':>7} "
-              f"{'place med':>10} {'place min':>10} {'gc after':>9} {'floor: pairs':>13} {'floor: sort':>12} {'floor: output':>14} "
+              f"{'place med':>10} {'place min':>10} {'place cpu':>10} {'gc after':>9} "
+              f"{'floor: pairs':>13} {'floor: sort':>12} {'floor: output':>14} "
               f"{'place/pairs':>11} {'place/output':>12}")
     print(header)
     print("-" * len(header))
@@ -158,12 +161,13 @@ def main() -> None:
         rng = random.Random(42)
         fleet = build_fleet(args.workers, rng, busy=busy, noisy=noisy)
         queue = build_queue(args.jobs, rng)
-        times, gcs, pairs, sorts, outs = [], [], [], [], []
+        times, cpus, gcs, pairs, sorts, outs = [], [], [], [], [], []
         result = None
         for _ in range(args.runs):
             result = None
-            dt, dgc, result = timed_place(queue, fleet)
+            dt, dc, dgc, result = timed_place(queue, fleet)
             times.append(dt)
+            cpus.append(dc)
             gcs.append(dgc)
             pairs.append(floor_pairs(queue, fleet))
             sorts.append(floor_sort(queue, fleet))
@@ -175,6 +179,7 @@ def main() -> None:
         med, pmed, omed = statistics.median(times), statistics.median(pairs), statistics.median(outs)
         print(f"{name:8} {n_classes:>7} {outcomes['assigned']:>8} {outcomes['waiting']:>7} "
               f"{outcomes['unschedulable']:>7} {med * 1e3:>8.1f}ms {min(times) * 1e3:>8.1f}ms "
+              f"{statistics.median(cpus) * 1e3:>8.1f}ms "
               f"{statistics.median(gcs) * 1e3:>7.1f}ms "
               f"{pmed * 1e3:>11.1f}ms {statistics.median(sorts) * 1e3:>10.1f}ms {omed * 1e3:>12.1f}ms "
               f"{med / pmed:>10.1f}x {med / omed:>11.1f}x")

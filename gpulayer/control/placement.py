@@ -49,24 +49,24 @@ class Cache:
         self.specs: dict[str, JobSpec] = {}
         #: job id -> (the stored decision's text, that decision without its time, as JSON)
         self.decisions: dict[str, tuple[str, str]] = {}
-        #: online worker id -> (its row, the record parsed from it, the record's class key,
-        #: (draining, CPU slots, devices) of the record)
-        self.workers: dict[str, tuple[tuple[Any, ...], WorkerRecord, ClassKey, tuple[bool, int, int]]] = {}
-        self._worker_rows: list[tuple[Any, ...]] = []
+        #: (the online workers' rows, worker id -> (its row, the record parsed from it, the
+        #: record's class key, (draining, CPU slots, devices) of the record)), as of the last pass
+        self.workers: tuple[list[tuple[Any, ...]], dict[str, tuple[tuple[Any, ...], WorkerRecord, ClassKey,
+                                                                   tuple[bool, int, int]]]] = ([], {})
         self._class_keys: dict[ClassKey, ClassKey] = {}
-        #: whether the fleet of the last :meth:`fleet` has room (:func:`has_room`)
-        self.room = True
 
-    def fleet(self, s: Session) -> list[scheduling.WorkerState]:
-        """:func:`fleet` for a pass, parsing only the workers whose row changed since the last
-        pass (when none did, a comparison of the rows is all it costs), with each worker's
-        class key (:func:`~gpulayer.scheduling.shapes.class_key`) kept with its record.
+    def fleet(self, s: Session) -> tuple[list[scheduling.WorkerState], bool]:
+        """:func:`fleet` for a pass, and whether it has room (:func:`has_room`). Only the
+        workers whose row changed since the last pass are parsed (when none did, a comparison
+        of the rows is all it costs); each worker's class key
+        (:func:`~gpulayer.scheduling.shapes.class_key`) is kept with its record.
 
         These records carry no heartbeat time (0.0): placement never reads it, and heartbeats
         change it every few seconds on every worker."""
         rows = queries.online_worker_rows(s)
-        if rows != self._worker_rows:
-            known, fresh = self.workers, {}
+        known_rows, known = self.workers
+        if rows != known_rows:
+            fresh = {}
             for row in rows:
                 hit = known.get(row[0])
                 if hit is None or hit[0] != row:
@@ -75,15 +75,15 @@ class Cache:
                     key = self._class_keys.setdefault(key, key)  # one object per class (see Fleet)
                     hit = (row, rec, key, (rec.draining, rec.cpu_slots, len(rec.capabilities.devices)))
                 fresh[row[0]] = hit
-            self.workers, self._worker_rows = fresh, rows
+            self.workers = known_rows, known = rows, fresh  # one snapshot: rows and records agree
             if len(self._class_keys) > 2 * len(fresh) + 64:  # keys of classes that left
                 self._class_keys = {k: k for _, _, k, _ in fresh.values()}
-        states = {wid: scheduling.WorkerState(record=rec, class_key=key) for wid, (_, rec, key, _) in self.workers.items()}
+        states = {wid: scheduling.WorkerState(record=rec, class_key=key) for wid, (_, rec, key, _) in known.items()}
         _add_holdings(states, queries.active_holdings(s))
         # = has_room(fleet), from the numbers kept with each record
-        self.room = any(not draining and (slots > ws.busy_cpu_slots or n > len(ws.busy_devices))
-                        for ws, (_, _, _, (draining, slots, n)) in zip(states.values(), self.workers.values(), strict=True))
-        return list(states.values())
+        room = any(not draining and (slots > ws.busy_cpu_slots or n > len(ws.busy_devices))
+                   for ws, (_, _, _, (draining, slots, n)) in zip(states.values(), known.values(), strict=True))
+        return list(states.values()), room
 
     def load(self, s: Session, job_ids: list[str], *, keep_others: bool = False) -> dict[str, JobSpec]:
         """The specs of ``job_ids`` (the queue); ``keep_others``: a pass over a part of it."""
@@ -137,11 +137,11 @@ def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
     cache = cache if cache is not None else Cache()
     if new_job is None and not queries.has_queued_jobs(s):
         return None
-    workers = cache.fleet(s)
+    workers, room = cache.fleet(s)
     if until_full and new_job is None:
         keys, specs, result = _until_full(s, cache, workers, now, reserve_after, offers)
     else:
-        keys = queries.queue_keys(s, new_job if new_job is not None and not cache.room else None)
+        keys = queries.queue_keys(s, new_job if new_job is not None and not room else None)
         if not keys:
             return None
         specs = cache.load(s, [k[0] for k in keys], keep_others=len(keys) == 1 and new_job is not None)
