@@ -2,14 +2,20 @@
 
     .venv/bin/python bench/placement.py [--runs 7] [--jobs 10000] [--workers 1000]
 
-Prints, for each scenario, the median and minimum of ``place()`` over several runs next to
+Prints, for each scenario, the median and minimum of ``place()`` over several runs (and the
+median of its CPU time, which a loaded machine disturbs less) next to
 two floors measured in the same process on the same inputs:
 
 * ``floor: pairs`` -- merely visiting every (job, worker class) pair once (what any
   scheduler that looks at each job against each kind of worker must at least do);
 * ``floor: sort`` -- sorting the queue by (priority, seq), the least any pass does;
-* ``floor: output`` -- building one (empty) ``PlacementDecision`` per job, the least any
-  pass that returns a decision for every job does.
+* ``floor: output`` -- building one (empty) ``PlacementDecision`` per job into a dict, as
+  a pass that kept no decision shared would at least do (with garbage collection paused,
+  as ``place()`` has it: see :mod:`gpulayer.scheduling.collector`).
+
+``gc after`` is a full garbage collection run right after each pass: the most that the
+collections ``place()`` defers (it pauses automatic collection while it runs) can cost
+later, when collection resumes. Without the pause they ran during the pass, several times.
 
 Scenarios: ``fresh`` (an idle fleet: the pass fills it), ``busy`` (most devices already
 in use: most jobs wait), ``noisy`` (every worker reports a slightly different RAM size,
@@ -19,6 +25,7 @@ so no two workers share a class: the worst case for the class cache).
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import statistics
 import sys
@@ -29,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpulayer.records import PlacementDecision
 from gpulayer.scheduling import QueuedJob, WorkerState, place
+from gpulayer.scheduling.collector import collection_paused
 from gpulayer.scheduling.shapes import class_key
 from tests.factories import (
     make_cuda_devices,
@@ -116,15 +124,22 @@ def floor_sort(queue: list[QueuedJob], fleet: list[WorkerState]) -> float:
 
 
 def floor_output(queue: list[QueuedJob], fleet: list[WorkerState]) -> float:
-    t = time.perf_counter()
-    {q.id: PlacementDecision(outcome="waiting", summary="waiting", at=1000.0) for q in queue}
-    return time.perf_counter() - t
+    with collection_paused():
+        t = time.perf_counter()
+        {q.id: PlacementDecision(outcome="waiting", summary="waiting", at=1000.0) for q in queue}
+        return time.perf_counter() - t
 
 
-def timed_place(queue: list[QueuedJob], fleet: list[WorkerState]) -> tuple[float, object]:
-    t = time.perf_counter()
+def timed_place(queue: list[QueuedJob], fleet: list[WorkerState]) -> tuple[float, float, float, object]:
+    """The pass (wall and CPU time), then a full collection with its result alive (what the
+    pass left to collect)."""
+    gc.collect()
+    t, c = time.perf_counter(), time.process_time()
     result = place(queue, fleet, now=1000.0, reserve_after=600.0)
-    return time.perf_counter() - t, result
+    dt, dc = time.perf_counter() - t, time.process_time() - c
+    t = time.perf_counter()
+    gc.collect()
+    return dt, dc, time.perf_counter() - t, result
 
 
 def main() -> None:
@@ -137,7 +152,8 @@ def main() -> None:
     print(f"place(): {args.jobs} queued jobs, {args.workers} workers, reasons recorded, "
           f"{args.runs} runs, one core (Python {sys.version.split()[0]})\n")
     header = (f"{'scenario':8} {'classes':>7} {'assigned':>8} {'waiting':>7} {'unsched':>7} "
-              f"{'place med':>10} {'place min':>10} {'floor: pairs':>13} {'floor: sort':>12} {'floor: output':>14} "
+              f"{'place med':>10} {'place min':>10} {'place cpu':>10} {'gc after':>9} "
+              f"{'floor: pairs':>13} {'floor: sort':>12} {'floor: output':>14} "
               f"{'place/pairs':>11} {'place/output':>12}")
     print(header)
     print("-" * len(header))
@@ -145,11 +161,14 @@ def main() -> None:
         rng = random.Random(42)
         fleet = build_fleet(args.workers, rng, busy=busy, noisy=noisy)
         queue = build_queue(args.jobs, rng)
-        times, pairs, sorts, outs = [], [], [], []
+        times, cpus, gcs, pairs, sorts, outs = [], [], [], [], [], []
         result = None
         for _ in range(args.runs):
-            dt, result = timed_place(queue, fleet)
+            result = None
+            dt, dc, dgc, result = timed_place(queue, fleet)
             times.append(dt)
+            cpus.append(dc)
+            gcs.append(dgc)
             pairs.append(floor_pairs(queue, fleet))
             sorts.append(floor_sort(queue, fleet))
             outs.append(floor_output(queue, fleet))
@@ -160,6 +179,8 @@ def main() -> None:
         med, pmed, omed = statistics.median(times), statistics.median(pairs), statistics.median(outs)
         print(f"{name:8} {n_classes:>7} {outcomes['assigned']:>8} {outcomes['waiting']:>7} "
               f"{outcomes['unschedulable']:>7} {med * 1e3:>8.1f}ms {min(times) * 1e3:>8.1f}ms "
+              f"{statistics.median(cpus) * 1e3:>8.1f}ms "
+              f"{statistics.median(gcs) * 1e3:>7.1f}ms "
               f"{pmed * 1e3:>11.1f}ms {statistics.median(sorts) * 1e3:>10.1f}ms {omed * 1e3:>12.1f}ms "
               f"{med / pmed:>10.1f}x {med / omed:>11.1f}x")
 

@@ -16,14 +16,15 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from sqlmodel import Session
 
 from gpulayer import config, scheduling
 from gpulayer.hookrecords import MachineOffer, Rendezvous
-from gpulayer.records import JobError, JobState, PlacementDecision, TaskState, closest_line, new_id
+from gpulayer.records import JobError, JobState, PlacementDecision, TaskState, WorkerRecord, closest_line, new_id
 from gpulayer.scheduling import nearest
-from gpulayer.scheduling.shapes import Shape, shape_of
+from gpulayer.scheduling.shapes import ClassKey, Shape, class_key, shape_of
 from gpulayer.specs import JobSpec
 from gpulayer.store import JobRow, TaskRow, mapping, queries
 
@@ -38,14 +39,51 @@ RENDEZVOUS_PORTS = (20000, 32767)
 
 class Cache:
     """What a placement pass may keep between passes: each queued job's parsed spec (a spec
-    never changes once stored) and the comparable form of its stored decision. Entries of
-    jobs that left the queue are dropped at the next pass. Several control planes sharing
-    one database keep their own; nothing here can go stale."""
+    never changes once stored), the comparable form of its stored decision, and each online
+    worker's record parsed from its row. Entries of jobs that left the queue are dropped at
+    the next whole pass, of workers that went offline at the next pass. Several control
+    planes sharing one database keep their own; nothing here can go stale: every pass reads
+    the rows it decides on, and an entry is used only for the very text it was parsed from."""
 
     def __init__(self) -> None:
         self.specs: dict[str, JobSpec] = {}
         #: job id -> (the stored decision's text, that decision without its time, as JSON)
         self.decisions: dict[str, tuple[str, str]] = {}
+        #: (the online workers' rows, worker id -> (its row, the record parsed from it, the
+        #: record's class key, (draining, CPU slots, devices) of the record)), as of the last pass
+        self.workers: tuple[list[tuple[Any, ...]], dict[str, tuple[tuple[Any, ...], WorkerRecord, ClassKey,
+                                                                   tuple[bool, int, int]]]] = ([], {})
+        self._class_keys: dict[ClassKey, ClassKey] = {}
+
+    def fleet(self, s: Session) -> tuple[list[scheduling.WorkerState], bool]:
+        """:func:`fleet` for a pass, and whether it has room (:func:`has_room`). Only the
+        workers whose row changed since the last pass are parsed (when none did, a comparison
+        of the rows is all it costs); each worker's class key
+        (:func:`~gpulayer.scheduling.shapes.class_key`) is kept with its record.
+
+        These records carry no heartbeat time (0.0): placement never reads it, and heartbeats
+        change it every few seconds on every worker."""
+        rows = queries.online_worker_rows(s)
+        known_rows, known = self.workers
+        if rows != known_rows:
+            fresh = {}
+            for row in rows:
+                hit = known.get(row[0])
+                if hit is None or hit[0] != row:
+                    rec = mapping.worker_record(dict(zip(queries.WORKER_COLUMNS, row, strict=True)))
+                    key = class_key(rec)
+                    key = self._class_keys.setdefault(key, key)  # one object per class (see Fleet)
+                    hit = (row, rec, key, (rec.draining, rec.cpu_slots, len(rec.capabilities.devices)))
+                fresh[row[0]] = hit
+            self.workers = known_rows, known = rows, fresh  # one snapshot: rows and records agree
+            if len(self._class_keys) > 2 * len(fresh) + 64:  # keys of classes that left
+                self._class_keys = {k: k for _, _, k, _ in fresh.values()}
+        states = {wid: scheduling.WorkerState(record=rec, class_key=key) for wid, (_, rec, key, _) in known.items()}
+        _add_holdings(states, queries.active_holdings(s))
+        # = has_room(fleet), from the numbers kept with each record
+        room = any(not draining and (slots > ws.busy_cpu_slots or n > len(ws.busy_devices))
+                   for ws, (_, _, _, (draining, slots, n)) in zip(states.values(), known.values(), strict=True))
+        return list(states.values()), room
 
     def load(self, s: Session, job_ids: list[str], *, keep_others: bool = False) -> dict[str, JobSpec]:
         """The specs of ``job_ids`` (the queue); ``keep_others``: a pass over a part of it."""
@@ -58,6 +96,12 @@ class Cache:
             for job_id, raw in queries.job_specs(s, missing).items():
                 self.specs[job_id] = mapping.spec(raw)
         return self.specs
+
+    def forget(self, job_ids: set[str]) -> None:
+        """Jobs that left the queue (a pass over a part of it does not see them go)."""
+        for job_id in job_ids:
+            self.specs.pop(job_id, None)
+            self.decisions.pop(job_id, None)
 
     def same_decision(self, job_id: str, stored: str | None, decision: PlacementDecision) -> bool:
         """Whether ``decision`` says what the stored one says (its time aside)."""
@@ -85,25 +129,24 @@ def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
     can be assigned, and the jobs already queued were decided against this same fleet at
     the last change of its capacity (every such change runs a pass): only the new job is
     decided. Otherwise the whole queue is, as always. ``until_full``: a task ended (only
-    capacity changed): the pass stops once the fleet is full (:func:`scheduling.place`).
+    capacity changed): the pass stops once the fleet is full (:func:`scheduling.place`),
+    and reads only as much of the queue's head as it gets to (:func:`_until_full`).
+    The fleet is read every pass (from plain rows; only changed workers are parsed again).
 
     ``offers``: the providers' cached offers (a cloud job that fits one waits for its machine)."""
     cache = cache if cache is not None else Cache()
-    if new_job is None:  # (a report, a cancel: most often nothing is queued, so look first)
-        keys = queries.queue_keys(s, None)
-        if not keys:
-            return None
-        workers = fleet(s)
+    if new_job is None and not queries.has_queued_jobs(s):
+        return None
+    workers, room = cache.fleet(s)
+    if until_full and new_job is None:
+        keys, specs, result = _until_full(s, cache, workers, now, reserve_after, offers)
     else:
-        workers = fleet(s)
-        keys = queries.queue_keys(s, new_job if not has_room(workers) else None)
+        keys = queries.queue_keys(s, new_job if new_job is not None and not room else None)
         if not keys:
             return None
-    specs = cache.load(s, [k[0] for k in keys], keep_others=len(keys) == 1 and new_job is not None)
-    queue = [scheduling.QueuedJob(id=job_id, spec=specs[job_id], seq=i, queued_at=updated or created)
-             for i, (job_id, created, updated, _, _) in enumerate(keys)]
-    result = scheduling.place(queue, workers, now, reserve_after=reserve_after, offers=offers,
-                              until_full=until_full)
+        specs = cache.load(s, [k[0] for k in keys], keep_others=len(keys) == 1 and new_job is not None)
+        result = scheduling.place(_queue(keys, specs), workers, now, reserve_after=reserve_after, offers=offers,
+                                  until_full=until_full)
     assigned = {a.job_id for a in result.assignments}
     changed = []
     for job_id, _, _, attempt, stored in keys:
@@ -114,13 +157,47 @@ def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
         if final is None or not cache.same_decision(job_id, stored, final):
             changed.append(job_id)
     rows = queries.jobs_by_id(s, [*assigned, *changed]) if assigned or changed else {}
-    addresses = {w.record.id: w.record.capabilities.host.address for w in workers}
+    addresses = {w.record.id: w.record.capabilities.host.address for w in workers} if result.assignments else {}
     for a in result.assignments:
         assign(s, rows[a.job_id], specs[a.job_id], a, addresses, result.decisions.get(a.job_id), now, event)
     hints = Hints(workers)
     for job_id in changed:
         record_decision(s, rows[job_id], specs[job_id], result.decisions[job_id], now, event, hints=hints)
+    cache.forget(assigned)  # they left the queue
     return result
+
+
+#: how many jobs of the queue's head a pass after a task ended reads first (then 16 times
+#: as many, and so on, while the fleet still has room after all of them)
+HEAD = 64
+
+
+def _queue(keys: Sequence[tuple[str, float, float | None, int, str | None]],
+           specs: dict[str, JobSpec]) -> list[scheduling.QueuedJob]:
+    return [scheduling.QueuedJob(id=job_id, spec=specs[job_id], seq=i, queued_at=updated or created)
+            for i, (job_id, created, updated, _, _) in enumerate(keys)]
+
+
+def _until_full(s: Session, cache: Cache, workers: list[scheduling.WorkerState], now: float, reserve_after: float,
+                offers: Sequence[MachineOffer]
+                ) -> tuple[list[tuple[str, float, float | None, int, str | None]], dict[str, JobSpec],
+                           scheduling.PlacementResult]:
+    """A pass that stops once the fleet is full, over the head of the queue only.
+
+    ``place`` decides each job from the fleet and the jobs before it in placement order
+    alone, so a pass over the first ``n`` jobs decides them as a pass over the whole queue
+    would; if the fleet still has room after all ``n``, the pass runs again over a longer
+    head, up to the whole queue. The rows come in placement order (priority, then
+    submission), so ``seq`` keeps it."""
+    limit = HEAD
+    while True:
+        keys = queries.queue_head(s, limit)
+        specs = cache.load(s, [k[0] for k in keys], keep_others=True)
+        result = scheduling.place(_queue(keys, specs), workers, now, reserve_after=reserve_after, offers=offers,
+                                  until_full=True)
+        if len(keys) < limit or len(result.decisions) < len(keys):  # the whole queue, or it filled up
+            return keys, specs, result
+        limit *= 16
 
 
 def settled(spec: JobSpec, attempt: int, decision: PlacementDecision) -> PlacementDecision | None:
@@ -161,16 +238,24 @@ def fleet(s: Session) -> list[scheduling.WorkerState]:
     """The online workers with what their active tasks hold (devices, CPU slots)."""
     states = {w.id: scheduling.WorkerState(record=mapping.worker_record(w))
               for w in queries.workers(s, online_only=True)}
-    for t in queries.active_tasks(s):
-        ws = states.get(t.worker_id)
+    _add_holdings(states, queries.active_holdings(s))
+    return list(states.values())
+
+
+def _add_holdings(states: dict[str, scheduling.WorkerState], holdings: list[tuple[str, str | None, str]]) -> None:
+    held: dict[tuple[str | None, str], list[tuple[str, int]]] = {}  # a few distinct values: parsed once
+    for worker_id, accelerator, devices_json in holdings:
+        ws = states.get(worker_id)
         if ws is None:
             continue
-        devices = json.loads(t.devices)
-        if t.accelerator and devices:
-            ws.busy_devices.update((t.accelerator, i) for i in devices)
+        devices = held.get((accelerator, devices_json))
+        if devices is None:
+            indices = json.loads(devices_json)
+            devices = held[accelerator, devices_json] = [(accelerator, i) for i in indices] if accelerator else []
+        if devices:
+            ws.busy_devices.update(devices)
         else:
             ws.busy_cpu_slots += 1
-    return list(states.values())
 
 
 def assign(s: Session, job: JobRow, spec: JobSpec, a: scheduling.Assignment, addresses: dict[str, str],

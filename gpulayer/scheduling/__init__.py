@@ -102,7 +102,12 @@ Rules of a pass
 * Reasons are capped: a decision lists at most ``reason_limit`` workers (every class of
   rejected worker first, then the rest in fleet order) and ends with a ``more`` line that
   says how many were left out. Jobs of the same shape share the same (read-only)
-  :class:`~gpulayer.records.Reason` objects.
+  :class:`~gpulayer.records.Reason` objects, and jobs of one shape that are not assigned
+  for the same reasons (and reserved nothing) share one read-only
+  :class:`~gpulayer.records.PlacementDecision`.
+* Memory: automatic garbage collection is paused during a pass (its full collections,
+  triggered by the pass's allocations, each walked the whole heap of inputs):
+  :mod:`~gpulayer.scheduling.collector`.
 
 Modules
 -------
@@ -113,6 +118,7 @@ and their free capacity, grouped into classes), :mod:`~gpulayer.scheduling.candi
 (per-shape check results and candidate lists), :mod:`~gpulayer.scheduling.capacity`
 (fitting, picking, granting, reserving), :mod:`~gpulayer.scheduling.reasons` (reasons of
 jobs that are not assigned), :mod:`~gpulayer.scheduling.placement` (``place``),
+:mod:`~gpulayer.scheduling.collector` (garbage collection paused during a pass),
 :mod:`~gpulayer.scheduling.nearest` (for ``explain``: the nearest misses and relaxations).
 """
 

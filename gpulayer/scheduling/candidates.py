@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 
 from gpulayer.records import Reason, WorkerRecord
 from gpulayer.scheduling.compat import Compat, bind, compat
@@ -65,7 +66,8 @@ class ShapeState:
         """The compatible active workers on listed targets, in fleet order."""
         if self._compatible is None:
             ws = [w for c in self.eligible_of.values() for w in c.cls.active]
-            ws.sort(key=lambda w: w.pos)
+            if len(self.eligible_of) > 1:  # each class's workers are in fleet order already
+                ws.sort(key=attrgetter("pos"))
             self._compatible = ws
         return self._compatible
 

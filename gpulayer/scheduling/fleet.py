@@ -13,7 +13,7 @@ from gpulayer.scheduling.shapes import ClassKey, class_key
 class WorkerClass:
     """Workers with one :class:`ClassKey`: ``check`` gives them all the same answer."""
 
-    __slots__ = ("active", "first_pos", "key", "n_devices", "rep", "target")
+    __slots__ = ("active", "first_pos", "key", "n_devices", "rep", "target", "usable")
 
     def __init__(self, key: ClassKey, rep: WorkerRecord, pos: int) -> None:
         self.key = key
@@ -22,6 +22,9 @@ class WorkerClass:
         self.active: list[Worker] = []  # online, not draining; in fleet order
         self.first_pos = pos
         self.n_devices = len(rep.capabilities.devices)
+        #: (kind, index) of the usable devices: the class key holds each device's kind, index
+        #: and usability, so every worker of the class has these
+        self.usable = [(d.kind, d.index) for d in rep.capabilities.devices if d.usable]
 
 
 class Worker:
@@ -38,9 +41,13 @@ class Worker:
         self.reserved_by: str | None = None  # id of the job that reserved it in this pass
         busy = ws.busy_devices
         free: dict[str, set[int]] = {}
-        for d in rec.capabilities.devices:
-            if d.usable and (d.kind, d.index) not in busy:
-                free.setdefault(d.kind, set()).add(d.index)
+        for kind, index in cls.usable:
+            if (kind, index) not in busy:
+                f = free.get(kind)
+                if f is None:
+                    free[kind] = {index}
+                else:
+                    f.add(index)
         self.free = free  # kind -> free usable device indices
         self.free_cpu = max(0, rec.cpu_slots - ws.busy_cpu_slots)
 
@@ -53,14 +60,24 @@ class Fleet:
 
     def __init__(self, states: list[WorkerState]) -> None:
         by_key: dict[ClassKey, WorkerClass] = {}
+        # the same, by the key object's id: a caller that passes one key object for equal keys
+        # (the control plane's cache) saves hashing the nested tuple of every worker's key
+        # (the states hold their keys for the whole loop, so no id is reused)
+        by_id: dict[int, WorkerClass] = {}
         self.workers: list[Worker] = []
         self.registered: dict[str, int] = {"local": 0, "remote": 0, "cloud": 0}
         for pos, ws in enumerate(states):
             rec = ws.record
-            key = class_key(rec)
-            cls = by_key.get(key)
+            key = ws.class_key
+            cls = None if key is None else by_id.get(id(key))
             if cls is None:
-                cls = by_key[key] = WorkerClass(key, rec, pos)
+                if key is None:
+                    key = class_key(rec)
+                cls = by_key.get(key)
+                if cls is None:
+                    cls = by_key[key] = WorkerClass(key, rec, pos)
+                if ws.class_key is not None:
+                    by_id[id(key)] = cls
             state = "offline" if not rec.online else ("draining" if rec.draining else None)
             w = Worker(ws, pos, cls, state)
             self.workers.append(w)

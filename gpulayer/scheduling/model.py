@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from gpulayer.hookrecords import Capabilities, MachineOffer
 from gpulayer.records import PlacementDecision, WorkerRecord
+from gpulayer.scheduling.shapes import ClassKey
 from gpulayer.specs import JobSpec
 
 NO_ELIGIBLE_WORKER = "scheduling: no eligible worker"
@@ -18,6 +19,10 @@ class WorkerState:
     record: WorkerRecord
     busy_devices: set[tuple[str, int]] = field(default_factory=set)  # (kind, index) in use
     busy_cpu_slots: int = 0  # CPU-only tasks running
+    #: ``shapes.class_key(record)``, when the caller keeps it with the record (the control
+    #: plane's cache does, so a pass does not compute it for every worker again); None: the
+    #: pass computes it
+    class_key: ClassKey | None = None
 
 
 @dataclass

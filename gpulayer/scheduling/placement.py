@@ -9,6 +9,7 @@ from operator import attrgetter
 from gpulayer.records import PlacementDecision, Reason
 from gpulayer.scheduling.candidates import ShapeState, ShapeStates
 from gpulayer.scheduling.capacity import grant, pick, reserve
+from gpulayer.scheduling.collector import collection_paused
 from gpulayer.scheduling.fleet import Fleet, offer_record
 from gpulayer.scheduling.model import (
     NO_ELIGIBLE_WORKER,
@@ -44,7 +45,19 @@ def place(
     ended, when only capacity changed, that decides the same as a whole pass, in time that
     does not grow with the queue behind the first job that fits.
     See :mod:`gpulayer.scheduling` for the rules.
+
+    Decisions are shared: jobs of one shape that are not assigned for the same reasons get
+    the same :class:`PlacementDecision` object (read-only, like its reasons; copy one with
+    ``model_copy`` to change it). Automatic garbage collection is paused during the pass
+    (:mod:`gpulayer.scheduling.collector`).
     """
+    with collection_paused():
+        return _place(queue, fleet, now, reserve_after=reserve_after, offers=offers,
+                      reason_limit=reason_limit, until_full=until_full)
+
+
+def _place(queue: list[QueuedJob], fleet: list[WorkerState], now: float, *, reserve_after: float | None,
+           offers: Sequence[Offer], reason_limit: int, until_full: bool) -> PlacementResult:
     if reserve_after is None:
         reserve_after = math.inf
     limit = max(1, reason_limit)
@@ -53,18 +66,26 @@ def place(
     shapes = ShapeStates(workers, offer_records)
     unschedulable = UnschedulableReasons(workers, has_offers=bool(offer_records), limit=limit)
     waiting = WaitingReasons(limit=limit)
+    shared = SharedDecisions(now)
 
     result = PlacementResult(assignments=[], decisions={})
     decisions, assignments = result.decisions, result.assignments
-    room = sum(w.free_cpu + sum(len(f) for f in w.free.values()) for w in workers.workers if w.state is None)
+    # spec object id -> its shape's state: jobs that share one spec object (the control
+    # plane's parsed-spec cache, a batch of identical submits) skip ``shape_of``; the queue
+    # holds every spec for the whole pass, so no id is reused
+    by_spec: dict[int, ShapeState] = {}
+    room = (sum(w.free_cpu + sum(len(f) for f in w.free.values()) for w in workers.workers if w.state is None)
+            if until_full else 1)  # (only until_full counts it down)
     for qj in queue_order(queue):
         if until_full and room <= 0:
             break
         spec = qj.spec
-        st = shapes[shape_of(spec)]
+        st = by_spec.get(id(spec))
+        if st is None:
+            st = by_spec[id(spec)] = shapes[shape_of(spec)]
         nodes = spec.nodes if spec.kind == "distributed" else 1
         if st.n_compat == 0 or st.max_in_target < nodes:
-            decisions[qj.id] = unplaceable_decision(st, nodes, now, unschedulable)
+            decisions[qj.id] = shared.unplaceable(st, nodes, unschedulable)
         else:
             grants, target_index, best_partial = assign(st, nodes)
             if grants is not None:
@@ -79,7 +100,10 @@ def place(
                 held = hold(st, nodes, qj.id, waiting)
                 if held:
                     result.reservations[qj.id] = held
-            decisions[qj.id] = waiting_decision(st, nodes, best_partial, reasons, held, reserve_after, now)
+            if held:
+                decisions[qj.id] = waiting_decision(st, nodes, best_partial, reasons, held, reserve_after, now)
+            else:
+                decisions[qj.id] = shared.waiting(st, nodes, best_partial, reasons)
         if st.offer is not None:  # not assigned, and an offer fits: the job waits for it
             result.offer_requests[qj.id] = st.offer
     return result
@@ -134,6 +158,38 @@ def hold(st: ShapeState, nodes: int, job_id: str, waiting: WaitingReasons) -> li
     return [w.id for w in held]
 
 
+class SharedDecisions:
+    """The decisions of one pass that many jobs share: a job that is not assigned (and
+    reserved nothing) gets the decision of an earlier job of its shape that was not
+    assigned for the same reasons, instead of a copy of it."""
+
+    __slots__ = ("_now", "_unplaceable", "_waiting")
+
+    def __init__(self, now: float) -> None:
+        self._now = now
+        self._unplaceable: dict[tuple[ShapeState, int], PlacementDecision] = {}
+        #: (shape, nodes, best partial) -> (the reasons list it was built from, decision)
+        self._waiting: dict[tuple[ShapeState, int, int], tuple[list[Reason], PlacementDecision]] = {}
+
+    def unplaceable(self, st: ShapeState, nodes: int, unschedulable: UnschedulableReasons) -> PlacementDecision:
+        key = (st, nodes)
+        d = self._unplaceable.get(key)
+        if d is None:
+            d = self._unplaceable[key] = unplaceable_decision(st, nodes, self._now, unschedulable)
+        return d
+
+    def waiting(self, st: ShapeState, nodes: int, best_partial: int, reasons: list[Reason]) -> PlacementDecision:
+        # the reasons list is compared by identity: WaitingReasons hands out its cached list
+        # until a reservation makes it stale, and builds a new one then (gangs: every time)
+        key = (st, nodes, best_partial)
+        known = self._waiting.get(key)
+        if known is not None and known[0] is reasons:
+            return known[1]
+        d = waiting_decision(st, nodes, best_partial, reasons, (), math.inf, self._now)
+        self._waiting[key] = (reasons, d)
+        return d
+
+
 def _describe_grant(worker_id: str, kind: str | None, devices: list[int]) -> str:
     if devices:
         return f"{worker_id} ({kind} {','.join(map(str, devices))})"
@@ -159,8 +215,7 @@ def assigned_decision(st: ShapeState, grants: list[NodeGrant], target_index: int
 def unplaceable_decision(st: ShapeState, nodes: int, now: float,
                          unschedulable: UnschedulableReasons) -> PlacementDecision:
     """No target has ``nodes`` compatible workers: waiting for an offer that fits, or
-    unschedulable. The reason lists are shared per shape; each decision gets its own copy
-    (pydantic copies a list it validates)."""
+    unschedulable (the reason lists are built once per shape)."""
     if st.offer is not None:
         return PlacementDecision(
             outcome="waiting", at=now,
@@ -178,10 +233,7 @@ def unplaceable_decision(st: ShapeState, nodes: int, now: float,
 
 def waiting_decision(st: ShapeState, nodes: int, best_partial: int, reasons: list[Reason],
                      held: Sequence[str], reserve_after: float, now: float) -> PlacementDecision:
-    """A compatible job without room: ``held`` names the workers it just reserved.
-
-    ``reasons`` may be shared with other jobs: the decision holds its own copy of the list
-    (pydantic copies a list it validates)."""
+    """A compatible job without room: ``held`` names the workers it just reserved."""
     if nodes > 1:
         summary = (f"waiting: needs {nodes} workers at once, {best_partial} of "
                    f"{st.n_compat} compatible worker(s) free")

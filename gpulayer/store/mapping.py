@@ -91,13 +91,17 @@ def job_record(row: JobRow, tasks: list[TaskRow] | None = None) -> JobRecord:
     )
 
 
-def worker_record(row: WorkerRow) -> WorkerRecord:
+def worker_record(row: WorkerRow | dict[str, Any]) -> WorkerRecord:
+    """A worker's record from its row, or from some of its columns by name (those missing,
+    such as ``last_heartbeat``, get the record's defaults)."""
+    cols = row if isinstance(row, dict) else row.model_dump()
     return WorkerRecord(
-        id=row.id, name=row.name, origin=row.origin,
-        capabilities=Capabilities.model_validate_json(row.capabilities),
-        cpu_slots=row.cpu_slots, online=row.online, draining=row.draining,
-        last_heartbeat=row.last_heartbeat, registered_at=row.registered_at, pid=row.pid,
+        **{k: cols[k] for k in _WORKER_FIELDS if k in cols},
+        capabilities=Capabilities.model_validate_json(cols["capabilities"]),
     )
+
+
+_WORKER_FIELDS = ("id", "name", "origin", "cpu_slots", "online", "draining", "last_heartbeat", "registered_at", "pid")
 
 
 #: marks a stored log chunk whose text is JSON-quoted: PostgreSQL's text cannot hold a NUL

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, inspect, text
 
 from gpulayer.errors import GpulayerError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Version 1: the first released schema (no tokens, no idempotent submit).
 SCHEMA_V1 = [
@@ -103,8 +103,14 @@ def _v4_to_v5(conn: Connection) -> None:
     MetaRow.__table__.create(conn, checkfirst=True)  # type: ignore[attr-defined]
 
 
+def _v5_to_v6(conn: Connection) -> None:
+    # the queue in placement order: a pass after a task ended reads its head, not all of it
+    conn.execute(text("CREATE INDEX IF NOT EXISTS ix_gl_jobs_queue ON gl_jobs (state, priority DESC, created_at, id)"))
+
+
 #: MIGRATIONS[n] brings a database at version n to version n + 1.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
+                                                     5: _v5_to_v6}
 
 
 class SchemaTooNew(GpulayerError):

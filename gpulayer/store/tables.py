@@ -7,8 +7,8 @@ holds something the code cannot read back.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Integer, LargeBinary, Text
-from sqlmodel import Field, SQLModel
+from sqlalchemy import BigInteger, Column, Index, Integer, LargeBinary, Text
+from sqlmodel import Field, SQLModel, col
 
 
 class SchemaRow(SQLModel, table=True):
@@ -58,6 +58,11 @@ class JobRow(SQLModel, table=True):
     # added in schema 3: a function job's {"args": [...], "kwargs": {...}}, kept out of
     # ``spec`` so that placement never reads or parses them
     args: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+
+
+# added in schema 6: the queue in placement order (priority, then submission), so that a
+# pass after a task ended reads the queue's head alone
+Index("ix_gl_jobs_queue", col(JobRow.state), col(JobRow.priority).desc(), col(JobRow.created_at), col(JobRow.id))
 
 
 class TaskRow(SQLModel, table=True):

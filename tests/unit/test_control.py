@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from gpulayer.control import ControlPlane
+from gpulayer.control import ControlPlane, placement
 from gpulayer.errors import Conflict, InvalidInput, NotFound
 from gpulayer.records import JobState, TaskState
 from gpulayer.specs import CommandJob, Placement, Requirements
@@ -86,6 +86,50 @@ def test_compatible_but_busy_waits_then_runs(cp: ControlPlane) -> None:
     cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0)
     assert cp.get_job(first.id).state is JobState.SUCCEEDED
     assert cp.get_job(second.id).state is JobState.ASSIGNED
+
+
+def test_a_freed_device_goes_to_the_first_job_that_fits_past_a_head_that_does_not(
+        cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass after a task ended reads the queue's head (2 jobs here), then a longer one."""
+    monkeypatch.setattr(placement, "HEAD", 2)
+    clock: Any = cp.clock
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0)
+
+    def submit(**kw: Any) -> str:
+        clock.now += 1.0
+        spec = CommandJob(command=["train"], **{"requirements": Requirements(accelerator="cuda", gpus=1), **kw})
+        return cp.submit(spec).id
+
+    first = submit()
+    two_gpus = Requirements(accelerator="cuda", gpus=2)
+    big = [submit(requirements=two_gpus, placement=Placement(on_unschedulable="wait")) for _ in range(5)]
+    small = submit()
+    urgent = submit(priority=5)
+    assert {cp.get_job(j).state for j in [*big, small, urgent]} == {JobState.QUEUED}
+
+    def finish_running() -> None:
+        [a] = cp.poll_tasks(w.id)
+        cp.start_task(a.task_id, worker_id=w.id)
+        cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0)
+
+    finish_running()  # first's: the GPU goes to the job of highest priority
+    assert cp.get_job(first).state is JobState.SUCCEEDED
+    assert cp.get_job(urgent).state is JobState.ASSIGNED and cp.get_job(small).state is JobState.QUEUED
+    finish_running()  # urgent's: to the first job that fits, behind five that never do
+    assert cp.get_job(small).state is JobState.ASSIGNED
+    assert {cp.get_job(j).state for j in big} == {JobState.QUEUED}
+
+
+def test_a_worker_registered_again_with_other_devices_is_seen_by_the_next_pass(cp: ControlPlane) -> None:
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    job = cp.submit(CommandJob(command=["train"], requirements=Requirements(accelerator="cuda", gpus=2),
+                               placement=Placement(on_unschedulable="wait")))
+    assert cp.get_job(job.id).state is JobState.QUEUED
+    cp.heartbeat(w.id)  # a heartbeat alone changes nothing the pass decides on
+    cp.schedule()
+    assert cp.get_job(job.id).state is JobState.QUEUED
+    cp.register_worker(cuda_caps(2), worker_id=w.id, cpu_slots=0)
+    assert cp.get_job(job.id).state is JobState.ASSIGNED
 
 
 def test_unschedulable_fails_or_waits_and_is_reevaluated_when_a_worker_joins(cp: ControlPlane) -> None:
@@ -197,7 +241,7 @@ def test_migration_from_the_previous_schema_keeps_stored_jobs(tmp_path: Path) ->
     db.commit()
     db.close()
     store = Store(f"sqlite:///{path}")
-    assert store.schema_version() == migrations.SCHEMA_VERSION == 5
+    assert store.schema_version() == migrations.SCHEMA_VERSION == 6
     cp = ControlPlane(store)
     job = cp.get_job("job-000000000001")
     assert job.state is JobState.SUCCEEDED

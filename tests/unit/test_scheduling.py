@@ -439,12 +439,31 @@ def test_reasons_are_capped():
                                      "worker with the same capabilities")
 
 
-def test_identical_jobs_share_reasons_and_decisions_are_independent():
-    queue = make_queue([make_job(accelerator="cuda")] * 3)
+def test_jobs_not_assigned_for_the_same_reasons_share_one_decision():
+    queue = make_queue([make_job(accelerator="cuda")] * 3 + [make_job(accelerator="cuda", gpus=2)])
     result = place(queue, [make_state(CPU)], now=0.0)
-    a, b = result.decisions["job-0000"], result.decisions["job-0001"]
-    assert a.render() == b.render()
-    assert a is not b and a.reasons is not b.reasons
+    a, b, c, other = (result.decisions[f"job-000{i}"] for i in range(4))
+    assert a is b is c and a.outcome == "unschedulable"
+    assert other is not a and other.reasons[0].message == "needs 2 usable cuda device(s), worker has 0"
+    busy = make_state(ONE_GPU_OLD_TORCH, busy=[("cuda", 0)])
+    result = place(make_queue([make_job(accelerator="cuda")] * 2), [busy], now=0.0)
+    assert result.decisions["job-0000"] is result.decisions["job-0001"]
+    assert result.decisions["job-0000"].summary == "waiting: 1 compatible worker(s) busy"
+
+
+def test_a_reservation_gives_the_jobs_after_it_their_own_decision():
+    """A shared decision never shows a worker as busy once a job before it reserved it."""
+    h100 = make_state(H100x8, busy=[("cuda", 0)])
+    small = make_job(accelerator="cuda", gpus=8)
+    queue = [queued(small, "s0", seq=0, queued_at=100.0), queued(small, "big", seq=1, queued_at=0.0),
+             queued(small, "s2", seq=2, queued_at=100.0), queued(small, "s3", seq=3, queued_at=100.0)]
+    result = place(queue, [h100], now=100.0, reserve_after=60.0)
+    assert result.reservations == {"big": ["wkr-h100"]}
+    before, big, after, last = (result.decisions[j] for j in ("s0", "big", "s2", "s3"))
+    assert before.reasons[0].message == "compatible but busy: fewer than 8 free cuda devices"
+    assert "reserved wkr-h100 for it" in big.summary and big is not before
+    assert after is last and after is not before
+    assert after.reasons[0].message == "compatible but reserved for job big"
 
 
 def test_accelerator_with_zero_gpus_takes_a_cpu_slot_on_a_worker_of_that_kind():

@@ -139,3 +139,49 @@ def test_until_full_stops_once_no_worker_has_room_and_decides_the_same_up_to_the
     assert set(part.decisions) == {"gpu", "cpu0"}
     assert all(part.decisions[j].summary == whole.decisions[j].summary for j in part.decisions)
     assert set(whole.decisions) == {q.id for q in queue}
+
+
+def _mixed_pass_inputs():
+    fleet = [make_state(make_worker("wkr-8", devices=make_cuda_devices(8), cpu_slots=1), busy=[("cuda", 0)]),
+             make_state(make_worker("wkr-1a", devices=make_cuda_devices(1), cpu_slots=0)),
+             make_state(make_worker("wkr-1b", devices=make_cuda_devices(1), cpu_slots=0), busy=[("cuda", 0)]),
+             make_state(make_worker("wkr-cpu", cpu_slots=2))]
+    shapes = [make_job(accelerator="cuda"), make_job(accelerator="cuda", gpus=8), make_job(),
+              make_job(accelerator="cuda", gpus=4, priority=2), make_distributed_job(2, accelerator="cuda"),
+              make_job(accelerator="rocm")]
+    queue = [queued(shapes[i % len(shapes)], f"j{i:02d}", seq=i, queued_at=0.0 if i % 4 == 0 else 95.0)
+             for i in range(30)]
+    return fleet, queue
+
+
+def test_a_pass_over_the_head_of_the_queue_decides_it_as_a_pass_over_the_whole_queue():
+    """What the control plane's pass after a task ended relies on to read only the head."""
+    from gpulayer.scheduling import place
+
+    fleet, queue = _mixed_pass_inputs()
+    ordered = queue_order(queue)
+    whole = place(queue, fleet, now=100.0, reserve_after=60.0)
+    assert whole.reservations  # the head includes jobs that reserve workers
+    for n in (1, 3, 7, 12, 30):
+        head = place(ordered[:n], fleet, now=100.0, reserve_after=60.0)
+        assert {j: d.render() for j, d in head.decisions.items()} == {
+            q.id: whole.decisions[q.id].render() for q in ordered[:n]}
+        assert head.reservations == {j: w for j, w in whole.reservations.items() if j in head.decisions}
+
+
+def test_class_keys_given_by_the_caller_decide_as_keys_computed_by_the_pass():
+    from dataclasses import replace
+
+    from gpulayer.scheduling import place
+    from gpulayer.scheduling.shapes import class_key
+
+    fleet, queue = _mixed_pass_inputs()
+    computed = place(queue, fleet, now=100.0, reserve_after=60.0)
+    shared: dict = {}
+    for keys in ([class_key(ws.record) for ws in fleet],  # equal keys as distinct objects
+                 [shared.setdefault(k, k) for k in (class_key(ws.record) for ws in fleet)]):  # one per class
+        given = place(queue, [replace(ws, class_key=k) for ws, k in zip(fleet, keys, strict=True)],
+                      now=100.0, reserve_after=60.0)
+        assert {j: d.render() for j, d in given.decisions.items()} == {
+            j: d.render() for j, d in computed.decisions.items()}
+        assert given.assignments == computed.assignments
