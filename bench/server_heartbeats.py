@@ -34,6 +34,7 @@ import asyncio
 import collections
 import json
 import os
+import resource
 import secrets
 import signal
 import statistics
@@ -147,6 +148,11 @@ class Pool:
 # ---------------------------------------------------------------------------------- the fleet
 
 
+def pool_size(workers: int) -> int:
+    """One connection per open long poll, and spare ones for heartbeats and joins."""
+    return workers + max(64, workers // 5)
+
+
 def pct(values: list[float], p: float) -> float:
     if not values:
         return float("nan")
@@ -161,7 +167,7 @@ def cpu_seconds(p: psutil.Process) -> float:
 
 async def fleet(url: str, join: str, n: int, seconds: float, interval: float, caps: dict[str, Any],
                 server: psutil.Process) -> dict[str, Any]:
-    pool = Pool(url, size=n + max(64, n // 5))
+    pool = Pool(url, size=pool_size(n))
     me = psutil.Process()
     errors: collections.Counter[str] = collections.Counter()
     sem = asyncio.Semaphore(50)
@@ -352,8 +358,8 @@ def main() -> None:
                     help="'sqlite' (the default) or a PostgreSQL URL; repeat to run on each")
     ap.add_argument("--pid-file", default=None, help="write the server's pid here (to attach a profiler)")
     args = ap.parse_args()
-    need = 2 * args.workers + 256
-    soft, hard = __import__("resource").getrlimit(__import__("resource").RLIMIT_NOFILE)
+    need = pool_size(args.workers) + 256  # the server holds as many (each process has its own limit)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < need:
         raise SystemExit(f"--workers {args.workers} needs about {need} open files here; ulimit -n is {soft} "
                          f"(raise it, up to {hard})")

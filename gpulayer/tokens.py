@@ -27,7 +27,7 @@ import hashlib
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from sqlmodel import Session
 
@@ -167,13 +167,40 @@ class TokenStore:
         now = self.clock()
         with self.store.read() as s:
             info = check(s, secret, now=now)
-        if info.scope in ("admin", "client", "worker") and secret:
-            with self._lock:
-                if len(self._cache) >= CACHE_SIZE:  # the least recently confirmed go first
-                    for digest in sorted(self._cache, key=lambda d: self._cache[d].confirmed)[:CACHE_SIZE // 10]:
-                        del self._cache[digest]
-                self._cache[hash_secret(secret)] = _Verified(info, now)
+        self.remember(secret, info, now)
         return info
+
+    def verify_many(self, presented: Mapping[str, object]) -> dict[str, TokenInfo | AuthError]:
+        """:meth:`verify` for many secrets in one transaction (a server gathers the requests
+        that arrive together); each answer is the token or the error it would raise."""
+        now = self.clock()
+        out: dict[str, TokenInfo | AuthError] = {}
+        with self.store.read() as s:
+            for secret in presented:
+                hit = self.cached(secret)
+                if hit is not None:
+                    out[secret] = hit
+                    continue
+                try:
+                    out[secret] = check(s, secret or None, now=now)
+                except AuthError as exc:
+                    out[secret] = exc
+        for secret, info in out.items():
+            if isinstance(info, TokenInfo):
+                self.remember(secret, info, now)
+        return out
+
+    def remember(self, secret: str | None, info: TokenInfo, now: float | None = None) -> None:
+        """Remember a token the database said is usable at ``now`` (default: now; a join
+        remembers the credential it just issued, so the worker's first calls need no read)."""
+        if info.scope not in ("admin", "client", "worker") or not secret:
+            return
+        now = self.clock() if now is None else now
+        with self._lock:
+            if len(self._cache) >= CACHE_SIZE:  # the least recently confirmed go first
+                for digest in sorted(self._cache, key=lambda d: self._cache[d].confirmed)[:CACHE_SIZE // 10]:
+                    del self._cache[digest]
+            self._cache[hash_secret(secret)] = _Verified(info, now)
 
     def cached(self, secret: str | None) -> TokenInfo | None:
         """The token ``secret`` names if the cache may answer for it now (no database read:

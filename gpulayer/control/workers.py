@@ -104,6 +104,7 @@ class WorkerOps(Core):
             bound = self._bind_machine(s, joined.id, wid, machine_id) if joined.scope == "bootstrap" else None
             self._register(s, capabilities, worker_id=wid, name=name or bound, cpu_slots=cpu_slots, pid=pid,
                            origin=origin, token_id=cred.id)
+        self.tokens.remember(secret, cred)  # committed: the worker's first calls need no read
         self.schedule_queue()
         return JoinReply(worker_id=wid, token=secret, token_id=cred.id, worker=self.get_worker(wid))
 
@@ -367,7 +368,9 @@ class WorkerOps(Core):
             tasks = {wid: self._assignments(s, wid, polls[wid]) for wid in with_tasks}
             busy = {wid: running for wid, running in polls.items() if running}
             cancel = self._to_end(s, busy) if busy else {}
-        return {wid: WorkPoll(tasks=tasks.get(wid, []), cancel=cancel.get(wid, [])) for wid in polls}
+        nothing = WorkPoll()  # most polls of a large fleet: one reply shared, not to be changed
+        return {wid: WorkPoll(tasks=tasks.get(wid, []), cancel=cancel.get(wid, []))
+                if wid in tasks or cancel.get(wid) else nothing for wid in polls}
 
     def work_news(self, polls: Mapping[str, Sequence[str]]) -> set[str]:
         """Of these waiting polls (worker id -> the task ids it runs), the workers that have

@@ -34,8 +34,9 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -71,6 +72,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpulayer.server")
 
 R = TypeVar("R")
+V = TypeVar("V")
 API_PREFIX = "/v1"
 #: how often the server looks, in one query for all of them, whether its waiting worker
 #: polls have news that it did not make itself (another server on the same database)
@@ -111,8 +113,10 @@ class Server(ControlObserver):
         self.shutting_down = False
         #: heartbeats and first looks of worker polls: what arrives while one batch is
         #: served is served together in the next (one thread hop, one transaction)
-        self._heartbeats: Batches[HeartbeatReply] = Batches(control.heartbeats)
-        self._looks: Batches[WorkPoll] = Batches(control.look_for_work)
+        self._heartbeats: Batches[list[str], HeartbeatReply] = Batches(control.heartbeats)
+        self._looks: Batches[list[str], WorkPoll] = Batches(control.look_for_work)
+        #: tokens the cache cannot answer for (a fleet reconnecting to a restarted server)
+        self._verifies: Batches[None, TokenInfo] = Batches(self.tokens.verify_many)
         #: workers whose row this server saw (a heartbeat's reply said known): a heartbeat of
         #: one that runs nothing is answered at once and written within HEARTBEAT_WRITE_WINDOW
         self._known: set[str] = set()
@@ -270,16 +274,16 @@ class Server(ControlObserver):
                 continue
             self._wake_workers(frozenset(news))
 
-    async def confirm_tokens(self) -> None:
-        """Re-confirm the remembered tokens every ``tokens.CONFIRM_EVERY`` seconds (one
-        query), so requests are answered without a database read and a revocation made by
-        another server still takes effect within ``tokens.CACHE_SECONDS``."""
+    def confirm_tokens(self, stop: threading.Event) -> None:
+        """Re-confirm the remembered tokens every ``tokens.CONFIRM_EVERY`` seconds until
+        ``stop`` (one query), so requests are answered without a database read and a
+        revocation made by another server still takes effect within ``tokens.CACHE_SECONDS``.
+        On a thread of its own: a busy event loop must not make every entry age out at once."""
         from gpulayer.tokens import CONFIRM_EVERY
 
-        while True:
-            await asyncio.sleep(CONFIRM_EVERY)
+        while not stop.wait(CONFIRM_EVERY):
             try:
-                await run_in_threadpool(self.tokens.confirm)
+                self.tokens.confirm()
             except Exception:  # entries then age out and requests look for themselves
                 log.exception("confirming tokens failed")
 
@@ -294,19 +298,19 @@ class Server(ControlObserver):
             await asyncio.sleep(self.provision_tick)
 
 
-class Batches(Generic[R]):
-    """Calls of ``fn({worker id: task ids it runs}) -> {worker id: reply}`` gathered: those
+class Batches(Generic[V, R]):
+    """Calls of ``fn({key: value}) -> {key: reply or the error to raise}`` gathered: those
     that arrive while one batch is served (on a thread) are served together in the next.
     Under load a batch grows instead of a queue of threads; alone, a call is served at once."""
 
-    def __init__(self, fn: Callable[[dict[str, list[str]]], dict[str, R]]) -> None:
+    def __init__(self, fn: Callable[[dict[str, V]], Mapping[str, R | Exception]]) -> None:
         self.fn = fn
-        self._pending: list[tuple[str, list[str], asyncio.Future[R]]] = []
+        self._pending: list[tuple[str, V, asyncio.Future[R]]] = []
         self._serving: asyncio.Task[None] | None = None
 
-    async def submit(self, worker_id: str, running: list[str]) -> R:
+    async def submit(self, key: str, value: V) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._pending.append((worker_id, running, future))
+        self._pending.append((key, value, future))
         if self._serving is None or self._serving.done():
             self._serving = asyncio.create_task(self._serve())
         return await future
@@ -315,15 +319,19 @@ class Batches(Generic[R]):
         while self._pending:
             batch, self._pending = self._pending, []
             try:
-                replies = await run_in_threadpool(self.fn, {wid: running for wid, running, _ in batch})
+                replies = await run_in_threadpool(self.fn, {key: value for key, value, _ in batch})
             except Exception as exc:  # each waiting request answers with the error
                 for _, _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
                 continue
-            for wid, _, future in batch:
+            for key, _, future in batch:
                 if not future.done():
-                    future.set_result(replies[wid])
+                    reply = replies[key]
+                    if isinstance(reply, Exception):
+                        future.set_exception(reply)
+                    else:
+                        future.set_result(reply)
 
 
 # ---------------------------------------------------------------------------------- parsing
@@ -394,7 +402,7 @@ async def _authenticate(server: Server, request: Request, method: str, path: str
     # a token verified a moment ago is answered here, on the event loop; else a thread looks
     tok = server.tokens.cached(bearer)
     if tok is None:
-        tok = await run_in_threadpool(server.tokens.verify, bearer)
+        tok = await server._verifies.submit(bearer or "", None)
     if tok.scope not in scopes:
         raise Forbidden(f"token {tok.id} has scope {tok.scope!r}; {method} {path} needs "
                         f"{' or '.join(repr(s) for s in scopes)}")
@@ -631,8 +639,11 @@ def create_app(control: ControlPlane | None = None, *, database_url: str | None 
         server._loop = asyncio.get_running_loop()
         server._changed = asyncio.Event()
         control.begin_grace()
-        tasks = [asyncio.create_task(server.confirm_tokens()), asyncio.create_task(server.watch_polls()),
-                 asyncio.create_task(server.write_heartbeats())]
+        confirming = threading.Event()
+        confirmer = threading.Thread(target=server.confirm_tokens, args=(confirming,), name="gpulayer-tokens",
+                                     daemon=True)
+        confirmer.start()
+        tasks = [asyncio.create_task(server.watch_polls()), asyncio.create_task(server.write_heartbeats())]
         if background:
             tasks.append(asyncio.create_task(server.background()))
         if background and control.providers is not None:
@@ -650,6 +661,8 @@ def create_app(control: ControlPlane | None = None, *, database_url: str | None 
                     await task
             with contextlib.suppress(Exception):  # what was answered is written before we go
                 await server.flush_heartbeats()
+            confirming.set()
+            await run_in_threadpool(confirmer.join, 10)
             if control.providers is not None:
                 control.providers.close()
             server._loop = None
