@@ -151,6 +151,9 @@ class TokenStore:
         #: the revocation mark at the last full confirmation, and when that was
         self._mark: str | None = None
         self._full_at = float("-inf")
+        #: when every entry then remembered was last confirmed at once (an entry added
+        #: later was read from the database later still)
+        self._all_confirmed = float("-inf")
 
     def create(self, scope: str, *, ttl: float | None = None, uses: int | None = None,
                worker_id: str | None = None, description: str = "") -> tuple[TokenInfo, str]:
@@ -210,11 +213,19 @@ class TokenStore:
         now = self.clock()
         with self._lock:
             hit = self._cache.get(hash_secret(secret))
-            if hit is None or now - hit.confirmed >= CACHE_SECONDS:
+            if hit is None or now - self._confirmed(hit) >= CACHE_SECONDS:
                 return None
             hit.used = now
         info = hit.info
         return info if info.expires_at is None or info.expires_at > now else None
+
+    def _confirmed(self, entry: _Verified) -> float:
+        """When the database last said the entry is usable. A confirmation that found no
+        revocation since the last full one speaks for the entries known usable at or after
+        that one began: not for one whose own read began before it and that it did not see."""
+        if entry.confirmed < self._full_at:
+            return entry.confirmed
+        return max(entry.confirmed, self._all_confirmed)
 
     def confirm(self) -> int:
         """Confirm the remembered tokens (as of now) and drop those no longer usable, and any
@@ -226,27 +237,22 @@ class TokenStore:
         row read confirms them all. Otherwise (and every FULL_CONFIRM_EVERY seconds) one
         query looks them all up."""
         now = self.clock()  # before the read: a confirmation is as old as the read's start
-        with self._lock:
-            for digest in [d for d, e in self._cache.items() if now - e.used > FORGET_UNUSED]:
-                del self._cache[digest]
-            digests = list(self._cache)
-        if not digests:
+        if not self._cache:
             return 0
         with self.store.read() as s:
             mark = queries.revocation_mark(s)
             if mark == self._mark and now - self._full_at < FULL_CONFIRM_EVERY:
-                usable = None
-            else:
-                usable = queries.usable_token_hashes(s, digests, now)
-        dropped = 0
-        if usable is None:
+                # nothing revoked since the last full confirmation: all still usable (entries
+                # forgotten meanwhile are gone, entries added meanwhile were read after now)
+                with self._lock:
+                    self._all_confirmed = max(self._all_confirmed, now)
+                return 0
             with self._lock:
-                for digest in digests:
-                    entry = self._cache.get(digest)
-                    if entry is not None:
-                        entry.confirmed = max(entry.confirmed, now)
-            return 0
-        self._mark, self._full_at = mark, now
+                for digest in [d for d, e in self._cache.items() if now - e.used > FORGET_UNUSED]:
+                    del self._cache[digest]
+                digests = list(self._cache)
+            usable = queries.usable_token_hashes(s, digests, now)
+        dropped = 0
         with self._lock:
             for digest in digests:
                 entry = self._cache.get(digest)
@@ -257,6 +263,7 @@ class TokenStore:
                 else:
                     del self._cache[digest]
                     dropped += 1
+            self._mark, self._full_at, self._all_confirmed = mark, now, now
         return dropped
 
     def forget(self, *, token_id: str | None = None, worker_id: str | None = None) -> None:

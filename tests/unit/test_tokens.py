@@ -102,3 +102,27 @@ def test_join_tokens_are_never_remembered(two: tuple[TokenStore, TokenStore, Clo
     _, secret = here.create("join", uses=1)
     here.verify(secret)
     assert here.cached(secret) is None
+
+
+def test_a_token_read_before_a_confirmation_it_did_not_see_is_not_vouched_for(
+        two: tuple[TokenStore, TokenStore, Clock]) -> None:
+    """A verification whose read began before a full confirmation, and that the confirmation
+    did not see, may name a token revoked in between: later quick confirmations (no new
+    revocation) must not extend it past the bound."""
+    here, there, clock = two
+    info, secret = here.create("worker", worker_id="wkr-1")
+    _, warm = here.create("worker", worker_id="wkr-2")
+    here.verify(warm)  # something to confirm
+    read_at = clock.now
+    late = here.verify_many({secret: None})[secret]  # read now ...
+    assert not isinstance(late, AuthError)
+    here.forget(token_id=info.id)  # ... as if remembered only after the confirmation below
+    there.revoke(info.id)
+    clock.now += 0.1
+    here.confirm()  # full: a revocation happened (it does not know of the late entry)
+    here.remember(secret, late, read_at)
+    for _ in range(6):  # quick confirmations: no revocation since the full one
+        clock.now += tokens.CONFIRM_EVERY
+        here.confirm()
+    assert clock.now - read_at >= tokens.CACHE_SECONDS
+    assert here.cached(secret) is None
