@@ -83,6 +83,8 @@ MAX_JSON_BYTES = 16 * 1024 * 1024
 HEARTBEAT_WRITE_WINDOW = 0.25
 #: a request body up to this size is decoded on the event loop (a thread hop costs more)
 INLINE_JSON_BYTES = 64 * 1024
+#: how long a worker poll's first look waits for others to share its database read
+FIRST_LOOK_GATHER = 0.05
 
 
 # ---------------------------------------------------------------------------------- state
@@ -115,6 +117,9 @@ class Server(ControlObserver):
         #: served is served together in the next (one thread hop, one transaction)
         self._heartbeats: Batches[list[str], HeartbeatReply] = Batches(control.heartbeats)
         self._looks: Batches[list[str], WorkPoll] = Batches(control.look_for_work)
+        #: a poll's first look waits FIRST_LOOK_GATHER for others to share its batch: it may
+        #: wait many seconds anyway, and a fleet's polls arrive a few at a time
+        self._first_looks: Batches[list[str], WorkPoll] = Batches(control.look_for_work, gather=FIRST_LOOK_GATHER)
         #: tokens the cache cannot answer for (a fleet reconnecting to a restarted server)
         self._verifies: Batches[None, TokenInfo] = Batches(self.tokens.verify_many)
         #: workers whose row this server saw (a heartbeat's reply said known): a heartbeat of
@@ -229,9 +234,9 @@ class Server(ControlObserver):
             except Exception:  # the database may be away for a moment; try again next tick
                 log.exception("writing heartbeats failed")
 
-    async def look_for_work(self, worker_id: str, running: list[str]) -> WorkPoll:
+    async def look_for_work(self, worker_id: str, running: list[str], *, first: bool = False) -> WorkPoll:
         """A worker poll's look at the database (``ControlPlane.look_for_work``, batched)."""
-        return await self._looks.submit(worker_id, running)
+        return await (self._first_looks if first else self._looks).submit(worker_id, running)
 
     def saw(self, worker_id: str) -> None:
         """A worker called (any call counts as a sign of life, written with the next flush)."""
@@ -303,8 +308,9 @@ class Batches(Generic[V, R]):
     that arrive while one batch is served (on a thread) are served together in the next.
     Under load a batch grows instead of a queue of threads; alone, a call is served at once."""
 
-    def __init__(self, fn: Callable[[dict[str, V]], Mapping[str, R | Exception]]) -> None:
+    def __init__(self, fn: Callable[[dict[str, V]], Mapping[str, R | Exception]], *, gather: float = 0.0) -> None:
         self.fn = fn
+        self.gather = gather
         self._pending: list[tuple[str, V, asyncio.Future[R]]] = []
         self._serving: asyncio.Task[None] | None = None
 
@@ -316,6 +322,8 @@ class Batches(Generic[V, R]):
         return await future
 
     async def _serve(self) -> None:
+        if self.gather:
+            await asyncio.sleep(self.gather)
         while self._pending:
             batch, self._pending = self._pending, []
             try:
@@ -467,12 +475,17 @@ async def _poll_work(server: Server, request: Request, kw: dict[str, Any]) -> An
     wid = kw["worker_id"]
     running = list(kw["running"])
     deadline = time.monotonic() + kw["wait"]
+    first = True
     while True:
         woken = server.arm(wid)
-        out = await server.look_for_work(wid, running)
+        out = await server.look_for_work(wid, running, first=first)
         remaining = deadline - time.monotonic()
-        if out.tasks or out.cancel or remaining <= 0 or server.shutting_down or await request.is_disconnected():
+        # (a request that just came is not asked whether its caller left: that costs more
+        # than the look itself, for 500 polls a second)
+        if out.tasks or out.cancel or remaining <= 0 or server.shutting_down or \
+                (not first and await request.is_disconnected()):
             return out
+        first = False
         # woken at once by this server's assignments and cancels; another server sharing
         # the database is noticed by watch_polls, at most POLL_RECHECK seconds later
         server._polling[wid] = running
