@@ -603,6 +603,8 @@ def _endpoint(server: Server, route: api.Route) -> Callable[[Request], Awaitable
                 result = await special(server, request, kwargs)
             else:
                 result = await run_in_threadpool(functools.partial(method, **kwargs))
+                if route.op in ("join_worker", "register_worker"):  # its row exists: heartbeats go quick
+                    server._known.add(result.worker_id if route.op == "join_worker" else result.id)
             response = result if isinstance(result, Response) else render(result)
         except GpulayerError as exc:
             response = error_response(exc)

@@ -52,9 +52,9 @@ def beat(w: Api, wid: str) -> dict[str, Any]:
 def test_heartbeats_answered_at_once_are_written_and_silence_still_counts(server: ServerProc) -> None:
     admin = Api(server.url, server.admin_token)
     wid, w = join(server.url, admin)
-    assert beat(w, wid) == {"known": True, "cancel": []}  # read and written before the answer
+    assert beat(w, wid) == {"known": True, "cancel": []}
     first = worker(admin, wid)["last_heartbeat"]
-    # the next ones are answered at once (a known worker running nothing) and written soon
+    # answered at once (a worker this server knows, running nothing) and written soon after
     assert beat(w, wid) == {"known": True, "cancel": []}
     wait_for(lambda: beat(w, wid) and worker(admin, wid)["last_heartbeat"] > first, 30, "a later heartbeat written")
     # silent: offline after the timeout, as before
