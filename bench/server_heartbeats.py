@@ -1,35 +1,156 @@
-"""Many simulated workers against one ``gpulayer server start`` process.
+"""A fleet of simulated workers against one ``gpulayer server start`` process.
 
-    python bench/server_heartbeats.py [--workers 1000] [--seconds 20] [--interval 1.0] [--jobs 20]
+    python bench/server_heartbeats.py [--workers 1000] [--interval 5] [--seconds 30] [--jobs 5]
+        [--database sqlite] [--database postgresql://postgres@127.0.0.1:5432/test]
 
-Each simulated worker joins with a shared join token, then heartbeats every ``--interval``
-seconds and keeps one long poll (``GET /v1/workers/{id}/tasks?wait=5``) open, all from one
-asyncio loop with httpx. Reported: heartbeat latency p50/p99, heartbeats per second, and the
-server's CPU use (psutil on its pid). Then, with the simulated fleet gone, submit-to-start
-latency of ``--jobs`` sequential jobs through the server with one real remote worker, next
-to the same figure for the embedded control plane.
+Each simulated worker joins with a shared join token (``POST /v1/workers/join``, as
+``gpulayer worker start`` does), then does what the real agent does over HTTP
+(:mod:`gpulayer.worker.agent`): it heartbeats every ``--interval`` seconds
+(``POST /v1/workers/{id}/heartbeat``) and keeps one long poll for work open
+(``POST /v1/workers/{id}/work?wait=20``). The load generator is one asyncio process with one
+pool of HTTP/1.1 keep-alive connections (h11 parses; one connection per open long poll plus
+spare ones for heartbeats), not a client or a thread per worker, so it leaves the server
+most of the machine; its own CPU is reported beside the server's.
+
+httpx's pool is not used here: it scans every connection of the pool (and, for idle ones,
+the whole pool again) on each request, so one pool of thousands of connections costs the
+load generator more per request than the server spends.
+
+Reported per database, over the steady phase (after the joins and one interval of warm-up,
+which includes the fleet's first long polls all arriving at once): heartbeat latency p50,
+p95 and p99, heartbeats per second, request errors, the server's and the load generator's
+CPU (one core = 100%), the time all joins took, and the floor: ``GET /healthz`` (no token,
+no database) sent through the same pool at a steady rate during the same phase, with the
+ratio of heartbeat p99 to healthz p99. With ``--jobs N``, submit-to-start of N sequential
+jobs through the server with one real remote worker, after the simulated fleet left.
+
+A PostgreSQL URL gets a fresh schema for the run, dropped afterwards (as the tests do).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
+import resource
+import secrets
 import signal
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
+import h11
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.server_support import Api, ServerProc, start_remote_worker, stop_proc, wait_workers  # noqa: E402
+
+#: how long one long poll waits, as the real agent's over HTTP (gpulayer.http_client.poll_wait)
+POLL_WAIT = 20.0
+
+
+# ---------------------------------------------------------------------------------- one HTTP/1.1 pool
+
+
+class _Conn:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.h11 = h11.Connection(h11.CLIENT)
+
+    async def roundtrip(self, method: str, target: str, headers: list[tuple[str, str]],
+                        body: bytes) -> tuple[int, bytes]:
+        c = self.h11
+        out = c.send(h11.Request(method=method, target=target, headers=headers))
+        out += c.send(h11.Data(data=body)) if body else b""
+        out += c.send(h11.EndOfMessage())
+        self.writer.write(out)
+        status, data = 0, bytearray()
+        while True:
+            event = c.next_event()
+            if event is h11.NEED_DATA:
+                chunk = await self.reader.read(65536)
+                if not chunk:
+                    raise ConnectionError("server closed the connection")
+                c.receive_data(chunk)
+            elif isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data):
+                data += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                return status, bytes(data)
+            elif isinstance(event, h11.ConnectionClosed):
+                raise ConnectionError("server closed the connection")
+
+    @property
+    def reusable(self) -> bool:
+        c = self.h11
+        if c.our_state is h11.DONE and c.their_state is h11.DONE:
+            c.start_next_cycle()
+            return True
+        return False
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Pool:
+    """At most ``size`` keep-alive HTTP/1.1 connections to one server; idle ones in a deque
+    (taking one is O(1), however many there are)."""
+
+    def __init__(self, url: str, size: int) -> None:
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.authority = f"{self.host}:{self.port}"
+        self.slots = asyncio.Semaphore(size)
+        self.idle: collections.deque[_Conn] = collections.deque()
+
+    async def request(self, method: str, path: str, *, token: str | None = None,
+                      body: Any = None) -> tuple[int, bytes]:
+        raw = json.dumps(body).encode() if body is not None else b""
+        headers = [("host", self.authority), ("content-length", str(len(raw)))]
+        if body is not None:
+            headers.append(("content-type", "application/json"))
+        if token is not None:
+            headers.append(("authorization", f"Bearer {token}"))
+        async with self.slots:
+            for attempt in (1, 2):
+                reused = bool(self.idle)
+                conn = self.idle.pop() if reused else _Conn(*await asyncio.open_connection(self.host, self.port))
+                try:
+                    status, data = await conn.roundtrip(method, path, headers, raw)
+                except (ConnectionError, h11.ProtocolError):
+                    conn.close()
+                    if reused and attempt == 1:  # the server closed an idle connection: once more
+                        continue
+                    raise
+                if conn.reusable:
+                    self.idle.append(conn)
+                else:
+                    conn.close()
+                return status, data
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        while self.idle:
+            self.idle.pop().close()
+
+
+# ---------------------------------------------------------------------------------- the fleet
+
+
+def pool_size(workers: int) -> int:
+    """One connection per open long poll, and spare ones for heartbeats and joins."""
+    return workers + max(64, workers // 5)
 
 
 def pct(values: list[float], p: float) -> float:
@@ -39,161 +160,217 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p / 100 * len(values)))]
 
 
-async def fleet(url: str, join: str, n: int, seconds: float, interval: float, caps: dict) -> dict:
-    limits = httpx.Limits(max_connections=4 * n, max_keepalive_connections=4 * n)
+def cpu_seconds(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return t.user + t.system
+
+
+async def fleet(url: str, join: str, n: int, seconds: float, interval: float, caps: dict[str, Any],
+                server: psutil.Process) -> dict[str, Any]:
+    pool = Pool(url, size=pool_size(n))
+    me = psutil.Process()
+    errors: collections.Counter[str] = collections.Counter()
+    sem = asyncio.Semaphore(50)
+
+    async def do_join(i: int) -> tuple[str, str]:
+        async with sem:
+            status, data = await pool.request("POST", "/v1/workers/join", token=join,
+                                              body={"capabilities": caps, "name": f"sim{i}", "cpu_slots": 1})
+            if status != 201:
+                raise RuntimeError(f"join answered {status}: {data[:300]!r}")
+            d = json.loads(data)
+            return d["worker_id"], d["token"]
+
+    t0 = time.perf_counter()
+    creds = await asyncio.gather(*(do_join(i) for i in range(n)))
+    join_s = time.perf_counter() - t0
+
+    start = time.monotonic()
+    measure_from = start + min(interval, seconds / 3)  # warm-up: the first heartbeats and polls
+    stop = start + seconds
     lat: list[float] = []
-    errors = 0
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
-        sem = asyncio.Semaphore(50)
+    floor: list[float] = []
+    marks: dict[str, float] = {}
 
-        async def do_join(i: int) -> tuple[str, str]:
-            async with sem:
-                for attempt in range(5):
-                    try:
-                        r = await http.post("/v1/workers/join", headers={"authorization": f"Bearer {join}"},
-                                            json={"capabilities": caps, "name": f"sim{i}", "cpu_slots": 1})
-                        r.raise_for_status()
-                        break
-                    except httpx.TransportError:
-                        if attempt == 4:
-                            raise
-                        await asyncio.sleep(0.5)
-                d = r.json()
-                return d["worker_id"], d["token"]
+    async def call(what: str, method: str, path: str, token: str | None, body: Any) -> bool:
+        try:
+            status, _ = await pool.request(method, path, token=token, body=body)
+        except (OSError, h11.ProtocolError) as exc:
+            errors[f"{what}: {type(exc).__name__}"] += 1
+            return False
+        if status >= 400:
+            errors[f"{what}: HTTP {status}"] += 1
+            return False
+        return True
 
-        t0 = time.perf_counter()
-        creds = await asyncio.gather(*(do_join(i) for i in range(n)))
-        join_s = time.perf_counter() - t0
-        # One small client per simulated worker, as real workers have: a single pool of
-        # hundreds of connections costs the client more per request than the server spends.
-        # Plain HTTP on loopback: no TLS context per client (building 1000 of them takes long).
-        clients = {w: httpx.AsyncClient(base_url=url, timeout=60, verify=False,
-                                        limits=httpx.Limits(max_connections=2))
-                   for w, _ in creds}
-        stop = time.monotonic() + seconds
+    async def heartbeats(i: int, wid: str, tok: str) -> None:
+        await asyncio.sleep(interval * i / n)  # spread evenly over one interval
+        while (t := time.monotonic()) < stop:
+            ok = await call("heartbeat", "POST", f"/v1/workers/{wid}/heartbeat", tok, {"running": []})
+            if ok and t >= measure_from:
+                lat.append(time.monotonic() - t)
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - t)))
 
+    async def polls(wid: str, tok: str) -> None:
+        while (left := stop - time.monotonic()) > 0:
+            wait = min(POLL_WAIT, left)
+            if not await call("poll", "POST", f"/v1/workers/{wid}/work?wait={wait:.1f}", tok, {"running": []}):
+                await asyncio.sleep(0.5)
 
-        async def heartbeats(wid: str, tok: str) -> None:
-            nonlocal errors
-            http = clients[wid]
-            h = {"authorization": f"Bearer {tok}"}
-            await asyncio.sleep(interval * (hash(wid) % 1000) / 1000)  # spread the fleet
-            while time.monotonic() < stop:
-                t = time.perf_counter()
-                try:
-                    r = await http.post(f"/v1/workers/{wid}/heartbeat", headers=h, json={"running": []})
-                    r.raise_for_status()
-                    lat.append(time.perf_counter() - t)
-                except httpx.HTTPError:
-                    errors += 1
-                await asyncio.sleep(max(0.0, interval - (time.perf_counter() - t)))
+    async def healthz() -> None:
+        while (t := time.monotonic()) < stop:
+            if await call("healthz", "GET", "/healthz", None, None) and t >= measure_from:
+                floor.append(time.monotonic() - t)
+            await asyncio.sleep(max(0.0, 0.1 - (time.monotonic() - t)))
 
-        async def polls(wid: str, tok: str) -> None:
-            nonlocal errors
-            http = clients[wid]
-            h = {"authorization": f"Bearer {tok}"}
-            while time.monotonic() < stop:
-                try:
-                    r = await http.get(f"/v1/workers/{wid}/tasks", headers=h,
-                                       params={"wait": min(20.0, max(0.0, stop - time.monotonic()))})
-                    r.raise_for_status()
-                except httpx.HTTPError:
-                    errors += 1
-                    await asyncio.sleep(0.5)
+    async def meter() -> None:
+        await asyncio.sleep(max(0.0, measure_from - time.monotonic()))
+        marks.update(t0=time.monotonic(), server0=cpu_seconds(server), me0=cpu_seconds(me))
+        await asyncio.sleep(max(0.0, stop - time.monotonic()))
+        marks.update(t1=time.monotonic(), server1=cpu_seconds(server), me1=cpu_seconds(me))
 
-        await asyncio.gather(*(heartbeats(w, t) for w, t in creds), *(polls(w, t) for w, t in creds))
-        await asyncio.gather(*(c.aclose() for c in clients.values()))
-        # leave politely so the next phase sees no phantom workers
-        await asyncio.gather(*(http.delete(f"/v1/workers/{w}", headers={"authorization": f"Bearer {t}"})
-                               for w, t in creds))
-    return {"lat": lat, "errors": errors, "join_s": join_s}
+    await asyncio.gather(*(heartbeats(i, w, t) for i, (w, t) in enumerate(creds)),
+                         *(polls(w, t) for w, t in creds), healthz(), meter())
+    # leave politely so the next phase sees no phantom workers
+    await asyncio.gather(*(call("leave", "DELETE", f"/v1/workers/{w}", t, None) for w, t in creds))
+    pool.close()
+    span = marks["t1"] - marks["t0"]
+    return {"lat": lat, "floor": floor, "errors": errors, "join_s": join_s, "span": span,
+            "server_cpu": 100 * (marks["server1"] - marks["server0"]) / span,
+            "loadgen_cpu": 100 * (marks["me1"] - marks["me0"]) / span}
 
 
-def submit_to_start(client, jobs: int) -> list[float]:  # type: ignore[no-untyped-def]
+# ---------------------------------------------------------------------------------- one run
+
+
+def submit_to_start(client: Any, jobs: int) -> list[float]:
     from gpulayer.specs import CommandJob, Placement
 
     out = []
     for _ in range(jobs):
-        j = client.submit(CommandJob(command=["true"], placement=Placement(target=client_target(client),
-                                                                          on_unschedulable="wait")))
+        target = "local" if client.location == "embedded" else "remote"
+        j = client.submit(CommandJob(command=["true"], placement=Placement(target=target, on_unschedulable="wait")))
         j = client.wait(j.id, timeout=60)
         t = j.tasks[-1]
         out.append((t.started_at or 0) - j.created_at)
     return out
 
 
-def client_target(client) -> str:  # type: ignore[no-untyped-def]
-    return "local" if client.location == "embedded" else "remote"
+@contextmanager
+def database(spec: str) -> Iterator[str | None]:
+    """``sqlite`` -> None (the server's own file); a PostgreSQL URL -> it, in a fresh schema."""
+    if spec == "sqlite":
+        yield None
+        return
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(spec.replace("postgresql://", "postgresql+psycopg://", 1))
+    schema = f"gl_bench_{secrets.token_hex(6)}"
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
+    try:
+        yield f"{spec}{'&' if '?' in spec else '?'}options=-csearch_path%3D{schema}"
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        engine.dispose()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--workers", type=int, default=1000)
-    ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--interval", type=float, default=1.0)
-    ap.add_argument("--jobs", type=int, default=20)
-    ap.add_argument("--database", default=None)
-    args = ap.parse_args()
-
-    tmp = Path(tempfile.mkdtemp(prefix="gl-bench-"))
-    srv = ServerProc(tmp / "server", database=args.database,
-                     env={"GPULAYER_HEARTBEAT_TIMEOUT": str(max(15.0, args.interval * 10))}).start()
-    admin = Api(srv.url, srv.admin_token)
-    join = admin.token_for("join")["token"]
+def run(args: argparse.Namespace, spec: str, tmp: Path) -> dict[str, Any]:
     from tests.factories import make_capabilities
 
     caps = json.loads(make_capabilities().model_dump_json())
-    proc = psutil.Process(srv.proc.pid)  # type: ignore[union-attr]
-    proc.cpu_percent(None)
-    cpu0 = proc.cpu_times()
-    t0 = time.perf_counter()
-    try:
-        res = asyncio.run(fleet(srv.url, join, args.workers, args.seconds, args.interval, caps))
-    except BaseException:
-        srv.kill()
-        raise
-    wall = time.perf_counter() - t0
-    cpu1 = proc.cpu_times()
-    cpu_pct = 100 * ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / wall
-    lat = res["lat"]
+    with database(spec) as url:
+        home = tmp / f"server-{'sqlite' if url is None else 'pg'}"
+        srv = ServerProc(home, database=url,
+                         env={"GPULAYER_HEARTBEAT_TIMEOUT": str(max(15.0, args.interval * 10))}).start()
+        try:
+            admin = Api(srv.url, srv.admin_token)
+            join = admin.token_for("join")["token"]
+            assert srv.proc is not None
+            if args.pid_file:
+                Path(args.pid_file).write_text(f"{srv.proc.pid}\n")
+            res = asyncio.run(fleet(srv.url, join, args.workers, args.seconds, args.interval, caps,
+                                    psutil.Process(srv.proc.pid)))
+            res["remote"] = []
+            if args.jobs:
+                from gpulayer.client import http_client
 
-    # submit-to-start through the server, one real worker
-    from gpulayer.client import embedded_client, http_client
+                w = start_remote_worker(srv.url, join, home / "worker", cpu_slots=1)
+                try:
+                    wait_workers(admin, 1)
+                    res["remote"] = submit_to_start(http_client(srv.url, token=srv.admin_token), args.jobs)
+                finally:
+                    stop_proc(w, signal.SIGKILL)
+        finally:
+            srv.stop()
+    res["database"] = "SQLite" if url is None else "PostgreSQL"
+    return res
 
-    w = start_remote_worker(srv.url, join, tmp / "worker", cpu_slots=1)
-    try:
-        wait_workers(admin, 1)
-        remote = submit_to_start(http_client(srv.url, token=srv.admin_token), args.jobs)
-    finally:
-        stop_proc(w, signal.SIGKILL)
-        srv.stop()
-    os.environ["GPULAYER_HOME"] = str(tmp / "embedded")
+
+def embedded_submit_to_start(tmp: Path, jobs: int) -> list[float]:
+    from gpulayer.client import embedded_client
     from gpulayer.testing import no_real_devices_env
 
+    os.environ["GPULAYER_HOME"] = str(tmp / "embedded")
     os.environ.update(no_real_devices_env())
     emb = embedded_client()
     try:
-        embedded = submit_to_start(emb, args.jobs)
+        return submit_to_start(emb, jobs)
     finally:
         emb.close()
 
-    ms = lambda v: f"{v * 1000:8.1f} ms"  # noqa: E731
+
+def report(args: argparse.Namespace, res: dict[str, Any]) -> None:
+    ms = lambda v: f"{v * 1000:.1f} ms"  # noqa: E731
+    lat, floor = res["lat"], res["floor"]
     print()
-    print(f"server: {srv.url} ({'SQLite' if not args.database else 'PostgreSQL'}), "
-          f"{args.workers} simulated workers, heartbeat every {args.interval:g} s + one long poll each, "
-          f"{args.seconds:g} s")
-    print(f"{'figure':<38}{'value':>14}")
-    print(f"{'joins (all workers)':<38}{res['join_s']:>11.1f} s")
-    print(f"{'heartbeats answered':<38}{len(lat):>14}")
-    print(f"{'heartbeats / s':<38}{len(lat) / args.seconds:>14.0f}")
-    print(f"{'heartbeat latency p50':<38}{ms(pct(lat, 50)):>14}")
-    print(f"{'heartbeat latency p99':<38}{ms(pct(lat, 99)):>14}")
-    print(f"{'request errors':<38}{res['errors']:>14}")
-    print(f"{'server CPU (one core = 100%)':<38}{cpu_pct:>13.0f}%")
-    print(f"{'submit-to-start p50, server':<38}{ms(statistics.median(remote)):>14}")
-    print(f"{'submit-to-start p50, embedded':<38}{ms(statistics.median(embedded)):>14}")
-    print(f"{'submit-to-start max, server':<38}{ms(max(remote)):>14}")
-    print(f"{'submit-to-start max, embedded':<38}{ms(max(embedded)):>14}")
+    print(f"{res['database']}: {args.workers} simulated workers, a heartbeat every {args.interval:g} s and "
+          f"one long poll each; {args.seconds:g} s, measured over the last {res['span']:.0f} s")
+    rows = [
+        ("joins (all workers, 50 at a time)", f"{res['join_s']:.1f} s"),
+        ("heartbeats answered (measured)", f"{len(lat)}"),
+        ("heartbeats / s", f"{len(lat) / res['span']:.0f}"),
+        ("heartbeat p50", ms(pct(lat, 50))),
+        ("heartbeat p95", ms(pct(lat, 95))),
+        ("heartbeat p99", ms(pct(lat, 99))),
+        ("floor: GET /healthz p50 / p99", f"{ms(pct(floor, 50))} / {ms(pct(floor, 99))}"),
+        ("heartbeat p99 / floor p99", f"{pct(lat, 99) / pct(floor, 99):.1f}x"),
+        ("request errors", f"{sum(res['errors'].values())}"
+         + (f" ({', '.join(f'{k}: {v}' for k, v in res['errors'].most_common(4))})" if res["errors"] else "")),
+        ("server CPU (one core = 100%)", f"{res['server_cpu']:.0f}%"),
+        ("load generator CPU", f"{res['loadgen_cpu']:.0f}%"),
+    ]
+    if res["remote"]:
+        rows += [("submit-to-start p50 / max, server",
+                  f"{ms(statistics.median(res['remote']))} / {ms(max(res['remote']))}")]
+    for name, value in rows:
+        print(f"  {name:<36}{value:>24}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", type=int, default=1000)
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--interval", type=float, default=5.0)
+    ap.add_argument("--jobs", type=int, default=5, help="submit-to-start jobs after the fleet left (0: none)")
+    ap.add_argument("--database", action="append", default=None,
+                    help="'sqlite' (the default) or a PostgreSQL URL; repeat to run on each")
+    ap.add_argument("--pid-file", default=None, help="write the server's pid here (to attach a profiler)")
+    args = ap.parse_args()
+    need = pool_size(args.workers) + 256  # the server holds as many (each process has its own limit)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < need:
+        raise SystemExit(f"--workers {args.workers} needs about {need} open files here; ulimit -n is {soft} "
+                         f"(raise it, up to {hard})")
+
+    tmp = Path(tempfile.mkdtemp(prefix="gl-bench-"))
+    results = [run(args, spec, tmp) for spec in args.database or ["sqlite"]]
+    embedded = embedded_submit_to_start(tmp, args.jobs) if args.jobs else []
+    for res in results:
+        report(args, res)
+    if embedded:
+        print(f"  {'submit-to-start p50, embedded':<36}{statistics.median(embedded) * 1000:>21.1f} ms")
 
 
 if __name__ == "__main__":

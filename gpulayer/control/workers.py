@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlmodel import Session
@@ -51,8 +51,16 @@ class WorkerOps(Core):
         with self.store.write() as s:
             wid = self._register(s, capabilities, worker_id=worker_id, name=name, cpu_slots=cpu_slots,
                                  pid=pid, origin=origin)
-        self.schedule()
+        self.schedule_queue()
         return self.get_worker(wid)
+
+    def schedule_queue(self) -> None:
+        """A placement pass, if a job waits in the queue: a pass reads the whole fleet before
+        it looks at the queue, which made each of a thousand joins cost more than the last."""
+        with self.store.read() as s:
+            queued = queries.any_job_queued(s)
+        if queued:
+            self.schedule()
 
     def _register(self, s: Session, capabilities: Capabilities, *, worker_id: str | None, name: str | None,
                   cpu_slots: int, pid: int | None, origin: str | None, token_id: str | None = None) -> str:
@@ -96,7 +104,8 @@ class WorkerOps(Core):
             bound = self._bind_machine(s, joined.id, wid, machine_id) if joined.scope == "bootstrap" else None
             self._register(s, capabilities, worker_id=wid, name=name or bound, cpu_slots=cpu_slots, pid=pid,
                            origin=origin, token_id=cred.id)
-        self.schedule()
+        self.tokens.remember(secret, cred)  # committed: the worker's first calls need no read
+        self.schedule_queue()
         return JoinReply(worker_id=wid, token=secret, token_id=cred.id, worker=self.get_worker(wid))
 
     def _bind_machine(self, s: Session, token_id: str, worker_id: str, machine_id: str | None) -> str | None:
@@ -160,12 +169,28 @@ class WorkerOps(Core):
         replies = {wid: HeartbeatReply(known=True, cancel=to_end[wid]) if wid in known else HeartbeatReply(known=False)
                    for wid in reports}
         if not all(known.values()):
-            self.schedule()  # a worker came back: jobs waiting for it may be placed now
+            self.schedule_queue()  # a worker came back: jobs waiting for it may be placed now
         # every heartbeat would otherwise rescan the fleet; once per third of the timeout
         # is enough to notice a silent worker (or a lost report) in time
         if now - self._last_expiry > self.heartbeat_timeout / 3:
             self.expire_workers()
         return replies
+
+    def heartbeats_heard(self, heard: dict[str, float]) -> set[str]:
+        """Heartbeats a server answered before writing them (worker id -> when it arrived):
+        from workers it knew, running nothing, so the reply needed no read (known, nothing
+        to end). Written here in one transaction, at most ``HEARTBEAT_WRITE_WINDOW`` after
+        they arrived. Returns the ids of workers that no longer exist (their next
+        heartbeat goes the long way and hears it)."""
+        with self.store.write(lock=False) as s:
+            known = queries.online_flags(s, heard)
+            queries.touch_workers_at(s, {wid: heard[wid] for wid in known})
+        with self._reports_lock:
+            for wid in known:
+                self._reports[wid] = (heard[wid], frozenset())
+        if not all(known.values()):
+            self.schedule_queue()  # a worker came back: jobs waiting for it may be placed now
+        return set(heard) - set(known)
 
     def _to_end(self, s: Session, reports: dict[str, Sequence[str]]) -> dict[str, list[str]]:
         """Per worker, which of the tasks it says it runs it must end (:func:`lifecycle.must_end`)."""
@@ -209,7 +234,7 @@ class WorkerOps(Core):
             for task_id in unreported:
                 task = queries.task(s, task_id)
                 self._lose(s, task, now, why)
-        self.schedule()
+        self.schedule_queue()
 
     def drain_worker(self, worker_id: str) -> None:
         """The worker takes no new work; what it runs now may finish."""
@@ -221,7 +246,7 @@ class WorkerOps(Core):
             # tasks handed to it that never started go back to the queue
             for t in queries.assigned_tasks_of_worker(s, worker_id):
                 self._lose(s, t, now, "worker is draining")
-        self.schedule()
+        self.schedule_queue()
 
     def deregister_worker(self, worker_id: str) -> None:
         """A worker leaving on purpose: offline now, its unfinished tasks lost, its
@@ -236,8 +261,8 @@ class WorkerOps(Core):
                 self._lose(s, t, now, "worker stopped")
             self._event(s, "worker_left", worker_id=worker_id)
             queries.revoke_worker_tokens(s, worker_id)
-        self.tokens.forget()
-        self.schedule()
+        self.tokens.forget(worker_id=worker_id)
+        self.schedule_queue()
 
     def begin_grace(self) -> None:
         """A server that just started (maybe after being down a while) has heard nobody
@@ -286,7 +311,7 @@ class WorkerOps(Core):
                 self._event(s, "worker_offline", worker_id=wid)
                 if row.name == IN_PROCESS_NAME and row.origin == "local":
                     queries.delete_workers(s, [wid])  # a script's own worker is not worth a row once gone
-        self.schedule()
+        self.schedule_queue()
         return stale
 
     # ------------------------------------------------------------------ tasks (worker side)
@@ -304,19 +329,7 @@ class WorkerOps(Core):
         while True:
             seen = self._work_of(worker_id)
             with self.store.read() as s:
-                out = []
-                taken = set(running)
-                for t in queries.assigned_tasks_of_worker(s, worker_id):
-                    if t.id in taken:  # the worker has it already (it is starting it)
-                        continue
-                    job = queries.find_job(s, t.job_id)
-                    if job is None:
-                        continue
-                    out.append(TaskAssignment(
-                        task_id=t.id, job_id=t.job_id, attempt=t.attempt, node_rank=t.node_rank,
-                        accelerator=t.accelerator, devices=json.loads(t.devices), spec=mapping.job_spec(job),
-                        rendezvous=Rendezvous.model_validate_json(t.rendezvous) if t.rendezvous else None,
-                    ))
+                out = self._assignments(s, worker_id, running)
                 cancel = []
                 # first look, then only when news for this worker came (a cancel wakes it):
                 # a look at the database every 0.2 s (for other processes' changes) need not
@@ -327,6 +340,49 @@ class WorkerOps(Core):
             if out or cancel or remaining <= 0:
                 return WorkPoll(tasks=out, cancel=cancel)
             self._wait_work(worker_id, seen, min(remaining, 0.2))
+
+    def _assignments(self, s: Session, worker_id: str, running: Sequence[str]) -> list[TaskAssignment]:
+        """The tasks assigned to the worker and not started, but those in ``running`` (the
+        worker has them already: it is starting them)."""
+        out = []
+        taken = set(running)
+        for t in queries.assigned_tasks_of_worker(s, worker_id):
+            if t.id in taken:
+                continue
+            job = queries.find_job(s, t.job_id)
+            if job is None:
+                continue
+            out.append(TaskAssignment(
+                task_id=t.id, job_id=t.job_id, attempt=t.attempt, node_rank=t.node_rank,
+                accelerator=t.accelerator, devices=json.loads(t.devices), spec=mapping.job_spec(job),
+                rendezvous=Rendezvous.model_validate_json(t.rendezvous) if t.rendezvous else None,
+            ))
+        return out
+
+    def look_for_work(self, polls: Mapping[str, Sequence[str]]) -> dict[str, WorkPoll]:
+        """:meth:`poll_work` without waiting, for many workers' polls at once (worker id ->
+        the task ids it runs), in one read: a server gathers the polls that arrive together."""
+        with self.store.read() as s:
+            with_tasks = {wid for tid, wid in queries.assigned_task_workers(s)
+                          if wid in polls and tid not in polls[wid]}
+            tasks = {wid: self._assignments(s, wid, polls[wid]) for wid in with_tasks}
+            busy = {wid: running for wid, running in polls.items() if running}
+            cancel = self._to_end(s, busy) if busy else {}
+        nothing = WorkPoll()  # most polls of a large fleet: one reply shared, not to be changed
+        return {wid: WorkPoll(tasks=tasks.get(wid, []), cancel=cancel.get(wid, []))
+                if wid in tasks or cancel.get(wid) else nothing for wid in polls}
+
+    def work_news(self, polls: Mapping[str, Sequence[str]]) -> set[str]:
+        """Of these waiting polls (worker id -> the task ids it runs), the workers that have
+        news: a task to start, or one of theirs to end. One read for all of them: how a
+        server notices what another server on the same database did for its waiting polls."""
+        with self.store.read() as s:
+            news = {wid for tid, wid in queries.assigned_task_workers(s)
+                    if wid in polls and tid not in polls[wid]}
+            busy = {wid: running for wid, running in polls.items() if running and wid not in news}
+            if busy:
+                news.update(wid for wid, cancel in self._to_end(s, busy).items() if cancel)
+        return news
 
     def start_task(self, task_id: str, *, worker_id: str, how: str = "") -> None:
         """Idempotent: starting a task its worker already started is success (the first

@@ -34,10 +34,11 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio.to_thread
 from pydantic import BaseModel, TypeAdapter
@@ -70,10 +71,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpulayer.server")
 
+R = TypeVar("R")
+V = TypeVar("V")
 API_PREFIX = "/v1"
-#: how often a waiting worker poll looks at the database without being woken
-POLL_RECHECK = 5.0
+#: how often the server looks, in one query for all of them, whether its waiting worker
+#: polls have news that it did not make itself (another server on the same database)
+POLL_RECHECK = 2.0
 MAX_JSON_BYTES = 16 * 1024 * 1024
+#: heartbeats answered without a database read are written this often, in one transaction:
+#: each at most this long after it arrived, plus one write (docs/server.md says 0.5 s)
+HEARTBEAT_WRITE_WINDOW = 0.25
+#: a request body up to this size is decoded on the event loop (a thread hop costs more)
+INLINE_JSON_BYTES = 64 * 1024
+#: how long a worker poll's first look waits for others to share its database read
+FIRST_LOOK_GATHER = 0.05
 
 
 # ---------------------------------------------------------------------------------- state
@@ -99,9 +110,23 @@ class Server(ControlObserver):
         # long polls of workers wait on their own event, set only when they got a task:
         # waking a thousand polls on every change of anything would swamp the database
         self._worker_events: dict[str, asyncio.Event] = {}
+        #: worker id -> the task ids it runs, for each worker poll waiting now
+        self._polling: dict[str, list[str]] = {}
         self.shutting_down = False
-        self._heartbeats: list[tuple[str, list[str], asyncio.Future[HeartbeatReply]]] = []
-        self._heartbeat_writer: asyncio.Task[None] | None = None
+        #: heartbeats and first looks of worker polls: what arrives while one batch is
+        #: served is served together in the next (one thread hop, one transaction)
+        self._heartbeats: Batches[list[str], HeartbeatReply] = Batches(control.heartbeats)
+        self._looks: Batches[list[str], WorkPoll] = Batches(control.look_for_work)
+        #: a poll's first look waits FIRST_LOOK_GATHER for others to share its batch: it may
+        #: wait many seconds anyway, and a fleet's polls arrive a few at a time
+        self._first_looks: Batches[list[str], WorkPoll] = Batches(control.look_for_work, gather=FIRST_LOOK_GATHER)
+        #: tokens the cache cannot answer for (a fleet reconnecting to a restarted server)
+        self._verifies: Batches[None, TokenInfo] = Batches(self.tokens.verify_many)
+        #: workers whose row this server saw (a heartbeat's reply said known): a heartbeat of
+        #: one that runs nothing is answered at once and written within HEARTBEAT_WRITE_WINDOW
+        self._known: set[str] = set()
+        #: those heartbeats, not written yet: worker id -> when it arrived
+        self._heard: dict[str, float] = {}
         #: workers that made a call other than a heartbeat since the last flush
         self._seen: set[str] = set()
         control.observe(self)
@@ -172,28 +197,46 @@ class Server(ControlObserver):
             await asyncio.wait_for(self._changed.wait(), timeout)
 
     async def heartbeat(self, worker_id: str, running: list[str]) -> HeartbeatReply:
-        """Record a heartbeat; heartbeats that arrive while one batch is being written are
-        written together in the next, in one transaction (``ControlPlane.heartbeats``)."""
-        future: asyncio.Future[HeartbeatReply] = asyncio.get_running_loop().create_future()
-        self._heartbeats.append((worker_id, running, future))
-        if self._heartbeat_writer is None or self._heartbeat_writer.done():
-            self._heartbeat_writer = asyncio.create_task(self._write_heartbeats())
-        return await future
+        """Record a heartbeat. One from a worker this server knows that runs nothing needs no
+        read to be answered (known, nothing to end): it is answered now and written with the
+        next flush (:meth:`flush_heartbeats`); a heartbeat is liveness data, and at most
+        ``HEARTBEAT_WRITE_WINDOW`` late. Any other is answered once its batch committed
+        (``ControlPlane.heartbeats``)."""
+        if not running and worker_id in self._known:
+            self._heard[worker_id] = self.control.clock()
+            return HeartbeatReply(known=True)
+        reply = await self._heartbeats.submit(worker_id, running)
+        if reply.known:
+            self._known.add(worker_id)
+        else:
+            self._known.discard(worker_id)
+        return reply
 
-    async def _write_heartbeats(self) -> None:
-        while self._heartbeats:
-            batch, self._heartbeats = self._heartbeats, []
-            reports = {wid: running for wid, running, _ in batch}
+    async def flush_heartbeats(self) -> None:
+        """Write the heartbeats answered since the last flush, in one transaction."""
+        heard, self._heard = self._heard, {}
+        if not heard:
+            return
+        try:
+            gone = await run_in_threadpool(self.control.heartbeats_heard, heard)
+        except BaseException:  # written with the next flush (a later heartbeat wins)
+            for wid, at in heard.items():
+                self._heard[wid] = max(at, self._heard.get(wid, at))
+            raise
+        self._known.difference_update(gone)
+
+    async def write_heartbeats(self) -> None:
+        """:meth:`flush_heartbeats` every ``HEARTBEAT_WRITE_WINDOW`` seconds."""
+        while True:
+            await asyncio.sleep(HEARTBEAT_WRITE_WINDOW)
             try:
-                replies = await run_in_threadpool(self.control.heartbeats, reports)
-            except Exception as exc:  # each waiting request answers with the error
-                for _, _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            for wid, _, future in batch:
-                if not future.done():
-                    future.set_result(replies[wid])
+                await self.flush_heartbeats()
+            except Exception:  # the database may be away for a moment; try again next tick
+                log.exception("writing heartbeats failed")
+
+    async def look_for_work(self, worker_id: str, running: list[str], *, first: bool = False) -> WorkPoll:
+        """A worker poll's look at the database (``ControlPlane.look_for_work``, batched)."""
+        return await (self._first_looks if first else self._looks).submit(worker_id, running)
 
     def saw(self, worker_id: str) -> None:
         """A worker called (any call counts as a sign of life, written with the next flush)."""
@@ -212,12 +255,42 @@ class Server(ControlObserver):
             await asyncio.sleep(self.expiry_tick)
             try:
                 await self.flush_seen()
+                await self.flush_heartbeats()  # a heartbeat answered counts before anyone is expired
                 await run_in_threadpool(self.control.expire_workers)
                 if time.monotonic() - last_pass >= self.tick:
                     last_pass = time.monotonic()
-                    await run_in_threadpool(self.control.schedule)
+                    await run_in_threadpool(self.control.schedule_queue)
             except Exception:  # the database may be away for a moment; try again next tick
                 log.exception("background pass failed")
+
+    async def watch_polls(self) -> None:
+        """Every ``POLL_RECHECK`` seconds, one look at the database for all waiting worker
+        polls (:meth:`ControlPlane.work_news`); wake those with news. This server's own
+        assignments and cancels wake them at once; this is for another server's."""
+        while True:
+            await asyncio.sleep(POLL_RECHECK)
+            polls = dict(self._polling)
+            if not polls:
+                continue
+            try:
+                news = await run_in_threadpool(self.control.work_news, polls)
+            except Exception:  # the database may be away for a moment; try again next tick
+                log.exception("looking for work of waiting polls failed")
+                continue
+            self._wake_workers(frozenset(news))
+
+    def confirm_tokens(self, stop: threading.Event) -> None:
+        """Re-confirm the remembered tokens every ``tokens.CONFIRM_EVERY`` seconds until
+        ``stop`` (one query), so requests are answered without a database read and a
+        revocation made by another server still takes effect within ``tokens.CACHE_SECONDS``.
+        On a thread of its own: a busy event loop must not make every entry age out at once."""
+        from gpulayer.tokens import CONFIRM_EVERY
+
+        while not stop.wait(CONFIRM_EVERY):
+            try:
+                self.tokens.confirm()
+            except Exception:  # entries then age out and requests look for themselves
+                log.exception("confirming tokens failed")
 
     async def provisioning(self) -> None:
         """The provisioning pass (:meth:`ControlPlane.provision`) every ``provision_tick``
@@ -228,6 +301,45 @@ class Server(ControlObserver):
             except Exception:  # a provider or the database misbehaved; try again next tick
                 log.exception("provisioning pass failed")
             await asyncio.sleep(self.provision_tick)
+
+
+class Batches(Generic[V, R]):
+    """Calls of ``fn({key: value}) -> {key: reply or the error to raise}`` gathered: those
+    that arrive while one batch is served (on a thread) are served together in the next.
+    Under load a batch grows instead of a queue of threads; alone, a call is served at once."""
+
+    def __init__(self, fn: Callable[[dict[str, V]], Mapping[str, R | Exception]], *, gather: float = 0.0) -> None:
+        self.fn = fn
+        self.gather = gather
+        self._pending: list[tuple[str, V, asyncio.Future[R]]] = []
+        self._serving: asyncio.Task[None] | None = None
+
+    async def submit(self, key: str, value: V) -> R:
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._pending.append((key, value, future))
+        if self._serving is None or self._serving.done():
+            self._serving = asyncio.create_task(self._serve())
+        return await future
+
+    async def _serve(self) -> None:
+        if self.gather:
+            await asyncio.sleep(self.gather)
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                replies = await run_in_threadpool(self.fn, {key: value for key, value, _ in batch})
+            except Exception as exc:  # each waiting request answers with the error
+                for _, _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for key, _, future in batch:
+                if not future.done():
+                    reply = replies[key]
+                    if isinstance(reply, Exception):
+                        future.set_exception(reply)
+                    else:
+                        future.set_result(reply)
 
 
 # ---------------------------------------------------------------------------------- parsing
@@ -259,6 +371,8 @@ async def _parse_body(request: Request, route: api.Route) -> BaseModel:
     if model is None:  # pragma: no cover - only called for routes with a body
         raise BadRequest("this route takes no body")
     # decoding and validating may take a while for a large body: not on the event loop
+    if len(raw) <= INLINE_JSON_BYTES:
+        return _decode(raw, model)
     return await run_in_threadpool(_decode, raw, model)
 
 
@@ -292,7 +406,11 @@ def _bearer(request: Request) -> str | None:
 
 async def _authenticate(server: Server, request: Request, method: str, path: str,
                         scopes: tuple[str, ...]) -> TokenInfo:
-    tok: TokenInfo = await run_in_threadpool(server.tokens.verify, _bearer(request))
+    bearer = _bearer(request)
+    # a token verified a moment ago is answered here, on the event loop; else a thread looks
+    tok = server.tokens.cached(bearer)
+    if tok is None:
+        tok = await server._verifies.submit(bearer or "", None)
     if tok.scope not in scopes:
         raise Forbidden(f"token {tok.id} has scope {tok.scope!r}; {method} {path} needs "
                         f"{' or '.join(repr(s) for s in scopes)}")
@@ -357,16 +475,26 @@ async def _poll_work(server: Server, request: Request, kw: dict[str, Any]) -> An
     wid = kw["worker_id"]
     running = list(kw["running"])
     deadline = time.monotonic() + kw["wait"]
+    first = True
     while True:
         woken = server.arm(wid)
-        out: WorkPoll = await run_in_threadpool(functools.partial(server.control.poll_work, wid, running=running))
+        out = await server.look_for_work(wid, running, first=first)
         remaining = deadline - time.monotonic()
-        if out.tasks or out.cancel or remaining <= 0 or server.shutting_down or await request.is_disconnected():
+        # (a request that just came is not asked whether its caller left: that costs more
+        # than the look itself, for 500 polls a second)
+        if out.tasks or out.cancel or remaining <= 0 or server.shutting_down or \
+                (not first and await request.is_disconnected()):
             return out
+        first = False
         # woken at once by this server's assignments and cancels; another server sharing
-        # the database is noticed at the next look, at most POLL_RECHECK seconds later
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(woken.wait(), min(remaining, POLL_RECHECK))
+        # the database is noticed by watch_polls, at most POLL_RECHECK seconds later
+        server._polling[wid] = running
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(woken.wait(), remaining)
+        finally:
+            if server._polling.get(wid) is running:
+                del server._polling[wid]
 
 
 async def _heartbeat(server: Server, request: Request, kw: dict[str, Any]) -> Any:
@@ -475,6 +603,8 @@ def _endpoint(server: Server, route: api.Route) -> Callable[[Request], Awaitable
                 result = await special(server, request, kwargs)
             else:
                 result = await run_in_threadpool(functools.partial(method, **kwargs))
+                if route.op in ("join_worker", "register_worker"):  # its row exists: heartbeats go quick
+                    server._known.add(result.worker_id if route.op == "join_worker" else result.id)
             response = result if isinstance(result, Response) else render(result)
         except GpulayerError as exc:
             response = error_response(exc)
@@ -524,7 +654,13 @@ def create_app(control: ControlPlane | None = None, *, database_url: str | None 
         server._loop = asyncio.get_running_loop()
         server._changed = asyncio.Event()
         control.begin_grace()
-        tasks = [asyncio.create_task(server.background())] if background else []
+        confirming = threading.Event()
+        confirmer = threading.Thread(target=server.confirm_tokens, args=(confirming,), name="gpulayer-tokens",
+                                     daemon=True)
+        confirmer.start()
+        tasks = [asyncio.create_task(server.watch_polls()), asyncio.create_task(server.write_heartbeats())]
+        if background:
+            tasks.append(asyncio.create_task(server.background()))
         if background and control.providers is not None:
             # offers known before the first request, so a cloud job submitted at once waits
             # for its machine instead of being found unschedulable
@@ -538,6 +674,10 @@ def create_app(control: ControlPlane | None = None, *, database_url: str | None 
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            with contextlib.suppress(Exception):  # what was answered is written before we go
+                await server.flush_heartbeats()
+            confirming.set()
+            await run_in_threadpool(confirmer.join, 10)
             if control.providers is not None:
                 control.providers.close()
             server._loop = None

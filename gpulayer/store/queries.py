@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 import operator
+import secrets
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import delete, func, text, update
+from sqlalchemy import delete, func, or_, text, update
 from sqlalchemy import select as sa_select
 from sqlalchemy.orm import defer
 from sqlmodel import Session, SQLModel, col, select
@@ -200,6 +201,19 @@ def assigned_tasks_of_worker(s: Session, worker_id: str) -> Sequence[TaskRow]:
                   .order_by(col(TaskRow.created_at))).all())
 
 
+def assigned_task_workers(s: Session) -> list[tuple[str, str]]:
+    """``(task id, worker id)`` of every task handed to a worker and not started yet (few:
+    workers start them at once): what a server's waiting long polls are checked against."""
+    rows = s.execute(sa_select(col(TaskRow.id), col(TaskRow.worker_id))
+                     .where(col(TaskRow.state) == TaskState.ASSIGNED.value)).all()
+    return [(str(t), str(w)) for t, w in rows]
+
+
+def any_job_queued(s: Session) -> bool:
+    return s.execute(sa_select(col(JobRow.id)).where(col(JobRow.state) == JobState.QUEUED.value).limit(1)).first() \
+        is not None
+
+
 def running_tasks_started_before(s: Session, cutoff: float) -> list[tuple[str, str]]:
     """``(task id, worker id)`` of running tasks that started before ``cutoff``."""
     rows = s.execute(sa_select(col(TaskRow.id), col(TaskRow.worker_id)).where(
@@ -333,6 +347,14 @@ def touch_workers(s: Session, worker_ids: Iterable[str], now: float) -> None:
         s.execute(text("UPDATE gl_workers SET last_heartbeat = :now, online = :yes WHERE id = :id"), params)
 
 
+def touch_workers_at(s: Session, heard: dict[str, float]) -> None:
+    """Heartbeats answered before they were written: each worker alive at its own time."""
+    params = [{"now": at, "yes": True, "id": w} for w, at in heard.items()]
+    if params:
+        s.execute(text("UPDATE gl_workers SET last_heartbeat = :now, online = :yes "
+                       "WHERE id = :id AND last_heartbeat < :now"), params)
+
+
 def offline_workers_silent_since(s: Session, cutoff: float) -> list[str]:
     rows = s.execute(sa_select(col(WorkerRow.id)).where(col(WorkerRow.online).is_(False),
                                                          col(WorkerRow.last_heartbeat) <= cutoff)).all()
@@ -428,6 +450,19 @@ def find_token_by_hash(s: Session, digest: str) -> TokenRow | None:
     return row
 
 
+def usable_token_hashes(s: Session, digests: Sequence[str], now: float) -> set[str]:
+    """Of these secret hashes, those of tokens that exist and may be used at ``now`` (not
+    revoked, expired or used up): how a server re-confirms the tokens it remembers."""
+    out: set[str] = set()
+    for i in range(0, len(digests), 900):  # within SQLite's limit on bound parameters
+        rows = s.execute(sa_select(col(TokenRow.hash)).where(
+            col(TokenRow.hash).in_(digests[i:i + 900]), col(TokenRow.revoked).is_(False),
+            or_(col(TokenRow.expires_at).is_(None), col(TokenRow.expires_at) > now),
+            or_(col(TokenRow.uses_left).is_(None), col(TokenRow.uses_left) > 0))).all()
+        out.update(str(r[0]) for r in rows)
+    return out
+
+
 def token(s: Session, token_id: str) -> TokenRow:
     return get_or_raise(s, TokenRow, token_id, "token")
 
@@ -454,14 +489,34 @@ def spend_token_use(s: Session, token_id: str) -> bool:
     return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
 
+#: the ``gl_meta`` key every revocation changes (see :func:`revocation_mark`)
+REVOCATION_KEY = "token_revocation"
+
+
 def revoke_token(s: Session, token_id: str) -> None:
     s.execute(update(TokenRow).where(col(TokenRow.id) == token_id).values(revoked=True)
               .execution_options(synchronize_session=False))
+    _mark_revocation(s)
 
 
 def revoke_worker_tokens(s: Session, worker_id: str) -> None:
     s.execute(update(TokenRow).where(col(TokenRow.worker_id) == worker_id, col(TokenRow.scope) == "worker")
               .values(revoked=True).execution_options(synchronize_session=False))
+    _mark_revocation(s)
+
+
+def _mark_revocation(s: Session) -> None:
+    """A new random mark, in the revocation's transaction: a server that remembers verified
+    tokens re-checks them all when the mark changed (one row read otherwise). An upsert,
+    so revocations racing on several servers need no lock of ours."""
+    s.execute(text("INSERT INTO gl_meta (key, value) VALUES (:k, :v) "
+                   "ON CONFLICT (key) DO UPDATE SET value = excluded.value"),
+              {"k": REVOCATION_KEY, "v": secrets.token_hex(8)})
+
+
+def revocation_mark(s: Session) -> str | None:
+    """What the last revocation wrote (None: no token was ever revoked)."""
+    return meta(s, REVOCATION_KEY)
 
 
 # --------------------------------------------------------------------------- machines
