@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import hashlib
 import json
 import logging
@@ -635,6 +636,45 @@ def _server_endpoint(server: Server, route: ServerRoute) -> Callable[[Request], 
 # ---------------------------------------------------------------------------------- the app
 
 
+#: how often a serving process runs a full garbage collection itself (see full_collections)
+FULL_COLLECTION_EVERY = 600.0
+_full_lock = threading.Lock()
+_full_depth = 0
+_full_threshold = 10
+
+
+async def full_collections(every: float = FULL_COLLECTION_EVERY) -> None:
+    """While it runs: Python runs no full garbage collection on its own; this task runs one
+    every ``every`` seconds instead (young collections go on as usual).
+
+    A server's objects live long: a connection and a long poll per worker. The collector's
+    own full collections walk all of them, and answer nothing meanwhile: at 10,000 workers
+    every few seconds, 0.5-0.9 s each (bench/server_heartbeats.py), which was the whole of
+    the heartbeats' p99. Reference counting frees almost all of a server's garbage; what
+    only a full collection frees (cycles that got old) waits for the next one here. What
+    start-up built is frozen (never walked again). Counted, so that several apps in one
+    process (tests) restore the collector's settings when the last one stops."""
+    global _full_depth, _full_threshold
+    with _full_lock:
+        if _full_depth == 0:
+            gc.collect()
+            gc.freeze()
+            young, middle, _full_threshold = gc.get_threshold()
+            gc.set_threshold(young, middle, 1_000_000)  # a full collection after 10^6 middle ones: never
+        _full_depth += 1
+    try:
+        while True:
+            await asyncio.sleep(every)
+            gc.collect()
+    finally:
+        with _full_lock:
+            _full_depth -= 1
+            if _full_depth == 0:
+                young, middle, _ = gc.get_threshold()
+                gc.set_threshold(young, middle, _full_threshold)
+                gc.unfreeze()
+
+
 def create_app(control: ControlPlane | None = None, *, database_url: str | None = None,
                background: bool = True, threads: int = 200,
                dashboard: DashboardOptions | None = None) -> Starlette:
@@ -658,7 +698,8 @@ def create_app(control: ControlPlane | None = None, *, database_url: str | None 
         confirmer = threading.Thread(target=server.confirm_tokens, args=(confirming,), name="gpulayer-tokens",
                                      daemon=True)
         confirmer.start()
-        tasks = [asyncio.create_task(server.watch_polls()), asyncio.create_task(server.write_heartbeats())]
+        tasks = [asyncio.create_task(server.watch_polls()), asyncio.create_task(server.write_heartbeats()),
+                 asyncio.create_task(full_collections())]
         if background:
             tasks.append(asyncio.create_task(server.background()))
         if background and control.providers is not None:

@@ -302,3 +302,21 @@ def test_a_submit_too_large_for_the_argument_limit_is_refused_while_streaming(
         "kind": "function", "function": "m:f", "args": [0] * 200_000, "placement": {"on_unschedulable": "wait"}}})
     assert r.status_code == 422 and "GPULAYER_MAX_ARGS_VALUES" in r.json()["error"]["message"]
     assert control.list_jobs() == []
+
+
+def test_a_serving_app_runs_the_full_collections_itself(tmp_path: Path) -> None:
+    """While an app serves, Python runs no full garbage collection on its own (at 10,000
+    workers each one held every answer for 0.5-0.9 s): the app runs them on a schedule; two
+    apps in one process give the collector its settings back when the last one stops."""
+    import gc
+
+    before = gc.get_threshold()
+    apps = [create_app(ControlPlane(Store(f"sqlite:///{tmp_path}/{n}.db")), background=False) for n in ("a", "b")]
+    with TestClient(apps[0]):
+        assert gc.get_threshold()[2] >= 1_000_000
+        assert gc.get_freeze_count() > 0  # what start-up built is not walked again
+        with TestClient(apps[1]):
+            assert gc.get_threshold()[2] >= 1_000_000
+        assert gc.get_threshold()[2] >= 1_000_000  # the first one still serves
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
