@@ -145,8 +145,11 @@ class _LogBuffer:
                     log.warning("could not ship %d log chunk(s): %s", len(chunks), exc)
 
 
-#: exit codes (negative: killed by that signal) of a death by a stopping signal
-_STOP_SIGNALS = frozenset(-int(s) for s in (signal.SIGHUP, signal.SIGINT, signal.SIGKILL, signal.SIGTERM))
+#: exit codes of a death by a stopping signal: negative, the main process was killed by it;
+#: 128 + the signal, a shell whose child was (``sh -c 'cmd'``: when the signal reaches the
+#: child first, the shell exits with that code before its own signal is delivered)
+_STOPPING = (signal.SIGHUP, signal.SIGINT, signal.SIGKILL, signal.SIGTERM)
+_STOP_SIGNALS = frozenset([*(-int(s) for s in _STOPPING), *(128 + int(s) for s in _STOPPING)])
 
 
 class Agent:

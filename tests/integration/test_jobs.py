@@ -290,14 +290,19 @@ def test_worker_sigterm_drains_then_ends_and_reports_its_tasks(plane: Plane) -> 
     assert [w["state"] for w in workers] == ["offline"]
 
 
-def test_a_task_killed_by_the_signal_that_stops_its_worker_is_lost(plane: Plane, tmp_path: Path) -> None:
+@pytest.mark.parametrize("script", [
+    "echo $$ > {pid}; exec sleep 300",  # the task's main process dies of the signal
+    "sleep 300 & echo $! > {pid}; wait $!",  # a shell whose command died of it: exit code 143
+], ids=["killed", "shell-reports-143"])
+def test_a_task_killed_by_the_signal_that_stops_its_worker_is_lost(plane: Plane, tmp_path: Path, script: str) -> None:
     """What scancel of a Slurm allocation, a machine's shutdown or a Ctrl-C does: the same
-    signal reaches the worker and its task at once. The machine went away; the task did not fail."""
+    signal reaches the worker and its task at once. The machine went away; the task did not
+    fail, also when the signal reached the shell's command first and the shell exited 143."""
     worker = plane.start_worker("--cpu-slots", "1", "--grace", "5")
     pidfile = tmp_path / "task.pid"
     try:
         wait_for(plane.online_workers, what="worker")
-        out = cli("submit", "--detach", "--", "sh", "-c", f"echo $$ > {pidfile}; exec sleep 300", check=True)
+        out = cli("submit", "--detach", "--", "sh", "-c", script.format(pid=pidfile), check=True)
         job_id = out.stdout.strip()
         wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="job to start")
         os.kill(int(pidfile.read_text()), signal.SIGTERM)  # the task first: its end is seen first
