@@ -58,7 +58,7 @@ class WorkerOps(Core):
         """A placement pass, if a job waits in the queue: a pass reads the whole fleet before
         it looks at the queue, which made each of a thousand joins cost more than the last."""
         with self.store.read() as s:
-            queued = queries.any_job_queued(s)
+            queued = queries.has_queued_jobs(s)
         if queued:
             self.schedule()
 

@@ -30,16 +30,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import hashlib
 import json
 import logging
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 from pydantic import BaseModel, TypeAdapter
@@ -52,8 +51,8 @@ from starlette.routing import BaseRoute, request_response
 from starlette.routing import Route as StarletteRoute
 
 from gpulayer import api, config
-from gpulayer.api import HeartbeatReply, TokenInfo, WorkPoll
-from gpulayer.control import ControlObserver, ControlPlane
+from gpulayer.api import TokenInfo
+from gpulayer.control import ControlPlane
 from gpulayer.errors import (
     BadRequest,
     BundleError,
@@ -63,7 +62,8 @@ from gpulayer.errors import (
     NotFound,
     TooLarge,
 )
-from gpulayer.server.metrics import Metrics
+from gpulayer.server.collector import full_collections
+from gpulayer.server.state import Server
 from gpulayer.store import Store
 from gpulayer.wording import Spelling, build
 
@@ -72,278 +72,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpulayer.server")
 
-R = TypeVar("R")
-V = TypeVar("V")
 API_PREFIX = "/v1"
-#: how often the server looks, in one query for all of them, whether its waiting worker
-#: polls have news that it did not make itself (another server on the same database)
-POLL_RECHECK = 2.0
 MAX_JSON_BYTES = 16 * 1024 * 1024
-#: heartbeats answered without a database read are written this often, in one transaction:
-#: each at most this long after it arrived, plus one write (docs/server.md says 0.5 s)
-HEARTBEAT_WRITE_WINDOW = 0.25
 #: a request body up to this size is decoded on the event loop (a thread hop costs more)
 INLINE_JSON_BYTES = 64 * 1024
-#: how long a worker poll's first look waits for others to share its database read
-FIRST_LOOK_GATHER = 0.05
-
-
-# ---------------------------------------------------------------------------------- state
-
-
-class Server(ControlObserver):
-    """What the routes share: the control plane, metrics, and the events long polls wait on."""
-
-    def __init__(self, control: ControlPlane, *, tick: float | None = None) -> None:
-        self.control = control
-        self.tokens = control.tokens
-        self.metrics = Metrics()
-        #: how often the background loop runs a placement pass (a safety net: submits,
-        #: reports and joins run one themselves)
-        self.tick = tick if tick is not None else max(0.5, min(5.0, control.heartbeat_timeout / 3))
-        #: how often it looks for silent workers: a cheap query, so a lost task is retried
-        #: within about a second of its worker's timeout
-        self.expiry_tick = min(1.0, self.tick)
-        #: how often the provisioning pass runs (the cloud target; only with providers)
-        self.provision_tick = 1.0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._changed: asyncio.Event | None = None
-        # long polls of workers wait on their own event, set only when they got a task:
-        # waking a thousand polls on every change of anything would swamp the database
-        self._worker_events: dict[str, asyncio.Event] = {}
-        #: worker id -> the task ids it runs, for each worker poll waiting now
-        self._polling: dict[str, list[str]] = {}
-        self.shutting_down = False
-        #: heartbeats and first looks of worker polls: what arrives while one batch is
-        #: served is served together in the next (one thread hop, one transaction)
-        self._heartbeats: Batches[list[str], HeartbeatReply] = Batches(control.heartbeats)
-        self._looks: Batches[list[str], WorkPoll] = Batches(control.look_for_work)
-        #: a poll's first look waits FIRST_LOOK_GATHER for others to share its batch: it may
-        #: wait many seconds anyway, and a fleet's polls arrive a few at a time
-        self._first_looks: Batches[list[str], WorkPoll] = Batches(control.look_for_work, gather=FIRST_LOOK_GATHER)
-        #: tokens the cache cannot answer for (a fleet reconnecting to a restarted server)
-        self._verifies: Batches[None, TokenInfo] = Batches(self.tokens.verify_many)
-        #: workers whose row this server saw (a heartbeat's reply said known): a heartbeat of
-        #: one that runs nothing is answered at once and written within HEARTBEAT_WRITE_WINDOW
-        self._known: set[str] = set()
-        #: those heartbeats, not written yet: worker id -> when it arrived
-        self._heard: dict[str, float] = {}
-        #: workers that made a call other than a heartbeat since the last flush
-        self._seen: set[str] = set()
-        control.observe(self)
-
-    # -- the control plane's observer callbacks (on its threads)
-
-    def _soon(self, fn: Callable[..., None], *args: Any) -> None:
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(fn, *args)
-
-    def on_change(self) -> None:
-        self._soon(self._wake)
-
-    def on_assigned(self, worker_ids: frozenset[str]) -> None:
-        self._soon(self._wake_workers, worker_ids)
-
-    def on_cancel(self, worker_ids: frozenset[str]) -> None:
-        self._soon(self._wake_workers, worker_ids)
-
-    def on_placement(self, seconds: float) -> None:
-        self.metrics.placement(seconds)
-
-    # -- on the event loop
-
-    def _wake(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
-        self._changed = asyncio.Event()
-
-    def _wake_workers(self, worker_ids: frozenset[str]) -> None:
-        for wid in worker_ids:
-            event = self._worker_events.get(wid)
-            if event is not None:
-                event.set()
-
-    def _wake_all(self) -> None:
-        self._wake()
-        for event in self._worker_events.values():
-            event.set()
-
-    def begin_shutdown(self) -> None:
-        """Answer every waiting long poll now, so a stopping server need not wait for them
-        (thread-safe: called from uvicorn's signal handling)."""
-        self.shutting_down = True
-        self._soon(self._wake_all)
-
-    def arm(self, worker_id: str) -> asyncio.Event:
-        """A fresh event set when this server next assigns ``worker_id`` a task or cancels
-        one of its tasks. Arm it
-        before looking at the database, so an assignment in between is not missed."""
-        event = self._worker_events[worker_id] = asyncio.Event()
-        return event
-
-    def next_change(self) -> asyncio.Event:
-        """The event set at the control plane's next change (on the event loop). Take it
-        before reading, so a change between the read and the wait is not missed."""
-        if self._changed is None:
-            self._changed = asyncio.Event()
-        return self._changed
-
-    async def changed(self, timeout: float) -> None:
-        """Wait until the control plane changes something, or ``timeout`` seconds."""
-        if self._changed is None:
-            self._changed = asyncio.Event()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
-
-    async def heartbeat(self, worker_id: str, running: list[str]) -> HeartbeatReply:
-        """Record a heartbeat. One from a worker this server knows that runs nothing needs no
-        read to be answered (known, nothing to end): it is answered now and written with the
-        next flush (:meth:`flush_heartbeats`); a heartbeat is liveness data, and at most
-        ``HEARTBEAT_WRITE_WINDOW`` late. Any other is answered once its batch committed
-        (``ControlPlane.heartbeats``)."""
-        if not running and worker_id in self._known:
-            self._heard[worker_id] = self.control.clock()
-            return HeartbeatReply(known=True)
-        reply = await self._heartbeats.submit(worker_id, running)
-        if reply.known:
-            self._known.add(worker_id)
-        else:
-            self._known.discard(worker_id)
-        return reply
-
-    async def flush_heartbeats(self) -> None:
-        """Write the heartbeats answered since the last flush, in one transaction."""
-        heard, self._heard = self._heard, {}
-        if not heard:
-            return
-        try:
-            gone = await run_in_threadpool(self.control.heartbeats_heard, heard)
-        except BaseException:  # written with the next flush (a later heartbeat wins)
-            for wid, at in heard.items():
-                self._heard[wid] = max(at, self._heard.get(wid, at))
-            raise
-        self._known.difference_update(gone)
-
-    async def write_heartbeats(self) -> None:
-        """:meth:`flush_heartbeats` every ``HEARTBEAT_WRITE_WINDOW`` seconds."""
-        while True:
-            await asyncio.sleep(HEARTBEAT_WRITE_WINDOW)
-            try:
-                await self.flush_heartbeats()
-            except Exception:  # the database may be away for a moment; try again next tick
-                log.exception("writing heartbeats failed")
-
-    async def look_for_work(self, worker_id: str, running: list[str], *, first: bool = False) -> WorkPoll:
-        """A worker poll's look at the database (``ControlPlane.look_for_work``, batched)."""
-        return await (self._first_looks if first else self._looks).submit(worker_id, running)
-
-    def saw(self, worker_id: str) -> None:
-        """A worker called (any call counts as a sign of life, written with the next flush)."""
-        self._seen.add(worker_id)
-
-    async def flush_seen(self) -> None:
-        batch, self._seen = self._seen, set()
-        if batch:
-            await run_in_threadpool(self.control.seen, batch)
-
-    async def background(self) -> None:
-        """Expire silent workers every ``expiry_tick`` seconds and run a placement pass every
-        ``tick`` seconds."""
-        last_pass = time.monotonic()
-        while True:
-            await asyncio.sleep(self.expiry_tick)
-            try:
-                await self.flush_seen()
-                await self.flush_heartbeats()  # a heartbeat answered counts before anyone is expired
-                await run_in_threadpool(self.control.expire_workers)
-                if time.monotonic() - last_pass >= self.tick:
-                    last_pass = time.monotonic()
-                    await run_in_threadpool(self.control.schedule_queue)
-            except Exception:  # the database may be away for a moment; try again next tick
-                log.exception("background pass failed")
-
-    async def watch_polls(self) -> None:
-        """Every ``POLL_RECHECK`` seconds, one look at the database for all waiting worker
-        polls (:meth:`ControlPlane.work_news`); wake those with news. This server's own
-        assignments and cancels wake them at once; this is for another server's."""
-        while True:
-            await asyncio.sleep(POLL_RECHECK)
-            polls = dict(self._polling)
-            if not polls:
-                continue
-            try:
-                news = await run_in_threadpool(self.control.work_news, polls)
-            except Exception:  # the database may be away for a moment; try again next tick
-                log.exception("looking for work of waiting polls failed")
-                continue
-            self._wake_workers(frozenset(news))
-
-    def confirm_tokens(self, stop: threading.Event) -> None:
-        """Re-confirm the remembered tokens every ``tokens.CONFIRM_EVERY`` seconds until
-        ``stop`` (one query), so requests are answered without a database read and a
-        revocation made by another server still takes effect within ``tokens.CACHE_SECONDS``.
-        On a thread of its own: a busy event loop must not make every entry age out at once."""
-        from gpulayer.tokens import CONFIRM_EVERY
-
-        while not stop.wait(CONFIRM_EVERY):
-            try:
-                self.tokens.confirm()
-            except Exception:  # entries then age out and requests look for themselves
-                log.exception("confirming tokens failed")
-
-    async def provisioning(self) -> None:
-        """The provisioning pass (:meth:`ControlPlane.provision`) every ``provision_tick``
-        seconds, on a thread: provider calls never run on the event loop or in a request."""
-        while True:
-            try:
-                await run_in_threadpool(self.control.provision)
-            except Exception:  # a provider or the database misbehaved; try again next tick
-                log.exception("provisioning pass failed")
-            await asyncio.sleep(self.provision_tick)
-
-
-class Batches(Generic[V, R]):
-    """Calls of ``fn({key: value}) -> {key: reply or the error to raise}`` gathered: those
-    that arrive while one batch is served (on a thread) are served together in the next.
-    Under load a batch grows instead of a queue of threads; alone, a call is served at once."""
-
-    def __init__(self, fn: Callable[[dict[str, V]], Mapping[str, R | Exception]], *, gather: float = 0.0) -> None:
-        self.fn = fn
-        self.gather = gather
-        self._pending: list[tuple[str, V, asyncio.Future[R]]] = []
-        self._serving: asyncio.Task[None] | None = None
-
-    async def submit(self, key: str, value: V) -> R:
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._pending.append((key, value, future))
-        if self._serving is None or self._serving.done():
-            self._serving = asyncio.create_task(self._serve())
-        return await future
-
-    async def _serve(self) -> None:
-        if self.gather:
-            await asyncio.sleep(self.gather)
-        while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                replies = await run_in_threadpool(self.fn, {key: value for key, value, _ in batch})
-            except Exception as exc:  # each waiting request answers with the error
-                for _, _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            for key, _, future in batch:
-                if not future.done():
-                    reply = replies[key]
-                    if isinstance(reply, Exception):
-                        future.set_exception(reply)
-                    else:
-                        future.set_result(reply)
-
-
-# ---------------------------------------------------------------------------------- parsing
 
 
 async def _read_limited(request: Request, limit: int, what: str) -> bytes:
@@ -634,45 +366,6 @@ def _server_endpoint(server: Server, route: ServerRoute) -> Callable[[Request], 
 
 
 # ---------------------------------------------------------------------------------- the app
-
-
-#: how often a serving process runs a full garbage collection itself (see full_collections)
-FULL_COLLECTION_EVERY = 600.0
-_full_lock = threading.Lock()
-_full_depth = 0
-_full_threshold = 10
-
-
-async def full_collections(every: float = FULL_COLLECTION_EVERY) -> None:
-    """While it runs: Python runs no full garbage collection on its own; this task runs one
-    every ``every`` seconds instead (young collections go on as usual).
-
-    A server's objects live long: a connection and a long poll per worker. The collector's
-    own full collections walk all of them, and answer nothing meanwhile: at 10,000 workers
-    every few seconds, 0.5-0.9 s each (bench/server_heartbeats.py), which was the whole of
-    the heartbeats' p99. Reference counting frees almost all of a server's garbage; what
-    only a full collection frees (cycles that got old) waits for the next one here. What
-    start-up built is frozen (never walked again). Counted, so that several apps in one
-    process (tests) restore the collector's settings when the last one stops."""
-    global _full_depth, _full_threshold
-    with _full_lock:
-        if _full_depth == 0:
-            gc.collect()
-            gc.freeze()
-            young, middle, _full_threshold = gc.get_threshold()
-            gc.set_threshold(young, middle, 1_000_000)  # a full collection after 10^6 middle ones: never
-        _full_depth += 1
-    try:
-        while True:
-            await asyncio.sleep(every)
-            gc.collect()
-    finally:
-        with _full_lock:
-            _full_depth -= 1
-            if _full_depth == 0:
-                young, middle, _ = gc.get_threshold()
-                gc.set_threshold(young, middle, _full_threshold)
-                gc.unfreeze()
 
 
 def create_app(control: ControlPlane | None = None, *, database_url: str | None = None,

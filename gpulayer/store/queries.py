@@ -209,11 +209,6 @@ def assigned_task_workers(s: Session) -> list[tuple[str, str]]:
     return [(str(t), str(w)) for t, w in rows]
 
 
-def any_job_queued(s: Session) -> bool:
-    return s.execute(sa_select(col(JobRow.id)).where(col(JobRow.state) == JobState.QUEUED.value).limit(1)).first() \
-        is not None
-
-
 def running_tasks_started_before(s: Session, cutoff: float) -> list[tuple[str, str]]:
     """``(task id, worker id)`` of running tasks that started before ``cutoff``."""
     rows = s.execute(sa_select(col(TaskRow.id), col(TaskRow.worker_id)).where(

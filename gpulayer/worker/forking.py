@@ -34,7 +34,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gpulayer.worker.process import StartFailed, _die_with_parent
+from gpulayer.worker.deathsig import die_with_parent
+from gpulayer.worker.process import StartFailed
 from gpulayer.worker.wakeups import Cancel
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,7 @@ class ForkServer:
                 [self.python, "-u", SERVER_PATH, str(theirs.fileno()), RUNNER_PATH, *PRELOAD],
                 env=self.env, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), close_fds=True,
                 start_new_session=True,  # a Ctrl-C at the terminal is the worker's, not the server's
-                preexec_fn=_die_with_parent(os.getpid()),
+                preexec_fn=die_with_parent(os.getpid()),
             )
         except OSError as exc:
             self.failed = f"the fork server could not start: {exc}"

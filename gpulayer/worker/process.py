@@ -19,15 +19,7 @@ dies), and every process of the tree carries a marker that names its worker proc
 (``<pid>.<start time>.<id>``): :func:`reap_orphans`, which every worker runs as it starts,
 ends the trees whose worker is gone (what the main process had started before it died).
 
-The parent-death signal is set by util-linux's ``setpriv --pdeathsig KILL``, which the task's
-command is exec'd through, so that the task is started with ``vfork`` (Python does so when
-there is no ``preexec_fn``): a ``preexec_fn`` makes :mod:`subprocess` ``fork`` the whole worker
-(its threads, its memory), which cost a large worker several milliseconds of CPU per task and
-up to 15 ms of latency on a loaded machine (see bench/submit_latency.py). Without ``setpriv``
-(or when the command cannot be resolved to an executable file, so that the error names the
-command as before) the signal is set by a ``preexec_fn`` as before. ``setpriv`` does not check
-that the worker is still alive when it sets the signal, as the ``preexec_fn`` does: a worker
-killed in that microsecond leaves the task to :func:`reap_orphans`.
+How the signal is set without forking the worker: :mod:`gpulayer.worker.deathsig`.
 
 POSIX only (Linux and macOS; the parent-death signal is Linux only).
 """
@@ -35,12 +27,10 @@ POSIX only (Linux and macOS; the parent-death signal is Linux only).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import selectors
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -49,10 +39,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import psutil
 
+from gpulayer.worker.deathsig import die_with_parent, spawn_argv
 from gpulayer.worker.wakeups import Cancel, ExitWaiter
 
 __all__ = ["TREE_ID_ENV", "Cancel", "ProcessOutcome", "StartFailed", "Started", "Starter", "reap_orphans", "run_process",
@@ -88,67 +79,7 @@ class ProcessOutcome:
         return self.state == "succeeded"
 
 
-# --------------------------------------------------------------------------- dying with the worker
-
-_PR_SET_PDEATHSIG = 1
-_prctl: Any = None
-if sys.platform.startswith("linux"):
-    with contextlib.suppress(OSError, AttributeError):
-        _prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-
-def _die_with_parent(parent: int) -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get SIGKILL when the thread that started it
-    dies (Linux); None elsewhere. It runs between fork and exec, so it only makes the one
-    system call (resolved before the fork) and checks that the parent still lives."""
-    if _prctl is None:
-        return None
-    prctl = _prctl
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the worker died before the call: nobody would end us
-            os._exit(137)
-
-    return preexec
-
-
-_setpriv: list[str | None] = []  # [path or None] once looked up
-
-
-def _setpriv_path() -> str | None:
-    """util-linux's ``setpriv`` where it can set the parent-death signal (Linux), else None."""
-    if not _setpriv:
-        found = shutil.which("setpriv") if _prctl is not None else None
-        if found is not None:
-            try:  # --pdeathsig came with util-linux 2.33 (2018)
-                ok = subprocess.run([found, "--pdeathsig", "KILL", "--", "true"], stdin=subprocess.DEVNULL,
-                                    capture_output=True, timeout=10).returncode == 0
-            except (OSError, subprocess.TimeoutExpired):
-                ok = False
-            found = found if ok else None
-        _setpriv.append(found)
-    return _setpriv[0]
-
-
-def _executable(argv0: str, env: dict[str, str], cwd: str | None) -> str | None:
-    """The absolute path exec would run for ``argv0`` (``PATH`` of ``env``, ``cwd`` for a
-    relative path), or None when it is not an executable file (or PATH is relative)."""
-    if os.sep in argv0:
-        path = os.path.join(cwd or os.getcwd(), argv0)
-        return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
-    found = shutil.which(argv0, path=env.get("PATH", os.defpath))
-    return found if found is not None and os.path.isabs(found) else None
-
-
-def _spawn_argv(argv: list[str], env: dict[str, str], cwd: str | None) -> tuple[list[str], bool]:
-    """The argv to start and whether it still needs the ``preexec_fn`` (see the module doc)."""
-    setpriv = _setpriv_path()
-    exe = _executable(argv[0], env, cwd) if setpriv is not None else None
-    if setpriv is None or exe is None:
-        return argv, True
-    return [setpriv, "--pdeathsig", "KILL", "--", exe, *argv[1:]], False
-
+# --------------------------------------------------------------------------- markers
 
 _owners: dict[int, str] = {}
 
@@ -529,7 +460,7 @@ def run_process(
             _emit_safely(on_output, f"{exc}; spawned instead")
             proc = None
     if proc is None:
-        spawn, preexec = _spawn_argv(argv, full_env, cwd)
+        spawn, preexec = spawn_argv(argv, full_env, cwd)
         try:
             popen = subprocess.Popen(
                 spawn,
@@ -540,7 +471,7 @@ def run_process(
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 close_fds=True,
-                preexec_fn=_die_with_parent(os.getpid()) if preexec else None,
+                preexec_fn=die_with_parent(os.getpid()) if preexec else None,
             )
         except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126

@@ -517,14 +517,14 @@ def test_the_task_gets_the_parent_death_signal_either_way(setpriv: bool, monkeyp
     """With util-linux's setpriv the task is started without a preexec_fn (vfork: cheap in a
     large worker); without it, by the preexec_fn. Either way its main process has SIGKILL as
     its parent-death signal, and it sees its own argv[0] as a path to the same program."""
-    from gpulayer.worker import process
+    from gpulayer.worker import deathsig
 
     if setpriv:
-        assert process._setpriv_path() is not None, "setpriv (util-linux) is missing on this machine"
-        assert process._spawn_argv([PY, "-c", "pass"], env(), None)[1] is False
+        assert deathsig.setpriv_path() is not None, "setpriv (util-linux) is missing on this machine"
+        assert deathsig.spawn_argv([PY, "-c", "pass"], env(), None)[1] is False
     else:
-        monkeypatch.setattr(process, "_setpriv", [None])
-        assert process._spawn_argv([PY, "-c", "pass"], env(), None)[1] is True
+        monkeypatch.setattr(deathsig, "_setpriv", [None])
+        assert deathsig.spawn_argv([PY, "-c", "pass"], env(), None)[1] is True
     out = Output()
     result = run_process([PY, "-c", PDEATHSIG_OF_SELF + "; import sys; print(sys.argv[0])"], env=env(),
                          cwd=None, on_output=out)

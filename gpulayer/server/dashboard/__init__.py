@@ -20,7 +20,7 @@ from gpulayer.server.dashboard.routes import ROUTES, Dashboard, DashboardRoute
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
-    from gpulayer.server.app import Server
+    from gpulayer.server.state import Server
 
 __all__ = ["ROUTES", "DashboardOptions", "DashboardRoute", "routes"]
 

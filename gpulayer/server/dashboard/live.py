@@ -30,7 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from gpulayer.server.dashboard.views import LogPart
 
 if TYPE_CHECKING:
-    from gpulayer.server.app import Server
+    from gpulayer.server.state import Server
 
 log = logging.getLogger("gpulayer.server.dashboard")
 

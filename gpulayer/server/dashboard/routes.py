@@ -30,8 +30,8 @@ from gpulayer.server.dashboard.sessions import COOKIE, RECHECK_TOKEN, Login, Ses
 from gpulayer.wording import Spelling, build
 
 if TYPE_CHECKING:
-    from gpulayer.server.app import Server
     from gpulayer.server.dashboard import DashboardOptions
+    from gpulayer.server.state import Server
 
 log = logging.getLogger("gpulayer.server.dashboard")
 
