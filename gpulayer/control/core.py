@@ -20,9 +20,9 @@ from sqlmodel import Session
 
 from gpulayer import config, lifecycle, scheduling, tokens
 from gpulayer.control import placement
-from gpulayer.errors import Forbidden
+from gpulayer.errors import Forbidden, NotFound
 from gpulayer.records import JobError, JobState, TaskState
-from gpulayer.store import JobRow, Store, TaskRow, mapping, queries
+from gpulayer.store import JobRow, Store, TaskRow, mapping, plain, queries
 
 log = logging.getLogger("gpulayer.control")
 if TYPE_CHECKING:
@@ -136,8 +136,10 @@ class Core:
 
     # ------------------------------------------------------------------ internals
 
-    def _own_task(self, s: Session, task_id: str, worker_id: str) -> TaskRow:
-        task = queries.task(s, task_id)
+    def _own_task(self, s: Session, task_id: str, worker_id: str) -> plain.Task:
+        task = plain.find_task(s, task_id)
+        if task is None:
+            raise NotFound(f"task {task_id!r}: no such task")
         if task.worker_id != worker_id:
             # another worker's task: refused without naming who holds it
             raise Forbidden(f"task {task_id} is not assigned to worker {worker_id}")
@@ -160,10 +162,20 @@ class Core:
         if unstarted:
             self._event(s, "task_released", job_id=t.job_id, task_id=t.id, worker_id=t.worker_id, message=why)
 
-    def _settle(self, s: Session, job: JobRow, now: float, reported: JobError | None = None) -> None:
-        """Apply :func:`lifecycle.settle` to the job's current attempt."""
-        s.flush()
-        tasks = queries.tasks_of(s, job.id, job.attempt)
+    def _job_of(self, s: Session, task: plain.Task) -> plain.Job:
+        job = plain.find_job(s, task.job_id)
+        if job is None:
+            raise NotFound(f"job {task.job_id!r}: no such job")
+        return job
+
+    def _settle(self, s: Session, job: JobRow | plain.Job, now: float, reported: JobError | None = None,
+                also: dict[str, Any] | None = None) -> str:
+        """Apply :func:`lifecycle.settle` to the job's current attempt; the job's state after.
+
+        A row of the session (:class:`JobRow`) is changed in the session; a plain row
+        (:class:`plain.Job`, the hot path) is written with one UPDATE, together with the
+        columns in ``also``, which the caller changed before (``job`` already holds them)."""
+        tasks = plain.tasks_of(s, job.id, job.attempt)
         views = [lifecycle.TaskView(id=t.id, state=TaskState(t.state), error=mapping.error_of(t.error))
                  for t in tasks]
         out = lifecycle.settle(_view(job), views, reported=reported)
@@ -172,15 +184,21 @@ class Core:
         for task_id in out.cancel:
             queries.transition_task(s, task_id, TaskState.CANCELLED, ended_at=now,
                                     error=JobError.cancelled(lifecycle.OTHER_NODE_ENDED))
-        if out.state is None:
-            return
-        if out.state.terminal or out.retry:  # a running or assigned job keeps its last error
-            job.error = out.error.model_dump_json() if out.error else None
-        job.state = out.state.value
-        job.updated_at = now
-        s.add(job)
+        values: dict[str, Any] = dict(also or {})
+        if out.state is not None:
+            if out.state.terminal or out.retry:  # a running or assigned job keeps its last error
+                values["error"] = out.error.model_dump_json() if out.error else None
+            values["state"] = out.state.value
+            values["updated_at"] = now
+        if isinstance(job, JobRow):
+            for name, value in values.items():
+                setattr(job, name, value)
+            s.add(job)
+        elif values:
+            plain.update_job(s, job.id, **values)
         if out.retry:
             self._event(s, "retry", job_id=job.id, message=out.note)
+        return str(values.get("state", job.state))
 
     def _event(self, s: Session, kind: str, *, job_id: str | None = None, task_id: str | None = None,
                worker_id: str | None = None, message: str = "") -> None:
@@ -241,7 +259,7 @@ class Core:
         return {"jobs": by_state, "workers_online": online, "queue_depth": by_state.get("queued", 0)}
 
 
-def _view(job: JobRow) -> lifecycle.JobView:
+def _view(job: JobRow | plain.Job) -> lifecycle.JobView:
     return lifecycle.JobView(state=JobState(job.state), attempt=job.attempt, max_attempts=job.max_attempts,
                              cancel_requested=job.cancel_requested, error=mapping.error_of(job.error))
 

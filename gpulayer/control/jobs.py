@@ -21,7 +21,7 @@ from gpulayer.control.core import Core
 from gpulayer.errors import InvalidArgument, InvalidInput, NotFound
 from gpulayer.records import JobError, JobRecord, JobState, TaskState, new_id
 from gpulayer.specs import JobSpec
-from gpulayer.store import BundleRow, JobRow, mapping, queries
+from gpulayer.store import BundleRow, mapping, plain, queries
 
 #: the states of a task that its worker may be running (or about to start)
 ACTIVE = frozenset({TaskState.RUNNING.value, TaskState.ASSIGNED.value})
@@ -59,24 +59,29 @@ class JobOps(Core):
             if spec.bundle_digest is not None and not self._may_read_bundle(s, spec.bundle_digest, owner):
                 raise InvalidInput(f"bundle_digest {spec.bundle_digest}: no bundle with that address was uploaded")
             spec_json, args_json = mapping.stored_spec(spec)
-            row = JobRow(
-                id=new_id("job"), kind=spec.kind, spec=spec_json, args=args_json,
-                state=JobState.QUEUED.value, priority=spec.priority, created_at=now, updated_at=now,
-                attempt=0, max_attempts=spec.retries + 1, idempotency_key=key, owner=owner,
-            )
-            s.add(row)
-            self._event(s, "submitted", job_id=row.id, message=spec.kind)
-            job_id = row.id
-            s.flush()
+            job_id = new_id("job")
+            plain.insert_job(s, plain.Job(
+                id=job_id, kind=spec.kind, spec=spec_json, state=JobState.QUEUED.value, priority=spec.priority,
+                created_at=now, updated_at=now, attempt=0, max_attempts=spec.retries + 1, exit_code=None,
+                result=None, error=None, decision=None, cancel_requested=False, idempotency_key=key, owner=owner,
+                args=args_json))
+            self._event(s, "submitted", job_id=job_id, message=spec.kind)
             # placed in the same transaction: one commit per submit
             result = self._place_too(s, new_job=job_id)
-            record = mapping.job_record(queries.job(s, job_id), queries.tasks_of(s, job_id))
+            record = self._record(s, job_id)
         self._placed(result, started)
         return record
 
     def get_job(self, job_id: str) -> JobRecord:
         with self.store.read() as s:
-            return mapping.job_record(queries.job(s, job_id), queries.tasks_of(s, job_id))
+            return self._record(s, job_id)
+
+    def _record(self, s: Session, job_id: str) -> JobRecord:
+        """The job's record with every task it had (NotFound if there is no such job)."""
+        job = plain.find_job(s, job_id)
+        if job is None:
+            raise NotFound(f"job {job_id!r}: no such job")
+        return mapping.job_record(job, plain.tasks_of(s, job_id))
 
     def job_owner(self, job_id: str) -> str | None:
         """The token id that submitted the job (None when submitted in-process)."""
@@ -138,11 +143,11 @@ class JobOps(Core):
         while True:
             generation = self._generation
             with self.store.read() as s:  # the state alone while waiting; the record at the end
-                state = queries.job_state(s, job_id)
+                state = plain.job_state(s, job_id)
                 remaining = deadline - time.monotonic()
                 if state is None or JobState(state).terminal or remaining <= 0:
                     # (NotFound for a job that does not exist)
-                    return mapping.job_record(queries.job(s, job_id), queries.tasks_of(s, job_id))
+                    return self._record(s, job_id)
             self._wait_change(generation, min(poll, remaining))
             poll = min(poll * 1.5, 0.5)
 

@@ -26,7 +26,7 @@ from gpulayer.control.jobs import _result_json
 from gpulayer.errors import Conflict, InvalidInput
 from gpulayer.hookrecords import Capabilities, Rendezvous
 from gpulayer.records import JobError, JobState, TaskState, WorkerRecord, new_id
-from gpulayer.store import LogRow, WorkerRow, mapping, queries
+from gpulayer.store import LogRow, WorkerRow, mapping, plain, queries
 
 ORIGINS = ("local", "existing", "provider")
 #: the name of the worker a script or `gpulayer submit` runs in its own process: its row is
@@ -344,20 +344,12 @@ class WorkerOps(Core):
     def _assignments(self, s: Session, worker_id: str, running: Sequence[str]) -> list[TaskAssignment]:
         """The tasks assigned to the worker and not started, but those in ``running`` (the
         worker has them already: it is starting them)."""
-        out = []
         taken = set(running)
-        for t in queries.assigned_tasks_of_worker(s, worker_id):
-            if t.id in taken:
-                continue
-            job = queries.find_job(s, t.job_id)
-            if job is None:
-                continue
-            out.append(TaskAssignment(
-                task_id=t.id, job_id=t.job_id, attempt=t.attempt, node_rank=t.node_rank,
-                accelerator=t.accelerator, devices=json.loads(t.devices), spec=mapping.job_spec(job),
-                rendezvous=Rendezvous.model_validate_json(t.rendezvous) if t.rendezvous else None,
-            ))
-        return out
+        return [TaskAssignment(
+            task_id=t.id, job_id=t.job_id, attempt=t.attempt, node_rank=t.node_rank,
+            accelerator=t.accelerator, devices=json.loads(t.devices), spec=mapping.spec_with_args(spec, args),
+            rendezvous=Rendezvous.model_validate_json(t.rendezvous) if t.rendezvous else None,
+        ) for t, spec, args in plain.assigned_of_worker(s, worker_id) if t.id not in taken]
 
     def look_for_work(self, polls: Mapping[str, Sequence[str]]) -> dict[str, WorkPoll]:
         """:meth:`poll_work` without waiting, for many workers' polls at once (worker id ->
@@ -394,7 +386,7 @@ class WorkerOps(Core):
                 if task.state == TaskState.RUNNING.value:
                     return
                 raise Conflict(f"task {task_id} is {task.state}; it cannot start")
-            self._settle(s, queries.job(s, task.job_id), now)
+            self._settle(s, self._job_of(s, task), now)
             self._event(s, "task_started", job_id=task.job_id, task_id=task_id, worker_id=worker_id, message=how)
 
     def append_logs(self, task_id: str, *, worker_id: str, chunks: Sequence[tuple[LogStream, str]]) -> None:
@@ -423,9 +415,10 @@ class WorkerOps(Core):
         started = time.perf_counter()
         with self.store.write() as s:
             task = self._own_task(s, task_id, worker_id)
-            job = queries.job(s, task.job_id)
+            job = self._job_of(s, task)
             # the bare spec (no arguments needed), parsed only when there is a result to check
             stored_result = None if result is None else _result_json(result, mapping.spec(job.spec))
+            changes: dict[str, Any] = {}
             if not queries.transition_task(s, task_id, state, ended_at=now, exit_code=exit_code, error=error):
                 revived = (task.state == TaskState.LOST.value
                            and lifecycle.late_report_accepted(_view(job), task.attempt)
@@ -435,20 +428,19 @@ class WorkerOps(Core):
                     raise Conflict(f"task {task_id} is already {task.state}; a late report from a superseded "
                                    "attempt is refused")
                 # the loss was only a silence: the job is back to this attempt, settled below
-                job.state = JobState.RUNNING.value
+                changes["state"] = JobState.RUNNING.value
                 self._event(s, "late_report_accepted", job_id=task.job_id, task_id=task_id, worker_id=worker_id,
                             message="the task was marked lost, but its worker finished it")
             if task.attempt == job.attempt and task.node_rank == 0:
                 if state is TaskState.SUCCEEDED and stored_result is not None:
-                    job.result = stored_result
-                job.exit_code = exit_code
-            self._settle(s, job, now, reported=error)
+                    changes["result"] = stored_result
+                changes["exit_code"] = exit_code
+            job_state = self._settle(s, job._replace(**changes), now, reported=error, also=changes)
             self._event(s, "task_finished", job_id=task.job_id, task_id=task_id, worker_id=worker_id,
                         message=f"{state.value} {error.message if error else ''}".strip())
-            s.flush()
             # what the task held is free: placed in the same transaction (one commit per report)
             # (a retry back in the queue gets its new decision from a whole pass)
-            result = self._place_too(s, until_full=job.state != JobState.QUEUED.value)
+            result = self._place_too(s, until_full=job_state != JobState.QUEUED.value)
         self._changed()
         self._placed(result, started)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -27,6 +28,7 @@ from gpulayer.records import (
     WorkerRecord,
 )
 from gpulayer.specs import JobSpec
+from gpulayer.store import plain
 from gpulayer.store.tables import EventRow, JobRow, LogRow, MachineRow, TaskRow, TokenRow, WorkerRow
 
 SPEC: TypeAdapter[Any] = TypeAdapter(JobSpec)
@@ -44,12 +46,17 @@ def stored_spec(spec_: Any) -> tuple[str, str | None]:
     return bare.model_dump_json(), json.dumps({"args": spec_.args, "kwargs": spec_.kwargs})
 
 
-def job_spec(row: JobRow) -> Any:
+def job_spec(row: JobRow | plain.Job) -> Any:
     """The whole spec of a stored job (arguments put back)."""
-    if not row.args:
-        return spec(row.spec)
-    data = json.loads(row.spec)
-    data.update(json.loads(row.args))
+    return spec_with_args(row.spec, row.args)
+
+
+def spec_with_args(stored: str, args: str | None) -> Any:
+    """A spec from its columns (see :func:`stored_spec`)."""
+    if not args:
+        return spec(stored)
+    data = json.loads(stored)
+    data.update(json.loads(args))
     return SPEC.validate_python(data)
 
 
@@ -71,7 +78,7 @@ def decision_of(raw: str | None) -> PlacementDecision | None:
         return None
 
 
-def task_record(t: TaskRow) -> TaskRecord:
+def task_record(t: TaskRow | plain.Task) -> TaskRecord:
     return TaskRecord(
         id=t.id, job_id=t.job_id, attempt=t.attempt, node_rank=t.node_rank, worker_id=t.worker_id,
         devices=json.loads(t.devices), accelerator=t.accelerator, state=TaskState(t.state),
@@ -81,7 +88,7 @@ def task_record(t: TaskRow) -> TaskRecord:
     )
 
 
-def job_record(row: JobRow, tasks: list[TaskRow] | None = None) -> JobRecord:
+def job_record(row: JobRow | plain.Job, tasks: Sequence[TaskRow | plain.Task] | None = None) -> JobRecord:
     return JobRecord(
         id=row.id, spec=job_spec(row), state=JobState(row.state), created_at=row.created_at,
         updated_at=row.updated_at, attempt=row.attempt, exit_code=row.exit_code,

@@ -26,6 +26,7 @@ from sqlmodel import Session, SQLModel, col, select
 
 from gpulayer.errors import NotFound
 from gpulayer.records import JobState, TaskState
+from gpulayer.store import plain
 from gpulayer.store.tables import (
     BundleReaderRow,
     BundleRow,
@@ -68,12 +69,6 @@ def get_or_raise(s: Session, table: type[R], key: str, what: str, *, for_update:
 
 def job(s: Session, job_id: str, *, for_update: bool = False) -> JobRow:
     return get_or_raise(s, JobRow, job_id, "job", for_update=for_update)
-
-
-def job_state(s: Session, job_id: str) -> str | None:
-    """Only the job's state (None: no such job): what a wait looks at while it waits."""
-    value: str | None = s.execute(sa_select(col(JobRow.state)).where(col(JobRow.id) == job_id)).scalar()
-    return value
 
 
 def find_job(s: Session, job_id: str) -> JobRow | None:
@@ -224,16 +219,13 @@ def transition_task(s: Session, task_id: str, to: TaskState, **fields: Any) -> b
     """Move a task to ``to`` if the move is allowed from the state it is in now.
 
     A compare-and-set: returns False (and changes nothing) when the task has already moved
-    on, which is how late and duplicate reports are refused.
+    on, which is how late and duplicate reports are refused. (A plain statement, see
+    :mod:`gpulayer.store.plain`: a task row the session loaded before is not refreshed.)
     """
-    allowed_from = [st.value for st, targets in TASK_TRANSITIONS.items() if to in targets]
+    allowed_from = tuple(st.value for st, targets in TASK_TRANSITIONS.items() if to in targets)
     if not allowed_from:
         return False
-    values = {"state": to.value, **{k: _sql_value(v) for k, v in fields.items()}}
-    stmt = (update(TaskRow).where(col(TaskRow.id) == task_id, col(TaskRow.state).in_(allowed_from))
-            .values(**values).execution_options(synchronize_session=False))
-    result = s.execute(stmt)
-    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+    return plain.set_task_state(s, task_id, to.value, allowed_from, **{k: _sql_value(v) for k, v in fields.items()})
 
 
 def _sql_value(v: Any) -> Any:
@@ -246,10 +238,8 @@ def _sql_value(v: Any) -> Any:
 
 def revive_lost_task(s: Session, task_id: str, to: TaskState, **fields: Any) -> bool:
     """A lost task's late final report, accepted (see lifecycle.late_report_accepted)."""
-    values = {"state": to.value, **{k: _sql_value(v) for k, v in fields.items()}}
-    stmt = (update(TaskRow).where(col(TaskRow.id) == task_id, col(TaskRow.state) == TaskState.LOST.value)
-            .values(**values).execution_options(synchronize_session=False))
-    return bool(s.execute(stmt).rowcount == 1)  # type: ignore[attr-defined]
+    return plain.set_task_state(s, task_id, to.value, (TaskState.LOST.value,),
+                                **{k: _sql_value(v) for k, v in fields.items()})
 
 
 def heartbeat_view(s: Session, task_ids: Iterable[str]) -> list[tuple[Any, ...]]:
@@ -385,11 +375,7 @@ def add_event(s: Session, *, ts: float, kind: str, job_id: str | None = None, ta
               worker_id: str | None = None, message: str = "") -> None:
     """Append an event: a plain INSERT (several per job; building an ORM row for each cost
     more than the insert itself)."""
-    s.execute(_INSERT_EVENT, {"ts": ts, "kind": kind, "job_id": job_id, "task_id": task_id,
-                              "worker_id": worker_id, "message": message})
-
-
-_INSERT_EVENT = EventRow.__table__.insert()  # type: ignore[attr-defined]
+    plain.add_event(s, ts=ts, kind=kind, job_id=job_id, task_id=task_id, worker_id=worker_id, message=message)
 
 
 def events(s: Session, job_id: str) -> Sequence[EventRow]:

@@ -1,0 +1,190 @@
+"""The statements of a job's cycle, run on the database driver's own cursor.
+
+A job goes through the control plane in five short transactions (submit, the worker's
+poll, its start, its report, the caller's wait). Through SQLAlchemy's ORM each statement
+cost 0.1-0.3 ms of CPU (building the expression, its cache key, loading objects), about ten
+times what SQLite spends running it; on the driver's cursor the same statements cost what
+the database does. These functions run in the caller's :class:`~sqlmodel.Session`
+transaction (what the session holds is flushed first, as an ORM query would), and write
+the same rows the ORM would: the rest of the control plane keeps using
+:mod:`gpulayer.store.queries`.
+
+Rows come back as the named tuples :class:`Job` and :class:`Task`, whose fields are the
+tables' columns (:mod:`gpulayer.store.mapping` reads them as it reads ORM rows). Statements
+are written with ``?`` placeholders and rewritten once for drivers that want ``%s``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from sqlmodel import Session
+
+from gpulayer.store.tables import EventRow, JobRow, TaskRow
+
+
+class Job(NamedTuple):
+    """A row of ``gl_jobs`` (the fields are :class:`~gpulayer.store.tables.JobRow`'s columns)."""
+    id: str
+    kind: str
+    spec: str
+    state: str
+    priority: int
+    created_at: float
+    updated_at: float
+    attempt: int
+    max_attempts: int
+    exit_code: int | None
+    result: str | None
+    error: str | None
+    decision: str | None
+    cancel_requested: bool
+    idempotency_key: str | None
+    owner: str | None
+    args: str | None
+
+
+class Task(NamedTuple):
+    """A row of ``gl_tasks`` (the fields are :class:`~gpulayer.store.tables.TaskRow`'s columns)."""
+    id: str
+    job_id: str
+    attempt: int
+    node_rank: int
+    worker_id: str
+    accelerator: str | None
+    devices: str
+    state: str
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    exit_code: int | None
+    error: str | None
+    rendezvous: str | None
+
+
+JOB_COLUMNS = ", ".join(Job._fields)
+TASK_COLUMNS = ", ".join(Task._fields)
+_JOB_TABLE = JobRow.__tablename__
+_TASK_TABLE = TaskRow.__tablename__
+_EVENT_TABLE = EventRow.__tablename__
+
+# ---------------------------------------------------------------- running statements
+
+_rewritten: dict[str, str] = {}
+
+
+def _sql(s: Session, sql: str) -> str:
+    if s.get_bind().dialect.paramstyle == "qmark":
+        return sql
+    out = _rewritten.get(sql)
+    if out is None:
+        out = _rewritten[sql] = sql.replace("?", "%s")
+    return out
+
+
+def _cursor(s: Session) -> Any:
+    s.flush()  # what the session holds goes first, as before an ORM statement
+    return s.connection().connection.cursor()
+
+
+def execute(s: Session, sql: str, params: tuple[Any, ...] = ()) -> int:
+    """Run one statement in the session's transaction; the number of rows it changed."""
+    cur = _cursor(s)
+    try:
+        cur.execute(_sql(s, sql), params)
+        return int(cur.rowcount)
+    finally:
+        cur.close()
+
+
+def fetch(s: Session, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """The rows of one SELECT in the session's transaction, as the driver's tuples."""
+    cur = _cursor(s)
+    try:
+        cur.execute(_sql(s, sql), params)
+        return list(cur.fetchall())
+    finally:
+        cur.close()
+
+
+# ---------------------------------------------------------------- jobs
+
+
+def _job(r: tuple[Any, ...]) -> Job:
+    j = Job(*r)
+    return j._replace(cancel_requested=bool(j.cancel_requested))
+
+
+def find_job(s: Session, job_id: str) -> Job | None:
+    found = fetch(s, f"SELECT {JOB_COLUMNS} FROM {_JOB_TABLE} WHERE id = ?", (job_id,))
+    return _job(found[0]) if found else None
+
+
+def job_state(s: Session, job_id: str) -> str | None:
+    found = fetch(s, f"SELECT state FROM {_JOB_TABLE} WHERE id = ?", (job_id,))
+    return str(found[0][0]) if found else None
+
+
+def insert_job(s: Session, job: Job) -> None:
+    marks = ", ".join("?" * len(Job._fields))
+    execute(s, f"INSERT INTO {_JOB_TABLE} ({JOB_COLUMNS}) VALUES ({marks})", tuple(job))
+
+
+def update_job(s: Session, job_id: str, **values: Any) -> None:
+    """Set these columns of the job."""
+    names = sorted(values)
+    sets = ", ".join(f"{n} = ?" for n in names)
+    execute(s, f"UPDATE {_JOB_TABLE} SET {sets} WHERE id = ?", (*(values[n] for n in names), job_id))
+
+
+# ---------------------------------------------------------------- tasks
+
+
+def find_task(s: Session, task_id: str) -> Task | None:
+    found = fetch(s, f"SELECT {TASK_COLUMNS} FROM {_TASK_TABLE} WHERE id = ?", (task_id,))
+    return Task(*found[0]) if found else None
+
+
+def tasks_of(s: Session, job_id: str, attempt: int | None = None) -> list[Task]:
+    """The job's tasks (of one attempt), by attempt and node rank."""
+    if attempt is None:
+        rows = fetch(s, f"SELECT {TASK_COLUMNS} FROM {_TASK_TABLE} WHERE job_id = ? "
+                        "ORDER BY attempt, node_rank", (job_id,))
+    else:
+        rows = fetch(s, f"SELECT {TASK_COLUMNS} FROM {_TASK_TABLE} WHERE job_id = ? AND attempt = ? "
+                        "ORDER BY node_rank", (job_id, attempt))
+    return [Task(*r) for r in rows]
+
+
+def assigned_of_worker(s: Session, worker_id: str) -> list[tuple[Task, str, str | None]]:
+    """The tasks handed to the worker and not started yet, oldest first, each with its job's
+    stored spec and arguments."""
+    rows = fetch(s, f"SELECT {', '.join(f't.{c}' for c in Task._fields)}, j.spec, j.args "
+                    f"FROM {_TASK_TABLE} t JOIN {_JOB_TABLE} j ON j.id = t.job_id "
+                    "WHERE t.worker_id = ? AND t.state = 'assigned' ORDER BY t.created_at", (worker_id,))
+    n = len(Task._fields)
+    return [(Task(*r[:n]), r[n], r[n + 1]) for r in rows]
+
+
+def set_task_state(s: Session, task_id: str, to: str, allowed_from: tuple[str, ...], **values: Any) -> bool:
+    """Compare-and-set: move the task to ``to`` (and set these columns) only if its state is
+    one of ``allowed_from``; whether it moved."""
+    names = sorted(values)
+    sets = ", ".join(["state = ?", *(f"{n} = ?" for n in names)])
+    marks = ", ".join("?" * len(allowed_from))
+    changed = execute(s, f"UPDATE {_TASK_TABLE} SET {sets} WHERE id = ? AND state IN ({marks})",
+                      (to, *(values[n] for n in names), task_id, *allowed_from))
+    return changed == 1
+
+
+# ---------------------------------------------------------------- events
+
+
+def add_event(s: Session, *, ts: float, kind: str, job_id: str | None, task_id: str | None,
+              worker_id: str | None, message: str) -> None:
+    execute(s, f"INSERT INTO {_EVENT_TABLE} (ts, kind, job_id, task_id, worker_id, message) "
+               "VALUES (?, ?, ?, ?, ?, ?)", (ts, kind, job_id, task_id, worker_id, message))
+
+
+__all__ = ["JOB_COLUMNS", "TASK_COLUMNS", "Job", "Task", "add_event", "assigned_of_worker", "execute", "fetch",
+           "find_job", "find_task", "insert_job", "job_state", "set_task_state", "tasks_of", "update_job"]
