@@ -195,10 +195,22 @@ def as_completed(handles: Iterable[JobHandle], timeout: float | None = None) -> 
 # --------------------------------------------------------------------------- @gl.remote
 
 
+@functools.cache
+def _install_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple(sorted({paths[k] for k in ("purelib", "platlib", "stdlib")}))
+
+
 def _installed(path: Path) -> bool:
-    roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")}
     text = str(path)
-    return any(text.startswith(r) for r in roots) or "site-packages" in path.parts
+    return any(text.startswith(r) for r in _install_roots()) or "site-packages" in path.parts
+
+
+def warm() -> None:
+    """Compute now what the first ``@gl.remote`` of a process computes. A fork server calls
+    this before it forks: in a forked child, sysconfig's first look at its variables touched
+    enough of the parent's memory to cost 1-2 ms a task."""
+    _install_roots()
 
 
 def function_reference(fn: Callable[..., Any]) -> tuple[str, str | None]:

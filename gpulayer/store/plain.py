@@ -107,6 +107,20 @@ def fetch(s: Session, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any,
         cur.close()
 
 
+#: how many values one ``IN (...)`` list holds (SQLite allows 32,766 variables, or 999 before 3.32)
+IN_CHUNK = 500
+
+
+def fetch_in(s: Session, sql: str, values: list[Any]) -> list[tuple[Any, ...]]:
+    """:func:`fetch` of a SELECT whose ``{}`` is an ``IN`` list of ``values``, in chunks of
+    :data:`IN_CHUNK` (no values: no rows)."""
+    out: list[tuple[Any, ...]] = []
+    for i in range(0, len(values), IN_CHUNK):
+        chunk = values[i:i + IN_CHUNK]
+        out += fetch(s, sql.format(", ".join("?" * len(chunk))), tuple(chunk))
+    return out
+
+
 # ---------------------------------------------------------------- jobs
 
 
@@ -186,5 +200,5 @@ def add_event(s: Session, *, ts: float, kind: str, job_id: str | None, task_id: 
                "VALUES (?, ?, ?, ?, ?, ?)", (ts, kind, job_id, task_id, worker_id, message))
 
 
-__all__ = ["JOB_COLUMNS", "TASK_COLUMNS", "Job", "Task", "add_event", "assigned_of_worker", "execute", "fetch",
+__all__ = ["JOB_COLUMNS", "TASK_COLUMNS", "Job", "Task", "add_event", "assigned_of_worker", "execute", "fetch", "fetch_in",
            "find_job", "find_task", "insert_job", "job_state", "set_task_state", "tasks_of", "update_job"]

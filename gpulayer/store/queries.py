@@ -245,23 +245,16 @@ def revive_lost_task(s: Session, task_id: str, to: TaskState, **fields: Any) -> 
 def heartbeat_view(s: Session, task_ids: Iterable[str]) -> list[tuple[Any, ...]]:
     """For each task: id, state, worker, job id, attempt, and its job's cancel flag, state
     and current attempt (what a heartbeat reply is decided from)."""
-    ids = list(task_ids)
-    if not ids:
-        return []
-    cols = (TaskRow.id, TaskRow.state, TaskRow.worker_id, TaskRow.job_id, TaskRow.attempt,
-            JobRow.cancel_requested, JobRow.state, JobRow.attempt)
-    return [tuple(r) for r in s.execute(
-        sa_select(*(col(c) for c in cols)).join(JobRow, col(JobRow.id) == col(TaskRow.job_id), isouter=True)
-        .where(col(TaskRow.id).in_(ids))).all()]
+    return plain.fetch_in(
+        s, "SELECT t.id, t.state, t.worker_id, t.job_id, t.attempt, j.cancel_requested, j.state, j.attempt "
+           "FROM gl_tasks t LEFT OUTER JOIN gl_jobs j ON j.id = t.job_id WHERE t.id IN ({})", list(task_ids))
 
 
 def attempts_ended_badly(s: Session, job_ids: Iterable[str]) -> set[tuple[str, int]]:
     """``(job id, attempt)`` pairs in which some task failed, timed out, was lost or cancelled."""
-    ids = list(job_ids)
-    if not ids:
-        return set()
-    rows = s.execute(sa_select(col(TaskRow.job_id), col(TaskRow.attempt)).where(
-        col(TaskRow.job_id).in_(ids), col(TaskRow.state).in_(ENDED_BADLY))).all()
+    ended = ", ".join(f"'{state}'" for state in ENDED_BADLY)
+    rows = plain.fetch_in(s, f"SELECT job_id, attempt FROM gl_tasks WHERE state IN ({ended}) AND job_id IN ({{}})",
+                          list(job_ids))
     return {(str(j), int(a)) for j, a in rows}
 
 

@@ -492,14 +492,18 @@ class Agent:
         scratch = config.home() / "tasks" / a.task_id
         digest = a.spec.bundle_digest
         held = bundles.bundle_in_use(self._bundle_cache, digest) if digest else contextlib.nullcontext()
+        # a private folder for a function's spec and result (a command needs none)
+        private_dir: contextlib.AbstractContextManager[str | None] = (
+            tempfile.TemporaryDirectory(prefix="gpulayer-task-") if a.spec.kind == "function"
+            else contextlib.nullcontext())
         try:
-            with held, tempfile.TemporaryDirectory(prefix="gpulayer-task-") as private:
-                return self._run(a, cancel, logbuf, Path(private), fork)
+            with held, private_dir as private:
+                return self._run(a, cancel, logbuf, Path(private) if private else None, fork)
         finally:
             logbuf.close()
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def _run(self, a: TaskAssignment, cancel: threading.Event, logbuf: _LogBuffer, private: Path,
+    def _run(self, a: TaskAssignment, cancel: threading.Event, logbuf: _LogBuffer, private: Path | None,
              fork: ForkServer | None) -> TaskOutcome:
         """Prepare the task's directory, environment and command; run it; read its outcome."""
         from gpulayer.worker.process import run_process
@@ -518,6 +522,7 @@ class Agent:
             if argv and argv[0] == "python":  # "python" is the worker's job Python, not PATH's
                 argv[0] = self.python
         elif spec.kind == "function":
+            assert private is not None  # made for function tasks (see _execute)
             spec_path = private / "spec.json"
             result_path = private / "result.json"
             spec_path.write_text(json.dumps({"function": spec.function, "args": spec.args,

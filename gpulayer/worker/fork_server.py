@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import importlib.util
 import json
 import os
@@ -131,6 +132,9 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
             preloaded.append(name)
         except Exception:  # not installed in this Python: the job imports what it has
             continue
+    warm = getattr(sys.modules.get("gpulayer.sdk"), "warm", None)
+    if callable(warm):  # what a job module's first @gl.remote computes, computed once here
+        warm()
     # the entries of the PYTHONPATH we started with are the worker's, not the task's: the
     # task's own PYTHONPATH goes in front of what is left
     started = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
@@ -148,6 +152,10 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ, None)
     me = os.getpid()
+    # what is loaded now stays out of the collector's reach in every child: a collection in
+    # a child would otherwise touch (and so copy) every object the server holds
+    gc.collect()
+    gc.freeze()
     while True:
         for key, _ in sel.select():
             if key.data is None:
