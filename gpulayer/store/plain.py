@@ -83,8 +83,12 @@ def _sql(s: Session, sql: str) -> str:
 
 
 def _cursor(s: Session) -> Any:
-    s.flush()  # what the session holds goes first, as before an ORM statement
-    return s.connection().connection.cursor()
+    if s.new or s.dirty or s.deleted:
+        s.flush()  # what the session holds goes first, as before an ORM statement
+    conn = s.info.get("gl_driver_connection")
+    if conn is None:  # the session's own connection, looked up once per transaction
+        conn = s.info["gl_driver_connection"] = s.connection().connection
+    return conn.cursor()
 
 
 def execute(s: Session, sql: str, params: tuple[Any, ...] = ()) -> int:

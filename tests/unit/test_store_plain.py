@@ -1,0 +1,98 @@
+"""The job cycle's plain statements (gpulayer/store/plain.py) on SQLite and PostgreSQL: they
+read and write the same rows the ORM does, in the caller's transaction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlmodel import SQLModel
+
+from gpulayer.records import TaskState
+from gpulayer.store import EventRow, JobRow, Store, TaskRow, plain, queries
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if request.param == "sqlite":
+        return Store(f"sqlite:///{tmp_path / 'plain.db'}")
+    return Store(request.getfixturevalue("postgres_url"))
+
+
+def _columns(table: type[SQLModel]) -> tuple[str, ...]:
+    return tuple(c.name for c in table.__table__.columns)  # type: ignore[attr-defined]
+
+
+def test_the_named_tuples_are_the_tables_columns() -> None:
+    # a column added to a table must be added to its plain row too (the INSERT names them all)
+    assert set(plain.Job._fields) == set(_columns(JobRow))
+    assert set(plain.Task._fields) == set(_columns(TaskRow))
+
+
+def _job(job_id: str, **values: object) -> plain.Job:
+    base = dict(id=job_id, kind="command", spec="{}", state="queued", priority=0, created_at=1.0,
+                updated_at=1.0, attempt=0, max_attempts=1, exit_code=None, result=None, error=None,
+                decision=None, cancel_requested=False, idempotency_key=None, owner=None, args=None)
+    base.update(values)
+    return plain.Job(**base)  # type: ignore[arg-type]
+
+
+def test_a_plain_insert_is_what_the_orm_reads_and_the_other_way_round(store: Store) -> None:
+    with store.write() as s:
+        plain.insert_job(s, _job("job_a", cancel_requested=True, args='{"args": [1]}'))
+        # an ORM row added in the same transaction is flushed before a plain statement reads
+        s.add(TaskRow(id="tsk_a", job_id="job_a", attempt=1, worker_id="wrk_1", state="assigned", created_at=2.0))
+        assert [t.id for t in plain.tasks_of(s, "job_a")] == ["tsk_a"]
+    with store.read() as s:
+        orm = queries.job(s, "job_a")
+        assert orm.cancel_requested is True and orm.args == '{"args": [1]}'
+        row = plain.find_job(s, "job_a")
+        assert row is not None and row.cancel_requested is True  # a bool on both databases
+        assert plain.find_job(s, "job_b") is None
+        assert plain.job_state(s, "job_a") == "queued"
+        task = plain.find_task(s, "tsk_a")
+        assert task is not None and (task.job_id, task.worker_id, task.devices) == ("job_a", "wrk_1", "[]")
+
+
+def test_a_task_moves_only_from_the_states_allowed(store: Store) -> None:
+    with store.write() as s:
+        plain.insert_job(s, _job("job_c", attempt=1))
+        s.add(TaskRow(id="tsk_c", job_id="job_c", attempt=1, worker_id="wrk_1", state="assigned"))
+    with store.write() as s:
+        assert queries.transition_task(s, "tsk_c", TaskState.RUNNING, started_at=5.0)
+        # a second start, or a late report of a state it cannot reach from here: refused
+        assert not queries.transition_task(s, "tsk_c", TaskState.RUNNING, started_at=6.0)
+        assert not plain.set_task_state(s, "tsk_c", "succeeded", ("assigned",), ended_at=7.0)
+        plain.update_job(s, "job_c", state="running", updated_at=5.0)
+    with store.read() as s:
+        task = queries.task(s, "tsk_c")
+        assert (task.state, task.started_at, task.ended_at) == ("running", 5.0, None)
+        assert queries.job(s, "job_c").state == "running"
+
+
+def test_reads_by_id_lists_go_in_chunks(store: Store) -> None:
+    ids = [f"tsk_{i:04d}" for i in range(plain.IN_CHUNK * 2 + 3)]
+    with store.write() as s:
+        plain.insert_job(s, _job("job_d", attempt=1))
+        s.add_all([TaskRow(id=t, job_id="job_d", attempt=1, worker_id="wrk_1", state="running") for t in ids])
+    with store.read() as s:
+        rows = queries.heartbeat_view(s, [*ids, "tsk_gone"])
+        assert sorted(r[0] for r in rows) == ids  # every chunk, and nothing for a task that is not there
+        assert {(bool(r[5]), r[6]) for r in rows} == {(False, "queued")}  # the job's cancel flag and state
+        assert queries.heartbeat_view(s, []) == []
+
+
+def test_events_and_assignments(store: Store) -> None:
+    with store.write() as s:
+        plain.insert_job(s, _job("job_e", attempt=1, spec='{"kind": "command"}', args=None))
+        s.add(TaskRow(id="tsk_e2", job_id="job_e", attempt=1, worker_id="wrk_2", state="assigned", created_at=3.0))
+        s.add(TaskRow(id="tsk_e1", job_id="job_e", attempt=1, node_rank=1, worker_id="wrk_2", state="assigned",
+                      created_at=2.0))
+        s.add(TaskRow(id="tsk_e3", job_id="job_e", attempt=1, worker_id="wrk_3", state="assigned", created_at=1.0))
+        queries.add_event(s, ts=9.0, kind="submitted", job_id="job_e", message="command")
+    with store.read() as s:
+        got = plain.assigned_of_worker(s, "wrk_2")
+        assert [(t.id, spec) for t, spec, _ in got] == [("tsk_e1", '{"kind": "command"}'),
+                                                         ("tsk_e2", '{"kind": "command"}')]  # oldest first
+        events = s.query(EventRow).filter(EventRow.job_id == "job_e").all()
+        assert [(e.kind, e.ts, e.message) for e in events] == [("submitted", 9.0, "command")]
