@@ -18,7 +18,6 @@ error. The text ``jobs list`` prints is written here, for both paths (:func:`job
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -112,6 +111,8 @@ def job_summary(job_id: str, state: str, kind: str, name: str, what: str, attemp
 
 def json_text(data: Any) -> str:
     """:func:`gpulayer.cli.conventions.echo_json`'s text for plain data."""
+    import json  # here: every command line, --help included, comes through this module
+
     return json.dumps(data, default=str, indent=2)
 
 
