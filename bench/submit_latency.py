@@ -147,6 +147,8 @@ def main() -> None:
     ]
     if args.cli:
         env = {**os.environ, "GPULAYER_HOME": home}
+        # GPUlayer's bytecode cached as an installed copy's is (bench/cli_startup.py says why)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         sub = timed(lambda: subprocess.run([*cli(), "submit", "--", sys.executable, "-c", "pass"], env=env,
                                            check=True, capture_output=True), args.cli)
         helps = timed(lambda: subprocess.run([*cli(), "--help"], env=env, check=True, capture_output=True),

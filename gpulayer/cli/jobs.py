@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
+from gpulayer.cli import light
 from gpulayer.cli.commands import help_of
 from gpulayer.cli.conventions import (
     EXIT_CANCELLED,
@@ -311,8 +312,8 @@ def _job_summary(job: JobRecord) -> dict[str, Any]:
     spec = job.spec
     what = " ".join(spec.command) if spec.kind == "command" else (
         spec.function if spec.kind == "function" else f"{spec.entry} x{spec.nodes}")
-    return {"id": job.id, "state": job.state.value, "kind": spec.kind, "name": spec.name or "",
-            "what": what, "attempt": job.attempt, "created_at": job.created_at}
+    return light.job_summary(job.id, job.state.value, spec.kind, spec.name or "", what, job.attempt,
+                             job.created_at)
 
 
 @jobs_app.command("list")
@@ -322,27 +323,15 @@ def jobs_list(
     as_json: bool = json_option(),
 ) -> None:
     """List recent jobs, newest first."""
+    # (the embedded database's common case is answered before this, by gpulayer.cli.light,
+    # whose text this prints too)
     jobs = _client().api.list_jobs(state=_job_state(state), limit=limit)
+    summaries = [_job_summary(j) for j in jobs]
     if as_json:
-        echo_json([_job_summary(j) for j in jobs])
+        echo_json(summaries)
         return
-    if not jobs:
-        typer.echo("no jobs")
-        return
-    typer.echo(f"{'JOB':<18}{'STATE':<15}{'KIND':<12}{'AGE':>8}  WHAT")
-    now = time.time()
-    for j in jobs:
-        s = _job_summary(j)
-        what = printable(s["what"])
-        typer.echo(f"{s['id']:<18}{s['state']:<15}{s['kind']:<12}{_age(now - j.created_at):>8}  {what[:60]}")
-
-
-def _age(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"
+    for line in light.job_table(summaries, time.time()):
+        typer.echo(line)
 
 
 def requirements_text(req: Requirements) -> str:

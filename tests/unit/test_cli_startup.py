@@ -86,7 +86,8 @@ def cli_modules_after(code: str, tmp_path: Path) -> set[str]:
 
 def test_the_roots_help_imports_no_command_module(tmp_path: Path) -> None:
     loaded = cli_modules_after(HELP.replace("ARGS", "['--help']"), tmp_path)
-    assert loaded <= {"gpulayer.cli.commands", "gpulayer.cli.conventions"}, sorted(loaded)
+    assert loaded <= {"gpulayer.cli.commands", "gpulayer.cli.conventions", "gpulayer.cli.root",
+                      "gpulayer.cli.light"}, sorted(loaded)
 
 
 @pytest.mark.parametrize(("args", "module"), [(["jobs", "--help"], "jobs"), (["submit", "--help"], "jobs"),
@@ -162,3 +163,14 @@ def test_a_command_closes_the_embedded_database_at_exit(tmp_path: Path) -> None:
         assert (tmp_path / "gpulayer.db").exists()
         left = sorted(p.name for p in tmp_path.glob("gpulayer.db-*"))
         assert left == [], (args, left)
+
+
+def test_jobs_list_on_the_embedded_database_loads_no_typer_pydantic_or_database_stack(tmp_path: Path) -> None:
+    """Once the database exists, ``jobs list`` is answered by gpulayer.cli.light on the
+    standard library's sqlite3 (tests/unit/test_cli_light.py: the same output)."""
+    probe = HELP.replace("ARGS", "['jobs', 'list']").replace('"Usage: gpulayer"', '"no jobs"')
+    loaded_after(probe, tmp_path)  # the first run creates the database (the full path)
+    for args in (["jobs", "list"], ["jobs", "list", "--json", "--state", "queued", "--limit", "5"]):
+        probe = HELP.replace("ARGS", repr(args)).replace('assert "Usage: gpulayer" in out.getvalue()', "")
+        loaded = loaded_after(probe, tmp_path)
+        assert not loaded & {*HEAVY, *ALSO_LIGHT, "typer"}, (args, sorted(loaded & {*HEAVY, *ALSO_LIGHT, "typer"}))

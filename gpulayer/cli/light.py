@@ -1,0 +1,137 @@
+"""The light path: commands answered before Typer, pydantic or SQLAlchemy are imported.
+
+A pure read such as ``gpulayer jobs list`` on the embedded database costs a few
+milliseconds of work, but the full path pays for Typer (which coerces every option value
+through pydantic), the records and the control plane with SQLAlchemy first: 20x Python's own
+start-up. :func:`answer` recognises the command lines it can answer exactly as the full path
+would (the same bytes on stdout, the same exit code) and answers them from
+:mod:`gpulayer.embedded_reads`; for every other command line, and whenever the read is
+:class:`~gpulayer.embedded_reads.Unanswerable` (no database yet, a schema to migrate, a
+server configured, a worker to expire first), it returns ``False`` and the full path runs.
+
+Recognised: the global options ``--url``, ``--token``, ``--ca``, ``--home`` (``--url``
+sends every command to the full path), then ``jobs list`` with ``--state S``, ``--limit N``
+and ``--json``, each as ``--opt VALUE`` or ``--opt=VALUE``. Anything else (help, a value
+the full path would refuse, an unknown option) goes to the full path, which words the
+error. The text ``jobs list`` prints is written here, for both paths (:func:`job_table`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = ["answer", "job_summary", "job_table"]
+
+#: the root group's options that take a value, and the variable each becomes
+_GLOBAL = {"--url": "GPULAYER_URL", "--token": "GPULAYER_TOKEN", "--ca": "GPULAYER_CA", "--home": "GPULAYER_HOME"}
+
+
+def _options(argv: Sequence[str], i: int, valued: Iterable[str], flags: Iterable[str]) -> tuple[dict[str, Any], int] | None:
+    """The options from ``argv[i]`` on, until the first word that is not one, and where it
+    is; None for anything this parser does not know (the full path reads it). A later
+    option wins, as in click."""
+    valued, flags = set(valued), set(flags)
+    found: dict[str, Any] = {}
+    while i < len(argv) and argv[i].startswith("-"):
+        word = argv[i]
+        name, eq, value = word.partition("=")
+        if name in valued:
+            if not eq:
+                if i + 1 >= len(argv):
+                    return None
+                value = argv[i + 1]
+                i += 1
+            if value.startswith("-"):
+                return None  # click would take it as the value; rare enough to leave to it
+            found[name] = value
+        elif word in flags:
+            found[word] = True
+        else:
+            return None
+        i += 1
+    return found, i
+
+
+def _jobs_list(argv: Sequence[str]) -> dict[str, Any] | None:
+    """What a ``jobs list`` command line this path can answer asks for (the variables its
+    global options set, the state, the limit, JSON or not), else None."""
+    parsed = _options(argv, 0, _GLOBAL, ())
+    if parsed is None:
+        return None
+    glob, i = parsed
+    if list(argv[i:i + 2]) != ["jobs", "list"]:
+        return None
+    parsed = _options(argv, i + 2, ("--state", "--limit"), ("--json",))
+    if parsed is None or parsed[1] != len(argv):
+        return None
+    opts = parsed[0]
+    limit = opts.get("--limit", "50")
+    if not (limit.isascii() and limit.isdigit() and int(limit) >= 1):
+        return None  # the full path says what --limit accepts
+    if "--url" in glob:
+        return None
+    return {"env": {_GLOBAL[k]: v for k, v in glob.items()}, "state": opts.get("--state"),
+            "limit": int(limit), "json": bool(opts.get("--json"))}
+
+
+def answer(argv: Sequence[str]) -> bool:
+    """Answer ``argv`` (the words after ``gpulayer``) and return True, or return False
+    having printed nothing (the full path runs)."""
+    request = _jobs_list(argv)
+    if request is None:
+        return False
+    from gpulayer import embedded_reads
+
+    os.environ.update(request["env"])  # what the root group's options do on the full path
+    try:
+        with embedded_reads.reading(embedded_reads.database()) as conn:
+            lines = embedded_reads.job_lines(conn, state=request["state"], limit=request["limit"])
+    except embedded_reads.Unanswerable:
+        return False
+    summaries = [job_summary(*line) for line in lines]
+    text = json_text(summaries) if request["json"] else "\n".join(job_table(summaries, time.time()))
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+    return True
+
+
+# --------------------------------------------------------------------------- jobs list's text
+
+
+def job_summary(job_id: str, state: str, kind: str, name: str, what: str, attempt: int,
+                created_at: float) -> dict[str, Any]:
+    """One job of ``jobs list --json`` (and the facts of its table row)."""
+    return {"id": job_id, "state": state, "kind": kind, "name": name, "what": what, "attempt": attempt,
+            "created_at": created_at}
+
+
+def json_text(data: Any) -> str:
+    """:func:`gpulayer.cli.conventions.echo_json`'s text for plain data."""
+    import json  # here: every command line, --help included, comes through this module
+
+    return json.dumps(data, default=str, indent=2)
+
+
+def age(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def job_table(summaries: Sequence[dict[str, Any]], now: float) -> list[str]:
+    """The lines of ``jobs list``: a header and a row per job, or ``no jobs``."""
+    from gpulayer.cli.display import printable
+
+    if not summaries:
+        return ["no jobs"]
+    lines = [f"{'JOB':<18}{'STATE':<15}{'KIND':<12}{'AGE':>8}  WHAT"]
+    for s in summaries:
+        what = printable(s["what"])
+        lines.append(f"{s['id']:<18}{s['state']:<15}{s['kind']:<12}{age(now - s['created_at']):>8}  {what[:60]}")
+    return lines

@@ -1,0 +1,84 @@
+"""The root of the ``gpulayer`` Typer app: the group, its global options and ``--version``.
+
+Imported by :func:`gpulayer.cli.main` when a command is not one the light path answers
+(:mod:`gpulayer.cli.light`), and by whoever reads :data:`gpulayer.cli.app`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import typer
+import typer.core
+
+from gpulayer.cli import commands, conventions
+
+
+class _Root(typer.core.TyperGroup):
+    """The root group: its commands are :class:`commands.LazyCommands` (a command's module
+    is imported when it runs), its help lists them from :data:`commands.COMMANDS`, and it
+    applies :func:`conventions.prepare` to itself before it runs, however it is run (the
+    ``gpulayer`` script, ``python -m gpulayer.cli``, Typer's CliRunner); a command loaded
+    later is prepared as it loads."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.commands = commands.LazyCommands(self.commands)
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        conventions.prepare(self)
+        kwargs.setdefault("prog_name", "gpulayer")
+        return super().main(*args, **kwargs)
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(self.commands)  # names only (Typer's reads every value)
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        # the one-line help of each command, without importing its module
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        rows = [(n, typer.core.TyperCommand(name=n, help=commands.help_of(n)).get_short_help_str(limit))
+                for n in names if n in commands.COMMANDS]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+app = typer.Typer(
+    name="gpulayer",
+    help="Run jobs on any GPU or CPU machine you have.",
+    cls=_Root,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from gpulayer import __version__
+
+        typer.echo(f"gpulayer {__version__}")
+        raise typer.Exit(conventions.EXIT_OK)
+
+
+@app.callback()
+def _global(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                 help="print the version and exit"),
+    url: Optional[str] = typer.Option(None, "--url", help="control plane URL (default: $GPULAYER_URL, else embedded)"),
+    token: Optional[str] = typer.Option(None, "--token", help="API token (default: $GPULAYER_TOKEN)"),
+    ca: Optional[str] = typer.Option(None, "--ca", help="CA bundle or certificate to trust (default: $GPULAYER_CA)"),
+    home: Optional[str] = typer.Option(None, "--home", help="state directory (default: $GPULAYER_HOME, ~/.gpulayer)"),
+) -> None:
+    # Options become the environment so that every layer (client, worker, SDK) agrees.
+    if url is not None:
+        os.environ["GPULAYER_URL"] = url
+    if token is not None:
+        os.environ["GPULAYER_TOKEN"] = token
+    if ca is not None:
+        os.environ["GPULAYER_CA"] = ca
+    if home is not None:
+        os.environ["GPULAYER_HOME"] = home

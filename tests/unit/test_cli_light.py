@@ -1,0 +1,213 @@
+"""The CLI's light path (gpulayer.cli.light, gpulayer.embedded_reads) prints exactly what the
+full path prints, and leaves to it every case it cannot answer alike.
+
+Each command runs twice in a fresh interpreter on the same real SQLite database: once
+through ``gpulayer.cli.main`` (the light path when it can) and once through the Typer app
+itself (always the full path: Typer, and the control plane on SQLAlchemy). The probe
+reports which path ran by whether Typer, pydantic, SQLAlchemy, SQLModel or pluggy was imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import gpulayer as gl
+from gpulayer import embedded_reads
+from gpulayer.records import JobState
+from gpulayer.store import migrations
+
+PROBE = """
+    import atexit, sys
+    heavy = ("typer", "pydantic", "sqlalchemy", "sqlmodel", "pluggy")
+    atexit.register(lambda: sys.stderr.write("\\nPATH=" + ("full" if set(heavy) & set(sys.modules) else "light")))
+    sys.argv = ["gpulayer", *ARGS]
+    if ENTRY == "main":
+        from gpulayer.cli import main
+        main()
+    else:
+        from gpulayer.cli.root import app
+        app()
+"""
+
+
+def run(args: list[str], home: Path, *, entry: str = "main", env: dict[str, str] | None = None) -> tuple[int, bytes, str, str]:
+    """``(exit code, stdout, stderr without the marker, "light" or "full")``."""
+    code = textwrap.dedent(PROBE).replace("ARGS", repr(args)).replace("ENTRY", repr(entry))
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
+    full_env.update({"GPULAYER_HOME": str(home), **(env or {})})
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, cwd=home, env=full_env)
+    err, _, path = proc.stderr.decode().rpartition("\nPATH=")
+    return proc.returncode, proc.stdout, err, path
+
+
+def _created(home: Path, ages: dict[str, float]) -> None:
+    """Set jobs' submission times ``ages`` seconds ago, in the middle of an ``AGE`` column
+    step (so that the two runs, a moment apart, print the same age)."""
+    now = time.time()
+    with sqlite3.connect(home / "gpulayer.db") as db:
+        for job_id, age in ages.items():
+            db.execute("UPDATE gl_jobs SET created_at = ? WHERE id = ?", (now - age, job_id))
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database with a job in every state, of every kind, a function job's arguments
+    apart, two jobs submitted at the same instant, a name, and a command with text that
+    must be escaped on a terminal."""
+    from gpulayer.control import ControlPlane
+    from gpulayer.store import Store
+
+    home = tmp_path_factory.mktemp("light")
+    store = Store(f"sqlite:///{home / 'gpulayer.db'}")
+    cp = ControlPlane(store)
+    wait = gl.Placement(on_unschedulable="wait")
+    ids = [
+        cp.submit(gl.CommandJob(command=["python", "train.py", "--lr", "0.1"], placement=wait)).id,
+        cp.submit(gl.CommandJob(command=["echo", "héllo \x1b[2J wörld\u202e"], name="tricky", placement=wait)).id,
+        cp.submit(gl.FunctionJob(function="pkg.mod:fn", args=[1, 2], kwargs={"k": "v"}, placement=wait)).id,
+        cp.submit(gl.DistributedJob(entry="train.py", nodes=2, placement=wait)).id,
+        cp.submit(gl.CommandJob(command=["sleep", "9"])).id,  # unschedulable: no worker
+        cp.cancel(cp.submit(gl.CommandJob(command=["x" * 80], placement=wait)).id).id,
+        cp.submit(gl.CommandJob(command=["true"], placement=wait)).id,
+        cp.submit(gl.CommandJob(command=["false"], placement=wait)).id,
+        cp.submit(gl.CommandJob(command=["tie", "a"], placement=wait)).id,
+        cp.submit(gl.CommandJob(command=["tie", "b"], placement=wait)).id,
+    ]
+    store.dispose()
+    with sqlite3.connect(home / "gpulayer.db") as db:  # states only a worker would reach
+        for job_id, state, attempt in ((ids[0], "running", 1), (ids[1], "assigned", 1), (ids[6], "succeeded", 1),
+                                       (ids[7], "failed", 2), (ids[3], "timed_out", 1)):
+            db.execute("UPDATE gl_jobs SET state = ?, attempt = ? WHERE id = ?", (state, attempt, job_id))
+    # ages at the middle of a step of the AGE column (10m is 9.5m to 10.5m, 2.5h is 2.45h to
+    # 2.55h), not at a step's edge
+    _created(home, {ids[0]: 10 * 60, ids[1]: 2 * 60, ids[2]: 30 * 60, ids[3]: 2.5 * 3600, ids[4]: 5 * 3600,
+                    ids[5]: 45 * 60, ids[6]: 7.5 * 3600, ids[7]: 26 * 3600, ids[8]: 3 * 3600, ids[9]: 3 * 3600})
+    with sqlite3.connect(home / "gpulayer.db") as db:  # a tie to the microsecond
+        db.execute("UPDATE gl_jobs SET created_at = (SELECT created_at FROM gl_jobs WHERE id = ?) WHERE id = ?",
+                   (ids[8], ids[9]))
+    return home
+
+
+@pytest.mark.parametrize("args", [
+    [], ["--json"], ["--state", "queued"], ["--state=cancelled", "--json"], ["--limit", "3"],
+    ["--limit=2", "--json"], ["--json", "--limit", "4", "--state", "running", "--state", "failed"],
+    ["--state", "timed_out", "--json"], ["--state", "assigned"],
+])
+def test_jobs_list_prints_what_the_full_path_prints(home: Path, args: list[str]) -> None:
+    light = run(["jobs", "list", *args], home)
+    full = run(["jobs", "list", *args], home, entry="app")
+    assert light[3] == "light", light
+    assert full[3] == "full", full
+    assert light[:3] == full[:3]
+    assert light[0] == 0 and light[1]
+
+
+def test_the_table_shows_every_state_and_escapes_what_a_terminal_would_obey(home: Path) -> None:
+    code, out, _, path = run(["jobs", "list"], home)
+    text = out.decode()
+    assert (code, path) == (0, "light")
+    assert {s.value for s in JobState} - {"queued", "cancelled", "unschedulable"} <= set(text.split())
+    assert "\x1b" not in text and "\\x1b[2J" in text and "\\u202e" in text and "héllo" in text
+    rows = json.loads(run(["jobs", "list", "--json"], home)[1])
+    assert [r["created_at"] for r in rows] == sorted((r["created_at"] for r in rows), reverse=True)
+    assert {r["kind"] for r in rows} == {"command", "function", "distributed"}
+
+
+def test_the_global_options_before_the_command_are_read(home: Path, tmp_path: Path) -> None:
+    light = run(["--home", str(home), "jobs", "list", "--json"], tmp_path)
+    full = run(["--home", str(home), "jobs", "list", "--json"], tmp_path, entry="app")
+    assert (light[3], full[3]) == ("light", "full")
+    assert light[:3] == full[:3] and json.loads(light[1])
+
+
+@pytest.mark.parametrize("args", [
+    ["jobs", "list", "--limit", "0"], ["jobs", "list", "--limit", "x"], ["jobs", "list", "--state", "done"],
+    ["jobs", "list", "--state"], ["jobs", "list", "extra"], ["jobs", "list", "--help"], ["jobs", "list", "-h"],
+    ["jobs", "list", "--json=1"], ["--version", "jobs", "list"], ["jobs", "show", "job-0"],
+])
+def test_what_the_light_path_does_not_know_goes_to_the_full_path(home: Path, args: list[str]) -> None:
+    """Help, bad input (exit 2, worded by the full path) and other commands."""
+    light = run(args, home)
+    assert light[3] == "full", light
+    assert light[:3] == run(args, home, entry="app")[:3] or light[0] == 2
+
+
+def test_a_home_without_a_database_is_created_by_the_full_path(tmp_path: Path) -> None:
+    assert run(["jobs", "list"], tmp_path)[1:] == (b"no jobs\n", "", "full")
+    assert (tmp_path / "gpulayer.db").exists()
+    assert run(["jobs", "list"], tmp_path)[1:] == (b"no jobs\n", "", "light")
+    assert sorted(p.name for p in tmp_path.glob("gpulayer.db-*")) == []  # the WAL is checkpointed away
+
+
+def test_an_older_schema_is_migrated_by_the_full_path(tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / "gpulayer.db") as db:
+        for statement in migrations.HISTORY[1]:
+            db.execute(statement)
+    assert run(["jobs", "list"], tmp_path)[1:] == (b"no jobs\n", "", "full")
+    with sqlite3.connect(tmp_path / "gpulayer.db") as db:
+        assert db.execute("SELECT version FROM gl_schema").fetchone() == (migrations.SCHEMA_VERSION,)
+    assert run(["jobs", "list"], tmp_path)[3] == "light"
+
+
+def test_a_newer_schema_is_refused_by_the_full_path(tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / "gpulayer.db") as db:
+        db.execute("CREATE TABLE gl_schema (id INTEGER PRIMARY KEY, version INTEGER NOT NULL)")
+        db.execute("INSERT INTO gl_schema VALUES (1, ?)", (migrations.SCHEMA_VERSION + 1,))
+    code, _, err, path = run(["jobs", "list"], tmp_path)
+    assert (code, path) == (2, "full")
+    assert "newer than this GPUlayer understands" in err
+
+
+def test_a_worker_to_expire_first_sends_the_list_to_the_full_path(tmp_path: Path) -> None:
+    """The full path's client marks a local worker whose process is gone offline (and its
+    running job lost) before it lists: the light path must not show that job running."""
+    from gpulayer.control import ControlPlane
+    from gpulayer.store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'gpulayer.db'}")
+    ControlPlane(store)
+    store.dispose()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    caps = json.dumps({"host": {"os": "linux", "arch": "x86_64", "hostname": socket.gethostname(), "cpu_count": 1,
+                                "memory_bytes": 1, "disk_free_bytes": 1, "python_version": "3.11",
+                                "python_path": sys.executable, "address": "127.0.0.1"}})
+    with sqlite3.connect(tmp_path / "gpulayer.db") as db:
+        db.execute("INSERT INTO gl_workers (id, name, origin, capabilities, cpu_slots, online, draining, "
+                   "last_heartbeat, registered_at, pid, hostname) VALUES ('wkr-gone', 'w', 'local', ?, 1, 1, 0, ?, 0, "
+                   "?, ?)", (caps, time.time() + 3600, int(gone.stdout), socket.gethostname()))
+    assert run(["jobs", "list"], tmp_path)[3] == "full"
+    with sqlite3.connect(tmp_path / "gpulayer.db") as db:
+        assert db.execute("SELECT online FROM gl_workers WHERE id = 'wkr-gone'").fetchone() == (0,)
+    assert run(["jobs", "list"], tmp_path)[3] == "light"  # nothing left to expire
+
+
+@pytest.mark.parametrize("env", [{"GPULAYER_DATABASE_URL": "sqlite:///{home}/gpulayer.db"},
+                                 {"GPULAYER_URL": "http://127.0.0.1:1", "GPULAYER_HTTP_RETRY_SECONDS": "0"},
+                                 {"GPULAYER_HEARTBEAT_TIMEOUT": "soon"}])
+def test_a_server_another_database_or_a_bad_setting_is_left_to_the_full_path(home: Path, env: dict[str, str]) -> None:
+    env = {k: v.format(home=home) for k, v in env.items()}
+    light = run(["jobs", "list"], home, env=env)
+    assert light[3] == "full"
+    assert light[:3] == run(["jobs", "list"], home, env=env, entry="app")[:3] or light[0] == 2
+
+
+def test_the_url_option_is_left_to_the_full_path(home: Path) -> None:
+    code, _, err, path = run(["--url", "http://127.0.0.1:1", "jobs", "list"], home,
+                             env={"GPULAYER_HTTP_RETRY_SECONDS": "0"})
+    assert (code, path) == (2, "full") and "127.0.0.1:1" in err
+
+
+def test_the_light_reads_know_the_store_s_schema_and_states() -> None:
+    """A new schema version or job state needs these reads checked, and these constants moved."""
+    assert embedded_reads.SCHEMA_VERSION == migrations.SCHEMA_VERSION
+    assert embedded_reads.JOB_STATES == tuple(s.value for s in JobState)
