@@ -53,9 +53,9 @@ class JobOps(Core):
         started = time.perf_counter()
         with self.store.write() as s:
             if key is not None:
-                existing = queries.find_job_by_key(s, key)
+                existing = plain.job_id_by_key(s, key)
                 if existing is not None:
-                    return mapping.job_record(existing, queries.tasks_of(s, existing.id))
+                    return self._record(s, existing)
             if spec.bundle_digest is not None and not self._may_read_bundle(s, spec.bundle_digest, owner):
                 raise InvalidInput(f"bundle_digest {spec.bundle_digest}: no bundle with that address was uploaded")
             spec_json, args_json = mapping.stored_spec(spec)
@@ -68,7 +68,7 @@ class JobOps(Core):
             self._event(s, "submitted", job_id=job_id, message=spec.kind)
             # placed in the same transaction: one commit per submit
             result = self._place_too(s, new_job=job_id)
-            record = self._record(s, job_id)
+            record = self._record(s, job_id, spec=spec)
         self._placed(result, started)
         return record
 
@@ -76,12 +76,13 @@ class JobOps(Core):
         with self.store.read() as s:
             return self._record(s, job_id)
 
-    def _record(self, s: Session, job_id: str) -> JobRecord:
-        """The job's record with every task it had (NotFound if there is no such job)."""
+    def _record(self, s: Session, job_id: str, *, spec: JobSpec | None = None) -> JobRecord:
+        """The job's record with every task it had (NotFound if there is no such job);
+        ``spec``: the job's spec, when the caller has it."""
         job = plain.find_job(s, job_id)
         if job is None:
             raise NotFound(f"job {job_id!r}: no such job")
-        return mapping.job_record(job, plain.tasks_of(s, job_id))
+        return mapping.job_record(job, plain.tasks_of(s, job_id), spec=spec)
 
     def job_owner(self, job_id: str) -> str | None:
         """The token id that submitted the job (None when submitted in-process)."""

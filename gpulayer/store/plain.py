@@ -138,6 +138,12 @@ def find_job(s: Session, job_id: str) -> Job | None:
     return _job(found[0]) if found else None
 
 
+def job_id_by_key(s: Session, idempotency_key: str) -> str | None:
+    """The job submitted with this idempotency key, if any."""
+    found = fetch(s, f"SELECT id FROM {_JOB_TABLE} WHERE idempotency_key = ?", (idempotency_key,))
+    return str(found[0][0]) if found else None
+
+
 def job_state(s: Session, job_id: str) -> str | None:
     found = fetch(s, f"SELECT state FROM {_JOB_TABLE} WHERE id = ?", (job_id,))
     return str(found[0][0]) if found else None
@@ -205,4 +211,4 @@ def add_event(s: Session, *, ts: float, kind: str, job_id: str | None, task_id: 
 
 
 __all__ = ["JOB_COLUMNS", "TASK_COLUMNS", "Job", "Task", "add_event", "assigned_of_worker", "execute", "fetch", "fetch_in",
-           "find_job", "find_task", "insert_job", "job_state", "set_task_state", "tasks_of", "update_job"]
+           "find_job", "find_task", "insert_job", "job_id_by_key", "job_state", "set_task_state", "tasks_of", "update_job"]

@@ -75,11 +75,6 @@ def find_job(s: Session, job_id: str) -> JobRow | None:
     return s.get(JobRow, job_id)
 
 
-def find_job_by_key(s: Session, idempotency_key: str) -> JobRow | None:
-    row: JobRow | None = s.exec(select(JobRow).where(JobRow.idempotency_key == idempotency_key)).first()
-    return row
-
-
 def job_owner(s: Session, job_id: str) -> str | None:
     """The token id that submitted the job (None for an embedded submit); NotFound if none."""
     owner = s.execute(sa_select(col(JobRow.owner), col(JobRow.id)).where(col(JobRow.id) == job_id)).first()
