@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sqlmodel import SQLModel
+from sqlmodel import SQLModel, select
 
 from gpulayer.records import TaskState
 from gpulayer.store import EventRow, JobRow, Store, TaskRow, plain, queries
@@ -94,5 +94,5 @@ def test_events_and_assignments(store: Store) -> None:
         got = plain.assigned_of_worker(s, "wrk_2")
         assert [(t.id, spec) for t, spec, _ in got] == [("tsk_e1", '{"kind": "command"}'),
                                                          ("tsk_e2", '{"kind": "command"}')]  # oldest first
-        events = s.query(EventRow).filter(EventRow.job_id == "job_e").all()
+        events = s.exec(select(EventRow).where(EventRow.job_id == "job_e")).all()
         assert [(e.kind, e.ts, e.message) for e in events] == [("submitted", 9.0, "command")]
