@@ -2,9 +2,9 @@
 change marks (:mod:`gpulayer.store.marks`).
 
 A pass reads the two marks first (one small row each). Both as last time: the fleet it
-kept is the fleet, and it reads nothing else. Only ``tasks`` changed: it reads what the
-active tasks hold (a few short columns per task), and only the workers whose tasks came
-or went are counted again. ``workers`` changed: it reads the online workers' rows, parses
+kept is the fleet, and it reads nothing else. Only ``tasks`` changed: it reads the active
+tasks' ids, and the holdings of the new ones; only the workers whose tasks came or went
+are counted again. ``workers`` changed: it reads the online workers' rows, parses
 those whose row changed, and counts every worker's holdings again.
 
 A pass's own assignments are added to what it kept, and the marks it leaves are kept with
@@ -58,7 +58,9 @@ class FleetCache:
             if known is None or now is None or known.workers != now.workers:
                 self._read_workers(s)
                 self._holdings = {}
-            self._set_holdings(marks.active_holdings(s))
+                self._set_holdings(marks.active_holdings(s))
+            else:  # only tasks came or went (what an active task holds never changes alone)
+                self._follow_tasks(s)
             self.marks = now
         if self._room is None:
             self._room = any(not draining and (slots > ws.busy_cpu_slots or n > len(ws.busy_devices))
@@ -103,10 +105,23 @@ class FleetCache:
         self._listed = list(self._states.values())
         self._room = None
 
-    def _set_holdings(self, rows: list[tuple[str, str, str | None, str]]) -> None:
+    def _follow_tasks(self, s: Session) -> None:
+        """The active tasks by id: those that left are dropped, the holdings of those that
+        came are read; only their workers are counted again."""
+        ids = marks.active_task_ids(s)
+        old = self._holdings
+        gone = old.keys() - ids
+        came = ids - old.keys()
+        if not gone and not came:
+            return
+        new = {t: h for t, h in old.items() if t not in gone}
+        new.update((r[0], (r[1], r[2], r[3])) for r in marks.active_holdings(s, sorted(came)))
+        self._set_holdings(new)
+
+    def _set_holdings(self, rows: list[tuple[str, str, str | None, str]] | dict[str, Holding]) -> None:
         """What the active tasks hold now: the workers whose tasks came, went or changed
         are counted again from ``rows``; the others keep their counts."""
-        new: dict[str, Holding] = {r[0]: (r[1], r[2], r[3]) for r in rows}
+        new = rows if isinstance(rows, dict) else {r[0]: (r[1], r[2], r[3]) for r in rows}
         old = self._holdings
         affected = {h[0] for t in old.keys() ^ new.keys() for h in (old.get(t), new.get(t)) if h is not None}
         affected.update(w for t in old.keys() & new.keys() if old[t] != new[t] for w in (old[t][0], new[t][0]))

@@ -6,7 +6,10 @@
   changes it only when it brings a worker back online);
 * ``tasks`` changes with every task that starts or stops holding devices or a CPU slot
   (inserted, deleted or updated into or out of ``assigned``/``running``; ``assigned`` to
-  ``running`` changes nothing a pass reads, so it does not count).
+  ``running`` changes nothing a pass reads, so it does not count). A change of what an
+  active task holds (its worker, accelerator or devices: the control plane makes none)
+  moves ``workers`` instead, so that a reader may follow ``tasks`` by the set of active
+  task ids alone (:func:`active_task_ids`).
 
 Each mark is ``(n, salt)``: ``n`` counts its changes, ``salt`` is drawn at random by each
 change. Triggers write them (SQLite and PostgreSQL alike, schema 7), so every writer is
@@ -32,6 +35,9 @@ WORKER_COLUMNS = ("id", "name", "origin", "capabilities", "cpu_slots", "online",
 ACTIVE = ("assigned", "running")
 
 
+_ACTIVE_SQL = "(" + ", ".join(f"'{state}'" for state in ACTIVE) + ")"
+
+
 class Mark(NamedTuple):
     n: int
     salt: str
@@ -51,19 +57,32 @@ def read(s: Session) -> Marks | None:
     return Marks(rows["workers"], rows["tasks"])
 
 
-def active_holdings(s: Session) -> list[tuple[str, str, str | None, str]]:
-    """What the active tasks hold, as plain tuples ``(task id, worker id, accelerator,
-    devices JSON)``: a pass keeps them by task id, so a change of the ``tasks`` mark costs
-    this read and the workers whose tasks changed, not the whole fleet again."""
-    states = ", ".join(f"'{state}'" for state in ACTIVE)
-    return _plain_rows(s, f"SELECT id, worker_id, accelerator, devices FROM gl_tasks WHERE state IN ({states})")
+def active_holdings(s: Session, task_ids: list[str] | None = None) -> list[tuple[str, str, str | None, str]]:
+    """What the active tasks (or those of ``task_ids`` that are active) hold, as plain
+    tuples ``(task id, worker id, accelerator, devices JSON)``."""
+    sql = f"SELECT id, worker_id, accelerator, devices FROM gl_tasks WHERE state IN {_ACTIVE_SQL}"
+    if task_ids is None:
+        return _plain_rows(s, sql)
+    out = []
+    for i in range(0, len(task_ids), 500):
+        chunk = task_ids[i:i + 500]
+        out += _plain_rows(s, f"{sql} AND id IN ({', '.join('?' * len(chunk))})", chunk)
+    return out
 
 
-def _plain_rows(s: Session, sql: str) -> list[Any]:
+def active_task_ids(s: Session) -> set[str]:
+    """The ids of the active tasks: what a pass reads when only ``tasks`` moved (then the
+    holdings of the ids it did not know)."""
+    return {r[0] for r in _plain_rows(s, f"SELECT id FROM gl_tasks WHERE state IN {_ACTIVE_SQL}")}
+
+
+def _plain_rows(s: Session, sql: str, params: list[str] | None = None) -> list[Any]:
     s.flush()
     cur = s.connection().connection.cursor()
+    if params is not None and s.get_bind().dialect.name != "sqlite":
+        sql = sql.replace("?", "%s")  # psycopg's placeholder
     try:
-        cur.execute(sql)
+        cur.execute(sql, params) if params is not None else cur.execute(sql)
         return list(cur.fetchall())
     finally:
         cur.close()
@@ -71,17 +90,17 @@ def _plain_rows(s: Session, sql: str) -> list[Any]:
 
 # --------------------------------------------------------------------------- the DDL
 
-_ACTIVE_SQL = "(" + ", ".join(f"'{state}'" for state in ACTIVE) + ")"
-
-
 def _worker_changed(differs: str) -> str:
     return " OR ".join(f"OLD.{c} {differs} NEW.{c}" for c in WORKER_COLUMNS)
 
 
-def _task_changed(differs: str) -> str:
+def _task_changed() -> str:
+    return f"(OLD.state IN {_ACTIVE_SQL}) <> (NEW.state IN {_ACTIVE_SQL})"
+
+
+def _task_held_changed(differs: str) -> str:
     held = " OR ".join(f"OLD.{c} {differs} NEW.{c}" for c in ("worker_id", "accelerator", "devices"))
-    return (f"(OLD.state IN {_ACTIVE_SQL}) <> (NEW.state IN {_ACTIVE_SQL}) "
-            f"OR (NEW.state IN {_ACTIVE_SQL} AND ({held}))")
+    return f"OLD.state IN {_ACTIVE_SQL} AND NEW.state IN {_ACTIVE_SQL} AND ({held})"
 
 
 def _sqlite_ddl() -> list[str]:
@@ -97,8 +116,10 @@ def _sqlite_ddl() -> list[str]:
         f"BEGIN {bump('tasks')} END",
         f"CREATE TRIGGER gl_mark_tasks_delete AFTER DELETE ON gl_tasks WHEN OLD.state IN {_ACTIVE_SQL} "
         f"BEGIN {bump('tasks')} END",
-        f"CREATE TRIGGER gl_mark_tasks_update AFTER UPDATE ON gl_tasks WHEN {_task_changed('IS NOT')} "
+        f"CREATE TRIGGER gl_mark_tasks_update AFTER UPDATE ON gl_tasks WHEN {_task_changed()} "
         f"BEGIN {bump('tasks')} END",
+        f"CREATE TRIGGER gl_mark_tasks_held AFTER UPDATE ON gl_tasks WHEN {_task_held_changed('IS NOT')} "
+        f"BEGIN {bump('workers')} END",
     ]
 
 
@@ -120,7 +141,9 @@ def _postgres_ddl() -> list[str]:
         f"CREATE TRIGGER gl_mark_tasks_delete AFTER DELETE ON gl_tasks FOR EACH ROW "
         f"WHEN (OLD.state IN {_ACTIVE_SQL}) EXECUTE FUNCTION gl_mark_tasks()",
         f"CREATE TRIGGER gl_mark_tasks_update AFTER UPDATE ON gl_tasks FOR EACH ROW "
-        f"WHEN ({_task_changed('IS DISTINCT FROM')}) EXECUTE FUNCTION gl_mark_tasks()",
+        f"WHEN ({_task_changed()}) EXECUTE FUNCTION gl_mark_tasks()",
+        f"CREATE TRIGGER gl_mark_tasks_held AFTER UPDATE ON gl_tasks FOR EACH ROW "
+        f"WHEN ({_task_held_changed('IS DISTINCT FROM')}) EXECUTE FUNCTION gl_mark_workers()",
     ]
 
 
@@ -143,4 +166,4 @@ def _table(statement: str) -> str:
     return words[words.index("ON") + 1]
 
 
-__all__ = ["ACTIVE", "WORKER_COLUMNS", "Mark", "Marks", "active_holdings", "install", "read"]
+__all__ = ["ACTIVE", "WORKER_COLUMNS", "Mark", "Marks", "active_holdings", "active_task_ids", "install", "read"]

@@ -102,6 +102,24 @@ def test_the_marks_move_exactly_when_the_fleet_a_pass_reads_changed(cp: ControlP
     assert m4 is not None and m4.workers.n > m3.workers.n
 
 
+def test_an_active_task_moved_to_other_devices_elsewhere_is_seen_by_the_next_pass(
+    cp: ControlPlane, store_url: str,
+) -> None:
+    """No code of ours moves an active task; a hand-written UPDATE may, and it moves the
+    ``workers`` mark, which makes the next pass read everything again."""
+    w = cp.register_worker(cuda_caps(2), cpu_slots=0).id
+    cp.submit(gpu_job())
+    [a] = cp.poll_tasks(w)
+    assert a.devices == [0]
+    cp.schedule()
+    before = current(cp)
+    in_another_process(store_url, ("UPDATE gl_tasks SET devices = '[1]' WHERE id = :id", {"id": a.task_id}))
+    after = current(cp)
+    assert before is not None and after is not None and after.workers.n == before.workers.n + 1
+    job = cp.submit(gpu_job())
+    assert cp.get_job(job.id).tasks[0].devices == [0]  # device 1 is the moved task's now
+
+
 def test_a_pass_with_nothing_changed_reads_no_fleet(cp: ControlPlane) -> None:
     w = cp.register_worker(cuda_caps(1), cpu_slots=0).id
     cp.submit(gpu_job())  # takes the GPU
@@ -193,7 +211,7 @@ def test_the_marks_are_installed_by_the_migration_from_schema_6(tmp_path: Path) 
     store = Store(url)
     with store.engine.begin() as conn:  # schema 6: without what 7 added
         for name in ("workers_insert", "workers_delete", "workers_update", "tasks_insert", "tasks_delete",
-                     "tasks_update"):
+                     "tasks_update", "tasks_held"):
             conn.execute(text(f"DROP TRIGGER gl_mark_{name}"))
         conn.execute(text("DROP TABLE gl_marks"))
         conn.execute(text("UPDATE gl_schema SET version = 6"))
