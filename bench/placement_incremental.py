@@ -16,7 +16,8 @@ For each: the pass alone (``_place``, inside the operation's transaction) and th
 operation, next to floors measured in the same run: one empty write transaction, and one
 read of the queue's keys (``queries.queue_keys``: what a pass that reads every queued job
 reads); in CPU time also the plain reads of the online workers' rows and of what the active
-tasks hold, which every pass makes. The table is bench/_stats.py's: median, p95, the floor's, the difference, the ratio;
+tasks hold, which a pass made every time before the change marks (``gpulayer/store/marks.py``)
+and makes now only when the fleet changed. The table is bench/_stats.py's: median, p95, the floor's, the difference, the ratio;
 a second table gives the passes' CPU time, which a loaded machine disturbs less.
 """
 

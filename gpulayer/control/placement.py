@@ -16,15 +16,15 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from sqlmodel import Session
 
 from gpulayer import config, scheduling
+from gpulayer.control.fleetcache import FleetCache, Holding, add_holdings
 from gpulayer.hookrecords import MachineOffer, Rendezvous
-from gpulayer.records import JobError, JobState, PlacementDecision, TaskState, WorkerRecord, closest_line, new_id
+from gpulayer.records import JobError, JobState, PlacementDecision, TaskState, closest_line, new_id
 from gpulayer.scheduling import nearest
-from gpulayer.scheduling.shapes import ClassKey, Shape, class_key, shape_of
+from gpulayer.scheduling.shapes import Shape, shape_of
 from gpulayer.specs import JobSpec
 from gpulayer.store import JobRow, TaskRow, mapping, queries
 
@@ -39,51 +39,24 @@ RENDEZVOUS_PORTS = (20000, 32767)
 
 class Cache:
     """What a placement pass may keep between passes: each queued job's parsed spec (a spec
-    never changes once stored), the comparable form of its stored decision, and each online
-    worker's record parsed from its row. Entries of jobs that left the queue are dropped at
-    the next whole pass, of workers that went offline at the next pass. Several control
-    planes sharing one database keep their own; nothing here can go stale: every pass reads
-    the rows it decides on, and an entry is used only for the very text it was parsed from."""
+    never changes once stored), the comparable form of its stored decision, and the fleet
+    (:class:`~gpulayer.control.fleetcache.FleetCache`: trusted while the database's change
+    marks say it did not change). Entries of jobs that left the queue are dropped at the
+    next whole pass. Several control planes sharing one database keep their own; nothing
+    here can go stale: a spec or decision entry is used only for the very text it was parsed
+    from, and the fleet only while the marks are the ones it was read (or changed) with."""
 
     def __init__(self) -> None:
         self.specs: dict[str, JobSpec] = {}
         #: job id -> (the stored decision's text, that decision without its time, as JSON)
         self.decisions: dict[str, tuple[str, str]] = {}
-        #: (the online workers' rows, worker id -> (its row, the record parsed from it, the
-        #: record's class key, (draining, CPU slots, devices) of the record)), as of the last pass
-        self.workers: tuple[list[tuple[Any, ...]], dict[str, tuple[tuple[Any, ...], WorkerRecord, ClassKey,
-                                                                   tuple[bool, int, int]]]] = ([], {})
-        self._class_keys: dict[ClassKey, ClassKey] = {}
+        self.workers = FleetCache()
 
     def fleet(self, s: Session) -> tuple[list[scheduling.WorkerState], bool]:
-        """:func:`fleet` for a pass, and whether it has room (:func:`has_room`). Only the
-        workers whose row changed since the last pass are parsed (when none did, a comparison
-        of the rows is all it costs); each worker's class key
-        (:func:`~gpulayer.scheduling.shapes.class_key`) is kept with its record.
-
-        These records carry no heartbeat time (0.0): placement never reads it, and heartbeats
-        change it every few seconds on every worker."""
-        rows = queries.online_worker_rows(s)
-        known_rows, known = self.workers
-        if rows != known_rows:
-            fresh = {}
-            for row in rows:
-                hit = known.get(row[0])
-                if hit is None or hit[0] != row:
-                    rec = mapping.worker_record(dict(zip(queries.WORKER_COLUMNS, row, strict=True)))
-                    key = class_key(rec)
-                    key = self._class_keys.setdefault(key, key)  # one object per class (see Fleet)
-                    hit = (row, rec, key, (rec.draining, rec.cpu_slots, len(rec.capabilities.devices)))
-                fresh[row[0]] = hit
-            self.workers = known_rows, known = rows, fresh  # one snapshot: rows and records agree
-            if len(self._class_keys) > 2 * len(fresh) + 64:  # keys of classes that left
-                self._class_keys = {k: k for _, _, k, _ in fresh.values()}
-        states = {wid: scheduling.WorkerState(record=rec, class_key=key) for wid, (_, rec, key, _) in known.items()}
-        _add_holdings(states, queries.active_holdings(s))
-        # = has_room(fleet), from the numbers kept with each record
-        room = any(not draining and (slots > ws.busy_cpu_slots or n > len(ws.busy_devices))
-                   for ws, (_, _, _, (draining, slots, n)) in zip(states.values(), known.values(), strict=True))
-        return list(states.values()), room
+        """The fleet for a pass, and whether it has room (:func:`has_room`): see
+        :meth:`FleetCache.fleet`. These records carry no heartbeat time (0.0): placement
+        never reads it, and heartbeats change it every few seconds on every worker."""
+        return self.workers.fleet(s)
 
     def load(self, s: Session, job_ids: list[str], *, keep_others: bool = False) -> dict[str, JobSpec]:
         """The specs of ``job_ids`` (the queue); ``keep_others``: a pass over a part of it."""
@@ -131,16 +104,21 @@ def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
     decided. Otherwise the whole queue is, as always. ``until_full``: a task ended (only
     capacity changed): the pass stops once the fleet is full (:func:`scheduling.place`),
     and reads only as much of the queue's head as it gets to (:func:`_until_full`).
-    The fleet is read every pass (from plain rows; only changed workers are parsed again).
+    The fleet is read only when the database's change marks say it changed
+    (:mod:`gpulayer.control.fleetcache`).
 
     ``offers``: the providers' cached offers (a cloud job that fits one waits for its machine)."""
     cache = cache if cache is not None else Cache()
-    if new_job is None and not queries.has_queued_jobs(s):
-        return None
-    workers, room = cache.fleet(s)
     if until_full and new_job is None:
-        keys, specs, result = _until_full(s, cache, workers, now, reserve_after, offers)
+        head = queries.queue_head(s, HEAD)
+        if not head:
+            return None
+        workers, room = cache.fleet(s)
+        keys, specs, result = _until_full(s, cache, workers, now, reserve_after, offers, head)
     else:
+        if new_job is None and not queries.has_queued_jobs(s):
+            return None
+        workers, room = cache.fleet(s)
         keys = queries.queue_keys(s, new_job if new_job is not None and not room else None)
         if not keys:
             return None
@@ -148,22 +126,27 @@ def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
         result = scheduling.place(_queue(keys, specs), workers, now, reserve_after=reserve_after, offers=offers,
                                   until_full=until_full)
     assigned = {a.job_id for a in result.assignments}
+    waiting = [(job_id, attempt, stored) for job_id, _, _, attempt, stored in keys
+               if job_id not in assigned and job_id in result.decisions]
+    if until_full and new_job is None and waiting:  # the head's rows came without their decisions
+        stored_of = queries.job_decisions(s, [job_id for job_id, _, _ in waiting])
+        waiting = [(job_id, attempt, stored_of.get(job_id)) for job_id, attempt, _ in waiting]
     changed = []
-    for job_id, _, _, attempt, stored in keys:
-        decision = result.decisions.get(job_id)
-        if job_id in assigned or decision is None:
-            continue
-        final = settled(specs[job_id], attempt, decision)
+    for job_id, attempt, stored in waiting:
+        final = settled(specs[job_id], attempt, result.decisions[job_id])
         if final is None or not cache.same_decision(job_id, stored, final):
             changed.append(job_id)
     rows = queries.jobs_by_id(s, [*assigned, *changed]) if assigned or changed else {}
-    addresses = {w.record.id: w.record.capabilities.host.address for w in workers} if result.assignments else {}
+    addresses = ({w.record.id: w.record.capabilities.host.address for w in workers}
+                 if any(specs[a.job_id].kind == "distributed" for a in result.assignments) else {})
+    added: list[tuple[str, Holding]] = []
     for a in result.assignments:
-        assign(s, rows[a.job_id], specs[a.job_id], a, addresses, result.decisions.get(a.job_id), now, event)
+        added += assign(s, rows[a.job_id], specs[a.job_id], a, addresses, result.decisions.get(a.job_id), now, event)
     hints = Hints(workers)
     for job_id in changed:
         record_decision(s, rows[job_id], specs[job_id], result.decisions[job_id], now, event, hints=hints)
     cache.forget(assigned)  # they left the queue
+    cache.workers.assigned(s, added)
     return result
 
 
@@ -179,7 +162,7 @@ def _queue(keys: Sequence[tuple[str, float, float | None, int, str | None]],
 
 
 def _until_full(s: Session, cache: Cache, workers: list[scheduling.WorkerState], now: float, reserve_after: float,
-                offers: Sequence[MachineOffer]
+                offers: Sequence[MachineOffer], head: list[tuple[str, float, float | None, int, str | None]]
                 ) -> tuple[list[tuple[str, float, float | None, int, str | None]], dict[str, JobSpec],
                            scheduling.PlacementResult]:
     """A pass that stops once the fleet is full, over the head of the queue only.
@@ -188,16 +171,17 @@ def _until_full(s: Session, cache: Cache, workers: list[scheduling.WorkerState],
     alone, so a pass over the first ``n`` jobs decides them as a pass over the whole queue
     would; if the fleet still has room after all ``n``, the pass runs again over a longer
     head, up to the whole queue. The rows come in placement order (priority, then
-    submission), so ``seq`` keeps it."""
-    limit = HEAD
+    submission), so ``seq`` keeps it. ``head``: the first :data:`HEAD` rows, read already
+    (without their stored decisions: the caller reads those of the jobs that keep waiting)."""
+    limit, keys = HEAD, head
     while True:
-        keys = queries.queue_head(s, limit)
         specs = cache.load(s, [k[0] for k in keys], keep_others=True)
         result = scheduling.place(_queue(keys, specs), workers, now, reserve_after=reserve_after, offers=offers,
                                   until_full=True)
         if len(keys) < limit or len(result.decisions) < len(keys):  # the whole queue, or it filled up
             return keys, specs, result
         limit *= 16
+        keys = queries.queue_head(s, limit)
 
 
 def settled(spec: JobSpec, attempt: int, decision: PlacementDecision) -> PlacementDecision | None:
@@ -238,28 +222,13 @@ def fleet(s: Session) -> list[scheduling.WorkerState]:
     """The online workers with what their active tasks hold (devices, CPU slots)."""
     states = {w.id: scheduling.WorkerState(record=mapping.worker_record(w))
               for w in queries.workers(s, online_only=True)}
-    _add_holdings(states, queries.active_holdings(s))
+    add_holdings(states, queries.active_holdings(s))
     return list(states.values())
 
 
-def _add_holdings(states: dict[str, scheduling.WorkerState], holdings: list[tuple[str, str | None, str]]) -> None:
-    held: dict[tuple[str | None, str], list[tuple[str, int]]] = {}  # a few distinct values: parsed once
-    for worker_id, accelerator, devices_json in holdings:
-        ws = states.get(worker_id)
-        if ws is None:
-            continue
-        devices = held.get((accelerator, devices_json))
-        if devices is None:
-            indices = json.loads(devices_json)
-            devices = held[accelerator, devices_json] = [(accelerator, i) for i in indices] if accelerator else []
-        if devices:
-            ws.busy_devices.update(devices)
-        else:
-            ws.busy_cpu_slots += 1
-
-
 def assign(s: Session, job: JobRow, spec: JobSpec, a: scheduling.Assignment, addresses: dict[str, str],
-           decision: PlacementDecision | None, now: float, event: EventSink) -> None:
+           decision: PlacementDecision | None, now: float, event: EventSink) -> list[tuple[str, Holding]]:
+    """Hand ``job`` its tasks; returns what they hold, by task id."""
     job.attempt += 1
     job.state = JobState.ASSIGNED.value
     job.updated_at = now
@@ -269,16 +238,20 @@ def assign(s: Session, job: JobRow, spec: JobSpec, a: scheduling.Assignment, add
         rdzv = Rendezvous(master_addr=addresses.get(rank0.worker_id, "127.0.0.1"),
                           master_port=rendezvous_port(), nnodes=len(a.nodes),
                           run_id=f"{job.id}-{job.attempt}")
+    added = []
     for n in a.nodes:
-        queries.add_task(s, TaskRow(
+        task = TaskRow(
             id=new_id("tsk"), job_id=job.id, attempt=job.attempt, node_rank=n.node_rank,
             worker_id=n.worker_id, accelerator=n.accelerator, devices=json.dumps(n.devices),
             state=TaskState.ASSIGNED.value, created_at=now,
             rendezvous=rdzv.model_dump_json() if rdzv else None,
-        ))
+        )
+        queries.add_task(s, task)
+        added.append((task.id, (task.worker_id, task.accelerator, task.devices)))
     job.decision = decision.model_dump_json() if decision else None
     s.add(job)
     event(s, "assigned", job_id=job.id, message=", ".join(f"{n.worker_id}{n.devices or ''}" for n in a.nodes))
+    return added
 
 
 def record_decision(s: Session, job: JobRow, spec: JobSpec, decision: PlacementDecision, now: float,

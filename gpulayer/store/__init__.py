@@ -29,7 +29,7 @@ from sqlmodel import Session, SQLModel, create_engine
 
 from gpulayer import config
 from gpulayer.errors import InvalidInput
-from gpulayer.store import migrations
+from gpulayer.store import marks, migrations
 from gpulayer.store.tables import (
     BundleReaderRow,
     BundleRow,
@@ -37,6 +37,7 @@ from gpulayer.store.tables import (
     JobRow,
     LogRow,
     MachineRow,
+    MarkRow,
     MetaRow,
     SchemaRow,
     TaskRow,
@@ -140,8 +141,9 @@ class Store:
                 if found is None:
                     tables: list[Any] = [SchemaRow, WorkerRow, JobRow, TaskRow, BundleRow, LogRow,
                                          EventRow, TokenRow, BundleReaderRow,
-                                         MachineRow, MetaRow]
+                                         MachineRow, MetaRow, MarkRow]
                     SQLModel.metadata.create_all(conn, tables=[t.__table__ for t in tables])
+                    marks.install(conn)
                     conn.execute(text("INSERT INTO gl_schema (id, version) VALUES (1, :v)"),
                                  {"v": migrations.SCHEMA_VERSION})
                 else:

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, inspect, text
 
 from gpulayer.errors import GpulayerError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # Version 1: the first released schema (no tokens, no idempotent submit).
 SCHEMA_V1 = [
@@ -108,9 +108,18 @@ def _v5_to_v6(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX IF NOT EXISTS ix_gl_jobs_queue ON gl_jobs (state, priority DESC, created_at, id)"))
 
 
+def _v6_to_v7(conn: Connection) -> None:
+    # change marks kept by triggers: a pass reads the fleet again only when it changed
+    from gpulayer.store import marks
+    from gpulayer.store.tables import MarkRow
+
+    MarkRow.__table__.create(conn, checkfirst=True)  # type: ignore[attr-defined]
+    marks.install(conn)
+
+
 #: MIGRATIONS[n] brings a database at version n to version n + 1.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
-                                                     5: _v5_to_v6}
+                                                     5: _v5_to_v6, 6: _v6_to_v7}
 
 
 class SchemaTooNew(GpulayerError):

@@ -123,13 +123,23 @@ def queue_keys(s: Session, job_id: str | None = None) -> list[tuple[str, float, 
 
 def queue_head(s: Session, limit: int) -> list[tuple[str, float, float | None, int, str | None]]:
     """The first ``limit`` jobs of the queue in placement order (higher priority first, then
-    submission order), as :func:`queue_keys` rows: what a pass that stops once the fleet is
-    full reads (the queue behind them does not count)."""
-    stmt = (sa_select(col(JobRow.id), col(JobRow.created_at), col(JobRow.updated_at), col(JobRow.attempt),
-                      col(JobRow.decision))
+    submission order), as :func:`queue_keys` rows without their decisions (None; read those
+    that matter with :func:`job_decisions`): what a pass that stops once the fleet is full
+    reads (the queue behind them does not count)."""
+    stmt = (sa_select(col(JobRow.id), col(JobRow.created_at), col(JobRow.updated_at), col(JobRow.attempt))
             .where(col(JobRow.state) == JobState.QUEUED.value)
             .order_by(col(JobRow.priority).desc(), col(JobRow.created_at), col(JobRow.id)).limit(limit))
-    return [tuple(r) for r in s.execute(stmt).all()]
+    return [(*r, None) for r in s.execute(stmt).all()]
+
+
+def job_decisions(s: Session, job_ids: Sequence[str]) -> dict[str, str | None]:
+    """The stored placement decisions of these jobs."""
+    out: dict[str, str | None] = {}
+    for i in range(0, len(job_ids), 500):
+        chunk = list(job_ids[i:i + 500])
+        out.update((r[0], r[1]) for r in s.execute(sa_select(col(JobRow.id), col(JobRow.decision))
+                                                     .where(col(JobRow.id).in_(chunk))).all())
+    return out
 
 
 def has_queued_jobs(s: Session) -> bool:

@@ -189,3 +189,14 @@ class MetaRow(SQLModel, table=True):
 
     key: str = Field(primary_key=True)
     value: str = Field(sa_column=Column(Text, nullable=False))
+
+
+class MarkRow(SQLModel, table=True):
+    """The change marks of what a placement pass reads (:mod:`gpulayer.store.marks`), kept
+    by triggers; added in schema 7."""
+
+    __tablename__ = "gl_marks"
+
+    name: str = Field(primary_key=True)
+    n: int = Field(sa_column=Column(BigInteger, nullable=False))
+    salt: str = Field(nullable=False)

@@ -1,0 +1,169 @@
+"""Change marks: what a placement pass reads of the fleet, summed up in two rows of
+``gl_marks`` that the database itself changes, in the same transaction as the change.
+
+* ``workers`` changes with every insert and delete of a worker and with every update of a
+  column a pass reads (:data:`WORKER_COLUMNS`: not the heartbeat's time, so a heartbeat
+  changes it only when it brings a worker back online);
+* ``tasks`` changes with every task that starts or stops holding devices or a CPU slot
+  (inserted, deleted or updated into or out of ``assigned``/``running``; ``assigned`` to
+  ``running`` changes nothing a pass reads, so it does not count). A change of what an
+  active task holds (its worker, accelerator or devices: the control plane makes none)
+  moves ``workers`` instead, so that a reader may follow ``tasks`` by the set of active
+  task ids alone (:func:`active_task_ids`).
+
+Each mark is ``(n, salt)``: ``n`` counts its changes, ``salt`` is drawn at random by each
+change. Triggers write them (SQLite and PostgreSQL alike, schema 7), so every writer is
+covered, whichever process, thread, server or version of the code it is, and however it
+reaches the tables: nothing needs to remember to call anything. A reader that saw a mark
+and then the rows knows the rows are still what it saw as long as the mark is the same.
+The salt makes a mark that a rolled-back transaction wrote impossible to meet again (its
+``n`` will be counted again by the next change, with another salt); ``n`` lets a pass tell
+its own changes from anyone else's (:class:`gpulayer.control.placement.Cache`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from sqlalchemy import Connection, text
+from sqlmodel import Session
+
+#: the columns of a worker a placement pass reads (``queries.WORKER_COLUMNS``; a test
+#: checks that they agree): an update that changes none of them leaves the mark alone
+WORKER_COLUMNS = ("id", "name", "origin", "capabilities", "cpu_slots", "online", "draining", "registered_at", "pid")
+#: the task states that hold a worker's devices or CPU slot (``queries.ACTIVE_TASK_STATES``)
+ACTIVE = ("assigned", "running")
+
+
+_ACTIVE_SQL = "(" + ", ".join(f"'{state}'" for state in ACTIVE) + ")"
+
+
+class Mark(NamedTuple):
+    n: int
+    salt: str
+
+
+class Marks(NamedTuple):
+    workers: Mark
+    tasks: Mark
+
+
+def read(s: Session) -> Marks | None:
+    """The marks as this transaction sees them (after flushing what the session holds, so
+    its own pending changes count); None where they are missing (nothing may be trusted)."""
+    rows = {name: Mark(int(n), str(salt)) for name, n, salt in _plain_rows(s, "SELECT name, n, salt FROM gl_marks")}
+    if "workers" not in rows or "tasks" not in rows:
+        return None
+    return Marks(rows["workers"], rows["tasks"])
+
+
+def active_holdings(s: Session, task_ids: list[str] | None = None) -> list[tuple[str, str, str | None, str]]:
+    """What the active tasks (or those of ``task_ids`` that are active) hold, as plain
+    tuples ``(task id, worker id, accelerator, devices JSON)``."""
+    sql = f"SELECT id, worker_id, accelerator, devices FROM gl_tasks WHERE state IN {_ACTIVE_SQL}"
+    if task_ids is None:
+        return _plain_rows(s, sql)
+    out = []
+    for i in range(0, len(task_ids), 500):
+        chunk = task_ids[i:i + 500]
+        out += _plain_rows(s, f"{sql} AND id IN ({', '.join('?' * len(chunk))})", chunk)
+    return out
+
+
+def active_task_ids(s: Session) -> set[str]:
+    """The ids of the active tasks: what a pass reads when only ``tasks`` moved (then the
+    holdings of the ids it did not know)."""
+    return {r[0] for r in _plain_rows(s, f"SELECT id FROM gl_tasks WHERE state IN {_ACTIVE_SQL}")}
+
+
+def _plain_rows(s: Session, sql: str, params: list[str] | None = None) -> list[Any]:
+    s.flush()
+    cur = s.connection().connection.cursor()
+    if params is not None and s.get_bind().dialect.name != "sqlite":
+        sql = sql.replace("?", "%s")  # psycopg's placeholder
+    try:
+        cur.execute(sql, params) if params is not None else cur.execute(sql)
+        return list(cur.fetchall())
+    finally:
+        cur.close()
+
+
+# --------------------------------------------------------------------------- the DDL
+
+def _worker_changed(differs: str) -> str:
+    return " OR ".join(f"OLD.{c} {differs} NEW.{c}" for c in WORKER_COLUMNS)
+
+
+def _task_changed() -> str:
+    return f"(OLD.state IN {_ACTIVE_SQL}) <> (NEW.state IN {_ACTIVE_SQL})"
+
+
+def _task_held_changed(differs: str) -> str:
+    held = " OR ".join(f"OLD.{c} {differs} NEW.{c}" for c in ("worker_id", "accelerator", "devices"))
+    return f"OLD.state IN {_ACTIVE_SQL} AND NEW.state IN {_ACTIVE_SQL} AND ({held})"
+
+
+def _sqlite_ddl() -> list[str]:
+    def bump(name: str) -> str:
+        return f"UPDATE gl_marks SET n = n + 1, salt = hex(randomblob(8)) WHERE name = '{name}';"
+
+    return [
+        f"CREATE TRIGGER gl_mark_workers_insert AFTER INSERT ON gl_workers BEGIN {bump('workers')} END",
+        f"CREATE TRIGGER gl_mark_workers_delete AFTER DELETE ON gl_workers BEGIN {bump('workers')} END",
+        f"CREATE TRIGGER gl_mark_workers_update AFTER UPDATE ON gl_workers WHEN {_worker_changed('IS NOT')} "
+        f"BEGIN {bump('workers')} END",
+        f"CREATE TRIGGER gl_mark_tasks_insert AFTER INSERT ON gl_tasks WHEN NEW.state IN {_ACTIVE_SQL} "
+        f"BEGIN {bump('tasks')} END",
+        f"CREATE TRIGGER gl_mark_tasks_delete AFTER DELETE ON gl_tasks WHEN OLD.state IN {_ACTIVE_SQL} "
+        f"BEGIN {bump('tasks')} END",
+        f"CREATE TRIGGER gl_mark_tasks_update AFTER UPDATE ON gl_tasks WHEN {_task_changed()} "
+        f"BEGIN {bump('tasks')} END",
+        f"CREATE TRIGGER gl_mark_tasks_held AFTER UPDATE ON gl_tasks WHEN {_task_held_changed('IS NOT')} "
+        f"BEGIN {bump('workers')} END",
+    ]
+
+
+def _postgres_ddl() -> list[str]:
+    out = []
+    for name in ("workers", "tasks"):
+        out.append(
+            f"CREATE OR REPLACE FUNCTION gl_mark_{name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"UPDATE gl_marks SET n = n + 1, salt = md5(random()::text || clock_timestamp()::text) "
+            f"WHERE name = '{name}'; RETURN NULL; END $$")
+    return [
+        *out,
+        "CREATE TRIGGER gl_mark_workers_insert_delete AFTER INSERT OR DELETE ON gl_workers "
+        "FOR EACH ROW EXECUTE FUNCTION gl_mark_workers()",
+        f"CREATE TRIGGER gl_mark_workers_update AFTER UPDATE ON gl_workers FOR EACH ROW "
+        f"WHEN ({_worker_changed('IS DISTINCT FROM')}) EXECUTE FUNCTION gl_mark_workers()",
+        f"CREATE TRIGGER gl_mark_tasks_insert AFTER INSERT ON gl_tasks FOR EACH ROW "
+        f"WHEN (NEW.state IN {_ACTIVE_SQL}) EXECUTE FUNCTION gl_mark_tasks()",
+        f"CREATE TRIGGER gl_mark_tasks_delete AFTER DELETE ON gl_tasks FOR EACH ROW "
+        f"WHEN (OLD.state IN {_ACTIVE_SQL}) EXECUTE FUNCTION gl_mark_tasks()",
+        f"CREATE TRIGGER gl_mark_tasks_update AFTER UPDATE ON gl_tasks FOR EACH ROW "
+        f"WHEN ({_task_changed()}) EXECUTE FUNCTION gl_mark_tasks()",
+        f"CREATE TRIGGER gl_mark_tasks_held AFTER UPDATE ON gl_tasks FOR EACH ROW "
+        f"WHEN ({_task_held_changed('IS DISTINCT FROM')}) EXECUTE FUNCTION gl_mark_workers()",
+    ]
+
+
+def install(conn: Connection) -> None:
+    """The two marks and the triggers that keep them (``gl_marks`` exists already). Safe to
+    run again: a mark that exists is kept, the triggers are made anew."""
+    for name in ("workers", "tasks"):
+        conn.execute(text("INSERT INTO gl_marks (name, n, salt) VALUES (:name, 0, '') ON CONFLICT (name) DO NOTHING"),
+                     {"name": name})
+    sqlite = conn.dialect.name == "sqlite"
+    for statement in _sqlite_ddl() if sqlite else _postgres_ddl():
+        if statement.startswith("CREATE TRIGGER"):
+            trigger = statement.split()[2]
+            conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {trigger}" + ("" if sqlite else f" ON {_table(statement)}"))
+        conn.exec_driver_sql(statement)
+
+
+def _table(statement: str) -> str:
+    words = statement.split()
+    return words[words.index("ON") + 1]
+
+
+__all__ = ["ACTIVE", "WORKER_COLUMNS", "Mark", "Marks", "active_holdings", "active_task_ids", "install", "read"]
