@@ -26,7 +26,7 @@ from gpulayer.records import JobError, JobState, PlacementDecision, TaskState, c
 from gpulayer.scheduling import nearest
 from gpulayer.scheduling.shapes import Shape, shape_of
 from gpulayer.specs import JobSpec
-from gpulayer.store import JobRow, TaskRow, mapping, queries
+from gpulayer.store import mapping, plain, queries
 
 #: records an event in the transaction: ``event(s, kind, job_id=..., message=...)``
 EventSink = Callable[..., None]
@@ -136,7 +136,7 @@ def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
         final = settled(specs[job_id], attempt, result.decisions[job_id])
         if final is None or not cache.same_decision(job_id, stored, final):
             changed.append(job_id)
-    rows = queries.jobs_by_id(s, [*assigned, *changed]) if assigned or changed else {}
+    rows = plain.jobs_by_id(s, [*assigned, *changed]) if assigned or changed else {}
     addresses = ({w.record.id: w.record.capabilities.host.address for w in workers}
                  if any(specs[a.job_id].kind == "distributed" for a in result.assignments) else {})
     added: list[tuple[str, Holding]] = []
@@ -226,50 +226,42 @@ def fleet(s: Session) -> list[scheduling.WorkerState]:
     return list(states.values())
 
 
-def assign(s: Session, job: JobRow, spec: JobSpec, a: scheduling.Assignment, addresses: dict[str, str],
+def assign(s: Session, job: plain.Job, spec: JobSpec, a: scheduling.Assignment, addresses: dict[str, str],
            decision: PlacementDecision | None, now: float, event: EventSink) -> list[tuple[str, Holding]]:
     """Hand ``job`` its tasks; returns what they hold, by task id."""
-    job.attempt += 1
-    job.state = JobState.ASSIGNED.value
-    job.updated_at = now
+    attempt = job.attempt + 1
     rdzv = None
     if spec.kind == "distributed":
         rank0 = next(n for n in a.nodes if n.node_rank == 0)
         rdzv = Rendezvous(master_addr=addresses.get(rank0.worker_id, "127.0.0.1"),
                           master_port=rendezvous_port(), nnodes=len(a.nodes),
-                          run_id=f"{job.id}-{job.attempt}")
-    added = []
-    for n in a.nodes:
-        task = TaskRow(
-            id=new_id("tsk"), job_id=job.id, attempt=job.attempt, node_rank=n.node_rank,
-            worker_id=n.worker_id, accelerator=n.accelerator, devices=json.dumps(n.devices),
-            state=TaskState.ASSIGNED.value, created_at=now,
-            rendezvous=rdzv.model_dump_json() if rdzv else None,
-        )
-        queries.add_task(s, task)
-        added.append((task.id, (task.worker_id, task.accelerator, task.devices)))
-    job.decision = decision.model_dump_json() if decision else None
-    s.add(job)
+                          run_id=f"{job.id}-{attempt}")
+    tasks = [plain.Task(
+        id=new_id("tsk"), job_id=job.id, attempt=attempt, node_rank=n.node_rank, worker_id=n.worker_id,
+        accelerator=n.accelerator, devices=json.dumps(n.devices), state=TaskState.ASSIGNED.value, created_at=now,
+        started_at=None, ended_at=None, exit_code=None, error=None,
+        rendezvous=rdzv.model_dump_json() if rdzv else None,
+    ) for n in a.nodes]
+    plain.insert_tasks(s, tasks)
+    plain.update_job(s, job.id, attempt=attempt, state=JobState.ASSIGNED.value, updated_at=now,
+                     decision=decision.model_dump_json() if decision else None)
     event(s, "assigned", job_id=job.id, message=", ".join(f"{n.worker_id}{n.devices or ''}" for n in a.nodes))
-    return added
+    return [(t.id, (t.worker_id, t.accelerator, t.devices)) for t in tasks]
 
 
-def record_decision(s: Session, job: JobRow, spec: JobSpec, decision: PlacementDecision, now: float,
+def record_decision(s: Session, job: plain.Job, spec: JobSpec, decision: PlacementDecision, now: float,
                     event: EventSink, *, hints: Hints | None = None) -> None:
     final = settled(spec, job.attempt, decision)
     if final is None:
-        job.state = JobState.UNSCHEDULABLE.value
-        job.updated_at = now
-        job.decision = decision.model_dump_json()
-        job.error = JobError.unschedulable(decision, hints(job.id, spec) if hints else ()).model_dump_json()
-        s.add(job)
+        error = JobError.unschedulable(decision, hints(job.id, spec) if hints else ())
+        plain.update_job(s, job.id, state=JobState.UNSCHEDULABLE.value, updated_at=now,
+                         decision=decision.model_dump_json(), error=error.model_dump_json())
         event(s, "unschedulable", job_id=job.id, message=decision.summary)
         return
     # rewrite the stored decision only when it says something new (not just a new time)
     stored = mapping.decision_of(job.decision)
     if stored is None or stored.model_copy(update={"at": final.at}) != final:
-        job.decision = final.model_dump_json()
-        s.add(job)
+        plain.update_job(s, job.id, decision=final.model_dump_json())
 
 
 def rendezvous_port() -> int:

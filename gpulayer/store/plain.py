@@ -149,6 +149,12 @@ def job_state(s: Session, job_id: str) -> str | None:
     return str(found[0][0]) if found else None
 
 
+def jobs_by_id(s: Session, job_ids: list[str]) -> dict[str, Job]:
+    """The jobs with these ids that exist."""
+    return {r[0]: _job(r) for r in fetch_in(s, f"SELECT {JOB_COLUMNS} FROM {_JOB_TABLE} WHERE id IN ({{}})",
+                                            sorted(set(job_ids)))}
+
+
 def insert_job(s: Session, job: Job) -> None:
     marks = ", ".join("?" * len(Job._fields))
     execute(s, f"INSERT INTO {_JOB_TABLE} ({JOB_COLUMNS}) VALUES ({marks})", tuple(job))
@@ -190,6 +196,12 @@ def assigned_of_worker(s: Session, worker_id: str) -> list[tuple[Task, str, str 
     return [(Task(*r[:n]), r[n], r[n + 1]) for r in rows]
 
 
+def insert_tasks(s: Session, tasks: list[Task]) -> None:
+    marks = ", ".join("?" * len(Task._fields))
+    for task in tasks:
+        execute(s, f"INSERT INTO {_TASK_TABLE} ({TASK_COLUMNS}) VALUES ({marks})", tuple(task))
+
+
 def set_task_state(s: Session, task_id: str, to: str, allowed_from: tuple[str, ...], **values: Any) -> bool:
     """Compare-and-set: move the task to ``to`` (and set these columns) only if its state is
     one of ``allowed_from``; whether it moved."""
@@ -210,5 +222,24 @@ def add_event(s: Session, *, ts: float, kind: str, job_id: str | None, task_id: 
                "VALUES (?, ?, ?, ?, ?, ?)", (ts, kind, job_id, task_id, worker_id, message))
 
 
-__all__ = ["JOB_COLUMNS", "TASK_COLUMNS", "Job", "Task", "add_event", "assigned_of_worker", "execute", "fetch", "fetch_in",
-           "find_job", "find_task", "insert_job", "job_id_by_key", "job_state", "set_task_state", "tasks_of", "update_job"]
+__all__ = [
+    "JOB_COLUMNS",
+    "TASK_COLUMNS",
+    "Job",
+    "Task",
+    "add_event",
+    "assigned_of_worker",
+    "execute",
+    "fetch",
+    "fetch_in",
+    "find_job",
+    "find_task",
+    "insert_job",
+    "insert_tasks",
+    "job_id_by_key",
+    "job_state",
+    "jobs_by_id",
+    "set_task_state",
+    "tasks_of",
+    "update_job",
+]

@@ -109,16 +109,17 @@ def queued_jobs(s: Session) -> Sequence[JobRow]:
     ).all())
 
 
+_QUEUE_KEYS = "SELECT id, created_at, updated_at, attempt{} FROM gl_jobs WHERE state = 'queued'"
+
+
 def queue_keys(s: Session, job_id: str | None = None) -> list[tuple[str, float, float | None, int, str | None]]:
     """The queue (or only ``job_id``, if queued) as plain rows, in submission order: ``(id,
     created_at, updated_at, attempt, decision)``; what a placement pass reads of every
-    queued job (no ORM objects, no spec)."""
-    stmt = (sa_select(col(JobRow.id), col(JobRow.created_at), col(JobRow.updated_at), col(JobRow.attempt),
-                      col(JobRow.decision))
-            .where(col(JobRow.state) == JobState.QUEUED.value).order_by(col(JobRow.created_at), col(JobRow.id)))
+    queued job (no ORM objects, no spec; on the driver's cursor, see :mod:`.plain`)."""
+    sql = _QUEUE_KEYS.format(", decision")
     if job_id is not None:
-        stmt = stmt.where(col(JobRow.id) == job_id)
-    return [tuple(r) for r in s.execute(stmt).all()]
+        return plain.fetch(s, sql + " AND id = ?", (job_id,))
+    return plain.fetch(s, sql + " ORDER BY created_at, id")
 
 
 def queue_head(s: Session, limit: int) -> list[tuple[str, float, float | None, int, str | None]]:
@@ -126,34 +127,22 @@ def queue_head(s: Session, limit: int) -> list[tuple[str, float, float | None, i
     submission order), as :func:`queue_keys` rows without their decisions (None; read those
     that matter with :func:`job_decisions`): what a pass that stops once the fleet is full
     reads (the queue behind them does not count)."""
-    stmt = (sa_select(col(JobRow.id), col(JobRow.created_at), col(JobRow.updated_at), col(JobRow.attempt))
-            .where(col(JobRow.state) == JobState.QUEUED.value)
-            .order_by(col(JobRow.priority).desc(), col(JobRow.created_at), col(JobRow.id)).limit(limit))
-    return [(*r, None) for r in s.execute(stmt).all()]
+    rows = plain.fetch(s, _QUEUE_KEYS.format("") + " ORDER BY priority DESC, created_at, id LIMIT ?", (limit,))
+    return [(*r, None) for r in rows]
 
 
 def job_decisions(s: Session, job_ids: Sequence[str]) -> dict[str, str | None]:
     """The stored placement decisions of these jobs."""
-    out: dict[str, str | None] = {}
-    for i in range(0, len(job_ids), 500):
-        chunk = list(job_ids[i:i + 500])
-        out.update((r[0], r[1]) for r in s.execute(sa_select(col(JobRow.id), col(JobRow.decision))
-                                                     .where(col(JobRow.id).in_(chunk))).all())
-    return out
+    return dict(plain.fetch_in(s, "SELECT id, decision FROM gl_jobs WHERE id IN ({})", list(job_ids)))
 
 
 def has_queued_jobs(s: Session) -> bool:
-    return s.execute(sa_select(col(JobRow.id)).where(col(JobRow.state) == JobState.QUEUED.value).limit(1)).first() is not None
+    return bool(plain.fetch(s, "SELECT id FROM gl_jobs WHERE state = 'queued' LIMIT 1"))
 
 
 def job_specs(s: Session, job_ids: Sequence[str]) -> dict[str, str]:
     """The stored specs (without a function's arguments) of these jobs."""
-    out: dict[str, str] = {}
-    for i in range(0, len(job_ids), 500):
-        chunk = list(job_ids[i:i + 500])
-        out.update((r[0], r[1]) for r in s.execute(sa_select(col(JobRow.id), col(JobRow.spec))
-                                                     .where(col(JobRow.id).in_(chunk))).all())
-    return out
+    return dict(plain.fetch_in(s, "SELECT id, spec FROM gl_jobs WHERE id IN ({})", list(job_ids)))
 
 
 def job_counts(s: Session) -> dict[str, int]:
@@ -214,10 +203,6 @@ def running_tasks_started_before(s: Session, cutoff: float) -> list[tuple[str, s
     rows = s.execute(sa_select(col(TaskRow.id), col(TaskRow.worker_id)).where(
         col(TaskRow.state) == TaskState.RUNNING.value, col(TaskRow.started_at) < cutoff)).all()
     return [(str(t), str(w)) for t, w in rows]
-
-
-def add_task(s: Session, row: TaskRow) -> None:
-    s.add(row)
 
 
 def transition_task(s: Session, task_id: str, to: TaskState, **fields: Any) -> bool:
