@@ -3,8 +3,9 @@
     python bench/cli_startup.py [-n 9]
 
 Runs each command N times in a fresh ``$GPULAYER_HOME`` (after one warm-up run each, which
-also fills the detection cache, creates the embedded database and writes the bytecode
-cache, which the bench keeps in a folder of its own) and prints the median,
+also fills the detection cache and keeps the text ``resources detect`` prints there for
+its light path, creates the embedded database and writes the bytecode cache, which the
+bench keeps in a folder of its own) and prints the median,
 the p95, the ``python -c pass`` floor and the ratio of the medians. The goals (issue 11):
 ``import gpulayer`` <= 2x, ``--help`` and ``jobs list`` <= 3x, ``resources detect`` with
 its cache warm <= 3x; and ``gpulayer submit -- python -c pass`` (foreground, embedded,

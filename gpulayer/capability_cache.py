@@ -7,28 +7,32 @@ start) stores what the detectors and framework probes said in
 Host facts (CPUs, RAM, free disk, address) are read afresh each time (they cost nothing)
 and overrides are applied afresh, so editing ``resources.toml`` needs no new detection.
 
-The key is the job Python and this interpreter (their real paths), this interpreter's
-``sys.path`` (less its first entry, the script's folder or the working directory), the
-installed plugins (name, distribution, version, module, status; an object registered
-in-process counts by identity), the host name, ``PATH``, ``PYTHONPATH`` and the
-``GPULAYER_*`` variables that change what detectors see (the plugin and detector choices,
-plugins' own switches). An entry is also dropped when the Python executable or a folder on
-either ``sys.path`` changed (installing a package touches its ``site-packages``).
+The key and an entry's validity are :mod:`gpulayer.capability_key`'s (the standard
+library's, shared with the CLI's light path): the job Python and this interpreter (their
+real paths), this interpreter's ``sys.path`` (less its first entry, the script's folder or
+the working directory), the host name, ``PATH``, ``PYTHONPATH`` and the ``GPULAYER_*``
+variables that change what detectors see (the plugin and detector choices, plugins' own
+switches). An entry is also dropped when the Python executable, a folder on either
+``sys.path`` or a plugin's module changed (installing a package touches its
+``site-packages``), and, here, when the installed plugins (name, distribution, version,
+module, status; an object registered in-process counts by identity) are not the ones it
+records.
 
 A detector that timed out or failed is not run again on every command: its trouble is kept
 in the entry and retried with backoff (30 s, then doubling, at most an hour) by a
 background process (``python -m gpulayer.capability_cache``, detached, bounded by the
 detection timeout, one at a time per entry), which also refreshes an entry older than
-:data:`MAX_AGE`. ``resources detect`` always detects afresh (and stores).
+:data:`MAX_AGE`. ``resources detect`` on the full path always detects afresh (and stores),
+and keeps the text it printed in the entry (:func:`remember_output`): the next
+``resources detect`` prints it again from the CLI's light path while the entry, the host's
+facts and the overrides stay as they were (:func:`gpulayer.capability_key.cached_output`).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -36,19 +40,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpulayer import config, overrides, plugins
+from gpulayer import capability_key, config, overrides, plugins
 from gpulayer.framework_probe import ProbeResult
 from gpulayer.hookrecords import Capabilities, Device
 
-__all__ = ["MAX_AGE", "cached_capabilities", "entry_path", "store"]
+__all__ = ["MAX_AGE", "cached_capabilities", "entry_path", "remember_output", "store"]
 
-#: seconds after which an entry is refreshed in the background (still used meanwhile)
-MAX_AGE = 3600.0
+MAX_AGE = capability_key.MAX_AGE
 RETRY_BASE = 30.0
 RETRY_MAX = 3600.0
-_VERSION = 1
-#: GPULAYER_* settings that do change what the detectors report
-_DETECTION_SETTINGS = {plugins.EXTRA_ENV, plugins.DISABLE_ENV, plugins.DETECTORS_ENV}
+entry_path = capability_key.entry_path
+#: what an entry holds of a detection (an entry's texts stay valid while these do)
+_DETECTION = ("devices", "diagnostics", "problems", "probe", "probe_diagnostics")
 
 
 def _in_process(manager: plugins.PluginManager, name: str) -> int | None:
@@ -60,47 +63,29 @@ def _in_process(manager: plugins.PluginManager, name: str) -> int | None:
     return id(obj)
 
 
-def _key(python: str) -> tuple[str, list[str]]:
-    """The entry's digest, and the paths whose stamps must not change."""
-    manager = plugins.get_manager()
-    plugin_ids = []
-    for info in sorted(manager.infos.values(), key=lambda i: i.name):
-        plugin_ids.append([info.name, info.distribution, info.version, info.module, info.status,
-                           _in_process(manager, info.name)])
-    known = {s.name for s in config.SETTINGS}
-    env = {k: v for k, v in sorted(os.environ.items())
-           if (k.startswith("GPULAYER_") and (k not in known or k in _DETECTION_SETTINGS))
-           or k in ("PATH", "PYTHONPATH")}
-    ours = [p for p in sys.path[1:] if p]
-    material = [_VERSION, os.path.realpath(python), os.path.realpath(sys.executable), ours, plugin_ids,
-                socket.gethostname(), env]
-    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:24]
-    return digest, [python, sys.executable, *ours]
+def _plugin_ids(manager: plugins.PluginManager) -> list[list[Any]]:
+    """The installed plugins as an entry records them: name, distribution, version, module,
+    status, and the identity of an object registered in-process (else None)."""
+    return [[i.name, i.distribution, i.version, i.module, i.status, _in_process(manager, i.name)]
+            for i in sorted(manager.infos.values(), key=lambda i: i.name)]
 
 
-def entry_path(python: str | None = None) -> Path:
-    return config.home() / "cache" / "capabilities" / f"{_key(python or sys.executable)[0]}.json"
+def _plugin_files(manager: plugins.PluginManager) -> list[str]:
+    """The files of the plugins' modules (imported by now): an edit to one is a new entry."""
+    files = []
+    for info in manager.infos.values():
+        module = sys.modules.get((info.module or "").partition(":")[0])
+        file = getattr(module, "__file__", None)
+        if isinstance(file, str):
+            files.append(file)
+    return sorted(files)
 
 
-def _stamps(paths: list[str]) -> list[list[Any]]:
-    out: list[list[Any]] = []
-    for p in dict.fromkeys(paths):
-        try:
-            st = os.stat(p)
-            out.append([p, st.st_mtime_ns])
-        except OSError:
-            out.append([p, None])
-    return out
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        entry = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(entry, dict) or entry.get("version") != _VERSION:
-        return None
-    if _stamps([s[0] for s in entry.get("stamps", [])]) != entry.get("stamps"):
+def _read(path: Path, manager: plugins.PluginManager) -> dict[str, Any] | None:
+    """The entry at ``path`` (:func:`gpulayer.capability_key.read`), when it was made with
+    the plugins loaded here."""
+    entry = capability_key.read(path)
+    if entry is None or entry.get("plugins") != _plugin_ids(manager):
         return None
     return entry
 
@@ -116,15 +101,17 @@ def _write(path: Path, entry: dict[str, Any]) -> None:
 
 
 def store(python: str, raw: Any, *, timeout: float, only: set[str] | None = None,
-          path: Path | None = None) -> None:
+          path: Path | None = None) -> str:
     """Store a detection (a :class:`~gpulayer.resources.RawDetection`); with ``only``, just
-    the kinds that were run again, into the entry there is (at ``path``: the refresher)."""
-    digest, paths = _key(python)
-    old_entry = _read(path) if path is not None else None
+    the kinds that were run again, into the entry there is (at ``path``: the refresher).
+    Returns the entry's id (for :func:`remember_output`)."""
+    manager = plugins.get_manager()
+    digest, paths = capability_key.key(python)
+    old_entry = _read(path, manager) if path is not None else None
     if path is not None and old_entry is not None:
         paths = [s[0] for s in old_entry["stamps"]]  # the entry's own paths, stamped afresh
     path = path or config.home() / "cache" / "capabilities" / f"{digest}.json"
-    old = old_entry or _read(path) or {}
+    old = old_entry or _read(path, manager) or {}
     now = time.time()
     devices = [d.model_dump(mode="json") for d in raw.devices.devices]
     problems = dict(raw.devices.problems)
@@ -145,12 +132,41 @@ def store(python: str, raw: Any, *, timeout: float, only: set[str] | None = None
         retry_at = (now + min(RETRY_BASE * 2 ** (failures - 1), RETRY_MAX) if ran_now or not before
                     else before["retry_at"])
         retries[kind] = {"failures": failures, "retry_at": retry_at}
-    stamps = _stamps([*paths, *probe.get("sys_path", [])])
+    stamps = capability_key.stamps([*paths, *probe.get("sys_path", []), *_plugin_files(manager)])
+    detection = {"devices": devices, "diagnostics": diagnostics, "problems": problems, "probe": probe,
+                 "probe_diagnostics": probe_diags}
+    # the texts of `resources detect` rendered from the same detection stay (each is checked
+    # against the host's facts when it is read)
+    same = bool(old) and all(old.get(k) == json.loads(json.dumps(v)) for k, v in detection.items())
+    entry_id = os.urandom(8).hex()
     _write(path, {
-        "version": _VERSION, "stamps": stamps, "written": old.get("written", now) if only else now,
-        "timeout": timeout, "devices": devices, "diagnostics": diagnostics, "problems": problems,
-        "retries": retries, "probe": probe, "probe_diagnostics": probe_diags,
+        "version": capability_key.VERSION, "id": entry_id, "stamps": stamps,
+        "written": old.get("written", now) if only else now, "timeout": timeout,
+        "plugins": _plugin_ids(manager), **detection, "retries": retries,
+        "outputs": old.get("outputs", {}) if same else {},
     })
+    return entry_id
+
+
+def remember_output(python: str, entry_id: str, *, explain: bool, text: str) -> None:
+    """Keep ``text``, what ``resources detect`` printed from the entry ``entry_id`` just
+    stored, in that entry, for the CLI's light path
+    (:func:`gpulayer.capability_key.cached_output`) to print again while the entry and
+    this host's facts stay as they are. Kept only when loading the plugins printed nothing
+    (no plugin broken or failed, no name clash, no unknown name disabled) and the text has
+    no escape sequence (click strips those when stdout is not a terminal)."""
+    manager = plugins.get_manager()
+    if manager.clashes or manager.unknown_disabled or "\x1b" in text:
+        return
+    path = capability_key.entry_path(python)
+    entry = _read(path, manager)
+    if entry is None or entry.get("id") != entry_id:
+        return  # another process stored another detection meanwhile
+    if not capability_key.quiet_plugins(entry):
+        return
+    entry["outputs"] = {**entry.get("outputs", {}), capability_key.output_key(python, explain=explain):
+                        {"facts": capability_key.output_facts(python), "text": text}}
+    _write(path, entry)
 
 
 def _raw_from(entry: dict[str, Any]) -> Any:
@@ -204,7 +220,7 @@ def cached_capabilities(
     python = python or sys.executable
     wanted = overrides.load(resources_file)
     path = entry_path(python)
-    entry = _read(path)
+    entry = _read(path, plugins.get_manager())
     if entry is None:
         raw = detect_raw(python, timeout=timeout)
         store(python, raw, timeout=timeout)

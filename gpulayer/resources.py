@@ -19,10 +19,6 @@ recorded as such. ``resources detect --explain`` prints the lot.
 
 from __future__ import annotations
 
-import os
-import platform
-import shutil
-import socket
 import sys
 import threading
 import time
@@ -30,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gpulayer import config, overrides, plugins
+from gpulayer import capability_key, overrides, plugins
 from gpulayer.framework_probe import PROBE_SCRIPT, ProbeResult, probe_frameworks
 from gpulayer.hookrecords import (
     AcceleratorDetector,
@@ -52,7 +48,7 @@ __all__ = [
     "probe_frameworks",
 ]
 
-ADVERTISE_ENV = "GPULAYER_ADVERTISE_ADDRESS"
+ADVERTISE_ENV = capability_key.ADVERTISE_ENV
 # Grace on top of a detector's own timeout before we stop waiting for its thread.
 _GRACE = 1.0
 
@@ -158,26 +154,7 @@ def detect_device_kinds(timeout: float = 10.0, only: set[str] | None = None) -> 
 def advertise_address() -> str:
     """``$GPULAYER_ADVERTISE_ADDRESS``, else the source address of the default route (a UDP
     ``connect`` sends no packet), else 127.0.0.1."""
-    return _address()[0]
-
-
-def _address() -> tuple[str, str]:
-    explicit = config.settings().advertise_address
-    if explicit:
-        return explicit, ADVERTISE_ENV
-    for family, target in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
-        try:
-            with socket.socket(family, socket.SOCK_DGRAM) as s:
-                s.connect((target, 9))
-                addr = str(s.getsockname()[0])
-            if addr and not addr.startswith(("127.", "0.")) and addr not in ("::", "::1"):
-                return addr, "the default route's source address"
-        except OSError:
-            continue
-    return "127.0.0.1", "no route found: loopback"
-
-
-_MEMORY_SOURCE = {"linux": "psutil (/proc/meminfo)", "darwin": "psutil (sysctl hw.memsize)"}
+    return capability_key.address()[0]
 
 
 def host_info(python: str | None = None, python_version: str | None = None) -> HostInfo:
@@ -185,37 +162,23 @@ def host_info(python: str | None = None, python_version: str | None = None) -> H
 
 
 def _host(python: str | None, python_version: str | None) -> tuple[HostInfo, dict[str, Provenance]]:
-    import psutil
-
-    python = python or sys.executable
-    home = config.home()
-    try:
-        disk_free = shutil.disk_usage(home).free
-    except OSError:
-        disk_free = 0
-    address, address_source = _address()
-    system = platform.system().lower()
+    """This host's facts (:func:`gpulayer.capability_key.host_facts`, which the light path
+    of ``resources detect`` reads too) and where each came from."""
+    facts = capability_key.host_facts(python or sys.executable)
     host = HostInfo(
-        os=system,
-        os_release=platform.release(),
-        arch=platform.machine(),
-        hostname=socket.gethostname(),
-        cpu_count=os.cpu_count() or 0,
-        memory_bytes=int(psutil.virtual_memory().total),
-        disk_free_bytes=disk_free,
-        python_version=python_version or platform.python_version(),
-        python_path=python,
-        address=address,
+        os=facts["os"], os_release=facts["os_release"], arch=facts["arch"], hostname=facts["hostname"],
+        cpu_count=facts["cpu_count"], memory_bytes=facts["memory_bytes"],
+        disk_free_bytes=facts["disk_free_bytes"], python_version=python_version or facts["this_python"],
+        python_path=facts["python_path"], address=facts["address"],
     )
-    ours = os.path.realpath(python) == os.path.realpath(sys.executable)
     provenance = {
         "host.cpu_count": Provenance(source="os.cpu_count()"),
-        "host.memory_bytes": Provenance(source=_MEMORY_SOURCE.get(system, "psutil")),
-        "host.disk_free_bytes": Provenance(source=f"free space under {home}"),
-        "host.address": Provenance(source=address_source),
+        "host.memory_bytes": Provenance(source=facts["memory_source"]),
+        "host.disk_free_bytes": Provenance(source=f"free space under {facts['home']}"),
+        "host.address": Provenance(source=facts["address_source"]),
         "host.python_version": Provenance(
-            source="this interpreter" if ours and python_version in (None, platform.python_version())
-            else f"the framework probe of {python}"),
+            source="this interpreter" if facts["ours"] and python_version in (None, facts["this_python"])
+            else f"the framework probe of {facts['python_path']}"),
     }
     return host, provenance
 
@@ -305,10 +268,21 @@ def detect_capabilities(
     ``timeout``: trouble is reported in ``Capabilities.diagnostics``. A bad override is an
     :class:`~gpulayer.errors.InvalidInput` naming the key (and the file).
     """
+    return detect_stored(python=python, timeout=timeout, labels=labels, use_cache=use_cache,
+                         resources_file=resources_file)[0]
+
+
+def detect_stored(
+    *, python: str | None = None, timeout: float = 10.0,
+    labels: Mapping[str, str] | None = None, use_cache: bool = True,
+    resources_file: str | Path | None = None,
+) -> tuple[Capabilities, str]:
+    """:func:`detect_capabilities`, and the id of the capability cache entry it stored
+    (:func:`gpulayer.capability_cache.remember_output`)."""
     python = python or sys.executable
     wanted = overrides.load(resources_file)  # bad input fails before anything runs
     raw = detect_raw(python, timeout=timeout, use_cache=use_cache)
     from gpulayer import capability_cache
 
-    capability_cache.store(python, raw, timeout=timeout)
-    return overrides.apply(assemble(raw, python, labels), wanted)
+    entry_id = capability_cache.store(python, raw, timeout=timeout)
+    return overrides.apply(assemble(raw, python, labels), wanted), entry_id

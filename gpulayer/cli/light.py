@@ -11,7 +11,12 @@ server configured, a worker to expire first), it returns ``False`` and the full 
 
 Recognised: the global options ``--url``, ``--token``, ``--ca``, ``--home`` (``--url``
 sends every command to the full path), then ``jobs list`` with ``--state S``, ``--limit N``
-and ``--json``, each as ``--opt VALUE`` or ``--opt=VALUE``. Anything else (help, a value
+and ``--json``, or ``resources detect`` with ``--python PATH`` and ``--explain``, each as
+``--opt VALUE`` or ``--opt=VALUE``. ``resources detect`` prints the text the full path
+printed last from the current capability cache entry, kept in that entry with the host
+facts it showed (:mod:`gpulayer.capability_key`): an entry under an hour old, for this
+interpreter, its ``sys.path``, the same plugins (loaded without a warning), the same
+overrides and host facts. Anything else (help, a value
 the full path would refuse, an unknown option) goes to the full path, which words the
 error. The text ``jobs list`` prints is written here, for both paths (:func:`job_table`).
 """
@@ -78,12 +83,48 @@ def _jobs_list(argv: Sequence[str]) -> dict[str, Any] | None:
             "limit": int(limit), "json": bool(opts.get("--json"))}
 
 
+def _resources_detect(argv: Sequence[str]) -> dict[str, Any] | None:
+    """What a ``resources detect`` command line this path can answer asks for (the
+    variables its global options set, the Python, ``--explain`` or not), else None.
+    ``--json`` (it shows free disk to the byte), ``--timeout`` and ``--refresh`` (which
+    detect afresh) go to the full path."""
+    parsed = _options(argv, 0, _GLOBAL, ())
+    if parsed is None or "--url" in parsed[0]:
+        return None
+    glob, i = parsed
+    if list(argv[i:i + 2]) != ["resources", "detect"]:
+        return None
+    parsed = _options(argv, i + 2, ("--python",), ("--explain",))
+    if parsed is None or parsed[1] != len(argv):
+        return None
+    opts = parsed[0]
+    return {"env": {_GLOBAL[k]: v for k, v in glob.items()}, "python": opts.get("--python") or sys.executable,
+            "explain": bool(opts.get("--explain"))}
+
+
+def _detect(argv: Sequence[str]) -> bool:
+    """``resources detect`` from the capability cache: the text the full path printed from
+    the current entry (:func:`gpulayer.capability_key.cached_output`), or False."""
+    request = _resources_detect(argv)
+    if request is None:
+        return False
+    from gpulayer import capability_key
+
+    os.environ.update(request["env"])
+    text = capability_key.cached_output(request["python"], explain=request["explain"])
+    if text is None:
+        return False
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return True
+
+
 def answer(argv: Sequence[str]) -> bool:
     """Answer ``argv`` (the words after ``gpulayer``) and return True, or return False
     having printed nothing (the full path runs)."""
     request = _jobs_list(argv)
     if request is None:
-        return False
+        return _detect(argv)
     from gpulayer import embedded_reads
 
     os.environ.update(request["env"])  # what the root group's options do on the full path

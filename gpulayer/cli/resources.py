@@ -133,18 +133,31 @@ def detect(
                                  help="show where every value came from (plugin and source, or override)"),
 ) -> None:
     """Show the accelerators, frameworks and host facts a worker here would report."""
-    from gpulayer.resources import detect_capabilities
+    import sys
+
+    from gpulayer import capability_cache
+    from gpulayer.resources import detect_stored
 
     _load_plugins()
-    caps = detect_capabilities(python=python, timeout=timeout, use_cache=not refresh)
+    python = python or sys.executable
+    caps, entry_id = detect_stored(python=python, timeout=timeout, use_cache=not refresh)
     if as_json:
         typer.echo(caps.model_dump_json(indent=2))
         return
-    for line in (render_explain(caps) if explain else render_capabilities(caps)):
-        typer.echo(line)
+    text = detect_text(caps, explain=explain)
+    typer.echo(text, nl=False)
+    if not caps.detector_problems and not caps.probe_problems:
+        # the light path prints this again while the entry and the host's facts stay so
+        # (gpulayer.cli.light); trouble is detected afresh every time instead
+        capability_cache.remember_output(python, entry_id, explain=explain, text=text)
+
+
+def detect_text(caps: Capabilities, *, explain: bool) -> str:
+    """What ``resources detect`` (``--explain``) prints, every line ended."""
+    text = "".join(f"{line}\n" for line in (render_explain(caps) if explain else render_capabilities(caps)))
     if explain and caps.diagnostics:
-        typer.echo("")
-        typer.echo("\n".join(f"diagnostic {d}" for d in caps.diagnostics))
+        text += "\n" + "".join(f"diagnostic {d}\n" for d in caps.diagnostics)
+    return text
 
 
 @plugins_app.command("list")

@@ -8,9 +8,10 @@ import subprocess
 import sys
 import textwrap
 
+import psutil
 import pytest
 
-from gpulayer import overrides
+from gpulayer import capability_key, overrides
 from gpulayer.errors import InvalidInput
 from gpulayer.hookrecords import FrameworkProbe, SubProbe
 from gpulayer.records import WorkerRecord
@@ -41,7 +42,8 @@ def test_every_value_says_where_it_came_from(fake_accelerator):
     caps = detect_capabilities(timeout=60)
     p = caps.provenance
     assert p["host.cpu_count"].source == "os.cpu_count()" and p["host.cpu_count"].plugin is None
-    assert p["host.memory_bytes"].source.startswith("psutil")
+    assert p["host.memory_bytes"].source == capability_key.memory()[1] == "os.sysconf(SC_PHYS_PAGES)"
+    assert caps.host.memory_bytes == psutil.virtual_memory().total  # the figure psutil reads
     assert p["host.disk_free_bytes"].source.startswith("free space under ")
     assert p["host.address"].source in ("the default route's source address", "no route found: loopback")
     assert p["host.python_version"].source == "this interpreter"
