@@ -112,12 +112,18 @@ class Core:
                    until_full: bool = False) -> scheduling.PlacementResult | None:
         """:meth:`_place` after a change the caller must keep (a submit, a report): in a
         savepoint, so a pass that fails is undone alone and the change still commits (the
-        next pass, at the latest the server's periodic one, places the queue)."""
+        next pass, at the latest the server's periodic one, places the queue). (A plain
+        SAVEPOINT: the pass writes plain statements, and SQLAlchemy's nested transaction
+        cost as much as the pass's own reads.)"""
+        plain.execute(s, "SAVEPOINT gl_place")  # (what the session holds is flushed before)
         try:
-            with s.begin_nested():
-                return self._place(s, new_job=new_job, until_full=until_full)
+            result = self._place(s, new_job=new_job, until_full=until_full)
+            plain.execute(s, "RELEASE SAVEPOINT gl_place")
+            return result
         except Exception:
             log.exception("a placement pass failed; the change before it is kept")
+            plain.execute(s, "ROLLBACK TO SAVEPOINT gl_place")
+            s.expire_all()  # rows the session loaded may hold what was undone
             return None
 
     def _placed(self, result: scheduling.PlacementResult | None, started: float) -> None:

@@ -127,7 +127,9 @@ class Store:
             @event.listens_for(engine, "begin")
             def _on_begin(conn: Any) -> None:
                 mode = "IMMEDIATE" if conn.get_execution_options().get("gl_write") else "DEFERRED"
-                conn.exec_driver_sql(f"BEGIN {mode}")
+                # on the driver's connection: through exec_driver_sql this cost more than the
+                # transaction's own statements on the hot path (see store/plain.py)
+                conn.connection.driver_connection.execute(f"BEGIN {mode}")
 
             return engine
         return create_engine(self.url, pool_pre_ping=True, pool_size=10, max_overflow=20)

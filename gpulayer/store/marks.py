@@ -23,10 +23,12 @@ its own changes from anyone else's (:class:`gpulayer.control.placement.Cache`).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from sqlalchemy import Connection, text
 from sqlmodel import Session
+
+from gpulayer.store import plain
 
 #: the columns of a worker a placement pass reads (``queries.WORKER_COLUMNS``; a test
 #: checks that they agree): an update that changes none of them leaves the mark alone
@@ -51,7 +53,7 @@ class Marks(NamedTuple):
 def read(s: Session) -> Marks | None:
     """The marks as this transaction sees them (after flushing what the session holds, so
     its own pending changes count); None where they are missing (nothing may be trusted)."""
-    rows = {name: Mark(int(n), str(salt)) for name, n, salt in _plain_rows(s, "SELECT name, n, salt FROM gl_marks")}
+    rows = {name: Mark(int(n), str(salt)) for name, n, salt in plain.fetch(s, "SELECT name, n, salt FROM gl_marks")}
     if "workers" not in rows or "tasks" not in rows:
         return None
     return Marks(rows["workers"], rows["tasks"])
@@ -62,30 +64,14 @@ def active_holdings(s: Session, task_ids: list[str] | None = None) -> list[tuple
     tuples ``(task id, worker id, accelerator, devices JSON)``."""
     sql = f"SELECT id, worker_id, accelerator, devices FROM gl_tasks WHERE state IN {_ACTIVE_SQL}"
     if task_ids is None:
-        return _plain_rows(s, sql)
-    out = []
-    for i in range(0, len(task_ids), 500):
-        chunk = task_ids[i:i + 500]
-        out += _plain_rows(s, f"{sql} AND id IN ({', '.join('?' * len(chunk))})", chunk)
-    return out
+        return plain.fetch(s, sql)
+    return plain.fetch_in(s, sql + " AND id IN ({})", task_ids)
 
 
 def active_task_ids(s: Session) -> set[str]:
     """The ids of the active tasks: what a pass reads when only ``tasks`` moved (then the
     holdings of the ids it did not know)."""
-    return {r[0] for r in _plain_rows(s, f"SELECT id FROM gl_tasks WHERE state IN {_ACTIVE_SQL}")}
-
-
-def _plain_rows(s: Session, sql: str, params: list[str] | None = None) -> list[Any]:
-    s.flush()
-    cur = s.connection().connection.cursor()
-    if params is not None and s.get_bind().dialect.name != "sqlite":
-        sql = sql.replace("?", "%s")  # psycopg's placeholder
-    try:
-        cur.execute(sql, params) if params is not None else cur.execute(sql)
-        return list(cur.fetchall())
-    finally:
-        cur.close()
+    return {r[0] for r in plain.fetch(s, f"SELECT id FROM gl_tasks WHERE state IN {_ACTIVE_SQL}")}
 
 
 # --------------------------------------------------------------------------- the DDL

@@ -175,7 +175,7 @@ def active_holdings(s: Session) -> list[tuple[str, str | None, str]]:
     """What the active tasks hold, as plain tuples: ``(worker_id, accelerator, devices JSON)``
     (a placement pass reads no more of them)."""
     states = ", ".join(f"'{state}'" for state in ACTIVE_TASK_STATES)
-    return _plain_rows(s, f"SELECT worker_id, accelerator, devices FROM gl_tasks WHERE state IN ({states})")
+    return plain.fetch(s, f"SELECT worker_id, accelerator, devices FROM gl_tasks WHERE state IN ({states})")
 
 
 def active_tasks_of_worker(s: Session, worker_id: str) -> Sequence[TaskRow]:
@@ -271,23 +271,10 @@ def workers(s: Session, *, online_only: bool = False) -> Sequence[WorkerRow]:
 WORKER_COLUMNS = ("id", "name", "origin", "capabilities", "cpu_slots", "online", "draining", "registered_at", "pid")
 
 
-def _plain_rows(s: Session, sql: str) -> list[tuple[Any, ...]]:
-    """The rows of a parameterless SELECT as the driver's own tuples, in the session's
-    transaction (after flushing what the session holds, as an ORM query would). For the
-    reads of a placement pass, which SQLAlchemy's result rows made four times slower."""
-    s.flush()
-    cur = s.connection().connection.cursor()
-    try:
-        cur.execute(sql)
-        return list(cur.fetchall())
-    finally:
-        cur.close()
-
-
 def online_worker_rows(s: Session) -> list[tuple[Any, ...]]:
     """The online workers as plain tuples of :data:`WORKER_COLUMNS`, in registration order
     (as :func:`workers`; sorted here, which costs a fifth of SQLite's sort of the rows)."""
-    rows = _plain_rows(s, f"SELECT {', '.join(WORKER_COLUMNS)} FROM gl_workers WHERE online")
+    rows = plain.fetch(s, f"SELECT {', '.join(WORKER_COLUMNS)} FROM gl_workers WHERE online")
     rows.sort(key=operator.itemgetter(WORKER_COLUMNS.index("registered_at")))
     return rows
 
@@ -369,7 +356,7 @@ def events(s: Session, job_id: str) -> Sequence[EventRow]:
 
 
 def bundle_exists(s: Session, digest: str) -> bool:
-    return s.execute(sa_select(col(BundleRow.digest)).where(col(BundleRow.digest) == digest)).first() is not None
+    return bool(plain.fetch(s, "SELECT digest FROM gl_bundles WHERE digest = ?", (digest,)))
 
 
 def bundle(s: Session, digest: str) -> BundleRow:
@@ -381,9 +368,7 @@ def add_bundle(s: Session, row: BundleRow) -> None:
 
 
 def is_bundle_reader(s: Session, digest: str, reader: str) -> bool:
-    q = sa_select(col(BundleReaderRow.digest)).where(col(BundleReaderRow.digest) == digest,
-                                                     col(BundleReaderRow.reader) == reader)
-    return s.execute(q).first() is not None
+    return bool(plain.fetch(s, "SELECT digest FROM gl_bundle_readers WHERE digest = ? AND reader = ?", (digest, reader)))
 
 
 def add_bundle_reader(s: Session, digest: str, reader: str, now: float) -> None:

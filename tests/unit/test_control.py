@@ -710,3 +710,25 @@ def test_arguments_are_stored_apart_and_capped(cp: ControlPlane, monkeypatch: py
     with pytest.raises(InvalidArgument, match=r"arguments of m:f: \d+ bytes of JSON, over the limit of 0.001 MB"):
         cp.submit(FunctionJob(function="m:f", args=["x" * 2000], placement=wait))
     assert len(cp.list_jobs()) == 1
+
+
+def test_a_placement_pass_that_fails_is_undone_alone_and_the_submit_is_kept(
+        cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    real_assign = placement.assign
+
+    def assign_then_fail(*args: Any, **kwargs: Any) -> Any:
+        real_assign(*args, **kwargs)  # the task row and the job's new state are written...
+        raise RuntimeError("a bug in the pass")  # ...and then the pass fails
+
+    monkeypatch.setattr(placement, "assign", assign_then_fail)
+    job = cp.submit(gpu_job())
+    # the job is stored, as submitted; nothing of the pass is left (no task, still attempt 0)
+    assert (job.state, job.attempt, job.tasks) == (JobState.QUEUED, 0, [])
+    assert [e.kind for e in cp.events(job.id)] == ["submitted"]
+    assert cp.poll_tasks(w.id) == []
+    monkeypatch.setattr(placement, "assign", real_assign)
+    cp.schedule()  # the next pass places it
+    placed = cp.get_job(job.id)
+    assert (placed.state, placed.attempt, len(placed.tasks)) == (JobState.ASSIGNED, 1, 1)
+    assert [a.job_id for a in cp.poll_tasks(w.id)] == [job.id]
