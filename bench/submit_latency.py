@@ -14,6 +14,8 @@ started beforehand (as in a long session):
   next to as many ``subprocess.run`` calls from two threads.
 
 Each table row: median and p95, the floor's median and p95, the difference and the ratio.
+The two job measures and their floor are taken in turn (a CommandJob, a FunctionJob, a
+``subprocess.run``, and again), so a change of the machine's load weighs on all three.
 """
 
 from __future__ import annotations
@@ -35,11 +37,18 @@ NOOP = "import gpulayer as gl\n\n\n@gl.remote\ndef noop():\n    return None\n"
 
 
 def timed(fn: object, n: int) -> list[float]:
-    out = []
+    return interleaved([fn], n)[0]
+
+
+def interleaved(fns: list[object], n: int) -> list[list[float]]:
+    """``n`` timings of each of ``fns``, taken in turn (one of each, then again): on a shared
+    machine a change of load then weighs on a measure and its floor alike."""
+    out: list[list[float]] = [[] for _ in fns]
     for _ in range(n):
-        t0 = time.perf_counter()
-        fn()  # type: ignore[operator]
-        out.append(time.perf_counter() - t0)
+        for fn, times in zip(fns, out, strict=True):
+            t0 = time.perf_counter()
+            fn()  # type: ignore[operator]
+            times.append(time.perf_counter() - t0)
     return out
 
 
@@ -138,9 +147,8 @@ def main() -> None:
         bench_noop.noop.remote().result(timeout=120)
 
     n = args.jobs
-    cmd = timed(lambda: gl.submit(command).result(timeout=120), n)
-    fn = timed(lambda: bench_noop.noop.remote().result(timeout=120), n)
-    base = timed(floor, n)
+    cmd, fn, base = interleaved([lambda: gl.submit(command).result(timeout=120),
+                                 lambda: bench_noop.noop.remote().result(timeout=120), floor], n)
     rows = [
         ("CommandJob python -c pass", cmd, "subprocess.run(python -c pass)", base),
         ("no-op FunctionJob round trip", fn, "subprocess.run(python -c pass)", base),
