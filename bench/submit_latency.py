@@ -11,7 +11,8 @@ started beforehand (as in a long session):
 * ``gpulayer submit -- python -c pass`` (a fresh CLI process each time), next to the floor
   plus the CLI's own start-up (``gpulayer --help``);
 * ``--throughput`` no-op FunctionJobs submitted at once through two local workers (jobs/s),
-  next to as many ``subprocess.run`` calls from two threads.
+  next to as many ``subprocess.run`` calls from two threads: workers in this process (the
+  SDK's own), then two ``gpulayer worker start`` processes on the same home.
 
 Each table row: median and p95, the floor's median and p95, the difference and the ratio.
 The two job measures and their floor are taken in turn (a CommandJob, a FunctionJob, a
@@ -98,7 +99,7 @@ def throughput(n: int, noop: object) -> tuple[float, float]:
     jobs_s = n / (time.perf_counter() - t0)
     print(f"CPU per job (this process, its fork servers and their children): "
           f"{(cpu_seconds() - cpu0) / n * 1e3:.1f} ms")
-    for a in agents[1:]:
+    for a in agents:
         a.stop(grace=5)
 
     left = [n]
@@ -119,6 +120,31 @@ def throughput(n: int, noop: object) -> tuple[float, float]:
     for t in threads:
         t.join()
     return jobs_s, n / (time.perf_counter() - t0)
+
+
+def throughput_processes(n: int, noop: object, code: Path) -> tuple[float, float]:
+    """Jobs/s for ``n`` no-op FunctionJobs through two ``gpulayer worker start`` processes on
+    the same home (this process only submits and waits), and this process's CPU per job."""
+    import gpulayer as gl
+
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    workers = [subprocess.Popen([*cli(), "worker", "start", "--name", f"bench-process-{i}", "--json"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for i in (1, 2)]
+    try:
+        for w in workers:
+            assert w.stdout is not None and w.stdout.readline(), "a bench worker did not start"
+        for _ in range(3):  # their fork servers up
+            noop.remote().result(timeout=120)  # type: ignore[attr-defined]
+        cpu0 = time.process_time()
+        t0 = time.perf_counter()
+        handles = [noop.remote() for _ in range(n)]  # type: ignore[attr-defined]
+        gl.wait(handles, timeout=600)
+        return n / (time.perf_counter() - t0), (time.process_time() - cpu0) / n
+    finally:
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            w.wait(timeout=60)
 
 
 def main() -> None:
@@ -169,6 +195,10 @@ def main() -> None:
         print(f"\n{args.throughput} no-op FunctionJobs at once, two local workers: {jobs_s:.0f} jobs/s; "
               f"floor (subprocess.run from two threads): {floor_s:.0f} processes/s; "
               f"ratio {jobs_s / floor_s:.2f}x")
+        procs_s, cpu = throughput_processes(args.throughput, bench_noop.noop, code)
+        print(f"{args.throughput} no-op FunctionJobs at once, two `gpulayer worker start` processes: "
+              f"{procs_s:.0f} jobs/s; ratio to the floor {procs_s / floor_s:.2f}x; "
+              f"the submitting process's CPU per job: {cpu * 1e3:.1f} ms")
     client.close()
 
 
