@@ -45,6 +45,11 @@ from gpulayer.store.tables import (
     WorkerRow,
 )
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: SQLite's own busy handler only
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = [
     "BundleReaderRow",
     "BundleRow",
@@ -95,10 +100,16 @@ class Store:
         self.url = normalise_url(url or default_url())
         self.is_sqlite = self.url.startswith("sqlite")
         self.engine = self._make_engine()
-        # SQLite: writers of this process queue here instead of in SQLite's busy handler,
-        # which sleeps in growing steps and starves a busy server (see bench/server_heartbeats.py)
-        self._write_lock = threading.RLock() if self.is_sqlite else None
+        # SQLite: writers queue here instead of in SQLite's busy handler, which sleeps in
+        # growing steps (1, 2, 5, 10 ms...) and starves a busy server (see
+        # bench/server_heartbeats.py): those of this process on a lock, those of every
+        # process on the database's lock file (a worker process and the submitting one)
+        self._write_lock = _WriterLock(self._lock_path()) if self.is_sqlite else None
         self._migrate()
+
+    def _lock_path(self) -> str | None:
+        path = make_url(self.url).database
+        return f"{path}.writers" if path and path != ":memory:" else None
 
     def _make_engine(self) -> Engine:
         if self.is_sqlite:
@@ -177,6 +188,43 @@ class Store:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        if self._write_lock is not None:
+            self._write_lock.close()
 
 
 _NO_LOCK = contextlib.nullcontext()
+
+
+class _WriterLock:
+    """One writer at a time: a lock for the threads of this process and, where the platform
+    has ``flock``, an exclusive lock on a file next to the database for its processes. The
+    kernel hands the file lock to the next waiter as soon as it is released."""
+
+    def __init__(self, path: str | None) -> None:
+        self._threads = threading.RLock()
+        self._depth = 0
+        self._fd: int | None = None
+        if path is not None and fcntl is not None:
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def __enter__(self) -> None:
+        self._threads.acquire()
+        if self._depth == 0 and self._fd is not None:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            except BaseException:
+                self._threads.release()
+                raise
+        self._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._threads.release()
+
+    def close(self) -> None:
+        with self._threads:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None

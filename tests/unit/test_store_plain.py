@@ -96,3 +96,36 @@ def test_events_and_assignments(store: Store) -> None:
                                                          ("tsk_e2", '{"kind": "command"}')]  # oldest first
         events = s.exec(select(EventRow).where(EventRow.job_id == "job_e")).all()
         assert [(e.kind, e.ts, e.message) for e in events] == [("submitted", 9.0, "command")]
+
+
+def test_sqlite_writers_of_every_process_queue_on_the_databases_lock_file(tmp_path: Path) -> None:
+    """Another process holding the writers' lock (here: another open file description, as
+    another process has) keeps a write waiting until it lets go; readers are not held."""
+    import fcntl
+    import os
+    import threading
+
+    store = Store(f"sqlite:///{tmp_path / 'locked.db'}")
+    fd = os.open(tmp_path / "locked.db.writers", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    wrote = threading.Event()
+
+    def write() -> None:
+        with store.write() as s:
+            plain.insert_job(s, _job("job_locked"))
+        wrote.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert not wrote.wait(0.5)  # waiting for the lock
+        with store.read() as s:
+            assert plain.find_job(s, "job_locked") is None
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    writer.join(30)
+    assert wrote.is_set()
+    with store.read() as s:
+        assert plain.find_job(s, "job_locked") is not None
+    store.dispose()
