@@ -170,3 +170,23 @@ def make_shape_state(job: Any, *states: WorkerState, offers: Iterable[Offer] = (
     """The scheduler's view of ``states`` and its per-shape state for ``job``, as a pass builds them."""
     fleet = Fleet(list(states))
     return fleet, build_shape_state(shape_of(job), fleet.classes, [offer_record(o) for o in offers])
+
+
+class Clock:
+    """A control plane's clock that tests move by hand (``clock.now += 11``)."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def cuda_caps(n: int = 2) -> Capabilities:
+    """A worker with ``n`` 80 GB CUDA devices of compute capability 9.0 and torch."""
+    return make_capabilities(devices=make_cuda_devices(n, memory_gb=80, cc="9.0"),
+                             frameworks={"torch": "2.3.0", "torch.cuda": "2.3.0"})
+
+
+def gpu_job(**kw: Any) -> CommandJob:
+    return CommandJob(command=["train"], requirements=Requirements(accelerator="cuda", gpus=1), **kw)

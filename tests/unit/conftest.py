@@ -1,0 +1,30 @@
+"""Fixtures of the control plane's unit tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpulayer.control import ControlPlane
+from gpulayer.store import Store
+from tests.factories import Clock
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh database: a SQLite file, then a PostgreSQL schema (see tests/conftest.py)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'gpulayer.db'}"
+    else:
+        yield request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def cp(store_url: str) -> Iterator[ControlPlane]:
+    """A control plane on ``store_url`` with a hand-moved clock and a 10 s heartbeat timeout."""
+    store = Store(store_url)
+    plane = ControlPlane(store, heartbeat_timeout=10.0, clock=Clock())
+    yield plane
+    store.dispose()

@@ -1,0 +1,236 @@
+"""The control plane's store against real databases: schema migrations, several processes on
+one database, what is stored (logs, results, arguments) and a placement pass that fails."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpulayer.control import ControlPlane, placement
+from gpulayer.errors import Conflict, InvalidInput
+from gpulayer.records import JobState, TaskState
+from gpulayer.specs import CommandJob, Placement
+from gpulayer.store import Store, migrations
+from tests.factories import Clock, cuda_caps, gpu_job, make_capabilities
+
+
+def test_migration_from_the_previous_schema_keeps_stored_jobs(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    for statement in migrations.HISTORY[1]:
+        db.execute(statement)
+    spec = CommandJob(command=["echo", "from v1"]).model_dump_json()
+    db.execute(
+        "INSERT INTO gl_jobs (id, kind, spec, state, priority, created_at, updated_at, attempt,"
+        " max_attempts, cancel_requested) VALUES ('job-000000000001', 'command', ?, 'succeeded', 0,"
+        " 1.0, 2.0, 1, 1, 0)", (spec,))
+    db.commit()
+    db.close()
+    store = Store(f"sqlite:///{path}")
+    assert store.schema_version() == migrations.SCHEMA_VERSION == 7
+    cp = ControlPlane(store)
+    job = cp.get_job("job-000000000001")
+    assert job.state is JobState.SUCCEEDED
+    assert job.spec.command == ["echo", "from v1"]  # type: ignore[union-attr]
+    # the new columns work on the migrated database
+    cp.register_worker(make_capabilities(), cpu_slots=1)
+    assert cp.submit(CommandJob(command=["true"]), idempotency_key="x").id == \
+        cp.submit(CommandJob(command=["true"]), idempotency_key="x").id
+    assert len(cp.list_jobs()) == 2
+
+
+def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    Store(f"sqlite:///{path}").dispose()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE gl_schema SET version = 99")
+    db.commit()
+    db.close()
+    with pytest.raises(migrations.SchemaTooNew, match="schema version 99"):
+        Store(f"sqlite:///{path}")
+
+
+def test_bad_database_urls_name_what_is_accepted() -> None:
+    with pytest.raises(InvalidInput, match="accepted: sqlite:///PATH or postgresql://"):
+        Store("mysql://root@localhost/db")
+
+
+# --------------------------------------------------------------------------- several processes
+
+
+def _claimer(url: str, worker_id: str, rounds: int, out: Any) -> None:
+    cp = ControlPlane(Store(url))
+    claimed = []
+    for _ in range(rounds):
+        cp.submit(gpu_job(placement=Placement(on_unschedulable="wait")))
+        for a in cp.poll_tasks(worker_id):
+            try:
+                cp.start_task(a.task_id, worker_id=worker_id)
+            except Conflict:
+                continue
+            claimed.append((a.task_id, a.devices))
+            cp.finish_task(a.task_id, worker_id=worker_id, state=TaskState.SUCCEEDED, exit_code=0)
+    out.put(claimed)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_several_processes_on_one_database_never_double_assign(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'shared.db'}" if backend == "sqlite" else request.getfixturevalue("postgres_url")
+    cp = ControlPlane(Store(url))
+    workers = [cp.register_worker(cuda_caps(2), cpu_slots=0).id for _ in range(3)]
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_claimer, args=(url, workers[i], 15, out)) for i in range(3)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    claimed = [task for r in results for task in r]
+    assert len(claimed) == len({t for t, _ in claimed})
+    with cp.store.read() as s:
+        from sqlmodel import select
+
+        from gpulayer.store import TaskRow
+
+        tasks = s.exec(select(TaskRow)).all()
+    per_job: dict[str, int] = {}
+    for t in tasks:
+        per_job[t.job_id] = per_job.get(t.job_id, 0) + 1
+    assert set(per_job.values()) == {1}, "one task per job per attempt"
+    assert len(per_job) <= 45
+    # drain whatever is still queued and check nothing was granted twice at any moment
+    active = [t for t in tasks if t.state in ("assigned", "running")]
+    grants = [(t.worker_id, d) for t in active for d in json.loads(t.devices)]
+    assert len(grants) == len(set(grants))
+
+
+def test_heartbeat_reports_are_safe_to_read_while_written_and_are_pruned(tmp_path: Path) -> None:
+    """Heartbeat batches write what each worker runs while reconciliation reads it on other
+    threads (the server does both); a worker gone silent leaves no entry behind."""
+    import threading
+
+    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    clock = Clock()
+    cp = ControlPlane(store, heartbeat_timeout=10.0, clock=clock)
+    ids = [cp.register_worker(make_capabilities(), cpu_slots=1).id for _ in range(40)]
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def beat() -> None:
+        try:
+            while not stop.is_set():
+                for i in range(0, len(ids), 7):
+                    cp.heartbeats({w: [] for w in ids[i:i + 7]})
+        except BaseException as exc:  # pragma: no cover - what the test is for
+            failures.append(exc)
+
+    def reconcile() -> None:
+        try:
+            for i in range(300):
+                # every other pass looks from past the timeout: it prunes every entry while
+                # the heartbeat threads add them back
+                cp._reconcile(clock.now + (11 if i % 2 else 0))
+        except BaseException as exc:  # pragma: no cover
+            failures.append(exc)
+
+    threads = [threading.Thread(target=beat) for _ in range(2)] + [threading.Thread(target=reconcile)]
+    for t in threads:
+        t.start()
+    threads[-1].join(120)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    assert failures == []
+    cp.heartbeats({w: [] for w in ids})
+    assert len(cp._reports) == len(ids)
+    clock.now += 11  # every worker is silent for longer than the timeout
+    cp._reconcile(clock.now)
+    assert cp._reports == {}
+    store.dispose()
+
+
+def test_log_text_is_stored_faithfully_on_every_database(cp: ControlPlane) -> None:
+    """PostgreSQL's text cannot hold NUL: such chunks are stored quoted and come back as
+    written; lone surrogates (not encodable) become U+FFFD; neighbours are unaffected."""
+    w = cp.register_worker(make_capabilities(), cpu_slots=1)
+    job = cp.submit(CommandJob(command=["x"]))
+    [a] = cp.poll_tasks(w.id)
+    cp.start_task(a.task_id, worker_id=w.id)
+    chunks = [("stdout", "before\n"), ("stdout", "a\x00b\n"), ("stderr", "\ue000looks quoted\n"),
+              ("stdout", "bad \ud800 half\n"), ("stdout", "after\n")]
+    cp.append_logs(a.task_id, worker_id=w.id, chunks=chunks)  # type: ignore[arg-type]
+    assert [(c.stream, c.data) for c in cp.logs(job.id)] == [
+        ("stdout", "before\n"), ("stdout", "a\x00b\n"), ("stderr", "\ue000looks quoted\n"),
+        ("stdout", "bad \ufffd half\n"), ("stdout", "after\n")]
+
+
+def test_a_result_over_the_limit_is_refused_naming_the_function_and_the_limit(
+        cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpulayer.specs import FunctionJob
+
+    monkeypatch.setenv("GPULAYER_MAX_RESULT_MB", "0.001")  # 1048 bytes
+    w = cp.register_worker(make_capabilities(), cpu_slots=1)
+    job = cp.submit(FunctionJob(function="pkg.mod:make"))
+    [a] = cp.poll_tasks(w.id)
+    cp.start_task(a.task_id, worker_id=w.id)
+    with pytest.raises(InvalidInput) as e:
+        cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0, result="x" * 5000)
+    assert str(e.value) == ("the result of pkg.mod:make is 5002 bytes of JSON, over the limit of 0.001 MB "
+                            "(GPULAYER_MAX_RESULT_MB); return a path or a URL to large data instead")
+    assert cp.get_job(job.id).state is JobState.RUNNING  # nothing was written
+    cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0, result="small")
+    assert cp.get_job(job.id).result == "small"
+
+
+def test_arguments_are_stored_apart_and_capped(cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Placement never reads a function's arguments; too many or too large are refused at
+    submit, in bounded time, naming the function and the limit."""
+    from gpulayer.errors import InvalidArgument
+    from gpulayer.specs import FunctionJob
+    from gpulayer.store import JobRow
+
+    cp.register_worker(make_capabilities(), cpu_slots=0)  # nothing runs: the jobs stay queued
+    wait = Placement(on_unschedulable="wait")
+    job = cp.submit(FunctionJob(function="m:f", args=[1, [2, 3]], kwargs={"k": "v"}, placement=wait))
+    with cp.store.read() as s:
+        row = s.get(JobRow, job.id)
+        assert row is not None and '"args":[]' in row.spec.replace(" ", "") and row.args is not None
+    assert cp.get_job(job.id).spec.args == [1, [2, 3]]  # type: ignore[union-attr]
+    monkeypatch.setenv("GPULAYER_MAX_ARGS_VALUES", "1000")
+    with pytest.raises(InvalidArgument, match=r"arguments of m:f: more than 1000 values \(GPULAYER_MAX_ARGS_VALUES\)"):
+        cp.submit(FunctionJob(function="m:f", args=[list(range(2000))], placement=wait))
+    monkeypatch.setenv("GPULAYER_MAX_ARGS_MB", "0.001")
+    with pytest.raises(InvalidArgument, match=r"arguments of m:f: \d+ bytes of JSON, over the limit of 0.001 MB"):
+        cp.submit(FunctionJob(function="m:f", args=["x" * 2000], placement=wait))
+    assert len(cp.list_jobs()) == 1
+
+
+def test_a_placement_pass_that_fails_is_undone_alone_and_the_submit_is_kept(
+        cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    real_assign = placement.assign
+
+    def assign_then_fail(*args: Any, **kwargs: Any) -> Any:
+        real_assign(*args, **kwargs)  # the task row and the job's new state are written...
+        raise RuntimeError("a bug in the pass")  # ...and then the pass fails
+
+    monkeypatch.setattr(placement, "assign", assign_then_fail)
+    job = cp.submit(gpu_job())
+    # the job is stored, as submitted; nothing of the pass is left (no task, still attempt 0)
+    assert (job.state, job.attempt, job.tasks) == (JobState.QUEUED, 0, [])
+    assert [e.kind for e in cp.events(job.id)] == ["submitted"]
+    assert cp.poll_tasks(w.id) == []
+    monkeypatch.setattr(placement, "assign", real_assign)
+    cp.schedule()  # the next pass places it
+    placed = cp.get_job(job.id)
+    assert (placed.state, placed.attempt, len(placed.tasks)) == (JobState.ASSIGNED, 1, 1)
+    assert [a.job_id for a in cp.poll_tasks(w.id)] == [job.id]
