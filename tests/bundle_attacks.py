@@ -22,7 +22,8 @@ COUNT_BOMB_ENTRIES = 3000
 COUNT_LIMIT = "1000"
 
 
-def _zip(entries: list[tuple[str, bytes, int]]) -> bytes:
+def make_zip(entries: list[tuple[str, bytes, int]]) -> bytes:
+    """A zip of (name, content, unix mode) entries, written as-is."""
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # duplicate names
@@ -34,6 +35,11 @@ def _zip(entries: list[tuple[str, bytes, int]]) -> bytes:
                 info.compress_type = zipfile.ZIP_DEFLATED
                 zf.writestr(info, content)
     return buf.getvalue()
+
+
+def cache_is_clean(cache: Path, allowed: set[str] = frozenset()) -> bool:
+    """Whether the extraction cache holds nothing but ``allowed`` (a refused bundle leaves nothing)."""
+    return not cache.exists() or {p.name for p in cache.iterdir()} <= set(allowed)
 
 
 def ratio_bomb(mib: int = 32) -> bytes:
@@ -54,14 +60,14 @@ def attacks(absolute_target: Path) -> dict[str, tuple[Callable[[], bytes], str]]
     """name -> (make the archive, a phrase its refusal must contain)."""
     ok = ("ok.py", b"print('ok')\n", REG)
     return {
-        "dot-dot": (lambda: _zip([ok, (f"../{ESCAPE_NAME}", b"x", REG)]), "'..'"),
-        "nested dot-dot": (lambda: _zip([ok, (f"a/b/../../../{ESCAPE_NAME}", b"x", REG)]), "'..'"),
-        "absolute": (lambda: _zip([ok, (str(absolute_target), b"x", REG)]), "absolute path"),
-        "backslash": (lambda: _zip([ok, (f"..\\{ESCAPE_NAME}", b"x", REG)]), "backslash"),
-        "symlink out": (lambda: _zip([ok, ("passwd", b"/etc/passwd", LINK)]), "symlink"),
-        "symlink up": (lambda: _zip([ok, ("up", b"../..", LINK)]), "symlink"),
+        "dot-dot": (lambda: make_zip([ok, (f"../{ESCAPE_NAME}", b"x", REG)]), "'..'"),
+        "nested dot-dot": (lambda: make_zip([ok, (f"a/b/../../../{ESCAPE_NAME}", b"x", REG)]), "'..'"),
+        "absolute": (lambda: make_zip([ok, (str(absolute_target), b"x", REG)]), "absolute path"),
+        "backslash": (lambda: make_zip([ok, (f"..\\{ESCAPE_NAME}", b"x", REG)]), "backslash"),
+        "symlink out": (lambda: make_zip([ok, ("passwd", b"/etc/passwd", LINK)]), "symlink"),
+        "symlink up": (lambda: make_zip([ok, ("up", b"../..", LINK)]), "symlink"),
         "ratio bomb": (ratio_bomb, "compression ratio"),
-        "entry-count bomb": (lambda: _zip([(f"f{i}", b"", REG) for i in range(COUNT_BOMB_ENTRIES)]),
+        "entry-count bomb": (lambda: make_zip([(f"f{i}", b"", REG) for i in range(COUNT_BOMB_ENTRIES)]),
                              f"{COUNT_BOMB_ENTRIES} entries, more than the {COUNT_LIMIT} allowed"),
-        "duplicate names": (lambda: _zip([ok, ("ok.py", b"import os\n", REG)]), "more than once"),
+        "duplicate names": (lambda: make_zip([ok, ("ok.py", b"import os\n", REG)]), "more than once"),
     }
