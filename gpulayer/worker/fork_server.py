@@ -4,8 +4,11 @@ Started by :mod:`gpulayer.worker.forking` in the job's Python, with one end of a
 ``AF_UNIX``/``SOCK_SEQPACKET`` socket pair. It loads the function runner (and, when it
 imports, ``gpulayer`` itself, which most job modules import), then serves one request per
 task: a JSON message with the task's cwd, environment and ``sys.path`` entries, and the
-write ends of the task's stdout and stderr pipes passed as file descriptors. For each it
-forks a child that becomes the task's process tree:
+write ends of the task's stdout and stderr pipes passed as file descriptors. For each a
+child becomes the task's process tree; it was forked ahead of the request (a spare, which
+waits detached with nothing open but its own socket, so a task costs a send and not a fork;
+the next spare is forked once the reply is out, and one that died waiting is replaced by a
+fork on the spot):
 
 * a new session (so its own process group), ``PR_SET_PDEATHSIG`` (SIGKILL when this server
   dies; this server dies with the worker the same way);
@@ -77,15 +80,33 @@ def _shadowed(origins: dict[str, str | None], search: list[str], entries: set[st
     return out
 
 
-def _child(req: dict[str, Any], fds: list[int], runner: Any, base_path: list[str],
-           origins: dict[str, str | None], entries_then: set[str], prctl: Any, server: int) -> None:
+class _Warm:
+    """What every child needs from the server: the runner and what it knows of its path."""
+
+    def __init__(self, runner: Any, base_path: list[str], origins: dict[str, str | None],
+                 entries_then: set[str], prctl: Any, server: int) -> None:
+        self.runner = runner
+        self.base_path = base_path
+        self.origins = origins
+        self.entries_then = entries_then
+        self.prctl = prctl
+        self.server = server
+
+
+def _detach(warm: _Warm) -> None:
+    """A new child's own session, and death with the server."""
+    os.setsid()
+    if warm.prctl is not None:
+        warm.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != warm.server:  # the server died before the call: nobody would end us
+            os._exit(137)
+
+
+def _child(req: dict[str, Any], fds: list[int], warm: _Warm) -> None:
+    """Become the task (after :func:`_detach`): its descriptors, cwd, environment and path,
+    then the function runner; never returns."""
     code = 1
     try:
-        os.setsid()
-        if prctl is not None:
-            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != server:  # the server died before the call: nobody would end us
-                os._exit(137)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(fds[0], 1)
@@ -98,12 +119,12 @@ def _child(req: dict[str, Any], fds: list[int], runner: Any, base_path: list[str
         os.environ.update(req["env"])
         entries = [p for p in req["path"] if p]
         # the runner puts the cwd first (see function_runner._setup_path)
-        for name in _shadowed(origins, [req["cwd"], *entries, *base_path], entries_then):
+        for name in _shadowed(warm.origins, [req["cwd"], *entries, *warm.base_path], warm.entries_then):
             for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
                 del sys.modules[mod]
-        sys.path[:] = [*entries, *base_path]
-        sys.argv[:] = [runner.__file__, req["spec"], req["result"]]
-        code = runner.main([req["spec"], req["result"]])
+        sys.path[:] = [*entries, *warm.base_path]
+        sys.argv[:] = [warm.runner.__file__, req["spec"], req["result"]]
+        code = warm.runner.main([req["spec"], req["result"]])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
@@ -114,6 +135,41 @@ def _child(req: dict[str, Any], fds: list[int], runner: Any, base_path: list[str
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(code)
+
+
+class _Spare:
+    """A child forked ahead of its task: detached, every descriptor but its end of a socket
+    pair closed, waiting for the request it will run. A request then costs the server a send
+    instead of a fork (the next spare is forked after the reply)."""
+
+    def __init__(self, warm: _Warm) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                _detach(warm)
+                keep = theirs.fileno()
+                os.closerange(3, keep)
+                os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
+                msg, fds, _flags, _addr = socket.recv_fds(theirs, _MAX_MESSAGE, 2)
+                if not msg or len(fds) != 2:
+                    os._exit(0)  # not needed after all (the server ends)
+                _child(json.loads(msg), fds, warm)
+            finally:
+                os._exit(1)
+        theirs.close()
+        self.sock = ours
+        self.pidfd = os.pidfd_open(self.pid)
+
+    def hand(self, msg: bytes, fds: list[int]) -> bool:
+        """Pass it its task; False when it is gone (then nothing was started)."""
+        try:
+            socket.send_fds(self.sock, [msg], fds)
+            return True
+        except OSError:
+            return False
+        finally:
+            self.sock.close()
 
 
 def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
@@ -151,12 +207,17 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
                  "unsafe": f"{threads} threads after preloading" if threads > 1 else None})
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ, None)
-    me = os.getpid()
+    warm = _Warm(runner, base_path, origins, entries_then, prctl, os.getpid())
     # what is loaded now stays out of the collector's reach in every child: a collection in
     # a child would otherwise touch (and so copy) every object the server holds
     gc.collect()
     gc.freeze()
+    spare: _Spare | None = None
     while True:
+        if spare is None:
+            with contextlib.suppress(OSError):  # (no spare: the next request forks one itself)
+                spare = _Spare(warm)
+                sel.register(spare.pidfd, selectors.EVENT_READ, ("spare", spare.pid))
         for key, _ in sel.select():
             if key.data is None:
                 try:
@@ -169,10 +230,14 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
                 try:
                     if len(fds) != 2:
                         raise OSError(f"expected 2 descriptors, got {len(fds)}")
-                    pid = os.fork()
-                    if pid == 0:
-                        _child(req, fds, runner, base_path, origins, entries_then, prctl, me)
-                    pidfd = os.pidfd_open(pid)
+                    child = spare
+                    spare = None
+                    if child is None or not child.hand(msg, fds):
+                        # none, or it died waiting (reaped when its pidfd says so): fork one now
+                        child = _Spare(warm)
+                        sel.register(child.pidfd, selectors.EVENT_READ, ("spare", child.pid))
+                        if not child.hand(msg, fds):
+                            raise OSError("the child exited before it got its task")
                 except OSError as exc:
                     _send(sock, {"id": req.get("id"), "error": f"{type(exc).__name__}: {exc}"})
                     continue
@@ -180,13 +245,18 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
                     for fd in fds:
                         with contextlib.suppress(OSError):
                             os.close(fd)
-                sel.register(pidfd, selectors.EVENT_READ, (req["id"], pid))
-                _send(sock, {"id": req["id"], "pid": pid})
+                sel.modify(child.pidfd, selectors.EVENT_READ, (req["id"], child.pid))
+                _send(sock, {"id": req["id"], "pid": child.pid})
             else:
                 task, pid = key.data
                 sel.unregister(key.fd)
                 os.close(key.fd)
                 _, status = os.waitpid(pid, 0)
+                if task == "spare":  # a spare that died waiting (killed from outside)
+                    if spare is not None and spare.pid == pid:
+                        spare.sock.close()
+                        spare = None
+                    continue
                 _send(sock, {"id": task, "exit": os.waitstatus_to_exitcode(status)})
 
 

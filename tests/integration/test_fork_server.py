@@ -138,3 +138,22 @@ def test_cancel_ends_a_forked_tasks_whole_tree(plane, bundle) -> None:  # type: 
     until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in (main, child)), 30,
           "the forked task's tree gone")
     assert cp.wait_job(job.id, timeout=60).state is JobState.CANCELLED
+
+
+def test_each_task_gets_a_child_of_its_own_and_a_spare_killed_while_waiting_is_replaced(plane, bundle) -> None:  # type: ignore[no-untyped-def]
+    cp, client = plane
+    first = _run(cp, client, FunctionJob(function="jobmod:facts", bundle=str(bundle)))
+    assert first.state is JobState.SUCCEEDED and _how(cp, first.id) == FORKED
+    server = until(lambda: [p for p in psutil.Process().children(recursive=True)
+                            if any("fork_server.py" in part for part in p.cmdline())], 30, "the fork server")[0]
+    # the server keeps one child forked ahead of the next task, waiting: kill it
+    spare = until(lambda: [p for p in server.children() if p.status() != psutil.STATUS_ZOMBIE], 30,
+                  "the server's spare child")[0]
+    assert spare.pid != first.result["pid"]
+    spare.kill()
+    spare.wait(30)
+    second = _run(cp, client, FunctionJob(function="jobmod:facts", bundle=str(bundle)))
+    assert second.state is JobState.SUCCEEDED, second.error
+    assert _how(cp, second.id) == FORKED
+    assert len({first.result["pid"], second.result["pid"], spare.pid}) == 3
+    assert second.result["own_session"] and second.result["own_group"]
