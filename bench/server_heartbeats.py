@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import importlib.util
 import json
 import os
 import resource
@@ -41,10 +42,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import h11
@@ -55,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.server_support import Api, ServerProc, start_remote_worker, stop_proc, wait_workers  # noqa: E402
 
+R = TypeVar("R")
 #: how long one long poll waits, as the real agent's over HTTP (gpulayer.http_client.poll_wait)
 POLL_WAIT = 20.0
 
@@ -190,6 +192,8 @@ async def fleet(url: str, join: str, n: int, seconds: float, interval: float, ca
     stop = start + seconds
     lat: list[float] = []
     floor: list[float] = []
+    #: (what, sent at relative to start, latency) of every measured request, for --samples
+    samples: list[tuple[str, float, float]] = []
     marks: dict[str, float] = {}
 
     async def call(what: str, method: str, path: str, token: str | None, body: Any) -> bool:
@@ -204,23 +208,33 @@ async def fleet(url: str, join: str, n: int, seconds: float, interval: float, ca
         return True
 
     async def heartbeats(i: int, wid: str, tok: str) -> None:
-        await asyncio.sleep(interval * i / n)  # spread evenly over one interval
-        while (t := time.monotonic()) < stop:
+        # spread evenly over one interval, each worker on a fixed schedule of its own: a burst
+        # that held some heartbeats back (the fleet's first polls, all at once) must not leave
+        # them bunched together for the rest of the run
+        due = start + interval * i / n
+        while due < stop:
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            t = time.monotonic()
             ok = await call("heartbeat", "POST", f"/v1/workers/{wid}/heartbeat", tok, {"running": []})
             if ok and t >= measure_from:
                 lat.append(time.monotonic() - t)
-            await asyncio.sleep(max(0.0, interval - (time.monotonic() - t)))
+                samples.append(("heartbeat", t - start, lat[-1]))
+            due += interval
 
     async def polls(wid: str, tok: str) -> None:
         while (left := stop - time.monotonic()) > 0:
             wait = min(POLL_WAIT, left)
+            t = time.monotonic()
             if not await call("poll", "POST", f"/v1/workers/{wid}/work?wait={wait:.1f}", tok, {"running": []}):
                 await asyncio.sleep(0.5)
+            elif t >= measure_from:
+                samples.append(("poll", t - start, time.monotonic() - t))
 
     async def healthz() -> None:
         while (t := time.monotonic()) < stop:
             if await call("healthz", "GET", "/healthz", None, None) and t >= measure_from:
                 floor.append(time.monotonic() - t)
+                samples.append(("healthz", t - start, floor[-1]))
             await asyncio.sleep(max(0.0, 0.1 - (time.monotonic() - t)))
 
     async def meter() -> None:
@@ -235,7 +249,7 @@ async def fleet(url: str, join: str, n: int, seconds: float, interval: float, ca
     await asyncio.gather(*(call("leave", "DELETE", f"/v1/workers/{w}", t, None) for w, t in creds))
     pool.close()
     span = marks["t1"] - marks["t0"]
-    return {"lat": lat, "floor": floor, "errors": errors, "join_s": join_s, "span": span,
+    return {"lat": lat, "floor": floor, "samples": samples, "errors": errors, "join_s": join_s, "span": span,
             "server_cpu": 100 * (marks["server1"] - marks["server0"]) / span,
             "loadgen_cpu": 100 * (marks["me1"] - marks["me0"]) / span}
 
@@ -254,6 +268,19 @@ def submit_to_start(client: Any, jobs: int) -> list[float]:
         t = j.tasks[-1]
         out.append((t.started_at or 0) - j.created_at)
     return out
+
+
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def run_loop(loop: str, main: Coroutine[Any, Any, R]) -> R:
+    """Run the load generator on asyncio's own loop or on uvloop (--loop)."""
+    if loop == "uvloop" or (loop == "auto" and installed("uvloop")):
+        import uvloop
+
+        return uvloop.run(main)
+    return asyncio.run(main)
 
 
 @contextmanager
@@ -290,9 +317,13 @@ def run(args: argparse.Namespace, spec: str, tmp: Path) -> dict[str, Any]:
             assert srv.proc is not None
             if args.pid_file:
                 Path(args.pid_file).write_text(f"{srv.proc.pid}\n")
-            res = asyncio.run(fleet(srv.url, join, args.workers, args.seconds, args.interval, caps,
-                                    psutil.Process(srv.proc.pid)))
+            res = run_loop(args.loop, fleet(srv.url, join, args.workers, args.seconds, args.interval, caps,
+                                            psutil.Process(srv.proc.pid)))
             res["remote"] = []
+            if args.samples:
+                with open(args.samples, "a") as f:
+                    f.writelines(f"{'sqlite' if url is None else 'postgresql'}\t{what}\t{t:.4f}\t{v * 1000:.2f}\n"
+                                 for what, t, v in res["samples"])
             if args.jobs:
                 from gpulayer.client import http_client
 
@@ -327,6 +358,11 @@ def report(args: argparse.Namespace, res: dict[str, Any]) -> None:
     print()
     print(f"{res['database']}: {args.workers} simulated workers, a heartbeat every {args.interval:g} s and "
           f"one long poll each; {args.seconds:g} s, measured over the last {res['span']:.0f} s")
+    # uvicorn picks httptools and uvloop when they are installed; the server runs in this environment
+    server_stack = "uvicorn with " + ("httptools" if installed("httptools") else "h11") + \
+        (" on uvloop" if installed("uvloop") else " on asyncio's loop")
+    loadgen_loop = "uvloop" if args.loop == "uvloop" or (args.loop == "auto" and installed("uvloop")) else "asyncio"
+    print(f"  (server: {server_stack}; load generator: h11 on {loadgen_loop})")
     rows = [
         ("joins (all workers, 50 at a time)", f"{res['join_s']:.1f} s"),
         ("heartbeats answered (measured)", f"{len(lat)}"),
@@ -356,6 +392,10 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=5, help="submit-to-start jobs after the fleet left (0: none)")
     ap.add_argument("--database", action="append", default=None,
                     help="'sqlite' (the default) or a PostgreSQL URL; repeat to run on each")
+    ap.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                    help="the load generator's event loop (auto: uvloop when installed, as the server)")
+    ap.add_argument("--samples", default=None,
+                    help="append every measured request here: database, what, sent at (s), latency (ms)")
     ap.add_argument("--pid-file", default=None, help="write the server's pid here (to attach a profiler)")
     args = ap.parse_args()
     need = pool_size(args.workers) + 256  # the server holds as many (each process has its own limit)
