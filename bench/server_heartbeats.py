@@ -2,6 +2,7 @@
 
     python bench/server_heartbeats.py [--workers 1000] [--interval 5] [--seconds 30] [--jobs 5]
         [--database sqlite] [--database postgresql://postgres@127.0.0.1:5432/test]
+        [--loop auto|asyncio|uvloop] [--samples FILE] [--pid-file FILE]
 
 Each simulated worker joins with a shared join token (``POST /v1/workers/join``, as
 ``gpulayer worker start`` does), then does what the real agent does over HTTP
@@ -10,7 +11,11 @@ Each simulated worker joins with a shared join token (``POST /v1/workers/join``,
 (``POST /v1/workers/{id}/work?wait=20``). The load generator is one asyncio process with one
 pool of HTTP/1.1 keep-alive connections (h11 parses; one connection per open long poll plus
 spare ones for heartbeats), not a client or a thread per worker, so it leaves the server
-most of the machine; its own CPU is reported beside the server's.
+most of the machine; its own CPU is reported beside the server's. Each worker heartbeats on a
+fixed schedule of its own (a burst does not bunch later heartbeats); the pool retires
+connections idle longer than the server keeps them; ``--loop`` picks the load generator's
+event loop (uvloop when installed, as uvicorn does for the server) and the report says which
+parser and loop each side ran on.
 
 httpx's pool is not used here: it scans every connection of the pool (and, for idle ones,
 the whole pool again) on each request, so one pool of thousands of connections costs the
@@ -57,6 +62,9 @@ sys.path.insert(0, str(ROOT))
 from tests.server_support import Api, ServerProc, start_remote_worker, stop_proc, wait_workers  # noqa: E402
 
 R = TypeVar("R")
+#: an idle connection older than this is not used again: the server closes those idle for
+#: 75 s (gpulayer server start's keep-alive timeout)
+IDLE_EXPIRY = 60.0
 #: how long one long poll waits, as the real agent's over HTTP (gpulayer.http_client.poll_wait)
 POLL_WAIT = 20.0
 
@@ -68,6 +76,7 @@ class _Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
         self.h11 = h11.Connection(h11.CLIENT)
+        self.idle_since = time.monotonic()
 
     async def roundtrip(self, method: str, target: str, headers: list[tuple[str, str]],
                         body: bytes) -> tuple[int, bytes]:
@@ -126,8 +135,10 @@ class Pool:
             headers.append(("authorization", f"Bearer {token}"))
         async with self.slots:
             for attempt in (1, 2):
-                reused = bool(self.idle)
-                conn = self.idle.pop() if reused else _Conn(*await asyncio.open_connection(self.host, self.port))
+                conn = self._take_idle()
+                reused = conn is not None
+                if conn is None:
+                    conn = _Conn(*await asyncio.open_connection(self.host, self.port))
                 try:
                     status, data = await conn.roundtrip(method, path, headers, raw)
                 except (ConnectionError, h11.ProtocolError):
@@ -136,11 +147,19 @@ class Pool:
                         continue
                     raise
                 if conn.reusable:
+                    conn.idle_since = time.monotonic()
                     self.idle.append(conn)
                 else:
                     conn.close()
                 return status, data
         raise AssertionError("unreachable")
+
+    def _take_idle(self) -> _Conn | None:
+        """The idle connection used last; those idle longer than the server keeps them
+        (uvicorn's keep-alive timeout) are closed instead (the least used ones, at the left)."""
+        while self.idle and time.monotonic() - self.idle[0].idle_since > IDLE_EXPIRY:
+            self.idle.popleft().close()
+        return self.idle.pop() if self.idle else None
 
     def close(self) -> None:
         while self.idle:
@@ -222,7 +241,9 @@ async def fleet(url: str, join: str, n: int, seconds: float, interval: float, ca
             due += interval
 
     async def polls(wid: str, tok: str) -> None:
-        while (left := stop - time.monotonic()) > 0:
+        # no poll is started with under a second left (the server may end one early:
+        # spread; a string of ever shorter polls at the end would be a burst of the bench's own)
+        while (left := stop - time.monotonic()) > 1.0:
             wait = min(POLL_WAIT, left)
             t = time.monotonic()
             if not await call("poll", "POST", f"/v1/workers/{wid}/work?wait={wait:.1f}", tok, {"running": []}):
