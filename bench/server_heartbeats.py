@@ -241,12 +241,10 @@ async def fleet(url: str, join: str, n: int, seconds: float, interval: float, ca
             due += interval
 
     async def polls(wid: str, tok: str) -> None:
-        # no poll is started with under a second left (the server may end one early:
-        # spread; a string of ever shorter polls at the end would be a burst of the bench's own)
-        while (left := stop - time.monotonic()) > 1.0:
-            wait = min(POLL_WAIT, left)
-            t = time.monotonic()
-            if not await call("poll", "POST", f"/v1/workers/{wid}/work?wait={wait:.1f}", tok, {"running": []}):
+        # each poll waits as long as the agent's, the last ones past the end of the run: polls
+        # cut to end with the run would all end at once, a burst of the bench's own
+        while (t := time.monotonic()) < stop:
+            if not await call("poll", "POST", f"/v1/workers/{wid}/work?wait={POLL_WAIT:g}", tok, {"running": []}):
                 await asyncio.sleep(0.5)
             elif t >= measure_from:
                 samples.append(("poll", t - start, time.monotonic() - t))
