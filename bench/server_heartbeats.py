@@ -2,6 +2,7 @@
 
     python bench/server_heartbeats.py [--workers 1000] [--interval 5] [--seconds 30] [--jobs 5]
         [--database sqlite] [--database postgresql://postgres@127.0.0.1:5432/test]
+        [--loop auto|asyncio|uvloop] [--samples FILE] [--pid-file FILE]
 
 Each simulated worker joins with a shared join token (``POST /v1/workers/join``, as
 ``gpulayer worker start`` does), then does what the real agent does over HTTP
@@ -10,7 +11,11 @@ Each simulated worker joins with a shared join token (``POST /v1/workers/join``,
 (``POST /v1/workers/{id}/work?wait=20``). The load generator is one asyncio process with one
 pool of HTTP/1.1 keep-alive connections (h11 parses; one connection per open long poll plus
 spare ones for heartbeats), not a client or a thread per worker, so it leaves the server
-most of the machine; its own CPU is reported beside the server's.
+most of the machine; its own CPU is reported beside the server's. Each worker heartbeats on a
+fixed schedule of its own (a burst does not bunch later heartbeats); the pool retires
+connections idle longer than the server keeps them; ``--loop`` picks the load generator's
+event loop (uvloop when installed, as uvicorn does for the server) and the report says which
+parser and loop each side ran on.
 
 httpx's pool is not used here: it scans every connection of the pool (and, for idle ones,
 the whole pool again) on each request, so one pool of thousands of connections costs the
@@ -32,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import importlib.util
 import json
 import os
 import resource
@@ -41,10 +47,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import h11
@@ -55,6 +61,10 @@ sys.path.insert(0, str(ROOT))
 
 from tests.server_support import Api, ServerProc, start_remote_worker, stop_proc, wait_workers  # noqa: E402
 
+R = TypeVar("R")
+#: an idle connection older than this is not used again: the server closes those idle for
+#: 75 s (gpulayer server start's keep-alive timeout)
+IDLE_EXPIRY = 60.0
 #: how long one long poll waits, as the real agent's over HTTP (gpulayer.http_client.poll_wait)
 POLL_WAIT = 20.0
 
@@ -66,6 +76,7 @@ class _Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
         self.h11 = h11.Connection(h11.CLIENT)
+        self.idle_since = time.monotonic()
 
     async def roundtrip(self, method: str, target: str, headers: list[tuple[str, str]],
                         body: bytes) -> tuple[int, bytes]:
@@ -124,8 +135,10 @@ class Pool:
             headers.append(("authorization", f"Bearer {token}"))
         async with self.slots:
             for attempt in (1, 2):
-                reused = bool(self.idle)
-                conn = self.idle.pop() if reused else _Conn(*await asyncio.open_connection(self.host, self.port))
+                conn = self._take_idle()
+                reused = conn is not None
+                if conn is None:
+                    conn = _Conn(*await asyncio.open_connection(self.host, self.port))
                 try:
                     status, data = await conn.roundtrip(method, path, headers, raw)
                 except (ConnectionError, h11.ProtocolError):
@@ -134,11 +147,19 @@ class Pool:
                         continue
                     raise
                 if conn.reusable:
+                    conn.idle_since = time.monotonic()
                     self.idle.append(conn)
                 else:
                     conn.close()
                 return status, data
         raise AssertionError("unreachable")
+
+    def _take_idle(self) -> _Conn | None:
+        """The idle connection used last; those idle longer than the server keeps them
+        (uvicorn's keep-alive timeout) are closed instead (the least used ones, at the left)."""
+        while self.idle and time.monotonic() - self.idle[0].idle_since > IDLE_EXPIRY:
+            self.idle.popleft().close()
+        return self.idle.pop() if self.idle else None
 
     def close(self) -> None:
         while self.idle:
@@ -190,6 +211,8 @@ async def fleet(url: str, join: str, n: int, seconds: float, interval: float, ca
     stop = start + seconds
     lat: list[float] = []
     floor: list[float] = []
+    #: (what, sent at relative to start, latency) of every measured request, for --samples
+    samples: list[tuple[str, float, float]] = []
     marks: dict[str, float] = {}
 
     async def call(what: str, method: str, path: str, token: str | None, body: Any) -> bool:
@@ -204,23 +227,33 @@ async def fleet(url: str, join: str, n: int, seconds: float, interval: float, ca
         return True
 
     async def heartbeats(i: int, wid: str, tok: str) -> None:
-        await asyncio.sleep(interval * i / n)  # spread evenly over one interval
-        while (t := time.monotonic()) < stop:
+        # spread evenly over one interval, each worker on a fixed schedule of its own: a burst
+        # that held some heartbeats back (the fleet's first polls, all at once) must not leave
+        # them bunched together for the rest of the run
+        due = start + interval * i / n
+        while due < stop:
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            t = time.monotonic()
             ok = await call("heartbeat", "POST", f"/v1/workers/{wid}/heartbeat", tok, {"running": []})
             if ok and t >= measure_from:
                 lat.append(time.monotonic() - t)
-            await asyncio.sleep(max(0.0, interval - (time.monotonic() - t)))
+                samples.append(("heartbeat", t - start, lat[-1]))
+            due += interval
 
     async def polls(wid: str, tok: str) -> None:
-        while (left := stop - time.monotonic()) > 0:
-            wait = min(POLL_WAIT, left)
-            if not await call("poll", "POST", f"/v1/workers/{wid}/work?wait={wait:.1f}", tok, {"running": []}):
+        # each poll waits as long as the agent's, the last ones past the end of the run: polls
+        # cut to end with the run would all end at once, a burst of the bench's own
+        while (t := time.monotonic()) < stop:
+            if not await call("poll", "POST", f"/v1/workers/{wid}/work?wait={POLL_WAIT:g}", tok, {"running": []}):
                 await asyncio.sleep(0.5)
+            elif t >= measure_from:
+                samples.append(("poll", t - start, time.monotonic() - t))
 
     async def healthz() -> None:
         while (t := time.monotonic()) < stop:
             if await call("healthz", "GET", "/healthz", None, None) and t >= measure_from:
                 floor.append(time.monotonic() - t)
+                samples.append(("healthz", t - start, floor[-1]))
             await asyncio.sleep(max(0.0, 0.1 - (time.monotonic() - t)))
 
     async def meter() -> None:
@@ -235,7 +268,7 @@ async def fleet(url: str, join: str, n: int, seconds: float, interval: float, ca
     await asyncio.gather(*(call("leave", "DELETE", f"/v1/workers/{w}", t, None) for w, t in creds))
     pool.close()
     span = marks["t1"] - marks["t0"]
-    return {"lat": lat, "floor": floor, "errors": errors, "join_s": join_s, "span": span,
+    return {"lat": lat, "floor": floor, "samples": samples, "errors": errors, "join_s": join_s, "span": span,
             "server_cpu": 100 * (marks["server1"] - marks["server0"]) / span,
             "loadgen_cpu": 100 * (marks["me1"] - marks["me0"]) / span}
 
@@ -254,6 +287,19 @@ def submit_to_start(client: Any, jobs: int) -> list[float]:
         t = j.tasks[-1]
         out.append((t.started_at or 0) - j.created_at)
     return out
+
+
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def run_loop(loop: str, main: Coroutine[Any, Any, R]) -> R:
+    """Run the load generator on asyncio's own loop or on uvloop (--loop)."""
+    if loop == "uvloop" or (loop == "auto" and installed("uvloop")):
+        import uvloop
+
+        return uvloop.run(main)
+    return asyncio.run(main)
 
 
 @contextmanager
@@ -290,9 +336,13 @@ def run(args: argparse.Namespace, spec: str, tmp: Path) -> dict[str, Any]:
             assert srv.proc is not None
             if args.pid_file:
                 Path(args.pid_file).write_text(f"{srv.proc.pid}\n")
-            res = asyncio.run(fleet(srv.url, join, args.workers, args.seconds, args.interval, caps,
-                                    psutil.Process(srv.proc.pid)))
+            res = run_loop(args.loop, fleet(srv.url, join, args.workers, args.seconds, args.interval, caps,
+                                            psutil.Process(srv.proc.pid)))
             res["remote"] = []
+            if args.samples:
+                with open(args.samples, "a") as f:
+                    f.writelines(f"{'sqlite' if url is None else 'postgresql'}\t{what}\t{t:.4f}\t{v * 1000:.2f}\n"
+                                 for what, t, v in res["samples"])
             if args.jobs:
                 from gpulayer.client import http_client
 
@@ -327,6 +377,11 @@ def report(args: argparse.Namespace, res: dict[str, Any]) -> None:
     print()
     print(f"{res['database']}: {args.workers} simulated workers, a heartbeat every {args.interval:g} s and "
           f"one long poll each; {args.seconds:g} s, measured over the last {res['span']:.0f} s")
+    # uvicorn picks httptools and uvloop when they are installed; the server runs in this environment
+    server_stack = "uvicorn with " + ("httptools" if installed("httptools") else "h11") + \
+        (" on uvloop" if installed("uvloop") else " on asyncio's loop")
+    loadgen_loop = "uvloop" if args.loop == "uvloop" or (args.loop == "auto" and installed("uvloop")) else "asyncio"
+    print(f"  (server: {server_stack}; load generator: h11 on {loadgen_loop})")
     rows = [
         ("joins (all workers, 50 at a time)", f"{res['join_s']:.1f} s"),
         ("heartbeats answered (measured)", f"{len(lat)}"),
@@ -356,6 +411,10 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=5, help="submit-to-start jobs after the fleet left (0: none)")
     ap.add_argument("--database", action="append", default=None,
                     help="'sqlite' (the default) or a PostgreSQL URL; repeat to run on each")
+    ap.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                    help="the load generator's event loop (auto: uvloop when installed, as the server)")
+    ap.add_argument("--samples", default=None,
+                    help="append every measured request here: database, what, sent at (s), latency (ms)")
     ap.add_argument("--pid-file", default=None, help="write the server's pid here (to attach a profiler)")
     args = ap.parse_args()
     need = pool_size(args.workers) + 256  # the server holds as many (each process has its own limit)

@@ -63,7 +63,7 @@ from gpulayer.errors import (
     TooLarge,
 )
 from gpulayer.server.collector import full_collections
-from gpulayer.server.state import Server
+from gpulayer.server.state import Server, wait_woken
 from gpulayer.store import Store
 from gpulayer.wording import Spelling, build
 
@@ -207,7 +207,7 @@ async def _poll_tasks(server: Server, request: Request, kw: dict[str, Any]) -> A
 async def _poll_work(server: Server, request: Request, kw: dict[str, Any]) -> Any:
     wid = kw["worker_id"]
     running = list(kw["running"])
-    deadline = time.monotonic() + kw["wait"]
+    deadline = time.monotonic() + server.poll_wait(wid, kw["wait"])
     first = True
     while True:
         woken = server.arm(wid)
@@ -223,11 +223,15 @@ async def _poll_work(server: Server, request: Request, kw: dict[str, Any]) -> An
         # the database is noticed by watch_polls, at most POLL_RECHECK seconds later
         server._polling[wid] = running
         try:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(woken.wait(), remaining)
+            woke = await wait_woken(woken, remaining)
         finally:
             if server._polling.get(wid) is running:
                 del server._polling[wid]
+        if not woke:
+            # the wait ran out and nothing woke it (this server's assignments and cancels,
+            # watch_polls for another server's, a shutdown): answered empty without a look;
+            # the worker polls again at once, and that poll's first look sees anything newer
+            return api.WorkPoll()
 
 
 async def _heartbeat(server: Server, request: Request, kw: dict[str, Any]) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +32,11 @@ POLL_RECHECK = 2.0
 HEARTBEAT_WRITE_WINDOW = 0.25
 #: how long a worker poll's first look waits for others to share its database read
 FIRST_LOOK_GATHER = 0.05
+#: a worker poll with nothing to answer ends at a random moment in the last part of its
+#: wait: the first one a worker makes on this server in the last half, later ones in the
+#: last tenth (see Server.poll_wait)
+FIRST_POLL_SPREAD = 0.5
+POLL_SPREAD = 0.1
 
 
 # ---------------------------------------------------------------------------------- state
@@ -53,9 +59,9 @@ class Server(ControlObserver):
         self.provision_tick = 1.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
-        # long polls of workers wait on their own event, set only when they got a task:
+        # long polls of workers wait on their own future, set only when they got a task:
         # waking a thousand polls on every change of anything would swamp the database
-        self._worker_events: dict[str, asyncio.Event] = {}
+        self._worker_events: dict[str, asyncio.Future[bool]] = {}
         #: worker id -> the task ids it runs, for each worker poll waiting now
         self._polling: dict[str, list[str]] = {}
         self.shutting_down = False
@@ -75,6 +81,8 @@ class Server(ControlObserver):
         self._heard: dict[str, float] = {}
         #: workers that made a call other than a heartbeat since the last flush
         self._seen: set[str] = set()
+        #: workers whose first poll on this server was spread (Server.poll_wait)
+        self._spread: set[str] = set()
         control.observe(self)
 
     # -- the control plane's observer callbacks (on its threads)
@@ -106,14 +114,15 @@ class Server(ControlObserver):
 
     def _wake_workers(self, worker_ids: frozenset[str]) -> None:
         for wid in worker_ids:
-            event = self._worker_events.get(wid)
-            if event is not None:
-                event.set()
+            woken = self._worker_events.get(wid)
+            if woken is not None and not woken.done():
+                woken.set_result(True)
 
     def _wake_all(self) -> None:
         self._wake()
-        for event in self._worker_events.values():
-            event.set()
+        for woken in self._worker_events.values():
+            if not woken.done():
+                woken.set_result(True)
 
     def begin_shutdown(self) -> None:
         """Answer every waiting long poll now, so a stopping server need not wait for them
@@ -121,12 +130,13 @@ class Server(ControlObserver):
         self.shutting_down = True
         self._soon(self._wake_all)
 
-    def arm(self, worker_id: str) -> asyncio.Event:
-        """A fresh event set when this server next assigns ``worker_id`` a task or cancels
-        one of its tasks. Arm it
-        before looking at the database, so an assignment in between is not missed."""
-        event = self._worker_events[worker_id] = asyncio.Event()
-        return event
+    def arm(self, worker_id: str) -> asyncio.Future[bool]:
+        """A fresh future that becomes True when this server next assigns ``worker_id`` a
+        task or cancels one of its tasks (or shuts down). Arm it before looking at the
+        database, so an assignment in between is not missed; wait on it with
+        :func:`wait_woken`."""
+        woken = self._worker_events[worker_id] = asyncio.get_running_loop().create_future()
+        return woken
 
     def next_change(self) -> asyncio.Event:
         """The event set at the control plane's next change (on the event loop). Take it
@@ -179,6 +189,24 @@ class Server(ControlObserver):
                 await self.flush_heartbeats()
             except Exception:  # the database may be away for a moment; try again next tick
                 log.exception("writing heartbeats failed")
+
+    def poll_wait(self, worker_id: str, wait: float) -> float:
+        """How long a worker poll that hears of nothing waits: a random part of ``wait``.
+
+        A fleet that polls at once (every worker reconnecting to a restarted server) would
+        otherwise have all its polls end at once, every ``wait`` seconds, for ever: at 10,000
+        workers, 10,000 answers and as many new polls in one burst, which held every other
+        request for up to a second (bench/server_heartbeats.py). A worker's first poll here
+        ends within the last ``FIRST_POLL_SPREAD`` of its wait, which spreads such a fleet
+        over that much of the wait in one round; later ones within the last ``POLL_SPREAD``
+        (a few percent more polls), so clumps that a pause of the server made drift apart
+        again. A poll that gets work or a cancel answers at once, as before."""
+        if worker_id not in self._spread:
+            if len(self._spread) >= 100_000:  # bounded: a forgotten worker is spread once more
+                self._spread.clear()
+            self._spread.add(worker_id)
+            return wait * (1.0 - FIRST_POLL_SPREAD * random.random())
+        return wait * (1.0 - POLL_SPREAD * random.random())
 
     async def look_for_work(self, worker_id: str, running: list[str], *, first: bool = False) -> WorkPoll:
         """A worker poll's look at the database (``ControlPlane.look_for_work``, batched)."""
@@ -247,6 +275,22 @@ class Server(ControlObserver):
             except Exception:  # a provider or the database misbehaved; try again next tick
                 log.exception("provisioning pass failed")
             await asyncio.sleep(self.provision_tick)
+
+
+async def wait_woken(woken: asyncio.Future[bool], timeout: float) -> bool:
+    """Wait until ``woken`` (from :meth:`Server.arm`) is set, at most ``timeout`` seconds:
+    True if it was, False if the time ran out. One timer and no task (``asyncio.wait_for``
+    makes a task, a timer and a future of its own; 10,000 polls wait at once)."""
+    handle = asyncio.get_running_loop().call_later(timeout, _time_out, woken)
+    try:
+        return await woken
+    finally:
+        handle.cancel()
+
+
+def _time_out(woken: asyncio.Future[bool]) -> None:
+    if not woken.done():
+        woken.set_result(False)
 
 
 class Batches(Generic[V, R]):

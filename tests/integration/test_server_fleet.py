@@ -6,6 +6,7 @@ the cache's bound (see docs/server.md, "Fleets")."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,27 @@ def test_heartbeats_answered_at_once_are_written_and_silence_still_counts(server
     assert w("DELETE", f"/v1/workers/{wid}").status_code == 204
     r = w("POST", f"/v1/workers/{wid}/heartbeat", json={"running": []})
     assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
+
+
+def test_a_poll_that_hears_of_nothing_answers_empty_and_an_assignment_wakes_one(server: ServerProc) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    admin = Api(server.url, server.admin_token)
+    wid, w = join(server.url, admin)
+    # nothing to do: answered empty when its (spread) wait runs out
+    for _ in range(2):
+        r = w("POST", f"/v1/workers/{wid}/work", params={"wait": 1}, json={"running": []})
+        assert r.status_code == 200 and r.json() == {"tasks": [], "cancel": []}, r.text
+    # a waiting poll is woken by the task this server assigns it
+    with ThreadPoolExecutor(1) as pool:
+        poll = pool.submit(w, "POST", f"/v1/workers/{wid}/work", params={"wait": 25}, json={"running": []})
+        time.sleep(0.5)  # let it reach its wait (else its first look finds the task: it passes too)
+        job = admin("POST", "/v1/jobs", json={"spec": {"kind": "command", "command": ["true"],
+                                                       "placement": {"target": "remote"}}})
+        assert job.status_code == 201, job.text
+        r = poll.result(60)
+    assert r.status_code == 200, r.text
+    assert [t["job_id"] for t in r.json()["tasks"]] == [job.json()["id"]]
 
 
 @pytest.mark.postgres

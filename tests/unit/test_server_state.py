@@ -1,0 +1,47 @@
+"""What a serving process keeps between requests (gpulayer.server.state): how long a worker
+poll that hears of nothing waits, and how a waiting poll is woken."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from gpulayer.control import ControlPlane
+from gpulayer.server.state import FIRST_POLL_SPREAD, POLL_SPREAD, Server, wait_woken
+from gpulayer.store import Store
+
+
+def make_server(tmp_path: Path) -> Server:
+    return Server(ControlPlane(Store(f"sqlite:///{tmp_path / 'server.db'}")))
+
+
+def test_a_fleet_that_polls_at_once_is_spread_over_its_first_wait(tmp_path: Path) -> None:
+    server = make_server(tmp_path)
+    first = [server.poll_wait(f"wkr-{i}", 20.0) for i in range(2000)]
+    later = [server.poll_wait(f"wkr-{i}", 20.0) for i in range(2000)]
+    # the first poll of each worker ends within the last half of its wait, spread across it
+    assert all(20.0 * (1 - FIRST_POLL_SPREAD) <= w <= 20.0 for w in first)
+    assert max(first) - min(first) > 0.8 * 20.0 * FIRST_POLL_SPREAD
+    # later ones near their full wait, still apart
+    assert all(20.0 * (1 - POLL_SPREAD) <= w <= 20.0 for w in later)
+    assert len(set(later)) > 1000
+    assert server.poll_wait("wkr-0", 0.0) == 0.0
+
+
+def test_a_waiting_poll_is_woken_by_its_worker_only(tmp_path: Path) -> None:
+    server = make_server(tmp_path)
+
+    async def main() -> tuple[bool, bool, bool, bool]:
+        a, b = server.arm("wkr-a"), server.arm("wkr-b")
+        waits = asyncio.gather(wait_woken(a, 30.0), wait_woken(b, 0.05))
+        await asyncio.sleep(0)
+        server._wake_workers(frozenset({"wkr-a", "wkr-unknown"}))
+        woke_a, woke_b = await waits
+        # a wake after the poll was answered changes nothing; a fresh arm is not woken by it
+        server._wake_workers(frozenset({"wkr-a"}))
+        c = server.arm("wkr-a")
+        server._wake_all()
+        return woke_a, woke_b, a.result(), await wait_woken(c, 30.0)
+
+    server._loop = None  # no observer callbacks from threads here
+    assert asyncio.run(main()) == (True, False, True, True)
