@@ -125,13 +125,15 @@ def answer(argv: Sequence[str]) -> bool:
     request = _jobs_list(argv)
     if request is None:
         return _detect(argv)
+    import sqlite3
+
     from gpulayer import embedded_reads
 
     os.environ.update(request["env"])  # what the root group's options do on the full path
     try:
         with embedded_reads.reading(embedded_reads.database()) as conn:
             lines = embedded_reads.job_lines(conn, state=request["state"], limit=request["limit"])
-    except embedded_reads.Unanswerable:
+    except (embedded_reads.Unanswerable, sqlite3.Error):  # the full path says what is wrong
         return False
     summaries = [job_summary(*line) for line in lines]
     text = json_text(summaries) if request["json"] else "\n".join(job_table(summaries, time.time()))

@@ -20,7 +20,7 @@ from sqlmodel import Session
 
 from gpulayer import config, lifecycle, scheduling, tokens
 from gpulayer.control import placement
-from gpulayer.errors import Forbidden, NotFound
+from gpulayer.errors import Forbidden
 from gpulayer.records import JobError, JobState, TaskState
 from gpulayer.store import JobRow, Store, TaskRow, mapping, plain, queries
 
@@ -115,14 +115,19 @@ class Core:
         next pass, at the latest the server's periodic one, places the queue). (A plain
         SAVEPOINT: the pass writes plain statements, and SQLAlchemy's nested transaction
         cost as much as the pass's own reads.)"""
-        plain.execute(s, "SAVEPOINT gl_place")  # (what the session holds is flushed before)
+        s.flush()  # what the caller changed goes before the savepoint: it is kept
+        plain.control(s, "SAVEPOINT gl_place")
         try:
             result = self._place(s, new_job=new_job, until_full=until_full)
-            plain.execute(s, "RELEASE SAVEPOINT gl_place")
+            s.flush()
+            plain.control(s, "RELEASE SAVEPOINT gl_place")
             return result
         except Exception:
             log.exception("a placement pass failed; the change before it is kept")
-            plain.execute(s, "ROLLBACK TO SAVEPOINT gl_place")
+            # (not flushed first: the failure may be the flush's, or the transaction aborted)
+            plain.control(s, "ROLLBACK TO SAVEPOINT gl_place")
+            for obj in list(s.new):  # rows the pass added and never wrote
+                s.expunge(obj)
             s.expire_all()  # rows the session loaded may hold what was undone
             return None
 
@@ -143,9 +148,7 @@ class Core:
     # ------------------------------------------------------------------ internals
 
     def _own_task(self, s: Session, task_id: str, worker_id: str) -> plain.Task:
-        task = plain.find_task(s, task_id)
-        if task is None:
-            raise NotFound(f"task {task_id!r}: no such task")
+        task = plain.task(s, task_id)
         if task.worker_id != worker_id:
             # another worker's task: refused without naming who holds it
             raise Forbidden(f"task {task_id} is not assigned to worker {worker_id}")
@@ -167,12 +170,6 @@ class Core:
             self._settle(s, job, now)
         if unstarted:
             self._event(s, "task_released", job_id=t.job_id, task_id=t.id, worker_id=t.worker_id, message=why)
-
-    def _job_of(self, s: Session, task: plain.Task) -> plain.Job:
-        job = plain.find_job(s, task.job_id)
-        if job is None:
-            raise NotFound(f"job {task.job_id!r}: no such job")
-        return job
 
     def _settle(self, s: Session, job: JobRow | plain.Job, now: float, reported: JobError | None = None,
                 also: dict[str, Any] | None = None) -> str:

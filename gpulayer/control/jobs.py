@@ -68,7 +68,7 @@ class JobOps(Core):
             self._event(s, "submitted", job_id=job_id, message=spec.kind)
             # placed in the same transaction: one commit per submit
             result = self._place_too(s, new_job=job_id)
-            record = self._record(s, job_id, spec=spec)
+            record = self._record(s, job_id)
         self._placed(result, started)
         return record
 
@@ -76,13 +76,9 @@ class JobOps(Core):
         with self.store.read() as s:
             return self._record(s, job_id)
 
-    def _record(self, s: Session, job_id: str, *, spec: JobSpec | None = None) -> JobRecord:
-        """The job's record with every task it had (NotFound if there is no such job);
-        ``spec``: the job's spec, when the caller has it."""
-        job = plain.find_job(s, job_id)
-        if job is None:
-            raise NotFound(f"job {job_id!r}: no such job")
-        return mapping.job_record(job, plain.tasks_of(s, job_id), spec=spec)
+    def _record(self, s: Session, job_id: str) -> JobRecord:
+        """The job's record, as stored, with every task it had (NotFound if there is no such job)."""
+        return mapping.job_record(plain.job(s, job_id), plain.tasks_of(s, job_id))
 
     def job_owner(self, job_id: str) -> str | None:
         """The token id that submitted the job (None when submitted in-process)."""

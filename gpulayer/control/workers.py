@@ -161,6 +161,8 @@ class WorkerOps(Core):
         now = self.clock()
         with self.store.write(lock=False) as s:
             known = queries.online_flags(s, reports)
+            if not all(known.values()):  # a worker comes back online: see Store.lock_writers
+                self.store.lock_writers(s)
             queries.touch_workers(s, known, now)
             to_end = self._to_end(s, {wid: reports[wid] for wid in known})
         with self._reports_lock:
@@ -184,6 +186,8 @@ class WorkerOps(Core):
         heartbeat goes the long way and hears it)."""
         with self.store.write(lock=False) as s:
             known = queries.online_flags(s, heard)
+            if not all(known.values()):  # a worker comes back online: see Store.lock_writers
+                self.store.lock_writers(s)
             queries.touch_workers_at(s, {wid: heard[wid] for wid in known})
         with self._reports_lock:
             for wid in known:
@@ -386,7 +390,7 @@ class WorkerOps(Core):
                 if task.state == TaskState.RUNNING.value:
                     return
                 raise Conflict(f"task {task_id} is {task.state}; it cannot start")
-            self._settle(s, self._job_of(s, task), now)
+            self._settle(s, plain.job(s, task.job_id), now)
             self._event(s, "task_started", job_id=task.job_id, task_id=task_id, worker_id=worker_id, message=how)
 
     def append_logs(self, task_id: str, *, worker_id: str, chunks: Sequence[tuple[LogStream, str]]) -> None:
@@ -415,7 +419,7 @@ class WorkerOps(Core):
         started = time.perf_counter()
         with self.store.write() as s:
             task = self._own_task(s, task_id, worker_id)
-            job = self._job_of(s, task)
+            job = plain.job(s, task.job_id)
             # the bare spec (no arguments needed), parsed only when there is a result to check
             stored_result = None if result is None else _result_json(result, mapping.spec(job.spec))
             changes: dict[str, Any] = {}

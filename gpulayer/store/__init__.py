@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -104,7 +106,7 @@ class Store:
         # growing steps (1, 2, 5, 10 ms...) and starves a busy server (see
         # bench/server_heartbeats.py): those of this process on a lock, those of every
         # process on the database's lock file (a worker process and the submitting one)
-        self._write_lock = _WriterLock(self._lock_path()) if self.is_sqlite else None
+        self._write_lock = _WriterLock.of(self._lock_path()) if self.is_sqlite else None
         self._migrate()
 
     def _lock_path(self) -> str | None:
@@ -179,6 +181,15 @@ class Store:
                     yield session
                     session.flush()
 
+    def lock_writers(self, s: Session) -> None:
+        """In a ``write(lock=False)`` that turns out to change what other writers read (a
+        heartbeat that brings a worker back online moves the change marks, see
+        :mod:`.marks`): take the writers' lock after all, before any row is changed, so it
+        queues behind them instead of meeting them on the marks' row (PostgreSQL; SQLite's
+        writers are serialised already)."""
+        if not self.is_sqlite:
+            s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
+
     @contextmanager
     def read(self) -> Iterator[Session]:
         with self.engine.connect() as conn:
@@ -198,11 +209,35 @@ _NO_LOCK = contextlib.nullcontext()
 class _WriterLock:
     """One writer at a time: a lock for the threads of this process and, where the platform
     has ``flock``, an exclusive lock on a file next to the database for its processes. The
-    kernel hands the file lock to the next waiter as soon as it is released."""
+    kernel hands the file lock to the next waiter as soon as it is released.
+
+    One per database file and process (:meth:`of`): the Stores of one process on one file
+    share it, as they share SQLite's own lock. A writer waits for the file lock as long as
+    SQLite's busy timeout (a process stopped inside a write holds it), then gives up
+    naming the file."""
+
+    #: how long a writer waits for another process's write: SQLite's busy_timeout
+    WAIT = 30.0
+    _known: dict[str, _WriterLock] = {}
+    _known_lock = threading.Lock()
+
+    @classmethod
+    def of(cls, path: str | None) -> _WriterLock:
+        if path is None:
+            return cls(None)
+        key = os.path.realpath(path)
+        with cls._known_lock:
+            lock = cls._known.get(key)
+            if lock is None or lock._fd is None:
+                lock = cls._known[key] = cls(key)
+            lock._users += 1
+            return lock
 
     def __init__(self, path: str | None) -> None:
+        self.path = path
         self._threads = threading.RLock()
         self._depth = 0
+        self._users = 0
         self._fd: int | None = None
         if path is not None and fcntl is not None:
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -211,11 +246,28 @@ class _WriterLock:
         self._threads.acquire()
         if self._depth == 0 and self._fd is not None:
             try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX)
+                self._lock_file()
             except BaseException:
                 self._threads.release()
                 raise
         self._depth += 1
+
+    def _lock_file(self) -> None:
+        assert self._fd is not None
+        deadline = time.monotonic() + self.WAIT
+        pause = 0.0005
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise sqlite3.OperationalError(
+                        f"the database is locked: another process has held {self.path} for "
+                        f"{self.WAIT:g} s (a process stopped while it writes?)") from None
+                # (a blocking flock has no timeout; the holder's writes take a millisecond)
+                time.sleep(pause)
+                pause = min(pause * 2, 0.005)
 
     def __exit__(self, *exc: object) -> None:
         self._depth -= 1
@@ -224,7 +276,11 @@ class _WriterLock:
         self._threads.release()
 
     def close(self) -> None:
-        with self._threads:
-            if self._fd is not None:
+        """One Store fewer uses it; the last one closes the file."""
+        with self._known_lock, self._threads:
+            self._users -= 1
+            if self._users <= 0 and self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+                if self.path is not None and self._known.get(self.path) is self:
+                    del self._known[self.path]

@@ -88,11 +88,9 @@ def task_record(t: TaskRow | plain.Task) -> TaskRecord:
     )
 
 
-def job_record(row: JobRow | plain.Job, tasks: Sequence[TaskRow | plain.Task] | None = None, *,
-               spec: Any = None) -> JobRecord:
-    """The job's record; ``spec``: the job's spec, when the caller has it (not parsed again)."""
+def job_record(row: JobRow | plain.Job, tasks: Sequence[TaskRow | plain.Task] | None = None) -> JobRecord:
     return JobRecord(
-        id=row.id, spec=spec if spec is not None else job_spec(row), state=JobState(row.state), created_at=row.created_at,
+        id=row.id, spec=job_spec(row), state=JobState(row.state), created_at=row.created_at,
         updated_at=row.updated_at, attempt=row.attempt, exit_code=row.exit_code,
         result=json.loads(row.result) if row.result else None, error=error_of(row.error),
         decision=decision_of(row.decision), cancel_requested=row.cancel_requested,

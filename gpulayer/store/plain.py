@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from sqlmodel import Session
 
+from gpulayer.errors import NotFound
 from gpulayer.store.tables import EventRow, JobRow, TaskRow
 
 
@@ -68,6 +69,11 @@ _JOB_TABLE = JobRow.__tablename__
 _TASK_TABLE = TaskRow.__tablename__
 _EVENT_TABLE = EventRow.__tablename__
 
+def not_found(what: str, key: str) -> NotFound:
+    """``job 'x': no such job``: how every lookup by id says it found nothing."""
+    return NotFound(f"{what} {key!r}: no such {what}")
+
+
 # ---------------------------------------------------------------- running statements
 
 _rewritten: dict[str, str] = {}
@@ -89,6 +95,19 @@ def _cursor(s: Session) -> Any:
     if conn is None:  # the session's own connection, looked up once per transaction
         conn = s.info["gl_driver_connection"] = s.connection().connection
     return conn.cursor()
+
+
+def control(s: Session, sql: str) -> None:
+    """A statement that changes no row (``SAVEPOINT``, ``ROLLBACK TO SAVEPOINT``...), run on
+    the session's connection without flushing it first."""
+    conn = s.info.get("gl_driver_connection")
+    if conn is None:
+        conn = s.info["gl_driver_connection"] = s.connection().connection
+    cur = conn.cursor()
+    try:
+        cur.execute(sql)
+    finally:
+        cur.close()
 
 
 def execute(s: Session, sql: str, params: tuple[Any, ...] = ()) -> int:
@@ -144,6 +163,14 @@ def job_id_by_key(s: Session, idempotency_key: str) -> str | None:
     return str(found[0][0]) if found else None
 
 
+def job(s: Session, job_id: str) -> Job:
+    """The job, or :class:`~gpulayer.errors.NotFound` in the product's wording."""
+    found = find_job(s, job_id)
+    if found is None:
+        raise not_found("job", job_id)
+    return found
+
+
 def job_state(s: Session, job_id: str) -> str | None:
     found = fetch(s, f"SELECT state FROM {_JOB_TABLE} WHERE id = ?", (job_id,))
     return str(found[0][0]) if found else None
@@ -173,6 +200,14 @@ def update_job(s: Session, job_id: str, **values: Any) -> None:
 def find_task(s: Session, task_id: str) -> Task | None:
     found = fetch(s, f"SELECT {TASK_COLUMNS} FROM {_TASK_TABLE} WHERE id = ?", (task_id,))
     return Task(*found[0]) if found else None
+
+
+def task(s: Session, task_id: str) -> Task:
+    """The task, or :class:`~gpulayer.errors.NotFound` in the product's wording."""
+    found = find_task(s, task_id)
+    if found is None:
+        raise not_found("task", task_id)
+    return found
 
 
 def tasks_of(s: Session, job_id: str, attempt: int | None = None) -> list[Task]:
@@ -229,6 +264,7 @@ __all__ = [
     "Task",
     "add_event",
     "assigned_of_worker",
+    "control",
     "execute",
     "fetch",
     "fetch_in",
@@ -236,10 +272,13 @@ __all__ = [
     "find_task",
     "insert_job",
     "insert_tasks",
+    "job",
     "job_id_by_key",
     "job_state",
     "jobs_by_id",
+    "not_found",
     "set_task_state",
+    "task",
     "tasks_of",
     "update_job",
 ]

@@ -24,7 +24,6 @@ from sqlalchemy import select as sa_select
 from sqlalchemy.orm import defer
 from sqlmodel import Session, SQLModel, col, select
 
-from gpulayer.errors import NotFound
 from gpulayer.records import JobState, TaskState
 from gpulayer.store import plain
 from gpulayer.store.tables import (
@@ -60,7 +59,7 @@ def get_or_raise(s: Session, table: type[R], key: str, what: str, *, for_update:
     """The row of ``table`` with primary key ``key``, or :class:`NotFound` ("job 'x': no such job")."""
     row = s.get(table, key, with_for_update=for_update or None, populate_existing=fresh)
     if row is None:
-        raise NotFound(f"{what} {key!r}: no such {what}")
+        raise plain.not_found(what, key)
     return row
 
 
@@ -79,7 +78,7 @@ def job_owner(s: Session, job_id: str) -> str | None:
     """The token id that submitted the job (None for an embedded submit); NotFound if none."""
     owner = s.execute(sa_select(col(JobRow.owner), col(JobRow.id)).where(col(JobRow.id) == job_id)).first()
     if owner is None:
-        raise NotFound(f"job {job_id!r}: no such job")
+        raise plain.not_found("job", job_id)
     return owner[0]  # type: ignore[no-any-return]
 
 

@@ -149,6 +149,14 @@ def test_a_home_without_a_database_is_created_by_the_full_path(tmp_path: Path) -
     assert sorted(p.name for p in tmp_path.glob("gpulayer.db-*")) == []  # the WAL is checkpointed away
 
 
+def test_a_database_the_light_reads_fail_on_is_left_to_the_full_path(tmp_path: Path) -> None:
+    assert run(["jobs", "list"], tmp_path)[1:] == (b"no jobs\n", "", "full")  # creates it
+    with sqlite3.connect(tmp_path / "gpulayer.db") as db:  # damaged: a column the reads name is gone
+        db.execute("ALTER TABLE gl_jobs RENAME COLUMN created_at TO created_gone")
+    _, out, err, path = run(["jobs", "list"], tmp_path)
+    assert path == "full" and "embedded_reads" not in err and out == b""
+
+
 def test_an_older_schema_is_migrated_by_the_full_path(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "gpulayer.db") as db:
         for statement in migrations.HISTORY[1]:

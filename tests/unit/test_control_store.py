@@ -234,3 +234,16 @@ def test_a_placement_pass_that_fails_is_undone_alone_and_the_submit_is_kept(
     placed = cp.get_job(job.id)
     assert (placed.state, placed.attempt, len(placed.tasks)) == (JobState.ASSIGNED, 1, 1)
     assert [a.job_id for a in cp.poll_tasks(w.id)] == [job.id]
+
+
+def test_submit_answers_with_the_job_as_stored(cp: ControlPlane) -> None:
+    """The record a submit returns is what later reads return (the arguments as JSON stored
+    them), not the caller's own spec object."""
+    from gpulayer.specs import FunctionJob
+
+    cp.register_worker(make_capabilities(), cpu_slots=0)  # nothing runs: it stays queued
+    spec = FunctionJob(function="m:f", args=[(1, 2)], kwargs={"k": (3,)}, placement=Placement(on_unschedulable="wait"))
+    job = cp.submit(spec)
+    assert job.spec is not spec
+    assert job.spec.args == [[1, 2]] and job.spec.kwargs == {"k": [3]}  # type: ignore[union-attr]
+    assert job == cp.get_job(job.id)

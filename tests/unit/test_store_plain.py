@@ -98,34 +98,38 @@ def test_events_and_assignments(store: Store) -> None:
         assert [(e.kind, e.ts, e.message) for e in events] == [("submitted", 9.0, "command")]
 
 
-def test_sqlite_writers_of_every_process_queue_on_the_databases_lock_file(tmp_path: Path) -> None:
-    """Another process holding the writers' lock (here: another open file description, as
-    another process has) keeps a write waiting until it lets go; readers are not held."""
+def test_sqlite_writers_of_every_process_queue_on_the_databases_lock_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write holds an exclusive flock of ``gpulayer.db.writers`` (another process, here
+    another open file description, cannot take it meanwhile); one that cannot get it in time
+    gives up naming the file; the Stores of one process on one file share one lock."""
     import fcntl
     import os
-    import threading
+    import sqlite3
 
-    store = Store(f"sqlite:///{tmp_path / 'locked.db'}")
+    from gpulayer.store import _WriterLock
+
+    url = f"sqlite:///{tmp_path / 'locked.db'}"
+    store, again = Store(url), Store(url)
+    assert store._write_lock is again._write_lock  # one per file and process
     fd = os.open(tmp_path / "locked.db.writers", os.O_RDWR)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    wrote = threading.Event()
-
-    def write() -> None:
+    try:
         with store.write() as s:
             plain.insert_job(s, _job("job_locked"))
-        wrote.set()
-
-    writer = threading.Thread(target=write)
-    writer.start()
-    try:
-        assert not wrote.wait(0.5)  # waiting for the lock
-        with store.read() as s:
-            assert plain.find_job(s, "job_locked") is None
-    finally:
+            with pytest.raises(BlockingIOError):  # held while the write is open...
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ...and let go at its end
+        # held by "another process": a write waits, then gives up saying why
+        monkeypatch.setattr(_WriterLock, "WAIT", 0.2)
+        with pytest.raises(sqlite3.OperationalError, match=r"locked\.db\.writers"), again.write() as s:
+            plain.insert_job(s, _job("job_never"))
         fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
         os.close(fd)
-    writer.join(30)
-    assert wrote.is_set()
+    with again.write() as s:  # nothing of the refused write; writes go on once it is free
+        assert plain.find_job(s, "job_never") is None
+        plain.insert_job(s, _job("job_after"))
     with store.read() as s:
-        assert plain.find_job(s, "job_locked") is not None
+        assert [plain.find_job(s, j) is not None for j in ("job_locked", "job_after")] == [True, True]
     store.dispose()
+    again.dispose()
