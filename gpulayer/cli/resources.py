@@ -128,7 +128,7 @@ def detect(
     python: str | None = typer.Option(
         None, "--python", metavar="PATH", help="the Python that will run jobs (default: this one)"),
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, metavar="S", help="seconds per detector and probe"),
-    refresh: bool = typer.Option(False, "--refresh", help="ignore cached framework probe results"),
+    refresh: bool = typer.Option(False, "--refresh", help="detect afresh: devices and framework probes, not the cached detection"),
     explain: bool = typer.Option(False, "--explain",
                                  help="show where every value came from (plugin and source, or override)"),
 ) -> None:

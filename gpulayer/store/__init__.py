@@ -2,14 +2,19 @@
 
 * :class:`Store` opens the database (SQLite or PostgreSQL), checks and migrates its schema
   (:mod:`gpulayer.store.migrations`) and hands out transactions. Every state change runs
-  inside :meth:`Store.write`, which serialises writers: ``BEGIN IMMEDIATE`` on SQLite
-  (several processes share one ``$GPULAYER_HOME``) and a transaction-scoped advisory lock
-  on PostgreSQL (several servers share one database), so a placement pass never sees a
-  half-written one and two passes never hand out the same device.
+  inside :meth:`Store.write`, which serialises writers: on SQLite an ``flock`` of
+  ``<database>.writers`` (several processes share one ``$GPULAYER_HOME``), then ``BEGIN
+  IMMEDIATE``; on PostgreSQL a transaction-scoped advisory lock (several servers share one
+  database), so a placement pass never sees a half-written one and two passes never hand
+  out the same device.
 * :mod:`gpulayer.store.tables`: the tables.
 * :mod:`gpulayer.store.queries`: every query, one named function each; task state changes
   are compare-and-set (:func:`~gpulayer.store.queries.transition_task`), so a late report
   from a superseded attempt changes nothing.
+* :mod:`gpulayer.store.plain`: the statements of a job's cycle on the driver's own cursor
+  (in the same transaction; the ORM's cost per statement was ten times SQLite's).
+* :mod:`gpulayer.store.marks`: change marks kept by triggers, by which a placement pass
+  knows whether the fleet changed.
 * :mod:`gpulayer.store.mapping`: rows to API records, in one place.
 """
 

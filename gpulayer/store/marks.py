@@ -28,13 +28,14 @@ from typing import NamedTuple
 from sqlalchemy import Connection, text
 from sqlmodel import Session
 
-from gpulayer.store import plain
+from gpulayer.store import plain, queries
 
-#: the columns of a worker a placement pass reads (``queries.WORKER_COLUMNS``; a test
-#: checks that they agree): an update that changes none of them leaves the mark alone
-WORKER_COLUMNS = ("id", "name", "origin", "capabilities", "cpu_slots", "online", "draining", "registered_at", "pid")
-#: the task states that hold a worker's devices or CPU slot (``queries.ACTIVE_TASK_STATES``)
-ACTIVE = ("assigned", "running")
+# the columns of a worker a placement pass reads (an update that changes none of them
+# leaves the mark alone) and the task states that hold a worker's devices or CPU slot.
+# The triggers are written with them when installed: a change to either needs a migration
+# that installs them again (tests/unit/test_placement_marks.py pins the DDL to the schema)
+WORKER_COLUMNS = queries.WORKER_COLUMNS
+ACTIVE = queries.ACTIVE_TASK_STATES
 
 
 _ACTIVE_SQL = "(" + ", ".join(f"'{state}'" for state in ACTIVE) + ")"

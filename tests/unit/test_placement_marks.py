@@ -6,7 +6,6 @@ move exactly when what a pass reads of the fleet changed."""
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,38 +15,11 @@ from sqlalchemy import text
 from gpulayer.control import ControlPlane
 from gpulayer.records import JobState, TaskState
 from gpulayer.specs import CommandJob, Placement, Requirements
-from gpulayer.store import Store, marks, queries
-from tests.factories import make_capabilities, make_cuda_devices
+from gpulayer.store import Store, marks, migrations, queries
+from tests.factories import cuda_caps, make_capabilities
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'gpulayer.db'}"
-    else:
-        yield request.getfixturevalue("postgres_url")
-
-
-@pytest.fixture
-def cp(store_url: str) -> Iterator[ControlPlane]:
-    store = Store(store_url)
-    yield ControlPlane(store, heartbeat_timeout=10.0, clock=Clock())
-    store.dispose()
-
-
-def cuda_caps(n: int) -> Any:
-    return make_capabilities(devices=make_cuda_devices(n), frameworks={"torch": "2.3.0", "torch.cuda": "2.3.0"})
-
-
-def gpu_job(gpus: int = 1) -> CommandJob:
+def waiting_gpu_job(gpus: int = 1) -> CommandJob:
     return CommandJob(command=["train"], requirements=Requirements(accelerator="cuda", gpus=gpus),
                       placement=Placement(on_unschedulable="wait"))
 
@@ -73,9 +45,19 @@ def in_another_process(url: str, *statements: tuple[str, dict[str, Any]]) -> Non
     assert p.exitcode == 0
 
 
-def test_the_marks_cover_what_a_pass_reads() -> None:
-    assert marks.WORKER_COLUMNS == queries.WORKER_COLUMNS
-    assert marks.ACTIVE == queries.ACTIVE_TASK_STATES
+#: the triggers' text as schema 7 installs them. Databases keep the triggers they were
+#: given: a change here (the columns a pass reads, the active states) needs a schema version
+#: whose migration installs them again; then record the new digest with the new version.
+TRIGGERS = {7: "3d4aecd4ab38f690ccbd42f80a37f214719b78361571b892e76c41dae4840bb5"}
+
+
+def test_the_triggers_change_only_with_the_schema() -> None:
+    import hashlib
+
+    ddl = "\n".join(marks._sqlite_ddl() + marks._postgres_ddl())
+    assert TRIGGERS.get(migrations.SCHEMA_VERSION) == hashlib.sha256(ddl.encode()).hexdigest(), (
+        "the change marks' triggers changed: add a schema version whose migration installs them again")
+    assert marks.WORKER_COLUMNS == queries.WORKER_COLUMNS and marks.ACTIVE == queries.ACTIVE_TASK_STATES
 
 
 def test_the_marks_move_exactly_when_the_fleet_a_pass_reads_changed(cp: ControlPlane) -> None:
@@ -87,7 +69,7 @@ def test_the_marks_move_exactly_when_the_fleet_a_pass_reads_changed(cp: ControlP
     cp.clock.now += 1  # type: ignore[attr-defined]
     cp.heartbeat(w)  # only the heartbeat's time: nothing a pass reads
     assert current(cp) == m1
-    job = cp.submit(gpu_job())
+    job = cp.submit(waiting_gpu_job())
     m2 = current(cp)
     assert m2 is not None and m2.workers == m1.workers and m2.tasks.n == m1.tasks.n + 1
     [a] = cp.poll_tasks(w)
@@ -108,7 +90,7 @@ def test_an_active_task_moved_to_other_devices_elsewhere_is_seen_by_the_next_pas
     """No code of ours moves an active task; a hand-written UPDATE may, and it moves the
     ``workers`` mark, which makes the next pass read everything again."""
     w = cp.register_worker(cuda_caps(2), cpu_slots=0).id
-    cp.submit(gpu_job())
+    cp.submit(waiting_gpu_job())
     [a] = cp.poll_tasks(w)
     assert a.devices == [0]
     cp.schedule()
@@ -116,14 +98,14 @@ def test_an_active_task_moved_to_other_devices_elsewhere_is_seen_by_the_next_pas
     in_another_process(store_url, ("UPDATE gl_tasks SET devices = '[1]' WHERE id = :id", {"id": a.task_id}))
     after = current(cp)
     assert before is not None and after is not None and after.workers.n == before.workers.n + 1
-    job = cp.submit(gpu_job())
+    job = cp.submit(waiting_gpu_job())
     assert cp.get_job(job.id).tasks[0].devices == [0]  # device 1 is the moved task's now
 
 
 def test_a_pass_with_nothing_changed_reads_no_fleet(cp: ControlPlane) -> None:
     w = cp.register_worker(cuda_caps(1), cpu_slots=0).id
-    cp.submit(gpu_job())  # takes the GPU
-    cp.submit(gpu_job())  # waits
+    cp.submit(waiting_gpu_job())  # takes the GPU
+    cp.submit(waiting_gpu_job())  # waits
     cache = cp._placement_cache.workers
     with cp.store.write() as s:
         kept, room = cache.fleet(s)
@@ -139,8 +121,8 @@ def test_a_pass_with_nothing_changed_reads_no_fleet(cp: ControlPlane) -> None:
 
 def test_a_task_ended_by_another_process_frees_its_device_for_the_next_pass(cp: ControlPlane, store_url: str) -> None:
     w = cp.register_worker(cuda_caps(1), cpu_slots=0).id
-    first = cp.submit(gpu_job())
-    second = cp.submit(gpu_job())
+    first = cp.submit(waiting_gpu_job())
+    second = cp.submit(waiting_gpu_job())
     cp.schedule()  # the pass keeps a fleet in which the GPU is busy
     assert cp.get_job(second.id).state is JobState.QUEUED
     [a] = cp.poll_tasks(w)
@@ -153,7 +135,7 @@ def test_a_task_ended_by_another_process_frees_its_device_for_the_next_pass(cp: 
 
 def test_a_worker_changed_by_another_process_is_seen_by_the_next_pass(cp: ControlPlane, store_url: str) -> None:
     w = cp.register_worker(cuda_caps(1), cpu_slots=0).id
-    job = cp.submit(gpu_job(gpus=2))  # no worker has two GPUs: it waits
+    job = cp.submit(waiting_gpu_job(gpus=2))  # no worker has two GPUs: it waits
     cp.schedule()
     assert cp.get_job(job.id).state is JobState.QUEUED
     caps = cuda_caps(2).model_dump_json()
@@ -165,8 +147,8 @@ def test_a_worker_changed_by_another_process_is_seen_by_the_next_pass(cp: Contro
 
 def test_a_worker_drained_by_another_process_gets_nothing_from_the_next_pass(cp: ControlPlane, store_url: str) -> None:
     w = cp.register_worker(cuda_caps(1), cpu_slots=0).id
-    first = cp.submit(gpu_job())
-    second = cp.submit(gpu_job())
+    first = cp.submit(waiting_gpu_job())
+    second = cp.submit(waiting_gpu_job())
     cp.schedule()
     [a] = cp.poll_tasks(w)
     # the task ends and the worker drains in one transaction elsewhere: were only the tasks
@@ -183,10 +165,10 @@ def test_what_a_rolled_back_transaction_showed_a_pass_is_not_trusted(cp: Control
     counts it to the same number; the kept fleet (of the rolled-back change) must not pass."""
     gpu = cp.register_worker(cuda_caps(1), cpu_slots=0).id
     cpu = cp.register_worker(make_capabilities(), cpu_slots=1).id
-    cp.submit(gpu_job())
+    cp.submit(waiting_gpu_job())
     [a] = cp.poll_tasks(gpu)
     cp.start_task(a.task_id, worker_id=gpu)
-    waiting = cp.submit(gpu_job())
+    waiting = cp.submit(waiting_gpu_job())
     cp.schedule()
     before = current(cp)
     with pytest.raises(RuntimeError), cp.store.write() as s:
@@ -228,8 +210,8 @@ def test_the_marks_are_installed_by_the_migration_from_schema_6(tmp_path: Path) 
 def test_a_decision_payload_is_unchanged_by_the_kept_fleet(cp: ControlPlane) -> None:
     """The waiting job's stored reasons name the busy worker, as with a fleet read anew."""
     w = cp.register_worker(cuda_caps(1), cpu_slots=0).id
-    cp.submit(gpu_job())
-    waiting = cp.submit(gpu_job())
+    cp.submit(waiting_gpu_job())
+    waiting = cp.submit(waiting_gpu_job())
     cp.schedule()
     decision = cp.get_job(waiting.id).decision
     assert decision is not None and decision.outcome == "waiting"
