@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import textwrap
 import time
@@ -29,19 +28,7 @@ import pytest
 
 from gpulayer import capability_key, plugins
 from gpulayer.fakes import fake_devices_env, no_real_devices_env
-
-PROBE = """
-    import atexit, sys
-    heavy = ("typer", "pydantic", "sqlalchemy", "sqlmodel", "pluggy")
-    atexit.register(lambda: sys.stderr.write("\\nPATH=" + ("full" if set(heavy) & set(sys.modules) else "light")))
-    sys.argv = ["gpulayer", *ARGS]
-    if ENTRY == "main":
-        from gpulayer.cli import main
-        main()
-    else:
-        from gpulayer.cli.root import app
-        app()
-"""
+from tests.cli_support import Result, run_cli
 
 PLUGIN = """\
     from gpulayer import plugin
@@ -54,18 +41,10 @@ PLUGIN = """\
         yield plugin.AcceleratorDetector(name="xpu", detect=detect)
     """
 
-Result = tuple[int, bytes, str, str]
-
-
 def run(args: list[str], home: Path, *, entry: str = "main", env: dict[str, str] | None = None) -> Result:
-    """``(exit code, stdout, stderr without the marker, "light" or "full")``."""
-    code = textwrap.dedent(PROBE).replace("ARGS", repr(args)).replace("ENTRY", repr(entry))
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
-    full_env.update({"GPULAYER_HOME": str(home), **fake_devices_env("cuda:2:80:9.0"), **no_real_devices_env(),
-                     **(env or {})})
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=180, cwd=home, env=full_env)
-    err, _, path = proc.stderr.decode().rpartition("\nPATH=")
-    return proc.returncode, proc.stdout, err, path
+    """:func:`run_cli` with two fake CUDA devices and no real ones."""
+    return run_cli(args, home, entry=entry,
+                   env={**fake_devices_env("cuda:2:80:9.0"), **no_real_devices_env(), **(env or {})})
 
 
 def full_then_light(args: list[str], home: Path, env: dict[str, str] | None = None) -> tuple[Result, Result]:

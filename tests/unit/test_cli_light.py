@@ -10,12 +10,10 @@ reports which path ran by whether Typer, pydantic, SQLAlchemy, SQLModel or plugg
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -25,29 +23,11 @@ import gpulayer as gl
 from gpulayer import embedded_reads
 from gpulayer.records import JobState
 from gpulayer.store import migrations
-
-PROBE = """
-    import atexit, sys
-    heavy = ("typer", "pydantic", "sqlalchemy", "sqlmodel", "pluggy")
-    atexit.register(lambda: sys.stderr.write("\\nPATH=" + ("full" if set(heavy) & set(sys.modules) else "light")))
-    sys.argv = ["gpulayer", *ARGS]
-    if ENTRY == "main":
-        from gpulayer.cli import main
-        main()
-    else:
-        from gpulayer.cli.root import app
-        app()
-"""
+from tests.cli_support import Result, run_cli
 
 
-def run(args: list[str], home: Path, *, entry: str = "main", env: dict[str, str] | None = None) -> tuple[int, bytes, str, str]:
-    """``(exit code, stdout, stderr without the marker, "light" or "full")``."""
-    code = textwrap.dedent(PROBE).replace("ARGS", repr(args)).replace("ENTRY", repr(entry))
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
-    full_env.update({"GPULAYER_HOME": str(home), **(env or {})})
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, cwd=home, env=full_env)
-    err, _, path = proc.stderr.decode().rpartition("\nPATH=")
-    return proc.returncode, proc.stdout, err, path
+def run(args: list[str], home: Path, *, entry: str = "main", env: dict[str, str] | None = None) -> Result:
+    return run_cli(args, home, entry=entry, env=env, timeout=120)
 
 
 def _created(home: Path, ages: dict[str, float]) -> None:

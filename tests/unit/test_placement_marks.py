@@ -6,7 +6,6 @@ move exactly when what a pass reads of the fleet changed."""
 from __future__ import annotations
 
 import multiprocessing
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -188,17 +187,21 @@ def test_what_a_rolled_back_transaction_showed_a_pass_is_not_trusted(cp: Control
     assert held == {gpu: ([("cuda", 0)], 0), cpu: ([], 1)}
 
 
-def test_the_marks_are_installed_by_the_migration_from_schema_6(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'old.db'}"
-    store = Store(url)
+def test_the_marks_are_installed_by_the_migration_from_schema_6(store_url: str) -> None:
+    store = Store(store_url)
+    sqlite = store.is_sqlite
     with store.engine.begin() as conn:  # schema 6: without what 7 added
-        for name in ("workers_insert", "workers_delete", "workers_update", "tasks_insert", "tasks_delete",
-                     "tasks_update", "tasks_held"):
-            conn.execute(text(f"DROP TRIGGER gl_mark_{name}"))
+        for statement in marks._sqlite_ddl() if sqlite else marks._postgres_ddl():
+            if statement.startswith("CREATE TRIGGER"):
+                name = statement.split()[2]
+                conn.execute(text(f"DROP TRIGGER {name}" + ("" if sqlite else f" ON {marks._table(statement)}")))
+        if not sqlite:
+            conn.execute(text("DROP FUNCTION gl_mark_workers(), gl_mark_tasks()"))
         conn.execute(text("DROP TABLE gl_marks"))
         conn.execute(text("UPDATE gl_schema SET version = 6"))
     store.dispose()
-    cp = ControlPlane(Store(url))
+    cp = ControlPlane(Store(store_url))
+    assert cp.store.schema_version() == 7
     before = current(cp)
     assert before is not None
     cp.register_worker(cuda_caps(1), cpu_slots=0)
