@@ -26,7 +26,7 @@ from gpulayer.records import JobError, JobState, PlacementDecision, TaskState, c
 from gpulayer.scheduling import nearest
 from gpulayer.scheduling.shapes import Shape, shape_of
 from gpulayer.specs import JobSpec
-from gpulayer.store import mapping, plain, queries
+from gpulayer.store import mapping, marks, plain, queries
 
 #: records an event in the transaction: ``event(s, kind, job_id=..., message=...)``
 EventSink = Callable[..., None]
@@ -222,7 +222,7 @@ def fleet(s: Session) -> list[scheduling.WorkerState]:
     """The online workers with what their active tasks hold (devices, CPU slots)."""
     states = {w.id: scheduling.WorkerState(record=mapping.worker_record(w))
               for w in queries.workers(s, online_only=True)}
-    add_holdings(states, queries.active_holdings(s))
+    add_holdings(states, [(w, a, d) for _, w, a, d in marks.active_holdings(s)])
     return list(states.values())
 
 

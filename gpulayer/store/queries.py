@@ -170,13 +170,6 @@ def active_tasks(s: Session) -> Sequence[TaskRow]:
     return list(s.exec(select(TaskRow).where(col(TaskRow.state).in_(ACTIVE_TASK_STATES))).all())
 
 
-def active_holdings(s: Session) -> list[tuple[str, str | None, str]]:
-    """What the active tasks hold, as plain tuples: ``(worker_id, accelerator, devices JSON)``
-    (a placement pass reads no more of them)."""
-    states = ", ".join(f"'{state}'" for state in ACTIVE_TASK_STATES)
-    return plain.fetch(s, f"SELECT worker_id, accelerator, devices FROM gl_tasks WHERE state IN ({states})")
-
-
 def active_tasks_of_worker(s: Session, worker_id: str) -> Sequence[TaskRow]:
     return list(s.exec(select(TaskRow).where(TaskRow.worker_id == worker_id,
                                         col(TaskRow.state).in_(ACTIVE_TASK_STATES))).all())
