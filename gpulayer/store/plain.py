@@ -80,10 +80,14 @@ _rewritten: dict[str, str] = {}
 
 
 def _sql(s: Session, sql: str) -> str:
+    """``sql`` for the session's driver: every ``?`` becomes ``%s`` for psycopg, so the
+    statements here never hold a ``?`` or a ``%`` of their own (in a literal)."""
     if s.get_bind().dialect.paramstyle == "qmark":
         return sql
     out = _rewritten.get(sql)
     if out is None:
+        if "%" in sql:
+            raise ValueError(f"a plain statement with a literal '%' cannot be rewritten for psycopg: {sql}")
         out = _rewritten[sql] = sql.replace("?", "%s")
     return out
 
