@@ -40,7 +40,7 @@ import signal
 import socket
 import sys
 import traceback
-from typing import Any
+from typing import Any, NamedTuple
 
 _PR_SET_PDEATHSIG = 1
 _MAX_MESSAGE = 1 << 22
@@ -80,17 +80,15 @@ def _shadowed(origins: dict[str, str | None], search: list[str], entries: set[st
     return out
 
 
-class _Warm:
+class _Warm(NamedTuple):
     """What every child needs from the server: the runner and what it knows of its path."""
 
-    def __init__(self, runner: Any, base_path: list[str], origins: dict[str, str | None],
-                 entries_then: set[str], prctl: Any, server: int) -> None:
-        self.runner = runner
-        self.base_path = base_path
-        self.origins = origins
-        self.entries_then = entries_then
-        self.prctl = prctl
-        self.server = server
+    runner: Any
+    base_path: list[str]
+    origins: dict[str, str | None]
+    entries_then: set[str]
+    prctl: Any
+    server: int
 
 
 def _detach(warm: _Warm) -> None:
