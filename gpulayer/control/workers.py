@@ -182,19 +182,23 @@ class WorkerOps(Core):
         """Heartbeats a server answered before writing them (worker id -> when it arrived):
         from workers it knew, running nothing, so the reply needed no read (known, nothing
         to end). Written here in one transaction, at most ``HEARTBEAT_WRITE_WINDOW`` after
-        they arrived. Returns the ids of workers that no longer exist (their next
-        heartbeat goes the long way and hears it)."""
+        they arrived; a worker that went silent and came back is online again. Returns the
+        ids of workers this did not write: those that no longer exist, and those that left
+        (offline and draining: deregistered) between their heartbeat and this write, which
+        it must not bring back. Their next heartbeat goes the long way (:meth:`heartbeats`)
+        and hears it."""
         with self.store.write(lock=False) as s:
-            known = queries.online_flags(s, heard)
-            if not all(known.values()):  # a worker comes back online: see Store.lock_writers
+            flags = queries.worker_flags(s, heard)
+            kept = {wid for wid, (online, draining) in flags.items() if online or not draining}
+            if any(not flags[wid][0] for wid in kept):  # one comes back online: see Store.lock_writers
                 self.store.lock_writers(s)
-            queries.touch_workers_at(s, {wid: heard[wid] for wid in known})
+            queries.touch_workers_at(s, {wid: heard[wid] for wid in kept})
         with self._reports_lock:
-            for wid in known:
+            for wid in kept:
                 self._reports[wid] = (heard[wid], frozenset())
-        if not all(known.values()):
+        if any(not flags[wid][0] for wid in kept):
             self.schedule_queue()  # a worker came back: jobs waiting for it may be placed now
-        return set(heard) - set(known)
+        return set(heard) - kept
 
     def _to_end(self, s: Session, reports: dict[str, Sequence[str]]) -> dict[str, list[str]]:
         """Per worker, which of the tasks it says it runs it must end (:func:`lifecycle.must_end`)."""

@@ -302,6 +302,12 @@ def touch_workers_at(s: Session, heard: dict[str, float]) -> None:
                        "WHERE id = :id AND last_heartbeat < :now"), params)
 
 
+def worker_flags(s: Session, worker_ids: Iterable[str]) -> dict[str, tuple[bool, bool]]:
+    """Worker id -> (online, draining), for the ids that exist."""
+    rows = plain.fetch_in(s, "SELECT id, online, draining FROM gl_workers WHERE id IN ({})", list(worker_ids))
+    return {str(w): (bool(o), bool(d)) for w, o, d in rows}
+
+
 def offline_workers_silent_since(s: Session, cutoff: float) -> list[str]:
     rows = s.execute(sa_select(col(WorkerRow.id)).where(col(WorkerRow.online).is_(False),
                                                          col(WorkerRow.last_heartbeat) <= cutoff)).all()

@@ -479,3 +479,19 @@ def test_a_late_call_of_a_worker_that_left_does_not_bring_it_back(cp: ControlPla
     cp.submit(CommandJob(command=["x"], placement=Placement(target="local", on_unschedulable="wait")))
     assert cp.poll_tasks(w.id) == []
 
+
+def test_a_heartbeat_heard_before_its_worker_left_and_written_after_does_not_bring_it_back(cp: ControlPlane) -> None:
+    """A server answers an idle worker's heartbeat at once and writes it within 0.25 s: a
+    worker that left in between stays gone (its next heartbeat goes the long way), one that
+    had only gone silent is online again."""
+    stays, leaves, silent = (cp.register_worker(make_capabilities(), cpu_slots=1).id for _ in range(3))
+    cp.clock.now += 11  # type: ignore[attr-defined]  # past the timeout: all three silent
+    cp.heartbeats({stays: []})  # (which looks for silent workers too)
+    cp.expire_workers()
+    assert [cp.get_worker(w).online for w in (stays, leaves, silent)] == [True, False, False]
+    heard_at = cp.clock()
+    cp.deregister_worker(leaves)
+    assert cp.heartbeats_heard({stays: heard_at, leaves: heard_at, silent: heard_at, "wkr-gone": heard_at}) == {
+        leaves, "wkr-gone"}
+    assert cp.get_worker(leaves).online is False
+    assert [(cp.get_worker(w).online, cp.get_worker(w).last_heartbeat) for w in (stays, silent)] == [(True, heard_at)] * 2
