@@ -27,10 +27,12 @@ def _need(message: str) -> None:
     pytest.skip(message)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
     """Headless Chromium. Playwright's ``launch`` gives it a fresh temporary profile
-    (user-data dir), and each test's context is a fresh cookie jar."""
+    (user-data dir), and each test's context is a fresh cookie jar. Per test file: while
+    Playwright's sync API is open its event loop counts as running in this thread, and a
+    later test file's ``asyncio.run`` in the same process would refuse to start."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -62,7 +64,7 @@ def dash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dash]:
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def admin_state(chromium: Any, dash: Dash) -> Any:
     """The cookies of a session logged in through the login form, for tests that start there."""
     context = chromium.new_context()
