@@ -190,13 +190,14 @@ class WorkerOps(Core):
         with self.store.write(lock=False) as s:
             flags = queries.worker_flags(s, heard)
             kept = {wid for wid, (online, draining) in flags.items() if online or not draining}
-            if any(not flags[wid][0] for wid in kept):  # one comes back online: see Store.lock_writers
+            back = any(not flags[wid][0] for wid in kept)
+            if back:  # one comes back online: see Store.lock_writers
                 self.store.lock_writers(s)
             queries.touch_workers_at(s, {wid: heard[wid] for wid in kept})
         with self._reports_lock:
             for wid in kept:
                 self._reports[wid] = (heard[wid], frozenset())
-        if any(not flags[wid][0] for wid in kept):
+        if back:
             self.schedule_queue()  # a worker came back: jobs waiting for it may be placed now
         return set(heard) - kept
 

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, event, text
+from sqlalchemy import Connection, Engine, event, text
 from sqlalchemy.engine import make_url
 from sqlmodel import Session, SQLModel, create_engine
 
@@ -156,7 +156,7 @@ class Store:
         with self.engine.connect().execution_options(gl_write=True) as conn:
             with conn.begin():
                 if not self.is_sqlite:
-                    conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
+                    _advisory_lock(conn)
                 found = migrations.current_version(conn)
                 if found is None:
                     tables: list[Any] = [SchemaRow, WorkerRow, JobRow, TaskRow, BundleRow, LogRow,
@@ -181,7 +181,7 @@ class Store:
         with self._write_lock or _NO_LOCK, self.engine.connect().execution_options(gl_write=True) as conn:
             with conn.begin():
                 if lock and not self.is_sqlite:
-                    conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
+                    _advisory_lock(conn)
                 with Session(bind=conn, expire_on_commit=False) as session:
                     yield session
                     session.flush()
@@ -193,7 +193,7 @@ class Store:
         queues behind them instead of meeting them on the marks' row (PostgreSQL; SQLite's
         writers are serialised already)."""
         if not self.is_sqlite:
-            s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
+            _advisory_lock(s)
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -209,6 +209,11 @@ class Store:
 
 
 _NO_LOCK = contextlib.nullcontext()
+
+
+def _advisory_lock(executor: Connection | Session) -> None:
+    """PostgreSQL's writers' lock, held until the transaction ends (see the module doc)."""
+    executor.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
 
 
 class _WriterLock:

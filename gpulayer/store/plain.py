@@ -95,19 +95,21 @@ def _sql(s: Session, sql: str) -> str:
 def _cursor(s: Session) -> Any:
     if s.new or s.dirty or s.deleted:
         s.flush()  # what the session holds goes first, as before an ORM statement
+    return _driver(s).cursor()
+
+
+def _driver(s: Session) -> Any:
+    """The session's own DBAPI connection, looked up once per transaction."""
     conn = s.info.get("gl_driver_connection")
-    if conn is None:  # the session's own connection, looked up once per transaction
+    if conn is None:
         conn = s.info["gl_driver_connection"] = s.connection().connection
-    return conn.cursor()
+    return conn
 
 
 def control(s: Session, sql: str) -> None:
     """A statement that changes no row (``SAVEPOINT``, ``ROLLBACK TO SAVEPOINT``...), run on
     the session's connection without flushing it first."""
-    conn = s.info.get("gl_driver_connection")
-    if conn is None:
-        conn = s.info["gl_driver_connection"] = s.connection().connection
-    cur = conn.cursor()
+    cur = _driver(s).cursor()
     try:
         cur.execute(sql)
     finally:

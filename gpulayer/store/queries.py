@@ -282,9 +282,7 @@ def expiry_candidates(s: Session, cutoff: float, hostname: str) -> Sequence[Work
 
 def online_flags(s: Session, worker_ids: Iterable[str]) -> dict[str, bool]:
     """Worker id -> online, for the ids that exist."""
-    ids = list(worker_ids)
-    rows = s.execute(sa_select(col(WorkerRow.id), col(WorkerRow.online)).where(col(WorkerRow.id).in_(ids))).all()
-    return {str(w): bool(o) for w, o in rows}
+    return {w: online for w, (online, _) in worker_flags(s, worker_ids).items()}
 
 
 def touch_workers(s: Session, worker_ids: Iterable[str], now: float) -> None:

@@ -44,6 +44,8 @@ from typing import Any, NamedTuple
 
 _PR_SET_PDEATHSIG = 1
 _MAX_MESSAGE = 1 << 22
+#: above every descriptor a child may have inherited
+_MAX_FD = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536
 
 
 def _send(sock: socket.socket, message: dict[str, Any]) -> None:
@@ -109,7 +111,7 @@ def _child(req: dict[str, Any], fds: list[int], warm: _Warm) -> None:
         os.dup2(devnull, 0)
         os.dup2(fds[0], 1)
         os.dup2(fds[1], 2)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
+        os.closerange(3, _MAX_FD)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
         os.chdir(req["cwd"])
@@ -148,7 +150,7 @@ class _Spare:
                 _detach(warm)
                 keep = theirs.fileno()
                 os.closerange(3, keep)
-                os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
+                os.closerange(keep + 1, _MAX_FD)
                 msg, fds, _flags, _addr = socket.recv_fds(theirs, _MAX_MESSAGE, 2)
                 if not msg or len(fds) != 2:
                     os._exit(0)  # not needed after all (the server ends)

@@ -69,8 +69,23 @@ def test_heartbeats_answered_at_once_are_written_and_silence_still_counts(server
     assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
 
 
-def test_a_poll_that_hears_of_nothing_answers_empty_and_an_assignment_wakes_one(server: ServerProc) -> None:
+def poll_hears_a_new_job(w: Api, wid: str, submit_with: Api, *, settle: float = 0.0) -> None:
+    """A long poll of worker ``wid`` is answered with the remote command job that
+    ``submit_with`` submits while it waits (``settle`` seconds after it was sent)."""
     from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        poll = pool.submit(w, "POST", f"/v1/workers/{wid}/work", params={"wait": 25}, json={"running": []})
+        time.sleep(settle)
+        job = submit_with("POST", "/v1/jobs", json={"spec": {"kind": "command", "command": ["true"],
+                                                             "placement": {"target": "remote"}}})
+        assert job.status_code == 201, job.text
+        r = poll.result(60)
+    assert r.status_code == 200, r.text
+    assert [t["job_id"] for t in r.json()["tasks"]] == [job.json()["id"]]
+
+
+def test_a_poll_that_hears_of_nothing_answers_empty_and_an_assignment_wakes_one(server: ServerProc) -> None:
 
     admin = Api(server.url, server.admin_token)
     wid, w = join(server.url, admin)
@@ -78,16 +93,9 @@ def test_a_poll_that_hears_of_nothing_answers_empty_and_an_assignment_wakes_one(
     for _ in range(2):
         r = w("POST", f"/v1/workers/{wid}/work", params={"wait": 1}, json={"running": []})
         assert r.status_code == 200 and r.json() == {"tasks": [], "cancel": []}, r.text
-    # a waiting poll is woken by the task this server assigns it
-    with ThreadPoolExecutor(1) as pool:
-        poll = pool.submit(w, "POST", f"/v1/workers/{wid}/work", params={"wait": 25}, json={"running": []})
-        time.sleep(0.5)  # let it reach its wait (else its first look finds the task: it passes too)
-        job = admin("POST", "/v1/jobs", json={"spec": {"kind": "command", "command": ["true"],
-                                                       "placement": {"target": "remote"}}})
-        assert job.status_code == 201, job.text
-        r = poll.result(60)
-    assert r.status_code == 200, r.text
-    assert [t["job_id"] for t in r.json()["tasks"]] == [job.json()["id"]]
+    # a waiting poll is woken by the task this server assigns it (given time to reach its
+    # wait: else its first look finds the task, and it passes too)
+    poll_hears_a_new_job(w, wid, admin, settle=0.5)
 
 
 @pytest.mark.postgres
@@ -99,16 +107,7 @@ def test_two_servers_share_polls_and_revocations(postgres_url: str, tmp_path: Pa
         wid, w = join(s1.url, a1)
         beat(w, wid)
         # a poll waiting on s1 hears of a task s2 placed (s1 made no change of its own)
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(1) as pool:
-            poll = pool.submit(w, "POST", f"/v1/workers/{wid}/work", params={"wait": 25}, json={"running": []})
-            job = a2("POST", "/v1/jobs", json={"spec": {"kind": "command", "command": ["true"],
-                                                        "placement": {"target": "remote"}}})
-            assert job.status_code == 201, job.text
-            r = poll.result(60)
-        assert r.status_code == 200, r.text
-        assert [t["job_id"] for t in r.json()["tasks"]] == [job.json()["id"]]
+        poll_hears_a_new_job(w, wid, a2)
         # the worker's credential, revoked through s2, is refused by s1 (which had it cached)
         beat(w, wid)
         assert a2("DELETE", f"/v1/workers/{wid}").status_code == 204
