@@ -2,13 +2,13 @@
 
 Started by :mod:`gpulayer.worker.forking` in the job's Python, with one end of an
 ``AF_UNIX``/``SOCK_SEQPACKET`` socket pair. It loads the function runner (and, when it
-imports, ``gpulayer`` itself, which most job modules import), then serves one request per
-task: a JSON message with the task's cwd, environment and ``sys.path`` entries, and the
-write ends of the task's stdout and stderr pipes passed as file descriptors. For each a
-child becomes the task's process tree; it was forked ahead of the request (a spare, which
-waits detached with nothing open but its own socket, so a task costs a send and not a fork;
-the next spare is forked once the reply is out, and one that died waiting is replaced by a
-fork on the spot):
+imports, ``gpulayer`` itself, which most job modules import), then keeps the worker supplied
+with children forked ahead of their tasks: a spare waits detached, with nothing open but its
+own socket, and the worker is handed the other end of that socket. The worker starts a task
+by sending its request straight to a spare (a JSON message with the task's cwd, environment
+and ``sys.path`` entries, and the write ends of the task's stdout and stderr pipes passed as
+file descriptors), so a task's start is one message and no round trip through this server.
+The spare then becomes the task's process tree:
 
 * a new session (so its own process group), ``PR_SET_PDEATHSIG`` (SIGKILL when this server
   dies; this server dies with the worker the same way);
@@ -19,9 +19,16 @@ fork on the spot):
   dropped, so they are imported afresh from there;
 * then it runs the function runner, as ``python function_runner.py SPEC RESULT`` would.
 
-Replies: ``{"ready": ...}`` once, then per request ``{"id", "pid"}`` (or ``{"id", "error"}``)
-and, when the child ended, ``{"id", "exit"}`` with its exit code (negative: the signal).
-The server exits when the worker closes its end.
+This server is the children's subreaper (``PR_SET_CHILD_SUBREAPER``): whatever a task leaves
+running when its main process exits is re-parented here, not to init, so the worker looks
+for a task's leftovers among this server's descendants instead of every process on the
+machine. It reaps those strays once they are ended.
+
+Messages to the worker: ``{"ready": ...}`` once; ``{"spare": PID}`` with the spare's socket
+as a file descriptor (one at start, then one for each ``{"want": true}`` the worker sends
+when it took one or found its spare dead); ``{"exit": CODE, "pid": PID}`` when a child
+ended, whether it had a task or died waiting (negative: the signal). The server exits when
+the worker closes its end; its children die with it.
 
 Unlike a fresh interpreter, a forked child shares this server's hash seed. Linux only; like
 the runner, it imports only the standard library.
@@ -43,6 +50,7 @@ import traceback
 from typing import Any, NamedTuple
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 _MAX_MESSAGE = 1 << 22
 #: above every descriptor a child may have inherited
 _MAX_FD = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536
@@ -139,21 +147,24 @@ def _child(req: dict[str, Any], fds: list[int], warm: _Warm) -> None:
 
 class _Spare:
     """A child forked ahead of its task: detached, every descriptor but its end of a socket
-    pair closed, waiting for the request it will run. A request then costs the server a send
-    instead of a fork (the next spare is forked after the reply)."""
+    pair closed, waiting for the request it will run. The other end goes to the worker,
+    which sends the task's request there itself."""
 
     def __init__(self, warm: _Warm) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.pid = os.fork()
         if self.pid == 0:
             try:
+                # this server's SIGCHLD wake-up is not the task's
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 _detach(warm)
                 keep = theirs.fileno()
                 os.closerange(3, keep)
                 os.closerange(keep + 1, _MAX_FD)
                 msg, fds, _flags, _addr = socket.recv_fds(theirs, _MAX_MESSAGE, 2)
                 if not msg or len(fds) != 2:
-                    os._exit(0)  # not needed after all (the server ends)
+                    os._exit(0)  # not needed after all (the worker let it go, or ended)
                 _child(json.loads(msg), fds, warm)
             finally:
                 os._exit(1)
@@ -161,15 +172,36 @@ class _Spare:
         self.sock = ours
         self.pidfd = os.pidfd_open(self.pid)
 
-    def hand(self, msg: bytes, fds: list[int]) -> bool:
-        """Pass it its task; False when it is gone (then nothing was started)."""
-        try:
-            socket.send_fds(self.sock, [msg], fds)
-            return True
-        except OSError:
-            return False
-        finally:
-            self.sock.close()
+
+def _offer(sock: socket.socket, warm: _Warm, sel: selectors.BaseSelector) -> None:
+    """Fork a spare and hand the worker its socket (or say why there is none)."""
+    try:
+        spare = _Spare(warm)
+    except OSError as exc:
+        _send(sock, {"spare": None, "error": f"{type(exc).__name__}: {exc}"})
+        return
+    sel.register(spare.pidfd, selectors.EVENT_READ, spare.pid)
+    try:
+        socket.send_fds(sock, [json.dumps({"spare": spare.pid}).encode()], [spare.sock.fileno()])
+    except OSError:
+        pass  # the worker is gone: this server ends at its next read
+    finally:
+        spare.sock.close()
+
+
+def _reap_strays(known: set[int]) -> None:
+    """Reap the children this server did not fork: a task's leftovers re-parented to it (its
+    subreaper) that have been ended."""
+    me = os.getpid()
+    try:
+        with open(f"/proc/{me}/task/{me}/children", encoding="ascii") as f:
+            pids = [int(p) for p in f.read().split()]
+    except OSError:
+        return
+    for pid in pids:
+        if pid not in known:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
 
 
 def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
@@ -199,65 +231,51 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
     origins = {name: _origin(sys.modules.get(name)) for name in tops}
     entries_then = {os.path.abspath(p or ".") for p in sys.path}
     prctl = None
+    subreaper = False
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             prctl = ctypes.CDLL(None, use_errno=True).prctl
+            subreaper = prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     threads = sys.modules["threading"].active_count() if "threading" in sys.modules else 1
-    _send(sock, {"ready": True, "pid": os.getpid(), "preloaded": preloaded,
+    _send(sock, {"ready": True, "pid": os.getpid(), "preloaded": preloaded, "subreaper": subreaper,
                  "unsafe": f"{threads} threads after preloading" if threads > 1 else None})
     sel = selectors.DefaultSelector()
-    sel.register(sock, selectors.EVENT_READ, None)
+    sel.register(sock, selectors.EVENT_READ, "worker")
+    # a stray (a task's leftover, re-parented here) is reaped when it ends: SIGCHLD wakes the loop
+    wake_r, wake_w = os.pipe()
+    for fd in (wake_r, wake_w):
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
+    sel.register(wake_r, selectors.EVENT_READ, "sigchld")
     warm = _Warm(runner, base_path, origins, entries_then, prctl, os.getpid())
     # what is loaded now stays out of the collector's reach in every child: a collection in
     # a child would otherwise touch (and so copy) every object the server holds
     gc.collect()
     gc.freeze()
-    spare: _Spare | None = None
+    _offer(sock, warm, sel)
     while True:
-        if spare is None:
-            with contextlib.suppress(OSError):  # (no spare: the next request forks one itself)
-                spare = _Spare(warm)
-                sel.register(spare.pidfd, selectors.EVENT_READ, ("spare", spare.pid))
         for key, _ in sel.select():
-            if key.data is None:
+            if key.data == "worker":
                 try:
-                    msg, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 2)
+                    msg = sock.recv(_MAX_MESSAGE)
                 except OSError:
                     return
                 if not msg:
                     return  # the worker closed its end (or died): our children die with us
-                req = json.loads(msg)
-                try:
-                    if len(fds) != 2:
-                        raise OSError(f"expected 2 descriptors, got {len(fds)}")
-                    child = spare
-                    spare = None
-                    if child is None or not child.hand(msg, fds):
-                        # none, or it died waiting (reaped when its pidfd says so): fork one now
-                        child = _Spare(warm)
-                        sel.register(child.pidfd, selectors.EVENT_READ, ("spare", child.pid))
-                        if not child.hand(msg, fds):
-                            raise OSError("the child exited before it got its task")
-                except OSError as exc:
-                    _send(sock, {"id": req.get("id"), "error": f"{type(exc).__name__}: {exc}"})
-                    continue
-                finally:
-                    for fd in fds:
-                        with contextlib.suppress(OSError):
-                            os.close(fd)
-                sel.modify(child.pidfd, selectors.EVENT_READ, (req["id"], child.pid))
-                _send(sock, {"id": req["id"], "pid": child.pid})
+                if json.loads(msg).get("want"):
+                    _offer(sock, warm, sel)
+            elif key.data == "sigchld":
+                with contextlib.suppress(OSError):
+                    while os.read(wake_r, 512):
+                        pass
+                _reap_strays({k.data for k in sel.get_map().values() if isinstance(k.data, int)})
             else:
-                task, pid = key.data
+                pid = key.data
                 sel.unregister(key.fd)
                 os.close(key.fd)
                 _, status = os.waitpid(pid, 0)
-                if task == "spare":  # a spare that died waiting (killed from outside)
-                    if spare is not None and spare.pid == pid:
-                        spare.sock.close()
-                        spare = None
-                    continue
-                _send(sock, {"id": task, "exit": os.waitstatus_to_exitcode(status)})
+                _send(sock, {"exit": os.waitstatus_to_exitcode(status), "pid": pid})
 
 
 def main() -> None:

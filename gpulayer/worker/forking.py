@@ -23,7 +23,6 @@ and imports the bundle's. Each task keeps its own process; only start-up is shar
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import logging
 import os
@@ -31,6 +30,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +70,11 @@ def start_variables(env: dict[str, str]) -> dict[str, str]:
 class _Child:
     """A task's main process as a fork server started it (a :class:`~.process.Started`)."""
 
-    def __init__(self) -> None:
-        self.pid = 0
+    def __init__(self, pid: int, within: int | None) -> None:
+        self.pid = pid
+        #: the fork server, when it is the subreaper of everything the task leaves behind
+        self.within = within
         self.code: int | None = None
-        self.error: str | None = None
-        self.started = threading.Event()
         self.exited = Cancel()
 
     def poll(self) -> int | None:
@@ -85,22 +85,37 @@ class _Child:
         return self.code if self.code is not None else -9
 
 
+#: how long a start waits for the server to fork a spare when none is waiting
+SPARE_TIMEOUT = 10.0
+#: spares a start tries (one that died waiting is let go, and the next one tried)
+_SPARE_TRIES = 3
+
+
 class ForkServer:
     """One warm interpreter of ``python``; thread-safe. The thread that starts it also reads
     its answers and lives as long as it does (the server gets ``PR_SET_PDEATHSIG`` bound to
-    that thread, and forwards it to its children)."""
+    that thread, and forwards it to its children).
+
+    The server keeps this side supplied with spares (children forked ahead of their tasks,
+    see :mod:`.fork_server`): :meth:`start` sends the task's request straight to the one
+    waiting and asks the server for the next, so it neither forks nor waits for an answer."""
 
     def __init__(self, python: str, env: dict[str, str]) -> None:
         self.python = python
         self.env = env
         self.failed: str | None = None
         self.preloaded: list[str] = []
+        #: the server's pid when it is its children's subreaper (see :class:`_Child`)
+        self.subreaper: int | None = None
         self._ready = threading.Event()
         self._sock: socket.socket | None = None
         self._send_lock = threading.Lock()
         self._children: dict[int, _Child] = {}
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()
+        #: spares the server handed over (pid, socket), and whether one more was asked for
+        self._spares: list[tuple[int, socket.socket]] = []
+        self._asked = False
+        self._spare_error: str | None = None
+        self._lock = threading.Condition()
         threading.Thread(target=self._serve, name="gpulayer-forkserver", daemon=True).start()
 
     def ready(self, timeout: float = READY_TIMEOUT) -> str | None:
@@ -132,80 +147,124 @@ class ForkServer:
             elif hello.get("unsafe"):
                 self.failed = f"the fork server is not safe to fork: {hello['unsafe']}"
             self.preloaded = list(hello.get("preloaded") or [])
+            if hello.get("subreaper"):
+                self.subreaper = int(hello["pid"])
         except (OSError, ValueError) as exc:
             self.failed = f"the fork server did not answer: {exc}"
         self._sock = ours
+        self._asked = True  # the server offers its first spare unasked
         self._ready.set()
         try:
             while True:
-                data = ours.recv(1 << 16)
+                data, fds, _flags, _addr = socket.recv_fds(ours, 1 << 16, 1)
                 if not data:
+                    for fd in fds:
+                        os.close(fd)
                     break
-                self._answer(json.loads(data))
+                self._answer(json.loads(data), fds)
         except (OSError, ValueError) as exc:
             log.warning("fork server: %s", exc)
         finally:
             self.failed = self.failed or "the fork server exited"
             with self._lock:
                 children, self._children = dict(self._children), {}
+                spares, self._spares = self._spares, []
+                self._lock.notify_all()
+            for _pid, sock in spares:
+                sock.close()
             for child in children.values():  # they died with it (PDEATHSIG)
-                child.error = child.error or self.failed
-                child.started.set()
                 child.exited.set()
             ours.close()
             with contextlib.suppress(OSError):
                 proc.kill()
             proc.wait()
 
-    def _answer(self, msg: dict[str, Any]) -> None:
-        with self._lock:
-            child = self._children.get(msg.get("id", -1))
-        if child is None:
-            return
-        if "pid" in msg:
-            child.pid = int(msg["pid"])
-            child.started.set()
-        elif "error" in msg:
-            child.error = str(msg["error"])
-            child.started.set()
-            child.exited.set()
-        elif "exit" in msg:
-            child.code = int(msg["exit"])
+    def _answer(self, msg: dict[str, Any], fds: list[int]) -> None:
+        if "spare" in msg:
             with self._lock:
-                self._children.pop(msg["id"], None)
-            child.exited.set()
+                self._asked = False
+                if msg["spare"] is not None and len(fds) == 1:
+                    self._spares.append((int(msg["spare"]), socket.socket(fileno=fds[0])))
+                    fds = []
+                else:
+                    self._spare_error = str(msg.get("error") or "no spare")
+                self._lock.notify_all()
+        elif "exit" in msg:
+            pid = int(msg["pid"])
+            with self._lock:
+                child = self._children.pop(pid, None)
+                dead = [s for s in self._spares if s[0] == pid]  # a spare that died waiting
+                self._spares = [s for s in self._spares if s[0] != pid]
+            for _pid, sock in dead:
+                sock.close()
+            if dead:
+                self._ask()
+            if child is not None:
+                child.code = int(msg["exit"])
+                child.exited.set()
+                self._ask()
+        for fd in fds:
+            os.close(fd)
 
-    def start(self, *, cwd: str, env: dict[str, str], spec: str, result: str) -> tuple[_Child, int, int]:
-        """Fork the task's process; its child and the read ends of its stdout and stderr."""
-        if self.failed or self._sock is None:
-            raise StartFailed(self.failed or "the fork server is not running")
-        child = _Child()
-        task_id = next(self._ids)
+    def _ask(self) -> None:
+        """Ask the server for one more spare, unless one is on its way."""
         with self._lock:
-            self._children[task_id] = child
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        request = json.dumps({"id": task_id, "cwd": cwd, "env": env, "path": path, "spec": spec,
-                              "result": result}).encode()
+            if self._asked or self._sock is None:
+                return
+            self._asked = True
         try:
             with self._send_lock:
-                socket.send_fds(self._sock, [request], [out_w, err_w])
-        except OSError as exc:
-            for fd in (out_r, err_r):
-                os.close(fd)
-            with self._lock:
-                self._children.pop(task_id, None)
-            raise StartFailed(f"the fork server could not be reached: {exc}") from None
-        finally:
-            os.close(out_w)
-            os.close(err_w)
-        child.started.wait()
-        if child.error is not None or child.pid == 0:
-            for fd in (out_r, err_r):
-                os.close(fd)
-            raise StartFailed(f"the fork server could not start the task: {child.error}")
-        return child, out_r, err_r
+                self._sock.send(b'{"want": true}')
+        except OSError:
+            pass  # the server is gone: its reader thread says so
+
+    def _take_spare(self) -> tuple[int, socket.socket]:
+        deadline = time.monotonic() + SPARE_TIMEOUT
+        with self._lock:
+            while not self._spares:
+                if self.failed:
+                    raise StartFailed(self.failed)
+                if not self._asked:
+                    self._lock.release()
+                    try:
+                        self._ask()
+                    finally:
+                        self._lock.acquire()
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StartFailed(f"the fork server had no child ready within {SPARE_TIMEOUT:g} s"
+                                      + (f" ({self._spare_error})" if self._spare_error else ""))
+                self._lock.wait(left)
+            return self._spares.pop(0)
+
+    def start(self, *, cwd: str, env: dict[str, str], spec: str, result: str) -> tuple[_Child, int, int]:
+        """Start the task in a spare child; its child and the read ends of its stdout and stderr."""
+        if self.failed or self._sock is None:
+            raise StartFailed(self.failed or "the fork server is not running")
+        path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        request = json.dumps({"cwd": cwd, "env": env, "path": path, "spec": spec, "result": result}).encode()
+        for _ in range(_SPARE_TRIES):
+            pid, sock = self._take_spare()
+            child = _Child(pid, self.subreaper)
+            with self._lock:  # known before it can end, so its exit finds it
+                self._children[pid] = child
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            try:
+                socket.send_fds(sock, [request], [out_w, err_w])
+            except OSError:  # it died waiting: the next one
+                with self._lock:
+                    self._children.pop(pid, None)
+                for fd in (out_r, err_r):
+                    os.close(fd)
+                continue
+            finally:
+                sock.close()
+                os.close(out_w)
+                os.close(err_w)
+            return child, out_r, err_r
+        raise StartFailed(f"the fork server's children exited before they got their task ({_SPARE_TRIES} tried)")
 
     def close(self) -> None:
         """Stop the server (its children, if any are left, die with it)."""

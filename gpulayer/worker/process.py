@@ -159,11 +159,14 @@ def _signal_group(pgid: int | None, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def _marked(marker: str) -> list[psutil.Process]:
-    """Processes (other than this one) whose environment has ``TREE_ID_ENV=marker``."""
+def _marked(marker: str, within: int | None = None) -> list[psutil.Process]:
+    """Processes (other than this one) whose environment has ``TREE_ID_ENV=marker``; with
+    ``within``, only those below that process (a subreaper of the whole tree: see
+    :attr:`Started.within`) when its descendants can be listed."""
     me = os.getpid()
     if _PROC_ENVIRON:
-        return [p for p in (_process(pid) for pid in _marked_pids(marker)) if p is not None and p.pid != me]
+        pids = _descendants(within) if within is not None else None
+        return [p for p in (_process(pid) for pid in _marked_pids(marker, pids)) if p is not None and p.pid != me]
     found = []
     for proc in psutil.process_iter():
         if proc.pid == me:
@@ -181,10 +184,45 @@ def _marked(marker: str) -> list[psutil.Process]:
 _PROC_ENVIRON = sys.platform.startswith("linux") and os.path.isdir("/proc/self")
 
 
-def _marked_pids(marker: str) -> list[int]:
+def _descendants(root: int) -> list[str] | None:
+    """The pids below ``root``, from ``/proc/PID/task/TID/children``; None when that cannot be
+    read (no such process, a kernel without the file, a tree that keeps changing): then every
+    process is looked at. A process that ends during the walk sends its children up to the
+    subreaper, whose list was read already, so the walk is then made again."""
+    for _ in range(3):
+        out: list[str] = []
+        todo = [str(root)]
+        moved = False
+        while todo:
+            pid = todo.pop()
+            try:
+                threads = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                if pid == str(root):
+                    return None
+                moved = True
+                continue
+            for tid in threads:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                        kids = f.read().decode().split()
+                except OSError:
+                    if os.path.exists(f"/proc/{pid}/task/{tid}/stat"):
+                        return None  # a live thread without the file: this kernel lacks it
+                    moved = True
+                    continue
+                out.extend(kids)
+                todo.extend(kids)
+        if not moved:
+            return out
+    return None
+
+
+def _marked_pids(marker: str, pids: Iterable[str] | None = None) -> list[int]:
+    """The pids, of ``pids`` (default: every process), whose environment carries ``marker``."""
     needle = f"\0{TREE_ID_ENV}={marker}\0".encode()
-    pids = []
-    for name in os.listdir("/proc"):
+    found = []
+    for name in pids if pids is not None else os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:  # os.read in pages: a third cheaper than open() and its buffered reader
@@ -200,8 +238,8 @@ def _marked_pids(marker: str) -> list[int]:
         finally:
             os.close(fd)
         if needle in b"\0" + b"".join(chunks) + b"\0":
-            pids.append(int(name))
-    return pids
+            found.append(int(name))
+    return found
 
 
 def _process(pid: int) -> psutil.Process | None:
@@ -307,9 +345,9 @@ def _group_of(proc: psutil.Process) -> int | None:
         return None
 
 
-def _kill_leftovers(pgid: int, marker: str) -> None:
+def _kill_leftovers(pgid: int, marker: str, within: int | None = None) -> None:
     """After the main process exited: SIGKILL whatever is left of its tree."""
-    leftovers = [p for p in _marked(marker) if p.pid != pgid]
+    leftovers = [p for p in _marked(marker, within) if p.pid != pgid]
     _signal_group(pgid, signal.SIGKILL)
     for proc in leftovers:
         _signal(proc, signal.SIGKILL)
@@ -390,6 +428,12 @@ class Started(Protocol):
     @property
     def exited(self) -> Cancel | None:
         """Set once the process exited, when it is not this process's child (else None)."""
+
+    @property
+    def within(self) -> int | None:
+        """A process below which everything the task leaves behind stays (its subreaper:
+        orphans are re-parented there, not to init), so leftovers are looked for among its
+        descendants only; None: every process on the machine is looked at."""
 
     def poll(self) -> int | None: ...
 
@@ -521,7 +565,7 @@ def run_process(
         proc.wait()
         raise
     finally:
-        _kill_leftovers(pgid, marker)
+        _kill_leftovers(pgid, marker, getattr(proc, "within", None))
         reader.stop(_DRAIN_TIMEOUT)
         reader.join(_DRAIN_TIMEOUT + 1.0)
 

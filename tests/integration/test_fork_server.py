@@ -3,6 +3,7 @@ the task's ``task_started`` event says which, and a forked task is its own proce
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from gpulayer.records import JobRecord, JobState
 from gpulayer.specs import CommandJob, FunctionJob
 from gpulayer.store import Store
 from gpulayer.worker.agent import Agent
-from gpulayer.worker.forking import FORKED, unsupported
+from gpulayer.worker.forking import FORKED, ForkServer, unsupported
 from tests.factories import make_capabilities
 from tests.server_support import until
 
@@ -38,6 +39,10 @@ def add(a, b):
 def tree():
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     time.sleep(600)
+
+def leave():
+    """Start a process that leaves the task's session and outlives it; its pid."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True).pid
 
 def which_gpulayer():
     import gpulayer
@@ -157,3 +162,51 @@ def test_each_task_gets_a_child_of_its_own_and_a_spare_killed_while_waiting_is_r
     assert _how(cp, second.id) == FORKED
     assert len({first.result["pid"], second.result["pid"], spare.pid}) == 3
     assert second.result["own_session"] and second.result["own_group"]
+
+
+def test_what_a_forked_task_leaves_running_is_killed_and_reaped_by_its_subreaper(plane, bundle) -> None:  # type: ignore[no-untyped-def]
+    cp, client = plane
+    done = _run(cp, client, FunctionJob(function="jobmod:leave", bundle=str(bundle)))
+    assert done.state is JobState.SUCCEEDED, done.error
+    assert _how(cp, done.id) == FORKED
+    # it escaped the task's session and its parent exited, so it was re-parented to the fork
+    # server (the subreaper), where the leftover scan looks; killed when the task ended, then
+    # reaped by the server: no zombie stays behind
+
+    def reaped() -> bool:
+        try:
+            psutil.Process(done.result)
+        except psutil.NoSuchProcess:
+            return True
+        return False
+
+    until(reaped, 30, "the task's leftover killed and reaped")
+
+
+def test_the_fork_server_is_the_subreaper_of_its_tasks_and_reaps_their_strays(bundle, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"function": "jobmod:leave", "args": [], "kwargs": {}}')
+    result = tmp_path / "result.json"
+    server = ForkServer(sys.executable, dict(os.environ))
+    try:
+        assert server.ready() is None
+        child, out, err = server.start(cwd=str(bundle), env={**os.environ, "PYTHONPATH": str(bundle)},
+                                       spec=str(spec), result=str(result))
+        assert child.within == server.subreaper and server.subreaper is not None
+        assert child.wait() == 0
+        for fd in (out, err):
+            os.close(fd)
+        stray = psutil.Process(json.loads(result.read_text())["result"])
+        # its parent exited: it went to the server, not to init
+        assert stray.ppid() == server.subreaper
+        stray.kill()
+
+        def reaped() -> bool:
+            try:
+                return stray.status() == "gone"
+            except psutil.NoSuchProcess:
+                return True
+
+        until(reaped, 30, "the stray reaped by the server")
+    finally:
+        server.close()

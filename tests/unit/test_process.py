@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpulayer.worker.process import TREE_ID_ENV, ProcessOutcome, run_process, terminate_tree
+from gpulayer.worker.process import TREE_ID_ENV, ProcessOutcome, _descendants, _marked, run_process, terminate_tree
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX process groups")
 
@@ -546,3 +547,41 @@ def test_a_command_is_resolved_in_the_task_path_and_cwd(tmp_path: Path) -> None:
     out = Output()
     assert run_process(["bin/hello-gl"], env=env(), cwd=str(tmp_path), on_output=out).ok
     assert "hello from" in out.text("stdout")
+
+
+SUBREAPER = """
+import ctypes, os, subprocess, sys, time
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+# a child that starts a grandchild in a session of its own, then exits: the grandchild is
+# re-parented here, not to init
+subprocess.run([sys.executable, "-c", "import subprocess, sys; print(subprocess.Popen("
+                "[sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True).pid)"],
+               stdout=open(sys.argv[1], "w"), check=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="subreapers and /proc are Linux's")
+def test_leftovers_are_looked_for_below_a_subreaper_only(tmp_path: Path) -> None:
+    marker = "test-within"
+    marked_env = {**env(), TREE_ID_ENV: marker}
+    orphan_pid = tmp_path / "orphan.pid"
+    (tmp_path / "reaper.py").write_text(SUBREAPER)
+    reaper = subprocess.Popen([PY, str(tmp_path / "reaper.py"), str(orphan_pid)], env=marked_env)
+    outside = subprocess.Popen([PY, "-c", "import time; time.sleep(600)"], env=marked_env)
+    try:
+        orphan = int(wait_file(orphan_pid))
+        assert psutil.Process(orphan).ppid() == reaper.pid
+        assert str(orphan) in (_descendants(reaper.pid) or [])
+        below = {p.pid for p in _marked(marker, within=reaper.pid)}
+        everywhere = {p.pid for p in _marked(marker)}
+        assert orphan in below and outside.pid not in below
+        assert {orphan, outside.pid, reaper.pid} <= everywhere
+        # a subreaper that is gone: every process is looked at again
+        assert _descendants(outside.pid + 10**7) is None
+    finally:
+        for proc in (reaper, outside):
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(psutil.NoSuchProcess, ValueError, FileNotFoundError):
+            psutil.Process(int(orphan_pid.read_text())).kill()
