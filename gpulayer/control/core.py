@@ -78,6 +78,8 @@ class Core:
     serving: bool = False
     #: the label of this control plane's machines (read from the database once)
     _label: str | None = None
+    #: woken by other processes' changes (see :mod:`gpulayer.store.nudges`) since its first wait
+    _nudged_too: bool = False
 
     def observe(self, observer: ControlObserver) -> None:
         self._observers.append(observer)
@@ -215,6 +217,22 @@ class Core:
             self._wakeup.notify_all()
         for o in self._observers:
             o.on_change()
+        if self.store.nudges is not None:  # and the waits of other processes on this database
+            self.store.nudges.send(self._nudged)
+
+    def _nudged(self) -> None:
+        """Another process (or control plane) committed a change: every wait looks again."""
+        with self._wakeup:
+            self._generation += 1
+            self._work_generation += 1
+            self._wakeup.notify_all()
+
+    def _hear_nudges(self) -> None:
+        """Before a wait: from now on other processes' changes end it at once, not at its
+        next look (:mod:`gpulayer.store.nudges`)."""
+        if not self._nudged_too and self.store.nudges is not None:
+            self._nudged_too = True
+            self.store.nudges.subscribe(self._nudged)
 
     def _work_changed(self, worker_ids: frozenset[str] | None = None, *, ends: bool = False) -> None:
         """Wake the polls of these workers (None: of every worker); ``ends``: they have
@@ -237,12 +255,15 @@ class Core:
     def _wait_change(self, generation: int, timeout: float) -> None:
         """Sleep until a change after ``generation`` (read before the caller's last look at
         the database) or ``timeout`` seconds: waiters in this process wake at once, and the
-        timeout bounds how late a change made by another process is noticed."""
+        timeout bounds how late a change made by another process that cannot nudge this one
+        is noticed."""
+        self._hear_nudges()
         with self._wakeup:
             self._wakeup.wait_for(lambda: self._generation != generation, timeout)
 
     def _wait_work(self, worker_id: str, seen: tuple[int, int, int], timeout: float) -> None:
         """:meth:`_wait_change` for a worker's poll: only news for ``worker_id`` wakes it."""
+        self._hear_nudges()
         with self._wakeup:
             self._wakeup.wait_for(lambda: self._work_of(worker_id) != seen, timeout)
 

@@ -33,6 +33,13 @@ CLOUD_NEEDS_SERVER = (
     "GPULAYER_URL=URL and GPULAYER_TOKEN=TOKEN; see docs/providers.md")
 
 
+#: how soon a wait for a job looks at the database again on its own, first and at most: it
+#: bounds how late it sees a change that no nudge announced (a process that cannot nudge
+#: this one: :mod:`gpulayer.store.nudges`); changes of this process wake it at once
+WAIT_FIRST_LOOK = 0.05
+WAIT_LONGEST_LOOK = 0.5
+
+
 class JobOps(Core):
     def submit(self, spec: JobSpec, *, idempotency_key: str | None = None,
                owner: str | None = None) -> JobRecord:
@@ -136,7 +143,7 @@ class JobOps(Core):
     def wait_job(self, job_id: str, *, timeout: float = MAX_LONG_POLL) -> JobRecord:
         """The job once it is terminal, or as it is after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        poll = 0.05
+        poll = WAIT_FIRST_LOOK
         while True:
             generation = self._generation
             with self.store.read() as s:  # the state alone while waiting; the record at the end
@@ -146,7 +153,7 @@ class JobOps(Core):
                     # (NotFound for a job that does not exist)
                     return self._record(s, job_id)
             self._wait_change(generation, min(poll, remaining))
-            poll = min(poll * 1.5, 0.5)
+            poll = min(poll * 1.5, WAIT_LONGEST_LOOK)
 
     def events(self, job_id: str) -> list[JobEvent]:
         with self.store.read() as s:

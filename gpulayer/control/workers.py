@@ -34,6 +34,11 @@ ORIGINS = ("local", "existing", "provider")
 IN_PROCESS_NAME = "in-process"
 
 
+#: how soon a worker's waiting poll looks at the database again on its own: it bounds how
+#: late it sees a change that no nudge announced (:mod:`gpulayer.store.nudges`)
+POLL_LOOK = 0.2
+
+
 class WorkerOps(Core):
     def register_worker(
         self, capabilities: Capabilities, *, worker_id: str | None = None, name: str | None = None,
@@ -332,7 +337,8 @@ class WorkerOps(Core):
     def poll_work(self, worker_id: str, *, running: Sequence[str] = (), wait: float = 0.0) -> WorkPoll:
         """Tasks assigned to this worker, not started and not in ``running``, and which of
         ``running`` it must end; waits up to ``wait`` seconds for either. In this process a placement or a cancel
-        wakes it at once; a change made by another process is seen within 0.2 s."""
+        wakes it at once, and so does one another process on the same SQLite file commits (it
+        nudges this one); other changes are seen within :data:`POLL_LOOK` seconds."""
         deadline = time.monotonic() + wait
         ends_seen: int | None = None  # the worker's own count when its tasks to end were last read
         while True:
@@ -341,14 +347,14 @@ class WorkerOps(Core):
                 out = self._assignments(s, worker_id, running)
                 cancel = []
                 # first look, then only when news for this worker came (a cancel wakes it):
-                # a look at the database every 0.2 s (for other processes' changes) need not
+                # a look at the database every POLL_LOOK (for other processes' changes) need not
                 if running and ends_seen != seen[0] + seen[2]:
                     cancel = self._to_end(s, {worker_id: running})[worker_id]
                     ends_seen = seen[0] + seen[2]
             remaining = deadline - time.monotonic()
             if out or cancel or remaining <= 0:
                 return WorkPoll(tasks=out, cancel=cancel)
-            self._wait_work(worker_id, seen, min(remaining, 0.2))
+            self._wait_work(worker_id, seen, min(remaining, POLL_LOOK))
 
     def _assignments(self, s: Session, worker_id: str, running: Sequence[str]) -> list[TaskAssignment]:
         """The tasks assigned to the worker and not started, but those in ``running`` (the

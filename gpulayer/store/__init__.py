@@ -16,6 +16,7 @@
 * :mod:`gpulayer.store.marks`: change marks kept by triggers, by which a placement pass
   knows whether the fleet changed.
 * :mod:`gpulayer.store.mapping`: rows to API records, in one place.
+* :mod:`gpulayer.store.nudges`: wake-ups between the processes that share one SQLite file.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from sqlmodel import Session, SQLModel, create_engine
 from gpulayer import config
 from gpulayer.errors import InvalidInput
 from gpulayer.store import marks, migrations
+from gpulayer.store.nudges import Nudges
 from gpulayer.store.tables import (
     BundleReaderRow,
     BundleRow,
@@ -112,6 +114,9 @@ class Store:
         # bench/server_heartbeats.py): those of this process on a lock, those of every
         # process on the database's lock file (a worker process and the submitting one)
         self._write_lock = _WriterLock.of(self._lock_path()) if self.is_sqlite else None
+        #: wake-ups between the processes that share this SQLite file (None: not shared, or
+        #: not supported here)
+        self.nudges = Nudges.of(make_url(self.url).database) if self.is_sqlite else None
         self._migrate()
 
     def _lock_path(self) -> str | None:
@@ -206,6 +211,8 @@ class Store:
         self.engine.dispose()
         if self._write_lock is not None:
             self._write_lock.close()
+        if self.nudges is not None:
+            self.nudges.close()
 
 
 _NO_LOCK = contextlib.nullcontext()

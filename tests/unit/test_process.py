@@ -571,6 +571,9 @@ def test_leftovers_are_looked_for_below_a_subreaper_only(tmp_path: Path) -> None
     outside = subprocess.Popen([PY, "-c", "import time; time.sleep(600)"], env=marked_env)
     try:
         orphan = int(wait_file(orphan_pid))
+        deadline = time.monotonic() + 10  # its parent is exiting: then it is re-parented
+        while psutil.Process(orphan).ppid() != reaper.pid and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert psutil.Process(orphan).ppid() == reaper.pid
         assert str(orphan) in (_descendants(reaper.pid) or [])
         below = {p.pid for p in _marked(marker, within=reaper.pid)}
