@@ -9,7 +9,8 @@ started beforehand (as in a long session):
   ``subprocess.run([sys.executable, "-c", "pass"])``;
 * a no-op ``@gl.remote`` function's ``.remote().result()``, next to the same floor;
 * ``gpulayer submit -- python -c pass`` (a fresh CLI process each time), next to the floor
-  plus the CLI's own start-up (``gpulayer --help``);
+  plus the CLI's own start-up (``gpulayer --help``); then the same while a ``gpulayer
+  worker start`` runs on the home, whose CLI server answers the command line (Linux);
 * ``--throughput`` no-op FunctionJobs submitted at once through two local workers (jobs/s),
   next to as many ``subprocess.run`` calls from two threads: workers in this process (the
   SDK's own), then two ``gpulayer worker start`` processes on the same home.
@@ -147,6 +148,30 @@ def throughput_processes(n: int, noop: object, code: Path) -> tuple[float, float
             w.wait(timeout=60)
 
 
+def warm_cli(n: int, env: dict[str, str], home: str) -> list[float] | None:
+    """``gpulayer submit`` timings while a ``gpulayer worker start`` runs on the home, which
+    answers command lines from its warm CLI server (gpulayer.cli.warm); None off Linux."""
+    from gpulayer.cli import warm
+
+    if not sys.platform.startswith("linux"):
+        return None
+    worker = subprocess.Popen([*cli(), "worker", "start", "--name", "bench-cli", "--json"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert worker.stdout is not None and worker.stdout.readline(), "the bench worker did not start"
+        deadline = time.monotonic() + 60
+        while not os.path.exists(warm.socket_path(home)):
+            assert time.monotonic() < deadline, "the worker's CLI server did not start"
+            time.sleep(0.05)
+        run = [*cli(), "submit", "--", sys.executable, "-c", "pass"]
+        for _ in range(2):  # warm: the server's first child, the worker's first task
+            subprocess.run(run, env=env, check=True, capture_output=True)
+        return timed(lambda: subprocess.run(run, env=env, check=True, capture_output=True), n)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--jobs", type=int, default=50, help="jobs per latency measurement (default 50)")
@@ -189,6 +214,9 @@ def main() -> None:
                       args.cli)
         base_cli = [b + h for b, h in zip(base, helps, strict=False)]
         rows.append(("gpulayer submit -- python -c pass", sub, "python -c pass + gpulayer --help", base_cli))
+        warm = warm_cli(args.cli, env, home)
+        if warm is not None:
+            rows.append(("the same, worker start's CLI server", warm, "python -c pass + gpulayer --help", base_cli))
     print(table(f"embedded control plane, SQLite, in-process worker; {n} jobs each, one at a time", rows))
     if args.throughput:
         jobs_s, floor_s = throughput(args.throughput, bench_noop.noop)

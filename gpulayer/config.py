@@ -136,6 +136,15 @@ def _framework_versions(name: str, raw: str) -> dict[str, str]:
     return out
 
 
+def _switch(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise InvalidInput(f"{name}={raw!r}: expected 1 or 0 (also true/false, yes/no, on/off)")
+
+
 def _level(name: str, raw: str) -> str:
     levels = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
     if raw.strip().upper() not in levels:
@@ -208,6 +217,9 @@ SETTINGS: tuple[Setting, ...] = (
             "set by a provider on a machine it boots: `gpulayer worker start` joins as that machine"),
     Setting("GPULAYER_LOG_LEVEL", "log_level", _level, "INFO", "`INFO`",
             "log level of `gpulayer worker start` and `gpulayer server start`"),
+    Setting("GPULAYER_WARM_CLI", "warm_cli", _switch, True, "`1`",
+            "`0`: `gpulayer worker start` starts no CLI server, and commands run in their own "
+            "process even where one runs (docs/cli.md#the-warm-cli)"),
     # Overrides of detected values; the same keys as resources.toml (gpulayer/overrides.py).
     Setting("GPULAYER_OVERRIDE_CPU_COUNT", "override_cpu_count", _count(1), None, "detected",
             "the CPUs a worker reports (a container's CPU quota); resources.toml `cpu_count`"),
@@ -259,6 +271,7 @@ class Settings:
     public_url: str | None
     machine_id: str | None
     log_level: str
+    warm_cli: bool
     override_cpu_count: int | None
     override_memory_gb: float | None
     override_disk_free_gb: float | None

@@ -13,7 +13,9 @@ modules (errors, config, units) at module level, and everything else (records, t
 client, the control plane, pydantic) inside the command that needs it. Before any of that,
 :func:`main` hands the few pure reads it can answer without Typer, pydantic or SQLAlchemy
 (``jobs list`` on the embedded database) to :mod:`gpulayer.cli.light`, which prints the same
-bytes. tests/unit/test_cli_startup.py checks what each of these loads.
+bytes; then, where a local worker runs a CLI server, it hands ``submit``, ``explain``,
+``jobs`` and ``bundle`` command lines to that warm interpreter (:mod:`gpulayer.cli.warm`).
+tests/unit/test_cli_startup.py checks what each of these loads.
 """
 
 from __future__ import annotations
@@ -81,6 +83,11 @@ def main() -> None:
 
         if light.answer(sys.argv[1:]):
             return
+        from gpulayer.cli import warm
+
+        code = warm.forward(sys.argv[1:])
+        if code is not None:  # a local worker's CLI server ran it
+            sys.exit(code)
         from gpulayer.cli.root import app
 
         _show_plugin_warnings()

@@ -80,14 +80,40 @@ def worker_start(
     agent = Agent(api, capabilities=caps, registered=registered, name=name, cpu_slots=cpu_slots,
                   python=python, grace=grace, idle_exit=idle_exit)
     record = agent.start()
+    # embedded: command lines on this home are answered by a warm interpreter while this
+    # worker runs (gpulayer.cli.warm)
+    cli_server = None if url else _start_cli_server()
     typer.echo(f"worker {record.id} ({record.name}) serving {record.target} jobs: "
                f"{len(caps.devices)} device(s), {agent.cpu_slots} CPU slot(s)", err=True)
     if as_json:
         echo_json({"id": record.id, "name": record.name, "target": record.target, "pid": os.getpid(),
                    "devices": [f"{d.kind}:{d.index}" for d in caps.devices], "cpu_slots": agent.cpu_slots},
                   lines=True)
-    agent.run_forever()
+    try:
+        agent.run_forever()
+    finally:
+        if cli_server is not None:
+            cli_server.terminate()
+            cli_server.wait()
     typer.echo("worker: stopped", err=True)
+
+
+def _start_cli_server() -> Any:
+    """The home's CLI server (a process of its own; it dies with this one), or None."""
+    import subprocess
+    import sys
+
+    from gpulayer import config
+    from gpulayer.cli import warm
+    from gpulayer.worker.deathsig import die_with_parent
+
+    path = warm.socket_path(str(config.home()))
+    if not sys.platform.startswith("linux") or len(os.fsencode(path)) > 100 or not config.settings().warm_cli:
+        return None  # (a socket's path holds about 100 bytes)
+    return subprocess.Popen(
+        [sys.executable, "-c", "import sys; del sys.path[0]; from gpulayer.cli.warm import main; main()", path],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=die_with_parent(os.getpid()))
 
 
 def _slots(cpu_slots: int | None, caps: Any) -> int:

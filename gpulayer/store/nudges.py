@@ -85,7 +85,7 @@ class Nudges:
         with self._lock:
             if self._closed:
                 return
-            self._subscribers.append(weakref.WeakMethod(wake))  # type: ignore[arg-type]
+            self._subscribers.append(weakref.WeakMethod(wake))
             if self._sock is None:
                 self._listen()
 

@@ -1,0 +1,163 @@
+"""The warm CLI (gpulayer.cli.warm): while ``gpulayer worker start`` runs on an embedded home,
+its CLI server runs command lines there as the command itself would, with the same output
+and exit code; a command it does not answer runs as usual."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpulayer.cli import warm
+from tests.server_support import until
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the warm CLI is Linux's")
+
+GPULAYER = [sys.executable, "-m", "gpulayer.cli"]
+
+
+def _env(home: Path, **more: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
+    return {**env, "GPULAYER_HOME": str(home), **more}
+
+
+@pytest.fixture
+def worker(home: Path) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen([*GPULAYER, "worker", "start", "--cpu-slots", "2", "--json"], env=_env(home),
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline(), "the worker did not start"
+        until(lambda: os.path.exists(warm.socket_path(str(home))), 60, "the worker's CLI server")
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
+FORWARD = """
+import sys
+from gpulayer.cli import warm
+code = warm.forward(sys.argv[1:])
+sys.stderr.write(f"\\nFORWARDED={code}")
+"""
+
+
+def _forward(home: Path, args: list[str], **env: str) -> tuple[str, str, str]:
+    """``warm.forward(args)`` in a fresh interpreter: stdout, stderr, and what it returned."""
+    proc = subprocess.run([sys.executable, "-c", FORWARD, *args], env=_env(home, **env), cwd=home,
+                          capture_output=True, text=True, timeout=120)
+    err, _, code = proc.stderr.rpartition("\nFORWARDED=")
+    return proc.stdout, err, code
+
+
+def _masked(text: str) -> str:
+    return re.sub(r"(job|wkr)-[0-9a-f]{12}", r"\1-ID", re.sub(r"\[\d+\.\ds\]", "[T]", text))
+
+
+def test_a_submit_is_run_by_the_cli_server_with_the_output_and_exit_code_of_the_full_path(home, worker) -> None:  # type: ignore[no-untyped-def]
+    args = ["submit", "--", "python", "-c", "print('from the job'); raise SystemExit(3)"]
+    out, err, code = _forward(home, args)
+    assert code == "3", err
+    assert out == "from the job\n"
+    # the same command line through `gpulayer`, warm and not: the same bytes, the same code
+    warm_run = subprocess.run([*GPULAYER, *args], env=_env(home), cwd=home, capture_output=True, text=True,
+                              timeout=120)
+    cold_run = subprocess.run([*GPULAYER, *args], env=_env(home, GPULAYER_WARM_CLI="0"), cwd=home,
+                              capture_output=True, text=True, timeout=120)
+    assert warm_run.returncode == cold_run.returncode == 3
+    assert warm_run.stdout == cold_run.stdout == "from the job\n"
+    assert _masked(warm_run.stderr) == _masked(cold_run.stderr)
+    assert "failed" in warm_run.stderr
+
+
+def test_bad_input_and_relative_paths_are_the_command_line_s_own(home, worker, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out, err, code = _forward(home, ["submit", "--gpus", "-1", "--", "true"])
+    assert code == "2" and "--gpus" in err, err
+    code_dir = home / "code"
+    code_dir.mkdir()
+    (code_dir / "hello.py").write_text("import os\nprint(os.path.basename(os.getcwd()) != 'code' and 'bundled')\n")
+    # a relative --bundle is read from the command's own working directory (here: home)
+    out, err, code = _forward(home, ["submit", "--bundle", "code", "--", "python", "hello.py"])
+    assert code == "0", err
+    assert out == "bundled\n"
+
+
+def test_another_interpreter_or_no_server_runs_the_command_as_usual(home, worker) -> None:  # type: ignore[no-untyped-def]
+    # a variable an interpreter reads as it starts differs: not this server's to run
+    out, err, code = _forward(home, ["submit", "--", "true"], PYTHONHASHSEED="7")
+    assert code == "None" and out == "" and err == ""
+    out, err, code = _forward(home, ["submit", "--", "true"], GPULAYER_WARM_CLI="0")
+    assert code == "None"
+    # commands it does not run, and help
+    for args in (["worker", "list"], ["submit", "--help"], ["--url", "http://127.0.0.1:9", "jobs", "list"]):
+        assert _forward(home, args)[2] == "None"
+
+
+def test_ctrl_c_reaches_the_command_and_cancels_its_job(home, worker) -> None:  # type: ignore[no-untyped-def]
+    proc = subprocess.Popen([*GPULAYER, "submit", "--", "python", "-c", "import time; time.sleep(120)"],
+                            env=_env(home), cwd=home, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = ""
+        while "running" not in line:
+            line = proc.stderr.readline()
+            assert line, "the command ended before its job ran"
+        job_id = re.search(r"job-[0-9a-f]{12}", line).group(0)  # type: ignore[union-attr]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130
+    finally:
+        proc.kill()
+    shown = subprocess.run([*GPULAYER, "jobs", "show", job_id, "--json"], env=_env(home), capture_output=True,
+                           text=True, timeout=120)
+    assert json.loads(shown.stdout)["state"] == "cancelled"
+
+
+def test_a_command_killed_outright_leaves_no_child_behind(home, worker) -> None:  # type: ignore[no-untyped-def]
+    server = until(lambda: [p for p in psutil.Process(worker.pid).children()
+                            if "gpulayer.cli.warm" in " ".join(p.cmdline())], 30, "the CLI server")[0]
+    proc = subprocess.Popen([*GPULAYER, "submit", "--", "python", "-c", "import time; time.sleep(120)"],
+                            env=_env(home), cwd=home, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    line = ""
+    while "running" not in line:
+        line = proc.stderr.readline()
+        assert line, "the command ended before its job ran"
+    [child] = server.children()
+    proc.kill()  # nothing passed on: the server sees its command gone and ends the child (as
+    proc.wait(30)  # the command itself was ended; its job runs on, as after a plain command's)
+    child.wait(30)
+    assert not server.children()
+
+
+def test_the_server_goes_with_its_worker(home, worker) -> None:  # type: ignore[no-untyped-def]
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(30)
+    until(lambda: not os.path.exists(warm.socket_path(str(home))), 30, "the CLI server's socket removed")
+    assert _forward(home, ["submit", "--", "true"])[2] == "None"
+
+
+def test_changed_code_or_packages_decline(tmp_path: Path) -> None:
+    module = tmp_path / "mod.py"
+    module.write_text("x = 1\n")
+    files = {str(module): module.stat().st_mtime_ns, str(tmp_path): tmp_path.stat().st_mtime_ns}
+    mine = warm._interpreter(dict(os.environ), sys.path)
+    request = {**mine}
+    assert warm._declined(request, mine, files) is None
+    assert warm._declined({**request, "start": {"PYTHONHASHSEED": "1"}}, mine, files) == "another interpreter (start)"
+    later = time.time_ns() + 10**9
+    os.utime(module, ns=(later, later))
+    assert "changed" in (warm._declined(request, mine, files) or "")
+    files[str(module)] = later
+    assert warm._declined(request, mine, files) is None
+    (tmp_path / "new_package").mkdir()  # an install: its folder on sys.path changes
+    os.utime(tmp_path, ns=(later + 1, later + 1))
+    assert "changed" in (warm._declined(request, mine, files) or "")
