@@ -253,6 +253,7 @@ def serve(path: str) -> None:
     import gc
     import importlib
     import selectors
+    import struct
     import threading
 
     # what the full path of the commands answered here imports (see gpulayer/cli/__init__.py);
@@ -288,8 +289,11 @@ def serve(path: str) -> None:
             os.unlink(path)  # left by one that died
         finally:
             probe.close()
-    listener.bind(path)
-    os.chmod(path, 0o600)
+    umask = os.umask(0o177)  # the socket is its owner's alone from the start (as is the home)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(umask)
     listener.listen(16)
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, None)
@@ -304,6 +308,10 @@ def serve(path: str) -> None:
                         msg, fds, _flags, _addr = socket.recv_fds(conn, _MAX_MESSAGE, 3)
                         request = json.loads(msg)
                         why = _declined(request, mine, files) if len(fds) == 3 else "no descriptors"
+                        _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(
+                            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+                        if uid != os.getuid():  # (the home is its owner's only: defence in depth)
+                            why = "another user"
                     except (OSError, ValueError) as exc:
                         why = f"{type(exc).__name__}: {exc}"
                     if why is not None:
