@@ -25,6 +25,12 @@ from gpulayer.records import JobError, JobState, TaskState
 from gpulayer.store import JobRow, Store, TaskRow, mapping, plain, queries
 
 log = logging.getLogger("gpulayer.control")
+
+#: what a nudge says (gpulayer.store.nudges): jobs changed (their waits look again), every
+#: worker's poll looks again; and "w:ID" / "e:ID": that worker has tasks to start / to end
+_JOBS = "j"
+_ANY_WORKER = "W"
+_MAX_NEWS = 4096
 if TYPE_CHECKING:
     from gpulayer.control.providers import ProviderSet
 
@@ -80,6 +86,9 @@ class Core:
     _label: str | None = None
     #: woken by other processes' changes (see :mod:`gpulayer.store.nudges`) since its first wait
     _nudged_too: bool = False
+    #: per thread: the polls a change in progress will wake in other processes, sent with
+    #: the nudge of its :meth:`_changed` (after the commit)
+    _pending: threading.local = field(default_factory=threading.local)
 
     def observe(self, observer: ControlObserver) -> None:
         self._observers.append(observer)
@@ -218,13 +227,25 @@ class Core:
         for o in self._observers:
             o.on_change()
         if self.store.nudges is not None:  # and the waits of other processes on this database
-            self.store.nudges.send(self._nudged)
+            news: set[str] = getattr(self._pending, "news", set())
+            self._pending.news = set()
+            if sum(len(n) + 1 for n in news) > _MAX_NEWS:
+                news = {_ANY_WORKER}  # (more polls than a nudge names: all of them look)
+            self.store.nudges.send({_JOBS, *news}, self._nudged)
 
-    def _nudged(self) -> None:
-        """Another process (or control plane) committed a change: every wait looks again."""
+    def _nudged(self, news: set[str]) -> None:
+        """Another process (or control plane) committed a change: the waits its news concern
+        look again (job waits; the polls of the workers named, or of all)."""
         with self._wakeup:
-            self._generation += 1
-            self._work_generation += 1
+            g = self._worker_generation
+            for item in news:
+                if item == _JOBS:
+                    self._generation += 1
+                elif item == _ANY_WORKER:
+                    self._work_generation += 1
+                elif item.startswith(("w:", "e:")):
+                    key = item[2:] if item[0] == "w" else f"{item[2:]}:end"
+                    g[key] = g.get(key, 0) + 1
             self._wakeup.notify_all()
 
     def _hear_nudges(self) -> None:
@@ -245,6 +266,14 @@ class Core:
                     key = f"{wid}:end" if ends else wid
                     self._worker_generation[key] = self._worker_generation.get(key, 0) + 1
             self._wakeup.notify_all()
+        if self.store.nudges is not None:  # the polls of other processes, at the next _changed
+            pending = getattr(self._pending, "news", None)
+            if pending is None:
+                pending = self._pending.news = set()
+            if worker_ids is None:
+                pending.add(_ANY_WORKER)
+            else:
+                pending.update(("e:" if ends else "w:") + wid for wid in worker_ids)
 
     def _work_of(self, worker_id: str) -> tuple[int, int, int]:
         """What a poll of ``worker_id`` compares to see whether it has news: changes for every

@@ -11,9 +11,10 @@ Each process that waits on a database (one :class:`Nudges` per database file and
 :meth:`Nudges.of`) binds a datagram socket in Linux's abstract namespace under a random name
 and registers that name as a file in ``<database>.nudges/``, which it holds with a shared
 ``flock`` while it lives. A process that committed a change (:meth:`Nudges.send`) sends one
-byte to every name registered there and calls the other waiters of its own process. A nudge
-carries nothing: the woken side reads the database as it would at its next look, so one that
-is lost or late costs only the old delay. A name that cannot be reached is left out from then
+datagram to every name registered there and calls the other waiters of its own process. A
+nudge says only what kind of change it was (the caller's news: which waits should look
+again); the woken side reads the database as it would at its next look, so one that is lost
+or late costs only the old delay. A name that cannot be reached is left out from then
 on; its file is removed when its ``flock`` is free (the process is gone), and kept when the
 process lives in another network namespace (it keeps the old delay).
 
@@ -43,6 +44,8 @@ __all__ = ["Nudges"]
 log = logging.getLogger(__name__)
 
 _PREFIX = b"\0gpulayer-nudge-"
+#: the longest news a nudge carries (a sender says less: see Core._news)
+_MAX_NEWS = 8192
 
 
 class Nudges:
@@ -69,8 +72,8 @@ class Nudges:
         self._users = 0
         self._closed = False
         self._lock = threading.Lock()
-        #: what a nudge calls in this process: the waiters' wake-ups (weakly held)
-        self._subscribers: list[weakref.WeakMethod[Callable[[], None]]] = []
+        #: what a nudge calls in this process with its news: the waiters' wake-ups (weakly held)
+        self._subscribers: list[weakref.WeakMethod[Callable[[set[str]], None]]] = []
         self._sock: socket.socket | None = None
         self._name: str | None = None
         self._entry_fd: int | None = None
@@ -79,9 +82,9 @@ class Nudges:
 
     # ------------------------------------------------------------------ waiting side
 
-    def subscribe(self, wake: Callable[[], None]) -> None:
-        """Call ``wake`` (a bound method) whenever another process, or another waiter of this
-        one, committed a change; from then on this process is registered to be nudged."""
+    def subscribe(self, wake: Callable[[set[str]], None]) -> None:
+        """Call ``wake(news)`` (a bound method) whenever another process, or another waiter of
+        this one, committed a change; from then on this process is registered to be nudged."""
         with self._lock:
             if self._closed:
                 return
@@ -107,32 +110,35 @@ class Nudges:
     def _receive(self, sock: socket.socket) -> None:
         while True:
             try:
-                if not sock.recv(64):
+                data = sock.recv(_MAX_NEWS)
+                if not data:
                     return
+                news = set(data.decode(errors="replace").split("\n"))
                 # several nudges that came together wake the waiters once
                 sock.setblocking(False)
                 with contextlib.suppress(BlockingIOError):
-                    while sock.recv(64):
-                        pass
+                    while more := sock.recv(_MAX_NEWS):
+                        news.update(more.decode(errors="replace").split("\n"))
                 sock.setblocking(True)
             except OSError:
                 return  # closed
-            self._wake(None)
+            self._wake(news, None)
 
-    def _wake(self, source: Callable[[], None] | None) -> None:
+    def _wake(self, news: set[str], source: Callable[[set[str]], None] | None) -> None:
         with self._lock:
             alive = [(ref, ref()) for ref in self._subscribers]
             self._subscribers = [ref for ref, wake in alive if wake is not None]
         for _ref, wake in alive:
             if wake is not None and wake != source:
-                wake()
+                wake(news)
 
     # ------------------------------------------------------------------ changing side
 
-    def send(self, source: Callable[[], None] | None = None) -> None:
-        """A change was committed: nudge every other process registered, and wake this
+    def send(self, news: set[str], source: Callable[[set[str]], None] | None = None) -> None:
+        """A change was committed: nudge every other process registered with ``news`` (short
+        words without a newline: what its waits make of them is theirs), and wake this
         process's other waiters (not ``source``, which knows)."""
-        self._wake(source)
+        self._wake(news, source)
         try:
             entries = os.listdir(self.folder)
         except OSError:
@@ -145,12 +151,13 @@ class Nudges:
                 self._sender.setblocking(False)
             sender = self._sender
             own, unreachable = self._name, self._unreachable
+        data = "\n".join(sorted(news)).encode()[:_MAX_NEWS]
         for entry in entries:
             name = entry.partition("-")[2]
             if not name or name == own or entry in unreachable:
                 continue
             try:
-                sender.sendto(b"!", _PREFIX + name.encode())
+                sender.sendto(data, _PREFIX + name.encode())
             except BlockingIOError:
                 continue  # its queue is full: it has nudges to read already
             except OSError:
