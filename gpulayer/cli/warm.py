@@ -40,10 +40,14 @@ __all__ = ["COMMANDS", "forward", "serve", "socket_path"]
 COMMANDS = frozenset({"submit", "explain", "jobs", "bundle"})
 #: the root group's options that take a value, and the variable each becomes
 _GLOBAL = {"--url": "GPULAYER_URL", "--token": "GPULAYER_TOKEN", "--ca": "GPULAYER_CA", "--home": "GPULAYER_HOME"}
-_START_PREFIXES = ("PYTHON", "LD_", "MALLOC_")
-_PER_COMMAND = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONIOENCODING"})
+_START_PREFIXES = ("PYTHON", "LD_", "MALLOC_", "LC_")
+#: what a child applies itself (the rest of the variables read at start-up must match):
+#: PYTHONPATH is compared as sys.path, PYTHONUNBUFFERED sets how its streams are buffered
+_PER_COMMAND = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED"})
 _MAX_MESSAGE = 1 << 22
 _NAME = "cli.sock"
+#: how long either side waits for the other's first message
+_HANDSHAKE = 10.0
 
 
 def socket_path(home: str) -> str:
@@ -51,14 +55,20 @@ def socket_path(home: str) -> str:
 
 
 def _start_variables(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(_START_PREFIXES) and k not in _PER_COMMAND}
+    """The variables an interpreter reads as it starts (and the locale's, which set the
+    standard streams' encoding)."""
+    return {k: v for k, v in env.items()
+            if (k.startswith(_START_PREFIXES) or k == "LANG") and k not in _PER_COMMAND}
 
 
 def _interpreter(env: dict[str, str], path: Sequence[str]) -> dict[str, Any]:
     """What must be the same in the server and in a command it answers (``path``: its
     ``sys.path`` but the script's own folder)."""
     return {"executable": os.path.realpath(sys.executable), "path": [p for p in path if p],
-            "start": _start_variables(env), "pythonpath": env.get("PYTHONPATH", "")}
+            "start": _start_variables(env), "pythonpath": env.get("PYTHONPATH", ""),
+            # the interpreter's options (-X utf8, -W, -O, ...): a `gpulayer` script has none
+            "flags": list(sys.flags), "warnoptions": list(sys.warnoptions),
+            "xoptions": sorted(f"{k}={v}" for k, v in sys._xoptions.items())}
 
 
 #: set in a child of the server: the command it runs is not forwarded again
@@ -98,12 +108,7 @@ def forward(argv: Sequence[str]) -> int | None:
     code, or None when it did not (nothing was printed: the command runs as usual)."""
     if _served or not sys.platform.startswith("linux"):
         return None
-    from gpulayer import config
-
-    env = config.settings()
-    if not env.warm_cli or env.url:
-        return None
-    where = _home_of(argv, env.home)
+    where = _home_of(argv, os.environ.get("GPULAYER_HOME"))
     if where is None:
         return None
     home, i = where
@@ -112,8 +117,14 @@ def forward(argv: Sequence[str]) -> int | None:
     path = socket_path(home)
     if not os.path.exists(path):
         return None
+    from gpulayer import config
+
+    env = config.settings()  # (a bad value of any setting: the error the full path gives)
+    if not env.warm_cli or env.url:
+        return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
+        sock.settimeout(_HANDSHAKE)  # a server that does not answer: run as usual
         sock.connect(path)
         environ = dict(os.environ)
         umask = os.umask(0o022)
@@ -122,6 +133,7 @@ def forward(argv: Sequence[str]) -> int | None:
                    **_interpreter(environ, sys.path[1:])}
         socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
         reply = json.loads(sock.recv(_MAX_MESSAGE) or b"{}")
+        sock.settimeout(None)
     except (OSError, ValueError):
         sock.close()
         return None  # no server there (a stale socket), or it went away: run as usual
@@ -149,9 +161,14 @@ def forward(argv: Sequence[str]) -> int | None:
     finally:
         sock.close()
     if not isinstance(code, int):
-        sys.stderr.write("gpulayer: the worker's CLI server went away while it ran this command\n")
+        sys.stderr.write("gpulayer: the command's process ended without saying how (killed?)\n")
         return 1
-    return 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
+    if code < 0:  # the command was killed by a signal: so is this process, as it would have been
+        sys.stdout.flush()
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        return 128 - code  # (a signal that does not end a process)
+    return code
 
 
 # --------------------------------------------------------------------------- the server's side
@@ -196,15 +213,19 @@ def _declined(request: dict[str, Any], mine: dict[str, Any], files: dict[str, in
     return None
 
 
-def _child(request: dict[str, Any], fds: list[int]) -> None:
-    """Become the command: its descriptors, directory, environment and umask; run it; exit."""
+def _child(request: dict[str, Any], fds: list[int], conn: socket.socket) -> None:
+    """Become the command: its descriptors, directory, environment and umask; run it; tell
+    the command how it ended (over ``conn``, so it hears even if the server is gone); exit.
+    Called with INT, TERM and HUP blocked (see :func:`serve`)."""
     global _served
     _served = True
     code = 1
     try:
+        signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         for fd in fds:
@@ -214,36 +235,51 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
         os.umask(int(request["umask"]))
         os.environ.clear()
         os.environ.update(request["env"])
-        import io
+        import time
 
-        # the standard streams again, on the command's descriptors (a terminal is line
-        # buffered, as Python's own would be)
-        encoding, errors = sys.stdout.encoding, sys.stdout.errors
+        time.tzset()  # (the command's TZ)
+        # the standard streams again, on the command's descriptors, as Python makes them:
+        # the same encoding (the locale matched), a terminal line buffered, PYTHONUNBUFFERED
+        # written through
         unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
-        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding=encoding, errors=errors)
-        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding=encoding, errors=errors,
-                                      line_buffering=os.isatty(1), write_through=unbuffered)
-        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding=encoding,
-                                      errors="backslashreplace", line_buffering=True)
+        encoding, errors = sys.stdout.encoding, sys.stdout.errors
+        sys.stdin = open(0, encoding=sys.stdin.encoding, errors=sys.stdin.errors, closefd=False)
+        sys.stdout = open(1, "w", encoding=encoding, errors=errors, closefd=False,
+                          buffering=1 if os.isatty(1) else -1)
+        sys.stderr = open(2, "w", encoding=encoding, errors="backslashreplace", closefd=False,
+                          buffering=1)
+        if unbuffered:
+            sys.stdout.reconfigure(write_through=True)
         sys.argv[:] = ["gpulayer", *request["argv"]]
         from gpulayer.cli import main
 
         main()
         code = 0
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:  # sys.exit("message"): printed, as the interpreter would
+            with contextlib.suppress(Exception):
+                print(exc.code, file=sys.stderr)
+            code = 1
     except BaseException:
         import traceback
 
-        traceback.print_exc()
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
     try:
         import atexit
+        import threading
 
+        with contextlib.suppress(Exception):
+            threading._shutdown()  # type: ignore[attr-defined]  # (as the interpreter does first)
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
+        with contextlib.suppress(OSError):
+            conn.send(json.dumps({"exit": code}).encode())
         os._exit(code)
 
 
@@ -289,12 +325,16 @@ def serve(path: str) -> None:
             os.unlink(path)  # left by one that died
         finally:
             probe.close()
+    # bound and listening under a name of its own, then renamed into place: a command never
+    # finds the socket before it accepts
+    ready = f"{path}.{os.getpid()}"
     umask = os.umask(0o177)  # the socket is its owner's alone from the start (as is the home)
     try:
-        listener.bind(path)
+        listener.bind(ready)
     finally:
         os.umask(umask)
     listener.listen(16)
+    os.rename(ready, path)
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, None)
     children: dict[int, tuple[socket.socket, int]] = {}  # pid -> (its command's socket, its pidfd)
@@ -305,7 +345,9 @@ def serve(path: str) -> None:
                     conn, _addr = listener.accept()
                     fds: list[int] = []
                     try:
+                        conn.settimeout(_HANDSHAKE)  # (one that stalls does not hold up the rest)
                         msg, fds, _flags, _addr = socket.recv_fds(conn, _MAX_MESSAGE, 3)
+                        conn.settimeout(None)
                         request = json.loads(msg)
                         why = _declined(request, mine, files) if len(fds) == 3 else "no descriptors"
                         _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(
@@ -323,16 +365,31 @@ def serve(path: str) -> None:
                         if why.startswith("GPUlayer's code"):
                             return  # a worker started with the new code starts a new server
                         continue
-                    pid = os.fork()
+                    # the child takes over its signals' handling only once it has reset them:
+                    # until then one passed on must wait, not run this server's handlers
+                    stopping = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+                    signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
+                    try:
+                        pid = os.fork()
+                    except OSError as exc:
+                        pid = -1
+                        with contextlib.suppress(OSError):
+                            conn.send(json.dumps({"declined": f"fork: {exc}"}).encode())
                     if pid == 0:
-                        listener.close()
-                        sel.close()
-                        conn.close()
-                        for other, _pidfd in children.values():
-                            other.close()
-                        _child(request, fds)
+                        try:
+                            listener.close()
+                            sel.close()
+                            for other, _pidfd in children.values():
+                                other.close()
+                            _child(request, fds, conn)
+                        finally:
+                            os._exit(1)
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping)
                     for fd in fds:
                         os.close(fd)
+                    if pid < 0:
+                        conn.close()
+                        continue
                     pidfd = os.pidfd_open(pid)
                     children[pid] = (conn, pidfd)
                     sel.register(pidfd, selectors.EVENT_READ, ("exit", pid))
@@ -357,6 +414,8 @@ def serve(path: str) -> None:
                             sel.unregister(key.fileobj)
                             os.kill(pid, signal.SIGTERM)
     finally:
+        # no new commands; those running go on and tell their commands how they ended
+        # themselves (a death by a signal reads as "ended without saying how")
         with contextlib.suppress(OSError):
             os.unlink(path)
 

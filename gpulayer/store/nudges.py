@@ -77,6 +77,7 @@ class Nudges:
         self._sock: socket.socket | None = None
         self._name: str | None = None
         self._entry_fd: int | None = None
+        self._owner = 0
         self._unreachable: set[str] = set()
         self._sender: socket.socket | None = None
 
@@ -104,7 +105,7 @@ class Nudges:
         except OSError as exc:  # not nudged: waits look again on their own schedule
             log.debug("no nudges for %s: %s", self.folder, exc)
             return
-        self._sock, self._name, self._entry_fd = sock, name, fd
+        self._sock, self._name, self._entry_fd, self._owner = sock, name, fd, os.getpid()
         threading.Thread(target=self._receive, args=(sock,), name="gpulayer-nudges", daemon=True).start()
 
     def _receive(self, sock: socket.socket) -> None:
@@ -198,8 +199,10 @@ class Nudges:
             fd, self._entry_fd = self._entry_fd, None
             name = self._name
         if fd is not None and name is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(self.folder, f"{os.getpid()}-{name}"))
+            entry = os.path.join(self.folder, f"{self._owner}-{name}")
+            if os.getpid() == self._owner:  # (a forked child's copy leaves its parent registered)
+                with contextlib.suppress(OSError):
+                    os.unlink(entry)
             os.close(fd)
         for s in (sock, sender):
             if s is not None:

@@ -235,7 +235,11 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             prctl = ctypes.CDLL(None, use_errno=True).prctl
-            subreaper = prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+            # only where its strays can be found to be reaped (a kernel without the
+            # children files would leave them as zombies)
+            me = os.getpid()
+            if os.path.exists(f"/proc/{me}/task/{me}/children"):
+                subreaper = prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     threads = sys.modules["threading"].active_count() if "threading" in sys.modules else 1
     _send(sock, {"ready": True, "pid": os.getpid(), "preloaded": preloaded, "subreaper": subreaper,
                  "unsafe": f"{threads} threads after preloading" if threads > 1 else None})

@@ -23,6 +23,7 @@ and imports the bundle's. Each task keeps its own process; only start-up is shar
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -173,6 +174,8 @@ class ForkServer:
             for _pid, sock in spares:
                 sock.close()
             for child in children.values():  # they died with it (PDEATHSIG)
+                # what they left went to init, not below the server: look everywhere
+                child.within = None
                 child.exited.set()
             ours.close()
             with contextlib.suppress(OSError):
@@ -202,14 +205,13 @@ class ForkServer:
             if child is not None:
                 child.code = int(msg["exit"])
                 child.exited.set()
-                self._ask()
         for fd in fds:
             os.close(fd)
 
     def _ask(self) -> None:
-        """Ask the server for one more spare, unless one is on its way."""
+        """Ask the server for one more spare, unless one waits or is on its way."""
         with self._lock:
-            if self._asked or self._sock is None:
+            if self._asked or self._spares or self._sock is None:
                 return
             self._asked = True
         try:
@@ -224,6 +226,9 @@ class ForkServer:
             while not self._spares:
                 if self.failed:
                     raise StartFailed(self.failed)
+                if self._spare_error:  # it could not fork one (no memory, no processes left)
+                    error, self._spare_error = self._spare_error, None
+                    raise StartFailed(f"the fork server could not fork a child: {error}")
                 if not self._asked:
                     self._lock.release()
                     try:
@@ -246,23 +251,33 @@ class ForkServer:
         request = json.dumps({"cwd": cwd, "env": env, "path": path, "spec": spec, "result": result}).encode()
         for _ in range(_SPARE_TRIES):
             pid, sock = self._take_spare()
+            self._ask()  # the next one is forked while this one runs (or is it: see _ask)
             child = _Child(pid, self.subreaper)
             with self._lock:  # known before it can end, so its exit finds it
                 self._children[pid] = child
-            out_r, out_w = os.pipe()
-            err_r, err_w = os.pipe()
+            fds: list[int] = []
             try:
+                out_r, out_w = os.pipe()
+                fds += [out_r, out_w]
+                err_r, err_w = os.pipe()
+                fds += [err_r, err_w]
                 socket.send_fds(sock, [request], [out_w, err_w])
-            except OSError:  # it died waiting: the next one
+            except OSError as exc:
                 with self._lock:
-                    self._children.pop(pid, None)
-                for fd in (out_r, err_r):
+                    if self._children.get(pid) is child:
+                        del self._children[pid]
+                for fd in fds:
                     os.close(fd)
-                continue
+                if exc.errno == errno.EMSGSIZE:
+                    raise StartFailed(f"the task's request is too large for the fork server ({len(request)} "
+                                      "bytes: its environment?)") from None
+                if isinstance(exc, (BrokenPipeError, ConnectionResetError, ConnectionRefusedError)):
+                    continue  # it died waiting: the next one
+                raise StartFailed(f"the fork server's child could not be given its task: {exc}") from None
             finally:
                 sock.close()
-                os.close(out_w)
-                os.close(err_w)
+            for fd in (out_w, err_w):
+                os.close(fd)
             return child, out_r, err_r
         raise StartFailed(f"the fork server's children exited before they got their task ({_SPARE_TRIES} tried)")
 

@@ -75,7 +75,8 @@ def test_a_submit_is_run_by_the_cli_server_with_the_output_and_exit_code_of_the_
                               capture_output=True, text=True, timeout=120)
     assert warm_run.returncode == cold_run.returncode == 3
     assert warm_run.stdout == cold_run.stdout == "from the job\n"
-    assert _masked(warm_run.stderr) == _masked(cold_run.stderr)
+    # (which states a status line shows on the way depends on timing: the last one does not)
+    assert _masked(warm_run.stderr).splitlines()[-1] == _masked(cold_run.stderr).splitlines()[-1]
     assert "failed" in warm_run.stderr
 
 
@@ -136,6 +137,30 @@ def test_a_command_killed_outright_leaves_no_child_behind(home, worker) -> None:
     proc.wait(30)  # the command itself was ended; its job runs on, as after a plain command's)
     child.wait(30)
     assert not server.children()
+
+
+def test_a_command_whose_server_stops_meanwhile_still_ends_with_its_own_exit_code(home, worker) -> None:  # type: ignore[no-untyped-def]
+    server = until(lambda: [p for p in psutil.Process(worker.pid).children()
+                            if "gpulayer.cli.warm" in " ".join(p.cmdline())], 30, "the CLI server")[0]
+    proc = subprocess.Popen([*GPULAYER, "submit", "--", "python", "-c", "import time; time.sleep(2); raise SystemExit(5)"],
+                            env=_env(home), cwd=home, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    line = ""
+    while "running" not in line:
+        line = proc.stderr.readline()
+        assert line, "the command ended before its job ran"
+    server.terminate()  # no new commands; this one goes on and reports its own end
+
+    def ended() -> bool:  # (a zombie until its worker reaps it)
+        try:
+            return server.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    until(ended, 30, "the CLI server ended")
+    assert not os.path.exists(warm.socket_path(str(home)))
+    proc.stderr.read()
+    assert proc.wait(60) == 5
 
 
 def test_the_server_goes_with_its_worker(home, worker) -> None:  # type: ignore[no-untyped-def]
