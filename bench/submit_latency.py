@@ -11,6 +11,8 @@ started beforehand (as in a long session):
 * ``gpulayer submit -- python -c pass`` (a fresh CLI process each time), next to the floor
   plus the CLI's own start-up (``gpulayer --help``); then the same while a ``gpulayer
   worker start`` runs on the home, whose CLI server answers the command line (Linux);
+* a CommandJob submitted by another process that runs no worker of its own (this one's
+  runs it): the job's placement and its end cross between processes;
 * ``--throughput`` no-op FunctionJobs submitted at once through two local workers (jobs/s),
   next to as many ``subprocess.run`` calls from two threads: workers in this process (the
   SDK's own), then two ``gpulayer worker start`` processes on the same home.
@@ -148,11 +150,34 @@ def throughput_processes(n: int, noop: object, code: Path) -> tuple[float, float
             w.wait(timeout=60)
 
 
+ELSEWHERE = """
+import sys, time
+import gpulayer as gl
+job = gl.CommandJob(command=[sys.executable, "-c", "pass"])
+for _ in range(3):
+    gl.submit(job).result(timeout=120)
+for _ in range(int(sys.argv[1])):
+    t0 = time.perf_counter()
+    gl.submit(job).result(timeout=120)
+    print(time.perf_counter() - t0, flush=True)
+"""
+
+
+def elsewhere(n: int, env: dict[str, str]) -> list[float]:
+    """CommandJob round trips submitted by another process, which starts no worker of its
+    own (this one's runs): each job's placement and its end cross between processes."""
+    out = subprocess.run([sys.executable, "-c", ELSEWHERE, str(n)], env=env, check=True, capture_output=True,
+                         text=True, timeout=600)
+    return [float(line) for line in out.stdout.split()]
+
+
 def warm_cli(n: int, env: dict[str, str], home: str) -> list[float] | None:
     """``gpulayer submit`` timings while a ``gpulayer worker start`` runs on the home, which
     answers command lines from its warm CLI server (gpulayer.cli.warm); None off Linux."""
-    from gpulayer.cli import warm
-
+    try:
+        from gpulayer.cli import warm
+    except ImportError:  # (a GPUlayer from before the warm CLI, measured with this file)
+        return None
     if not sys.platform.startswith("linux"):
         return None
     worker = subprocess.Popen([*cli(), "worker", "start", "--name", "bench-cli", "--json"], env=env,
@@ -217,6 +242,8 @@ def main() -> None:
         warm = warm_cli(args.cli, env, home)
         if warm is not None:
             rows.append(("the same, worker start's CLI server", warm, "python -c pass + gpulayer --help", base_cli))
+    other = elsewhere(n, {**os.environ, "GPULAYER_HOME": home})
+    rows.append(("CommandJob, worker in another process", other, "subprocess.run(python -c pass)", base))
     print(table(f"embedded control plane, SQLite, in-process worker; {n} jobs each, one at a time", rows))
     if args.throughput:
         jobs_s, floor_s = throughput(args.throughput, bench_noop.noop)
