@@ -63,6 +63,23 @@ def _masked(text: str) -> str:
     return re.sub(r"(job|wkr)-[0-9a-f]{12}", r"\1-ID", re.sub(r"\[\d+\.\ds\]", "[T]", text))
 
 
+def _running(home: Path, code: str) -> tuple[subprocess.Popen[str], str]:
+    """``gpulayer submit -- python -c CODE`` started, once its job runs: the command and the job's id."""
+    proc = subprocess.Popen([*GPULAYER, "submit", "--", "python", "-c", code], env=_env(home), cwd=home,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    line = ""
+    while "running" not in line:
+        line = proc.stderr.readline()
+        assert line, "the command ended before its job ran"
+    return proc, re.search(r"job-[0-9a-f]{12}", line).group(0)  # type: ignore[union-attr]
+
+
+def _server(worker: subprocess.Popen[str]) -> psutil.Process:
+    return until(lambda: [p for p in psutil.Process(worker.pid).children()
+                          if "gpulayer.cli.warm" in " ".join(p.cmdline())], 30, "the CLI server")[0]
+
+
 def test_a_submit_is_run_by_the_cli_server_with_the_output_and_exit_code_of_the_full_path(home, worker) -> None:  # type: ignore[no-untyped-def]
     args = ["submit", "--", "python", "-c", "print('from the job'); raise SystemExit(3)"]
     out, err, code = _forward(home, args)
@@ -104,15 +121,8 @@ def test_another_interpreter_or_no_server_runs_the_command_as_usual(home, worker
 
 
 def test_ctrl_c_reaches_the_command_and_cancels_its_job(home, worker) -> None:  # type: ignore[no-untyped-def]
-    proc = subprocess.Popen([*GPULAYER, "submit", "--", "python", "-c", "import time; time.sleep(120)"],
-                            env=_env(home), cwd=home, stderr=subprocess.PIPE, text=True)
+    proc, job_id = _running(home, "import time; time.sleep(120)")
     try:
-        assert proc.stderr is not None
-        line = ""
-        while "running" not in line:
-            line = proc.stderr.readline()
-            assert line, "the command ended before its job ran"
-        job_id = re.search(r"job-[0-9a-f]{12}", line).group(0)  # type: ignore[union-attr]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 130
     finally:
@@ -123,15 +133,8 @@ def test_ctrl_c_reaches_the_command_and_cancels_its_job(home, worker) -> None:  
 
 
 def test_a_command_killed_outright_leaves_no_child_behind(home, worker) -> None:  # type: ignore[no-untyped-def]
-    server = until(lambda: [p for p in psutil.Process(worker.pid).children()
-                            if "gpulayer.cli.warm" in " ".join(p.cmdline())], 30, "the CLI server")[0]
-    proc = subprocess.Popen([*GPULAYER, "submit", "--", "python", "-c", "import time; time.sleep(120)"],
-                            env=_env(home), cwd=home, stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    line = ""
-    while "running" not in line:
-        line = proc.stderr.readline()
-        assert line, "the command ended before its job ran"
+    server = _server(worker)
+    proc, _job_id = _running(home, "import time; time.sleep(120)")
     [child] = server.children()
     proc.kill()  # nothing passed on: the server sees its command gone and ends the child (as
     proc.wait(30)  # the command itself was ended; its job runs on, as after a plain command's)
@@ -140,15 +143,8 @@ def test_a_command_killed_outright_leaves_no_child_behind(home, worker) -> None:
 
 
 def test_a_command_whose_server_stops_meanwhile_still_ends_with_its_own_exit_code(home, worker) -> None:  # type: ignore[no-untyped-def]
-    server = until(lambda: [p for p in psutil.Process(worker.pid).children()
-                            if "gpulayer.cli.warm" in " ".join(p.cmdline())], 30, "the CLI server")[0]
-    proc = subprocess.Popen([*GPULAYER, "submit", "--", "python", "-c", "import time; time.sleep(2); raise SystemExit(5)"],
-                            env=_env(home), cwd=home, stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    line = ""
-    while "running" not in line:
-        line = proc.stderr.readline()
-        assert line, "the command ended before its job ran"
+    server = _server(worker)
+    proc, _job_id = _running(home, "import time; time.sleep(2); raise SystemExit(5)")
     server.terminate()  # no new commands; this one goes on and reports its own end
 
     def ended() -> bool:  # (a zombie until its worker reaps it)
@@ -159,6 +155,7 @@ def test_a_command_whose_server_stops_meanwhile_still_ends_with_its_own_exit_cod
 
     until(ended, 30, "the CLI server ended")
     assert not os.path.exists(warm.socket_path(str(home)))
+    assert proc.stderr is not None
     proc.stderr.read()
     assert proc.wait(60) == 5
 
