@@ -205,8 +205,8 @@ def _unchanged(files: dict[str, int]) -> bool:
 
 def _declined(request: dict[str, Any], mine: dict[str, Any], files: dict[str, int]) -> str | None:
     """Why this server does not answer ``request``, or None."""
-    for key in ("executable", "path", "start", "pythonpath"):
-        if request.get(key) != mine[key]:
+    for key, value in mine.items():
+        if request.get(key) != value:
             return f"another interpreter ({key})"
     if not _unchanged(files):
         return "GPUlayer's code or the installed packages changed since this server started"

@@ -175,6 +175,7 @@ def test_changed_code_or_packages_decline(tmp_path: Path) -> None:
     request = {**mine}
     assert warm._declined(request, mine, files) is None
     assert warm._declined({**request, "start": {"PYTHONHASHSEED": "1"}}, mine, files) == "another interpreter (start)"
+    assert warm._declined({**request, "xoptions": ["utf8=1"]}, mine, files) == "another interpreter (xoptions)"
     later = time.time_ns() + 10**9
     os.utime(module, ns=(later, later))
     assert "changed" in (warm._declined(request, mine, files) or "")
