@@ -130,7 +130,7 @@ def forward(argv: Sequence[str]) -> int | None:
         umask = os.umask(0o022)
         os.umask(umask)
         request = {"argv": list(argv), "cwd": os.getcwd(), "env": environ, "umask": umask,
-                   **_interpreter(environ, sys.path[1:])}
+                   "path0": sys.path[0] if sys.path else "", **_interpreter(environ, sys.path[1:])}
         socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
         reply = json.loads(sock.recv(_MAX_MESSAGE) or b"{}")
         sock.settimeout(None)
@@ -251,6 +251,10 @@ def _child(request: dict[str, Any], fds: list[int], conn: socket.socket) -> None
         if unbuffered:
             sys.stdout.reconfigure(write_through=True)
         sys.argv[:] = ["gpulayer", *request["argv"]]
+        # the command's own first entry (the script's folder; the working directory for
+        # ``python -m gpulayer.cli``), which the server's interpreter does not have
+        if request.get("path0"):
+            sys.path.insert(0, request["path0"])
         from gpulayer.cli import main
 
         main()

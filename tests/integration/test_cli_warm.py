@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,15 @@ from tests.server_support import until
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the warm CLI is Linux's")
 
 GPULAYER = [sys.executable, "-m", "gpulayer.cli"]
+
+PROFILE_PLUGIN = """
+    from gpulayer import plugin
+
+
+    @plugin.hookimpl
+    def gpulayer_runtime_profiles():
+        return [plugin.RuntimeProfile(name="here-only", description="a profile only this folder has")]
+"""
 
 
 def _env(home: Path, **more: str) -> dict[str, str]:
@@ -107,6 +117,17 @@ def test_bad_input_and_relative_paths_are_the_command_line_s_own(home, worker, t
     out, err, code = _forward(home, ["submit", "--bundle", "code", "--", "python", "hello.py"])
     assert code == "0", err
     assert out == "bundled\n"
+
+
+def test_the_command_s_own_first_path_entry_is_the_child_s_too(home, worker, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # `python -m gpulayer.cli` puts its working directory first on sys.path: a plugin module
+    # there (GPULAYER_PLUGINS) is found by the command, so by its child as well
+    (home / "my_profiles.py").write_text(textwrap.dedent(PROFILE_PLUGIN))
+    args = ["submit", "--profile", "here-only", "--", "python", "-c", "print('ran')"]
+    proc = subprocess.run([*GPULAYER, *args], env=_env(home, GPULAYER_PLUGINS="my_profiles"), cwd=home,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "ran\n"
 
 
 def test_another_interpreter_or_no_server_runs_the_command_as_usual(home, worker) -> None:  # type: ignore[no-untyped-def]
