@@ -32,7 +32,7 @@ from typing import Any
 __all__ = ["answer", "job_summary", "job_table"]
 
 #: the root group's options that take a value, and the variable each becomes
-_GLOBAL = {"--url": "GPULAYER_URL", "--token": "GPULAYER_TOKEN", "--ca": "GPULAYER_CA", "--home": "GPULAYER_HOME"}
+GLOBAL_OPTIONS = {"--url": "GPULAYER_URL", "--token": "GPULAYER_TOKEN", "--ca": "GPULAYER_CA", "--home": "GPULAYER_HOME"}
 
 
 def _options(argv: Sequence[str], i: int, valued: Iterable[str], flags: Iterable[str]) -> tuple[dict[str, Any], int] | None:
@@ -64,7 +64,7 @@ def _options(argv: Sequence[str], i: int, valued: Iterable[str], flags: Iterable
 def _jobs_list(argv: Sequence[str]) -> dict[str, Any] | None:
     """What a ``jobs list`` command line this path can answer asks for (the variables its
     global options set, the state, the limit, JSON or not), else None."""
-    parsed = _options(argv, 0, _GLOBAL, ())
+    parsed = _options(argv, 0, GLOBAL_OPTIONS, ())
     if parsed is None:
         return None
     glob, i = parsed
@@ -79,7 +79,7 @@ def _jobs_list(argv: Sequence[str]) -> dict[str, Any] | None:
         return None  # the full path says what --limit accepts
     if "--url" in glob:
         return None
-    return {"env": {_GLOBAL[k]: v for k, v in glob.items()}, "state": opts.get("--state"),
+    return {"env": {GLOBAL_OPTIONS[k]: v for k, v in glob.items()}, "state": opts.get("--state"),
             "limit": int(limit), "json": bool(opts.get("--json"))}
 
 
@@ -88,7 +88,7 @@ def _resources_detect(argv: Sequence[str]) -> dict[str, Any] | None:
     variables its global options set, the Python, ``--explain`` or not), else None.
     ``--json`` (it shows free disk to the byte), ``--timeout`` and ``--refresh`` (which
     detect afresh) go to the full path."""
-    parsed = _options(argv, 0, _GLOBAL, ())
+    parsed = _options(argv, 0, GLOBAL_OPTIONS, ())
     if parsed is None or "--url" in parsed[0]:
         return None
     glob, i = parsed
@@ -98,7 +98,7 @@ def _resources_detect(argv: Sequence[str]) -> dict[str, Any] | None:
     if parsed is None or parsed[1] != len(argv):
         return None
     opts = parsed[0]
-    return {"env": {_GLOBAL[k]: v for k, v in glob.items()}, "python": opts.get("--python") or sys.executable,
+    return {"env": {GLOBAL_OPTIONS[k]: v for k, v in glob.items()}, "python": opts.get("--python") or sys.executable,
             "explain": bool(opts.get("--explain"))}
 
 

@@ -33,17 +33,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from gpulayer.cli.light import GLOBAL_OPTIONS
+from gpulayer.interpreter import start_variables
+
 __all__ = ["COMMANDS", "forward", "serve", "socket_path"]
 
 #: the command groups a CLI server answers (the rest do not need it, or should not run as
 #: its children: workers, servers, the dashboard)
 COMMANDS = frozenset({"submit", "explain", "jobs", "bundle"})
-#: the root group's options that take a value, and the variable each becomes
-_GLOBAL = {"--url": "GPULAYER_URL", "--token": "GPULAYER_TOKEN", "--ca": "GPULAYER_CA", "--home": "GPULAYER_HOME"}
-_START_PREFIXES = ("PYTHON", "LD_", "MALLOC_", "LC_")
-#: what a child applies itself (the rest of the variables read at start-up must match):
-#: PYTHONPATH is compared as sys.path, PYTHONUNBUFFERED sets how its streams are buffered
-_PER_COMMAND = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED"})
 _MAX_MESSAGE = 1 << 22
 _NAME = "cli.sock"
 #: how long either side waits for the other's first message
@@ -54,18 +51,11 @@ def socket_path(home: str) -> str:
     return os.path.join(home, _NAME)
 
 
-def _start_variables(env: dict[str, str]) -> dict[str, str]:
-    """The variables an interpreter reads as it starts (and the locale's, which set the
-    standard streams' encoding)."""
-    return {k: v for k, v in env.items()
-            if (k.startswith(_START_PREFIXES) or k == "LANG") and k not in _PER_COMMAND}
-
-
 def _interpreter(env: dict[str, str], path: Sequence[str]) -> dict[str, Any]:
     """What must be the same in the server and in a command it answers (``path``: its
     ``sys.path`` but the script's own folder)."""
     return {"executable": os.path.realpath(sys.executable), "path": [p for p in path if p],
-            "start": _start_variables(env), "pythonpath": env.get("PYTHONPATH", ""),
+            "start": start_variables(env, locale=True), "pythonpath": env.get("PYTHONPATH", ""),
             # the interpreter's options (-X utf8, -W, -O, ...): a `gpulayer` script has none
             "flags": list(sys.flags), "warnoptions": list(sys.warnoptions),
             "xoptions": sorted(f"{k}={v}" for k, v in sys._xoptions.items())}
@@ -83,7 +73,7 @@ def _home_of(argv: Sequence[str], home: str | None) -> tuple[str, int] | None:
     home = home or ""
     while i < len(argv) and argv[i].startswith("-"):
         name, eq, value = argv[i].partition("=")
-        if name not in _GLOBAL:
+        if name not in GLOBAL_OPTIONS:
             return None
         if not eq:
             if i + 1 >= len(argv):

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpulayer.interpreter import start_variables
 from gpulayer.worker.deathsig import die_with_parent
 from gpulayer.worker.process import StartFailed
 from gpulayer.worker.wakeups import Cancel
@@ -50,9 +51,6 @@ PRELOAD = ("gpulayer", "gpulayer.sdk")
 READY_TIMEOUT = 60.0
 FORKED = "started by fork server"
 
-_START_PREFIXES = ("PYTHON", "LD_", "MALLOC_")
-_PER_TASK = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED"})
-
 
 def unsupported() -> str | None:
     """Why this platform cannot run a fork server, or None."""
@@ -62,10 +60,6 @@ def unsupported() -> str | None:
         return "this Python or kernel lacks pidfds or descriptor passing"
     return None
 
-
-def start_variables(env: dict[str, str]) -> dict[str, str]:
-    """The variables of ``env`` that an interpreter reads as it starts (see the module doc)."""
-    return {k: v for k, v in env.items() if k.startswith(_START_PREFIXES) and k not in _PER_TASK}
 
 
 class _Child:
