@@ -23,6 +23,7 @@ from gpulayer.control import placement
 from gpulayer.errors import Forbidden
 from gpulayer.records import JobError, JobState, TaskState
 from gpulayer.store import JobRow, Store, TaskRow, mapping, plain, queries
+from gpulayer.store.nudges import MAX_NEWS
 
 log = logging.getLogger("gpulayer.control")
 
@@ -30,7 +31,6 @@ log = logging.getLogger("gpulayer.control")
 #: worker's poll looks again; and "w:ID" / "e:ID": that worker has tasks to start / to end
 _JOBS = "j"
 _ANY_WORKER = "W"
-_MAX_NEWS = 4096
 if TYPE_CHECKING:
     from gpulayer.control.providers import ProviderSet
 
@@ -229,7 +229,7 @@ class Core:
         if self.store.nudges is not None:  # and the waits of other processes on this database
             news: set[str] = getattr(self._pending, "news", set())
             self._pending.news = set()
-            if sum(len(n) + 1 for n in news) > _MAX_NEWS:
+            if sum(len(n) + 1 for n in news) > MAX_NEWS - 2:  # (and "j")
                 news = {_ANY_WORKER}  # (more polls than a nudge names: all of them look)
             self.store.nudges.send({_JOBS, *news}, self._nudged)
 

@@ -39,13 +39,14 @@ try:
 except ImportError:  # pragma: no cover - Windows: no nudges
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["Nudges"]
+__all__ = ["MAX_NEWS", "Nudges"]
 
 log = logging.getLogger(__name__)
 
 _PREFIX = b"\0gpulayer-nudge-"
-#: the longest news a nudge carries (a sender says less: see Core._news)
-_MAX_NEWS = 8192
+#: the most a nudge says, in bytes (a sender that would say more says less: see
+#: gpulayer.control.core, which then names no worker and wakes every poll)
+MAX_NEWS = 8192
 
 
 class Nudges:
@@ -111,14 +112,14 @@ class Nudges:
     def _receive(self, sock: socket.socket) -> None:
         while True:
             try:
-                data = sock.recv(_MAX_NEWS)
+                data = sock.recv(MAX_NEWS)
                 if not data:
                     return
                 news = set(data.decode(errors="replace").split("\n"))
                 # several nudges that came together wake the waiters once
                 sock.setblocking(False)
                 with contextlib.suppress(BlockingIOError):
-                    while more := sock.recv(_MAX_NEWS):
+                    while more := sock.recv(MAX_NEWS):
                         news.update(more.decode(errors="replace").split("\n"))
                 sock.setblocking(True)
             except OSError:
@@ -152,7 +153,7 @@ class Nudges:
                 self._sender.setblocking(False)
             sender = self._sender
             own, unreachable = self._name, self._unreachable
-        data = "\n".join(sorted(news)).encode()[:_MAX_NEWS]
+        data = "\n".join(sorted(news)).encode()[:MAX_NEWS]
         for entry in entries:
             name = entry.partition("-")[2]
             if not name or name == own or entry in unreachable:
