@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 import sysconfig
 import time
@@ -35,6 +36,7 @@ from gpulayer.specs import (
     Spelling,
     check_json,
 )
+from gpulayer.worker.function_runner import IMPORTING_ENV as IMPORTING_JOB_MODULE
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -272,8 +274,12 @@ class RemoteFunction(Generic[T]):
         bundle = self.options.pop("bundle", default_bundle)
         self._bundle = str(bundle) if bundle is not None else None
         # check the options now: a bad one fails at decoration, not at .remote(). Not the
-        # installed plugins yet: a worker imports this module too, with plugins of its own.
-        self._template = self._spec([], {}, check_installed=False)
+        # installed plugins yet: a worker imports this module too, with plugins of its own;
+        # and not at all where a worker's function runner imports the module to call one of
+        # its functions (they were checked when the job was submitted, and a .remote() made
+        # by the task checks its own): that check was a third of a forked task's work
+        if not os.environ.get(IMPORTING_JOB_MODULE):
+            self._spec([], {}, check_installed=False)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> T:

@@ -5,6 +5,7 @@ See :mod:`gpulayer.bundles` for the rules (what goes in, symlinks, the zip's for
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import stat
@@ -161,7 +162,10 @@ class _Layer:
         return bool(result.include), rule
 
 
+@functools.cache
 def _default_layer() -> _Layer:
+    """The built-in rules, compiled once (a layer is not changed after it is made; compiling
+    these was most of a ``.remote()``'s walk of an unchanged directory)."""
     return _Layer("", "default", list(DEFAULT_EXCLUDES), numbered=False)
 
 

@@ -110,6 +110,17 @@ def _detach(warm: _Warm) -> None:
             os._exit(137)
 
 
+def _set_environ(env: dict[str, str]) -> None:
+    """``os.environ`` (and so the C environment the task's own processes inherit) becomes
+    ``env``; only what differs is changed (a task's environment is mostly the server's, and
+    replacing it whole cost 0.2 ms a task)."""
+    for key in [k for k in os.environ if k not in env]:
+        del os.environ[key]
+    for key, value in env.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
 def _child(req: dict[str, Any], fds: list[int], warm: _Warm) -> None:
     """Become the task (after :func:`_detach`): its descriptors, cwd, environment and path,
     then the function runner; never returns."""
@@ -123,8 +134,7 @@ def _child(req: dict[str, Any], fds: list[int], warm: _Warm) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
         os.chdir(req["cwd"])
-        os.environ.clear()
-        os.environ.update(req["env"])
+        _set_environ(req["env"])
         entries = [p for p in req["path"] if p]
         # the runner puts the cwd first (see function_runner._setup_path)
         for name in _shadowed(warm.origins, [req["cwd"], *entries, *warm.base_path], warm.entries_then):

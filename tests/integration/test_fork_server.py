@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -210,3 +211,22 @@ def test_the_fork_server_is_the_subreaper_of_its_tasks_and_reaps_their_strays(bu
         until(reaped, 30, "the stray reaped by the server")
     finally:
         server.close()
+
+
+ENVIRON = """
+import os, subprocess
+from gpulayer.worker import fork_server
+os.environ.update({"KEPT": "1", "CHANGED": "old", "GONE": "x"})
+env = {k: v for k, v in os.environ.items() if k != "GONE"}
+fork_server._set_environ({**env, "CHANGED": "new", "ADDED": "2"})
+print(os.environ.get("GONE"), os.environ["KEPT"], os.environ["CHANGED"], os.environ["ADDED"])
+# what the task's own processes inherit: the C environment
+print(subprocess.run(["sh", "-c", 'echo "${GONE-unset}" "$KEPT" "$CHANGED" "$ADDED"'], env=None,
+                     capture_output=True, text=True, check=True).stdout.strip())
+"""
+
+
+def test_a_forked_child_takes_its_tasks_environment_in_os_environ_and_in_what_it_starts() -> None:
+    # (in a process of its own: this one's environment stays as it is)
+    out = subprocess.run([sys.executable, "-c", ENVIRON], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["None 1 new 2", "unset 1 new 2"]

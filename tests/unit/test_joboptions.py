@@ -20,6 +20,7 @@ from gpulayer.errors import InvalidArgument, InvalidInput, InvalidRequirement
 from gpulayer.joboptions import JobOptions, SharedOptions
 from gpulayer.specs import CommandJob, Placement, Requirements
 from gpulayer.torch import Trainer, TrainerOptions, launch
+from gpulayer.worker.function_runner import IMPORTING_ENV
 
 pytestmark = pytest.mark.usefixtures("gpulayer_isolated")
 
@@ -191,6 +192,19 @@ def test_remote_checks_plugins_at_submit_not_at_import() -> None:
     fn = gl.remote(accelerator="npu", profile="npu-torch")(double)
     with pytest.raises(InvalidRequirement, match="npu-torch"):
         fn.spec(1)
+
+
+def test_a_module_imported_by_the_function_runner_does_not_check_its_options_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # they were checked when the job was submitted; a .remote() made by the task checks its own
+    monkeypatch.setenv(IMPORTING_ENV, "jobmod:double")
+    fn = gl.remote(gpus=1)(double)
+    assert fn(2) == 4
+    with pytest.raises(InvalidRequirement, match="devices need an accelerator"):
+        fn.spec(1)
+    monkeypatch.delenv(IMPORTING_ENV)
+    with pytest.raises(InvalidRequirement, match="devices need an accelerator"):
+        gl.remote(gpus=1)(double)
 
 
 def test_an_accelerator_only_the_server_knows_passes_with_the_escape_hatch() -> None:
