@@ -178,12 +178,11 @@ class Client:
 
     # ------------------------------------------------------------------ the in-process worker
 
-    def live_local_workers(self) -> list[WorkerRecord]:
+    def live_local_workers(self) -> list[str]:
+        """The ids of the local workers running on this home (embedded; none otherwise)."""
         if self.control is None:
             return []
-        self.control.expire_workers()
-        return [w for w in self.control.list_workers(include_offline=False)
-                if w.origin == "local" and not w.draining]
+        return self.control.live_local_workers()
 
     def ensure_local_worker(self) -> None:
         """Start a worker in this process if local jobs need one (embedded only)."""

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from sqlmodel import Session
 
 from gpulayer.errors import NotFound
-from gpulayer.store.tables import EventRow, JobRow, TaskRow
+from gpulayer.store.tables import EventRow, JobRow, TaskRow, WorkerRow
 
 
 class Job(NamedTuple):
@@ -68,6 +68,7 @@ TASK_COLUMNS = ", ".join(Task._fields)
 _JOB_TABLE = JobRow.__tablename__
 _TASK_TABLE = TaskRow.__tablename__
 _EVENT_TABLE = EventRow.__tablename__
+_WORKER_TABLE = WorkerRow.__tablename__
 
 def not_found(what: str, key: str) -> NotFound:
     """``job 'x': no such job``: how every lookup by id says it found nothing."""
@@ -252,6 +253,16 @@ def set_task_state(s: Session, task_id: str, to: str, allowed_from: tuple[str, .
     changed = execute(s, f"UPDATE {_TASK_TABLE} SET {sets} WHERE id = ? AND state IN ({marks})",
                       (to, *(values[n] for n in names), task_id, *allowed_from))
     return changed == 1
+
+
+# ---------------------------------------------------------------- workers
+
+
+def local_workers(s: Session) -> list[tuple[str, str, int | None, float]]:
+    """The online local workers that are not draining: ``(id, hostname, pid, last heartbeat)``."""
+    return [(str(i), str(h), p, float(b)) for i, h, p, b in fetch(
+        s, f"SELECT id, hostname, pid, last_heartbeat FROM {_WORKER_TABLE} "
+           "WHERE online = ? AND draining = ? AND origin = ?", (True, False, "local"))]
 
 
 # ---------------------------------------------------------------- events

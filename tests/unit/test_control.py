@@ -423,6 +423,33 @@ def test_a_dead_in_process_worker_leaves_no_row(cp: ControlPlane) -> None:
     assert lost.tasks[0].error.message == f"worker {w.id} (pid {proc.pid}) is gone"
 
 
+def test_live_local_workers_are_the_online_alive_undrained_local_ones(cp: ControlPlane) -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    clock: Clock = cp.clock  # type: ignore[assignment]
+    here = socket.gethostname()
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # a pid that is gone, on this host
+    alive = cp.register_worker(make_capabilities(hostname=here), cpu_slots=1, pid=os.getpid())
+    gone = cp.register_worker(make_capabilities(hostname=here), cpu_slots=1, pid=proc.pid)
+    drained = cp.register_worker(make_capabilities(hostname=here), cpu_slots=1, pid=os.getpid())
+    cp.drain_worker(drained.id)
+    joined = cp.join_worker(make_capabilities(), join_token=cp.create_token(scope="join").token)
+    silent = cp.register_worker(make_capabilities(hostname="elsewhere"), cpu_slots=1)
+    assert sorted(cp.live_local_workers()) == sorted([alive.id, silent.id])
+    # the dead one was marked offline, as an expiry pass would
+    assert {w.id: w.online for w in cp.list_workers()}[gone.id] is False
+    clock.now += 5
+    cp.heartbeat(alive.id)
+    cp.heartbeat(joined.worker_id)
+    clock.now += 6  # `silent` has been silent for 11 s > 10 s
+    assert cp.live_local_workers() == [alive.id]
+    assert {w.id: w.online for w in cp.list_workers()}[silent.id] is False
+
+
 @pytest.mark.parametrize("retries", [0, 1])
 def test_a_report_after_a_loss_is_accepted_until_a_newer_attempt_runs(cp: ControlPlane, retries: int) -> None:
     """The worker was only cut off (a server restart, a partition): the command ran once and
