@@ -104,6 +104,7 @@ def throughput(n: int, noop: object) -> tuple[float, float]:
           f"{(cpu_seconds() - cpu0) / n * 1e3:.1f} ms")
     for a in agents:
         a.stop(grace=5)
+    client._agent = None  # (so the next row's submits look for a live local worker, as a script's do)
 
     left = [n]
     lock = threading.Lock()
