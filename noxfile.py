@@ -54,8 +54,8 @@ def ec2(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     _install(session)
-    for script in ("placement.py", "resources_detect.py", "cli_startup.py", "submit_latency.py", "cancel.py",
-                   "provisioning.py"):
+    for script in ("placement.py", "resources_detect.py", "cli_startup.py", "submit_latency.py", "fork_server.py",
+                   "cancel.py", "provisioning.py"):
         session.run("python", f"bench/{script}")
 
 
