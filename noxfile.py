@@ -28,7 +28,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def types(session: nox.Session) -> None:
     _install(session)
-    session.install("mypy")
+    session.install("mypy", "types-psutil", "types-paramiko")  # (the stubs the dev extra names)
     session.run("mypy")  # files: gpulayer and plugins (pyproject.toml)
 
 

@@ -27,6 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stats import pct
 
+from gpulayer.worker.forking import ForkServer, unsupported
+
 NOOP = "import gpulayer as gl\n\n\n@gl.remote\ndef noop():\n    return None\n"
 
 FLOOR = """
@@ -75,11 +77,14 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=300, help="tasks per round")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    from gpulayer.worker.forking import ForkServer, unsupported
-
     if unsupported():
-        raise SystemExit(unsupported())
-    code = Path(tempfile.mkdtemp(prefix="gl-bench-"))
+        print(f"fork server: not measured ({unsupported()})")
+        return
+    with tempfile.TemporaryDirectory(prefix="gl-bench-") as folder:
+        measure(Path(folder), args.tasks, args.rounds)
+
+
+def measure(code: Path, tasks: int, rounds: int) -> None:
     (code / "bench_noop.py").write_text(NOOP)
     spec = code / "spec.json"
     spec.write_text(json.dumps({"function": "bench_noop:noop", "args": [], "kwargs": {}}))
@@ -87,8 +92,17 @@ def main() -> None:
     # as a worker gives it: the bundle's folder before the worker's own PYTHONPATH
     task_env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(code), env.get("PYTHONPATH", "")) if p)}
     server = ForkServer(sys.executable, env)
-    if server.ready() is not None:
-        raise SystemExit(f"the fork server did not start: {server.failed}")
+    try:
+        if server.ready() is not None:
+            raise SystemExit(f"the fork server did not start: {server.failed}")
+        rows = _rounds(server, code, task_env, spec, tasks, rounds)
+    finally:
+        server.close()
+    _report(rows, tasks, rounds)
+
+
+def _rounds(server: ForkServer, code: Path, task_env: dict[str, str], spec: Path, tasks: int,
+            rounds: int) -> dict[str, list[float]]:
     pid = _server_pid()
 
     def task(i: int) -> None:
@@ -108,29 +122,31 @@ def main() -> None:
                                                     "floor child", "floor faults")}
     for i in range(20):  # warm: the module's .pyc written, the first spares forked
         task(i)
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         gc.collect()
         before = _usage(pid)
         t0 = time.perf_counter()
-        for i in range(args.tasks):
+        for i in range(tasks):
             task(i)
-        wall = (time.perf_counter() - t0) / args.tasks
+        wall = (time.perf_counter() - t0) / tasks
         after = _usage(pid)
         rows["wall"].append(wall)
-        rows["server"].append((after[0] - before[0]) / args.tasks)
-        rows["children"].append((after[1] - before[1]) / args.tasks)
-        rows["faults"].append((after[2] - before[2]) / args.tasks)
-        floor = subprocess.run([sys.executable, "-c", FLOOR, str(args.tasks)], check=True, capture_output=True,
+        rows["server"].append((after[0] - before[0]) / tasks)
+        rows["children"].append((after[1] - before[1]) / tasks)
+        rows["faults"].append((after[2] - before[2]) / tasks)
+        floor = subprocess.run([sys.executable, "-c", FLOOR, str(tasks)], check=True, capture_output=True,
                                text=True).stdout.split()
         for name, value in zip(("floor parent", "floor child", "floor faults"), floor, strict=True):
             rows[name].append(float(value))
-    server.close()
+    return rows
 
+
+def _report(rows: dict[str, list[float]], tasks: int, rounds: int) -> None:
     def cell(name: str, scale: float = 1e3, unit: str = " ms") -> str:
         v = rows[name]
         return f"{statistics.median(v) * scale:.2f}{unit} (p95 {pct(v, 95) * scale:.2f})"
 
-    print(f"fork server, one no-op FunctionJob task after another ({args.tasks} tasks x {args.rounds} rounds)")
+    print(f"fork server, one no-op FunctionJob task after another ({tasks} tasks x {rounds} rounds)")
     print(f"{'measure':<40}{'per task':>28}   {'floor: fork + _exit, same imports':>36}")
     print("-" * 106)
     print(f"{'wall, start() to exit heard':<40}{cell('wall'):>28}")

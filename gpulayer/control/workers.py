@@ -350,11 +350,12 @@ class WorkerOps(Core):
         with self.store.read() as s:
             found = plain.local_workers(s)
         dead = self._death_test(now, socket.gethostname())
-        if any(dead("local", hostname, pid, beat) for _id, hostname, pid, beat in found):
-            self.expire_workers()
+        if any(dead("local", hostname, pid, beat) for _id, hostname, pid, beat, _draining in found):
+            self.expire_workers()  # (a draining one too: killed during its stop, its tasks are lost)
             with self.store.read() as s:
                 found = plain.local_workers(s)
-        return [wid for wid, hostname, pid, beat in found if not dead("local", hostname, pid, beat)]
+        return [wid for wid, hostname, pid, beat, draining in found
+                if not draining and not dead("local", hostname, pid, beat)]
 
     # ------------------------------------------------------------------ tasks (worker side)
 

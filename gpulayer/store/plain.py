@@ -258,11 +258,11 @@ def set_task_state(s: Session, task_id: str, to: str, allowed_from: tuple[str, .
 # ---------------------------------------------------------------- workers
 
 
-def local_workers(s: Session) -> list[tuple[str, str, int | None, float]]:
-    """The online local workers that are not draining: ``(id, hostname, pid, last heartbeat)``."""
-    return [(str(i), str(h), p, float(b)) for i, h, p, b in fetch(
-        s, f"SELECT id, hostname, pid, last_heartbeat FROM {_WORKER_TABLE} "
-           "WHERE online = ? AND draining = ? AND origin = ?", (True, False, "local"))]
+def local_workers(s: Session) -> list[tuple[str, str, int | None, float, bool]]:
+    """The online local workers: ``(id, hostname, pid, last heartbeat, draining)``."""
+    return [(str(i), str(h), p, float(b), bool(d)) for i, h, p, b, d in fetch(
+        s, f"SELECT id, hostname, pid, last_heartbeat, draining FROM {_WORKER_TABLE} "
+           "WHERE online = ? AND origin = ?", (True, "local"))]
 
 
 # ---------------------------------------------------------------- events

@@ -437,17 +437,20 @@ def test_live_local_workers_are_the_online_alive_undrained_local_ones(cp: Contro
     gone = cp.register_worker(make_capabilities(hostname=here), cpu_slots=1, pid=proc.pid)
     drained = cp.register_worker(make_capabilities(hostname=here), cpu_slots=1, pid=os.getpid())
     cp.drain_worker(drained.id)
+    killed_while_draining = cp.register_worker(make_capabilities(hostname=here), cpu_slots=1, pid=proc.pid)
+    cp.drain_worker(killed_while_draining.id)
     joined = cp.join_worker(make_capabilities(), join_token=cp.create_token(scope="join").token)
     silent = cp.register_worker(make_capabilities(hostname="elsewhere"), cpu_slots=1)
     assert sorted(cp.live_local_workers()) == sorted([alive.id, silent.id])
-    # the dead one was marked offline, as an expiry pass would
-    assert {w.id: w.online for w in cp.list_workers()}[gone.id] is False
+    # the dead ones were marked offline, as an expiry pass would (get_worker runs none itself)
+    assert not cp.get_worker(gone.id).online and not cp.get_worker(killed_while_draining.id).online
+    assert cp.get_worker(drained.id).online
     clock.now += 5
     cp.heartbeat(alive.id)
     cp.heartbeat(joined.worker_id)
     clock.now += 6  # `silent` has been silent for 11 s > 10 s
     assert cp.live_local_workers() == [alive.id]
-    assert {w.id: w.online for w in cp.list_workers()}[silent.id] is False
+    assert not cp.get_worker(silent.id).online
 
 
 @pytest.mark.parametrize("retries", [0, 1])
