@@ -68,6 +68,9 @@ class Core:
     #: one count for changes that concern any worker, one per worker for its own
     _work_generation: int = 0
     _worker_generation: dict[str, int] = field(default_factory=dict)
+    #: worker id -> (its counts, the task ids) as its last poll returned them here: a poll
+    #: that follows with nothing new need not look before it waits (see poll_work)
+    _polled: dict[str, tuple[tuple[int, int, int], frozenset[str]]] = field(default_factory=dict)
     _observers: list[ControlObserver] = field(default_factory=list)
     _placement_cache: placement.Cache = field(default_factory=placement.Cache)
     _last_expiry: float = 0.0

@@ -370,18 +370,30 @@ class WorkerOps(Core):
         nudges this one); other changes are seen within :data:`POLL_LOOK` seconds."""
         deadline = time.monotonic() + wait
         ends_seen: int | None = None  # the worker's own count when its tasks to end were last read
+        # the poll that follows one which returned tasks (the worker has them now) waits
+        # before it looks when no news came since that one looked: the worker's next poll
+        # comes at once, while its new task starts, and its look would only compete with it
+        last = self._polled.pop(worker_id, None)
+        seen = self._work_of(worker_id)
+        skip = wait > 0 and last is not None and last[0] == seen and last[1] <= frozenset(running)
+        out: list[TaskAssignment] = []
+        cancel: list[str] = []
         while True:
-            seen = self._work_of(worker_id)
-            with self.store.read() as s:
-                out = self._assignments(s, worker_id, running)
-                cancel = []
-                # first look, then only when news for this worker came (a cancel wakes it):
-                # a look at the database every POLL_LOOK (for other processes' changes) need not
-                if running and ends_seen != seen[0] + seen[2]:
-                    cancel = self._to_end(s, {worker_id: running})[worker_id]
-                    ends_seen = seen[0] + seen[2]
+            if skip:
+                skip = False
+            else:
+                seen = self._work_of(worker_id)
+                with self.store.read() as s:
+                    out = self._assignments(s, worker_id, running)
+                    # first look, then only when news for this worker came (a cancel wakes it):
+                    # a look at the database every POLL_LOOK (for other processes' changes) need not
+                    if running and ends_seen != seen[0] + seen[2]:
+                        cancel = self._to_end(s, {worker_id: running})[worker_id]
+                        ends_seen = seen[0] + seen[2]
             remaining = deadline - time.monotonic()
             if out or cancel or remaining <= 0:
+                if out and not cancel:
+                    self._polled[worker_id] = (seen, frozenset(a.task_id for a in out))
                 return WorkPoll(tasks=out, cancel=cancel)
             self._wait_work(worker_id, seen, min(remaining, POLL_LOOK))
 

@@ -525,3 +525,39 @@ def test_a_heartbeat_heard_before_its_worker_left_and_written_after_does_not_bri
         leaves, "wkr-gone"}
     assert cp.get_worker(leaves).online is False
     assert [(cp.get_worker(w).online, cp.get_worker(w).last_heartbeat) for w in (stays, silent)] == [(True, heard_at)] * 2
+
+
+def _counting_reads(cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    reads = [0]
+    read = cp.store.read
+
+    def counted():  # type: ignore[no-untyped-def]
+        reads[0] += 1
+        return read()
+
+    monkeypatch.setattr(cp.store, "read", counted)
+    return reads
+
+
+def test_the_poll_after_one_that_returned_tasks_waits_before_it_looks(cp: ControlPlane,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    w = cp.register_worker(make_capabilities(), cpu_slots=2)
+    a = cp.submit(CommandJob(command=["a"]))
+    [ta] = cp.poll_work(w.id, wait=0.05).tasks
+    assert ta.job_id == a.id
+    reads = _counting_reads(cp, monkeypatch)
+    # nothing new since: it waits, and looks once when its wait ends (not before too)
+    assert cp.poll_work(w.id, running=[ta.task_id], wait=0.05).tasks == []
+    assert reads[0] == 1
+
+
+def test_the_poll_after_one_that_returned_tasks_still_sees_what_came_since(cp: ControlPlane) -> None:
+    w = cp.register_worker(make_capabilities(), cpu_slots=2)
+    cp.submit(CommandJob(command=["a"]))
+    [ta] = cp.poll_work(w.id, wait=0.05).tasks
+    b = cp.submit(CommandJob(command=["b"]))  # placed on the worker before its next poll
+    [tb] = cp.poll_work(w.id, running=[ta.task_id], wait=600).tasks
+    assert tb.job_id == b.id
+    # a worker that did not get an answer (its tasks are not among those it runs) gets it again
+    again = cp.poll_work(w.id, running=[], wait=600).tasks
+    assert {t.task_id for t in again} == {ta.task_id, tb.task_id}
