@@ -42,7 +42,7 @@ from gpulayer.errors import Conflict, ConnectionFailed, Forbidden, GpulayerError
 from gpulayer.hookrecords import Capabilities
 from gpulayer.records import JobError, TaskState, WorkerRecord
 from gpulayer.worker.forking import ForkServer, ForkServers
-from gpulayer.worker.process import Cancel, Started, Starter
+from gpulayer.worker.process import Cancel, Started, Starter, StartFailed
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -150,6 +150,27 @@ class _LogBuffer:
 #: child first, the shell exits with that code before its own signal is delivered)
 _STOPPING = (signal.SIGHUP, signal.SIGINT, signal.SIGKILL, signal.SIGTERM)
 _STOP_SIGNALS = frozenset([*(-int(s) for s in _STOPPING), *(128 + int(s) for s in _STOPPING)])
+
+
+class _NotStarted(Exception):
+    """The control plane refused the task's start (cancelled, reassigned, unknown)."""
+
+
+class _Started:
+    """Marks one task started in the control plane, once; a refusal raises :class:`_NotStarted`."""
+
+    def __init__(self, write: Callable[[], None]) -> None:
+        self._write = write
+        self._done = False
+
+    def __call__(self) -> None:
+        if self._done:
+            return
+        try:
+            self._write()
+        except (Conflict, NotFound, Forbidden) as exc:
+            raise _NotStarted(str(exc)) from exc
+        self._done = True
 
 
 class Agent:
@@ -358,12 +379,16 @@ class Agent:
             if a.spec.kind == "function":
                 # what the task's interpreter would start with: the worker's, with the job's
                 fork, how = self.forks.choose(a.spec.python, {**self.forks.env, **a.spec.env})
+            started = _Started(lambda: self._start_task(a.task_id, worker_id, how))
             try:
-                self._start_task(a.task_id, worker_id, how)
-            except (Conflict, NotFound, Forbidden) as exc:
+                if fork is None:  # a spawned process runs at once: started before it
+                    started()
+                # (a forked child is told to go once started() has run: see _run)
+                outcome = self._execute(a, cancel, fork, started)
+                started()  # (a forked task that ended before its child was started: its bundle failed)
+            except _NotStarted as exc:
                 log.info("not starting %s: %s", a.task_id, exc)
                 return
-            outcome = self._execute(a, cancel, fork)
             with self._lock:  # ended: a poll need not ask about it any more
                 self._ending.add(a.task_id)
             if self._died_with_worker(a.task_id, outcome):
@@ -446,14 +471,16 @@ class Agent:
                 time.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX)
 
-    def _workdir(self, a: TaskAssignment) -> Path:
+    def _workdir(self, a: TaskAssignment, before_fetch: Callable[[], None] = lambda: None) -> Path:
         """The task's working directory: its bundle extracted in the cache (held by the
-        running task, see :meth:`_execute`), or a scratch folder."""
+        running task, see :meth:`_execute`), or a scratch folder. ``before_fetch`` is called
+        before a bundle is fetched (a task is marked started before what may take long)."""
         digest = a.spec.bundle_digest
         if digest:
             target: Path = self._bundle_cache / digest
             if target.is_dir():
                 return target
+            before_fetch()
             data = self.api.get_bundle(digest)
             extracted = Path(bundles.extract_bundle(data, digest, self._bundle_cache))
             # a new bundle in the cache: keep the cache within its limits (held ones stay)
@@ -486,7 +513,8 @@ class Agent:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir), env.get("PYTHONPATH", "")) if p)
         return env
 
-    def _execute(self, a: TaskAssignment, cancel: threading.Event, fork: ForkServer | None = None) -> TaskOutcome:
+    def _execute(self, a: TaskAssignment, cancel: threading.Event, fork: ForkServer | None = None,
+                 started: Callable[[], None] = lambda: None) -> TaskOutcome:
         worker_id = self._own_id()
         logbuf = _LogBuffer(lambda chunks: self.api.append_logs(a.task_id, worker_id=worker_id, chunks=chunks))
         scratch = config.home() / "tasks" / a.task_id
@@ -498,18 +526,20 @@ class Agent:
             else contextlib.nullcontext())
         try:
             with held, private_dir as private:
-                return self._run(a, cancel, logbuf, Path(private) if private else None, fork)
+                return self._run(a, cancel, logbuf, Path(private) if private else None, fork, started)
         finally:
             logbuf.close()
             shutil.rmtree(scratch, ignore_errors=True)
 
     def _run(self, a: TaskAssignment, cancel: threading.Event, logbuf: _LogBuffer, private: Path | None,
-             fork: ForkServer | None) -> TaskOutcome:
-        """Prepare the task's directory, environment and command; run it; read its outcome."""
+             fork: ForkServer | None, started: Callable[[], None]) -> TaskOutcome:
+        """Prepare the task's directory, environment and command; run it; read its outcome.
+        ``started`` marks the task started (once): a forked child is sent its task first and
+        told to go after it (it gets ready meanwhile); a bundle to fetch is fetched after it."""
         from gpulayer.worker.process import run_process
 
         try:
-            workdir = self._workdir(a)
+            workdir = self._workdir(a, before_fetch=started)
         except (GpulayerError, OSError) as exc:
             logbuf.add("stderr", f"gpulayer: could not prepare the source bundle: {exc}\n")
             return TaskOutcome(TaskState.FAILED, error=JobError.bundle(str(exc)))
@@ -532,7 +562,21 @@ class Agent:
                 server, cwd, paths = fork, str(workdir), (str(spec_path), str(result_path))
 
                 def start(full_env: dict[str, str]) -> tuple[Started, int, int]:
-                    return server.start(cwd=cwd, env=full_env, spec=paths[0], result=paths[1])
+                    try:
+                        child, out, err = server.start(cwd=cwd, env=full_env, spec=paths[0], result=paths[1],
+                                                       gated=True)
+                    except StartFailed:
+                        started()  # the spawn that follows runs the task at once
+                        raise
+                    try:
+                        started()
+                    except BaseException:
+                        child.let_go()  # it exits having run nothing
+                        os.close(out)
+                        os.close(err)
+                        raise
+                    child.go()
+                    return child, out, err
         elif spec.kind == "distributed":
             launchers = plugins.launchers()
             launcher = launchers.get(spec.launcher)

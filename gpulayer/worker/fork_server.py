@@ -8,7 +8,10 @@ own socket, and the worker is handed the other end of that socket. The worker st
 by sending its request straight to a spare (a JSON message with the task's cwd, environment
 and ``sys.path`` entries, and the write ends of the task's stdout and stderr pipes passed as
 file descriptors), so a task's start is one message and no round trip through this server.
-The spare then becomes the task's process tree:
+A ``gated`` request makes the child get ready (all of the list below but the runner) and
+then wait for ``go`` from the worker, which marks the task started meanwhile: the durable
+start write and the child's preparation overlap, and no code of the job runs before the
+write. The spare then becomes the task's process tree:
 
 * a new session (so its own process group), ``PR_SET_PDEATHSIG`` (SIGKILL when this server
   dies; this server dies with the worker the same way);
@@ -49,6 +52,8 @@ import sys
 import traceback
 from typing import Any, NamedTuple
 
+#: what the worker sends a gated child once the task is marked started
+GO = b"go"
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _MAX_MESSAGE = 1 << 22
@@ -121,16 +126,20 @@ def _set_environ(env: dict[str, str]) -> None:
             os.environ[key] = value
 
 
-def _child(req: dict[str, Any], fds: list[int], warm: _Warm) -> None:
-    """Become the task (after :func:`_detach`): its descriptors, cwd, environment and path,
-    then the function runner; never returns."""
+def _child(req: dict[str, Any], fds: list[int], warm: _Warm, sock: socket.socket) -> None:
+    """Become the task (after :func:`_detach`): its descriptors, cwd, environment and path;
+    then, when the request is ``gated``, wait for the worker's ``go`` on ``sock`` (it marks
+    the task started meanwhile; anything else, or its end closed, and the child exits having
+    run nothing); then the function runner. Never returns."""
     code = 1
     try:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(fds[0], 1)
         os.dup2(fds[1], 2)
-        os.closerange(3, _MAX_FD)
+        keep = sock.fileno()
+        os.closerange(3, keep)
+        os.closerange(keep + 1, _MAX_FD)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
         os.chdir(req["cwd"])
@@ -142,6 +151,9 @@ def _child(req: dict[str, Any], fds: list[int], warm: _Warm) -> None:
                 del sys.modules[mod]
         sys.path[:] = [*entries, *warm.base_path]
         sys.argv[:] = [warm.runner.__file__, req["spec"], req["result"]]
+        if req.get("gated") and sock.recv(16) != GO:
+            os._exit(0)  # let go before it started: nothing ran
+        sock.close()
         code = warm.runner.main([req["spec"], req["result"]])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
@@ -175,7 +187,7 @@ class _Spare:
                 msg, fds, _flags, _addr = socket.recv_fds(theirs, _MAX_MESSAGE, 2)
                 if not msg or len(fds) != 2:
                     os._exit(0)  # not needed after all (the worker let it go, or ended)
-                _child(json.loads(msg), fds, warm)
+                _child(json.loads(msg), fds, warm, theirs)
             finally:
                 os._exit(1)
         theirs.close()

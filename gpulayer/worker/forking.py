@@ -32,11 +32,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gpulayer.interpreter import start_variables
 from gpulayer.worker.deathsig import die_with_parent
+from gpulayer.worker.fork_server import GO
 from gpulayer.worker.process import StartFailed
 from gpulayer.worker.wakeups import Cancel
 
@@ -71,6 +73,29 @@ class _Child:
         self.within = within
         self.code: int | None = None
         self.exited = Cancel()
+        #: a gated child's socket, until it is told to go (or let go), and what is done then
+        self._gate: socket.socket | None = None
+        self._then: Callable[[], None] | None = None
+
+    def go(self) -> None:
+        """A gated child runs its task now. (One that died meanwhile is heard of as usual:
+        its exit, with what it wrote on stderr.)"""
+        self._told(GO)
+
+    def let_go(self) -> None:
+        """A gated child exits without running its task."""
+        self._told(None)
+
+    def _told(self, word: bytes | None) -> None:
+        gate, self._gate = self._gate, None
+        then, self._then = self._then, None
+        if gate is not None:
+            if word is not None:
+                with contextlib.suppress(OSError):
+                    gate.send(word)
+            gate.close()
+        if then is not None:
+            then()
 
     def poll(self) -> int | None:
         return self.code
@@ -237,16 +262,23 @@ class ForkServer:
                 self._lock.wait(left)
             return self._spares.pop(0)
 
-    def start(self, *, cwd: str, env: dict[str, str], spec: str, result: str) -> tuple[_Child, int, int]:
-        """Start the task in a spare child; its child and the read ends of its stdout and stderr."""
+    def start(self, *, cwd: str, env: dict[str, str], spec: str, result: str,
+              gated: bool = False) -> tuple[_Child, int, int]:
+        """Start the task in a spare child; its child and the read ends of its stdout and
+        stderr. ``gated``: the child gets ready, then waits for :meth:`_Child.go` (or
+        :meth:`_Child.let_go`) before it runs anything of the task's."""
         if self.failed or self._sock is None:
             raise StartFailed(self.failed or "the fork server is not running")
         path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        request = json.dumps({"cwd": cwd, "env": env, "path": path, "spec": spec, "result": result}).encode()
+        request = json.dumps({"cwd": cwd, "env": env, "path": path, "spec": spec, "result": result,
+                              "gated": gated}).encode()
         for _ in range(_SPARE_TRIES):
             pid, sock = self._take_spare()
-            self._ask()  # the next one is forked while this one runs (or is it: see _ask)
             child = _Child(pid, self.subreaper)
+            if gated:  # the next one is forked once this one was told: not while it gets ready
+                child._then = self._ask
+            else:
+                self._ask()  # the next one is forked while this one runs (or is it: see _ask)
             with self._lock:  # known before it can end, so its exit finds it
                 self._children[pid] = child
             fds: list[int] = []
@@ -257,6 +289,7 @@ class ForkServer:
                 fds += [err_r, err_w]
                 socket.send_fds(sock, [request], [out_w, err_w])
             except OSError as exc:
+                sock.close()
                 with self._lock:
                     if self._children.get(pid) is child:
                         del self._children[pid]
@@ -268,7 +301,9 @@ class ForkServer:
                 if isinstance(exc, (BrokenPipeError, ConnectionResetError, ConnectionRefusedError)):
                     continue  # it died waiting: the next one
                 raise StartFailed(f"the fork server's child could not be given its task: {exc}") from None
-            finally:
+            if gated:
+                child._gate = sock
+            else:
                 sock.close()
             for fd in (out_w, err_w):
                 os.close(fd)

@@ -7,8 +7,11 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -48,6 +51,10 @@ def leave():
 def which_gpulayer():
     import gpulayer
     return gpulayer.__file__
+
+def touch(path):
+    open(path, "w").close()
+    return path
 '''
 
 
@@ -230,3 +237,63 @@ def test_a_forked_child_takes_its_tasks_environment_in_os_environ_and_in_what_it
     # (in a process of its own: this one's environment stays as it is)
     out = subprocess.run([sys.executable, "-c", ENVIRON], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines() == ["None 1 new 2", "unset 1 new 2"]
+
+
+def _gated(server: ForkServer, bundle: Path, tmp_path: Path, marker: Path) -> tuple[Any, int, int]:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"function": "jobmod:touch", "args": [str(marker)], "kwargs": {}}))
+    return server.start(cwd=str(bundle), env={**os.environ, "PYTHONPATH": str(bundle)}, spec=str(spec),
+                        result=str(tmp_path / "result.json"), gated=True)
+
+
+def test_a_gated_child_runs_nothing_until_it_is_told_to_go_and_nothing_if_let_go(bundle, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    server = ForkServer(sys.executable, dict(os.environ))
+    try:
+        assert server.ready() is None
+        marker = tmp_path / "ran"
+        child, out, err = _gated(server, bundle, tmp_path, marker)
+        # ready, and waiting: its task's code has not run
+        until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_SLEEPING, 30, "the child waiting")
+        assert child.poll() is None and not marker.exists()
+        child.go()
+        assert child.wait() == 0 and marker.exists()
+        for fd in (out, err):
+            os.close(fd)
+
+        let_go = tmp_path / "let-go"
+        child, out, err = _gated(server, bundle, tmp_path, let_go)
+        child.let_go()
+        assert child.wait() == 0 and not let_go.exists()
+        for fd in (out, err):
+            os.close(fd)
+    finally:
+        server.close()
+
+
+def test_a_forked_task_whose_start_is_refused_runs_nothing(plane, bundle, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    cp, client = plane
+    warm = _run(cp, client, FunctionJob(function="jobmod:facts", bundle=str(bundle)))
+    assert _how(cp, warm.id) == FORKED  # the fork server is up: the next task is sent to its spare first
+    marker = tmp_path / "ran"
+    submitted: list[str] = []
+    refused = threading.Event()
+    start_task = cp.start_task
+
+    def cancelled_first(task_id: str, **kw: Any) -> None:
+        # the job is cancelled after the worker's poll took its task, before it could start
+        until(lambda: submitted, 30, "the submit")
+        cp.cancel(submitted[0], reason="test")
+        try:
+            start_task(task_id, **kw)
+        finally:
+            refused.set()
+
+    monkeypatch.setattr(cp, "start_task", cancelled_first)
+    job = cp.submit(client.prepare(FunctionJob(function="jobmod:touch", args=[str(marker)], bundle=str(bundle))))
+    submitted.append(job.id)
+    assert refused.wait(60)
+    done = cp.wait_job(job.id, timeout=60)
+    assert done.state is JobState.CANCELLED
+    assert not [e for e in cp.events(job.id) if e.kind == "task_started"]
+    time.sleep(0.5)  # (time enough for a child that was told to go to have run)
+    assert not marker.exists()
