@@ -281,20 +281,42 @@ class Settings:
     override_frameworks: dict[str, str] | None
 
 
-_cache: tuple[tuple[str | None, ...], Settings] | None = None
+_cache: tuple[tuple[Any, ...], Settings] | None = None
+#: the settings' variables as os.environ stores them (see _stored_values)
+_keys: tuple[Any, ...] | None = None
+
+
+def _stored_values() -> tuple[Any, ...] | None:
+    """The settings' variables as ``os.environ`` stores them (encoded), looked up without
+    decoding each one: whether they changed is then known in 1 µs, not the 20 µs of 37
+    ``os.environ.get`` (a job reads the settings several times). None where ``os.environ``
+    is not CPython's ``os._Environ``."""
+    global _keys
+    data = getattr(os.environ, "_data", None)
+    encode = getattr(os.environ, "encodekey", None)
+    if not isinstance(data, dict) or encode is None:
+        return None
+    if _keys is None:
+        _keys = tuple(encode(s.name) for s in SETTINGS)
+    return tuple(map(data.get, _keys))
 
 
 def settings() -> Settings:
     """The settings in the environment now (cached while it stays the same)."""
     global _cache
-    raw = tuple(os.environ.get(s.name) for s in SETTINGS)
-    if _cache is not None and _cache[0] == raw:
+    key = _stored_values()
+    raw: tuple[str | None, ...] | None = None
+    if key is None:
+        key = raw = tuple(os.environ.get(s.name) for s in SETTINGS)
+    if _cache is not None and _cache[0] == key:
         return _cache[1]
+    if raw is None:
+        raw = tuple(os.environ.get(s.name) for s in SETTINGS)
     values = {}
     for s, value in zip(SETTINGS, raw, strict=True):
         values[s.attr] = s.default if value is None or value.strip() == "" else s.parse(s.name, value)
     parsed = Settings(**values)
-    _cache = (raw, parsed)
+    _cache = (key, parsed)
     return parsed
 
 

@@ -32,6 +32,27 @@ def test_defaults_and_values(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (env.heartbeat_timeout, env.disable_plugins, env.url) == (2.5, ("cuda", "rocm"), None)
 
 
+
+@pytest.mark.parametrize("stored", [True, False], ids=["os.environ's own store", "os.environ.get"])
+def test_the_settings_follow_every_change_of_the_environment(monkeypatch: pytest.MonkeyPatch, stored: bool) -> None:
+    if not stored:  # (an os.environ that is not CPython's: each variable read by name)
+        monkeypatch.setattr(config, "_stored_values", lambda: None)
+    monkeypatch.delenv("GPULAYER_CPU_SLOTS", raising=False)
+    assert config.settings().cpu_slots is None
+    monkeypatch.setenv("GPULAYER_CPU_SLOTS", "3")
+    assert config.settings().cpu_slots == 3
+    first = config.settings()
+    assert config.settings() is first  # unchanged: the same, not parsed again
+    monkeypatch.setenv("GPULAYER_CPU_SLOTS", "5")
+    assert config.settings().cpu_slots == 5
+    monkeypatch.setenv("GPULAYER_CPU_SLOTS", "many")
+    with pytest.raises(InvalidInput, match="GPULAYER_CPU_SLOTS"):
+        config.settings()
+    with pytest.raises(InvalidInput, match="GPULAYER_CPU_SLOTS"):  # not kept as if it were good
+        config.settings()
+    monkeypatch.delenv("GPULAYER_CPU_SLOTS")
+    assert config.settings().cpu_slots is None
+
 @pytest.mark.parametrize(("name", "value", "accepted"), [
     ("GPULAYER_HEARTBEAT_TIMEOUT", "abc", "expected a number of seconds > 0"),
     ("GPULAYER_HEARTBEAT_TIMEOUT", "0", "expected a number of seconds > 0"),
