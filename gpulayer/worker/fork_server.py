@@ -8,6 +8,8 @@ own socket, and the worker is handed the other end of that socket. The worker st
 by sending its request straight to a spare (a JSON message with the task's cwd, environment
 and ``sys.path`` entries, and the write ends of the task's stdout and stderr pipes passed as
 file descriptors), so a task's start is one message and no round trip through this server.
+While it waits, a spare rehearses: it imports a module like a job's (see :func:`_rehearse`)
+and forgets it, so the pages that import writes are copied before the task comes.
 A ``gated`` request makes the child get ready (all of the list below but the runner) and
 then wait for ``go`` from the worker, which marks the task started meanwhile: the durable
 start write and the child's preparation overlap, and no code of the job runs before the
@@ -42,9 +44,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import importlib
 import importlib.util
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -167,6 +171,39 @@ def _child(req: dict[str, Any], fds: list[int], warm: _Warm, sock: socket.socket
         os._exit(code)
 
 
+#: a module imported by a spare while it waits (see _rehearse), and the folder it is found in
+_REHEARSAL = "fork_rehearsal"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _rehearse(sock: socket.socket, warm: _Warm) -> None:
+    """While no task has come yet: do once what the task's start will do, reading a request
+    and importing a module like a job's (:mod:`fork_rehearsal`, found the same way through
+    a ``sys.path`` entry new to this process), and forget the module. A forked child copies
+    each page of the server's that it writes to, and importing a job's module wrote to ~300
+    of them (its finders, loaders, the SDK's decorator): done here they are copied before the
+    task arrives, not on its way (a no-op function's import 0.8 -> 0.3 ms). Skipped when the
+    task is already there: under load it would only add work."""
+    try:
+        waiting = select.poll()
+        waiting.register(sock, select.POLLIN)
+        if waiting.poll(0):
+            return
+        json.loads(json.dumps({"cwd": _HERE, "env": {"A": "b"}, "path": [_HERE], "gated": True}))
+        os.environ[warm.runner.IMPORTING_ENV] = _REHEARSAL
+        sys.path.insert(0, _HERE)
+        try:
+            importlib.import_module(_REHEARSAL)
+        finally:
+            sys.modules.pop(_REHEARSAL, None)
+            with contextlib.suppress(ValueError):
+                sys.path.remove(_HERE)
+            sys.path_importer_cache.pop(_HERE, None)
+            os.environ.pop(warm.runner.IMPORTING_ENV, None)
+    except Exception:  # a rehearsal that fails changes nothing for the task
+        pass
+
+
 class _Spare:
     """A child forked ahead of its task: detached, every descriptor but its end of a socket
     pair closed, waiting for the request it will run. The other end goes to the worker,
@@ -184,6 +221,7 @@ class _Spare:
                 keep = theirs.fileno()
                 os.closerange(3, keep)
                 os.closerange(keep + 1, _MAX_FD)
+                _rehearse(theirs, warm)
                 msg, fds, _flags, _addr = socket.recv_fds(theirs, _MAX_MESSAGE, 2)
                 if not msg or len(fds) != 2:
                     os._exit(0)  # not needed after all (the worker let it go, or ended)

@@ -52,6 +52,11 @@ def which_gpulayer():
     import gpulayer
     return gpulayer.__file__
 
+def traces():
+    """What a spare's rehearsal (fork_server._rehearse) must not leave to the task."""
+    return {"module": "fork_rehearsal" in sys.modules, "importing": os.environ.get("GPULAYER_IMPORTING_JOB_MODULE"),
+            "path": [p for p in sys.path if p.replace(os.sep, "/").endswith("gpulayer/worker")]}
+
 def touch(path):
     open(path, "w").close()
     return path
@@ -297,3 +302,35 @@ def test_a_forked_task_whose_start_is_refused_runs_nothing(plane, bundle, tmp_pa
     assert not [e for e in cp.events(job.id) if e.kind == "task_started"]
     time.sleep(0.5)  # (time enough for a child that was told to go to have run)
     assert not marker.exists()
+
+
+REHEARSE = """
+import os, socket, sys
+from gpulayer.worker import fork_server, function_runner
+
+imported = []
+real_import = fork_server.importlib.import_module
+fork_server.importlib.import_module = lambda name, package=None: (imported.append(name), real_import(name, package))[1]
+warm = fork_server._Warm(function_runner, [], {}, set(), None, os.getpid())
+ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+if sys.argv[1] == "waiting":
+    ours.send(b"{}")  # the task came before the spare began: no rehearsal
+path, environ = list(sys.path), dict(os.environ)
+fork_server._rehearse(theirs, warm)
+print("fork_rehearsal" in imported, "fork_rehearsal" in sys.modules, sys.path == path, dict(os.environ) == environ)
+"""
+
+
+@pytest.mark.parametrize(("task", "rehearsed"), [("not yet", True), ("waiting", False)])
+def test_a_spare_rehearses_an_import_while_no_task_is_there_and_forgets_it(task: str, rehearsed: bool) -> None:
+    out = subprocess.run([sys.executable, "-c", REHEARSE, task], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(rehearsed), "False", "True", "True"]
+
+
+def test_a_forked_task_sees_nothing_of_its_spares_rehearsal(plane, bundle) -> None:  # type: ignore[no-untyped-def]
+    cp, client = plane
+    for _ in range(2):  # the second from a spare that had the time to rehearse
+        done = _run(cp, client, FunctionJob(function="jobmod:traces", bundle=str(bundle)))
+        assert done.state is JobState.SUCCEEDED, done.error
+        assert _how(cp, done.id) == FORKED
+        assert done.result == {"module": False, "importing": None, "path": []}
