@@ -294,7 +294,7 @@ def _stored_values() -> tuple[Any, ...] | None:
     global _keys
     data = getattr(os.environ, "_data", None)
     encode = getattr(os.environ, "encodekey", None)
-    if not isinstance(data, dict) or encode is None:
+    if not isinstance(data, dict) or encode is None or not hasattr(os.environ, "decodevalue"):
         return None
     if _keys is None:
         _keys = tuple(encode(s.name) for s in SETTINGS)
@@ -310,8 +310,9 @@ def settings() -> Settings:
         key = raw = tuple(os.environ.get(s.name) for s in SETTINGS)
     if _cache is not None and _cache[0] == key:
         return _cache[1]
-    if raw is None:
-        raw = tuple(os.environ.get(s.name) for s in SETTINGS)
+    if raw is None:  # the values of this key, decoded (not read again: they may change meanwhile)
+        decode = os.environ.decodevalue
+        raw = tuple(None if v is None else decode(v) for v in key)
     values = {}
     for s, value in zip(SETTINGS, raw, strict=True):
         values[s.attr] = s.default if value is None or value.strip() == "" else s.parse(s.name, value)

@@ -373,9 +373,13 @@ class WorkerOps(Core):
         # the poll that follows one which returned tasks (the worker has them now) waits
         # before it looks when no news came since that one looked: the worker's next poll
         # comes at once, while its new task starts, and its look would only compete with it
+        # (only where another process's changes are heard at once: see Core._hear_nudges)
         last = self._polled.pop(worker_id, None)
+        if wait > 0 and last is not None:
+            self._hear_nudges()
         seen = self._work_of(worker_id)
-        skip = wait > 0 and last is not None and last[0] == seen and last[1] <= frozenset(running)
+        heard = self.store.nudges is not None and self.store.nudges.listening
+        skip = wait > 0 and last is not None and heard and last[0] == seen and last[1] <= frozenset(running)
         out: list[TaskAssignment] = []
         cancel: list[str] = []
         while True:

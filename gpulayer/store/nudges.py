@@ -84,6 +84,11 @@ class Nudges:
 
     # ------------------------------------------------------------------ waiting side
 
+    @property
+    def listening(self) -> bool:
+        """Whether this process hears other processes' nudges (it subscribed, and could)."""
+        return self._sock is not None
+
     def subscribe(self, wake: Callable[[set[str]], None]) -> None:
         """Call ``wake(news)`` (a bound method) whenever another process, or another waiter of
         this one, committed a change; from then on this process is registered to be nudged."""

@@ -373,13 +373,13 @@ class Agent:
     def _run_task(self, a: TaskAssignment) -> None:
         worker_id = self._own_id()
         cancel = self._running[a.task_id]
+        how = "spawned"
+        started = _Started(lambda: self._start_task(a.task_id, worker_id, how))
         try:
             fork: ForkServer | None = None
-            how = "spawned"
             if a.spec.kind == "function":
                 # what the task's interpreter would start with: the worker's, with the job's
                 fork, how = self.forks.choose(a.spec.python, {**self.forks.env, **a.spec.env})
-            started = _Started(lambda: self._start_task(a.task_id, worker_id, how))
             try:
                 if fork is None:  # a spawned process runs at once: started before it
                     started()
@@ -398,6 +398,12 @@ class Agent:
             self._report(a.task_id, outcome)
         except Exception as exc:  # a bug or an environment problem: the task must still end
             log.exception("task %s crashed in the worker", a.task_id)
+            try:
+                started()  # (started before it is reported, as a task that ran is)
+            except _NotStarted:
+                return
+            except Exception:
+                pass  # (the report says why; its retries face the same control plane)
             self._report(a.task_id, TaskOutcome(TaskState.FAILED, error=JobError.worker(
                 f"worker error: {type(exc).__name__}: {exc}")))
         finally:
@@ -471,16 +477,14 @@ class Agent:
                 time.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX)
 
-    def _workdir(self, a: TaskAssignment, before_fetch: Callable[[], None] = lambda: None) -> Path:
+    def _workdir(self, a: TaskAssignment) -> Path:
         """The task's working directory: its bundle extracted in the cache (held by the
-        running task, see :meth:`_execute`), or a scratch folder. ``before_fetch`` is called
-        before a bundle is fetched (a task is marked started before what may take long)."""
+        running task, see :meth:`_execute`), or a scratch folder."""
         digest = a.spec.bundle_digest
         if digest:
             target: Path = self._bundle_cache / digest
             if target.is_dir():
                 return target
-            before_fetch()
             data = self.api.get_bundle(digest)
             extracted = Path(bundles.extract_bundle(data, digest, self._bundle_cache))
             # a new bundle in the cache: keep the cache within its limits (held ones stay)
@@ -538,8 +542,10 @@ class Agent:
         told to go after it (it gets ready meanwhile); a bundle to fetch is fetched after it."""
         from gpulayer.worker.process import run_process
 
+        if a.spec.bundle_digest and not (self._bundle_cache / a.spec.bundle_digest).is_dir():
+            started()  # a bundle to fetch first: what may take long comes after the start
         try:
-            workdir = self._workdir(a, before_fetch=started)
+            workdir = self._workdir(a)
         except (GpulayerError, OSError) as exc:
             logbuf.add("stderr", f"gpulayer: could not prepare the source bundle: {exc}\n")
             return TaskOutcome(TaskState.FAILED, error=JobError.bundle(str(exc)))
@@ -575,7 +581,10 @@ class Agent:
                         os.close(out)
                         os.close(err)
                         raise
-                    child.go()
+                    if cancel.is_set():  # cancelled meanwhile: it ends as cancelled, having run nothing
+                        child.let_go()
+                    else:
+                        child.go()
                     return child, out, err
         elif spec.kind == "distributed":
             launchers = plugins.launchers()

@@ -46,6 +46,7 @@ import ctypes
 import gc
 import importlib
 import importlib.util
+import itertools
 import json
 import os
 import select
@@ -174,6 +175,8 @@ def _child(req: dict[str, Any], fds: list[int], warm: _Warm, sock: socket.socket
 #: a module imported by a spare while it waits (see _rehearse), and the folder it is found in
 _REHEARSAL = "fork_rehearsal"
 _HERE = os.path.dirname(os.path.abspath(__file__))
+#: in a child: whether it rehearsed (the tests look, from the task: ``__main__.REHEARSED``)
+REHEARSED = False
 
 
 def _rehearse(sock: socket.socket, warm: _Warm) -> None:
@@ -190,16 +193,22 @@ def _rehearse(sock: socket.socket, warm: _Warm) -> None:
         if waiting.poll(0):
             return
         json.loads(json.dumps({"cwd": _HERE, "env": {"A": "b"}, "path": [_HERE], "gated": True}))
+        loaded = len(sys.modules)
         os.environ[warm.runner.IMPORTING_ENV] = _REHEARSAL
         sys.path.insert(0, _HERE)
         try:
             importlib.import_module(_REHEARSAL)
         finally:
-            sys.modules.pop(_REHEARSAL, None)
+            # it and whatever it imported first: the last entries (read from the end, as a
+            # set of every name would touch, and so copy, the pages of all of them)
+            for name in list(itertools.islice(reversed(sys.modules), max(0, len(sys.modules) - loaded))):
+                sys.modules.pop(name, None)
             with contextlib.suppress(ValueError):
                 sys.path.remove(_HERE)
             sys.path_importer_cache.pop(_HERE, None)
             os.environ.pop(warm.runner.IMPORTING_ENV, None)
+        global REHEARSED
+        REHEARSED = True
     except Exception:  # a rehearsal that fails changes nothing for the task
         pass
 

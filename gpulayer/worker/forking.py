@@ -92,7 +92,7 @@ class _Child:
         if gate is not None:
             if word is not None:
                 with contextlib.suppress(OSError):
-                    gate.send(word)
+                    gate.send(word, socket.MSG_NOSIGNAL)
             gate.close()
         if then is not None:
             then()
@@ -275,9 +275,7 @@ class ForkServer:
         for _ in range(_SPARE_TRIES):
             pid, sock = self._take_spare()
             child = _Child(pid, self.subreaper)
-            if gated:  # the next one is forked once this one was told: not while it gets ready
-                child._then = self._ask
-            else:
+            if not gated:
                 self._ask()  # the next one is forked while this one runs (or is it: see _ask)
             with self._lock:  # known before it can end, so its exit finds it
                 self._children[pid] = child
@@ -290,6 +288,8 @@ class ForkServer:
                 socket.send_fds(sock, [request], [out_w, err_w])
             except OSError as exc:
                 sock.close()
+                if gated:
+                    self._ask()
                 with self._lock:
                     if self._children.get(pid) is child:
                         del self._children[pid]
@@ -301,8 +301,8 @@ class ForkServer:
                 if isinstance(exc, (BrokenPipeError, ConnectionResetError, ConnectionRefusedError)):
                     continue  # it died waiting: the next one
                 raise StartFailed(f"the fork server's child could not be given its task: {exc}") from None
-            if gated:
-                child._gate = sock
+            if gated:  # the next one is forked once this one was told: not while it gets ready
+                child._gate, child._then = sock, self._ask
             else:
                 sock.close()
             for fd in (out_w, err_w):

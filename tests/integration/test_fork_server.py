@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,9 +52,11 @@ def which_gpulayer():
     return gpulayer.__file__
 
 def traces():
-    """What a spare's rehearsal (fork_server._rehearse) must not leave to the task."""
+    """What a spare's rehearsal (fork_server._rehearse) must not leave to the task, and
+    whether this task's child rehearsed (the fork server runs as __main__)."""
     return {"module": "fork_rehearsal" in sys.modules, "importing": os.environ.get("GPULAYER_IMPORTING_JOB_MODULE"),
-            "path": [p for p in sys.path if p.replace(os.sep, "/").endswith("gpulayer/worker")]}
+            "path": [p for p in sys.path if p.replace(os.sep, "/").endswith("gpulayer/worker")],
+            "rehearsed": getattr(sys.modules["__main__"], "REHEARSED", None)}
 
 def touch(path):
     open(path, "w").close()
@@ -283,6 +284,15 @@ def test_a_forked_task_whose_start_is_refused_runs_nothing(plane, bundle, tmp_pa
     submitted: list[str] = []
     refused = threading.Event()
     start_task = cp.start_task
+    children: list[Any] = []
+    start = ForkServer.start
+
+    def kept(self: ForkServer, **kw: Any) -> Any:
+        out = start(self, **kw)
+        children.append(out[0])
+        return out
+
+    monkeypatch.setattr(ForkServer, "start", kept)
 
     def cancelled_first(task_id: str, **kw: Any) -> None:
         # the job is cancelled after the worker's poll took its task, before it could start
@@ -300,7 +310,8 @@ def test_a_forked_task_whose_start_is_refused_runs_nothing(plane, bundle, tmp_pa
     done = cp.wait_job(job.id, timeout=60)
     assert done.state is JobState.CANCELLED
     assert not [e for e in cp.events(job.id) if e.kind == "task_started"]
-    time.sleep(0.5)  # (time enough for a child that was told to go to have run)
+    [child] = children
+    assert child.wait() == 0  # it exited, let go, before it ran anything
     assert not marker.exists()
 
 
@@ -323,14 +334,20 @@ print("fork_rehearsal" in imported, "fork_rehearsal" in sys.modules, sys.path ==
 
 @pytest.mark.parametrize(("task", "rehearsed"), [("not yet", True), ("waiting", False)])
 def test_a_spare_rehearses_an_import_while_no_task_is_there_and_forgets_it(task: str, rehearsed: bool) -> None:
-    out = subprocess.run([sys.executable, "-c", REHEARSE, task], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", REHEARSE, task], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     assert out.stdout.split() == [str(rehearsed), "False", "True", "True"]
 
 
 def test_a_forked_task_sees_nothing_of_its_spares_rehearsal(plane, bundle) -> None:  # type: ignore[no-untyped-def]
     cp, client = plane
-    for _ in range(2):  # the second from a spare that had the time to rehearse
+
+    def rehearsed() -> JobRecord | None:
         done = _run(cp, client, FunctionJob(function="jobmod:traces", bundle=str(bundle)))
         assert done.state is JobState.SUCCEEDED, done.error
         assert _how(cp, done.id) == FORKED
-        assert done.result == {"module": False, "importing": None, "path": []}
+        return done if done.result["rehearsed"] else None
+
+    # (a spare rehearses while no task has come: the next one is forked as this one runs)
+    done = until(rehearsed, 60, "a task from a spare that rehearsed")
+    assert done.result == {"module": False, "importing": None, "path": [], "rehearsed": True}

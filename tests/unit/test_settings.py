@@ -37,6 +37,8 @@ def test_defaults_and_values(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_settings_follow_every_change_of_the_environment(monkeypatch: pytest.MonkeyPatch, stored: bool) -> None:
     if not stored:  # (an os.environ that is not CPython's: each variable read by name)
         monkeypatch.setattr(config, "_stored_values", lambda: None)
+    else:
+        assert config._stored_values() is not None
     monkeypatch.delenv("GPULAYER_CPU_SLOTS", raising=False)
     assert config.settings().cpu_slots is None
     monkeypatch.setenv("GPULAYER_CPU_SLOTS", "3")
