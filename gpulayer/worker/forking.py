@@ -118,7 +118,8 @@ class ForkServer:
 
     The server keeps this side supplied with spares (children forked ahead of their tasks,
     see :mod:`.fork_server`): :meth:`start` sends the task's request straight to the one
-    waiting and asks the server for the next, so it neither forks nor waits for an answer."""
+    waiting and asks the server for the next (a gated child's, once it was told to go or let
+    go), so it neither forks nor waits for an answer."""
 
     def __init__(self, python: str, env: dict[str, str]) -> None:
         self.python = python
