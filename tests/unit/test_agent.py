@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import threading
 
-from gpulayer.worker.agent import _LogBuffer
+from gpulayer.worker.logbuffer import LogBuffer
 
 
 def test_a_character_split_across_reads_arrives_whole() -> None:
     sent: list[tuple[str, str]] = []
-    buf = _LogBuffer(sent.extend, interval=0.0)  # flush on every write
+    buf = LogBuffer(sent.extend, interval=0.0)  # flush on every write
     data = "ééééé€🙂".encode()
     for i in range(len(data)):  # one byte per read: every character is split
         buf.write("stdout", data[i:i + 1])
@@ -25,7 +25,7 @@ def test_chunks_from_several_threads_keep_their_order_per_writer() -> None:
         with lock:
             sent.extend(chunks)
 
-    buf = _LogBuffer(send, interval=0.001)
+    buf = LogBuffer(send, interval=0.001)
     lines = [f"line {i}\n".encode() for i in range(2000)]
     for line in lines:
         buf.write("stdout", line)
@@ -37,7 +37,7 @@ def test_a_failing_send_does_not_break_the_task() -> None:
     def send(chunks: list[tuple[str, str]]) -> None:
         raise RuntimeError("control plane away")
 
-    buf = _LogBuffer(send, interval=0.0)
+    buf = LogBuffer(send, interval=0.0)
     buf.write("stderr", b"lost but harmless\n")
     buf.close()  # no exception
 
