@@ -37,6 +37,7 @@ from gpulayer.api import MAX_LONG_POLL, ControlAPI, LogChunk
 from gpulayer.errors import GpulayerError, SubmitWhileImporting
 from gpulayer.records import Explanation, JobRecord, WorkerRecord
 from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, JobSpec
+from gpulayer.worker.function_runner import IMPORTING_ENV
 
 if TYPE_CHECKING:
     from gpulayer.control import ControlPlane
@@ -291,7 +292,7 @@ def _end_on_sigterm(client: Client) -> None:
 
 
 def _refuse_while_importing(spec: JobSpec) -> None:
-    importing = os.environ.get("GPULAYER_IMPORTING_JOB_MODULE")
+    importing = os.environ.get(IMPORTING_ENV)
     if not importing:
         return
     module = importing.partition(":")[0]

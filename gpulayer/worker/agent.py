@@ -401,13 +401,11 @@ class Agent:
                 delay = min(delay * 2, RECONNECT_MAX)
 
     def _workdir(self, a: TaskAssignment) -> Path:
-        """The task's working directory: its bundle extracted in the cache (held by the
-        running task, see :meth:`_execute`), or a scratch folder."""
+        """The working directory of a task whose bundle is not in the cache yet: the bundle
+        fetched and extracted there (held by the running task, see :meth:`_execute`), or a
+        scratch folder for a task without one. (One in the cache: see :meth:`_run`.)"""
         digest = a.spec.bundle_digest
         if digest:
-            target: Path = self._bundle_cache / digest
-            if target.is_dir():
-                return target
             data = self.api.get_bundle(digest)
             extracted = Path(bundles.extract_bundle(data, digest, self._bundle_cache))
             # a new bundle in the cache: keep the cache within its limits (held ones stay)
@@ -465,13 +463,16 @@ class Agent:
         told to go after it (it gets ready meanwhile); a bundle to fetch is fetched after it."""
         from gpulayer.worker.process import run_process
 
-        if a.spec.bundle_digest and not (self._bundle_cache / a.spec.bundle_digest).is_dir():
-            started()  # a bundle to fetch first: what may take long comes after the start
-        try:
-            workdir = self._workdir(a)
-        except (GpulayerError, OSError) as exc:
-            logbuf.add("stderr", f"gpulayer: could not prepare the source bundle: {exc}\n")
-            return TaskOutcome(TaskState.FAILED, error=JobError.bundle(str(exc)))
+        digest = a.spec.bundle_digest
+        workdir = self._bundle_cache / digest if digest else None
+        if workdir is None or not workdir.is_dir():
+            if digest:
+                started()  # a bundle to fetch first: what may take long comes after the start
+            try:
+                workdir = self._workdir(a)
+            except (GpulayerError, OSError) as exc:
+                logbuf.add("stderr", f"gpulayer: could not prepare the source bundle: {exc}\n")
+                return TaskOutcome(TaskState.FAILED, error=JobError.bundle(str(exc)))
         env = self.task_env(a, workdir)
         spec = a.spec
         result_path: Path | None = None
