@@ -129,8 +129,12 @@ def test_a_quota_error_fails_over_to_the_next_offer_and_jobs_show_reads_both(
     line = next(x for x in shown.splitlines() if x.startswith("cloud"))
     assert line.startswith("cloud     local/us-east-1/p5: quota exceeded (")
     assert " -> local/us-west-2/p5-west: launched m-" in line and ", joined as wkr-" in line
-    states = sorted(m["state"] for m in machines(api))
-    assert states[0] == "failed"
+    # the quota offer's machine failed; the one that ran the job did not (by now it may be busy
+    # handing back its task, idle, or, past its 3 s idle timeout, being terminated)
+    by_shape = {m["shape"]: m for m in machines(api)}
+    assert set(by_shape) == {"p5", "p5-west"}
+    assert by_shape["p5"]["state"] == "failed"
+    assert by_shape["p5-west"]["state"] in {"busy", "idle", "terminating", "terminated"}
 
 
 def test_a_machine_that_does_not_join_in_time_is_terminated_and_the_next_offer_is_tried(
