@@ -219,7 +219,10 @@ SETTINGS: tuple[Setting, ...] = (
             "log level of `gpulayer worker start` and `gpulayer server start`"),
     Setting("GPULAYER_WARM_CLI", "warm_cli", _switch, True, "`1`",
             "`0`: `gpulayer worker start` starts no CLI server, and commands run in their own "
-            "process even where one runs (docs/cli.md#the-warm-cli)"),
+            "process even where one runs, nor start one (docs/cli.md#the-warm-cli)"),
+    Setting("GPULAYER_CLI_SERVER_IDLE", "cli_server_idle", _seconds(0, inclusive=True), 600.0, "`600`",
+            "seconds a CLI server that a command started (no worker running on the home) waits for the "
+            "next command line before it exits; `0`: a command starts none (docs/cli.md#the-warm-cli)"),
     # Overrides of detected values; the same keys as resources.toml (gpulayer/overrides.py).
     Setting("GPULAYER_OVERRIDE_CPU_COUNT", "override_cpu_count", _count(1), None, "detected",
             "the CPUs a worker reports (a container's CPU quota); resources.toml `cpu_count`"),
@@ -272,6 +275,7 @@ class Settings:
     machine_id: str | None
     log_level: str
     warm_cli: bool
+    cli_server_idle: float
     override_cpu_count: int | None
     override_memory_gb: float | None
     override_disk_free_gb: float | None

@@ -34,7 +34,7 @@ def run_cli(args: list[str], home: Path, *, entry: str = "main", env: dict[str, 
     itself (``"app"``: always the full path)."""
     code = textwrap.dedent(PROBE).replace("ARGS", repr(args)).replace("ENTRY", repr(entry))
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
-    full_env.update({"GPULAYER_HOME": str(home), **(env or {})})
+    full_env.update({"GPULAYER_HOME": str(home), "GPULAYER_CLI_SERVER_IDLE": "0", **(env or {})})
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=timeout, cwd=home, env=full_env)
     err, _, path = proc.stderr.decode().rpartition("\nPATH=")
     return proc.returncode, proc.stdout, err, path

@@ -17,6 +17,12 @@ import pytest
 
 PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
 
+# A command that finds no CLI server on its home starts one in the background, which waits
+# ten minutes for the next command (gpulayer.cli.warm). Tests run commands on many homes of
+# their own: they start none, but where a test sets this itself (tests/integration/test_cli_warm.py,
+# and the README's snippets, which run as a user's would and stop what they started).
+os.environ.setdefault("GPULAYER_CLI_SERVER_IDLE", "0")
+
 
 def _pg_base() -> str:
     return os.environ.get("GPULAYER_TEST_POSTGRES", PG_DEFAULT)

@@ -17,6 +17,15 @@ starts) and the code the server imported is unchanged on disk; otherwise, with n
 with ``GPULAYER_WARM_CLI=0``, or with ``--url`` or ``GPULAYER_URL`` (a server), the command
 runs as usual. (The child shares the server's hash seed, like a forked FunctionJob.)
 
+Where no worker runs, the first such command line on an embedded home starts a CLI server
+of its own in the background (and runs as usual itself): the command lines that follow are
+answered warm, and the server exits once no command line came for
+``GPULAYER_CLI_SERVER_IDLE`` seconds (``0``: commands start none). It is the same server
+(a child still runs the command line with the command's own environment, so a job it
+submits and the in-process worker it starts are the command's); one server serves a home
+at a time, the one holding ``cli.sock.lock``: a worker's server waits for a command's to
+exit, a second command's gives way at once.
+
 This module's client side (:func:`forward`) imports only the standard library: it runs on
 every command line before anything else is loaded. Linux only (descriptor passing and
 pidfds); elsewhere :func:`forward` never forwards.
@@ -25,6 +34,7 @@ pidfds); elsewhere :func:`forward` never forwards.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -35,8 +45,9 @@ from typing import Any
 
 from gpulayer.cli.light import GLOBAL_OPTIONS
 from gpulayer.interpreter import start_variables
+from gpulayer.worker import TREE_ID_ENV
 
-__all__ = ["COMMANDS", "forward", "serve", "socket_path"]
+__all__ = ["COMMANDS", "MAX_SOCKET_PATH", "forward", "serve", "server_argv", "server_pid", "socket_path"]
 
 #: the command groups a CLI server answers (the rest do not need it, or should not run as
 #: its children: workers, servers, the dashboard)
@@ -47,8 +58,75 @@ _NAME = "cli.sock"
 _HANDSHAKE = 10.0
 
 
+#: the longest socket path (``sun_path`` holds 108 bytes, with its terminating zero and room
+#: for the temporary name it is bound under first)
+MAX_SOCKET_PATH = 100
+
+
 def socket_path(home: str) -> str:
     return os.path.join(home, _NAME)
+
+
+def _lock_path(path: str) -> str:
+    """The lock the server of the socket at ``path`` holds while it serves."""
+    return f"{path}.lock"
+
+
+def server_argv(path: str, idle: float | None = None) -> list[str]:
+    """The command line of a CLI server for the socket at ``path``: this interpreter, with
+    its options (a server answers only commands whose interpreter is its own), without the
+    working directory on its ``sys.path``; ``idle``: it exits after that many seconds
+    without a command line (None: it serves until it is ended)."""
+    import subprocess
+
+    code = ("import sys\nif not getattr(sys.flags, 'safe_path', False): del sys.path[0]\n"
+            "from gpulayer.cli.warm import main\nmain()")
+    flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+    return [sys.executable, *flags, "-c", code, path, *([] if idle is None else ["--idle", repr(idle)])]
+
+
+def server_pid(home: str) -> int | None:
+    """The process id of the CLI server that serves ``home`` (or is starting to), or None."""
+    path = _lock_path(socket_path(home))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None  # (nobody holds it)
+        except BlockingIOError:
+            pass
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        return int(text) if text.isdigit() else None
+    finally:
+        os.close(fd)
+
+
+def _start_server(home: str, idle: float) -> None:
+    """Start the home's CLI server in the background for the command lines that follow,
+    unless one is starting or serving (it holds the lock), ``idle`` is 0, the path is too
+    long for a socket, or this command runs inside a task (whose processes end with it)."""
+    path = socket_path(home)
+    if idle <= 0 or os.environ.get(TREE_ID_ENV) or len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        return
+    try:
+        os.makedirs(home, mode=0o700, exist_ok=True)
+        fd = os.open(_lock_path(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return  # held: a server is starting, or serving (for another interpreter)
+    finally:
+        os.close(fd)  # (and with it the lock: the server takes it)
+    import subprocess
+
+    with contextlib.suppress(OSError):  # (none started: the next command tries again)
+        subprocess.Popen(server_argv(path, idle), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, cwd=home, start_new_session=True)
 
 
 def _interpreter(env: dict[str, str], path: Sequence[str]) -> dict[str, Any]:
@@ -104,18 +182,21 @@ def forward(argv: Sequence[str]) -> int | None:
     home, i = where
     if i >= len(argv) or argv[i] not in COMMANDS or "--help" in argv[i:]:
         return None
-    path = socket_path(home)
-    if not os.path.exists(path):
-        return None
     from gpulayer import config
 
     env = config.settings()  # (a bad value of any setting: the error the full path gives)
     if not env.warm_cli or env.url:
         return None
+    path = socket_path(home)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         sock.settimeout(_HANDSHAKE)  # a server that does not answer: run as usual
         sock.connect(path)
+    except OSError:  # none there (or a stale socket): run as usual, and start one for the next
+        sock.close()
+        _start_server(home, env.cli_server_idle)
+        return None
+    try:
         environ = dict(os.environ)
         umask = os.umask(0o022)
         os.umask(umask)
@@ -126,7 +207,7 @@ def forward(argv: Sequence[str]) -> int | None:
         sock.settimeout(None)
     except (OSError, ValueError):
         sock.close()
-        return None  # no server there (a stale socket), or it went away: run as usual
+        return None  # it went away: run as usual
     pid = reply.get("pid")
     if not isinstance(pid, int):
         sock.close()
@@ -277,20 +358,46 @@ def _child(request: dict[str, Any], fds: list[int], conn: socket.socket) -> None
         os._exit(code)
 
 
-def serve(path: str) -> None:
+def _same(path: str, ident: tuple[int, int]) -> bool:
+    """Whether the socket at ``path`` is still the one this server bound (not removed with
+    its home, nor replaced)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == ident
+
+
+def serve(path: str, idle: float | None = None) -> None:
     """Import the CLI and the embedded control plane once, then answer command lines on the
-    socket at ``path`` (until this process is ended; it dies with the worker that started it)."""
+    socket at ``path``: until this process is ended (a worker's server dies with its
+    worker), or, with ``idle``, until no command line came and none ran for that many
+    seconds, or its socket was removed or replaced.
+
+    One server serves a socket at a time, the one holding its lock: a worker's server (no
+    ``idle``) waits for the lock, one a command started leaves at once if it is held."""
     import gc
     import importlib
     import selectors
     import struct
     import threading
+    import time
+
+    lock = os.open(_lock_path(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | (0 if idle is None else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return  # another server serves this home, or is starting to
+    os.ftruncate(lock, 0)
+    os.pwrite(lock, f"{os.getpid()}\n".encode(), 0)  # (who serves: server_pid)
 
     # what the full path of the commands answered here imports (see gpulayer/cli/__init__.py);
     # nothing of it opens a database or starts a thread, so a fork is safe
     for name in ("gpulayer.cli.root", "gpulayer.cli.jobs", "gpulayer.cli.explain", "gpulayer.cli.bundle",
                  "gpulayer.cli.progress", "gpulayer.client", "gpulayer.control", "gpulayer.sdk",
                  "gpulayer.joboptions", "gpulayer.bundles", "gpulayer.resources", "gpulayer.plugin",
+                 # the in-process worker a submit starts where no worker runs
+                 "gpulayer.worker.agent", "gpulayer.capability_cache",
                  "sqlalchemy.dialects.sqlite", "rich.console", "rich.live"):
         importlib.import_module(name)
     before = set(sys.modules)
@@ -310,15 +417,7 @@ def serve(path: str) -> None:
     gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with contextlib.suppress(FileNotFoundError):
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            probe.connect(path)
-            return  # another worker's server answers on this home
-
-        except ConnectionRefusedError:
-            os.unlink(path)  # left by one that died
-        finally:
-            probe.close()
+        os.unlink(path)  # left by one that died (this one holds the lock)
     # bound and listening under a name of its own, then renamed into place: a command never
     # finds the socket before it accepts
     ready = f"{path}.{os.getpid()}"
@@ -329,12 +428,24 @@ def serve(path: str) -> None:
         os.umask(umask)
     listener.listen(16)
     os.rename(ready, path)
+    st = os.stat(path)
+    ident = (st.st_dev, st.st_ino)
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, None)
     children: dict[int, tuple[socket.socket, int]] = {}  # pid -> (its command's socket, its pidfd)
+    # (a look at least every 5 s whether its socket is still there: a home removed)
+    tick = None if idle is None else min(max(idle, 0.1), 5.0)
+    last = time.monotonic()
     try:
         while True:
-            for key, _ in sel.select():
+            events = sel.select(tick)
+            if idle is not None:
+                now = time.monotonic()
+                if events or children:
+                    last = now
+                elif now - last >= idle or not _same(path, ident):
+                    return
+            for key, _ in events:
                 if key.data is None:
                     conn, _addr = listener.accept()
                     fds: list[int] = []
@@ -371,6 +482,7 @@ def serve(path: str) -> None:
                             conn.send(json.dumps({"declined": f"fork: {exc}"}).encode())
                     if pid == 0:
                         try:
+                            os.close(lock)  # (it is the server's to hold, not the command's)
                             listener.close()
                             sel.close()
                             for other, _pidfd in children.values():
@@ -410,8 +522,9 @@ def serve(path: str) -> None:
     finally:
         # no new commands; those running go on and tell their commands how they ended
         # themselves (a death by a signal reads as "ended without saying how")
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        if _same(path, ident):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def _stop(_signum: int, _frame: Any) -> None:
@@ -419,9 +532,12 @@ def _stop(_signum: int, _frame: Any) -> None:
 
 
 def main() -> None:
+    """``PATH [--idle SECONDS]`` (:func:`server_argv`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C at the worker's terminal is the worker's
     signal.signal(signal.SIGTERM, _stop)  # the worker stops
-    serve(sys.argv[1])
+    args = sys.argv[1:]
+    idle = float(args[2]) if args[1:2] == ["--idle"] else None
+    serve(args[0], idle)
 
 
 if __name__ == "__main__":

@@ -108,12 +108,10 @@ def _start_cli_server() -> Any:
     from gpulayer.worker.deathsig import die_with_parent
 
     path = warm.socket_path(str(config.home()))
-    if not sys.platform.startswith("linux") or len(os.fsencode(path)) > 100 or not config.settings().warm_cli:
-        return None  # (a socket's path holds about 100 bytes)
-    return subprocess.Popen(
-        [sys.executable, "-c", "import sys; del sys.path[0]; from gpulayer.cli.warm import main; main()", path],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
-        preexec_fn=die_with_parent(os.getpid()))
+    if not sys.platform.startswith("linux") or len(os.fsencode(path)) > warm.MAX_SOCKET_PATH or not config.settings().warm_cli:
+        return None
+    return subprocess.Popen(warm.server_argv(path), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
 
 
 def _slots(cpu_slots: int | None, caps: Any) -> int:

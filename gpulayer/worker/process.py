@@ -43,6 +43,7 @@ from typing import Protocol
 
 import psutil
 
+from gpulayer.worker import TREE_ID_ENV
 from gpulayer.worker.deathsig import die_with_parent, spawn_argv
 from gpulayer.worker.wakeups import Cancel, ExitWaiter
 
@@ -51,9 +52,6 @@ __all__ = ["TREE_ID_ENV", "Cancel", "ProcessOutcome", "StartFailed", "Started", 
 
 log = logging.getLogger(__name__)
 
-#: environment variable run_process sets in each task to a fresh id; every descendant that
-#: keeps its environment carries it, which is how escaped descendants are found.
-TREE_ID_ENV = "GPULAYER_TREE_ID"
 
 _READ_SIZE = 65536
 #: how long to keep reading output after the main process exited and its group was killed

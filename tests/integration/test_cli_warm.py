@@ -4,6 +4,7 @@ and exit code; a command it does not answer runs as usual."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -36,8 +37,10 @@ PROFILE_PLUGIN = """
 
 
 def _env(home: Path, **more: str) -> dict[str, str]:
+    """This test's home, no other GPULAYER_* setting of this process; a command that finds no
+    server starts none, unless ``more`` says otherwise."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
-    return {**env, "GPULAYER_HOME": str(home), **more}
+    return {**env, "GPULAYER_HOME": str(home), "GPULAYER_CLI_SERVER_IDLE": "0", **more}
 
 
 @pytest.fixture
@@ -205,3 +208,108 @@ def test_changed_code_or_packages_decline(tmp_path: Path) -> None:
     (tmp_path / "new_package").mkdir()  # an install: its folder on sys.path changes
     os.utime(tmp_path, ns=(later + 1, later + 1))
     assert "changed" in (warm._declined(request, mine, files) or "")
+
+
+# --------------------------------------------------------------------------- a server a command started
+
+
+def _own_server(home: Path) -> psutil.Process:
+    """The CLI server that serves ``home``, once it listens."""
+    until(lambda: os.path.exists(warm.socket_path(str(home))), 60, "a CLI server on the home")
+    pid = warm.server_pid(str(home))
+    assert pid is not None
+    return psutil.Process(pid)
+
+
+@pytest.fixture
+def stop_servers(home: Path) -> Iterator[None]:
+    """Afterwards, the CLI server a command of this test started is stopped."""
+    yield
+    pid = warm.server_pid(str(home))
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+
+
+def test_where_no_worker_runs_a_command_starts_a_server_that_answers_the_next_and_leaves_when_idle(home, stop_servers) -> None:  # type: ignore[no-untyped-def]
+    env = _env(home, GPULAYER_CLI_SERVER_IDLE="4")
+    first = subprocess.run([*GPULAYER, "submit", "--", "python", "-c", "print('first')"], env=env, cwd=home,
+                           capture_output=True, text=True, timeout=120)
+    assert (first.returncode, first.stdout) == (0, "first\n"), first.stderr
+    server = _own_server(home)
+    assert server.cmdline()[-2:] == ["--idle", "4.0"]
+    assert os.getsid(server.pid) == server.pid  # a session of its own (a Ctrl-C at the terminal is not its)
+    # the next command line is the server's child's, with its own environment: the job sees it
+    out, err, code = _forward(home, ["submit", "--", "python", "-c", "import os; print(os.environ['ASKED'])"],
+                              GPULAYER_CLI_SERVER_IDLE="4", ASKED="by the second command")
+    assert (code, out) == ("0", "by the second command\n"), err
+    # the child's in-process worker was forgotten as it stopped, as a command's own is
+    listed = subprocess.run([*GPULAYER, "worker", "list", "--json"], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert json.loads(listed.stdout) == []
+    # then nothing for 4 s: it leaves, and takes its socket with it
+    server.wait(60)
+    assert not os.path.exists(warm.socket_path(str(home)))
+    assert warm.server_pid(str(home)) is None
+
+
+@pytest.mark.parametrize("why", ["idle 0", "inside a task", "GPULAYER_WARM_CLI=0"])
+def test_a_command_starts_no_server(home, stop_servers, why: str) -> None:  # type: ignore[no-untyped-def]
+    more = {"idle 0": {"GPULAYER_CLI_SERVER_IDLE": "0"},
+            "inside a task": {"GPULAYER_CLI_SERVER_IDLE": "60", "GPULAYER_TREE_ID": "1.2.3"},
+            "GPULAYER_WARM_CLI=0": {"GPULAYER_CLI_SERVER_IDLE": "60", "GPULAYER_WARM_CLI": "0"}}[why]
+    for _ in range(2):
+        _out, err, code = _forward(home, ["jobs", "show", "job-000000000000"], **more)
+        assert code == "None", err
+    time.sleep(1.0)  # (one started would be holding its lock by now)
+    assert warm.server_pid(str(home)) is None
+    assert not os.path.exists(warm.socket_path(str(home)))
+
+
+def test_commands_at_once_start_one_server(home, stop_servers) -> None:  # type: ignore[no-untyped-def]
+    env = _env(home, GPULAYER_CLI_SERVER_IDLE="60")
+    procs = [subprocess.Popen([*GPULAYER, "jobs", "show", "job-000000000000"], env=env, cwd=home,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(4)]
+    for proc in procs:
+        assert proc.wait(120) == 2  # (no such job)
+    server = _own_server(home)
+    time.sleep(1.0)  # any other one started has met the lock and left by now
+
+    def servers() -> list[int]:
+        return [p.pid for p in psutil.process_iter(["cmdline"])
+                if warm.socket_path(str(home)) in (p.info["cmdline"] or [])]
+
+    assert until(lambda: servers() == [server.pid], 30, "one server")
+
+
+def test_a_bad_idle_setting_is_an_error_that_names_it(home) -> None:  # type: ignore[no-untyped-def]
+    run = subprocess.run([*GPULAYER, "submit", "--", "true"], env=_env(home, GPULAYER_CLI_SERVER_IDLE="soon"),
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "GPULAYER_CLI_SERVER_IDLE='soon': expected a number of seconds >= 0" in run.stderr
+
+
+def test_a_server_whose_socket_is_removed_leaves(home, stop_servers) -> None:  # type: ignore[no-untyped-def]
+    _forward(home, ["jobs", "show", "job-000000000000"], GPULAYER_CLI_SERVER_IDLE="600")
+    server = _own_server(home)
+    os.unlink(warm.socket_path(str(home)))  # (as when its home is removed)
+    server.wait(30)
+
+
+def test_a_worker_s_server_takes_over_once_a_command_s_server_leaves(home, stop_servers) -> None:  # type: ignore[no-untyped-def]
+    _forward(home, ["jobs", "show", "job-000000000000"], GPULAYER_CLI_SERVER_IDLE="600")
+    standalone = _own_server(home)
+    proc = subprocess.Popen([*GPULAYER, "worker", "start", "--cpu-slots", "1", "--json"], env=_env(home),
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline(), "the worker did not start"
+        waiting = _server(proc)  # started, waiting for the lock
+        assert warm.server_pid(str(home)) == standalone.pid
+        standalone.terminate()  # (as when it has been idle long enough)
+        until(lambda: warm.server_pid(str(home)) == waiting.pid, 60, "the worker's server serving")
+        until(lambda: os.path.exists(warm.socket_path(str(home))), 60, "its socket")
+        out, err, code = _forward(home, ["submit", "--", "python", "-c", "print('warm')"])
+        assert (code, out) == ("0", "warm\n"), err
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)

@@ -9,10 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from gpulayer.cli import warm
 from gpulayer.testing import no_real_devices_env
 from tests.docsnippets import ROOT, Snippet, snippets
 
@@ -30,8 +32,10 @@ def _env(home: Path, bin_dir: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def where(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """A fresh directory (also the ``$GPULAYER_HOME``) and ``gpulayer``/``python`` that run this checkout."""
+def where(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A fresh directory (also the ``$GPULAYER_HOME``) and ``gpulayer``/``python`` that run this
+    checkout; afterwards, the CLI server a snippet's command started there (as a user's
+    does: gpulayer.cli.warm) is stopped."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, argv in (("gpulayer", f'"{sys.executable}" -m gpulayer.cli'), ("python", f'"{sys.executable}"')):
@@ -39,7 +43,10 @@ def where(tmp_path: Path) -> tuple[Path, dict[str, str]]:
         (bin_dir / name).chmod(0o755)
     work = tmp_path / "work"
     work.mkdir()
-    return work, _env(work, bin_dir)
+    yield work, _env(work, bin_dir)
+    pid = warm.server_pid(str(work))
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
 
 
 def _argv(snippet: Snippet, command: str, cwd: Path) -> list[str]:
