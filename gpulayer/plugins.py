@@ -173,14 +173,17 @@ class PluginManager:
         disabled = set(_split_env(DISABLE_ENV))
         seen: set[str] = set()
         if self._load_entry_points:
+            # each read of a distribution's .metadata (and .version) parses its METADATA file
+            # again: once per distribution here (the bundled plugins share one)
+            about: dict[int, tuple[str | None, str | None]] = {}
             for ep in self._entry_points():
                 seen.add(ep.name)
                 dist = getattr(ep, "dist", None)
-                info = PluginInfo(
-                    name=ep.name, module=ep.value,
-                    distribution=dist.metadata["Name"] if dist is not None else None,
-                    version=dist.version if dist is not None else None,
-                )
+                if dist is not None and id(dist) not in about:
+                    meta = dist.metadata
+                    about[id(dist)] = (meta["Name"], meta["Version"])
+                name, version = about[id(dist)] if dist is not None else (None, None)
+                info = PluginInfo(name=ep.name, module=ep.value, distribution=name, version=version)
                 self._load_one(info, ep.load, disabled, named=False)
         for modname in _split_env(EXTRA_ENV):
             if modname in seen:

@@ -88,10 +88,10 @@ def main() -> None:
         code = warm.forward(sys.argv[1:])
         if code is not None:  # a local worker's CLI server ran it
             sys.exit(code)
-        from gpulayer.cli.root import app
+        from gpulayer.cli.root import command
 
         _show_plugin_warnings()
-        app()
+        command()()
     except GpulayerError as exc:
         import typer
 

@@ -400,6 +400,14 @@ def serve(path: str, idle: float | None = None) -> None:
                  "gpulayer.worker.agent", "gpulayer.capability_cache",
                  "sqlalchemy.dialects.sqlite", "rich.console", "rich.live"):
         importlib.import_module(name)
+    from sqlalchemy.orm import configure_mappers
+
+    from gpulayer.cli import root
+
+    configure_mappers()  # (the ORM does it on its first query: ~10 ms of every child's)
+    root.warm_up(COMMANDS)  # (converted from Typer's app once, with the commands answered here)
+    # what reading a distribution's metadata imports (the plugins' entry points)
+    importlib.import_module("email.parser")
     before = set(sys.modules)
     from importlib import metadata
 

@@ -305,7 +305,8 @@ class WorkerOps(Core):
             return gone(w.origin, w.hostname, w.pid, w.last_heartbeat)
 
         with self.store.read() as s:
-            stale = [w.id for w in queries.expiry_candidates(s, cutoff, here) if dead(w)]
+            stale = [wid for wid, origin, host, pid, heard in queries.expiry_candidates(s, cutoff, here)
+                     if gone(origin, host, pid, heard)]
         if not stale:
             return []
         with self.store.write() as s:

@@ -271,13 +271,16 @@ def online_worker_rows(s: Session) -> list[tuple[Any, ...]]:
     return rows
 
 
-def expiry_candidates(s: Session, cutoff: float, hostname: str) -> Sequence[WorkerRow]:
+def expiry_candidates(s: Session, cutoff: float, hostname: str) -> list[tuple[str, str, str, int | None, float]]:
     """Online workers silent since before ``cutoff``, and the local ones of ``hostname``
-    (whose process may be gone): what expire_workers looks at, not the whole fleet."""
-    return list(s.exec(select(WorkerRow).where(
-        col(WorkerRow.online).is_(True),
-        (col(WorkerRow.last_heartbeat) < cutoff) | ((col(WorkerRow.origin) == "local") & (col(WorkerRow.hostname) == hostname)),
-    )).all())
+    (whose process may be gone): what expire_workers looks at, not the whole fleet, as
+    ``(id, origin, hostname, pid, last_heartbeat)``. Plain (store/plain.py): every
+    process that opens the embedded control plane runs it first, before the ORM has
+    compiled anything."""
+    rows = plain.fetch(s, "SELECT id, origin, hostname, pid, last_heartbeat FROM gl_workers "
+                          "WHERE online AND (last_heartbeat < ? OR (origin = 'local' AND hostname = ?))",
+                       (cutoff, hostname))
+    return [(str(i), str(o), str(h), p, float(b)) for i, o, h, p, b in rows]
 
 
 def online_flags(s: Session, worker_ids: Iterable[str]) -> dict[str, bool]:
