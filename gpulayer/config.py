@@ -20,17 +20,19 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpulayer.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = ["SETTINGS", "Setting", "Settings", "home", "max_bundle_bytes", "parse_device_refs", "settings"]
 
 
-@dataclass(frozen=True)
-class Setting:
+# (named tuples, not dataclasses: the CLI's start-up reads the settings, and dataclasses
+# import inspect, ast and dis, a fifth of what `gpulayer jobs list` costs over Python's own start)
+class Setting(NamedTuple):
     """One environment variable: its name, its attribute on :class:`Settings`, how to read
     it, its default (shown in the docs as written), and what it means."""
 
@@ -243,8 +245,7 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Settings:
+class Settings(NamedTuple):
     home: str | None
     url: str | None
     token: str | None
@@ -331,6 +332,8 @@ _homes: dict[str, Path] = {}
 def home() -> Path:
     """The state directory, created on first use (readable by its owner only: it holds the
     database, with job specs, code, logs and results, and tokens)."""
+    from pathlib import Path
+
     raw = settings().home or str(Path.home() / ".gpulayer")
     known = _homes.get(raw)
     if known is not None and known.is_dir():  # (looked at several times per job: one stat)
