@@ -9,8 +9,10 @@ started beforehand (as in a long session):
   ``subprocess.run([sys.executable, "-c", "pass"])``;
 * a no-op ``@gl.remote`` function's ``.remote().result()``, next to the same floor;
 * ``gpulayer submit -- python -c pass`` (a fresh CLI process each time), next to the floor
-  plus the CLI's own start-up (``gpulayer --help``); then the same while a ``gpulayer
-  worker start`` runs on the home, whose CLI server answers the command line (Linux);
+  plus the CLI's own start-up (``gpulayer --help``): in the command's own process
+  (``GPULAYER_WARM_CLI=0``), answered by the CLI server the first command started (the
+  default where no worker runs), and while a ``gpulayer worker start`` runs on the home,
+  whose CLI server answers it (Linux);
 * a CommandJob submitted by another process that runs no worker of its own (this one's
   runs it): the job's placement and its end cross between processes;
 * ``--throughput`` no-op FunctionJobs submitted at once through two local workers (jobs/s),
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -172,6 +175,33 @@ def elsewhere(n: int, env: dict[str, str]) -> list[float]:
     return [float(line) for line in out.stdout.split()]
 
 
+def command_server(n: int, run: list[str], env: dict[str, str], home: str) -> list[float] | None:
+    """``run`` timings where no worker runs, answered by the CLI server that the first of
+    them started in the background (gpulayer.cli.warm), which is then stopped; None where
+    commands start none (off Linux, or a GPUlayer from before)."""
+    try:
+        from gpulayer.cli import warm
+    except ImportError:
+        return None
+    if not sys.platform.startswith("linux") or not hasattr(warm, "server_pid"):
+        return None
+    subprocess.run(run, env=env, check=True, capture_output=True)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(warm.socket_path(home)):
+        assert time.monotonic() < deadline, "the first command's CLI server did not start"
+        time.sleep(0.05)
+    try:
+        for _ in range(2):  # warm: the server's first child
+            subprocess.run(run, env=env, check=True, capture_output=True)
+        return timed(lambda: subprocess.run(run, env=env, check=True, capture_output=True), n)
+    finally:
+        pid = warm.server_pid(home)
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+        while os.path.exists(warm.socket_path(home)) and time.monotonic() < deadline + 60:
+            time.sleep(0.05)  # (gone before a worker's server takes the home)
+
+
 def warm_cli(n: int, env: dict[str, str], home: str) -> list[float] | None:
     """``gpulayer submit`` timings while a ``gpulayer worker start`` runs on the home, which
     answers command lines from its warm CLI server (gpulayer.cli.warm); None off Linux."""
@@ -234,12 +264,18 @@ def main() -> None:
         env = {**os.environ, "GPULAYER_HOME": home}
         # GPUlayer's bytecode cached as an installed copy's is (bench/cli_startup.py says why)
         env.pop("PYTHONDONTWRITEBYTECODE", None)
-        sub = timed(lambda: subprocess.run([*cli(), "submit", "--", sys.executable, "-c", "pass"], env=env,
-                                           check=True, capture_output=True), args.cli)
+        env.pop("GPULAYER_CLI_SERVER_IDLE", None)  # (the default: a command starts a CLI server)
+        run = [*cli(), "submit", "--", sys.executable, "-c", "pass"]
+        own = timed(lambda: subprocess.run(run, env={**env, "GPULAYER_WARM_CLI": "0"}, check=True,
+                                           capture_output=True), args.cli)
         helps = timed(lambda: subprocess.run([*cli(), "--help"], env=env, check=True, capture_output=True),
                       args.cli)
         base_cli = [b + h for b, h in zip(base, helps, strict=False)]
-        rows.append(("gpulayer submit -- python -c pass", sub, "python -c pass + gpulayer --help", base_cli))
+        rows.append(("gpulayer submit -- python -c pass", own, "python -c pass + gpulayer --help", base_cli))
+        started = command_server(args.cli, run, env, home)
+        if started is not None:
+            rows.append(("the same, a command's CLI server", started, "python -c pass + gpulayer --help",
+                         base_cli))
         warm = warm_cli(args.cli, env, home)
         if warm is not None:
             rows.append(("the same, worker start's CLI server", warm, "python -c pass + gpulayer --help", base_cli))
