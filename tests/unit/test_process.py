@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from gpulayer.worker import process
 from gpulayer.worker.process import TREE_ID_ENV, ProcessOutcome, _descendants, _marked, run_process, terminate_tree
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX process groups")
@@ -343,6 +344,59 @@ def test_no_orphans_after_normal_exit(tmp_path: Path) -> None:
     assert time.monotonic() - start < 10  # the orphans' open pipes do not block us
     assert result.state == "succeeded"
     assert wait_gone(int(in_group.read_text()))
+    assert wait_gone(int(escaped.read_text()))
+
+
+linux_proc = pytest.mark.skipif(process.PidMark.now() is None, reason="Linux's /proc/sys/kernel/ns_last_pid")
+
+
+@linux_proc
+def test_a_pid_mark_names_the_processes_started_since() -> None:
+    mark = process.PidMark.now()
+    assert mark is not None
+    proc = subprocess.Popen(["sleep", "100"], start_new_session=True)
+    try:
+        since = mark.started_since()
+        assert since is not None and str(proc.pid) in since
+        assert str(os.getpid()) not in since
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@linux_proc
+def test_a_pid_mark_is_not_trusted_after_a_wrap_a_long_life_or_too_many_pids() -> None:
+    mark = process.PidMark.now()
+    assert mark is not None
+    wrapped = process.PidMark(mark.last + 10**9, mark.at)  # (the counter now stands below it)
+    assert wrapped.started_since() is None
+    old = process.PidMark(mark.last, mark.at - 10**7)  # (a whole round of pids could have gone by)
+    assert old.started_since() is None
+    wide = process.PidMark(mark.last - process._WINDOW_MAX - 1, mark.at)
+    assert wide.started_since() is None
+
+
+@linux_proc
+def test_an_escaped_descendant_is_found_among_the_pids_started_since_the_task_began(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(process, "_FORK_RATE_BOUND", 1)  # (the window trusted however slow this machine is)
+    looked_at: list[list[str] | None] = []
+    started_since = process.PidMark.started_since
+
+    def spy(self: process.PidMark) -> list[str] | None:
+        looked_at.append(started_since(self))
+        return looked_at[-1]
+
+    monkeypatch.setattr(process.PidMark, "started_since", spy)
+    escaped = tmp_path / "escaped.pid"
+    argv = script(tmp_path, f"""
+        import subprocess
+        b = subprocess.Popen(["sleep", "100"], start_new_session=True)
+        open({str(escaped)!r}, "w").write(str(b.pid))
+        """)
+    result = run_process(argv, env=env(), cwd=None, on_output=Output())
+    assert result.state == "succeeded"
+    assert looked_at and looked_at[0] is not None and escaped.read_text() in looked_at[0]
     assert wait_gone(int(escaped.read_text()))
 
 
