@@ -72,48 +72,93 @@ def _lock_path(path: str) -> str:
     return f"{path}.lock"
 
 
+def _interpreter_options(argv: Sequence[str]) -> list[str]:
+    """The interpreter's own options in the command line ``argv`` (``sys.orig_argv``): what
+    comes before the script, ``-c`` or ``-m`` (``-X`` and ``-W`` take a value, attached or
+    next)."""
+    out: list[str] = []
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--" or not arg.startswith("-") or arg == "-":
+            break
+        if arg.startswith("--"):  # (--check-hash-based-pycs VALUE and the like)
+            out.append(arg)
+            if arg == "--check-hash-based-pycs" and i + 1 < len(argv):
+                out.append(argv[i + 1])
+                i += 1
+            i += 1
+            continue
+        for j, letter in enumerate(arg[1:], 1):
+            if letter in "cm":
+                if j > 1:
+                    out.append(arg[:j])
+                return out
+            if letter in "XW":
+                out.append(arg)
+                if j == len(arg) - 1 and i + 1 < len(argv):  # (the value is the next word)
+                    out.append(argv[i + 1])
+                    i += 1
+                break
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
 def server_argv(path: str, idle: float | None = None) -> list[str]:
     """The command line of a CLI server for the socket at ``path``: this interpreter, with
-    its options (a server answers only commands whose interpreter is its own), without the
-    working directory on its ``sys.path``; ``idle``: it exits after that many seconds
-    without a command line (None: it serves until it is ended)."""
-    import subprocess
-
+    the options it was started with (a server answers only commands whose interpreter is its
+    own), without the working directory on its ``sys.path``; ``idle``: it exits after that
+    many seconds without a command line (None: it serves until it is ended)."""
     code = ("import sys\nif not getattr(sys.flags, 'safe_path', False): del sys.path[0]\n"
             "from gpulayer.cli.warm import main\nmain()")
-    flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
-    return [sys.executable, *flags, "-c", code, path, *([] if idle is None else ["--idle", repr(idle)])]
+    options = _interpreter_options(getattr(sys, "orig_argv", [sys.executable]))
+    return [sys.executable, *options, "-c", code, path, *([] if idle is None else ["--idle", repr(idle)])]
 
 
 def server_pid(home: str) -> int | None:
-    """The process id of the CLI server that serves ``home`` (or is starting to), or None."""
-    path = _lock_path(socket_path(home))
+    """The process id of the CLI server that serves ``home`` (or is starting to), or None.
+    (Read from its lock file without taking the lock: a look must not make a server that is
+    starting find it held and leave.)"""
+    path = socket_path(home)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+        with open(_lock_path(path), "rb") as f:
+            text = f.read(32).decode(errors="replace").strip()
+        pid = int(text)
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read().split(b"\0")
+    except (OSError, ValueError):
         return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return None  # (nobody holds it)
-        except BlockingIOError:
-            pass
-        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        return int(text) if text.isdigit() else None
-    finally:
-        os.close(fd)
+    return pid if os.fsencode(path) in words else None
+
+
+#: next to the socket: the start of the last server a command started that failed before it
+#: served (its error), which keeps commands from starting another for a while
+_FAILED = ".failed"
+_RETRY_AFTER_FAILURE = 60.0
+#: the server's own output (an error at its start), next to the socket
+_LOG = "cli-server.log"
 
 
 def _start_server(home: str, idle: float) -> None:
     """Start the home's CLI server in the background for the command lines that follow,
     unless one is starting or serving (it holds the lock), ``idle`` is 0, the path is too
-    long for a socket, or this command runs inside a task (whose processes end with it)."""
+    long for a socket, this command runs inside a task (whose processes end with it), or
+    the last one failed at its start less than a minute ago (its error is in
+    ``cli-server.log``). The server is not this command's child: it is started through an
+    intermediate process that leaves at once (a session of its own, reparented)."""
     path = socket_path(home)
     if idle <= 0 or os.environ.get(TREE_ID_ENV) or len(os.fsencode(path)) > MAX_SOCKET_PATH:
         return
     try:
+        if os.stat(path + _FAILED).st_mtime > _now() - _RETRY_AFTER_FAILURE:
+            return
+    except OSError:
+        pass
+    try:
         os.makedirs(home, mode=0o700, exist_ok=True)
-        fd = os.open(_lock_path(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(_lock_path(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError:
         return
     try:
@@ -122,11 +167,37 @@ def _start_server(home: str, idle: float) -> None:
         return  # held: a server is starting, or serving (for another interpreter)
     finally:
         os.close(fd)  # (and with it the lock: the server takes it)
-    import subprocess
+    argv = server_argv(path, idle)
+    try:
+        log = os.open(os.path.join(home, _LOG), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return
+    try:
+        pid = os.fork()  # (the command has no thread yet: forward runs first)
+    except OSError:
+        os.close(log)
+        return
+    if pid == 0:  # the intermediate: a session of its own, the server, and away
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                devnull = os.open(os.devnull, os.O_RDWR)
+                os.dup2(devnull, 0)
+                os.dup2(devnull, 1)
+                os.dup2(log, 2)
+                os.chdir(home)
+                os.execv(sys.executable, argv)
+        finally:
+            os._exit(0)
+    os.close(log)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
-    with contextlib.suppress(OSError):  # (none started: the next command tries again)
-        subprocess.Popen(server_argv(path, idle), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, cwd=home, start_new_session=True)
+
+def _now() -> float:
+    import time
+
+    return time.time()
 
 
 def _interpreter(env: dict[str, str], path: Sequence[str]) -> dict[str, Any]:
@@ -197,6 +268,13 @@ def forward(argv: Sequence[str]) -> int | None:
         _start_server(home, env.cli_server_idle)
         return None
     try:
+        import struct
+
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("3i")))
+        if uid != os.getuid():  # (the environment and the terminal go only to this user's server)
+            sock.close()
+            return None
         environ = dict(os.environ)
         umask = os.umask(0o022)
         os.umask(umask)
@@ -383,7 +461,7 @@ def serve(path: str, idle: float | None = None) -> None:
     import threading
     import time
 
-    lock = os.open(_lock_path(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock = os.open(_lock_path(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | (0 if idle is None else fcntl.LOCK_NB))
     except BlockingIOError:
@@ -391,51 +469,61 @@ def serve(path: str, idle: float | None = None) -> None:
     os.ftruncate(lock, 0)
     os.pwrite(lock, f"{os.getpid()}\n".encode(), 0)  # (who serves: server_pid)
 
-    # what the full path of the commands answered here imports (see gpulayer/cli/__init__.py);
-    # nothing of it opens a database or starts a thread, so a fork is safe
-    for name in ("gpulayer.cli.root", "gpulayer.cli.jobs", "gpulayer.cli.explain", "gpulayer.cli.bundle",
-                 "gpulayer.cli.progress", "gpulayer.client", "gpulayer.control", "gpulayer.sdk",
-                 "gpulayer.joboptions", "gpulayer.bundles", "gpulayer.resources", "gpulayer.plugin",
-                 # the in-process worker a submit starts where no worker runs
-                 "gpulayer.worker.agent", "gpulayer.capability_cache",
-                 "sqlalchemy.dialects.sqlite", "rich.console", "rich.live"):
-        importlib.import_module(name)
-    from sqlalchemy.orm import configure_mappers
-
-    from gpulayer.cli import root
-
-    configure_mappers()  # (the ORM does it on its first query: ~10 ms of every child's)
-    root.warm_up(COMMANDS)  # (converted from Typer's app once, with the commands answered here)
-    # what reading a distribution's metadata imports (the plugins' entry points)
-    importlib.import_module("email.parser")
-    before = set(sys.modules)
-    from importlib import metadata
-
-    # the plugins' modules too (a command loads them through their entry points, which it
-    # still reads itself: what is installed, and what GPULAYER_DISABLE_PLUGINS blocks)
-    for ep in metadata.entry_points(group="gpulayer"):
-        with contextlib.suppress(Exception):
-            importlib.import_module(ep.module)
-    if threading.active_count() > 1:
-        raise SystemExit(f"the CLI server would fork with {threading.active_count()} threads")
-    files = _loaded_files(set(sys.modules) - before)
-    mine = _interpreter(dict(os.environ), sys.path)
-    # (what is loaded now is left out of the collector's reach in every child)
-    gc.collect()
-    gc.freeze()
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)  # left by one that died (this one holds the lock)
-    # bound and listening under a name of its own, then renamed into place: a command never
-    # finds the socket before it accepts
-    ready = f"{path}.{os.getpid()}"
-    umask = os.umask(0o177)  # the socket is its owner's alone from the start (as is the home)
     try:
-        listener.bind(ready)
-    finally:
-        os.umask(umask)
-    listener.listen(16)
-    os.rename(ready, path)
+        # what the full path of the commands answered here imports (see gpulayer/cli/__init__.py);
+        # nothing of it opens a database or starts a thread, so a fork is safe
+        for name in ("gpulayer.cli.root", "gpulayer.cli.jobs", "gpulayer.cli.explain", "gpulayer.cli.bundle",
+                     "gpulayer.cli.progress", "gpulayer.client", "gpulayer.control", "gpulayer.sdk",
+                     "gpulayer.joboptions", "gpulayer.bundles", "gpulayer.resources", "gpulayer.plugin",
+                     # the in-process worker a submit starts where no worker runs
+                     "gpulayer.worker.agent", "gpulayer.capability_cache",
+                     "sqlalchemy.dialects.sqlite", "rich.console", "rich.live"):
+            importlib.import_module(name)
+        from sqlalchemy.orm import configure_mappers
+
+        from gpulayer.cli import root
+
+        configure_mappers()  # (the ORM does it on its first query: ~10 ms of every child's)
+        root.warm_up(COMMANDS)  # (converted from Typer's app once, with the commands answered here)
+        # what reading a distribution's metadata imports (the plugins' entry points)
+        importlib.import_module("email.parser")
+        before = set(sys.modules)
+        from importlib import metadata
+
+        # the plugins' modules too (a command loads them through their entry points, which it
+        # still reads itself: what is installed, and what GPULAYER_DISABLE_PLUGINS blocks)
+        for ep in metadata.entry_points(group="gpulayer"):
+            with contextlib.suppress(Exception):
+                importlib.import_module(ep.module)
+        if threading.active_count() > 1:
+            raise SystemExit(f"the CLI server would fork with {threading.active_count()} threads")
+        files = _loaded_files(set(sys.modules) - before)
+        mine = _interpreter(dict(os.environ), sys.path)
+        # (what is loaded now is left out of the collector's reach in every child)
+        gc.collect()
+        gc.freeze()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # left by one that died (this one holds the lock)
+        # bound and listening under a name of its own, then renamed into place: a command never
+        # finds the socket before it accepts
+        ready = f"{path}.{os.getpid()}"
+        umask = os.umask(0o177)  # the socket is its owner's alone from the start (as is the home)
+        try:
+            listener.bind(ready)
+        finally:
+            os.umask(umask)
+        listener.listen(16)
+        os.rename(ready, path)
+    except BaseException as exc:
+        if not (isinstance(exc, SystemExit) and exc.code in (0, None)):  # (not a SIGTERM)
+            # commands start no other server for a while (gpulayer.cli.warm._start_server)
+            with contextlib.suppress(OSError):
+                with open(path + _FAILED, "w") as failed:
+                    failed.write(f"{type(exc).__name__}: {exc}\n")
+        raise
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path + _FAILED)
     st = os.stat(path)
     ident = (st.st_dev, st.st_ino)
     sel = selectors.DefaultSelector()
@@ -448,8 +536,9 @@ def serve(path: str, idle: float | None = None) -> None:
         while True:
             events = sel.select(tick)
             if idle is not None:
+                # idle: no command line answered (one it declines does not count) and none running
                 now = time.monotonic()
-                if events or children:
+                if children:
                     last = now
                 elif now - last >= idle or not _same(path, ident):
                     return
@@ -506,11 +595,13 @@ def serve(path: str, idle: float | None = None) -> None:
                         continue
                     pidfd = os.pidfd_open(pid)
                     children[pid] = (conn, pidfd)
+                    last = time.monotonic()
                     sel.register(pidfd, selectors.EVENT_READ, ("exit", pid))
                     sel.register(conn, selectors.EVENT_READ, ("gone", pid))
                     with contextlib.suppress(OSError):
                         conn.send(json.dumps({"pid": pid}).encode())
                 elif key.data[0] == "exit":
+                    last = time.monotonic()
                     pid = key.data[1]
                     conn, pidfd = children.pop(pid)
                     sel.unregister(pidfd)

@@ -238,7 +238,7 @@ def test_where_no_worker_runs_a_command_starts_a_server_that_answers_the_next_an
     assert (first.returncode, first.stdout) == (0, "first\n"), first.stderr
     server = _own_server(home)
     assert server.cmdline()[-2:] == ["--idle", "4.0"]
-    assert os.getsid(server.pid) == server.pid  # a session of its own (a Ctrl-C at the terminal is not its)
+    assert os.getsid(server.pid) != os.getsid(0)  # a session of its own (a Ctrl-C at the terminal is not its)
     # the next command line is the server's child's, with its own environment: the job sees it
     out, err, code = _forward(home, ["submit", "--", "python", "-c", "import os; print(os.environ['ASKED'])"],
                               GPULAYER_CLI_SERVER_IDLE="4", ASKED="by the second command")
@@ -313,3 +313,61 @@ def test_a_worker_s_server_takes_over_once_a_command_s_server_leaves(home, stop_
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+@pytest.mark.parametrize("argv, options", [
+    (["python", "-m", "gpulayer.cli", "submit"], []),
+    (["/venv/bin/python", "/venv/bin/gpulayer", "submit", "-X", "dev"], []),
+    (["python", "-X", "dev", "-W", "ignore", "-m", "gpulayer.cli"], ["-X", "dev", "-W", "ignore"]),
+    (["python", "-Xutf8", "-BEs", "-c", "code", "-X", "x"], ["-Xutf8", "-BEs"]),
+    (["python", "-Bc", "code"], ["-B"]),
+    (["python", "-I", "script.py", "-O"], ["-I"]),
+    (["python", "--check-hash-based-pycs", "always", "-m", "m"], ["--check-hash-based-pycs", "always"]),
+])
+def test_a_server_is_started_with_the_command_s_own_interpreter_options(argv: list[str], options: list[str]) -> None:
+    assert warm._interpreter_options(argv) == options
+
+
+def test_a_server_started_under_interpreter_options_answers_commands_with_the_same(home, stop_servers) -> None:  # type: ignore[no-untyped-def]
+    flags = ["-X", "dev", "-W", "default"]  # (dev mode: a warning of a resource left open is shown)
+
+    def forward(args: list[str]) -> tuple[str, str]:
+        proc = subprocess.run([sys.executable, *flags, "-c", FORWARD, *args],
+                              env=_env(home, GPULAYER_CLI_SERVER_IDLE="60"), cwd=home, capture_output=True,
+                              text=True, timeout=120)
+        err, _, code = proc.stderr.rpartition("\nFORWARDED=")
+        return err, code
+
+    err, code = forward(["jobs", "show", "job-000000000000"])
+    assert code == "None" and "Warning" not in err, err  # (the server is not this command's child)
+    server = _own_server(home)
+    assert server.cmdline()[1:5] == flags
+    err, code = forward(["submit", "--", "true"])
+    assert code == "0", err
+
+
+def test_command_lines_it_declines_do_not_keep_a_server_from_leaving(home, stop_servers) -> None:  # type: ignore[no-untyped-def]
+    _forward(home, ["jobs", "show", "job-000000000000"], GPULAYER_CLI_SERVER_IDLE="3")
+    server = _own_server(home)
+    deadline = time.monotonic() + 30
+    while server.is_running() and server.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        # another interpreter's command line (another hash seed): declined, run as usual
+        assert _forward(home, ["jobs", "show", "job-000000000000"], PYTHONHASHSEED="7",
+                        GPULAYER_CLI_SERVER_IDLE="3")[2] == "None"
+        time.sleep(0.5)
+    assert time.monotonic() < deadline, "the server stayed while commands it declined kept coming"
+
+
+def test_a_server_that_fails_at_its_start_says_why_and_commands_wait_before_starting_another(home) -> None:  # type: ignore[no-untyped-def]
+    path = warm.socket_path(str(home))
+    too_long = str(home / ("x" * 120) / "cli.sock")  # (no socket binds there)
+    os.makedirs(os.path.dirname(too_long))
+    run = subprocess.run(warm.server_argv(too_long, 5.0), env=_env(home), capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode != 0
+    assert (Path(too_long + ".failed").read_text()).startswith("OSError")
+    # on the home itself: a start that failed a moment ago holds the next one back
+    Path(path + ".failed").write_text("OSError: (the test's)\n")
+    assert _forward(home, ["jobs", "show", "job-000000000000"], GPULAYER_CLI_SERVER_IDLE="60")[2] == "None"
+    time.sleep(1.0)
+    assert warm.server_pid(str(home)) is None and not os.path.exists(path)
