@@ -19,7 +19,8 @@ dies), and every process of the tree carries a marker that names its worker proc
 (``<pid>.<start time>.<id>``): :func:`reap_orphans`, which every worker runs as it starts,
 ends the trees whose worker is gone (what the main process had started before it died).
 
-How the signal is set without forking the worker: :mod:`gpulayer.worker.deathsig`.
+How the signal is set without forking the worker: :mod:`gpulayer.worker.deathsig`; how the
+processes that carry a marker are found: :mod:`gpulayer.worker.markers`.
 
 POSIX only (Linux and macOS; the parent-death signal is Linux only).
 """
@@ -33,7 +34,6 @@ import selectors
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -45,6 +45,7 @@ import psutil
 
 from gpulayer.worker import TREE_ID_ENV
 from gpulayer.worker.deathsig import die_with_parent, spawn_argv
+from gpulayer.worker.markers import PidMark, marked, owner, owner_alive
 from gpulayer.worker.wakeups import Cancel, ExitWaiter
 
 __all__ = ["TREE_ID_ENV", "Cancel", "ProcessOutcome", "StartFailed", "Started", "Starter", "reap_orphans", "run_process",
@@ -77,36 +78,6 @@ class ProcessOutcome:
         return self.state == "succeeded"
 
 
-# --------------------------------------------------------------------------- markers
-
-_owners: dict[int, str] = {}
-
-
-def _owner() -> str:
-    """This process as a marker prefix: pid and start time (a reused pid is not us)."""
-    pid = os.getpid()  # (a forked child is another process: it looks itself up)
-    if pid not in _owners:
-        try:
-            started = int(psutil.Process().create_time() * 100)
-        except psutil.Error:  # pragma: no cover - we can always read ourselves
-            started = 0
-        _owners[pid] = f"{pid}.{started}"
-    return _owners[pid]
-
-
-def _owner_alive(marker: str) -> bool:
-    pid_text, _, rest = marker.partition(".")
-    started_text = rest.partition(".")[0]
-    try:
-        pid, started = int(pid_text), int(started_text)
-    except ValueError:
-        return True  # not one of ours (or an older format): leave it alone
-    try:
-        return int(psutil.Process(pid).create_time() * 100) == started
-    except psutil.Error:
-        return False
-
-
 def reap_orphans(grace: float = 1.0) -> int:
     """End every task process tree whose worker process is gone; returns how many trees.
 
@@ -124,7 +95,7 @@ def reap_orphans(grace: float = 1.0) -> int:
             continue
         if marker:
             markers.setdefault(marker, []).append(proc)
-    orphaned = [m for m in markers if not _owner_alive(m)]
+    orphaned = [m for m in markers if not owner_alive(m)]
     for marker in orphaned:
         procs = markers[marker]
         log.warning("ending %d process(es) left by a task whose worker is gone (%s=%s)",
@@ -157,150 +128,6 @@ def _signal_group(pgid: int | None, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def _marked(marker: str, within: int | None = None, since: PidMark | None = None) -> list[psutil.Process]:
-    """Processes (other than this one) whose environment has ``TREE_ID_ENV=marker``; with
-    ``within``, only those below that process (a subreaper of the whole tree: see
-    :attr:`Started.within`) when its descendants can be listed; else, with ``since`` (taken
-    before the tree's first process started), only the processes started since, when that
-    can be told (:meth:`PidMark.started_since`)."""
-    me = os.getpid()
-    if _PROC_ENVIRON:
-        pids = _descendants(within) if within is not None else None
-        if pids is None and since is not None:
-            pids = since.started_since()
-        return [p for p in (_process(pid) for pid in _marked_pids(marker, pids)) if p is not None and p.pid != me]
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid == me:
-            continue
-        try:
-            if proc.environ().get(TREE_ID_ENV) == marker:
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
-#: Linux: read /proc/PID/environ directly, which is several times cheaper than psutil's
-#: parsed dict (this scan runs once per task, after its main process exited)
-_PROC_ENVIRON = sys.platform.startswith("linux") and os.path.isdir("/proc/self")
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path, "rb") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return None
-
-
-#: the pid this pid namespace allocated last, and the highest it allocates before it wraps
-_LAST_PID = "/proc/sys/kernel/ns_last_pid"
-_PID_MAX = _read_int("/proc/sys/kernel/pid_max") if _PROC_ENVIRON else None
-#: forks a second no machine reaches: a window of pids is trusted for a tree that lived less
-#: than ``pid_max`` of them (a whole round of pids could not have been allocated meanwhile)
-_FORK_RATE_BOUND = 100_000
-#: past this many pids in the window, listing /proc costs less than trying each
-_WINDOW_MAX = 4096
-
-
-@dataclass(frozen=True)
-class PidMark:
-    """Where the pid allocator stood before a task's first process started, and when.
-
-    A process the task started later (one that left its group, and its parent, behind) has
-    a pid allocated after that: the scan for leftovers can look at those pids instead of at
-    every process on the machine, which reads the environment of each (0.6-0.9 ms a task on
-    a quiet machine, more on a busy one)."""
-
-    last: int
-    at: float
-
-    @classmethod
-    def now(cls) -> PidMark | None:
-        """None where it cannot be read, or /proc is not this pid namespace's."""
-        if not _PROC_ENVIRON or _PID_MAX is None or os.readlink("/proc/self") != str(os.getpid()):
-            return None
-        last = _read_int(_LAST_PID)
-        return None if last is None else cls(last, time.monotonic())
-
-    def started_since(self) -> list[str] | None:
-        """The pids allocated since this mark, or None (look at every process): after a
-        wrap-around of the pid counter, a long life (it might have wrapped round more than
-        once), or a window wider than the process table."""
-        if _PID_MAX is None or time.monotonic() - self.at >= _PID_MAX / _FORK_RATE_BOUND:
-            return None
-        last = _read_int(_LAST_PID)
-        if last is None or last < self.last or last - self.last > _WINDOW_MAX:
-            return None
-        return [str(pid) for pid in range(self.last + 1, last + 1)]
-
-
-def _descendants(root: int) -> list[str] | None:
-    """The pids below ``root``, from ``/proc/PID/task/TID/children``; None when that cannot be
-    read (no such process, a kernel without the file, a tree that keeps changing): then every
-    process is looked at. A process that ends during the walk sends its children up to the
-    subreaper, whose list was read already, so the walk is then made again."""
-    for _ in range(3):
-        out: list[str] = []
-        todo = [str(root)]
-        moved = False
-        while todo:
-            pid = todo.pop()
-            try:
-                threads = os.listdir(f"/proc/{pid}/task")
-            except OSError:
-                if pid == str(root):
-                    return None
-                moved = True
-                continue
-            for tid in threads:
-                try:
-                    with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                        kids = f.read().decode().split()
-                except OSError:
-                    if os.path.exists(f"/proc/{pid}/task/{tid}/stat"):
-                        return None  # a live thread without the file: this kernel lacks it
-                    moved = True
-                    continue
-                out.extend(kids)
-                todo.extend(kids)
-        if not moved:
-            return out
-    return None
-
-
-def _marked_pids(marker: str, pids: Iterable[str] | None = None) -> list[int]:
-    """The pids, of ``pids`` (default: every process), whose environment carries ``marker``."""
-    needle = f"\0{TREE_ID_ENV}={marker}\0".encode()
-    found = []
-    for name in pids if pids is not None else os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:  # os.read in pages: a third cheaper than open() and its buffered reader
-            fd = os.open(f"/proc/{name}/environ", os.O_RDONLY)
-        except OSError:  # gone, or not ours to read
-            continue
-        chunks = []
-        try:
-            while part := os.read(fd, 8192):
-                chunks.append(part)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-        if needle in b"\0" + b"".join(chunks) + b"\0":
-            found.append(int(name))
-    return found
-
-
-def _process(pid: int) -> psutil.Process | None:
-    try:
-        return psutil.Process(pid)
-    except psutil.Error:
-        return None
-
-
 def _collect(pid: int, marker: str | None) -> dict[int, psutil.Process]:
     procs: dict[int, psutil.Process] = {}
     try:
@@ -311,7 +138,7 @@ def _collect(pid: int, marker: str | None) -> dict[int, psutil.Process]:
     except psutil.Error:
         pass
     if marker:
-        for proc in _marked(marker):
+        for proc in marked(marker):
             procs.setdefault(proc.pid, proc)
     return procs
 
@@ -363,7 +190,7 @@ def terminate_tree(
             _signal(proc, signal.SIGTERM)
         signalled.add(proc.pid)
     if marker:  # those that left the group and whose parent already exited
-        for proc in _marked(marker):
+        for proc in marked(marker):
             if proc.pid not in signalled and proc.pid != os.getpid():
                 procs[proc.pid] = proc
                 if pgid is None or _group_of(proc) != pgid:
@@ -378,7 +205,7 @@ def terminate_tree(
     # SIGKILL the group even when everything known is gone: it catches late forks.
     _signal_group(pgid, signal.SIGKILL)
     if marker:  # and late forks that left the group
-        for proc in _marked(marker):
+        for proc in marked(marker):
             procs.setdefault(proc.pid, proc)
     survivors = [p for p in procs.values() if _alive(p)]
     for proc in survivors:
@@ -399,7 +226,7 @@ def _group_of(proc: psutil.Process) -> int | None:
 
 def _kill_leftovers(pgid: int, marker: str, within: int | None = None, since: PidMark | None = None) -> None:
     """After the main process exited: SIGKILL whatever is left of its tree."""
-    leftovers = [p for p in _marked(marker, within, since) if p.pid != pgid]
+    leftovers = [p for p in marked(marker, within, since) if p.pid != pgid]
     _signal_group(pgid, signal.SIGKILL)
     for proc in leftovers:
         _signal(proc, signal.SIGKILL)
@@ -549,7 +376,7 @@ def run_process(
         _emit_safely(on_output, message)
         return ProcessOutcome("failed", 127, message)
 
-    marker = f"{_owner()}.{uuid.uuid4().hex}"
+    marker = f"{owner()}.{uuid.uuid4().hex}"
     full_env = dict(env)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     full_env[TREE_ID_ENV] = marker

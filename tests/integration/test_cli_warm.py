@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpulayer.cli import warm
+from gpulayer.cli import warm, warm_server
 from tests.server_support import until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the warm CLI is Linux's")
@@ -197,17 +197,17 @@ def test_changed_code_or_packages_decline(tmp_path: Path) -> None:
     files = {str(module): module.stat().st_mtime_ns, str(tmp_path): tmp_path.stat().st_mtime_ns}
     mine = warm._interpreter(dict(os.environ), sys.path)
     request = {**mine}
-    assert warm._declined(request, mine, files) is None
-    assert warm._declined({**request, "start": {"PYTHONHASHSEED": "1"}}, mine, files) == "another interpreter (start)"
-    assert warm._declined({**request, "xoptions": ["utf8=1"]}, mine, files) == "another interpreter (xoptions)"
+    assert warm_server._declined(request, mine, files) is None
+    assert warm_server._declined({**request, "start": {"PYTHONHASHSEED": "1"}}, mine, files) == "another interpreter (start)"
+    assert warm_server._declined({**request, "xoptions": ["utf8=1"]}, mine, files) == "another interpreter (xoptions)"
     later = time.time_ns() + 10**9
     os.utime(module, ns=(later, later))
-    assert "changed" in (warm._declined(request, mine, files) or "")
+    assert "changed" in (warm_server._declined(request, mine, files) or "")
     files[str(module)] = later
-    assert warm._declined(request, mine, files) is None
+    assert warm_server._declined(request, mine, files) is None
     (tmp_path / "new_package").mkdir()  # an install: its folder on sys.path changes
     os.utime(tmp_path, ns=(later + 1, later + 1))
-    assert "changed" in (warm._declined(request, mine, files) or "")
+    assert "changed" in (warm_server._declined(request, mine, files) or "")
 
 
 # --------------------------------------------------------------------------- a server a command started

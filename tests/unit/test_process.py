@@ -14,8 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpulayer.worker import process
-from gpulayer.worker.process import TREE_ID_ENV, ProcessOutcome, _descendants, _marked, run_process, terminate_tree
+from gpulayer.worker import markers
+from gpulayer.worker.markers import descendants, marked
+from gpulayer.worker.process import TREE_ID_ENV, ProcessOutcome, run_process, terminate_tree
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX process groups")
 
@@ -347,12 +348,12 @@ def test_no_orphans_after_normal_exit(tmp_path: Path) -> None:
     assert wait_gone(int(escaped.read_text()))
 
 
-linux_proc = pytest.mark.skipif(process.PidMark.now() is None, reason="Linux's /proc/sys/kernel/ns_last_pid")
+linux_proc = pytest.mark.skipif(markers.PidMark.now() is None, reason="Linux's /proc/sys/kernel/ns_last_pid")
 
 
 @linux_proc
 def test_a_pid_mark_names_the_processes_started_since() -> None:
-    mark = process.PidMark.now()
+    mark = markers.PidMark.now()
     assert mark is not None
     proc = subprocess.Popen(["sleep", "100"], start_new_session=True)
     try:
@@ -366,28 +367,28 @@ def test_a_pid_mark_names_the_processes_started_since() -> None:
 
 @linux_proc
 def test_a_pid_mark_is_not_trusted_after_a_wrap_a_long_life_or_too_many_pids() -> None:
-    mark = process.PidMark.now()
+    mark = markers.PidMark.now()
     assert mark is not None
-    wrapped = process.PidMark(mark.last + 10**9, mark.at)  # (the counter now stands below it)
+    wrapped = markers.PidMark(mark.last + 10**9, mark.at)  # (the counter now stands below it)
     assert wrapped.started_since() is None
-    old = process.PidMark(mark.last, mark.at - 10**7)  # (a whole round of pids could have gone by)
+    old = markers.PidMark(mark.last, mark.at - 10**7)  # (a whole round of pids could have gone by)
     assert old.started_since() is None
-    wide = process.PidMark(mark.last - process._WINDOW_MAX - 1, mark.at)
+    wide = markers.PidMark(mark.last - markers._WINDOW_MAX - 1, mark.at)
     assert wide.started_since() is None
 
 
 @linux_proc
 def test_an_escaped_descendant_is_found_among_the_pids_started_since_the_task_began(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(process, "_FORK_RATE_BOUND", 1)  # (the window trusted however slow this machine is)
+    monkeypatch.setattr(markers, "_FORK_RATE_BOUND", 1)  # (the window trusted however slow this machine is)
     looked_at: list[list[str] | None] = []
-    started_since = process.PidMark.started_since
+    started_since = markers.PidMark.started_since
 
-    def spy(self: process.PidMark) -> list[str] | None:
+    def spy(self: markers.PidMark) -> list[str] | None:
         looked_at.append(started_since(self))
         return looked_at[-1]
 
-    monkeypatch.setattr(process.PidMark, "started_since", spy)
+    monkeypatch.setattr(markers.PidMark, "started_since", spy)
     escaped = tmp_path / "escaped.pid"
     argv = script(tmp_path, f"""
         import subprocess
@@ -629,13 +630,13 @@ def test_leftovers_are_looked_for_below_a_subreaper_only(tmp_path: Path) -> None
         while psutil.Process(orphan).ppid() != reaper.pid and time.monotonic() < deadline:
             time.sleep(0.02)
         assert psutil.Process(orphan).ppid() == reaper.pid
-        assert str(orphan) in (_descendants(reaper.pid) or [])
-        below = {p.pid for p in _marked(marker, within=reaper.pid)}
-        everywhere = {p.pid for p in _marked(marker)}
+        assert str(orphan) in (descendants(reaper.pid) or [])
+        below = {p.pid for p in marked(marker, within=reaper.pid)}
+        everywhere = {p.pid for p in marked(marker)}
         assert orphan in below and outside.pid not in below
         assert {orphan, outside.pid, reaper.pid} <= everywhere
         # a subreaper that is gone: every process is looked at again
-        assert _descendants(outside.pid + 10**7) is None
+        assert descendants(outside.pid + 10**7) is None
     finally:
         for proc in (reaper, outside):
             proc.kill()
