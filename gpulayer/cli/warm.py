@@ -41,6 +41,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,7 +49,7 @@ from gpulayer.cli.light import GLOBAL_OPTIONS
 from gpulayer.interpreter import start_variables
 from gpulayer.worker import TREE_ID_ENV
 
-__all__ = ["COMMANDS", "MAX_SOCKET_PATH", "forward", "server_argv", "server_pid", "socket_path"]
+__all__ = ["COMMANDS", "MAX_SOCKET_PATH", "forward", "peer_uid", "server_argv", "server_pid", "socket_path"]
 
 #: the command groups a CLI server answers (the rest do not need it, or should not run as
 #: its children: workers, servers, the dashboard)
@@ -153,7 +154,7 @@ def _start_server(home: str, idle: float) -> None:
     if idle <= 0 or os.environ.get(TREE_ID_ENV) or len(os.fsencode(path)) > MAX_SOCKET_PATH:
         return
     try:
-        if os.stat(path + _FAILED).st_mtime > _now() - _RETRY_AFTER_FAILURE:
+        if os.stat(path + _FAILED).st_mtime > time.time() - _RETRY_AFTER_FAILURE:
             return
     except OSError:
         pass
@@ -195,10 +196,13 @@ def _start_server(home: str, idle: float) -> None:
         os.waitpid(pid, 0)
 
 
-def _now() -> float:
-    import time
+def peer_uid(sock: socket.socket) -> int:
+    """The user id of the process at the other end of the Unix socket ``sock``."""
+    import struct
 
-    return time.time()
+    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                          struct.calcsize("3i")))
+    return int(uid)
 
 
 def _interpreter(env: dict[str, str], path: Sequence[str]) -> dict[str, Any]:
@@ -269,11 +273,7 @@ def forward(argv: Sequence[str]) -> int | None:
         _start_server(home, env.cli_server_idle)
         return None
     try:
-        import struct
-
-        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                              struct.calcsize("3i")))
-        if uid != os.getuid():  # (the environment and the terminal go only to this user's server)
+        if peer_uid(sock) != os.getuid():  # (the environment and the terminal go only to this user's server)
             sock.close()
             return None
         environ = dict(os.environ)

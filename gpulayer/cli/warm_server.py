@@ -156,7 +156,6 @@ def serve(path: str, idle: float | None = None) -> None:
     import gc
     import importlib
     import selectors
-    import struct
     import threading
     import time
 
@@ -251,9 +250,7 @@ def serve(path: str, idle: float | None = None) -> None:
                         conn.settimeout(None)
                         request = json.loads(msg)
                         why = _declined(request, mine, files) if len(fds) == 3 else "no descriptors"
-                        _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(
-                            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-                        if uid != os.getuid():  # (the home is its owner's only: defence in depth)
+                        if warm.peer_uid(conn) != os.getuid():  # (the home is its owner's only: defence in depth)
                             why = "another user"
                     except (OSError, ValueError) as exc:
                         why = f"{type(exc).__name__}: {exc}"
