@@ -33,8 +33,8 @@ NOOP = "import gpulayer as gl\n\n\n@gl.remote\ndef noop():\n    return None\n"
 
 FLOOR = """
 import gc, os, resource, sys
-import gpulayer, gpulayer.sdk
-gpulayer.sdk.warm()
+import gpulayer, gpulayer.remote_functions
+gpulayer.remote_functions.warm()
 gc.collect(); gc.freeze()
 n = int(sys.argv[1])
 r0, c0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -23,7 +23,8 @@ __version__ = "0.1.0"
 # (which every ``gpulayer`` command and every plugin does) costs next to nothing
 # (tests/unit/test_cli_startup.py).
 _LAZY = {
-    **dict.fromkeys(("remote", "submit", "explain", "wait", "as_completed", "JobHandle", "connect", "get_job"),
+    "remote": "gpulayer.remote_functions",
+    **dict.fromkeys(("submit", "explain", "wait", "as_completed", "JobHandle", "connect", "get_job"),
                     "gpulayer.sdk"),
     **dict.fromkeys(("CommandJob", "DistributedJob", "FunctionJob", "Placement", "Requirements"), "gpulayer.specs"),
     "hookimpl": "gpulayer.hookspecs",
@@ -31,7 +32,8 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from gpulayer.hookspecs import hookimpl
-    from gpulayer.sdk import JobHandle, as_completed, connect, explain, get_job, remote, submit, wait
+    from gpulayer.remote_functions import remote
+    from gpulayer.sdk import JobHandle, as_completed, connect, explain, get_job, submit, wait
     from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, Placement, Requirements
 
 

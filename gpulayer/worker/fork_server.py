@@ -289,7 +289,7 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
             preloaded.append(name)
         except Exception:  # not installed in this Python: the job imports what it has
             continue
-    warm = getattr(sys.modules.get("gpulayer.sdk"), "warm", None)
+    warm = getattr(sys.modules.get("gpulayer.remote_functions"), "warm", None)
     if callable(warm):  # what a job module's first @gl.remote computes, computed once here
         warm()
     # the entries of the PYTHONPATH we started with are the worker's, not the task's: the

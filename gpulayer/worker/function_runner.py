@@ -37,7 +37,7 @@ EXIT_USAGE = 2
 #: set while the job's module is being imported: a gl.submit() or .remote() made by that
 #: module's top-level code refuses to run (gpulayer.client.Client.submit), because on a
 #: worker that code would submit the job again, without end; and its @gl.remote functions
-#: do not check their options again (gpulayer.sdk.RemoteFunction: checked at submit)
+#: do not check their options again (gpulayer.remote_functions.RemoteFunction: checked at submit)
 IMPORTING_ENV = "GPULAYER_IMPORTING_JOB_MODULE"
 
 _ACCEPTED = "accepted: None, bool, int, finite float, str, list, dict with str keys"

@@ -192,3 +192,47 @@ def test_resources_detect_with_its_cache_warm_loads_no_typer_pydantic_pluggy_or_
             if not loaded & unwanted:
                 break
         assert not loaded & unwanted, (args, sorted(loaded & unwanted))
+
+
+JOB_MODULE = """
+    import gpulayer as gl
+
+    @gl.remote(gpus=1, timeout=5)
+    def step(x):
+        return x + 1
+"""
+
+
+def test_a_job_module_imported_by_the_function_runner_loads_no_sdk(tmp_path: Path) -> None:
+    """Where a worker's function runner imports a job's module, its ``@gl.remote`` only wraps
+    the function (the options were checked at submit): the SDK, pydantic and the plugins stay
+    unloaded, so a fork server that preloads only the decorator forks a small process."""
+    (tmp_path / "jobmod.py").write_text(textwrap.dedent(JOB_MODULE))
+    loaded = loaded_after("""
+        import os, sys
+        sys.path.insert(0, os.getcwd())
+        os.environ["GPULAYER_IMPORTING_JOB_MODULE"] = "jobmod:step"
+        import jobmod
+        assert jobmod.step(1) == 2 and jobmod.step.function == "jobmod:step"
+    """, tmp_path)
+    assert not loaded & {*HEAVY, *ALSO_LIGHT}, sorted(loaded & {*HEAVY, *ALSO_LIGHT})
+    full = subprocess.run([sys.executable, "-c", "import sys, gpulayer; gpulayer.remote; print('gpulayer.sdk' in sys.modules)"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=_env())
+    assert full.stdout.strip() == "False", full.stderr
+
+
+def test_gl_remote_still_checks_its_options_at_decoration(tmp_path: Path) -> None:
+    """Outside the runner's import, a bad option fails where it is written."""
+    import gpulayer as gl
+    from gpulayer.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match=r"@gl.remote: unknown option\(s\) gpus_per_node \(did you mean gpus\?\)"):
+        gl.remote(gpus_per_node=1)
+    (tmp_path / "badmod.py").write_text(textwrap.dedent(JOB_MODULE).replace("gpus=1", "gpus=-1"))
+    run = [sys.executable, "-c", "import badmod"]
+    refused = subprocess.run(run, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=_env())
+    assert refused.returncode == 1 and "@gl.remote(gpus=-1): must be at least 0" in refused.stderr, refused.stderr
+    # the same module where the runner imports it: not checked again (it was, at submit)
+    runner = subprocess.run(run, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            env={**_env(), "GPULAYER_IMPORTING_JOB_MODULE": "badmod:step"})
+    assert runner.returncode == 0, runner.stderr

@@ -1,0 +1,200 @@
+"""``@gl.remote`` and the functions it makes (:class:`RemoteFunction`).
+
+Apart from :mod:`gpulayer.sdk` so that importing a job's module is cheap where it runs: a
+worker's function runner (and its fork server, which forks one child per task from an
+interpreter that imported this module) imports the module, whose ``@gl.remote`` then only
+wraps the function. Its options were checked when the job was submitted, and the SDK (the
+job specs, pydantic, the client) is imported when the task itself calls ``.remote()``. So
+this module imports only the standard library and :mod:`gpulayer.errors`; a fork server that
+preloads it stays small, and a fork of a small process costs a third of a fork of one that
+imported the SDK (``bench/fork_server.py``).
+
+Everywhere else ``@gl.remote`` checks its options at once: a bad one fails at decoration,
+not at ``.remote()``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+
+from gpulayer.errors import InvalidArgument
+from gpulayer.worker.function_runner import IMPORTING_ENV as IMPORTING_JOB_MODULE
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from gpulayer.joboptions import JobOptions
+    from gpulayer.sdk import JobHandle
+    from gpulayer.specs import FunctionJob, Spelling
+
+__all__ = ["RemoteFunction", "function_reference", "remote", "warm"]
+
+T = TypeVar("T")
+ADR = "docs/adr/0002-json-only-arguments.md"
+
+
+@functools.cache
+def _install_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple(sorted({paths[k] for k in ("purelib", "platlib", "stdlib")}))
+
+
+def _installed(path: Path) -> bool:
+    text = str(path)
+    return any(text.startswith(r) for r in _install_roots()) or "site-packages" in path.parts
+
+
+def warm() -> None:
+    """Compute now what the first ``@gl.remote`` of a process computes. A fork server calls
+    this before it forks: in a forked child, sysconfig's first look at its variables touched
+    enough of the parent's memory to cost 1-2 ms a task."""
+    _install_roots()
+
+
+def _in_job_module_import() -> bool:
+    """Whether a worker's function runner is importing the module being decorated."""
+    return bool(os.environ.get(IMPORTING_JOB_MODULE))
+
+
+def function_reference(fn: Callable[..., Any]) -> tuple[str, str | None]:
+    """``(module:qualname, bundle directory or None)`` for a module-level function.
+
+    Lambdas, closures and nested functions are refused: they cannot be imported by name
+    on another machine (docs/adr/0002-json-only-arguments.md).
+    """
+    if not inspect.isfunction(fn):
+        raise InvalidArgument(
+            f"@gl.remote: {fn!r} is not a plain function; decorate a function defined at the "
+            f"top level of a module (see {ADR})"
+        )
+    qualname = fn.__qualname__
+    if fn.__name__ == "<lambda>":
+        raise InvalidArgument(f"@gl.remote: lambdas cannot run remotely; define a named function at module level (see {ADR})")
+    if "<locals>" in qualname or fn.__closure__:
+        raise InvalidArgument(
+            f"@gl.remote: {qualname} is a nested function or closure; it cannot be imported by "
+            f"name on a worker. Define it at the top level of a module (see {ADR})"
+        )
+    module = fn.__module__
+    mod = sys.modules.get(module)
+    file = getattr(mod, "__file__", None)
+    spec = getattr(mod, "__spec__", None)
+    if module == "__main__" and spec is not None and spec.name not in ("__main__", None):
+        # run as `python -m pkg.mod` (or `-m pkg`, spec name `pkg.__main__`): the worker
+        # imports it by that name, from the directory above the top-level package
+        module = spec.name
+    if module == "__main__":
+        if not file:
+            raise InvalidArgument(
+                f"@gl.remote: {qualname} is defined in an interactive session; put it in a .py "
+                f"file so a worker can import it (see {ADR})"
+            )
+        script = Path(file).resolve()
+        return f"{script.stem}:{qualname}", str(script.parent)
+    if not file:
+        return f"{module}:{qualname}", None
+    path = Path(file).resolve()
+    if _installed(path):
+        return f"{module}:{qualname}", None
+    depth = len(module.split("."))
+    root = path.parent
+    if path.name == "__init__.py":
+        root = root.parent
+    for _ in range(depth - 1):
+        root = root.parent
+    return f"{module}:{qualname}", str(root)
+
+
+class RemoteFunction(Generic[T]):
+    """A function that runs here when called and on a worker with ``.remote()``."""
+
+    def __init__(self, fn: Callable[..., T], options: JobOptions) -> None:
+        self._fn = fn
+        self.function, default_bundle = function_reference(fn)
+        self.options: dict[str, Any] = dict(options)
+        bundle = self.options.pop("bundle", default_bundle)
+        self._bundle = str(bundle) if bundle is not None else None
+        # check the options now: a bad one fails at decoration, not at .remote(). Not the
+        # installed plugins yet: a worker imports this module too, with plugins of its own;
+        # and not at all where a worker's function runner imports the module to call one of
+        # its functions (they were checked when the job was submitted, and a .remote() made
+        # by the task checks its own): that check was a third of a forked task's work
+        if not _in_job_module_import():
+            self._spec([], {}, check_installed=False)
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> T:
+        return self._fn(*args, **kwargs)
+
+    def _spec(self, args: list[Any], kwargs: dict[str, Any], *, check_installed: bool = True) -> FunctionJob:
+        from gpulayer import joboptions
+        from gpulayer.specs import check_json
+
+        check_json(list(args), "args")
+        check_json(dict(kwargs), "kwargs")
+        options = cast("JobOptions", {**self.options, "bundle": self._bundle,
+                                      "name": self.options.get("name") or self.function})
+        return joboptions.function_job(self.function, args, kwargs, options, remote_spelling(),
+                                       check_installed=check_installed)
+
+    def remote(self, *args: Any, **kwargs: Any) -> JobHandle:
+        """Submit ``fn(*args, **kwargs)`` as a FunctionJob; returns its handle at once."""
+        from gpulayer.sdk import submit
+
+        return submit(self._spec(list(args), dict(kwargs)))
+
+    def spec(self, *args: Any, **kwargs: Any) -> FunctionJob:
+        """The FunctionJob ``.remote()`` would submit (for inspection and dry runs)."""
+        return self._spec(list(args), dict(kwargs))
+
+
+@functools.cache
+def remote_spelling() -> Spelling:
+    """How ``@gl.remote``'s options are named in errors and explanations (as keywords)."""
+    from gpulayer import joboptions
+
+    return joboptions.keyword_spelling("@gl.remote")
+
+
+@functools.cache
+def remote_options() -> frozenset[str]:
+    """Every option of ``@gl.remote``: those of :class:`~gpulayer.joboptions.JobOptions`."""
+    from gpulayer.joboptions import JobOptions
+
+    return frozenset(JobOptions.__optional_keys__)
+
+
+def check_remote_options(options: dict[str, Any], call: str) -> None:
+    """Refuse options ``@gl.remote`` does not take (``call``: who was given them)."""
+    from gpulayer import joboptions
+
+    joboptions.check_option_names(options, remote_options(), call, renamed={"gpus_per_node": "gpus"})
+
+
+def remote(fn: Callable[..., T] | None = None, **options: Unpack[JobOptions]) -> Any:
+    """Decorator: ``@gl.remote`` or ``@gl.remote(accelerator="cuda", gpus=1, ...)``.
+
+    Options (:class:`~gpulayer.joboptions.JobOptions`, the same as ``gpulayer submit``'s
+    flags): ``accelerator``, ``allow_unknown_accelerator``, ``gpus``, ``min_gpu_memory_gb``,
+    ``compute_capability``, ``frameworks`` ({name: specifier} or a list of 'name>=x'
+    strings), ``python_version``, ``os``, ``cpus``, ``memory_gb``, ``labels``, ``profile``,
+    ``target``, ``fallback_targets``, ``on_unschedulable`` ("fail" or "wait"), ``prefer``
+    (the cloud target's offers to try first), ``timeout``, ``retries``, ``priority``, ``env``, ``name``, ``bundle`` (directory; default: the
+    directory the function's module is imported from).
+    """
+    if not _in_job_module_import():
+        check_remote_options(dict(options), "@gl.remote")
+    if fn is not None:
+        return RemoteFunction(fn, options)
+
+    def wrap(f: Callable[..., T]) -> RemoteFunction[T]:
+        return RemoteFunction(f, options)
+
+    return wrap
