@@ -35,6 +35,7 @@ from urllib.parse import quote
 
 from gpulayer import config
 from gpulayer.errors import GpulayerError
+from gpulayer.pids import pid_alive
 
 __all__ = ["JOB_STATES", "SCHEMA_VERSION", "JobLine", "Unanswerable", "database", "job_lines", "reading"]
 
@@ -91,15 +92,6 @@ def reading(path: Path) -> Iterator[sqlite3.Connection]:
             conn.execute("COMMIT")
 
 
-def _pid_alive(pid: int) -> bool:
-    import psutil  # (only when a local worker is listed: this is gpulayer.control.core's test)
-
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
 def _no_worker_to_expire(conn: sqlite3.Connection) -> None:
     """:class:`Unanswerable` when the full path's client would expire a worker before
     reading: an online one silent for a heartbeat timeout, or a local one of this host whose
@@ -112,7 +104,7 @@ def _no_worker_to_expire(conn: sqlite3.Connection) -> None:
         "AND (gl_workers.last_heartbeat < ? OR gl_workers.origin = ? AND gl_workers.hostname = ?)",
         (cutoff, "local", here)).fetchall()
     for worker_id, origin, hostname, pid, last_heartbeat in rows:
-        if last_heartbeat < cutoff or (origin == "local" and hostname == here and pid and not _pid_alive(pid)):
+        if last_heartbeat < cutoff or (origin == "local" and hostname == here and pid and not pid_alive(pid)):
             raise Unanswerable(f"worker {worker_id} would be expired first")
 
 

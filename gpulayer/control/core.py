@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import psutil
 from sqlmodel import Session
 
 from gpulayer import config, lifecycle, scheduling, tokens
@@ -318,13 +317,3 @@ class Core:
 def _view(job: JobRow | plain.Job) -> lifecycle.JobView:
     return lifecycle.JobView(state=JobState(job.state), attempt=job.attempt, max_attempts=job.max_attempts,
                              cancel_requested=job.cancel_requested, error=mapping.error_of(job.error))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        p = psutil.Process(pid)
-        return bool(p.status() != psutil.STATUS_ZOMBIE)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-

@@ -21,10 +21,11 @@ from gpulayer.api import (
     WorkPoll,
 )
 from gpulayer.control import placement
-from gpulayer.control.core import Core, _pid_alive, _view
+from gpulayer.control.core import Core, _view
 from gpulayer.control.jobs import _result_json
 from gpulayer.errors import Conflict, InvalidInput
 from gpulayer.hookrecords import Capabilities, Rendezvous
+from gpulayer.pids import pid_alive
 from gpulayer.records import JobError, JobState, TaskState, WorkerRecord, new_id
 from gpulayer.store import LogRow, WorkerRow, mapping, plain, queries
 
@@ -319,7 +320,7 @@ class WorkerOps(Core):
                 row.online = False
                 s.add(row)
                 why = (f"worker {wid} (pid {row.pid}) is gone" if row.origin == "local" and row.hostname == here
-                       and row.pid and not _pid_alive(row.pid) else f"worker {wid} stopped sending heartbeats")
+                       and row.pid and not pid_alive(row.pid) else f"worker {wid} stopped sending heartbeats")
                 for t in queries.active_tasks_of_worker(s, wid):
                     self._lose(s, t, now, why)
                 self._event(s, "worker_offline", worker_id=wid)
@@ -336,7 +337,7 @@ class WorkerOps(Core):
         silence_counts = now >= self._grace_until
 
         def dead(origin: str, hostname: str, pid: int | None, last_heartbeat: float) -> bool:
-            pid_gone = origin == "local" and hostname == here and bool(pid) and not _pid_alive(pid or 0)
+            pid_gone = origin == "local" and hostname == here and bool(pid) and not pid_alive(pid or 0)
             return (silence_counts and last_heartbeat < cutoff) or pid_gone
 
         return dead
