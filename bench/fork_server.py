@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import subprocess
@@ -23,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stats import pct
@@ -86,8 +86,8 @@ def main() -> None:
 
 def measure(code: Path, tasks: int, rounds: int) -> None:
     (code / "bench_noop.py").write_text(NOOP)
-    spec = code / "spec.json"
-    spec.write_text(json.dumps({"function": "bench_noop:noop", "args": [], "kwargs": {}}))
+    # as a worker sends a small spec: in the request, no file
+    spec = {"function": "bench_noop:noop", "args": [], "kwargs": {}}
     env = dict(os.environ)
     # as a worker gives it: the bundle's folder before the worker's own PYTHONPATH
     task_env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(code), env.get("PYTHONPATH", "")) if p)}
@@ -101,12 +101,12 @@ def measure(code: Path, tasks: int, rounds: int) -> None:
     _report(rows, tasks, rounds)
 
 
-def _rounds(server: ForkServer, code: Path, task_env: dict[str, str], spec: Path, tasks: int,
+def _rounds(server: ForkServer, code: Path, task_env: dict[str, str], spec: dict[str, Any], tasks: int,
             rounds: int) -> dict[str, list[float]]:
     pid = _server_pid()
 
     def task(i: int) -> None:
-        child, out, err = server.start(cwd=str(code), env=task_env, spec=str(spec), result=str(code / f"r{i}.json"))
+        child, out, err = server.start(cwd=str(code), env=task_env, spec=spec, result=str(code / f"r{i}.json"))
         try:
             while os.read(out, 65536):
                 pass

@@ -5,9 +5,10 @@ Started by :mod:`gpulayer.worker.forking` in the job's Python, with one end of a
 imports, ``gpulayer`` itself, which most job modules import), then keeps the worker supplied
 with children forked ahead of their tasks: a spare waits detached, with nothing open but its
 own socket, and the worker is handed the other end of that socket. The worker starts a task
-by sending its request straight to a spare (a JSON message with the task's cwd, environment
-and ``sys.path`` entries, and the write ends of the task's stdout and stderr pipes passed as
-file descriptors), so a task's start is one message and no round trip through this server.
+by sending its request straight to a spare (a JSON message with the task's cwd, environment,
+``sys.path`` entries, its function spec (the spec itself, or a file's path when it is large)
+and where the result goes, and the write ends of the task's stdout and stderr pipes passed
+as file descriptors), so a task's start is one message and no round trip through this server.
 While it waits, a spare rehearses: it imports a module like a job's (see :func:`_rehearse`)
 and forgets it, so the pages that import writes are copied before the task comes.
 A ``gated`` request makes the child get ready (all of the list below but the runner) and
@@ -155,11 +156,12 @@ def _child(req: dict[str, Any], fds: list[int], warm: _Warm, sock: socket.socket
             for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
                 del sys.modules[mod]
         sys.path[:] = [*entries, *warm.base_path]
-        sys.argv[:] = [warm.runner.__file__, req["spec"], req["result"]]
+        spec = req["spec"]  # a spec file's path, or the spec itself
+        sys.argv[:] = [warm.runner.__file__, spec if isinstance(spec, str) else "-", req["result"]]
         if req.get("gated") and sock.recv(16) != GO:
             os._exit(0)  # let go before it started: nothing ran
         sock.close()
-        code = warm.runner.main([req["spec"], req["result"]])
+        code = warm.runner.report(spec, req["result"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:

@@ -265,11 +265,12 @@ class ForkServer:
                 self._lock.wait(left)
             return self._spares.pop(0)
 
-    def start(self, *, cwd: str, env: dict[str, str], spec: str, result: str,
+    def start(self, *, cwd: str, env: dict[str, str], spec: str | dict[str, Any], result: str,
               gated: bool = False) -> tuple[_Child, int, int]:
         """Start the task in a spare child; its child and the read ends of its stdout and
-        stderr. ``gated``: the child gets ready, then waits for :meth:`_Child.go` (or
-        :meth:`_Child.let_go`) before it runs anything of the task's."""
+        stderr. ``spec``: the function runner's spec (``{"function", "args", "kwargs"}``), or
+        the path of a file that holds it. ``gated``: the child gets ready, then waits for
+        :meth:`_Child.go` (or :meth:`_Child.let_go`) before it runs anything of the task's."""
         if self.failed or self._sock is None:
             raise StartFailed(self.failed or "the fork server is not running")
         path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

@@ -80,12 +80,19 @@ def _setup_path(cwd: str) -> list[str]:
     return sys.path
 
 
-def _load_spec(path: str) -> tuple[str, list[Any], dict[str, Any]]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            spec = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise _RunnerError(_type_name(exc), f"cannot read the function spec {path}: {exc}") from exc
+def _load_spec(source: str | dict[str, Any]) -> tuple[str, list[Any], dict[str, Any]]:
+    """The function, args and kwargs of a spec file, or of the spec itself (a dict: a fork
+    server's child gets it in its request)."""
+    if isinstance(source, dict):
+        spec: Any = source
+        path = "(given inline)"
+    else:
+        path = source
+        try:
+            with open(path, encoding="utf-8") as f:
+                spec = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise _RunnerError(_type_name(exc), f"cannot read the function spec {path}: {exc}") from exc
     if not isinstance(spec, dict):
         raise _RunnerError("TypeError", f"function spec {path} is not a JSON object")
     ref = spec.get("function")
@@ -229,11 +236,12 @@ def _write(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def run(spec_path: str, result_path: str) -> dict[str, Any]:
-    """Call the function the spec names, write the result file and return what it holds."""
+def run(spec: str | dict[str, Any], result_path: str) -> dict[str, Any]:
+    """Call the function the spec names (a spec file's path, or the spec itself), write the
+    result file and return what it holds."""
     cwd = os.getcwd()
     try:
-        ref, args, kwargs = _load_spec(spec_path)
+        ref, args, kwargs = _load_spec(spec)
         sys.argv[:] = [ref]
         _setup_path(cwd)
         fn = _resolve(ref)
@@ -287,8 +295,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_USAGE
     spec_path, result_path = (os.path.abspath(p) for p in argv)
+    return report(spec_path, result_path)
+
+
+def report(spec: str | dict[str, Any], result_path: str) -> int:
+    """:func:`run`, the error also on stderr (the job's log shows it), the streams flushed;
+    the process's exit code. What ``main`` does once it read its arguments, and what a fork
+    server's child runs (with the spec from its request: no file to write and read)."""
     try:
-        payload = run(spec_path, result_path)
+        payload = run(spec, result_path)
         if not payload["ok"]:  # the job's log shows the error too
             error = payload["error"]
             print(

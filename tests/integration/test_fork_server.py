@@ -124,6 +124,59 @@ def test_a_job_with_another_python_or_start_up_variables_is_spawned(plane, bundl
     assert command.state is JobState.SUCCEEDED and _how(cp, command.id) == "spawned"
 
 
+def test_a_forked_task_gets_a_small_spec_in_its_request_and_a_large_one_in_a_file(home, bundle) -> None:  # type: ignore[no-untyped-def]
+    """A small spec travels in the child's request (no file); one past INLINE_SPEC_MAX
+    (its arguments) in a file of the worker's private folder; either way the task is forked,
+    its files are gone once it ended, and the folder once the worker stopped."""
+    from gpulayer.worker import agent as agent_module
+
+    cp = ControlPlane(Store())
+    client = Client(cp, location="embedded", default_target="local", control=cp)
+    worker = Agent(cp, capabilities=make_capabilities(), cpu_slots=1)
+    worker.start()
+    written: list[str] = []
+    real_write = Path.write_text
+
+    def write_text(path: Path, *args: Any, **kwargs: Any) -> int:
+        written.append(path.name)
+        return real_write(path, *args, **kwargs)
+
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Path, "write_text", write_text)
+            small = _run(cp, client, FunctionJob(function="jobmod:add", args=["a", "b"], bundle=str(bundle)))
+            big_text = "x" * (agent_module.INLINE_SPEC_MAX + 1)
+            big = _run(cp, client, FunctionJob(function="jobmod:add", args=[big_text, "y"], bundle=str(bundle)))
+        assert small.result == "ab" and _how(cp, small.id) == FORKED
+        assert big.result == big_text + "y" and _how(cp, big.id) == FORKED
+        assert written == [f"{big.tasks[0].id}.spec.json"]  # the large one's alone
+        private = worker._private
+        assert private is not None and private.stat().st_mode & 0o777 == 0o700
+        assert list(private.iterdir()) == []
+    finally:
+        worker.stop(grace=0)
+    assert not private.exists()
+
+
+def test_a_task_the_fork_server_cannot_start_is_spawned_and_its_event_says_why(plane, bundle, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """No spare to be had (StartFailed): the task is spawned after all, from the spec its
+    request would have carried (written to a file then), and ``task_started`` says so."""
+    from gpulayer.worker.process import StartFailed
+
+    def no_spare(self: ForkServer, **_: Any) -> None:
+        raise StartFailed("no spare for this test")
+
+    cp, client = plane
+    # (its bundle in the worker's cache first: a task whose bundle is fetched is marked
+    # started before the fetch, so before its fork is tried)
+    assert _run(cp, client, FunctionJob(function="jobmod:add", args=[1, 1], bundle=str(bundle))).result == 2
+    monkeypatch.setattr(ForkServer, "start", no_spare)
+    done = _run(cp, client, FunctionJob(function="jobmod:add", args=[4, 5], bundle=str(bundle)))
+    assert done.state is JobState.SUCCEEDED and done.result == 9
+    assert _how(cp, done.id) == "spawned: no spare for this test"
+    assert "no spare for this test; spawned instead" in "".join(c.data for c in cp.logs(done.id))
+
+
 def test_a_bundle_with_its_own_copy_of_a_preloaded_module_imports_its_own(plane, bundle) -> None:  # type: ignore[no-untyped-def]
     cp, client = plane
     (bundle / "gpulayer").mkdir()
