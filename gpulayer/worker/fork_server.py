@@ -32,7 +32,8 @@ machine. It reaps those strays once they are ended.
 
 Messages to the worker: ``{"ready": ...}`` once; ``{"spare": PID}`` with the spare's socket
 as a file descriptor (one at start, then one for each ``{"want": true}`` the worker sends
-when it took one or found its spare dead); ``{"exit": CODE, "pid": PID}`` when a child
+when it took one or found its spare dead; ``{"want": true, "after": PID}``, sent as a task's
+child is told to go, is answered when that child exits or :data:`SPARE_AFTER` into its run); ``{"exit": CODE, "pid": PID}`` when a child
 ended, whether it had a task or died waiting (negative: the signal). The server exits when
 the worker closes its end; its children die with it.
 
@@ -55,11 +56,18 @@ import selectors
 import signal
 import socket
 import sys
+import time
 import traceback
 from typing import Any, NamedTuple
 
 #: what the worker sends a gated child once the task is marked started
 GO = b"go"
+#: a spare asked for as a task starts (``{"want": true, "after": PID}``) is forked when that
+#: task's child exits, or this many seconds into its run, whichever comes first: a short
+#: task runs without a fork beside it (on two cores the fork and the new spare's rehearsal
+#: took CPU from the task and its worker: 0.5-1.2 ms of a no-op's round trip), a long one
+#: still has a spare ready for the next task soon after it began
+SPARE_AFTER = 0.02
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _MAX_MESSAGE = 1 << 22
@@ -329,8 +337,15 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
     gc.collect()
     gc.freeze()
     _offer(sock, warm, sel)
+    #: a spare asked for after a task's child: (the child's pid, when it is forked anyway)
+    deferred: tuple[int, float] | None = None
     while True:
-        for key, _ in sel.select():
+        timeout = None if deferred is None else max(0.0, deferred[1] - time.monotonic())
+        ready = sel.select(timeout)
+        if deferred is not None and time.monotonic() >= deferred[1]:
+            deferred = None
+            _offer(sock, warm, sel)
+        for key, _ in ready:
             if key.data == "worker":
                 try:
                     msg = sock.recv(_MAX_MESSAGE)
@@ -338,7 +353,16 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
                     return
                 if not msg:
                     return  # the worker closed its end (or died): our children die with us
-                if json.loads(msg).get("want"):
+                want = json.loads(msg)
+                after = want.get("after")
+                if not want.get("want"):
+                    continue
+                if deferred is not None:  # (one spare at a time: the deferred one comes now)
+                    deferred = None
+                    _offer(sock, warm, sel)
+                elif isinstance(after, int) and any(k.data == after for k in sel.get_map().values()):
+                    deferred = (after, time.monotonic() + SPARE_AFTER)
+                else:
                     _offer(sock, warm, sel)
             elif key.data == "sigchld":
                 with contextlib.suppress(OSError):
@@ -351,6 +375,9 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
                 os.close(key.fd)
                 _, status = os.waitpid(pid, 0)
                 _send(sock, {"exit": os.waitstatus_to_exitcode(status), "pid": pid})
+                if deferred is not None and deferred[0] == pid:
+                    deferred = None
+                    _offer(sock, warm, sel)
 
 
 def main() -> None:

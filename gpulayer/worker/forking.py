@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import logging
 import os
@@ -137,6 +138,8 @@ class ForkServer:
         #: spares the server handed over (pid, socket), and whether one more was asked for
         self._spares: list[tuple[int, socket.socket]] = []
         self._asked = False
+        #: the spare asked for is forked when a task ends (see _ask)
+        self._deferred = False
         self._spare_error: str | None = None
         self._lock = threading.Condition()
         threading.Thread(target=self._serve, name="gpulayer-forkserver", daemon=True).start()
@@ -207,7 +210,7 @@ class ForkServer:
     def _answer(self, msg: dict[str, Any], fds: list[int]) -> None:
         if "spare" in msg:
             with self._lock:
-                self._asked = False
+                self._asked = self._deferred = False
                 if msg["spare"] is not None and len(fds) == 1:
                     self._spares.append((int(msg["spare"]), socket.socket(fileno=fds[0])))
                     fds = []
@@ -230,15 +233,19 @@ class ForkServer:
         for fd in fds:
             os.close(fd)
 
-    def _ask(self) -> None:
-        """Ask the server for one more spare, unless one waits or is on its way."""
+    def _ask(self, after: int | None = None) -> None:
+        """Ask the server for one more spare, unless one waits or is on its way; ``after``:
+        the child of a task just told to go, whose exit (or a moment into its run) the
+        server forks it at (see :data:`.fork_server.SPARE_AFTER`)."""
         with self._lock:
-            if self._asked or self._spares or self._sock is None:
-                return
+            if self._sock is None or self._spares or (self._asked and not (self._deferred and after is None)):
+                return  # (a deferred one is asked for again, now, by a start that finds none)
             self._asked = True
+            self._deferred = after is not None
         try:
             with self._send_lock:
-                self._sock.send(b'{"want": true}')
+                self._sock.send(json.dumps({"want": True, "after": after}).encode() if after is not None
+                                else b'{"want": true}')
         except OSError:
             pass  # the server is gone: its reader thread says so
 
@@ -251,7 +258,7 @@ class ForkServer:
                 if self._spare_error:  # it could not fork one (no memory, no processes left)
                     error, self._spare_error = self._spare_error, None
                     raise StartFailed(f"the fork server could not fork a child: {error}")
-                if not self._asked:
+                if not self._asked or self._deferred:  # none asked for, or not before a task ends
                     self._lock.release()
                     try:
                         self._ask()
@@ -306,7 +313,7 @@ class ForkServer:
                     continue  # it died waiting: the next one
                 raise StartFailed(f"the fork server's child could not be given its task: {exc}") from None
             if gated:  # the next one is forked once this one was told: not while it gets ready
-                child._gate, child._then = sock, self._ask
+                child._gate, child._then = sock, functools.partial(self._ask, after=pid)
             else:
                 sock.close()
             for fd in (out_w, err_w):

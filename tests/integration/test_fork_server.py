@@ -61,6 +61,9 @@ def traces():
 def touch(path):
     open(path, "w").close()
     return path
+
+def nap():
+    time.sleep(600)
 '''
 
 
@@ -324,6 +327,73 @@ def test_a_gated_child_runs_nothing_until_it_is_told_to_go_and_nothing_if_let_go
         child.let_go()
         assert child.wait() == 0 and not let_go.exists()
         for fd in (out, err):
+            os.close(fd)
+    finally:
+        server.close()
+
+
+def test_the_next_spare_is_forked_when_the_task_ends_or_soon_into_a_long_one(bundle, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A gated task's go asks for the next spare ``after`` it: a short task has exited before
+    the spare is forked (no fork beside it), a long one gets its spare about SPARE_AFTER
+    into its run; a start that finds none asks for it at once."""
+    import time
+
+    from gpulayer.worker import fork_server
+
+    heard: list[str] = []
+    at: dict[str, float] = {}
+    server = ForkServer(sys.executable, dict(os.environ))
+    real_answer = server._answer
+
+    def answer(msg: dict[str, Any], fds: list[int]) -> None:
+        kind = "spare" if "spare" in msg else "exit" if "exit" in msg else "other"
+        heard.append(kind)
+        at.setdefault(kind, time.monotonic())
+        real_answer(msg, fds)
+
+    server._answer = answer  # type: ignore[method-assign]
+    try:
+        assert server.ready() is None
+        until(lambda: server._spares, 30, "the first spare")
+        heard.clear()
+        at.clear()
+        child, out, err = _gated(server, bundle, tmp_path, tmp_path / "short")
+        went = time.monotonic()
+        child.go()
+        assert child.wait() == 0
+        until(lambda: server._spares, 30, "the next spare")
+        # forked once the short task had ended (or, on a machine slow enough that it ran
+        # past SPARE_AFTER, not before that)
+        assert heard[:2] == ["exit", "spare"] or at["spare"] - went >= fork_server.SPARE_AFTER, (heard, at)
+        for fd in (out, err):
+            os.close(fd)
+
+        heard.clear()
+        asked: list[int | None] = []
+        real_ask = server._ask
+
+        def ask(after: int | None = None) -> None:
+            asked.append(after)
+            real_ask(after)
+
+        server._ask = ask  # type: ignore[method-assign]
+        nap = {"function": "jobmod:nap", "args": [], "kwargs": {}}
+        env = {**os.environ, "PYTHONPATH": str(bundle)}
+        first, out, err = server.start(cwd=str(bundle), env=env, spec=nap, result=str(tmp_path / "1.json"), gated=True)
+        first.go()
+        until(lambda: server._spares, 30, "a spare while the long task runs")
+        assert heard == ["spare"] and first.poll() is None and asked == [first.pid]
+        # the next long one takes that spare, and its go defers the next; a start that comes
+        # meanwhile asks for it at once rather than wait for either
+        second, out2, err2 = server.start(cwd=str(bundle), env=env, spec=nap, result=str(tmp_path / "2.json"),
+                                          gated=True)
+        second.go()
+        third, out3, err3 = _gated(server, bundle, tmp_path, tmp_path / "third")
+        assert asked == [first.pid, second.pid, None]
+        third.go()
+        assert third.wait() == 0 and first.poll() is None and second.poll() is None
+        assert fork_server.SPARE_AFTER < 1.0
+        for fd in (out, err, out2, err2, out3, err3):
             os.close(fd)
     finally:
         server.close()
