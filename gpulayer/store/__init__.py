@@ -142,7 +142,7 @@ class Store:
             def _on_connect(dbapi_conn: Any, _record: Any) -> None:
                 dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
                 cur = dbapi_conn.cursor()
-                cur.execute("PRAGMA journal_mode=WAL")
+                _wal(cur, path or "")
                 cur.execute("PRAGMA synchronous=NORMAL")
                 cur.execute("PRAGMA busy_timeout=30000")
                 cur.close()
@@ -216,6 +216,33 @@ class Store:
 
 
 _NO_LOCK = contextlib.nullcontext()
+
+#: how long a new connection keeps trying to put the database in WAL mode while other
+#: processes hold it: SQLite's busy timeout
+_WAL_WAIT = 30.0
+
+
+def _wal(cur: sqlite3.Cursor, path: str) -> None:
+    """``PRAGMA journal_mode=WAL``, tried again while the database is locked. Processes that
+    open a new home at once (a worker and a script, two workers) meet here: the switch to
+    WAL mode takes the file's exclusive lock, and SQLite answers "database is locked" at once,
+    without its busy handler, to the one that would otherwise wait for the other in a
+    deadlock (6 processes opening a new database at once: 2 of 60 failed)."""
+    deadline = time.monotonic() + _WAL_WAIT
+    pause = 0.002
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if time.monotonic() >= deadline:
+                raise sqlite3.OperationalError(
+                    f"the database is locked: {path} could not be put in WAL mode within {_WAL_WAIT:g} s "
+                    "(another process holds it)") from exc
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
 
 def _advisory_lock(executor: Connection | Session) -> None:

@@ -55,6 +55,38 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
         Store(f"sqlite:///{path}")
 
 
+def test_a_new_database_another_process_holds_is_put_in_wal_mode_once_it_lets_go(tmp_path: Path) -> None:
+    """Processes that open a new home at once meet on its switch to WAL mode, which SQLite
+    refuses at once ("database is locked", without its busy handler) while another holds
+    the file: the open waits for it instead of failing."""
+    import threading
+    import time
+
+    path = tmp_path / "gpulayer.db"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE t (x)")
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO t VALUES (1)")
+    released: list[float] = []
+
+    def release() -> None:
+        time.sleep(0.3)
+        released.append(time.monotonic())
+        other.execute("COMMIT")
+
+    releaser = threading.Thread(target=release)
+    releaser.start()
+    store = Store(f"sqlite:///{path}")
+    try:
+        assert released and time.monotonic() >= released[0]  # it waited for the other to let go
+        with store.read() as s:
+            assert s.connection().exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    finally:
+        store.dispose()
+        releaser.join()
+        other.close()
+
+
 def test_bad_database_urls_name_what_is_accepted() -> None:
     with pytest.raises(InvalidInput, match="accepted: sqlite:///PATH or postgresql://"):
         Store("mysql://root@localhost/db")
