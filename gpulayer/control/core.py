@@ -59,7 +59,13 @@ class Core:
     heartbeat_timeout: float = field(default_factory=lambda: config.settings().heartbeat_timeout)
     reserve_after: float = 60.0
     clock: Callable[[], float] = time.time
-    _wakeup: threading.Condition = field(default_factory=threading.Condition)
+    #: the lock of the counts below, and its two conditions: the waits for a job's change
+    #: (:meth:`_wait_change`) and the polls for work (:meth:`_wait_work`) are woken apart, so
+    #: a commit wakes no poll that has nothing new, and work for a worker wakes no job's wait
+    #: (in a worker process every commit of every process woke its poll, for nothing)
+    _news_lock: threading.Lock = field(default_factory=threading.Lock)
+    _job_news: threading.Condition = field(init=False)
+    _work_news: threading.Condition = field(init=False)
     #: counts the changes :meth:`_changed` announced: a waiter that read it before looking
     #: at the database cannot miss a change made between its look and its wait
     _generation: int = 0
@@ -91,6 +97,10 @@ class Core:
     #: per thread: the polls a change in progress will wake in other processes, sent with
     #: the nudge of its :meth:`_changed` (after the commit)
     _pending: threading.local = field(default_factory=threading.local)
+
+    def __post_init__(self) -> None:
+        self._job_news = threading.Condition(self._news_lock)
+        self._work_news = threading.Condition(self._news_lock)
 
     def observe(self, observer: ControlObserver) -> None:
         self._observers.append(observer)
@@ -223,9 +233,9 @@ class Core:
                           worker_id=worker_id, message=message)
 
     def _changed(self) -> None:
-        with self._wakeup:
+        with self._news_lock:
             self._generation += 1
-            self._wakeup.notify_all()
+            self._job_news.notify_all()
         for o in self._observers:
             o.on_change()
         if self.store.nudges is not None:  # and the waits of other processes on this database
@@ -238,17 +248,24 @@ class Core:
     def _nudged(self, news: set[str]) -> None:
         """Another process (or control plane) committed a change: the waits its news concern
         look again (job waits; the polls of the workers named, or of all)."""
-        with self._wakeup:
+        with self._news_lock:
             g = self._worker_generation
+            jobs = work = False
             for item in news:
                 if item == _JOBS:
                     self._generation += 1
+                    jobs = True
                 elif item == _ANY_WORKER:
                     self._work_generation += 1
+                    work = True
                 elif item.startswith(("w:", "e:")):
                     key = item[2:] if item[0] == "w" else f"{item[2:]}:end"
                     g[key] = g.get(key, 0) + 1
-            self._wakeup.notify_all()
+                    work = True
+            if jobs:
+                self._job_news.notify_all()
+            if work:
+                self._work_news.notify_all()
 
     def _hear_nudges(self) -> None:
         """Before a wait: from now on other processes' changes end it at once, not at its
@@ -260,14 +277,14 @@ class Core:
     def _work_changed(self, worker_ids: frozenset[str] | None = None, *, ends: bool = False) -> None:
         """Wake the polls of these workers (None: of every worker); ``ends``: they have
         tasks to end (else: tasks to start)."""
-        with self._wakeup:
+        with self._news_lock:
             if worker_ids is None:
                 self._work_generation += 1
             else:
                 for wid in worker_ids:
                     key = f"{wid}:end" if ends else wid
                     self._worker_generation[key] = self._worker_generation.get(key, 0) + 1
-            self._wakeup.notify_all()
+            self._work_news.notify_all()
         if self.store.nudges is not None:  # the polls of other processes, at the next _changed
             pending = getattr(self._pending, "news", None)
             if pending is None:
@@ -289,14 +306,14 @@ class Core:
         timeout bounds how late a change made by another process that cannot nudge this one
         is noticed."""
         self._hear_nudges()
-        with self._wakeup:
-            self._wakeup.wait_for(lambda: self._generation != generation, timeout)
+        with self._news_lock:
+            self._job_news.wait_for(lambda: self._generation != generation, timeout)
 
     def _wait_work(self, worker_id: str, seen: tuple[int, int, int], timeout: float) -> None:
         """:meth:`_wait_change` for a worker's poll: only news for ``worker_id`` wakes it."""
         self._hear_nudges()
-        with self._wakeup:
-            self._wakeup.wait_for(lambda: self._work_of(worker_id) != seen, timeout)
+        with self._news_lock:
+            self._work_news.wait_for(lambda: self._work_of(worker_id) != seen, timeout)
 
     def _cancelled_on(self, worker_ids: frozenset[str]) -> None:
         """Tell the long polls of these workers that they have tasks to end."""
