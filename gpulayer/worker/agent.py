@@ -506,16 +506,17 @@ class Agent:
             assert private is not None  # for function tasks (see _execute)
             spec_path = private / f"{a.task_id}.spec.json"
             result_path = private / f"{a.task_id}.json"
-            call = json.dumps({"function": spec.function, "args": spec.args, "kwargs": spec.kwargs})
+            call = {"function": spec.function, "args": spec.args, "kwargs": spec.kwargs}
+            text = json.dumps(call)
             argv = [spec.python or self.python, RUNNER_PATH, str(spec_path), str(result_path)]
             # a forked child gets the spec in its request (a small one: a large one would not
             # fit in one message, see ForkServer.start); a spawned runner reads it from a file
-            inline = fork is not None and len(call) <= INLINE_SPEC_MAX
+            inline = fork is not None and len(text) <= INLINE_SPEC_MAX
             if not inline:
-                spec_path.write_text(call)
+                spec_path.write_text(text)
             if fork is not None:
                 server, cwd, files = fork, str(workdir), (str(spec_path), str(result_path))
-                given: str | dict[str, Any] = json.loads(call) if inline else files[0]
+                given: str | dict[str, Any] = call if inline else files[0]
 
                 def start(full_env: dict[str, str]) -> tuple[Started, int, int]:
                     try:
@@ -523,7 +524,7 @@ class Agent:
                                                        gated=True)
                     except StartFailed as exc:
                         if inline:
-                            Path(files[0]).write_text(call)
+                            Path(files[0]).write_text(text)
                         if isinstance(started, _Started):  # its event says how it did start
                             started.how = f"spawned: {exc}"
                         started()  # the spawn that follows runs the task at once

@@ -291,6 +291,33 @@ def test_bad_spec(bundle: Path, spec: Any, fragment: str) -> None:
     assert fragment in result["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ({"function": "no_colon"}, "expected 'module:function'"),
+        ({"function": "tasks:add", "args": {"a": 1}}, "'args' must be a list"),
+    ],
+)
+def test_a_spec_given_inline_is_checked_the_same(bundle: Path, spec: Any, fragment: str) -> None:
+    """A fork server's child gets the spec itself, not a file (fr.report(dict, result))."""
+    code = textwrap.dedent(f"""
+        import json, os, sys
+        sys.path.insert(0, {str(bundle)!r})
+        os.chdir({str(bundle)!r})
+        from gpulayer.worker import function_runner as fr
+        rc = fr.report(json.loads(sys.argv[1]), sys.argv[2])
+        print(rc)
+    """)
+    result = bundle.parent / "inline-result.json"
+    good = subprocess.run([PY, "-c", code, json.dumps({"function": "tasks:add", "args": [2, 3]}), str(result)],
+                          capture_output=True, text=True, timeout=60)
+    assert good.stdout.strip().splitlines()[-1] == "0", good.stderr
+    assert json.loads(result.read_text()) == {"ok": True, "result": {"sum": 5, "items": [2, 3], "none": None, "ok": True}}
+    bad = subprocess.run([PY, "-c", code, json.dumps(spec), str(result)], capture_output=True, text=True, timeout=60)
+    assert bad.stdout.strip().splitlines()[-1] == "1"
+    assert fragment in json.loads(result.read_text())["error"]["message"]
+
+
 def test_usage_error(tmp_path: Path) -> None:
     proc = subprocess.run([PY, str(RUNNER)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
