@@ -33,9 +33,11 @@ machine. It reaps those strays once they are ended.
 Messages to the worker: ``{"ready": ...}`` once; ``{"spare": PID}`` with the spare's socket
 as a file descriptor (one at start, then one for each ``{"want": true}`` the worker sends
 when it took one or found its spare dead; ``{"want": true, "after": PID}``, sent as a task's
-child is told to go, is answered when that child exits or :data:`SPARE_AFTER` into its run); ``{"exit": CODE, "pid": PID}`` when a child
-ended, whether it had a task or died waiting (negative: the signal). The server exits when
-the worker closes its end; its children die with it.
+child is told to go, is answered when that child exits or :data:`SPARE_AFTER` into its run);
+``{"exit": CODE, "pid": PID, "strays": BOOL}`` when a child ended, whether it had a task or
+died waiting (negative: the signal; ``strays``: whether this server then had children it did
+not fork, a task's leftovers, see :func:`_strays`). The server exits when the worker closes
+its end; its children die with it.
 
 Unlike a fresh interpreter, a forked child shares this server's hash seed. Linux only; like
 the runner, it imports only the standard library.
@@ -268,19 +270,32 @@ def _offer(sock: socket.socket, warm: _Warm, sel: selectors.BaseSelector) -> Non
         spare.sock.close()
 
 
-def _reap_strays(known: set[int]) -> None:
-    """Reap the children this server did not fork: a task's leftovers re-parented to it (its
-    subreaper) that have been ended."""
+def _children() -> list[int] | None:
+    """This server's children (None: they cannot be listed)."""
     me = os.getpid()
     try:
         with open(f"/proc/{me}/task/{me}/children", encoding="ascii") as f:
-            pids = [int(p) for p in f.read().split()]
+            return [int(p) for p in f.read().split()]
     except OSError:
-        return
-    for pid in pids:
+        return None
+
+
+def _reap_strays(known: set[int]) -> None:
+    """Reap the children this server did not fork: a task's leftovers re-parented to it (its
+    subreaper) that have been ended."""
+    for pid in _children() or []:
         if pid not in known:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
+
+
+def _strays(known: set[int]) -> bool:
+    """Whether a child this server did not fork is there (or none can be listed). As a
+    task's main process exits, whatever it leaves running is re-parented here (this server
+    is the subreaper): the children of its that outlive it, and below them the rest. None
+    at that moment means the task left nothing, and its worker need not look for it."""
+    children = _children()
+    return children is None or any(pid not in known for pid in children)
 
 
 def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
@@ -374,7 +389,9 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
                 sel.unregister(key.fd)
                 os.close(key.fd)
                 _, status = os.waitpid(pid, 0)
-                _send(sock, {"exit": os.waitstatus_to_exitcode(status), "pid": pid})
+                known = {k.data for k in sel.get_map().values() if isinstance(k.data, int)}
+                _send(sock, {"exit": os.waitstatus_to_exitcode(status), "pid": pid,
+                             "strays": not subreaper or _strays(known)})
                 if deferred is not None and deferred[0] == pid:
                     deferred = None
                     _offer(sock, warm, sel)

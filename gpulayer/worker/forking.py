@@ -75,6 +75,9 @@ class _Child:
         #: the fork server, when it is the subreaper of everything the task leaves behind
         self.within = within
         self.code: int | None = None
+        #: whether the server had children it did not fork as this one exited (see
+        #: :attr:`.process.Started.strays`); None until then, or when it did not say
+        self.strays: bool | None = None
         self.exited = Cancel()
         #: a gated child's socket, until it is told to go (or let go), and what is done then
         self._gate: socket.socket | None = None
@@ -229,6 +232,8 @@ class ForkServer:
                 self._ask()
             if child is not None:
                 child.code = int(msg["exit"])
+                strays = msg.get("strays")
+                child.strays = strays if isinstance(strays, bool) else None
                 child.exited.set()
         for fd in fds:
             os.close(fd)

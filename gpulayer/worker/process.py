@@ -224,9 +224,12 @@ def _group_of(proc: psutil.Process) -> int | None:
         return None
 
 
-def _kill_leftovers(pgid: int, marker: str, within: int | None = None, since: PidMark | None = None) -> None:
-    """After the main process exited: SIGKILL whatever is left of its tree."""
-    leftovers = [p for p in marked(marker, within, since) if p.pid != pgid]
+def _kill_leftovers(pgid: int, marker: str, within: int | None = None, since: PidMark | None = None,
+                    strays: bool | None = None) -> None:
+    """After the main process exited: SIGKILL whatever is left of its tree (its group, and
+    the processes that carry its marker; ``strays`` False: its subreaper found that it left
+    no process behind, so none is looked for)."""
+    leftovers = [] if strays is False else [p for p in marked(marker, within, since) if p.pid != pgid]
     _signal_group(pgid, signal.SIGKILL)
     for proc in leftovers:
         _signal(proc, signal.SIGKILL)
@@ -313,6 +316,12 @@ class Started(Protocol):
         """A process below which everything the task leaves behind stays (its subreaper:
         orphans are re-parented there, not to init), so leftovers are looked for among its
         descendants only; None: every process on the machine is looked at."""
+
+    @property
+    def strays(self) -> bool | None:
+        """Once it exited: False when its subreaper found that it left no process behind
+        (whatever outlives a task's main process is re-parented to the subreaper), so none
+        is looked for; None: unknown."""
 
     def poll(self) -> int | None: ...
 
@@ -445,7 +454,8 @@ def run_process(
         proc.wait()
         raise
     finally:
-        _kill_leftovers(pgid, marker, getattr(proc, "within", None), since)
+        _kill_leftovers(pgid, marker, getattr(proc, "within", None), since,
+                        getattr(proc, "strays", None) if state is None else None)
         reader.stop(_DRAIN_TIMEOUT)
         reader.join(_DRAIN_TIMEOUT + 1.0)
 

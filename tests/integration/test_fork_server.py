@@ -267,8 +267,9 @@ def test_the_fork_server_is_the_subreaper_of_its_tasks_and_reaps_their_strays(bu
         for fd in (out, err):
             os.close(fd)
         stray = psutil.Process(json.loads(result.read_text())["result"])
-        # its parent exited: it went to the server, not to init
+        # its parent exited: it went to the server, not to init, which says so with the exit
         assert stray.ppid() == server.subreaper
+        assert child.strays is True
         stray.kill()
 
         def reaped() -> bool:
@@ -278,6 +279,14 @@ def test_the_fork_server_is_the_subreaper_of_its_tasks_and_reaps_their_strays(bu
                 return True
 
         until(reaped, 30, "the stray reaped by the server")
+        # a task that leaves nothing: its worker is told there is nothing to look for
+        clean = tmp_path / "clean.json"
+        clean.write_text('{"function": "jobmod:add", "args": [1, 2], "kwargs": {}}')
+        child, out, err = server.start(cwd=str(bundle), env={**os.environ, "PYTHONPATH": str(bundle)},
+                                       spec=str(clean), result=str(result))
+        assert child.wait() == 0 and child.strays is False
+        for fd in (out, err):
+            os.close(fd)
     finally:
         server.close()
 
