@@ -27,7 +27,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -43,15 +42,13 @@ from gpulayer.records import JobError, TaskState, WorkerRecord
 from gpulayer.worker.forking import ForkServer, ForkServers
 from gpulayer.worker.logbuffer import LogBuffer
 from gpulayer.worker.process import Cancel, Started, Starter, StartFailed
+from gpulayer.worker.task_files import INLINE_SPEC_MAX, TaskFiles
 
 log = logging.getLogger("gpulayer.worker")
 
 RUNNER_PATH = str(Path(__file__).with_name("function_runner.py"))
 #: the longest a worker waits between tries to reach a control plane that went away
 RECONNECT_MAX = 2.0
-#: the largest function spec (its arguments, as JSON) a forked task gets in its request
-#: rather than in a file
-INLINE_SPEC_MAX = 64 * 1024
 #: variables of the worker's environment its tasks do not inherit
 WORKER_SECRETS = frozenset({"GPULAYER_TOKEN"})
 
@@ -154,9 +151,8 @@ class Agent:
         #: warm interpreters that fork FunctionJob tasks (:mod:`gpulayer.worker.forking`),
         #: started on first use with the environment every task inherits
         self.forks = ForkServers(self.python, {k: v for k, v in os.environ.items() if k not in WORKER_SECRETS})
-        #: this worker's private folder for its FunctionJob tasks' spec and result files
-        #: (made on first use, removed when it stops)
-        self._private: Path | None = None
+        #: its FunctionJob tasks' spec and result files
+        self.task_files = TaskFiles()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -221,10 +217,7 @@ class Agent:
             thread.join(self.kill_grace + 5)
         self._stopped.set()
         self.forks.close()
-        with self._lock:
-            private, self._private = self._private, None
-        if private is not None:
-            shutil.rmtree(private, ignore_errors=True)
+        self.task_files.close()
         if self.worker_id is not None:
             try:
                 self.api.deregister_worker(self.worker_id)
@@ -449,36 +442,24 @@ class Agent:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir), env.get("PYTHONPATH", "")) if p)
         return env
 
-    def _execute(self, a: TaskAssignment, cancel: threading.Event, fork: ForkServer | None = None,
-                 started: Callable[[], None] = lambda: None) -> TaskOutcome:
+    def _execute(self, a: TaskAssignment, cancel: threading.Event, fork: ForkServer | None,
+                 started: _Started) -> TaskOutcome:
         worker_id = self._own_id()
         logbuf = LogBuffer(lambda chunks: self.api.append_logs(a.task_id, worker_id=worker_id, chunks=chunks))
         scratch = config.home() / "tasks" / a.task_id
         digest = a.spec.bundle_digest
         held = bundles.bundle_in_use(self._bundle_cache, digest) if digest else contextlib.nullcontext()
-        # a function's spec and result go in the worker's private folder (a command needs none)
-        private = self._private_folder() if a.spec.kind == "function" else None
         try:
             with held:
-                return self._run(a, cancel, logbuf, private, fork, started)
+                return self._run(a, cancel, logbuf, fork, started)
         finally:
             logbuf.close()
             shutil.rmtree(scratch, ignore_errors=True)
-            if private is not None:
-                _remove_task_files(private, a.task_id)
+            if a.spec.kind == "function":
+                self.task_files.remove(a.task_id)
 
-    def _private_folder(self) -> Path:
-        """This worker's private folder (mode 0700) for its function tasks' files, one file
-        or two per task, removed as the task ends. One folder for the worker's life, not a
-        temporary folder per task: on a journaled file system making and removing a folder
-        for each task cost more than the rest of a no-op task's files (0.25 ms)."""
-        with self._lock:
-            if self._private is None or not self._private.is_dir():
-                self._private = Path(tempfile.mkdtemp(prefix="gpulayer-worker-"))
-            return self._private
-
-    def _run(self, a: TaskAssignment, cancel: threading.Event, logbuf: LogBuffer, private: Path | None,
-             fork: ForkServer | None, started: Callable[[], None]) -> TaskOutcome:
+    def _run(self, a: TaskAssignment, cancel: threading.Event, logbuf: LogBuffer, fork: ForkServer | None,
+             started: _Started) -> TaskOutcome:
         """Prepare the task's directory, environment and command; run it; read its outcome.
         ``started`` marks the task started (once): a forked child is sent its task first and
         told to go after it (it gets ready meanwhile); a bundle to fetch is fetched after it."""
@@ -503,9 +484,7 @@ class Agent:
             if argv and argv[0] == "python":  # "python" is the worker's job Python, not PATH's
                 argv[0] = self.python
         elif spec.kind == "function":
-            assert private is not None  # for function tasks (see _execute)
-            spec_path = private / f"{a.task_id}.spec.json"
-            result_path = private / f"{a.task_id}.json"
+            spec_path, result_path = self.task_files.paths(a.task_id)
             call = {"function": spec.function, "args": spec.args, "kwargs": spec.kwargs}
             text = json.dumps(call)
             argv = [spec.python or self.python, RUNNER_PATH, str(spec_path), str(result_path)]
@@ -525,8 +504,7 @@ class Agent:
                     except StartFailed as exc:
                         if inline:
                             Path(files[0]).write_text(text)
-                        if isinstance(started, _Started):  # its event says how it did start
-                            started.how = f"spawned: {exc}"
+                        started.how = f"spawned: {exc}"  # (its event says how it did start)
                         started()  # the spawn that follows runs the task at once
                         raise
                     try:
@@ -568,21 +546,6 @@ class Agent:
         if result_path is not None and state in (TaskState.SUCCEEDED, TaskState.FAILED):
             return _function_outcome(report, result_path)
         return report
-
-
-def _remove_task_files(private: Path, task_id: str) -> None:
-    """A function task's files in the worker's private folder: its spec, its result, and a
-    result the runner was killed while writing (``<result>.tmp-<pid>``, see function_runner)."""
-    with contextlib.suppress(OSError):
-        (private / f"{task_id}.spec.json").unlink()
-    try:
-        (private / f"{task_id}.json").unlink()
-    except FileNotFoundError:  # never renamed into place: a half-written one may be left
-        for left in private.glob(f"{task_id}.json.tmp-*"):
-            with contextlib.suppress(OSError):
-                left.unlink()
-    except OSError:
-        pass
 
 
 def _function_outcome(report: TaskOutcome, result_path: Path) -> TaskOutcome:

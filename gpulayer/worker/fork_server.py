@@ -270,6 +270,11 @@ def _offer(sock: socket.socket, warm: _Warm, sel: selectors.BaseSelector) -> Non
         spare.sock.close()
 
 
+def _forked(sel: selectors.BaseSelector) -> set[int]:
+    """The children this server forked and still watches (spares and tasks' children)."""
+    return {k.data for k in sel.get_map().values() if isinstance(k.data, int)}
+
+
 def _children() -> list[int] | None:
     """This server's children (None: they cannot be listed)."""
     me = os.getpid()
@@ -375,7 +380,7 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
                 if deferred is not None:  # (one spare at a time: the deferred one comes now)
                     deferred = None
                     _offer(sock, warm, sel)
-                elif isinstance(after, int) and any(k.data == after for k in sel.get_map().values()):
+                elif isinstance(after, int) and after in _forked(sel):
                     deferred = (after, time.monotonic() + SPARE_AFTER)
                 else:
                     _offer(sock, warm, sel)
@@ -383,15 +388,14 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
                 with contextlib.suppress(OSError):
                     while os.read(wake_r, 512):
                         pass
-                _reap_strays({k.data for k in sel.get_map().values() if isinstance(k.data, int)})
+                _reap_strays(_forked(sel))
             else:
                 pid = key.data
                 sel.unregister(key.fd)
                 os.close(key.fd)
                 _, status = os.waitpid(pid, 0)
-                known = {k.data for k in sel.get_map().values() if isinstance(k.data, int)}
                 _send(sock, {"exit": os.waitstatus_to_exitcode(status), "pid": pid,
-                             "strays": not subreaper or _strays(known)})
+                             "strays": not subreaper or _strays(_forked(sel))})
                 if deferred is not None and deferred[0] == pid:
                     deferred = None
                     _offer(sock, warm, sel)

@@ -153,7 +153,7 @@ def test_a_forked_task_gets_a_small_spec_in_its_request_and_a_large_one_in_a_fil
         assert small.result == "ab" and _how(cp, small.id) == FORKED
         assert big.result == big_text + "y" and _how(cp, big.id) == FORKED
         assert written == [f"{big.tasks[0].id}.spec.json"]  # the large one's alone
-        private = worker._private
+        private = worker.task_files.folder
         assert private is not None and private.stat().st_mode & 0o777 == 0o700
         assert list(private.iterdir()) == []
     finally:
