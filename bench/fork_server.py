@@ -8,7 +8,9 @@ pipes read, its exit heard). Per task: the wall time from ``start()`` to the exi
 CPU of the server and of its children (their user and system time, with the exit's), and
 their page faults. The floor, from the same run: a process with the same imports
 (``gpulayer``, ``gpulayer.sdk``), frozen the same way, that forks a child which exits at once.
-Each round gives one figure per measure; the table shows their median and p95.
+Each round gives one figure per measure; the table shows their median and p95. The last
+line divides this machine's cores by the CPU a task costs here: no FunctionJob throughput
+with one process per task can pass that ceiling on it.
 """
 
 from __future__ import annotations
@@ -156,6 +158,9 @@ def _report(rows: dict[str, list[float]], tasks: int, rounds: int) -> None:
     whole = statistics.median(rows["server"]) + statistics.median(rows["children"])
     floor = statistics.median(rows["floor parent"]) + statistics.median(rows["floor child"])
     print(f"server + child: {whole * 1e3:.2f} ms of CPU a task, {whole / floor:.2f}x the floor's {floor * 1e3:.2f} ms")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    print(f"ceiling: {cores} core(s) / {whole * 1e3:.2f} ms = {cores / whole:.0f} tasks/s through fork servers, "
+          "before any worker or control plane work")
 
 
 if __name__ == "__main__":

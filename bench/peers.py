@@ -9,7 +9,9 @@ Workloads, each one at a time except the last:
   task that calls ``subprocess.run``); floor: ``subprocess.run`` here;
 * no-op: a function that returns None (GPUlayer: ``@gl.remote``); floor: the same spawn;
 * throughput: ``--throughput`` no-op tasks submitted at once (GPUlayer: two local workers;
-  Ray: a local cluster; Dask: a LocalCluster of two worker processes), in tasks/s.
+  Ray: a local cluster; Dask: a LocalCluster of two worker processes), in tasks/s: GPUlayer
+  and Ray in a loop of ``.remote()`` calls, Dask with ``client.map``; and GPUlayer once more
+  with one ``gl.submit_many`` (Dask's ``client.map`` is its own batch already, and Ray has none).
 
 A peer that is not installed is reported as such. Prints medians and p95 in ms, and each
 figure's ratio to the floor (throughput: tasks/s, and the ratio to GPUlayer's).
@@ -77,6 +79,7 @@ def run_gpulayer(n: int, many: int) -> Result:
         "no-op": timed(lambda: bench_noop.noop.remote().result(timeout=120), n),
     }
     out["throughput"] = sl.throughput(many, bench_noop.noop)[0]
+    out["batch"] = sl.throughput(many, bench_noop.noop, batch=True)[0]
     connect().close()
     return out
 
@@ -164,6 +167,10 @@ def main() -> None:
         rel = f" ({r['throughput'] / ours['throughput']:.2f}x ours)" if isinstance(ours, dict) else ""
         cells.append(f"{r['throughput']:.0f} tasks/s{rel}")
     print(f"{'throughput':<12}" + "".join(f"{c:>34}" for c in cells))
+    if isinstance(ours, dict) and "batch" in ours:
+        cells = [f"{ours['batch']:.0f} tasks/s (one submit_many)" if name == "gpulayer" else "(as above)"
+                 for name in results]
+        print(f"{'batch':<12}" + "".join(f"{c:>34}" for c in cells))
     print("cells: median/p95 (ratio of the median to the floor's)")
 
 

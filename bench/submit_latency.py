@@ -17,7 +17,8 @@ started beforehand (as in a long session):
   runs it): the job's placement and its end cross between processes;
 * ``--throughput`` no-op FunctionJobs submitted at once through two local workers (jobs/s),
   next to as many ``subprocess.run`` calls from two threads: workers in this process (the
-  SDK's own), then two ``gpulayer worker start`` processes on the same home.
+  SDK's own), then two ``gpulayer worker start`` processes on the same home; each both
+  ways: a loop of ``.remote()`` calls, and one ``gl.submit_many`` of them all.
 
 Each table row: median and p95, the floor's median and p95, the difference and the ratio.
 The two job measures and their floor are taken in turn (a CommandJob, a FunctionJob, a
@@ -83,7 +84,16 @@ def cli() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "gpulayer.cli"]
 
 
-def throughput(n: int, noop: object) -> tuple[float, float]:
+def submit_all(n: int, noop: object, batch: bool) -> list[object]:
+    """Submit ``n`` no-op calls: in a loop of ``.remote()``, or in one ``gl.submit_many``."""
+    import gpulayer as gl
+
+    if batch:
+        return gl.submit_many([noop.spec() for _ in range(n)])  # type: ignore[attr-defined]
+    return [noop.remote() for _ in range(n)]  # type: ignore[attr-defined]
+
+
+def throughput(n: int, noop: object, batch: bool = False) -> tuple[float, float]:
     """Jobs/s for ``n`` no-op FunctionJobs through two extra local workers, and the floor's
     processes/s from two threads."""
     import gpulayer as gl
@@ -92,6 +102,7 @@ def throughput(n: int, noop: object) -> tuple[float, float]:
 
     client = connect()
     assert client.control is not None
+    client.ensure_local_worker()  # (its capabilities, without a detection of our own)
     agents = [Agent(client.control, name=f"bench-{i}", capabilities=client._agent.capabilities)
               for i in (1, 2)]
     client._agent.stop(grace=5)  # the two bench workers do the work
@@ -100,8 +111,8 @@ def throughput(n: int, noop: object) -> tuple[float, float]:
         a.start()
     cpu0 = cpu_seconds()
     t0 = time.perf_counter()
-    handles = [noop.remote() for _ in range(n)]  # type: ignore[attr-defined]
-    gl.wait(handles, timeout=600)
+    handles = submit_all(n, noop, batch)
+    gl.wait(handles, timeout=600)  # type: ignore[arg-type]
     jobs_s = n / (time.perf_counter() - t0)
     print(f"CPU per job (this process, its fork servers and their children): "
           f"{(cpu_seconds() - cpu0) / n * 1e3:.1f} ms")
@@ -129,7 +140,7 @@ def throughput(n: int, noop: object) -> tuple[float, float]:
     return jobs_s, n / (time.perf_counter() - t0)
 
 
-def throughput_processes(n: int, noop: object, code: Path) -> tuple[float, float]:
+def throughput_processes(n: int, noop: object, code: Path, batch: bool = False) -> tuple[float, float]:
     """Jobs/s for ``n`` no-op FunctionJobs through two ``gpulayer worker start`` processes on
     the same home (this process only submits and waits), and this process's CPU per job."""
     import gpulayer as gl
@@ -144,8 +155,8 @@ def throughput_processes(n: int, noop: object, code: Path) -> tuple[float, float
             noop.remote().result(timeout=120)  # type: ignore[attr-defined]
         cpu0 = time.process_time()
         t0 = time.perf_counter()
-        handles = [noop.remote() for _ in range(n)]  # type: ignore[attr-defined]
-        gl.wait(handles, timeout=600)
+        handles = submit_all(n, noop, batch)
+        gl.wait(handles, timeout=600)  # type: ignore[arg-type]
         return n / (time.perf_counter() - t0), (time.process_time() - cpu0) / n
     finally:
         for w in workers:
@@ -283,14 +294,16 @@ def main() -> None:
     rows.append(("CommandJob, worker in another process", other, "subprocess.run(python -c pass)", base))
     print(table(f"embedded control plane, SQLite, in-process worker; {n} jobs each, one at a time", rows))
     if args.throughput:
-        jobs_s, floor_s = throughput(args.throughput, bench_noop.noop)
-        print(f"\n{args.throughput} no-op FunctionJobs at once, two local workers: {jobs_s:.0f} jobs/s; "
-              f"floor (subprocess.run from two threads): {floor_s:.0f} processes/s; "
-              f"ratio {jobs_s / floor_s:.2f}x")
-        procs_s, cpu = throughput_processes(args.throughput, bench_noop.noop, code)
-        print(f"{args.throughput} no-op FunctionJobs at once, two `gpulayer worker start` processes: "
-              f"{procs_s:.0f} jobs/s; ratio to the floor {procs_s / floor_s:.2f}x; "
-              f"the submitting process's CPU per job: {cpu * 1e3:.1f} ms")
+        print()
+        for batch, how in ((False, "a loop of .remote()"), (True, "one gl.submit_many")):
+            jobs_s, floor_s = throughput(args.throughput, bench_noop.noop, batch)
+            print(f"{args.throughput} no-op FunctionJobs, {how}, two local workers: {jobs_s:.0f} jobs/s; "
+                  f"floor (subprocess.run from two threads): {floor_s:.0f} processes/s; "
+                  f"ratio {jobs_s / floor_s:.2f}x")
+            procs_s, cpu = throughput_processes(args.throughput, bench_noop.noop, code, batch)
+            print(f"{args.throughput} no-op FunctionJobs, {how}, two `gpulayer worker start` processes: "
+                  f"{procs_s:.0f} jobs/s; ratio to the floor {procs_s / floor_s:.2f}x; "
+                  f"the submitting process's CPU per job: {cpu * 1e3:.1f} ms")
     client.close()
 
 

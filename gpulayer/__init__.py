@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 # (tests/unit/test_cli_startup.py).
 _LAZY = {
     "remote": "gpulayer.remote_functions",
-    **dict.fromkeys(("submit", "explain", "wait", "as_completed", "JobHandle", "connect", "get_job"),
+    **dict.fromkeys(("submit", "submit_many", "explain", "wait", "as_completed", "JobHandle", "connect", "get_job"),
                     "gpulayer.sdk"),
     **dict.fromkeys(("CommandJob", "DistributedJob", "FunctionJob", "Placement", "Requirements"), "gpulayer.specs"),
     "hookimpl": "gpulayer.hookspecs",
@@ -33,7 +33,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from gpulayer.hookspecs import hookimpl
     from gpulayer.remote_functions import remote
-    from gpulayer.sdk import JobHandle, as_completed, connect, explain, get_job, submit, wait
+    from gpulayer.sdk import JobHandle, as_completed, connect, explain, get_job, submit, submit_many, wait
     from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, Placement, Requirements
 
 
@@ -72,5 +72,6 @@ __all__ = [
     "hookimpl",
     "remote",
     "submit",
+    "submit_many",
     "wait",
 ]

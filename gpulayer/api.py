@@ -43,6 +43,7 @@ from gpulayer.records import (
 from gpulayer.specs import JobSpec, Requirements
 
 __all__ = [
+    "MAX_BATCH",
     "MAX_LONG_POLL",
     "ROUTES",
     "SCOPES",
@@ -66,6 +67,9 @@ __all__ = [
 
 #: the longest a long poll (``wait_job``, ``poll_tasks``) may wait in one request, seconds
 MAX_LONG_POLL = 30.0
+#: the most jobs one ``submit_many`` stores (one transaction: it holds the database's write
+#: lock while it runs); the SDK splits a larger batch
+MAX_BATCH = 1000
 #: token scopes (see :mod:`gpulayer.tokens`)
 SCOPES = ("admin", "client", "worker", "join", "bootstrap")
 DIGEST_PATTERN = r"^[0-9a-f]{64}$"
@@ -177,6 +181,11 @@ class SubmitBody(Wire):
     idempotency_key: str | None = Field(default=None, max_length=200)
 
 
+class SubmitManyBody(Wire):
+    specs: list[JobSpec] = Field(min_length=1, max_length=MAX_BATCH)
+    idempotency_key: str | None = Field(default=None, max_length=200)
+
+
 class ExplainBody(Wire):
     spec: JobSpec
 
@@ -266,6 +275,11 @@ class ClientAPI(Protocol):
 
     def submit(self, spec: JobSpec, *, idempotency_key: str | None = None) -> JobRecord:
         """Store a resolved spec (profile applied, bundle uploaded) and place it."""
+        ...
+
+    def submit_many(self, specs: list[JobSpec], *, idempotency_key: str | None = None) -> list[JobRecord]:
+        """:meth:`submit` for up to :data:`MAX_BATCH` resolved specs at once: one transaction
+        and one placement pass; all are stored, in order, or none is."""
         ...
 
     def get_job(self, job_id: str) -> JobRecord: ...
@@ -466,6 +480,9 @@ ROUTES: tuple[Route, ...] = (
     Route("submit", "POST", "/v1/jobs", READERS,
           "Submit a job; idempotent with idempotency_key (per token)",
           response=JobRecord, status=201, body=SubmitBody, context={"owner": "owner"}),
+    Route("submit_many", "POST", "/v1/jobs/batch", READERS,
+          f"Submit up to {MAX_BATCH} jobs at once, all or none; idempotent with idempotency_key (per token)",
+          response=list[JobRecord], status=201, body=SubmitManyBody, context={"owner": "owner"}, errors=(409,)),
     Route("list_jobs", "GET", "/v1/jobs", READERS, "Jobs, newest first (a client token sees its own)",
           response=list[JobRecord], query=ListJobsQuery, context={"owner": "owner"}),
     Route("get_job", "GET", "/v1/jobs/{job_id}", READERS, "One job with its tasks",

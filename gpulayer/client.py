@@ -24,17 +24,18 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import signal
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpulayer import bundles, config
-from gpulayer.api import MAX_LONG_POLL, ControlAPI, LogChunk
-from gpulayer.errors import GpulayerError, SubmitWhileImporting
+from gpulayer.api import MAX_BATCH, MAX_LONG_POLL, ControlAPI, LogChunk
+from gpulayer.errors import GpulayerError, InvalidInput, SubmitWhileImporting
 from gpulayer.records import Explanation, JobRecord, WorkerRecord
 from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, JobSpec
 from gpulayer.worker.function_runner import IMPORTING_ENV
@@ -107,6 +108,39 @@ class Client:
         if self.control is not None and "local" in prepared.placement.targets:
             self._submitted.append(job.id)
         return job
+
+    def submit_many(self, specs: Sequence[CommandJob | FunctionJob | DistributedJob], *,
+                    idempotency_key: str | None = None) -> list[JobRecord]:
+        """:meth:`submit` for many specs: prepared here (each bundle built and uploaded once),
+        stored by ``submit_many`` calls of at most :data:`~gpulayer.api.MAX_BATCH` jobs and
+        :data:`BATCH_BYTES` of specs each (each call all or nothing); the records in order.
+        A retried call with the same key never makes two jobs."""
+        specs = list(specs)
+        for spec in specs:
+            _refuse_while_importing(spec)
+        built: dict[str, JobSpec] = {}  # (the jobs of a .map() share their function's bundle)
+        prepared = []
+        for spec in specs:
+            if spec.bundle is not None and spec.bundle in built:
+                spec = spec.model_copy(update={"bundle": None, "bundle_digest": built[spec.bundle].bundle_digest})
+                prepared.append(self.resolve(spec))
+                continue
+            ready = self.prepare(spec)
+            if spec.bundle is not None:
+                built[spec.bundle] = ready
+            prepared.append(ready)
+        if any("local" in p.placement.targets for p in prepared):
+            self.ensure_local_worker()
+        key = idempotency_key or uuid.uuid4().hex
+        records: list[JobRecord] = []
+        for n, chunk in enumerate(_batches(prepared, measure=self.control is None)):
+            try:
+                records += self.api.submit_many(chunk, idempotency_key=f"{key}/{n}")
+            except InvalidInput as exc:  # named by its place in the whole list, not in its call's
+                raise type(exc)(_renumbered(str(exc), len(records))) from None
+        if self.control is not None:
+            self._submitted += [r.id for r, p in zip(records, prepared, strict=True) if "local" in p.placement.targets]
+        return records
 
     # ------------------------------------------------------------------ explaining
 
@@ -289,6 +323,38 @@ def _end_on_sigterm(client: Client) -> None:
         raise SystemExit(128 + signum)  # unwinds, runs atexit: _at_exit cancels and ends the tasks
 
     signal.signal(signal.SIGTERM, on_sigterm)
+
+
+#: the most JSON of specs one ``submit_many`` request carries (a server takes at least 16 MiB,
+#: and a spec alone always fits: see gpulayer.server.app._body_limit)
+BATCH_BYTES = 8 * 1024 * 1024
+
+
+#: how a refusal names a spec of a batch: ``specs[3]: ...`` (the control plane's checks) or
+#: ``specs.3.command: ...`` (the shape of a request's body)
+_SPEC_INDEX = re.compile(r"\bspecs(\[|\.)(\d+)")
+
+
+def _renumbered(message: str, offset: int) -> str:
+    """A refusal of one call of a batch, naming its spec by its place in the whole list."""
+    return _SPEC_INDEX.sub(lambda m: f"specs{m[1]}{int(m[2]) + offset}", message, count=1)
+
+
+def _batches(specs: list[JobSpec], *, measure: bool) -> Iterator[list[JobSpec]]:
+    """``specs`` in runs of at most :data:`~gpulayer.api.MAX_BATCH` specs and, ``measure``d
+    (a request's body is bounded: see gpulayer.server.app._body_limit), of at most
+    :data:`BATCH_BYTES` of JSON but for a spec alone."""
+    chunk: list[JobSpec] = []
+    size = 0
+    for spec in specs:
+        n = len(spec.model_dump_json()) if measure else 0
+        if chunk and (len(chunk) >= MAX_BATCH or size + n > BATCH_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(spec)
+        size += n
+    if chunk:
+        yield chunk
 
 
 def _refuse_while_importing(spec: JobSpec) -> None:

@@ -239,7 +239,9 @@ def _operation(route: api.Route) -> Callable[..., Any]:
             json_body = route.body(**{k: values.pop(k) for k in body}).model_dump(
                 mode="json") if route.body else None
         except ValidationError as exc:
-            raise InvalidInput(f"{route.op}: {exc.errors()[0]['msg']}") from None
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise InvalidInput(f"{route.op}: {where + ': ' if where else ''}{first['msg']}") from None
         content = values.pop("data") if route.raw_body else None
         if values:  # the route and the Protocol disagree: a bug, caught by tests/unit/test_api.py
             raise TypeError(f"{route.op}: arguments {sorted(values)} have no place in {route.method} {route.path}")

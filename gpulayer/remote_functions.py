@@ -20,7 +20,7 @@ import inspect
 import os
 import sys
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -149,6 +149,26 @@ class RemoteFunction(Generic[T]):
         from gpulayer.sdk import submit
 
         return submit(self._spec(list(args), dict(kwargs)))
+
+    def map(self, *iterables: Iterable[Any]) -> list[JobHandle]:
+        """Submit ``fn(x)`` for each ``x`` of one iterable (``fn(x, y)`` for each pair of two
+        iterables of the same length, and so on) as FunctionJobs at once
+        (:func:`gpulayer.submit_many`); returns their handles, in order."""
+        from gpulayer.sdk import submit_many
+
+        if not iterables:
+            raise InvalidArgument(f"{self.function}.map(): give at least one iterable of arguments, "
+                                  "e.g. .map(range(10))")
+        for i, it in enumerate(iterables):
+            if isinstance(it, (str, bytes, dict)) or not isinstance(it, Iterable):
+                raise InvalidArgument(f"{self.function}.map(): argument {i + 1} is {type(it).__name__}; "
+                                      "accepted: a list, tuple, range or other iterable of arguments")
+        try:
+            calls = list(zip(*iterables, strict=True))
+        except ValueError as exc:  # (zip names the argument that ran out first)
+            raise InvalidArgument(f"{self.function}.map(): the iterables differ in length ({exc}); "
+                                  "give one argument of each per call") from None
+        return submit_many([self._spec(list(args), {}) for args in calls])
 
     def spec(self, *args: Any, **kwargs: Any) -> FunctionJob:
         """The FunctionJob ``.remote()`` would submit (for inspection and dry runs)."""

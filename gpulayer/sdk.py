@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 __all__ = ["JobHandle", "RemoteFunction", "as_completed", "connect", "explain", "function_reference", "get_job",
-           "remote", "submit", "wait", "warm"]
+           "remote", "submit", "submit_many", "wait", "warm"]
 
 
 
@@ -126,6 +126,35 @@ def submit(spec: CommandJob | FunctionJob | DistributedJob, *, client: Client | 
         # the stored error: the scheduler's lines, then the nearest miss and what to run
         raise Unschedulable(job.error.message if job.error else NO_ELIGIBLE_WORKER, job_id=job.id)
     return JobHandle(job.id, client)
+
+
+def submit_many(specs: Iterable[CommandJob | FunctionJob | DistributedJob], *,
+                client: Client | None = None) -> list[JobHandle]:
+    """Submit many job specs at once; returns their handles, in order.
+
+    Far cheaper than a loop of :func:`submit`: the specs are stored in one transaction
+    and placed in one pass per :data:`~gpulayer.api.MAX_BATCH` jobs (one request each
+    against a server). Each such batch is stored whole or not at all: a spec the
+    control plane refuses raises :class:`~gpulayer.errors.InvalidInput` naming it
+    (``specs[3]: ...``) and none of its batch is stored. As with :func:`submit`, a job no
+    registered worker could ever run raises :class:`Unschedulable` (the first such job's
+    report); the other jobs were submitted and run (``gpulayer jobs list`` shows them).
+    """
+    if isinstance(specs, (CommandJob, FunctionJob, DistributedJob)):
+        raise InvalidArgument("gl.submit_many: specs is one job spec; pass a list of them (or use gl.submit)")
+    items = list(specs)
+    for i, spec in enumerate(items):
+        if not isinstance(spec, (CommandJob, FunctionJob, DistributedJob)):
+            raise InvalidArgument(f"gl.submit_many: specs[{i}] is {type(spec).__name__}; accepted: CommandJob, "
+                                  "FunctionJob, DistributedJob")
+    if not items:
+        return []
+    client = client or connect()
+    jobs = client.submit_many(items)
+    for job in jobs:
+        if job.state is JobState.UNSCHEDULABLE:
+            raise Unschedulable(job.error.message if job.error else NO_ELIGIBLE_WORKER, job_id=job.id)
+    return [JobHandle(job.id, client) for job in jobs]
 
 
 def explain(what: Any, *, client: Client | None = None, **options: Unpack[JobOptions]) -> Explanation:

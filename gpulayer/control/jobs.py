@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -12,13 +13,14 @@ from sqlmodel import Session
 from gpulayer import bundles as _bundles
 from gpulayer import config
 from gpulayer.api import (
+    MAX_BATCH,
     MAX_LONG_POLL,
     BundleStored,
     JobEvent,
     LogChunk,
 )
 from gpulayer.control.core import Core
-from gpulayer.errors import InvalidArgument, InvalidInput, NotFound
+from gpulayer.errors import Conflict, InvalidArgument, InvalidInput, NotFound
 from gpulayer.records import JobError, JobRecord, JobState, TaskState, new_id
 from gpulayer.specs import JobSpec
 from gpulayer.store import BundleRow, mapping, plain, queries
@@ -46,16 +48,8 @@ class JobOps(Core):
         """Store a job and run a placement pass. The spec must already be resolved
         (profile applied, bundle uploaded and named by ``bundle_digest``). Idempotency keys
         are scoped to ``owner``: one owner can never see another's job by guessing a key."""
-        if spec.bundle is not None:
-            raise InvalidInput(
-                "spec.bundle: the control plane takes bundles by address; upload the "
-                "directory first and pass bundle_digest (the SDK and CLI do this)"
-            )
-        if not self.serving and spec.placement.targets == ["cloud"]:
-            raise InvalidInput(CLOUD_NEEDS_SERVER)
-        key = f"{owner}:{idempotency_key}" if owner and idempotency_key else idempotency_key
-        if spec.kind == "function":
-            _check_arguments(spec.function, spec.args, spec.kwargs)
+        self._check_submit(spec)
+        key = _scoped(owner, idempotency_key)
         now = self.clock()
         started = time.perf_counter()
         with self.store.write() as s:
@@ -63,21 +57,80 @@ class JobOps(Core):
                 existing = plain.job_id_by_key(s, key)
                 if existing is not None:
                     return self._record(s, existing)
-            if spec.bundle_digest is not None and not self._may_read_bundle(s, spec.bundle_digest, owner):
-                raise InvalidInput(f"bundle_digest {spec.bundle_digest}: no bundle with that address was uploaded")
-            spec_json, args_json = mapping.stored_spec(spec)
-            job_id = new_id("job")
-            plain.insert_job(s, plain.Job(
-                id=job_id, kind=spec.kind, spec=spec_json, state=JobState.QUEUED.value, priority=spec.priority,
-                created_at=now, updated_at=now, attempt=0, max_attempts=spec.retries + 1, exit_code=None,
-                result=None, error=None, decision=None, cancel_requested=False, idempotency_key=key, owner=owner,
-                args=args_json))
-            self._event(s, "submitted", job_id=job_id, message=spec.kind)
+            job_id = self._insert(s, spec, key, owner, now)
             # placed in the same transaction: one commit per submit
             result = self._place_too(s, new_job=job_id)
             record = self._record(s, job_id)
         self._placed(result, started)
         return record
+
+    def submit_many(self, specs: Sequence[JobSpec], *, idempotency_key: str | None = None,
+                    owner: str | None = None) -> list[JobRecord]:
+        """:meth:`submit` for many jobs in one transaction and one placement pass: all are
+        stored, in order, or none is (a bad spec is refused naming its index). With
+        ``idempotency_key`` the batch as a whole is idempotent: job ``i`` gets the key
+        ``KEY:i``, and a repeated batch gets its jobs back, none stored twice."""
+        specs = list(specs)
+        if not specs:
+            raise InvalidInput("specs: empty; give at least one job spec")
+        if len(specs) > MAX_BATCH:
+            raise InvalidInput(f"specs: {len(specs)} job specs, over the limit of {MAX_BATCH} in one batch; "
+                               "split it")
+        for i, spec in enumerate(specs):
+            try:
+                self._check_submit(spec)
+            except InvalidInput as exc:
+                raise type(exc)(f"specs[{i}]: {exc}") from None
+        key = _scoped(owner, idempotency_key)
+        now = self.clock()
+        started = time.perf_counter()
+        with self.store.write() as s:
+            if key is not None:
+                existing = plain.job_id_by_key(s, f"{key}:0")
+                if existing is not None:  # the batch was stored (all of it: one transaction)
+                    stored = [plain.job_id_by_key(s, f"{key}:{i}") for i in range(len(specs))]
+                    if None in stored or plain.job_id_by_key(s, f"{key}:{len(specs)}") is not None:
+                        raise Conflict(f"idempotency_key {idempotency_key!r}: a batch of another size was "
+                                       "submitted with it; use a new key for a new batch")
+                    return self._records(s, [job_id for job_id in stored if job_id is not None])
+            ids = []
+            for i, spec in enumerate(specs):
+                try:
+                    # a microsecond apart: the queue (in order of submission) keeps their order
+                    ids.append(self._insert(s, spec, None if key is None else f"{key}:{i}", owner,
+                                            now + i * 1e-6))
+                except InvalidInput as exc:  # (none of the batch is stored: the transaction ends)
+                    raise type(exc)(f"specs[{i}]: {exc}") from None
+            result = self._place_too(s)  # one pass for all of them, in the same transaction
+            records = self._records(s, ids)
+        self._placed(result, started)
+        return records
+
+    def _check_submit(self, spec: JobSpec) -> None:
+        """What a spec must be before it is stored (beyond its own validation)."""
+        if spec.bundle is not None:
+            raise InvalidInput(
+                "spec.bundle: the control plane takes bundles by address; upload the "
+                "directory first and pass bundle_digest (the SDK and CLI do this)"
+            )
+        if not self.serving and spec.placement.targets == ["cloud"]:
+            raise InvalidInput(CLOUD_NEEDS_SERVER)
+        if spec.kind == "function":
+            _check_arguments(spec.function, spec.args, spec.kwargs)
+
+    def _insert(self, s: Session, spec: JobSpec, key: str | None, owner: str | None, now: float) -> str:
+        """Store one queued job (its bundle readable by ``owner``); its id."""
+        if spec.bundle_digest is not None and not self._may_read_bundle(s, spec.bundle_digest, owner):
+            raise InvalidInput(f"bundle_digest {spec.bundle_digest}: no bundle with that address was uploaded")
+        spec_json, args_json = mapping.stored_spec(spec)
+        job_id = new_id("job")
+        plain.insert_job(s, plain.Job(
+            id=job_id, kind=spec.kind, spec=spec_json, state=JobState.QUEUED.value, priority=spec.priority,
+            created_at=now, updated_at=now, attempt=0, max_attempts=spec.retries + 1, exit_code=None,
+            result=None, error=None, decision=None, cancel_requested=False, idempotency_key=key, owner=owner,
+            args=args_json))
+        self._event(s, "submitted", job_id=job_id, message=spec.kind)
+        return job_id
 
     def get_job(self, job_id: str) -> JobRecord:
         with self.store.read() as s:
@@ -86,6 +139,10 @@ class JobOps(Core):
     def _record(self, s: Session, job_id: str) -> JobRecord:
         """The job's record, as stored, with every task it had (NotFound if there is no such job)."""
         return mapping.job_record(plain.job(s, job_id), plain.tasks_of(s, job_id))
+
+    def _records(self, s: Session, job_ids: Sequence[str]) -> list[JobRecord]:
+        """:meth:`_record` of each of these jobs."""
+        return [self._record(s, job_id) for job_id in job_ids]
 
     def job_owner(self, job_id: str) -> str | None:
         """The token id that submitted the job (None when submitted in-process)."""
@@ -205,6 +262,12 @@ class JobOps(Core):
             return bytes(queries.bundle(s, digest).data)
 
     # ------------------------------------------------------------------ workers
+
+
+def _scoped(owner: str | None, idempotency_key: str | None) -> str | None:
+    """An idempotency key as stored: within its owner's (one owner cannot reach another's
+    job by guessing a key)."""
+    return f"{owner}:{idempotency_key}" if owner and idempotency_key else idempotency_key
 
 
 def _check_arguments(function: str, args: list[Any], kwargs: dict[str, Any]) -> None:

@@ -95,6 +95,8 @@ def _body_limit(route: api.Route) -> int:
     (GPULAYER_MAX_ARGS_MB) and a little more, so validating it takes bounded time."""
     if route.op == "submit":
         return int(config.settings().max_args_mb * 1024 * 1024) + 1024 * 1024
+    if route.op == "submit_many":  # (so one job that a submit takes fits in a batch alone)
+        return max(MAX_JSON_BYTES, int(config.settings().max_args_mb * 1024 * 1024) + 1024 * 1024)
     return MAX_JSON_BYTES
 
 

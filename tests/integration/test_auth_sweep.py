@@ -34,6 +34,7 @@ def _caps() -> dict[str, Any]:
 #: worker reporting on another worker's task) is reached
 BODIES: dict[str, Any] = {
     "SubmitBody": {"spec": {"kind": "command", "command": ["true"]}},
+    "SubmitManyBody": {"specs": [{"kind": "command", "command": ["true"]}]},
     "ExplainBody": {"spec": {"kind": "command", "command": ["true"]}},
     "JoinBody": {"capabilities": None},
     "HeartbeatBody": {"running": []},

@@ -20,4 +20,5 @@ def test_the_readme_python_snippet_runs_as_pasted(home: Path, tmp_path: Path) ->
     proc = subprocess.run([sys.executable, "main.py"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["{'steps': 100, 'loss': 0.01}", "{'steps': 4, 'loss': 0.25}"]
+    assert proc.stdout.splitlines() == ["{'steps': 100, 'loss': 0.01}", "{'steps': 4, 'loss': 0.25}",
+                                       "[{'steps': 1, 'loss': 1.0}, {'steps': 2, 'loss': 0.5}]"]

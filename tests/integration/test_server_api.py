@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import random
+import re
 import time
 import zipfile
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from gpulayer.client import http_client
-from gpulayer.errors import AuthError, BundleError, Forbidden, NotFound
+from gpulayer.errors import AuthError, BundleError, Conflict, Forbidden, InvalidInput, NotFound
 from gpulayer.specs import CommandJob, Placement, Requirements
 from tests.factories import make_capabilities
 from tests.server_support import Api, ServerProc
@@ -77,7 +78,7 @@ def _ops(admin: Api) -> list[tuple[str, str, dict[str, Any]]]:
 def test_openapi_lists_every_route(admin: Api) -> None:
     ops = {(m, p) for m, p, _ in _ops(admin)}
     expected = {
-        ("POST", "/v1/jobs"), ("GET", "/v1/jobs"), ("GET", "/v1/jobs/{job_id}"),
+        ("POST", "/v1/jobs"), ("POST", "/v1/jobs/batch"), ("GET", "/v1/jobs"), ("GET", "/v1/jobs/{job_id}"),
         ("POST", "/v1/jobs/{job_id}/cancel"), ("GET", "/v1/jobs/{job_id}/logs"),
         ("GET", "/v1/jobs/{job_id}/wait"), ("GET", "/v1/jobs/{job_id}/events"),
         ("HEAD", "/v1/bundles/{digest}"), ("GET", "/v1/bundles/{digest}"), ("PUT", "/v1/bundles/{digest}"),
@@ -318,3 +319,145 @@ def test_a_pin_or_ca_with_a_plain_http_url_is_refused() -> None:
         with pytest.raises(InvalidInput, match="not an https:// URL"):
             tls_verify("http://10.0.0.5:8765", ca)
     assert tls_verify("http://127.0.0.1:8765", None) is True
+
+
+# --------------------------------------------------------------------------- POST /v1/jobs/batch
+
+#: a spec no worker of this module can run (they have no GPU): it stays queued
+QUEUED_SPEC: dict[str, Any] = {"kind": "command", "command": ["true"],
+                               "requirements": {"accelerator": "cuda", "gpus": 1},
+                               "placement": {"target": "remote", "on_unschedulable": "wait"}}
+
+
+def _batch(n: int, **extra: Any) -> list[dict[str, Any]]:
+    return [{**QUEUED_SPEC, "name": f"batch-{i}", **extra} for i in range(n)]
+
+
+def _cancel_all(api: Api, job_ids: list[str]) -> None:
+    for job_id in job_ids:
+        assert api("POST", f"/v1/jobs/{job_id}/cancel").status_code == 200
+
+
+def test_a_batch_is_stored_in_order_idempotent_and_owned_by_its_token(server: ServerProc, admin: Api) -> None:
+    c = Api(server.url, admin.token_for("client")["token"])
+    other = Api(server.url, admin.token_for("client")["token"])
+    body = {"specs": _batch(3), "idempotency_key": "b-1"}
+    r = c("POST", "/v1/jobs/batch", json=body)
+    assert r.status_code == 201, r.text
+    jobs = r.json()
+    assert isinstance(jobs, list) and [j["spec"]["name"] for j in jobs] == ["batch-0", "batch-1", "batch-2"]
+    assert {j["state"] for j in jobs} == {"queued"}
+    mine = [j["id"] for j in jobs]
+    # the same key and batch again: the same jobs, none stored twice
+    again = c("POST", "/v1/jobs/batch", json=body)
+    assert again.status_code == 201 and [j["id"] for j in again.json()] == mine
+    assert sorted(j["id"] for j in c("GET", "/v1/jobs").json()) == sorted(mine)
+    # the key with a batch of another size is a conflict
+    r = c("POST", "/v1/jobs/batch", json={"specs": _batch(2), "idempotency_key": "b-1"})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "conflict", r.text
+    # another client's same key is another batch, and it cannot see these jobs
+    theirs = other("POST", "/v1/jobs/batch", json=body)
+    assert theirs.status_code == 201 and not {j["id"] for j in theirs.json()} & set(mine)
+    for job_id in mine:
+        assert other("GET", f"/v1/jobs/{job_id}").status_code == 404
+        assert other("POST", f"/v1/jobs/{job_id}/cancel").status_code == 404
+        assert c("GET", f"/v1/jobs/{job_id}").status_code == 200
+    _cancel_all(c, mine)
+    _cancel_all(other, [j["id"] for j in theirs.json()])
+
+
+def test_a_batch_as_admin_and_scopes_that_may_not_submit_one(server: ServerProc, admin: Api,
+                                                             tokens: dict[str, Any]) -> None:
+    r = admin("POST", "/v1/jobs/batch", json={"specs": _batch(2)})
+    assert r.status_code == 201, r.text
+    _cancel_all(admin, [j["id"] for j in r.json()])
+    for scope in ("worker", "join", "bootstrap"):
+        assert Api(server.url, tokens[scope])("POST", "/v1/jobs/batch",
+                                              json={"specs": _batch(1)}).status_code == 403, scope
+
+
+def test_bad_batch_bodies_are_4xx_naming_the_field(server: ServerProc, admin: Api) -> None:
+    c = Api(server.url, admin.token_for("client")["token"])
+
+    def refused(body: Any, *words: str) -> None:
+        r = c("POST", "/v1/jobs/batch", json=body)
+        assert r.status_code in (400, 422), (body if not isinstance(body, dict) else list(body), r.status_code, r.text)
+        message = r.json()["error"]["message"]
+        for word in words:
+            assert re.search(word, message), (word, message)
+
+    refused({"specs": []}, r"\bspecs\b", "empty")
+    refused({"specs": "not a list"}, r"\bspecs\b", "not a list")
+    refused({"specs": {"kind": "command", "command": ["true"]}}, r"\bspecs\b")
+    refused({}, r"\bspecs\b", "missing")
+    refused([QUEUED_SPEC], "JSON object")
+    refused({"specs": _batch(1001)}, r"\bspecs\b", "1000")
+    refused({"specs": _batch(1), "bogus": 1}, "bogus")
+    refused({"specs": _batch(1), "idempotency_key": "k" * 201}, "idempotency_key")
+    # a bad spec in position 2 is named by its index
+    bad = _batch(3)
+    bad[2] = {**bad[2], "command": "echo hi"}
+    refused({"specs": bad}, r"specs(\.2|\[2\])\.", "command")
+    assert c("GET", "/v1/jobs").json() == []  # none of them was stored
+
+
+def test_a_batch_with_a_spec_the_control_plane_refuses_stores_none(server: ServerProc, admin: Api) -> None:
+    c = Api(server.url, admin.token_for("client")["token"])
+    missing = hashlib.sha256(b"never uploaded").hexdigest()
+    specs = _batch(3)
+    specs[2] = {**specs[2], "bundle_digest": missing}
+    r = c("POST", "/v1/jobs/batch", json={"specs": specs, "idempotency_key": "bad-2"})
+    assert r.status_code == 422, r.text
+    assert c("GET", "/v1/jobs").json() == []
+    # the key was not spent: the batch made good is stored under it
+    good = c("POST", "/v1/jobs/batch", json={"specs": _batch(3), "idempotency_key": "bad-2"})
+    assert good.status_code == 201, good.text
+    _cancel_all(c, [j["id"] for j in good.json()])
+    message = r.json()["error"]["message"]
+    assert missing in message and "no bundle with that address" in message
+    assert message.startswith("specs[2]: "), message
+
+
+def test_submit_many_through_the_http_client(server: ServerProc, admin: Api) -> None:
+    token = admin.token_for("client")["token"]
+    c = http_client(server.url, token=token, retry_for=2)
+    specs = [CommandJob(command=["echo", str(i)], requirements=Requirements(accelerator="cuda", gpus=1),
+                        placement=Placement(target="remote", on_unschedulable="wait")) for i in range(4)]
+    records = c.api.submit_many(specs, idempotency_key="wire")
+    assert [r.spec.command for r in records] == [["echo", str(i)] for i in range(4)]  # type: ignore[union-attr]
+    assert [r.id for r in c.api.submit_many(specs, idempotency_key="wire")] == [r.id for r in records]
+    # the Client prepares and splits; the same key gives the same jobs again
+    more = c.submit_many(specs, idempotency_key="client-key")
+    assert [r.spec.command for r in more] == [["echo", str(i)] for i in range(4)]  # type: ignore[union-attr]
+    assert [r.id for r in c.submit_many(specs, idempotency_key="client-key")] == [r.id for r in more]
+    assert not {r.id for r in more} & {r.id for r in records}
+    assert {j.id for j in c.api.list_jobs()} == {r.id for r in [*records, *more]}
+    # the server's refusal comes back as the same error class
+    with pytest.raises(Conflict, match="idempotency_key 'wire': a batch of another size"):
+        c.api.submit_many(specs[:2], idempotency_key="wire")
+    for r in [*records, *more]:
+        c.api.cancel(r.id)
+
+
+def test_the_client_keeps_each_batch_request_within_the_servers_body_limit(server: ServerProc, admin: Api) -> None:
+    """Specs a server takes one by one (100 kB of environment each) are taken as a list:
+    the client splits it into requests the server accepts (200 x 100 kB is over 16 MiB)."""
+    c = http_client(server.url, token=admin.token_for("client")["token"], retry_for=2)
+    spec = CommandJob(command=["true"], env={"BIG": "x" * 100_000},
+                      requirements=Requirements(accelerator="cuda", gpus=1),
+                      placement=Placement(target="remote", on_unschedulable="wait"))
+    records = c.submit_many([spec] * 200)
+    assert len(records) == 200 and len({r.id for r in records}) == 200
+    for r in records:
+        c.api.cancel(r.id)
+
+
+def test_an_empty_batch_through_the_http_client_is_refused_naming_the_argument(server: ServerProc,
+                                                                              admin: Api) -> None:
+    """Refused before it is sent, naming the operation and the argument as the caller wrote it."""
+    c = http_client(server.url, token=admin.token_for("client")["token"], retry_for=2)
+    with pytest.raises(InvalidInput) as info:
+        c.api.submit_many([])
+    assert str(info.value).startswith("submit_many: specs: "), str(info.value)
+    assert "at least 1 item" in str(info.value)
+    assert c.api.list_jobs() == []
