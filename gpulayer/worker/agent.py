@@ -7,7 +7,8 @@ both the embedded default and a server. A worker joining a server spends its joi
 first (``WorkerAPI.join_worker``, see ``gpulayer worker start``) and is handed to the agent
 already registered.
 
-Each task runs in its own thread as its own process tree (:mod:`gpulayer.worker.process`).
+Each task runs in a thread of its own (one a task before used, :mod:`gpulayer.worker.threads`)
+as its own process tree (:mod:`gpulayer.worker.process`).
 One long poll (``WorkerAPI.poll_work``) both takes new tasks and hears at once which running
 ones to end (a cancelled job); a heartbeat thread keeps the worker alive and learns the same
 as a safety net (a group whose other node failed, a poll that was not answered). Stopping (SIGINT/SIGTERM, or :meth:`Agent.stop`) stops
@@ -43,6 +44,7 @@ from gpulayer.worker.forking import ForkServer, ForkServers
 from gpulayer.worker.logbuffer import LogBuffer
 from gpulayer.worker.process import Cancel, Started, Starter, StartFailed
 from gpulayer.worker.task_files import INLINE_SPEC_MAX, TaskFiles
+from gpulayer.worker.threads import WORKER_THREADS
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -142,7 +144,8 @@ class Agent:
         self._running: dict[str, Cancel] = {}
         #: running tasks already told to end, or whose process ended (they are reporting)
         self._ending: set[str] = set()
-        self._threads: dict[str, threading.Thread] = {}
+        #: each task's end (its thread is set to go on with other work: see worker.threads)
+        self._done: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self._shutdown_ended: set[str] = set()
         self._last_busy = time.monotonic()
@@ -207,14 +210,14 @@ class Agent:
             except GpulayerError as exc:
                 log.warning("could not mark worker draining: %s", exc)
         deadline = time.monotonic() + grace
-        for thread in list(self._threads.values()):
-            thread.join(max(0.0, deadline - time.monotonic()))
+        for done in list(self._done.values()):
+            done.wait(max(0.0, deadline - time.monotonic()))
         with self._lock:
             for task_id, event in self._running.items():
                 self._shutdown_ended.add(task_id)
                 event.set()
-        for thread in list(self._threads.values()):
-            thread.join(self.kill_grace + 5)
+        for done in list(self._done.values()):
+            done.wait(self.kill_grace + 5)
         self._stopped.set()
         self.forks.close()
         self.task_files.close()
@@ -290,15 +293,13 @@ class Agent:
                     if a.task_id in self._running or self._stopping.is_set():
                         continue
                     self._running[a.task_id] = Cancel()
-                    thread = threading.Thread(target=self._run_task, args=(a,), name=f"gpulayer-{a.task_id}",
-                                              daemon=True)
-                    self._threads[a.task_id] = thread
+                    self._done[a.task_id] = done = threading.Event()
                     self._last_busy = time.monotonic()
-                thread.start()
+                WORKER_THREADS.run(self._run_task, a, done)
 
     # ------------------------------------------------------------------ one task
 
-    def _run_task(self, a: TaskAssignment) -> None:
+    def _run_task(self, a: TaskAssignment, done: threading.Event) -> None:
         worker_id = self._own_id()
         cancel = self._running[a.task_id]
         started = _Started(lambda how: self._start_task(a.task_id, worker_id, how))
@@ -337,8 +338,9 @@ class Agent:
             with self._lock:
                 self._running.pop(a.task_id, None)
                 self._ending.discard(a.task_id)
-                self._threads.pop(a.task_id, None)
+                self._done.pop(a.task_id, None)
                 self._last_busy = time.monotonic()
+            done.set()
 
     def _died_with_worker(self, task_id: str, outcome: TaskOutcome) -> bool:
         """Whether ``outcome`` is a death by the signal that stops this worker (see the module

@@ -46,6 +46,7 @@ import psutil
 from gpulayer.worker import TREE_ID_ENV
 from gpulayer.worker.deathsig import die_with_parent, spawn_argv
 from gpulayer.worker.markers import PidMark, marked, owner, owner_alive
+from gpulayer.worker.threads import WORKER_THREADS
 from gpulayer.worker.wakeups import Cancel, ExitWaiter
 
 __all__ = ["TREE_ID_ENV", "Cancel", "ProcessOutcome", "StartFailed", "Started", "Starter", "reap_orphans", "run_process",
@@ -238,27 +239,38 @@ def _kill_leftovers(pgid: int, marker: str, within: int | None = None, since: Pi
 # --------------------------------------------------------------------------- output
 
 
-class _Reader(threading.Thread):
-    """Reads both pipes as bytes arrive and hands each chunk to ``on_output``.
+class _Reader:
+    """Reads both pipes as bytes arrive and hands each chunk to ``on_output``, in a thread of
+    the worker's (:data:`~gpulayer.worker.threads.WORKER_THREADS`) from :meth:`start`.
 
     It owns the two file descriptors and closes them when done: at EOF on both, or when
     :meth:`stop` was called and its deadline passed.
     """
 
-    def __init__(
-        self, fds: dict[int, str], on_output: Callable[[str, bytes], None], name: str
-    ) -> None:
-        super().__init__(name=name, daemon=True)
+    def __init__(self, fds: dict[int, str], on_output: Callable[[str, bytes], None]) -> None:
         self._fds = dict(fds)
         self._on_output = on_output
         self._stop_at: float | None = None
         self._callback_failed = False
+        self._done = threading.Event()
+
+    def start(self) -> None:
+        WORKER_THREADS.run(self.run)
 
     def stop(self, drain: float) -> None:
         """Keep reading what is there for up to ``drain`` seconds, then give up."""
         self._stop_at = time.monotonic() + drain
 
+    def join(self, timeout: float | None = None) -> None:
+        self._done.wait(timeout)
+
     def run(self) -> None:
+        try:
+            self._read()
+        finally:
+            self._done.set()
+
+    def _read(self) -> None:
         sel = selectors.DefaultSelector()
         try:
             for fd in self._fds:
@@ -426,7 +438,7 @@ def run_process(
         popen.stdout.close()
         popen.stderr.close()
         proc = popen
-    reader = _Reader(fds, on_output, name=f"gpulayer-output-{proc.pid}")
+    reader = _Reader(fds, on_output)
     reader.start()
 
     pgid = proc.pid  # start_new_session: the process leads its own group
