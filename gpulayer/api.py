@@ -206,6 +206,17 @@ class WaitQuery(Wire):
                            description=f"seconds to wait, at most {MAX_LONG_POLL:g}")
 
 
+class WaitJobsQuery(Wire):
+    count: int = Field(default=1, ge=1, le=MAX_BATCH,
+                       description="answer once at least this many of the jobs have ended (all, when fewer)")
+    timeout: float = Field(default=MAX_LONG_POLL, ge=0, le=MAX_LONG_POLL,
+                           description=f"seconds to wait, at most {MAX_LONG_POLL:g}")
+
+
+class WaitJobsBody(Wire):
+    job_ids: list[str] = Field(min_length=1, max_length=MAX_BATCH)
+
+
 class PollQuery(Wire):
     wait: float = Field(default=0.0, ge=0, le=MAX_LONG_POLL,
                         description=f"seconds to wait for work, at most {MAX_LONG_POLL:g}")
@@ -293,6 +304,12 @@ class ClientAPI(Protocol):
 
     def wait_job(self, job_id: str, *, timeout: float = MAX_LONG_POLL) -> JobRecord:
         """The job once it is terminal, or as it is after ``timeout`` seconds (one bounded wait)."""
+        ...
+
+    def wait_jobs(self, job_ids: list[str], *, count: int = 1, timeout: float = MAX_LONG_POLL) -> list[JobRecord]:
+        """Those of these jobs (at most :data:`MAX_BATCH`) that have ended, once at least
+        ``count`` of them have, or after ``timeout`` seconds (one bounded wait): what
+        ``gl.wait`` and ``gl.as_completed`` ask of many jobs at once."""
         ...
 
     def events(self, job_id: str) -> list[JobEvent]: ...
@@ -494,6 +511,11 @@ ROUTES: tuple[Route, ...] = (
     Route("wait_job", "GET", "/v1/jobs/{job_id}/wait", READERS,
           f"The job once it is terminal, or after at most {MAX_LONG_POLL:g} s (long poll)",
           response=JobRecord, query=WaitQuery, own_job=True, long_poll="timeout", errors=(404,)),
+    Route("wait_jobs", "POST", "/v1/jobs/wait", READERS,
+          f"Those of these jobs that have ended, once at least count of them have, or after at most "
+          f"{MAX_LONG_POLL:g} s (long poll)",
+          response=list[JobRecord], query=WaitJobsQuery, body=WaitJobsBody, context={"owner": "owner"},
+          long_poll="timeout", errors=(404,)),
     Route("events", "GET", "/v1/jobs/{job_id}/events", READERS, "The job's event history",
           response=list[JobEvent], own_job=True, errors=(404,)),
     Route("explain_job", "GET", "/v1/jobs/{job_id}/explain", READERS,

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
+from gpulayer.api import MAX_BATCH, MAX_LONG_POLL
 from gpulayer.client import Client, chunk_text, connect, prefixes_nodes
 from gpulayer.errors import (
     InvalidArgument,
@@ -193,31 +194,68 @@ def explain(what: Any, *, client: Client | None = None, **options: Unpack[JobOpt
 
 
 def wait(handles: Iterable[JobHandle], timeout: float | None = None) -> list[JobRecord]:
-    """Wait for every handle; returns their records in the same order."""
+    """Wait for every handle; returns their records in the same order.
+
+    Many jobs are waited for together (``wait_jobs``, up to :data:`~gpulayer.api.MAX_BATCH`
+    a call), not one after another: one read looks at all of them, and a server answers
+    one long poll for all of them."""
+    hs = list(handles)
     deadline = None if timeout is None else time.monotonic() + timeout
-    out = []
-    for h in handles:
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        out.append(h.wait(remaining))
-    return out
+    records: dict[str, JobRecord] = {}
+    for client, ids in _groups(hs):
+        pending = ids
+        while pending:
+            remaining = MAX_LONG_POLL if deadline is None else max(0.0, min(MAX_LONG_POLL, deadline - time.monotonic()))
+            for job in client.api.wait_jobs(pending, count=len(pending), timeout=remaining):
+                records[job.id] = job
+            pending = [j for j in pending if j not in records]
+            if pending and deadline is not None and time.monotonic() >= deadline:
+                job = client.api.get_job(pending[0])
+                if job.state.terminal:  # (it ended since the look: look once more)
+                    continue
+                raise TimeoutError(f"job {job.id} is still {job.state.value} after {timeout} s"
+                                   + (f" ({len(pending) - 1} more not ended)" if len(pending) > 1 else ""))
+    return [records[h.id] for h in hs]
 
 
 def as_completed(handles: Iterable[JobHandle], timeout: float | None = None) -> Iterator[JobHandle]:
-    """Yield handles as their jobs end, first finished first."""
+    """Yield handles as their jobs end, first finished first (those that end between two
+    looks in the order given). One look at up to :data:`~gpulayer.api.MAX_BATCH` jobs waits
+    for the first of them to end (``wait_jobs``)."""
     pending = list(handles)
     deadline = None if timeout is None else time.monotonic() + timeout
-    delay = 0.02
     while pending:
-        for h in list(pending):
-            if h.done():
-                pending.remove(h)
-                yield h
-        if not pending:
-            return
-        if deadline is not None and time.monotonic() > deadline:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ended = _ended(pending, MAX_LONG_POLL if remaining is None else min(MAX_LONG_POLL, remaining))
+        for h in [h for h in pending if h.id in ended]:
+            pending.remove(h)
+            yield h
+        if pending and not ended and deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"{len(pending)} job(s) still running after {timeout} s")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.5)
+
+
+def _groups(handles: list[JobHandle]) -> list[tuple[Client, list[str]]]:
+    """The handles' job ids by the client they were submitted through, each id once, in
+    runs of at most :data:`~gpulayer.api.MAX_BATCH`."""
+    by_client: dict[int, tuple[Client, dict[str, None]]] = {}
+    for h in handles:
+        by_client.setdefault(id(h._client), (h._client, {}))[1][h.id] = None
+    return [(client, list(ids)[i:i + MAX_BATCH]) for client, ids in by_client.values()
+            for i in range(0, len(ids), MAX_BATCH)]
+
+
+def _ended(handles: list[JobHandle], wait: float) -> set[str]:
+    """The ids of those of these jobs that have ended, waiting up to ``wait`` seconds for
+    one to: the other runs of ids are looked at without waiting, and the wait on the first
+    run is kept short (1 s) while there are others, so that each is looked at that often."""
+    groups = _groups(handles)
+    ended: set[str] = set()
+    for client, ids in groups[1:]:
+        ended.update(j.id for j in client.api.wait_jobs(ids, count=1, timeout=0))
+    client, ids = groups[0]
+    first = 0.0 if ended else (min(wait, 1.0) if len(groups) > 1 else wait)
+    ended.update(j.id for j in client.api.wait_jobs(ids, count=1, timeout=first))
+    return ended
 
 
 REMOTE_SPELLING = remote_spelling()

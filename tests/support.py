@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import subprocess
 import sys
+import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
@@ -94,3 +99,19 @@ class Terminal:
             self._read(0.2)
         os.close(self._master)
         return self.proc.wait(timeout)
+
+
+@contextlib.contextmanager
+def job_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefix: str, source: str) -> Iterator[Any]:
+    """A module of ``source`` (dedented) in a directory of its own (its bundle) on
+    ``sys.path``, imported under a name unique to the test (``PREFIX_TMPDIR``); forgotten
+    after."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    name = f"{prefix}_{tmp_path.name.replace('-', '_')}"
+    (proj / f"{name}.py").write_text(textwrap.dedent(source))
+    monkeypatch.syspath_prepend(str(proj))
+    try:
+        yield importlib.import_module(name)
+    finally:
+        sys.modules.pop(name, None)

@@ -40,6 +40,9 @@ CLOUD_NEEDS_SERVER = (
 #: this one: :mod:`gpulayer.store.nudges`); changes of this process wake it at once
 WAIT_FIRST_LOOK = 0.05
 WAIT_LONGEST_LOOK = 0.5
+#: a wait for many jobs looks again at most this often per job it still waits for (a
+#: thousand: every 50 ms), so its reads stay a small share of a core however often jobs end
+LOOK_PER_JOB = 50e-6
 
 
 class JobOps(Core):
@@ -212,6 +215,46 @@ class JobOps(Core):
             self._wait_change(generation, min(poll, remaining))
             poll = min(poll * 1.5, WAIT_LONGEST_LOOK)
 
+    def wait_jobs(self, job_ids: Sequence[str], *, count: int = 1, timeout: float = MAX_LONG_POLL,
+                  owner: str | None = None) -> list[JobRecord]:
+        """The records of those of these jobs that have ended, in the order given, once at
+        least ``count`` of them have (all of them, when there are fewer), or after ``timeout``
+        seconds (those ended by then, perhaps none). A job that does not exist (or is not
+        ``owner``'s) is NotFound. The first look reads every job's state; the next ones ask
+        only which of those still running have ended, and are spaced by
+        :data:`LOOK_PER_JOB` for each: a wait for a thousand jobs that end one by one
+        does not read a thousand states at each end."""
+        ids = _job_ids(job_ids)
+        need = min(max(1, count), len(ids))
+        deadline = time.monotonic() + timeout
+        poll = WAIT_FIRST_LOOK
+        ended: set[str] | None = None
+        while True:
+            generation = self._generation
+            with self.store.read() as s:
+                if ended is None:
+                    ended = self._ended(s, ids, owner)
+                else:
+                    ended |= _ended_of(s, [j for j in ids if j not in ended])
+                remaining = deadline - time.monotonic()
+                if len(ended) >= need or remaining <= 0:
+                    return self._records(s, [j for j in ids if j in ended])
+            gap = (len(ids) - len(ended)) * LOOK_PER_JOB
+            looked = time.monotonic()
+            self._wait_change(generation, min(poll, remaining))
+            poll = min(poll * 1.5, WAIT_LONGEST_LOOK)
+            time.sleep(max(0.0, min(looked + gap, deadline) - time.monotonic()))
+
+    def _ended(self, s: Session, job_ids: list[str], owner: str | None) -> set[str]:
+        """Which of these jobs have ended (NotFound for one that does not exist, or is not
+        ``owner``'s: another owner's job is not there for them)."""
+        rows = plain.fetch_in(s, "SELECT id, state, owner FROM gl_jobs WHERE id IN ({})", job_ids)
+        found = {job_id: state for job_id, state, job_owner in rows if owner is None or job_owner == owner}
+        for job_id in job_ids:
+            if job_id not in found:
+                raise plain.not_found("job", job_id)
+        return {job_id for job_id, state in found.items() if state in _ENDED}
+
     def events(self, job_id: str) -> list[JobEvent]:
         with self.store.read() as s:
             return [mapping.job_event(r) for r in queries.events(s, job_id)]
@@ -262,6 +305,31 @@ class JobOps(Core):
             return bytes(queries.bundle(s, digest).data)
 
     # ------------------------------------------------------------------ workers
+
+
+#: the states of a job that has ended, as stored
+_ENDED = tuple(state.value for state in JobState if state.terminal)
+
+
+def _ended_of(s: Session, job_ids: list[str]) -> set[str]:
+    """Which of these jobs (known to exist) have ended: only those rows are read."""
+    sql = f"SELECT id FROM gl_jobs WHERE state IN ({', '.join('?' * len(_ENDED))}) AND id IN ({{}})"
+    out: set[str] = set()
+    for i in range(0, len(job_ids), plain.IN_CHUNK):
+        chunk = job_ids[i:i + plain.IN_CHUNK]
+        out.update(r[0] for r in plain.fetch(s, sql.format(", ".join("?" * len(chunk))), (*_ENDED, *chunk)))
+    return out
+
+
+def _job_ids(job_ids: Sequence[str]) -> list[str]:
+    """The ids of a wait for many jobs, each once, in their order; refused when there are
+    none or more than :data:`~gpulayer.api.MAX_BATCH`."""
+    ids = list(dict.fromkeys(job_ids))
+    if not ids:
+        raise InvalidInput("job_ids: empty; give the id of at least one job")
+    if len(ids) > MAX_BATCH:
+        raise InvalidInput(f"job_ids: {len(ids)} jobs, over the limit of {MAX_BATCH} in one wait; split them")
+    return ids
 
 
 def _scoped(owner: str | None, idempotency_key: str | None) -> str | None:

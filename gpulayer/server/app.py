@@ -53,6 +53,7 @@ from starlette.routing import Route as StarletteRoute
 from gpulayer import api, config
 from gpulayer.api import TokenInfo
 from gpulayer.control import ControlPlane
+from gpulayer.control.jobs import LOOK_PER_JOB
 from gpulayer.errors import (
     BadRequest,
     BundleError,
@@ -201,6 +202,28 @@ async def _wait_job(server: Server, request: Request, kw: dict[str, Any]) -> Any
     return job
 
 
+async def _wait_jobs(server: Server, request: Request, kw: dict[str, Any]) -> Any:
+    """:meth:`~gpulayer.control.ControlPlane.wait_jobs` as a long poll that holds no thread:
+    looks that do not wait, the waits between them on the event loop."""
+    deadline = time.monotonic() + kw["timeout"]
+    look = functools.partial(server.control.wait_jobs, kw["job_ids"], count=kw["count"], timeout=0,
+                             owner=kw.get("owner"))
+    ended = await run_in_threadpool(look)
+    need = min(kw["count"], len(set(kw["job_ids"])))
+    while len(ended) < need:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or server.shutting_down or await request.is_disconnected():
+            break
+        looked = time.monotonic()
+        await server.changed(min(remaining, 1.0))
+        # (spaced as the control plane's own wait spaces them)
+        gap = (len(kw["job_ids"]) - len(ended)) * LOOK_PER_JOB - (time.monotonic() - looked)
+        if gap > 0:
+            await asyncio.sleep(min(gap, max(0.0, deadline - time.monotonic())))
+        ended = await run_in_threadpool(look)
+    return ended
+
+
 async def _poll_tasks(server: Server, request: Request, kw: dict[str, Any]) -> Any:
     poll = await _poll_work(server, request, {**kw, "running": ()})
     return poll.tasks
@@ -266,7 +289,8 @@ async def _put_bundle(server: Server, request: Request, kw: dict[str, Any]) -> A
 
 #: operations the generic endpoint cannot serve as a plain call
 SPECIAL: dict[str, Handler] = {
-    "wait_job": _wait_job, "poll_tasks": _poll_tasks, "poll_work": _poll_work, "heartbeat": _heartbeat, "put_bundle": _put_bundle,
+    "wait_job": _wait_job, "wait_jobs": _wait_jobs, "poll_tasks": _poll_tasks, "poll_work": _poll_work,
+    "heartbeat": _heartbeat, "put_bundle": _put_bundle,
 }
 
 

@@ -35,6 +35,7 @@ def _caps() -> dict[str, Any]:
 BODIES: dict[str, Any] = {
     "SubmitBody": {"spec": {"kind": "command", "command": ["true"]}},
     "SubmitManyBody": {"specs": [{"kind": "command", "command": ["true"]}]},
+    "WaitJobsBody": {"job_ids": ["job-x"]},
     "ExplainBody": {"spec": {"kind": "command", "command": ["true"]}},
     "JoinBody": {"capabilities": None},
     "HeartbeatBody": {"running": []},

@@ -80,7 +80,7 @@ def test_openapi_lists_every_route(admin: Api) -> None:
     expected = {
         ("POST", "/v1/jobs"), ("POST", "/v1/jobs/batch"), ("GET", "/v1/jobs"), ("GET", "/v1/jobs/{job_id}"),
         ("POST", "/v1/jobs/{job_id}/cancel"), ("GET", "/v1/jobs/{job_id}/logs"),
-        ("GET", "/v1/jobs/{job_id}/wait"), ("GET", "/v1/jobs/{job_id}/events"),
+        ("GET", "/v1/jobs/{job_id}/wait"), ("GET", "/v1/jobs/{job_id}/events"), ("POST", "/v1/jobs/wait"),
         ("HEAD", "/v1/bundles/{digest}"), ("GET", "/v1/bundles/{digest}"), ("PUT", "/v1/bundles/{digest}"),
         ("POST", "/v1/workers/join"), ("POST", "/v1/workers/{worker_id}/heartbeat"),
         ("GET", "/v1/workers/{worker_id}/tasks"), ("POST", "/v1/tasks/{task_id}/start"),
@@ -461,3 +461,141 @@ def test_an_empty_batch_through_the_http_client_is_refused_naming_the_argument(s
     assert str(info.value).startswith("submit_many: specs: "), str(info.value)
     assert "at least 1 item" in str(info.value)
     assert c.api.list_jobs() == []
+
+
+# --------------------------------------------------------------------------- POST /v1/jobs/wait
+
+
+def _wait(api: Api, job_ids: Any, query: str = "timeout=0") -> Any:
+    """``POST /v1/jobs/wait``. A wait that should answer at once is sent with ``timeout=30``:
+    the request gives up after 20 s, so one that waited the whole 30 s fails (a hang guard;
+    nothing here measures time)."""
+    return api("POST", f"/v1/jobs/wait?{query}", json={"job_ids": job_ids}, timeout=20)
+
+
+def test_a_wait_for_many_jobs_answers_those_ended_in_the_order_given(server: ServerProc, admin: Api) -> None:
+    c = Api(server.url, admin.token_for("client")["token"])
+    r = c("POST", "/v1/jobs/batch", json={"specs": _batch(3)})
+    assert r.status_code == 201, r.text
+    a, b, d = (j["id"] for j in r.json())
+    # none has ended: a look that does not wait answers none
+    r = _wait(c, [a, b, d])
+    assert r.status_code == 200, r.text
+    assert r.json() == []
+    # a cancelled job has ended; the others are still queued
+    assert c("POST", f"/v1/jobs/{d}/cancel").status_code == 200
+    r = _wait(c, [d, a, b], "count=1&timeout=30")
+    assert r.status_code == 200, r.text
+    assert [(j["id"], j["state"]) for j in r.json()] == [(d, "cancelled")]
+    assert c("POST", f"/v1/jobs/{a}/cancel").status_code == 200
+    # in the order of the ids, not of the ends; duplicates answered once
+    r = _wait(c, [b, d, a, d], "count=2&timeout=30")
+    assert r.status_code == 200, r.text
+    assert [j["id"] for j in r.json()] == [d, a]
+    # a count larger than the ids means all of them: [a, d] have all ended
+    r = _wait(c, [a, d], "count=1000&timeout=30")
+    assert r.status_code == 200 and [j["id"] for j in r.json()] == [a, d], r.text
+    # but not all of [a, b, d]: after the timeout, those that ended
+    r = _wait(c, [a, b, d], "count=3&timeout=0.2")
+    assert r.status_code == 200 and [j["id"] for j in r.json()] == [a, d], r.text
+    # the admin may wait for any client's jobs
+    r = _wait(admin, [a, b, d], "count=1")
+    assert r.status_code == 200 and [j["id"] for j in r.json()] == [a, d], r.text
+    _cancel_all(c, [b])
+
+
+def test_a_wait_for_many_jobs_is_woken_by_a_job_that_ends_while_it_waits(server: ServerProc, admin: Api) -> None:
+    import threading
+
+    token = admin.token_for("client")["token"]
+    c = Api(server.url, token)
+    a, b, d = (j["id"] for j in c("POST", "/v1/jobs/batch", json={"specs": _batch(3)}).json())
+    answers: list[int] = []
+
+    def cancel_soon() -> None:
+        time.sleep(0.3)  # (so that the wait is waiting; nothing is measured)
+        answers.append(Api(server.url, token)("POST", f"/v1/jobs/{b}/cancel").status_code)
+
+    t = threading.Thread(target=cancel_soon)
+    t.start()
+    try:
+        r = _wait(c, [a, b, d], "count=1&timeout=30")
+    finally:
+        t.join(30)
+    assert answers == [200]
+    assert r.status_code == 200, r.text
+    assert [(j["id"], j["state"]) for j in r.json()] == [(b, "cancelled")]
+    _cancel_all(c, [a, d])
+
+
+def test_a_client_cannot_wait_for_another_clients_job(server: ServerProc, admin: Api,
+                                                       tokens: dict[str, Any]) -> None:
+    c = Api(server.url, admin.token_for("client")["token"])
+    other = Api(server.url, admin.token_for("client")["token"])
+    mine = c("POST", "/v1/jobs", json={"spec": QUEUED_SPEC}).json()["id"]
+    theirs = other("POST", "/v1/jobs", json={"spec": QUEUED_SPEC}).json()["id"]
+    for ask in ([theirs], [mine, theirs], [tokens["job_id"]], ["job-nope"]):
+        r = _wait(c, ask)
+        assert r.status_code == 404, (ask, r.text)
+        assert r.json()["error"]["code"] == "not_found"
+    assert f"job '{theirs}': no such job" in _wait(c, [mine, theirs]).json()["error"]["message"]
+    assert _wait(c, [mine]).status_code == 200
+    for scope in ("worker", "join", "bootstrap"):
+        assert _wait(Api(server.url, tokens[scope]), [mine]).status_code == 403, scope
+    _cancel_all(c, [mine])
+    _cancel_all(other, [theirs])
+
+
+def test_bad_waits_for_many_jobs_are_4xx_naming_the_field(server: ServerProc, admin: Api) -> None:
+    c = Api(server.url, admin.token_for("client")["token"])
+    [job] = [j["id"] for j in c("POST", "/v1/jobs/batch", json={"specs": _batch(1)}).json()]
+
+    def refused(body: Any, query: str, *words: str) -> None:
+        r = c("POST", f"/v1/jobs/wait?{query}", json=body)
+        assert r.status_code in (400, 422), (query, r.status_code, r.text)
+        message = r.json()["error"]["message"]
+        for word in words:
+            assert re.search(word, message), (word, message)
+
+    refused({"job_ids": []}, "timeout=0", r"\bjob_ids\b")
+    refused({"job_ids": job}, "timeout=0", r"\bjob_ids\b")
+    refused({"job_ids": {"id": job}}, "timeout=0", r"\bjob_ids\b")
+    refused({}, "timeout=0", r"\bjob_ids\b", "missing")
+    refused([job], "timeout=0", "JSON object")
+    refused({"job_ids": [job] * 1001}, "timeout=0", r"\bjob_ids\b", "1000")
+    refused({"job_ids": [job], "bogus": 1}, "timeout=0", "bogus")
+    refused({"job_ids": [job]}, "count=0&timeout=0", r"\bcount\b")
+    refused({"job_ids": [job]}, "count=1001&timeout=0", r"\bcount\b")
+    refused({"job_ids": [job]}, "count=abc&timeout=0", r"\bcount\b")
+    refused({"job_ids": [job]}, "timeout=31", r"\btimeout\b")
+    refused({"job_ids": [job]}, "timeout=-1", r"\btimeout\b")
+    refused({"job_ids": [job]}, "timeout=soon", r"\btimeout\b")
+    # the limits themselves are taken
+    assert _wait(c, [job] * 1000, "count=1000&timeout=0").json() == []
+    _cancel_all(c, [job])
+
+
+def test_wait_jobs_through_the_http_client(server: ServerProc, admin: Api) -> None:
+    import gpulayer as gl
+
+    c = http_client(server.url, token=admin.token_for("client")["token"], retry_for=2)
+    spec = CommandJob(command=["true"], requirements=Requirements(accelerator="cuda", gpus=1),
+                      placement=Placement(target="remote", on_unschedulable="wait"))
+    a, b = (r.id for r in c.api.submit_many([spec, spec]))
+    assert c.api.wait_jobs([a, b], count=1, timeout=0) == []
+    c.api.cancel(b)
+    [ended] = c.api.wait_jobs([a, b], count=1, timeout=0)
+    assert (ended.id, ended.state.value) == (b, "cancelled")
+    with pytest.raises(NotFound, match="job 'job-nope': no such job"):
+        c.api.wait_jobs([a, "job-nope"], count=1, timeout=0)
+    # gl.wait and gl.as_completed over HTTP
+    ha, hb = gl.JobHandle(a, c), gl.JobHandle(b, c)
+    with pytest.raises(TimeoutError, match=rf"^job {a} is still queued after 0\.2 s$"):
+        gl.wait([hb, ha], timeout=0.2)
+    seen: list[str] = []
+    with pytest.raises(TimeoutError, match=r"^1 job\(s\) still running after 0\.2 s$"):
+        for h in gl.as_completed([ha, hb], timeout=0.2):
+            seen.append(h.id)
+    assert seen == [b]
+    c.api.cancel(a)
+    assert [r.id for r in gl.wait([ha, hb, ha], timeout=30)] == [a, b, a]

@@ -6,9 +6,6 @@ server in tests/integration/test_server_api.py."""
 from __future__ import annotations
 
 import hashlib
-import importlib
-import sys
-import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,7 @@ from gpulayer.errors import Conflict, InvalidArgument, InvalidInput, Unschedulab
 from gpulayer.records import JobState
 from gpulayer.specs import CommandJob, FunctionJob, Placement, Requirements
 from tests.factories import cuda_caps, gpu_job, make_capabilities
+from tests.support import job_module
 
 WAIT = Placement(on_unschedulable="wait")
 
@@ -333,15 +331,8 @@ def join(a, b):
 @pytest.fixture
 def mapmod(gpulayer_isolated: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """A module of @gl.remote functions in a directory of its own (its bundle), imported."""
-    proj = tmp_path / "proj"
-    proj.mkdir()
-    name = f"mapmod_{tmp_path.name.replace('-', '_')}"
-    (proj / f"{name}.py").write_text(textwrap.dedent(MODULE))
-    monkeypatch.syspath_prepend(str(proj))
-    try:
-        yield importlib.import_module(name)
-    finally:
-        sys.modules.pop(name, None)
+    with job_module(tmp_path, monkeypatch, "mapmod", MODULE) as module:
+        yield module
 
 
 def test_map_runs_one_job_per_call_and_returns_the_results_in_order(mapmod: Any) -> None:

@@ -1,0 +1,339 @@
+"""Waiting for many jobs at once: ``ControlPlane.wait_jobs`` (the records of those that have
+ended, in the order given, once ``count`` of them have or the time is up), and the SDK's
+``gl.wait`` and ``gl.as_completed`` built on it, end to end with a real in-process worker.
+The HTTP route is tested against a real server in tests/integration/test_server_api.py.
+
+No test here measures time. A wait that should answer at once is given a long timeout and
+the test a shorter pytest-timeout: one that waited the whole timeout instead fails as a hang.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gpulayer as gl
+from gpulayer import client as client_mod
+from gpulayer.control import ControlPlane
+from gpulayer.control import jobs as control_jobs
+from gpulayer.errors import InvalidInput, NotFound
+from gpulayer.records import JobState, TaskState
+from gpulayer.specs import CommandJob, Placement, Requirements
+from gpulayer.store import plain
+from tests.factories import cuda_caps, gpu_job, make_capabilities
+from tests.support import job_module
+
+WAIT = Placement(on_unschedulable="wait")
+#: a wait that should answer long before this; the tests that use it are bounded by HANG
+LONG = 120.0
+HANG = pytest.mark.timeout(60)
+
+
+def ids(records: list[Any]) -> list[str]:
+    return [r.id for r in records]
+
+
+def queued(cp: ControlPlane, n: int, **kw: Any) -> list[str]:
+    """``n`` jobs that stay queued (a GPU job and no GPU worker), by id."""
+    return [cp.submit(gpu_job(placement=WAIT), **kw).id for _ in range(n)]
+
+
+def run_to_end(cp: ControlPlane, worker_id: str, job_id: str, state: TaskState = TaskState.SUCCEEDED,
+               exit_code: int = 0) -> None:
+    """Start and finish the task assigned to ``worker_id`` for ``job_id``."""
+    [a] = [a for a in cp.poll_tasks(worker_id) if a.job_id == job_id]
+    cp.start_task(a.task_id, worker_id=worker_id)
+    cp.finish_task(a.task_id, worker_id=worker_id, state=state, exit_code=exit_code)
+
+
+# --------------------------------------------------------------------------- the control plane
+
+
+def test_the_records_follow_the_order_of_the_ids_not_the_order_of_the_ends(cp: ControlPlane) -> None:
+    w = cp.register_worker(cuda_caps(2), cpu_slots=0)
+    a, b = cp.submit(gpu_job()).id, cp.submit(gpu_job()).id  # both assigned to w
+    c, d = queued(cp, 2)  # no device left: they wait
+    cp.cancel(d)                                             # d ends first,
+    run_to_end(cp, w.id, b, TaskState.FAILED, exit_code=3)   # then b,
+    run_to_end(cp, w.id, a)                                  # then a; c never does
+    got = cp.wait_jobs([a, b, c, d], count=3, timeout=0)
+    assert ids(got) == [a, b, d]
+    assert [(r.state, r.exit_code) for r in got] == [(JobState.SUCCEEDED, 0), (JobState.FAILED, 3),
+                                                     (JobState.CANCELLED, None)]
+    assert ids(cp.wait_jobs([d, c, b, a], count=3, timeout=0)) == [d, b, a]
+    assert ids(cp.wait_jobs([c, a], count=1, timeout=0)) == [a]
+
+
+def test_an_unschedulable_job_has_ended(cp: ControlPlane) -> None:
+    cp.register_worker(make_capabilities(), cpu_slots=1)
+    never = cp.submit(gpu_job())  # no worker could ever run it
+    assert never.state is JobState.UNSCHEDULABLE
+    [waiting] = queued(cp, 1)
+    assert [(r.id, r.state) for r in cp.wait_jobs([waiting, never.id], timeout=0)] == \
+        [(never.id, JobState.UNSCHEDULABLE)]
+
+
+@HANG
+def test_count_one_answers_as_soon_as_one_has_ended(cp: ControlPlane) -> None:
+    cp.register_worker(make_capabilities(), cpu_slots=0)
+    a, b, c = queued(cp, 3)
+    # with no time to wait it is a look: none has ended
+    assert cp.wait_jobs([a, b, c], count=1, timeout=0) == []
+    cp.cancel(b)
+    # one of three has ended: that is enough, it does not wait for the others
+    got = cp.wait_jobs([a, b, c], count=1, timeout=LONG)
+    assert ids(got) == [b] and got[0].state is JobState.CANCELLED
+    assert ids(cp.wait_jobs([a, b, c], timeout=LONG)) == [b]  # count defaults to 1
+
+
+@HANG
+def test_a_count_larger_than_the_jobs_means_all_of_them(cp: ControlPlane) -> None:
+    cp.register_worker(make_capabilities(), cpu_slots=0)
+    a, b, c = queued(cp, 3)
+    cp.cancel(a)
+    cp.cancel(c)
+    # all of [a, c] have ended: 1000 asked, 2 given, they are all
+    assert ids(cp.wait_jobs([c, a], count=1000, timeout=LONG)) == [c, a]
+    # but not all of [a, b, c]: with no time to wait, what has ended
+    assert ids(cp.wait_jobs([a, b, c], count=1000, timeout=0)) == [a, c]
+
+
+def test_a_wait_that_runs_out_of_time_answers_what_ended_by_then(cp: ControlPlane) -> None:
+    cp.register_worker(make_capabilities(), cpu_slots=0)
+    a, b, c = queued(cp, 3)
+    assert cp.wait_jobs([a, b, c], count=1, timeout=0.2) == []
+    cp.cancel(b)
+    got = cp.wait_jobs([a, b, c], count=2, timeout=0.2)
+    assert ids(got) == [b] and got[0].state is JobState.CANCELLED
+    # the others are as they were
+    assert {cp.get_job(j).state for j in (a, c)} == {JobState.QUEUED}
+
+
+@HANG
+def test_a_job_ended_by_another_thread_wakes_the_wait(cp: ControlPlane) -> None:
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    a = cp.submit(gpu_job()).id  # assigned
+    b, c = queued(cp, 2)
+    [task] = cp.poll_tasks(w.id)
+    cp.start_task(task.task_id, worker_id=w.id)
+    errors: list[BaseException] = []
+
+    def finish() -> None:
+        try:
+            time.sleep(0.2)  # (so that the wait is waiting; nothing is measured)
+            cp.finish_task(task.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=finish)
+    t.start()
+    try:
+        got = cp.wait_jobs([b, a, c], count=1, timeout=LONG)
+    finally:
+        t.join(30)
+    assert not errors
+    assert ids(got) == [a]
+    assert (got[0].state, got[0].exit_code) == (JobState.SUCCEEDED, 0)
+
+
+@HANG
+def test_jobs_that_end_one_by_one_while_it_waits_are_all_answered(cp: ControlPlane,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The looks after the first read only the jobs not yet ended, in chunks (IN_CHUNK made
+    small here): each end is seen, whichever chunk it is in."""
+    monkeypatch.setattr(plain, "IN_CHUNK", 2)
+    cp.register_worker(make_capabilities(), cpu_slots=0)
+    jobs = queued(cp, 5)
+    errors: list[BaseException] = []
+
+    def cancel_some() -> None:
+        try:
+            for j in (jobs[4], jobs[1], jobs[3]):
+                time.sleep(0.1)
+                cp.cancel(j)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=cancel_some)
+    t.start()
+    try:
+        got = cp.wait_jobs(jobs, count=3, timeout=LONG)
+    finally:
+        t.join(30)
+    assert not errors
+    assert ids(got) == [jobs[1], jobs[3], jobs[4]]
+    assert {r.state for r in got} == {JobState.CANCELLED}
+
+
+@HANG
+def test_each_job_is_waited_for_once_whatever_the_duplicates(cp: ControlPlane) -> None:
+    cp.register_worker(make_capabilities(), cpu_slots=0)
+    a, b = queued(cp, 2)
+    cp.cancel(a)
+    # [a, a] is one job, which has ended: a count of 3 (or 2) is all of it
+    assert ids(cp.wait_jobs([a, a], count=3, timeout=LONG)) == [a]
+    assert ids(cp.wait_jobs([a, a, a], count=2, timeout=LONG)) == [a]
+    # [b, a, b, a] is b and a, in that order; only a has ended
+    assert ids(cp.wait_jobs([b, a, b, a], count=2, timeout=0)) == [a]
+    cp.cancel(b)
+    assert ids(cp.wait_jobs([b, a, b, a], count=4, timeout=LONG)) == [b, a]
+
+
+def test_an_unknown_id_is_not_found(cp: ControlPlane) -> None:
+    cp.register_worker(make_capabilities(), cpu_slots=0)
+    [a] = queued(cp, 1)
+    cp.cancel(a)
+    with pytest.raises(NotFound, match=r"^job 'job-nope': no such job$"):
+        cp.wait_jobs([a, "job-nope"], count=1, timeout=0)
+    with pytest.raises(NotFound, match=r"^job 'job-nope': no such job$"):
+        cp.wait_jobs(["job-nope"], timeout=LONG)
+
+
+def test_another_owners_job_is_not_found(cp: ControlPlane) -> None:
+    cp.register_worker(make_capabilities(), cpu_slots=0)
+    [theirs] = queued(cp, 1, owner="a")
+    [mine] = queued(cp, 1, owner="b")
+    cp.cancel(theirs)
+    cp.cancel(mine)
+    with pytest.raises(NotFound, match=rf"^job '{theirs}': no such job$"):
+        cp.wait_jobs([theirs], owner="b", timeout=0)
+    with pytest.raises(NotFound, match=rf"^job '{theirs}': no such job$"):
+        cp.wait_jobs([mine, theirs], owner="b", count=1, timeout=0)
+    # the owner sees its own, and the admin (no owner) sees every one
+    assert ids(cp.wait_jobs([mine], owner="b", timeout=0)) == [mine]
+    assert ids(cp.wait_jobs([theirs], owner="a", timeout=0)) == [theirs]
+    assert ids(cp.wait_jobs([mine, theirs], count=2, timeout=0)) == [mine, theirs]
+
+
+def test_no_ids_and_too_many_are_refused(cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(InvalidInput, match=r"^job_ids: empty"):
+        cp.wait_jobs([], timeout=0)
+    cp.register_worker(make_capabilities(), cpu_slots=0)
+    monkeypatch.setattr(control_jobs, "MAX_BATCH", 3)
+    jobs = queued(cp, 4)
+    with pytest.raises(InvalidInput, match=r"^job_ids: 4 jobs, over the limit of 3"):
+        cp.wait_jobs(jobs, timeout=0)
+    # refused before any is looked up: unknown ids over the limit are too many, not missing
+    with pytest.raises(InvalidInput, match="over the limit of 3"):
+        cp.wait_jobs([f"job-{i}" for i in range(4)], timeout=0)
+    # the limit itself is taken, and duplicates count once
+    assert cp.wait_jobs(jobs[:3], timeout=0) == []
+    assert cp.wait_jobs([*jobs[:3], jobs[0]], timeout=0) == []
+
+
+# --------------------------------------------------------------------------- gl.wait and gl.as_completed
+
+MODULE = """
+import time
+
+import gpulayer as gl
+
+
+@gl.remote
+def nap(seconds, tag):
+    time.sleep(seconds)
+    return tag
+"""
+
+#: no worker serves the remote target in an embedded home: such a job stays queued
+REMOTE_WAIT = Placement(target="remote", on_unschedulable="wait")
+
+
+@pytest.fixture
+def napmod(gpulayer_isolated: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A module with a @gl.remote function that sleeps, in a directory of its own (its
+    bundle), imported; the in-process worker runs two jobs at once."""
+    monkeypatch.setenv("GPULAYER_CPU_SLOTS", "2")
+    with job_module(tmp_path, monkeypatch, "napmod", MODULE) as module:
+        yield module
+
+
+def never_runs() -> gl.JobHandle:
+    """A job that stays queued in an embedded home (nothing runs on the remote target)."""
+    return gl.submit(CommandJob(command=["true"], requirements=Requirements(accelerator="cuda", gpus=1),
+                                placement=REMOTE_WAIT))
+
+
+def end(*handles: gl.JobHandle) -> None:
+    for h in handles:
+        h.cancel()
+    gl.wait(handles, timeout=60)
+
+
+def test_gl_wait_answers_every_handle_in_its_order_with_its_result(napmod: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    handles = napmod.nap.map([0, 0, 0], ["a", "b", "c"])
+    api = client_mod.connect().api
+    asked: list[list[str]] = []
+    real = api.wait_jobs
+    monkeypatch.setattr(api, "wait_jobs", lambda job_ids, **kw: asked.append(list(job_ids)) or real(job_ids, **kw))
+    a, b, c = handles
+    records = gl.wait([c, a, b, a], timeout=LONG)
+    assert ids(records) == [c.id, a.id, b.id, a.id]
+    assert [r.state for r in records] == [JobState.SUCCEEDED] * 4
+    assert [r.result for r in records] == ["c", "a", "b", "a"]
+    # together, each job once
+    assert asked and all(sorted(set(run)) == sorted(run) for run in asked)
+    assert set(asked[0]) == {a.id, b.id, c.id}
+    assert gl.wait([]) == []
+
+
+def test_gl_wait_that_runs_out_of_time_names_a_job_still_running(napmod: Any) -> None:
+    slow = napmod.nap.remote(60, "slow")
+    queued_one = never_runs()
+    try:
+        with pytest.raises(TimeoutError) as one:
+            gl.wait([slow], timeout=0.3)
+        assert re.fullmatch(rf"job {slow.id} is still (queued|assigned|running) after 0\.3 s",
+                            str(one.value)), str(one.value)
+        with pytest.raises(TimeoutError) as two:
+            gl.wait([queued_one, slow], timeout=0.2)
+        assert str(two.value) == f"job {queued_one.id} is still queued after 0.2 s (1 more not ended)"
+        with pytest.raises(TimeoutError, match=rf"^job {queued_one.id} is still queued after 0 s$"):
+            gl.wait([queued_one], timeout=0)
+    finally:
+        end(slow, queued_one)
+    assert {h.status() for h in (slow, queued_one)} == {"cancelled"}
+
+
+def test_as_completed_yields_the_first_to_end_first_and_runs_out_of_time(napmod: Any) -> None:
+    slow = napmod.nap.remote(2.0, "slow")  # submitted first, ends last
+    fast = napmod.nap.remote(0.0, "fast")
+    done = list(gl.as_completed([slow, fast], timeout=LONG))
+    assert [h.id for h in done] == [fast.id, slow.id]
+    assert [h.result(timeout=0) for h in done] == ["fast", "slow"]
+    # ended jobs come back at once, in the order given
+    assert [h.id for h in gl.as_completed([slow, fast], timeout=LONG)] == [slow.id, fast.id]
+    # time runs out: what ended is yielded, then the error counts what did not
+    waiting = [never_runs(), never_runs()]
+    seen: list[str] = []
+    try:
+        with pytest.raises(TimeoutError, match=r"^2 job\(s\) still running after 0\.3 s$"):
+            for h in gl.as_completed([waiting[0], fast, waiting[1]], timeout=0.3):
+                seen.append(h.id)
+        assert seen == [fast.id]
+    finally:
+        end(*waiting)
+    assert list(gl.as_completed([])) == []
+
+
+def test_as_completed_with_no_time_to_wait_yields_the_jobs_that_have_ended(gpulayer_isolated: None) -> None:
+    """As gl.wait(handles, timeout=0) and handle.wait(timeout=0): a look, not an error, when
+    every job has ended."""
+    ended, waiting = never_runs(), never_runs()
+    ended.cancel()
+    try:
+        assert [h.id for h in gl.as_completed([ended], timeout=0)] == [ended.id]
+        seen: list[str] = []
+        with pytest.raises(TimeoutError, match=r"^1 job\(s\) still running after 0 s$"):
+            for h in gl.as_completed([waiting, ended], timeout=0):
+                seen.append(h.id)
+        assert seen == [ended.id]
+    finally:
+        end(waiting)
