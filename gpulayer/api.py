@@ -377,8 +377,10 @@ class WorkerAPI(Protocol):
 
     def finish_task(self, task_id: str, *, worker_id: str, state: TaskState,
                     exit_code: int | None = None, result: Any = None,
-                    error: JobError | None = None) -> None:
-        """The task's final report; a report for a task that already ended is a Conflict."""
+                    error: JobError | None = None) -> list[TaskAssignment]:
+        """The task's final report; a report for a task that already ended is a Conflict.
+        Answers the tasks assigned to the worker and not started (what the slot the task
+        freed was given): the worker may start them without waiting for its poll."""
         ...
 
     def get_bundle(self, digest: str) -> bytes: ...
@@ -569,8 +571,8 @@ ROUTES: tuple[Route, ...] = (
     Route("append_logs", "POST", "/v1/tasks/{task_id}/logs", WORKERS, "Append log chunks",
           status=204, body=LogsBody, context={"worker_id": "worker"}, safe=False, errors=(404, 409)),
     Route("finish_task", "POST", "/v1/tasks/{task_id}/finish", WORKERS,
-          "The task's final report (409 when it already ended)",
-          status=204, body=FinishBody, context={"worker_id": "worker"}, errors=(404, 409)),
+          "The task's final report (409 when it already ended); answers the worker's tasks not started",
+          response=list[TaskAssignment], body=FinishBody, context={"worker_id": "worker"}, errors=(404, 409)),
     # ---------------------------------------------------------------- tokens
     Route("create_token", "POST", "/v1/tokens", ("admin",), "Create a token; the secret is in this reply only",
           response=NewToken, status=201, body=TokenBody, safe=False),

@@ -154,12 +154,14 @@ class Core:
             s.expire_all()  # rows the session loaded may hold what was undone
             return None
 
-    def _placed(self, result: scheduling.PlacementResult | None, started: float) -> None:
-        """Tell workers and observers what a committed pass (begun at ``started``) did."""
+    def _placed(self, result: scheduling.PlacementResult | None, started: float,
+                answered: str | None = None) -> None:
+        """Tell workers and observers what a committed pass (begun at ``started``) did; the
+        poll of worker ``answered`` is not woken (its report's answer handed it its tasks)."""
         if result is None:  # nothing queued
             return
         seconds = time.perf_counter() - started
-        workers = frozenset(n.worker_id for a in result.assignments for n in a.nodes)
+        workers = _assigned(result) - {answered}
         if workers:
             self._work_changed(workers)
         for o in self._observers:
@@ -329,6 +331,13 @@ class Core:
             by_state = queries.job_counts(s)
             online = queries.online_worker_count(s)
         return {"jobs": by_state, "workers_online": online, "queue_depth": by_state.get("queued", 0)}
+
+
+def _assigned(result: scheduling.PlacementResult | None) -> frozenset[str]:
+    """The workers a placement pass gave tasks to."""
+    if result is None:
+        return frozenset()
+    return frozenset(n.worker_id for a in result.assignments for n in a.nodes)
 
 
 def _view(job: JobRow | plain.Job) -> lifecycle.JobView:

@@ -21,7 +21,7 @@ from gpulayer.api import (
     WorkPoll,
 )
 from gpulayer.control import placement
-from gpulayer.control.core import Core, _view
+from gpulayer.control.core import Core, _assigned, _view
 from gpulayer.control.jobs import _result_json
 from gpulayer.errors import Conflict, InvalidInput
 from gpulayer.hookrecords import Capabilities, Rendezvous
@@ -466,10 +466,12 @@ class WorkerOps(Core):
     def finish_task(
         self, task_id: str, *, worker_id: str, state: TaskState, exit_code: int | None = None,
         result: Any = None, error: JobError | None = None,
-    ) -> None:
+    ) -> list[TaskAssignment]:
         """A worker's final report. A report for a task that already ended (superseded,
         cancelled) is refused with :class:`Conflict` and changes nothing; one for a task
-        marked lost is accepted while no newer attempt superseded it."""
+        marked lost is accepted while no newer attempt superseded it. Answers the tasks
+        that the placement after it gave the worker (with any others assigned to it and not
+        started), which it may start at once; its poll is not woken for them."""
         state = TaskState(state)
         if not state.terminal:
             raise InvalidInput(f"state {state.value!r}: a finished task reports a terminal state")
@@ -503,6 +505,10 @@ class WorkerOps(Core):
             # what the task held is free: placed in the same transaction (one commit per report)
             # (a retry back in the queue gets its new decision from a whole pass)
             result = self._place_too(s, until_full=job_state != JobState.QUEUED.value)
+            # what the pass gave this worker is the answer: it starts it without waiting for
+            # its poll to be woken and to read it
+            answer = self._assignments(s, worker_id, ()) if worker_id in _assigned(result) else []
         self._changed()
-        self._placed(result, started)
+        self._placed(result, started, answered=worker_id if answer else None)
+        return answer
 

@@ -53,6 +53,8 @@ RUNNER_PATH = str(Path(__file__).with_name("function_runner.py"))
 RECONNECT_MAX = 2.0
 #: variables of the worker's environment its tasks do not inherit
 WORKER_SECRETS = frozenset({"GPULAYER_TOKEN"})
+#: how many of the tasks it took last a worker remembers (Agent._take)
+TAKEN_KEPT = 1024
 
 
 def default_cpu_slots(capabilities: Capabilities) -> int:
@@ -146,6 +148,8 @@ class Agent:
         self._ending: set[str] = set()
         #: each task's end (its thread is set to go on with other work: see worker.threads)
         self._done: dict[str, threading.Event] = {}
+        #: the last tasks taken, oldest first (see _take)
+        self._taken: dict[str, None] = {}
         self._lock = threading.Lock()
         self._shutdown_ended: set[str] = set()
         self._last_busy = time.monotonic()
@@ -288,14 +292,23 @@ class Agent:
                 self._stopping.wait(1.0)
                 continue
             self._end(work.cancel)
-            for a in work.tasks:
-                with self._lock:
-                    if a.task_id in self._running or self._stopping.is_set():
-                        continue
-                    self._running[a.task_id] = Cancel()
-                    self._done[a.task_id] = done = threading.Event()
-                    self._last_busy = time.monotonic()
-                WORKER_THREADS.run(self._run_task, a, done)
+            self._take(work.tasks)
+
+    def _take(self, tasks: list[TaskAssignment]) -> None:
+        """Run each of these tasks in a thread of its own, but those this worker took already:
+        a poll and a report's answer may both hand over one (a task that ran and ended
+        since is remembered a while too; were it not, its start would be refused)."""
+        for a in tasks:
+            with self._lock:
+                if a.task_id in self._running or a.task_id in self._taken or self._stopping.is_set():
+                    continue
+                self._running[a.task_id] = Cancel()
+                self._done[a.task_id] = done = threading.Event()
+                self._taken[a.task_id] = None
+                if len(self._taken) > TAKEN_KEPT:
+                    del self._taken[next(iter(self._taken))]
+                self._last_busy = time.monotonic()
+            WORKER_THREADS.run(self._run_task, a, done)
 
     # ------------------------------------------------------------------ one task
 
@@ -383,9 +396,8 @@ class Agent:
         deadline = time.monotonic() + self.report_for
         while True:
             try:
-                self.api.finish_task(task_id, worker_id=worker_id, state=outcome.state,
-                                     exit_code=outcome.exit_code, result=outcome.result, error=outcome.error)
-                return
+                more = self.api.finish_task(task_id, worker_id=worker_id, state=outcome.state,
+                                            exit_code=outcome.exit_code, result=outcome.result, error=outcome.error)
             except (Conflict, NotFound, Forbidden) as exc:
                 log.info("report for %s refused: %s", task_id, exc)
                 return
@@ -405,6 +417,9 @@ class Agent:
                             type(exc).__name__, exc, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX)
+            else:
+                self._take(more or [])  # (what the slot was given: no wait for the poll)
+                return
 
     def _workdir(self, a: TaskAssignment) -> Path:
         """The working directory of a task whose bundle is not in the cache yet: the bundle

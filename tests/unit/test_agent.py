@@ -102,3 +102,45 @@ def test_a_task_does_not_inherit_the_workers_token(monkeypatch, tmp_path) -> Non
                        spec=CommandJob(command=["true"], env={"MINE": "1"}))
     env = agent.task_env(a, tmp_path)
     assert "GPULAYER_TOKEN" not in env and env["MINE"] == "1" and env["GPULAYER_JOB_ID"] == "job-1"
+
+
+def test_a_task_handed_over_twice_runs_once(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A poll and a report's answer may both hand over the same task (Agent._take): it is
+    started once, also when the second hand-over comes after it ended."""
+    import threading
+
+    from gpulayer.api import TaskAssignment
+    from gpulayer.specs import CommandJob
+    from gpulayer.worker.agent import Agent
+    from tests.factories import make_capabilities
+
+    monkeypatch.setenv("GPULAYER_HOME", str(tmp_path))
+
+    class RecordingAPI:
+        def __init__(self) -> None:
+            self.started: list[str] = []
+            self.finished = threading.Event()
+
+        def start_task(self, task_id, *, worker_id, how=""):  # type: ignore[no-untyped-def]
+            self.started.append(task_id)
+
+        def append_logs(self, task_id, *, worker_id, chunks):  # type: ignore[no-untyped-def]
+            pass
+
+        def finish_task(self, task_id, **kw):  # type: ignore[no-untyped-def]
+            self.finished.set()
+            return []
+
+    api = RecordingAPI()
+    agent = Agent(api, capabilities=make_capabilities())  # type: ignore[arg-type]
+    agent.worker_id = "wkr-1"
+    a = TaskAssignment(task_id="tsk-1", job_id="job-1", attempt=1, node_rank=0, accelerator=None, devices=[],
+                       spec=CommandJob(command=["true"]))
+    agent._take([a])
+    agent._take([a])  # while it runs
+    assert api.finished.wait(30)
+    done = agent._done.get("tsk-1")
+    assert done is None or done.wait(30)
+    agent._take([a])  # after it ended
+    assert api.started == ["tsk-1"]
+    assert agent.running_tasks == []

@@ -51,6 +51,25 @@ def test_compatible_but_busy_waits_then_runs(cp: ControlPlane) -> None:
     assert cp.get_job(second.id).state is JobState.ASSIGNED
 
 
+def test_a_report_answers_what_the_slot_it_freed_was_given(cp: ControlPlane) -> None:
+    """The worker starts its next task from its report's answer; its poll is not woken for
+    it (it would only read the same), yet it still finds the task there until it starts."""
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    other = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    jobs = [cp.submit(gpu_job()) for _ in range(3)]  # one on each worker, the third queued
+    [a] = cp.poll_tasks(w.id)
+    cp.start_task(a.task_id, worker_id=w.id)
+    woken = cp._work_of(w.id)
+    [nxt] = cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0)
+    assert nxt.job_id == jobs[2].id and (nxt.accelerator, nxt.devices) == ("cuda", [0])
+    assert cp._work_of(w.id) == woken  # the poll of the worker answered was not woken
+    assert [t.task_id for t in cp.poll_tasks(w.id)] == [nxt.task_id]
+    # nothing queued behind it: the answer is empty
+    [b] = cp.poll_tasks(other.id)
+    cp.start_task(b.task_id, worker_id=other.id)
+    assert cp.finish_task(b.task_id, worker_id=other.id, state=TaskState.SUCCEEDED, exit_code=0) == []
+
+
 def test_a_freed_device_goes_to_the_first_job_that_fits_past_a_head_that_does_not(
         cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
     """The pass after a task ended reads the queue's head (2 jobs here), then a longer one."""
