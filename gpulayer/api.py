@@ -14,7 +14,8 @@ Three audiences use a control plane, each through a typed Protocol:
 (re-exported here), are what both sides exchange.
 
 Adding an operation is a method on the Protocol and on ``ControlPlane``, and one
-:class:`Route` (with its body or query model in :mod:`gpulayer.wire`); nothing else repeats its path, body or errors. Errors cross HTTP as codes
+:class:`Route` (with its body or query model in :mod:`gpulayer.wire`); nothing else
+repeats its path, body or errors. Errors cross HTTP as codes
 (:mod:`gpulayer.errors`) and come back as the same classes.
 
 This module imports pydantic and GPUlayer's records only (no database, no HTTP stack), so a

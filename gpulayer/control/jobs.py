@@ -220,40 +220,45 @@ class JobOps(Core):
         """The records of those of these jobs that have ended, in the order given, once at
         least ``count`` of them have (all of them, when there are fewer), or after ``timeout``
         seconds (those ended by then, perhaps none). A job that does not exist (or is not
-        ``owner``'s) is NotFound. The first look reads every job's state; the next ones ask
-        only which of those still running have ended, and are spaced by
-        :data:`LOOK_PER_JOB` for each: a wait for a thousand jobs that end one by one
-        does not read a thousand states at each end."""
-        ids = _job_ids(job_ids)
+        ``owner``'s) is NotFound. Looks are :meth:`jobs_ended`'s, spaced by :func:`look_gap`:
+        a wait for a thousand jobs that end one by one does not read a thousand states at
+        each end. (A server runs the same looks with its waits on its event loop.)"""
+        ids = job_ids_of(job_ids)
         need = min(max(1, count), len(ids))
         deadline = time.monotonic() + timeout
         poll = WAIT_FIRST_LOOK
         ended: set[str] | None = None
         while True:
             generation = self._generation
-            with self.store.read() as s:
-                if ended is None:
-                    ended = self._ended(s, ids, owner)
-                else:
-                    ended |= _ended_of(s, [j for j in ids if j not in ended])
-                remaining = deadline - time.monotonic()
-                if len(ended) >= need or remaining <= 0:
-                    return self._records(s, [j for j in ids if j in ended])
-            gap = (len(ids) - len(ended)) * LOOK_PER_JOB
+            ended = self.jobs_ended(ids, ended, owner=owner)
+            remaining = deadline - time.monotonic()
+            if len(ended) >= need or remaining <= 0:
+                return self.records_of([j for j in ids if j in ended])
             looked = time.monotonic()
             self._wait_change(generation, min(poll, remaining))
             poll = min(poll * 1.5, WAIT_LONGEST_LOOK)
-            time.sleep(max(0.0, min(looked + gap, deadline) - time.monotonic()))
+            time.sleep(max(0.0, min(looked + look_gap(ids, ended), deadline) - time.monotonic()))
 
-    def _ended(self, s: Session, job_ids: list[str], owner: str | None) -> set[str]:
-        """Which of these jobs have ended (NotFound for one that does not exist, or is not
-        ``owner``'s: another owner's job is not there for them)."""
-        rows = plain.fetch_in(s, "SELECT id, state, owner FROM gl_jobs WHERE id IN ({})", job_ids)
+    def jobs_ended(self, job_ids: list[str], ended: set[str] | None = None, *,
+                   owner: str | None = None) -> set[str]:
+        """Which of these jobs have ended. The first look (``ended`` None) reads every one's
+        state (NotFound for one that does not exist, or is not ``owner``'s: another owner's
+        job is not there for them); a later one adds to ``ended`` those of the others that
+        ended since, reading only their rows."""
+        with self.store.read() as s:
+            if ended is not None:
+                return ended | _ended_of(s, [j for j in job_ids if j not in ended])
+            rows = plain.fetch_in(s, "SELECT id, state, owner FROM gl_jobs WHERE id IN ({})", job_ids)
         found = {job_id: state for job_id, state, job_owner in rows if owner is None or job_owner == owner}
         for job_id in job_ids:
             if job_id not in found:
                 raise plain.not_found("job", job_id)
         return {job_id for job_id, state in found.items() if state in _ENDED}
+
+    def records_of(self, job_ids: Sequence[str]) -> list[JobRecord]:
+        """The records of these jobs, in their order, in one read."""
+        with self.store.read() as s:
+            return self._records(s, job_ids)
 
     def events(self, job_id: str) -> list[JobEvent]:
         with self.store.read() as s:
@@ -321,7 +326,13 @@ def _ended_of(s: Session, job_ids: list[str]) -> set[str]:
     return out
 
 
-def _job_ids(job_ids: Sequence[str]) -> list[str]:
+def look_gap(job_ids: Sequence[str], ended: set[str]) -> float:
+    """How long a wait for these jobs leaves between two looks: :data:`LOOK_PER_JOB` for
+    each job not ended yet."""
+    return (len(job_ids) - len(ended)) * LOOK_PER_JOB
+
+
+def job_ids_of(job_ids: Sequence[str]) -> list[str]:
     """The ids of a wait for many jobs, each once, in their order; refused when there are
     none or more than :data:`~gpulayer.api.MAX_BATCH`."""
     ids = list(dict.fromkeys(job_ids))

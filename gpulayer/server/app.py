@@ -53,7 +53,7 @@ from starlette.routing import Route as StarletteRoute
 from gpulayer import api, config
 from gpulayer.api import TokenInfo
 from gpulayer.control import ControlPlane
-from gpulayer.control.jobs import LOOK_PER_JOB
+from gpulayer.control.jobs import job_ids_of, look_gap
 from gpulayer.errors import (
     BadRequest,
     BundleError,
@@ -204,24 +204,24 @@ async def _wait_job(server: Server, request: Request, kw: dict[str, Any]) -> Any
 
 async def _wait_jobs(server: Server, request: Request, kw: dict[str, Any]) -> Any:
     """:meth:`~gpulayer.control.ControlPlane.wait_jobs` as a long poll that holds no thread:
-    looks that do not wait, the waits between them on the event loop."""
+    the same looks (``jobs_ended``, spaced by ``look_gap``), the waits between them on the
+    event loop, and the records read once, at the end."""
+    control = server.control
+    ids = job_ids_of(kw["job_ids"])
+    need = min(kw["count"], len(ids))
     deadline = time.monotonic() + kw["timeout"]
-    look = functools.partial(server.control.wait_jobs, kw["job_ids"], count=kw["count"], timeout=0,
-                             owner=kw.get("owner"))
-    ended = await run_in_threadpool(look)
-    need = min(kw["count"], len(set(kw["job_ids"])))
+    ended = await run_in_threadpool(functools.partial(control.jobs_ended, ids, owner=kw.get("owner")))
     while len(ended) < need:
         remaining = deadline - time.monotonic()
         if remaining <= 0 or server.shutting_down or await request.is_disconnected():
             break
         looked = time.monotonic()
         await server.changed(min(remaining, 1.0))
-        # (spaced as the control plane's own wait spaces them)
-        gap = (len(kw["job_ids"]) - len(ended)) * LOOK_PER_JOB - (time.monotonic() - looked)
+        gap = min(looked + look_gap(ids, ended), deadline) - time.monotonic()
         if gap > 0:
-            await asyncio.sleep(min(gap, max(0.0, deadline - time.monotonic())))
-        ended = await run_in_threadpool(look)
-    return ended
+            await asyncio.sleep(gap)
+        ended = await run_in_threadpool(control.jobs_ended, ids, ended)
+    return await run_in_threadpool(control.records_of, [j for j in ids if j in ended])
 
 
 async def _poll_tasks(server: Server, request: Request, kw: dict[str, Any]) -> Any:
