@@ -118,16 +118,16 @@ class Client:
         specs = list(specs)
         for spec in specs:
             _refuse_while_importing(spec)
-        built: dict[str, JobSpec] = {}  # (the jobs of a .map() share their function's bundle)
+        digests: dict[str, str | None] = {}  # bundle -> its address (a .map()'s jobs share one)
         prepared = []
         for spec in specs:
-            if spec.bundle is not None and spec.bundle in built:
-                spec = spec.model_copy(update={"bundle": None, "bundle_digest": built[spec.bundle].bundle_digest})
+            if spec.bundle is not None and spec.bundle in digests:
+                spec = spec.model_copy(update={"bundle": None, "bundle_digest": digests[spec.bundle]})
                 prepared.append(self.resolve(spec))
                 continue
             ready = self.prepare(spec)
             if spec.bundle is not None:
-                built[spec.bundle] = ready
+                digests[spec.bundle] = ready.bundle_digest
             prepared.append(ready)
         if any("local" in p.placement.targets for p in prepared):
             self.ensure_local_worker()
