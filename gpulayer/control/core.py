@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,10 +27,17 @@ from gpulayer.store.nudges import MAX_NEWS
 
 log = logging.getLogger("gpulayer.control")
 
-#: what a nudge says (gpulayer.store.nudges): jobs changed (their waits look again), every
-#: worker's poll looks again; and "w:ID" / "e:ID": that worker has tasks to start / to end
+#: what a nudge says (gpulayer.store.nudges): jobs changed (their waits look again); jobs
+#: changed, and "x:ID" names each job that ended (every one: the waits need not look, see
+#: JobOps.ended_news); every worker's poll looks again; and "w:ID" / "e:ID": that worker has
+#: tasks to start / to end. (Nudges that come together are heard as one: "j" in any of them
+#: makes the whole unnamed, so a nudge that names the jobs it ended says "J" alone.)
 _JOBS = "j"
+_JOBS_NAMED = "J"
+_ENDED = "x:"
 _ANY_WORKER = "W"
+#: how many changes a control plane remembers the ended jobs of (see JobOps.ended_news)
+ENDED_KEPT = 4096
 if TYPE_CHECKING:
     from gpulayer.control.providers import ProviderSet
 
@@ -97,6 +105,10 @@ class Core:
     #: per thread: the polls a change in progress will wake in other processes, sent with
     #: the nudge of its :meth:`_changed` (after the commit)
     _pending: threading.local = field(default_factory=threading.local)
+    #: (count, the jobs it ended, or None where that is not known) of each of the last
+    #: :data:`ENDED_KEPT` changes counted in ``_generation`` (see JobOps.ended_news)
+    _ended_log: deque[tuple[int, frozenset[str] | None]] = field(
+        default_factory=lambda: deque(maxlen=ENDED_KEPT))
 
     def __post_init__(self) -> None:
         self._job_news = threading.Condition(self._news_lock)
@@ -222,6 +234,8 @@ class Core:
             for name, value in values.items():
                 setattr(job, name, value)
             s.add(job)
+            if values.get("state") in plain.ENDED_STATES:
+                plain.note_ended(s, job.id)
         elif values:
             plain.update_job(s, job.id, **values)
         if out.retry:
@@ -235,17 +249,27 @@ class Core:
                           worker_id=worker_id, message=message)
 
     def _changed(self) -> None:
+        """Announce what this thread committed: to the waits of this process (with the jobs
+        its transactions ended: :meth:`Store.take_ended`), and by a nudge to those of others."""
+        ended = self.store.take_ended()
         with self._news_lock:
             self._generation += 1
+            self._ended_log.append((self._generation, ended))
             self._job_news.notify_all()
         for o in self._observers:
             o.on_change()
         if self.store.nudges is not None:  # and the waits of other processes on this database
             news: set[str] = getattr(self._pending, "news", set())
             self._pending.news = set()
-            if sum(len(n) + 1 for n in news) > MAX_NEWS - 2:  # (and "j")
-                news = {_ANY_WORKER}  # (more polls than a nudge names: all of them look)
-            self.store.nudges.send({_JOBS, *news}, self._nudged)
+            size = sum(len(n) + 1 for n in news)
+            if size > MAX_NEWS - 2:  # (and "j")
+                news, size = {_ANY_WORKER}, 2  # (more polls than a nudge names: all of them look)
+            named = [_ENDED + job_id for job_id in ended]
+            if size + sum(len(n) + 1 for n in named) > MAX_NEWS - 2:  # (and "J")
+                news.add(_JOBS)  # (more than a nudge names: their waits look)
+            else:
+                news.update((_JOBS_NAMED, *named))
+            self.store.nudges.send(news, self._nudged)
 
     def _nudged(self, news: set[str]) -> None:
         """Another process (or control plane) committed a change: the waits its news concern
@@ -253,10 +277,12 @@ class Core:
         with self._news_lock:
             g = self._worker_generation
             jobs = work = False
+            ended: set[str] = set()
             for item in news:
-                if item == _JOBS:
-                    self._generation += 1
+                if item in (_JOBS, _JOBS_NAMED):
                     jobs = True
+                elif item.startswith(_ENDED):
+                    ended.add(item[len(_ENDED):])
                 elif item == _ANY_WORKER:
                     self._work_generation += 1
                     work = True
@@ -265,9 +291,26 @@ class Core:
                     g[key] = g.get(key, 0) + 1
                     work = True
             if jobs:
+                self._generation += 1
+                self._ended_log.append((self._generation, None if _JOBS in news else frozenset(ended)))
                 self._job_news.notify_all()
             if work:
                 self._work_news.notify_all()
+
+    def _ended_since(self, generation: int) -> frozenset[str] | None:
+        """The jobs that the changes counted after ``generation`` ended; None when one of
+        them did not say, or is no longer remembered."""
+        with self._news_lock:
+            if self._generation == generation:
+                return frozenset()
+            out: set[str] = set()
+            for counted, ended in reversed(self._ended_log):
+                if counted <= generation:
+                    return frozenset(out)
+                if ended is None:
+                    return None
+                out |= ended
+            return None  # (the first of them is no longer remembered)
 
     def _hear_nudges(self) -> None:
         """Before a wait: from now on other processes' changes end it at once, not at its

@@ -174,6 +174,7 @@ class JobOps(Core):
             row.updated_at = now
             if row.state == JobState.QUEUED.value:
                 row.state = JobState.CANCELLED.value
+                plain.note_ended(s, job_id)
                 row.error = JobError.cancelled(f"{reason} (before it started)" if reason
                                                else "cancelled before it started").model_dump_json()
             else:
@@ -220,17 +221,20 @@ class JobOps(Core):
         """The records of those of these jobs that have ended, in the order given, once at
         least ``count`` of them have (all of them, when there are fewer), or after ``timeout``
         seconds (those ended by then, perhaps none). A job that does not exist (or is not
-        ``owner``'s) is NotFound. Looks are :meth:`jobs_ended`'s, spaced by :func:`look_gap`:
-        a wait for a thousand jobs that end one by one does not read a thousand states at
-        each end. (A server runs the same looks with its waits on its event loop.)"""
+        ``owner``'s) is NotFound. The first look reads every state; after a change, the news
+        of the changes says which ended (:meth:`ended_news`), and a look at the database
+        (:meth:`jobs_ended`) comes only when it cannot; looks are spaced by :func:`look_gap`.
+        (A server runs the same looks with its waits on its event loop.)"""
         ids = job_ids_of(job_ids)
+        waited = frozenset(ids)
         need = min(max(1, count), len(ids))
         deadline = time.monotonic() + timeout
         poll = WAIT_FIRST_LOOK
-        ended: set[str] | None = None
+        self._hear_nudges()  # (before the first look: no other process's change goes unheard after it)
+        generation = self.changes()
+        ended = self.jobs_ended(ids, owner=owner)
+        looked_at = time.monotonic()
         while True:
-            generation = self._generation
-            ended = self.jobs_ended(ids, ended, owner=owner)
             remaining = deadline - time.monotonic()
             if len(ended) >= need or remaining <= 0:
                 return self.records_of([j for j in ids if j in ended])
@@ -238,6 +242,33 @@ class JobOps(Core):
             self._wait_change(generation, min(poll, remaining))
             poll = min(poll * 1.5, WAIT_LONGEST_LOOK)
             time.sleep(max(0.0, min(looked + look_gap(ids, ended), deadline) - time.monotonic()))
+            seen, generation = generation, self.changes()
+            news = self.ended_news(waited, seen, looked_at)
+            if news is None:
+                ended = self.jobs_ended(ids, ended)
+                looked_at = time.monotonic()
+            else:
+                ended |= news
+
+    def changes(self) -> int:
+        """How many changes this control plane has heard of (its own, and those other
+        processes nudged it about): read it before a look, and give it to
+        :meth:`ended_news` after the next change."""
+        return self._generation
+
+    def ended_news(self, job_ids: frozenset[str], seen: int, looked_at: float) -> set[str] | None:
+        """Which of ``job_ids`` ended in the changes after ``seen`` (:meth:`changes` before
+        the caller's last look), from what those changes said of the jobs they ended; None
+        when the caller must look at the database (:meth:`jobs_ended`) instead: no change came
+        (it waited out its time, and a change of a process that cannot nudge this one is
+        seen only there), one did not say (a nudge of an older version, or one that would
+        have named too many), or the last look, at ``looked_at`` (``time.monotonic()``), is
+        :data:`WAIT_LONGEST_LOOK` old (a change that ended a job without saying so: none
+        should, and this bounds how late it would be seen)."""
+        if seen == self._generation or time.monotonic() - looked_at >= WAIT_LONGEST_LOOK:
+            return None
+        ended = self._ended_since(seen)
+        return None if ended is None else set(ended & job_ids)
 
     def jobs_ended(self, job_ids: list[str], ended: set[str] | None = None, *,
                    owner: str | None = None) -> set[str]:

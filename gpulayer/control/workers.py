@@ -62,11 +62,15 @@ class WorkerOps(Core):
 
     def schedule_queue(self) -> None:
         """A placement pass, if a job waits in the queue: a pass reads the whole fleet before
-        it looks at the queue, which made each of a thousand joins cost more than the last."""
+        it looks at the queue, which made each of a thousand joins cost more than the last.
+        A change before it that ended jobs (a worker lost with its tasks) is announced here,
+        if the pass did not."""
         with self.store.read() as s:
             queued = queries.has_queued_jobs(s)
         if queued:
             self.schedule()
+        if self.store.ended_pending():
+            self._changed()
 
     def _register(self, s: Session, capabilities: Capabilities, *, worker_id: str | None, name: str | None,
                   cpu_slots: int, pid: int | None, origin: str | None, token_id: str | None = None) -> str:

@@ -37,7 +37,7 @@ from sqlmodel import Session, SQLModel, create_engine
 
 from gpulayer import config
 from gpulayer.errors import InvalidInput
-from gpulayer.store import marks, migrations
+from gpulayer.store import marks, migrations, plain
 from gpulayer.store.nudges import Nudges
 from gpulayer.store.tables import (
     BundleReaderRow,
@@ -117,6 +117,8 @@ class Store:
         #: wake-ups between the processes that share this SQLite file (None: not shared, or
         #: not supported here)
         self.nudges = Nudges.of(make_url(self.url).database) if self.is_sqlite else None
+        #: per thread: the jobs its committed transactions ended (see take_ended)
+        self._ended = threading.local()
         self._migrate()
 
     def _lock_path(self) -> str | None:
@@ -182,7 +184,8 @@ class Store:
 
     @contextmanager
     def write(self, *, lock: bool = True) -> Iterator[Session]:
-        """A transaction that may change state; writers are serialised (see module doc)."""
+        """A transaction that may change state; writers are serialised (see module doc).
+        Once it committed, the jobs it ended are added to :meth:`take_ended`'s."""
         with self._write_lock or _NO_LOCK, self.engine.connect().execution_options(gl_write=True) as conn:
             with conn.begin():
                 if lock and not self.is_sqlite:
@@ -190,6 +193,21 @@ class Store:
                 with Session(bind=conn, expire_on_commit=False) as session:
                     yield session
                     session.flush()
+        ended = plain.ended_in(session)
+        if ended:
+            self._ended.ids = self.take_ended() | ended
+
+    def ended_pending(self) -> bool:
+        """Whether :meth:`take_ended` has jobs to say."""
+        return bool(getattr(self._ended, "ids", ()))
+
+    def take_ended(self) -> frozenset[str]:
+        """The jobs that the transactions this thread committed ended since its last call
+        (what the control plane's next announcement of a change names: see
+        :meth:`gpulayer.control.core.Core._changed`)."""
+        ended: frozenset[str] = frozenset(getattr(self._ended, "ids", ()))
+        self._ended.ids = frozenset()
+        return ended
 
     def lock_writers(self, s: Session) -> None:
         """In a ``write(lock=False)`` that turns out to change what other writers read (a

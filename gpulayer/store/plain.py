@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from sqlmodel import Session
 
 from gpulayer.errors import NotFound
+from gpulayer.records import JobState
 from gpulayer.store.tables import EventRow, JobRow, TaskRow, WorkerRow
 
 
@@ -195,10 +196,32 @@ def insert_job(s: Session, job: Job) -> None:
 
 
 def update_job(s: Session, job_id: str, **values: Any) -> None:
-    """Set these columns of the job."""
+    """Set these columns of the job (a state that ends it: see :func:`note_ended`)."""
     names = sorted(values)
     sets = ", ".join(f"{n} = ?" for n in names)
     execute(s, f"UPDATE {_JOB_TABLE} SET {sets} WHERE id = ?", (*(values[n] for n in names), job_id))
+    if values.get("state") in ENDED_STATES:
+        note_ended(s, job_id)
+
+
+#: the states of a job that has ended
+ENDED_STATES = frozenset(state.value for state in JobState if state.terminal)
+#: where a transaction's session keeps the ids of the jobs it ended (see Store.write)
+_ENDED = "gl_ended"
+
+
+def note_ended(s: Session, job_id: str) -> None:
+    """The transaction ends this job: once it committed, :meth:`Store.take_ended
+    <gpulayer.store.Store.take_ended>` says so (to the waits for it: see
+    :meth:`gpulayer.control.jobs.JobOps.ended_news`). Every write of an ended state calls
+    this: :func:`update_job` does, a change of a :class:`JobRow` must."""
+    s.info.setdefault(_ENDED, set()).add(job_id)
+
+
+def ended_in(s: Session) -> set[str]:
+    """The jobs this transaction ended (see :func:`note_ended`)."""
+    ended: set[str] = s.info.get(_ENDED, set())
+    return ended
 
 
 # ---------------------------------------------------------------- tasks

@@ -25,8 +25,8 @@ from gpulayer.control import jobs as control_jobs
 from gpulayer.errors import InvalidInput, NotFound
 from gpulayer.records import JobState, TaskState
 from gpulayer.specs import CommandJob, Placement, Requirements
-from gpulayer.store import plain
-from tests.factories import cuda_caps, gpu_job, make_capabilities
+from gpulayer.store import Store, plain
+from tests.factories import Clock, cuda_caps, gpu_job, make_capabilities
 from tests.support import job_module
 
 WAIT = Placement(on_unschedulable="wait")
@@ -146,8 +146,10 @@ def test_a_job_ended_by_another_thread_wakes_the_wait(cp: ControlPlane) -> None:
 def test_jobs_that_end_one_by_one_while_it_waits_are_all_answered(cp: ControlPlane,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The looks after the first read only the jobs not yet ended, in chunks (IN_CHUNK made
-    small here): each end is seen, whichever chunk it is in."""
+    small here): each end is seen, whichever chunk it is in. (Every look at the database:
+    the news of the changes, which would name the jobs, is not heard here.)"""
     monkeypatch.setattr(plain, "IN_CHUNK", 2)
+    monkeypatch.setattr(ControlPlane, "ended_news", lambda *_: None)
     cp.register_worker(make_capabilities(), cpu_slots=0)
     jobs = queued(cp, 5)
     errors: list[BaseException] = []
@@ -225,6 +227,120 @@ def test_no_ids_and_too_many_are_refused(cp: ControlPlane, monkeypatch: pytest.M
     # the limit itself is taken, and duplicates count once
     assert cp.wait_jobs(jobs[:3], timeout=0) == []
     assert cp.wait_jobs([*jobs[:3], jobs[0]], timeout=0) == []
+
+
+# --------------------------------------------------------------------------- the news of a change
+
+
+class Looks:
+    """Counts a control plane's looks at the database for a wait (``jobs_ended``)."""
+
+    def __init__(self, cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        real = cp.jobs_ended
+
+        def counted(*args: Any, **kw: Any) -> set[str]:
+            self.count += 1
+            return real(*args, **kw)
+
+        monkeypatch.setattr(cp, "jobs_ended", counted)
+
+
+def waiting_for(cp: ControlPlane, job_ids: list[str], count: int) -> tuple[threading.Thread, list[Any]]:
+    """A thread waiting for ``count`` of these jobs, and what its wait answered (once it has)."""
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(cp.wait_jobs(job_ids, count=count, timeout=LONG)))
+    t.start()
+    return t, got
+
+
+@pytest.fixture
+def no_looks_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wait that looks at the database only when a change's news cannot say which jobs
+    ended (not because time went by: a full look after WAIT_LONGEST_LOOK, or after a wait
+    that no change ended)."""
+    monkeypatch.setattr(control_jobs, "WAIT_FIRST_LOOK", LONG)
+    monkeypatch.setattr(control_jobs, "WAIT_LONGEST_LOOK", LONG)
+
+
+@HANG
+def test_a_wait_hears_from_the_changes_which_jobs_ended_without_looking_again(
+        cp: ControlPlane, monkeypatch: pytest.MonkeyPatch, no_looks_of_its_own: None) -> None:
+    """After its first look, a wait for many jobs learns which ended from the changes that
+    ended them (cancels, and a task's report), not by reading their states again."""
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    a = cp.submit(gpu_job()).id  # assigned to w
+    b, c = queued(cp, 2)
+    looks = Looks(cp, monkeypatch)
+    t, got = waiting_for(cp, [a, b, c], count=3)
+    time.sleep(0.2)  # (so that the wait is waiting; nothing is measured)
+    cp.cancel(c)
+    run_to_end(cp, w.id, a)
+    cp.cancel(b)
+    t.join(30)
+    assert [ids(g) for g in got] == [[a, b, c]]
+    assert [r.state for r in got[0]] == [JobState.SUCCEEDED, JobState.CANCELLED, JobState.CANCELLED]
+    assert looks.count == 1  # the first look alone
+
+
+@HANG
+def test_a_change_that_does_not_name_the_jobs_it_ended_makes_the_wait_look(
+        cp: ControlPlane, monkeypatch: pytest.MonkeyPatch, no_looks_of_its_own: None) -> None:
+    """A nudge of another process that does not say which jobs it ended (an older version,
+    or one that ended too many to name) sends the wait to the database; one that names
+    other jobs does not end it."""
+    cp.register_worker(make_capabilities(), cpu_slots=0)
+    a, b = queued(cp, 2)
+    looks = Looks(cp, monkeypatch)
+    t, got = waiting_for(cp, [a], count=1)
+    time.sleep(0.2)
+    # another process ended ``a`` (written here behind this control plane's back)
+    with cp.store.write() as s:
+        plain.update_job(s, a, state=JobState.CANCELLED.value)
+    cp.store.take_ended()  # (that process's to say, not this one's)
+    cp._nudged({"J", f"x:{b}"})  # names b alone: the wait goes on
+    t.join(0.5)
+    assert t.is_alive() and looks.count == 1
+    cp._nudged({"j"})  # names none: the wait looks, and sees a
+    t.join(30)
+    assert [ids(g) for g in got] == [[a]]
+    assert looks.count == 2
+
+
+def test_a_change_says_which_jobs_it_ended_once_it_committed(cp: ControlPlane) -> None:
+    cp.register_worker(make_capabilities(), cpu_slots=0)
+    a, b = queued(cp, 2)
+    with pytest.raises(RuntimeError), cp.store.write() as s:
+        plain.update_job(s, a, state=JobState.FAILED.value)
+        raise RuntimeError("rolled back")
+    assert cp.store.take_ended() == frozenset()
+    before = cp.changes()
+    cp.cancel(b)
+    assert cp.changes() > before
+    assert cp.ended_news(frozenset({a, b}), before, time.monotonic()) == {b}
+    assert cp.store.take_ended() == frozenset()  # (said once)
+
+
+def test_a_nudge_names_the_jobs_a_change_ended_unless_there_are_too_many(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What another process hears (gpulayer.store.nudges): "J" and each ended job as "x:ID";
+    a change that ended more than a nudge can name says "j" (the waits look)."""
+    store = Store(f"sqlite:///{tmp_path / 'gpulayer.db'}")
+    assert store.nudges is not None
+    cp = ControlPlane(store, heartbeat_timeout=10.0, clock=Clock())
+    sent: list[set[str]] = []
+    monkeypatch.setattr(store.nudges, "send", lambda news, source=None: sent.append(set(news)))
+    try:
+        cp.register_worker(make_capabilities(), cpu_slots=0)
+        [a] = queued(cp, 1)
+        cp.cancel(a)
+        assert {"J", f"x:{a}"} <= sent[-1] and "j" not in sent[-1]
+        # too many to name (MAX_NEWS bytes): 500 jobs that no worker can ever run fail in one pass
+        cp.submit_many([gpu_job() for _ in range(500)])
+        assert "j" in sent[-1] and "J" not in sent[-1]
+        assert not any(n.startswith("x:") for n in sent[-1])
+    finally:
+        store.dispose()
 
 
 # --------------------------------------------------------------------------- gl.wait and gl.as_completed
