@@ -284,7 +284,7 @@ class JobOps(Core):
         for job_id in job_ids:
             if job_id not in found:
                 raise plain.not_found("job", job_id)
-        return {job_id for job_id, state in found.items() if state in _ENDED}
+        return {job_id for job_id, state in found.items() if state in plain.ENDED_STATES}
 
     def records_of(self, job_ids: Sequence[str]) -> list[JobRecord]:
         """The records of these jobs, in their order, in one read."""
@@ -343,17 +343,13 @@ class JobOps(Core):
     # ------------------------------------------------------------------ workers
 
 
-#: the states of a job that has ended, as stored
-_ENDED = tuple(state.value for state in JobState if state.terminal)
-
-
 def _ended_of(s: Session, job_ids: list[str]) -> set[str]:
     """Which of these jobs (known to exist) have ended: only those rows are read."""
-    sql = f"SELECT id FROM gl_jobs WHERE state IN ({', '.join('?' * len(_ENDED))}) AND id IN ({{}})"
+    sql = f"SELECT id FROM gl_jobs WHERE state IN ({', '.join('?' * len(plain.ENDED_STATES))}) AND id IN ({{}})"
     out: set[str] = set()
     for i in range(0, len(job_ids), plain.IN_CHUNK):
         chunk = job_ids[i:i + plain.IN_CHUNK]
-        out.update(r[0] for r in plain.fetch(s, sql.format(", ".join("?" * len(chunk))), (*_ENDED, *chunk)))
+        out.update(r[0] for r in plain.fetch(s, sql.format(", ".join("?" * len(chunk))), (*plain.ENDED_STATES, *chunk)))
     return out
 
 

@@ -204,8 +204,8 @@ def update_job(s: Session, job_id: str, **values: Any) -> None:
         note_ended(s, job_id)
 
 
-#: the states of a job that has ended
-ENDED_STATES = frozenset(state.value for state in JobState if state.terminal)
+#: the states of a job that has ended, in JobState's order
+ENDED_STATES = tuple(state.value for state in JobState if state.terminal)
 #: where a transaction's session keeps the ids of the jobs it ended (see Store.write)
 _ENDED = "gl_ended"
 
