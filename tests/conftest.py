@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +25,32 @@ PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
 # their own: they start none, but where a test sets this itself (tests/integration/test_cli_warm.py,
 # and the README's snippets, which run as a user's would and stop what they started).
 os.environ.setdefault("GPULAYER_CLI_SERVER_IDLE", "0")
+
+
+@pytest.fixture(scope="session")
+def probed_frameworks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The framework probes' cache (``cache/probes/`` of a home) as a first detection by
+    this interpreter leaves it, made once per test process by a real ``gpulayer resources
+    detect``.
+
+    Every such detection on a fresh home imports torch in its probe subprocess (about 2 s
+    of CPU); copied into a test's fresh home by :func:`tests.support.seed_probe_cache`, it is what a home
+    that has detected before holds. Each entry is checked as always (the interpreter and
+    every ``sys.path`` folder unchanged, the same probes, the same ``PYTHONPATH``), so a
+    test that changes any of them probes again. The probes themselves are tested on homes
+    that start empty (tests/plugins/test_frameworks.py, tests/unit/test_plugins.py and the
+    CLI's detection tests)."""
+    from gpulayer.testing import no_real_devices_env
+
+    home = tmp_path_factory.mktemp("probed") / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
+    env.update(GPULAYER_HOME=str(home), GPULAYER_CLI_SERVER_IDLE="0", **no_real_devices_env())
+    run = subprocess.run([sys.executable, "-m", "gpulayer.cli", "resources", "detect", "--json"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    probes = home / "cache" / "probes"
+    assert list(probes.glob("*.json")), "the detection left no probe cache entry"
+    return probes
 
 
 def _pg_base() -> str:

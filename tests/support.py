@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -115,3 +116,9 @@ def job_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefix: str, sou
         yield importlib.import_module(name)
     finally:
         sys.modules.pop(name, None)
+
+
+def seed_probe_cache(home: Path, probes: Path) -> None:
+    """Put the entries of ``probes`` (the ``probed_frameworks`` fixture, tests/conftest.py) into
+    ``home``'s cache."""
+    shutil.copytree(probes, home / "cache" / "probes", dirs_exist_ok=True)

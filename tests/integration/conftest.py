@@ -12,14 +12,17 @@ import pytest
 
 from gpulayer import plugins
 from gpulayer.testing import no_real_devices_env
-from tests.support import start_worker, wait_for
+from tests.support import seed_probe_cache, start_worker, wait_for
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A fresh GPULAYER_HOME for this test and every subprocess it starts; no real GPUs."""
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, probed_frameworks: Path) -> Iterator[Path]:
+    """A fresh GPULAYER_HOME for this test and every subprocess it starts; no real GPUs.
+    Its framework probes' cache holds what this interpreter's probes found
+    (tests/conftest.py: probed_frameworks); nothing else is in it."""
     h = tmp_path / "home"
     h.mkdir()
+    seed_probe_cache(h, probed_frameworks)
     monkeypatch.setenv("GPULAYER_HOME", str(h))
     for name in ("GPULAYER_URL", "GPULAYER_TOKEN", "GPULAYER_DISABLE_PLUGINS", "GPULAYER_PLUGINS",
                  "GPULAYER_FAKE_DEVICES", "GPULAYER_DATABASE_URL"):
