@@ -59,6 +59,20 @@ class ControlObserver:
         """These workers run tasks they must end now (a cancel): wake their long polls."""
 
 
+@dataclass(frozen=True)
+class Look:
+    """What a wait for many jobs knew after a look: of ``job_ids`` (all ``owner``'s, or
+    anyone's when None), those in ``ended`` had ended, as of the change count
+    ``generation`` (read before the database was) and the news of the changes up to it;
+    ``at``: when the database was last read for it (``time.monotonic()``)."""
+
+    job_ids: frozenset[str]
+    owner: str | None
+    generation: int
+    ended: frozenset[str]
+    at: float
+
+
 @dataclass
 class Core:
     """The state every operation shares; the operations are the mixins that extend it."""
@@ -109,6 +123,9 @@ class Core:
     #: :data:`ENDED_KEPT` changes counted in ``_generation`` (see JobOps.ended_news)
     _ended_log: deque[tuple[int, frozenset[str] | None]] = field(
         default_factory=lambda: deque(maxlen=ENDED_KEPT))
+    #: the last look of a wait for many jobs (see JobOps.first_look): a wait that follows on
+    #: the same jobs or fewer starts from it
+    _last_look: Look | None = None
 
     def __post_init__(self) -> None:
         self._job_news = threading.Condition(self._news_lock)

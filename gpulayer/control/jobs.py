@@ -19,7 +19,7 @@ from gpulayer.api import (
     JobEvent,
     LogChunk,
 )
-from gpulayer.control.core import Core
+from gpulayer.control.core import Core, Look
 from gpulayer.errors import Conflict, InvalidArgument, InvalidInput, NotFound
 from gpulayer.records import JobError, JobRecord, JobState, TaskState, new_id
 from gpulayer.specs import JobSpec
@@ -230,10 +230,7 @@ class JobOps(Core):
         need = min(max(1, count), len(ids))
         deadline = time.monotonic() + timeout
         poll = WAIT_FIRST_LOOK
-        self._hear_nudges()  # (before the first look: no other process's change goes unheard after it)
-        generation = self.changes()
-        ended = self.jobs_ended(ids, owner=owner)
-        looked_at = time.monotonic()
+        generation, ended, looked_at = self.first_look(ids, owner)
         while True:
             remaining = deadline - time.monotonic()
             if len(ended) >= need or remaining <= 0:
@@ -249,6 +246,42 @@ class JobOps(Core):
                 looked_at = time.monotonic()
             else:
                 ended |= news
+            self.remember_look(waited, owner, generation, ended, looked_at)
+
+    def first_look(self, job_ids: list[str], owner: str | None = None) -> tuple[int, set[str], float]:
+        """The first look of a wait for these jobs: (:meth:`changes` as of it, those of
+        them that have ended, when the database was read for it), for the wait to go on
+        with :meth:`ended_news`.
+
+        Where the last wait's look (:meth:`remember_look`) was at the same jobs or more,
+        for the same owner, less than :data:`WAIT_LONGEST_LOOK` ago, and the news of the
+        changes since says which jobs they ended, it is that look and that news: the calls
+        of ``gl.as_completed``, each on the jobs the last one left, read every state once
+        in that time instead of at every call. Otherwise it reads every state
+        (:meth:`jobs_ended`: NotFound for a job that does not exist or is not ``owner``'s).
+        An ended job stays ended, so such a look never says one ended that has not; one
+        it has not heard of yet is found by the wait's next look, as always."""
+        self._hear_nudges()  # (before the first look: no other process's change goes unheard after it)
+        last = self._last_look
+        if last is not None and last.owner == owner and time.monotonic() - last.at < WAIT_LONGEST_LOOK \
+                and last.job_ids.issuperset(job_ids):
+            generation = self.changes()
+            news = self._ended_since(last.generation)
+            if news is not None:
+                known = last.ended | news
+                self.remember_look(last.job_ids, owner, generation, known, last.at)
+                return generation, set(known.intersection(job_ids)), last.at
+        generation = self.changes()
+        ended = self.jobs_ended(job_ids, owner=owner)
+        looked_at = time.monotonic()
+        self.remember_look(frozenset(job_ids), owner, generation, ended, looked_at)
+        return generation, ended, looked_at
+
+    def remember_look(self, job_ids: frozenset[str], owner: str | None, generation: int, ended: set[str] | frozenset[str],
+                      looked_at: float) -> None:
+        """Keep what a wait knows after a look (or after news) for the next wait's
+        :meth:`first_look`."""
+        self._last_look = Look(job_ids, owner, generation, frozenset(ended), looked_at)
 
     def changes(self) -> int:
         """How many changes this control plane has heard of (its own, and those other

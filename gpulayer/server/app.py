@@ -204,17 +204,17 @@ async def _wait_job(server: Server, request: Request, kw: dict[str, Any]) -> Any
 
 async def _wait_jobs(server: Server, request: Request, kw: dict[str, Any]) -> Any:
     """:meth:`~gpulayer.control.ControlPlane.wait_jobs` as a long poll that holds no thread:
-    the same looks (the news of the changes where it says which jobs ended, ``jobs_ended``
-    where it cannot, spaced by ``look_gap``), the waits between them on the event loop, and
-    the records read once, at the end."""
+    the same looks (``first_look``, which starts from the last wait's where it can; then the
+    news of the changes where it says which jobs ended, ``jobs_ended`` where it cannot,
+    spaced by ``look_gap``), the waits between them on the event loop, and the records read
+    once, at the end."""
     control = server.control
     ids = job_ids_of(kw["job_ids"])
     waited = frozenset(ids)
     need = min(kw["count"], len(ids))
     deadline = time.monotonic() + kw["timeout"]
-    generation = control.changes()
-    ended = await run_in_threadpool(functools.partial(control.jobs_ended, ids, owner=kw.get("owner")))
-    looked_at = time.monotonic()
+    owner = kw.get("owner")
+    generation, ended, looked_at = await run_in_threadpool(control.first_look, ids, owner)
     while len(ended) < need:
         remaining = deadline - time.monotonic()
         if remaining <= 0 or server.shutting_down or await request.is_disconnected():
@@ -231,6 +231,7 @@ async def _wait_jobs(server: Server, request: Request, kw: dict[str, Any]) -> An
             looked_at = time.monotonic()
         else:
             ended |= news
+        control.remember_look(waited, owner, generation, ended, looked_at)
     return await run_in_threadpool(control.records_of, [j for j in ids if j in ended])
 
 

@@ -307,6 +307,61 @@ def test_a_change_that_does_not_name_the_jobs_it_ended_makes_the_wait_look(
     assert looks.count == 2
 
 
+@HANG
+def test_a_wait_on_jobs_the_last_one_looked_at_starts_from_its_look(
+        cp: ControlPlane, monkeypatch: pytest.MonkeyPatch, no_looks_of_its_own: None) -> None:
+    """``gl.as_completed`` waits again and again, each time on the jobs the last wait left:
+    each starts from the last one's look and the news since, and reads no state again."""
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    a = cp.submit(gpu_job()).id  # assigned to w
+    b, c, d = queued(cp, 3)
+    looks = Looks(cp, monkeypatch)
+    cp.cancel(d)
+    assert ids(cp.wait_jobs([a, b, c, d], count=1, timeout=LONG)) == [d]
+    assert looks.count == 1
+    run_to_end(cp, w.id, a)  # (b is assigned in a's place)
+    assert ids(cp.wait_jobs([a, b, c], count=1, timeout=LONG)) == [a]
+    t, got = waiting_for(cp, [b, c], count=1)  # nothing ended yet: it waits for the news
+    time.sleep(0.2)
+    cp.cancel(c)
+    t.join(30)
+    assert [ids(g) for g in got] == [[c]]
+    assert ids(cp.wait_jobs([b], count=1, timeout=0)) == []
+    assert looks.count == 1
+
+
+def test_a_wait_looks_again_where_the_last_look_cannot_say(
+        cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It reads every state again for a job the last look did not cover, for another owner,
+    after a change that did not name the jobs it ended, and once the last look is
+    WAIT_LONGEST_LOOK old; and a job ended behind its back (no news at all) is still
+    found by the wait's next look."""
+    cp.register_worker(make_capabilities(), cpu_slots=0)
+    a, b = queued(cp, 2, owner="o")
+    [c] = queued(cp, 1)
+    looks = Looks(cp, monkeypatch)
+    assert cp.wait_jobs([a], owner="o", timeout=0) == []
+    assert looks.count == 1
+    assert cp.wait_jobs([a, b], owner="o", timeout=0) == []  # b was not looked at
+    assert looks.count == 2
+    with pytest.raises(NotFound, match=rf"^job '{c}': no such job$"):  # another owner's look: c is not o's
+        cp.wait_jobs([a, c], owner="o", timeout=0)
+    assert cp.wait_jobs([a, b], timeout=0) == []  # every owner's
+    assert looks.count == 4
+    cp._nudged({"j"})  # a change that named none
+    assert cp.wait_jobs([a], timeout=0) == []
+    assert looks.count == 5
+    # ended behind this control plane's back, and heard of by nobody
+    with cp.store.write() as s:
+        plain.update_job(s, a, state=JobState.CANCELLED.value)
+    cp.store.take_ended()
+    assert ids(cp.wait_jobs([a], count=1, timeout=LONG)) == [a]  # found by a later look
+    monkeypatch.setattr(control_jobs, "WAIT_LONGEST_LOOK", 0.0)
+    before = looks.count
+    assert ids(cp.wait_jobs([a, b], count=1, timeout=0)) == [a]  # the last look is too old
+    assert looks.count == before + 1
+
+
 def test_a_change_says_which_jobs_it_ended_once_it_committed(cp: ControlPlane) -> None:
     cp.register_worker(make_capabilities(), cpu_slots=0)
     a, b = queued(cp, 2)
