@@ -53,7 +53,9 @@ class ServerProc:
     def url(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> ServerProc:
+    def start(self, timeout: float = 120.0) -> ServerProc:
+        """Start it and wait until it answers ``/healthz`` (a provider server first checks its
+        providers, which on a loaded machine can take most of a minute; one that exits fails at once)."""
         cmd = [sys.executable, "-m", "gpulayer.cli", "server", "start", "--port", str(self.port), *self.args]
         if self.database:
             cmd += ["--database", self.database]

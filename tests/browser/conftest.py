@@ -39,6 +39,11 @@ def chromium() -> Iterator[Any]:
         _need("playwright is not installed (pip install -e '.[test]')")
     if not os.access(CHROMIUM, os.X_OK):
         _need(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set GPULAYER_TEST_CHROMIUM)")
+    from playwright.sync_api import expect
+
+    # (the default 5 s for an ``expect`` is short for a page whose server shares two cores
+    # with the rest of the suite; an expectation met sooner returns sooner)
+    expect.set_options(timeout=30_000)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:

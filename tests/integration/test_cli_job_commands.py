@@ -54,8 +54,8 @@ def test_worker_start_json_prints_its_ready_record(worker: dict[str, Any]) -> No
 def test_wait_cancel_and_result_exit_codes() -> None:
     ok = detach("true")
     bad = detach("sh", "-c", "exit 3")
-    slow = detach("sleep", "60")
-    slow2 = detach("sleep", "60")
+    slow = detach("sleep", "600")  # (both are cancelled below: the time is only a bound)
+    slow2 = detach("sleep", "600")
 
     assert cli("jobs", "wait", ok, timeout=60).returncode == 0
     done = cli("jobs", "wait", ok, bad, timeout=60)

@@ -288,7 +288,7 @@ def test_a_command_starts_no_server(home, stop_servers, why: str) -> None:  # ty
 
 
 def test_commands_at_once_start_one_server(home, stop_servers) -> None:  # type: ignore[no-untyped-def]
-    env = _env(home, GPULAYER_CLI_SERVER_IDLE="60")
+    env = _env(home, GPULAYER_CLI_SERVER_IDLE="600")
     procs = [subprocess.Popen([*GPULAYER, "jobs", "show", "job-000000000000"], env=env, cwd=home,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(4)]
     for proc in procs:
@@ -354,7 +354,7 @@ def test_a_server_started_under_interpreter_options_answers_commands_with_the_sa
 
     def forward(args: list[str]) -> tuple[str, str]:
         proc = subprocess.run([sys.executable, *flags, "-c", FORWARD, *args],
-                              env=_env(home, GPULAYER_CLI_SERVER_IDLE="60"), cwd=home, capture_output=True,
+                              env=_env(home, GPULAYER_CLI_SERVER_IDLE="600"), cwd=home, capture_output=True,
                               text=True, timeout=120)
         err, _, code = proc.stderr.rpartition("\nFORWARDED=")
         return err, code

@@ -186,7 +186,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     for key, value in fake_devices_env("cuda:2:80:9.0").items():
         mp.setenv(key, value)
     mp.setenv("GPULAYER_HEARTBEAT_INTERVAL", "0.2")
-    mp.setenv("GPULAYER_HEARTBEAT_TIMEOUT", "3")
+    # (a worker silent this long is lost: a gang importing torch on two busy cores can hold one
+    # back for seconds; a killed local worker is found by its pid, well before)
+    mp.setenv("GPULAYER_HEARTBEAT_TIMEOUT", "10")
     _client.reset()
     plugins.reset_manager()
     c = Cluster(home, project)

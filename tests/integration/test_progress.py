@@ -15,7 +15,7 @@ STATUS = re.compile(r"^gpulayer: (job-[0-9a-f]+) (\w+)")
 
 def blocker(release: Path) -> list[str]:
     """A command that runs until ``release`` exists (a bounded loop)."""
-    return ["sh", "-c", f"i=0; while [ ! -e {release} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done"]
+    return ["sh", "-c", f"i=0; while [ ! -e {release} ] && [ $i -lt 12000 ]; do sleep 0.05; i=$((i+1)); done"]
 
 
 def test_piped_the_status_is_plain_lines_and_the_end_comes_after_the_output(home: Path) -> None:

@@ -45,7 +45,7 @@ def test_a_client_explains_its_own_jobs_and_sees_others_work_unnamed(served: dic
     url = served["server"].url
     a, b = http_client(url, token=served["a"]), http_client(url, token=served["b"])
     release = tmp_path / "release"
-    hold = ["sh", "-c", f"i=0; while [ ! -e {release} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done"]
+    hold = ["sh", "-c", f"i=0; while [ ! -e {release} ] && [ $i -lt 12000 ]; do sleep 0.05; i=$((i+1)); done"]
     try:
         running = a.submit(CommandJob(command=hold, placement=Placement(target="remote")))
         wait_for(lambda: a.api.get_job(running.id).state.value == "running", 60, "the job to run")

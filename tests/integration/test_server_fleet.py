@@ -62,7 +62,9 @@ def test_heartbeats_answered_at_once_are_written_and_silence_still_counts(server
     wait_for(lambda: not worker(admin, wid)["online"], 60, "the silent worker to go offline")
     # and a heartbeat brings it back
     assert beat(w, wid)["known"] is True
-    wait_for(lambda: worker(admin, wid)["online"], 30, "the worker to be online again")
+    # (beating while it looks: online lasts one heartbeat timeout after each, and a look
+    # after a slow moment would otherwise find it gone again)
+    wait_for(lambda: beat(w, wid) and worker(admin, wid)["online"], 30, "the worker to be online again")
     # a worker that left: its credential is refused at once
     assert w("DELETE", f"/v1/workers/{wid}").status_code == 204
     r = w("POST", f"/v1/workers/{wid}/heartbeat", json={"running": []})

@@ -69,13 +69,31 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                        (ids[7], "failed", 2), (ids[3], "timed_out", 1)):
             db.execute("UPDATE gl_jobs SET state = ?, attempt = ? WHERE id = ?", (state, attempt, job_id))
     # ages at the middle of a step of the AGE column (10m is 9.5m to 10.5m, 2.5h is 2.45h to
-    # 2.55h), not at a step's edge
-    _created(home, {ids[0]: 10 * 60, ids[1]: 2 * 60, ids[2]: 30 * 60, ids[3]: 2.5 * 3600, ids[4]: 5 * 3600,
-                    ids[5]: 45 * 60, ids[6]: 7.5 * 3600, ids[7]: 26 * 3600, ids[8]: 3 * 3600, ids[9]: 3 * 3600})
+    # 2.55h), not at a step's edge; set again before each test (aged): a minute's step leaves
+    # 30 s either way
+    AGES.clear()
+    AGES.update({ids[0]: 10 * 60, ids[1]: 2 * 60, ids[2]: 30 * 60, ids[3]: 2.5 * 3600, ids[4]: 5 * 3600,
+                 ids[5]: 45 * 60, ids[6]: 7.5 * 3600, ids[7]: 26 * 3600, ids[8]: 3 * 3600, ids[9]: 3 * 3600})
+    TIE[:] = [ids[8], ids[9]]
+    return home
+
+
+#: the fixture's jobs' ages (seconds), and two jobs submitted at the same instant
+AGES: dict[str, float] = {}
+TIE: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def aged(request: pytest.FixtureRequest) -> None:
+    """The fixture's ages, as of this test's start (a module of tests on a slow machine takes
+    longer than the 30 s a minute's step leaves)."""
+    if "home" not in request.fixturenames:
+        return
+    home = request.getfixturevalue("home")
+    _created(home, AGES)
     with sqlite3.connect(home / "gpulayer.db") as db:  # a tie to the microsecond
         db.execute("UPDATE gl_jobs SET created_at = (SELECT created_at FROM gl_jobs WHERE id = ?) WHERE id = ?",
-                   (ids[8], ids[9]))
-    return home
+                   tuple(TIE))
 
 
 @pytest.mark.parametrize("args", [
