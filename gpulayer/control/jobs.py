@@ -234,6 +234,7 @@ class JobOps(Core):
         while True:
             remaining = deadline - time.monotonic()
             if len(ended) >= need or remaining <= 0:
+                self.remember_look(waited, owner, generation, ended, looked_at)
                 return self.records_of([j for j in ids if j in ended])
             looked = time.monotonic()
             self._wait_change(generation, min(poll, remaining))
@@ -246,7 +247,6 @@ class JobOps(Core):
                 looked_at = time.monotonic()
             else:
                 ended |= news
-            self.remember_look(waited, owner, generation, ended, looked_at)
 
     def first_look(self, job_ids: list[str], owner: str | None = None) -> tuple[int, set[str], float]:
         """The first look of a wait for these jobs: (:meth:`changes` as of it, those of
@@ -279,8 +279,8 @@ class JobOps(Core):
 
     def remember_look(self, job_ids: frozenset[str], owner: str | None, generation: int, ended: set[str] | frozenset[str],
                       looked_at: float) -> None:
-        """Keep what a wait knows after a look (or after news) for the next wait's
-        :meth:`first_look`."""
+        """Keep what a wait knew when it answered (its last look, and the news since) for
+        the next wait's :meth:`first_look`."""
         self._last_look = Look(job_ids, owner, generation, frozenset(ended), looked_at)
 
     def changes(self) -> int:

@@ -231,7 +231,7 @@ async def _wait_jobs(server: Server, request: Request, kw: dict[str, Any]) -> An
             looked_at = time.monotonic()
         else:
             ended |= news
-        control.remember_look(waited, owner, generation, ended, looked_at)
+    control.remember_look(waited, owner, generation, ended, looked_at)
     return await run_in_threadpool(control.records_of, [j for j in ids if j in ended])
 
 
