@@ -9,10 +9,13 @@ turns the skip into a failure.
 
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,12 +29,34 @@ PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
 # and the README's snippets, which run as a user's would and stop what they started).
 os.environ.setdefault("GPULAYER_CLI_SERVER_IDLE", "0")
 
+# A test that names no home of its own (a command pointed at a server, a provider's host)
+# gets one of this test process's, never the ~/.gpulayer of whoever runs the tests: nothing
+# there is read by one test or run and found by the next.
+if not os.environ.get("GPULAYER_HOME"):
+    os.environ["GPULAYER_HOME"] = tempfile.mkdtemp(prefix="gpulayer-tests-home-")
+    atexit.register(shutil.rmtree, os.environ["GPULAYER_HOME"], True)
+
+
+def detect_probes(home: Path, **env: str) -> Path:
+    """The framework probes' cache (``cache/probes/`` of ``home``) as a first detection by this
+    interpreter leaves it: a real ``gpulayer resources detect`` on ``home``, with ``env``
+    (e.g. the ``PYTHONPATH`` a test's workers get: an entry is kept per ``PYTHONPATH``)."""
+    from gpulayer.testing import no_real_devices_env
+
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
+    run_env.update(GPULAYER_HOME=str(home), GPULAYER_CLI_SERVER_IDLE="0", **no_real_devices_env(), **env)
+    run = subprocess.run([sys.executable, "-m", "gpulayer.cli", "resources", "detect", "--json"], env=run_env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    probes = home / "cache" / "probes"
+    assert list(probes.glob("*.json")), "the detection left no probe cache entry"
+    return probes
+
 
 @pytest.fixture(scope="session")
 def probed_frameworks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The framework probes' cache (``cache/probes/`` of a home) as a first detection by
-    this interpreter leaves it, made once per test process by a real ``gpulayer resources
-    detect``.
+    this interpreter leaves it, made once per test process by :func:`detect_probes`.
 
     Every such detection on a fresh home imports torch in its probe subprocess (about 2 s
     of CPU); copied into a test's fresh home by :func:`tests.support.seed_probe_cache`, it is what a home
@@ -40,17 +65,7 @@ def probed_frameworks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     test that changes any of them probes again. The probes themselves are tested on homes
     that start empty (tests/plugins/test_frameworks.py, tests/unit/test_plugins.py and the
     CLI's detection tests)."""
-    from gpulayer.testing import no_real_devices_env
-
-    home = tmp_path_factory.mktemp("probed") / "home"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
-    env.update(GPULAYER_HOME=str(home), GPULAYER_CLI_SERVER_IDLE="0", **no_real_devices_env())
-    run = subprocess.run([sys.executable, "-m", "gpulayer.cli", "resources", "detect", "--json"], env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    probes = home / "cache" / "probes"
-    assert list(probes.glob("*.json")), "the detection left no probe cache entry"
-    return probes
+    return detect_probes(tmp_path_factory.mktemp("probed") / "home")
 
 
 def _pg_base() -> str:

@@ -18,8 +18,40 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import detect_probes
+from tests.support import seed_probe_cache
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local-slurm.sh"
+#: the PYTHONPATH of the workers these tests' pilot jobs and SSH hosts start: this checkout
+#: and its plugins (a login node's or host's own environment has none for it)
+PILOT_PYTHONPATH = os.environ.get("PYTHONPATH") or os.pathsep.join([str(ROOT), str(ROOT / "plugins")])
+#: the folder of a test's ``tmp_path`` that is GPULAYER_HOME for the workers its pilot jobs start
+NODE_HOME = "node-home"
+
+
+def node_home(tmp_path: Path) -> str:
+    """GPULAYER_HOME for the workers a test's Slurm pilot jobs start. Without one they would
+    use ``~/.gpulayer`` of whoever runs the tests (a real node's default), and share its
+    caches from one test, and one run, to the next."""
+    return str(tmp_path / NODE_HOME)
+
+
+@pytest.fixture(scope="session")
+def pilot_probes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The probe cache a first detection with :data:`PILOT_PYTHONPATH` leaves (see
+    tests/conftest.py's ``probed_frameworks``), once per test process: the homes of these
+    tests' pilots and SSH hosts start with it, so their workers do not import torch for
+    the framework probes again (each entry is still checked as always)."""
+    return detect_probes(tmp_path_factory.mktemp("pilot-probed") / "home", PYTHONPATH=PILOT_PYTHONPATH)
+
+
+@pytest.fixture(autouse=True)
+def _seeded_node_home(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """:func:`node_home` starts as a home that detected before (:func:`pilot_probes`), for
+    the tests that start pilots."""
+    if "slurm" in request.fixturenames:
+        seed_probe_cache(tmp_path / NODE_HOME, request.getfixturevalue("pilot_probes"))
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ a failure. Import the fixture into a test module with
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -22,6 +23,8 @@ from typing import Any
 import pytest
 
 from gpulayer.testing import no_real_devices_env
+from tests.providers.conftest import PILOT_PYTHONPATH
+from tests.support import seed_probe_cache
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "local-sshd.sh"
@@ -35,11 +38,17 @@ class LocalSshd:
     key_file: str
     known_hosts: str
     state: Path
+    #: the probe cache the host's probe home starts with (tests/providers/conftest.py's pilot_probes)
+    probes: Path | None = None
 
     def host_config(self, remote_state: Path, **extra: Any) -> dict[str, Any]:
         """One ``hosts`` entry of an ``ssh`` section for this sshd; the "host" runs workers
-        with this test's Python and this checkout's code."""
-        env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "plugins")]),
+        with this test's Python and this checkout's code. Its probe home (where the provider
+        detects what the host has) starts with :attr:`probes`; the homes of the machines it
+        launches start empty, as on a real host."""
+        if self.probes is not None:
+            seed_probe_cache(remote_state / "probe-home", self.probes)
+        env = {"PYTHONPATH": PILOT_PYTHONPATH,
                "GPULAYER_HEARTBEAT_INTERVAL": "0.3", **no_real_devices_env()}
         entry: dict[str, Any] = {"host": self.host, "port": self.port, "user": self.user, "key_file": self.key_file,
                                  "known_hosts": self.known_hosts, "python": sys.executable, "name": "local",
@@ -69,7 +78,7 @@ def stop(state: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def local_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSshd]:
+def local_sshd(tmp_path_factory: pytest.TempPathFactory, pilot_probes: Path) -> Iterator[LocalSshd]:
     given = os.environ.get("GPULAYER_SSHD_DIR")
     state = Path(given) if given else tmp_path_factory.mktemp("sshd")
     try:
@@ -80,7 +89,7 @@ def local_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSshd]:
             pytest.fail(f"{message} (GPULAYER_REQUIRE_SSHD=1)", pytrace=False)
         pytest.skip(message)
     try:
-        yield sshd
+        yield dataclasses.replace(sshd, probes=pilot_probes)
     finally:
         if not given:
             stop(state)

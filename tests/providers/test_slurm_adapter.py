@@ -18,13 +18,15 @@ from gpulayer_slurm import SlurmConfig, SlurmProvider
 from pydantic import SecretStr
 
 from gpulayer import plugin
-from tests.providers.conftest import LocalSlurm
+from tests.providers.conftest import LocalSlurm, node_home
 from tests.support import wait_for
 
 
 def _provider(slurm: LocalSlurm, tmp_path: Path, **config: object) -> SlurmProvider:
     defaults: dict[str, object] = {"slurm_conf": slurm.conf, "python": sys.executable, "memory_gb": 0.25,
                                    "log_dir": str(tmp_path), "command_timeout": 30}
+    # (a test that passes its own env keeps the home)
+    config["env"] = {"GPULAYER_HOME": node_home(tmp_path), **dict(config.get("env") or {})}
     return SlurmProvider("slurm", SlurmConfig.model_validate({**defaults, **config}))
 
 

@@ -10,7 +10,6 @@ Slurm grants the allocation one of its two fake GRES GPUs.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.providers.conftest import ROOT, LocalSlurm
+from tests.providers.conftest import PILOT_PYTHONPATH, LocalSlurm, node_home
 from tests.server_support import Api, ServerProc, base_env, provider_server, until, wait_job
 from tests.support import cli
 
@@ -30,9 +29,9 @@ SHOW_ENV = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in "
 
 def section(name: str, slurm: LocalSlurm, logs: Path, *, partition: str = "gpu", idle: str = "4s",
             join: str = "120s", extra: str = "") -> str:
-    pythonpath = os.environ.get("PYTHONPATH") or os.pathsep.join([str(ROOT), str(ROOT / "plugins")])
     env = {"GPULAYER_PLUGINS": "gpulayer.fakes", "GPULAYER_FAKE_DEVICES": "cuda:1:16",
-           "GPULAYER_DETECTORS": "none", "GPULAYER_HEARTBEAT_INTERVAL": "0.3", "PYTHONPATH": pythonpath}
+           "GPULAYER_DETECTORS": "none", "GPULAYER_HEARTBEAT_INTERVAL": "0.3", "PYTHONPATH": PILOT_PYTHONPATH,
+           "GPULAYER_HOME": node_home(logs)}
     env_line = "env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + " }"
     return "\n".join([
         f"[{name}]", 'type = "slurm"', f"partitions = [{json.dumps(partition)}]", "max_machines = 2",

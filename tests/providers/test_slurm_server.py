@@ -5,7 +5,6 @@ test makes; the provisioning pass that drives it by itself: test_slurm_provision
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import sys
 import time
@@ -19,7 +18,7 @@ from pydantic import SecretStr
 
 from gpulayer import plugin
 from gpulayer.specs import CommandJob, Placement, Requirements
-from tests.providers.conftest import ROOT, LocalSlurm
+from tests.providers.conftest import PILOT_PYTHONPATH, LocalSlurm, node_home
 from tests.server_support import Api, ServerProc
 from tests.support import cli, wait_for
 
@@ -40,7 +39,8 @@ def server(tmp_path: Path) -> Iterator[ServerProc]:
 def _pilots(slurm: LocalSlurm, tmp_path: Path) -> SlurmProvider:
     return SlurmProvider("slurm", SlurmConfig(
         slurm_conf=slurm.conf, python=sys.executable, memory_gb=0.25, log_dir=str(tmp_path),
-        env={**FAKE_CUDA, "PYTHONPATH": _pythonpath(), "GPULAYER_HEARTBEAT_INTERVAL": "0.3"}))
+        env={**FAKE_CUDA, "PYTHONPATH": PILOT_PYTHONPATH, "GPULAYER_HEARTBEAT_INTERVAL": "0.3",
+             "GPULAYER_HOME": node_home(tmp_path)}))
 
 
 def _launch(provider: SlurmProvider, api: Api, server: ServerProc, label: str) -> tuple[str, str]:
@@ -54,10 +54,6 @@ def _launch(provider: SlurmProvider, api: Api, server: ServerProc, label: str) -
 
 def _online(api: Api, name: str) -> dict[str, Any] | None:
     return next((w for w in api("GET", "/v1/workers").json() if w["name"] == name and w["online"]), None)
-
-
-def _pythonpath() -> str:
-    return os.environ.get("PYTHONPATH") or os.pathsep.join([str(ROOT), str(ROOT / "plugins")])
 
 
 def test_a_pilot_joins_and_a_cloud_job_runs_inside_the_allocation(slurm: LocalSlurm, server: ServerProc,

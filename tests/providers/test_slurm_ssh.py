@@ -21,7 +21,7 @@ from gpulayer_slurm import SlurmConfig, SlurmProvider
 from pydantic import SecretStr
 
 from gpulayer import plugin
-from tests.providers.conftest import ROOT, LocalSlurm
+from tests.providers.conftest import PILOT_PYTHONPATH, ROOT, LocalSlurm, node_home
 from tests.support import wait_for
 
 SSHD_SCRIPT = ROOT / "scripts" / "local-sshd.sh"
@@ -55,7 +55,7 @@ def test_commands_run_on_the_login_node(slurm: LocalSlurm, sshd: dict[str, str],
         ssh_known_hosts=sshd["GPULAYER_SSHD_KNOWN_HOSTS"], slurm_conf=slurm.conf, python=sys.executable,
         memory_gb=0.25, log_dir=str(tmp_path),
         # The login node's own environment has no PYTHONPATH for this checkout: hand it over.
-        env={"PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT))})
+        env={"PYTHONPATH": PILOT_PYTHONPATH, "GPULAYER_HOME": node_home(tmp_path)})
     provider = SlurmProvider("login", config)
     provider.check()
     offer = next(o for o in provider.offers(plugin.Requirements(accelerator="cuda")) if o.region == "gpu")
