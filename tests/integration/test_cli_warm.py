@@ -15,11 +15,13 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from gpulayer.cli import warm, warm_server
+from gpulayer.worker import markers
 from tests.server_support import until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the warm CLI is Linux's")
@@ -70,6 +72,56 @@ def _forward(home: Path, args: list[str], **env: str) -> tuple[str, str, str]:
                           capture_output=True, text=True, timeout=120)
     err, _, code = proc.stderr.rpartition("\nFORWARDED=")
     return proc.stdout, err, code
+
+
+#: runs the command line after the report file's path (``N`` copies at once, N the word
+#: before it) as a subreaper: a CLI server a command started (through an intermediate process
+#: that leaves at once) is this process's child by the time that command has exited. Reports
+#: the commands' exit codes, the servers they started, and those of them still there once
+#: ``KEEP`` at most were (60 s at most; KEEP -1: no waiting)
+SUBREAPER = """
+import ctypes, json, os, subprocess, sys, time
+import psutil
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+report, n, keep, argv = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+procs = [subprocess.Popen(argv) for _ in range(n)]
+codes = [p.wait() for p in procs]
+started = psutil.Process().children()
+
+
+def alive():
+    with_zombies = [p for p in started if p.is_running()]
+    for p in with_zombies:  # (a server that left is a zombie here until it is reaped)
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(p.pid, 0)
+        except (psutil.NoSuchProcess, ChildProcessError):
+            pass
+    return [p.pid for p in started if p.is_running()]
+
+
+deadline = time.monotonic() + 60
+while keep >= 0 and len(alive()) > keep and time.monotonic() < deadline:
+    time.sleep(0.02)
+with open(report, "w") as f:
+    json.dump({"codes": codes, "started": [p.pid for p in started], "alive": alive()}, f)
+"""
+
+
+def _subreaped(home: Path, argv: list[str], *, n: int = 1, keep: int = -1, **env: str) -> dict[str, Any]:
+    """``n`` copies of ``argv`` at once under :data:`SUBREAPER`, with this test's environment
+    and ``env``: its report, and their ``stderr``. (Any server they started that is still
+    there is ended here unless ``keep`` allowed for it: the caller checks the report.)"""
+    report = home / "subreaper.json"
+    run = subprocess.run([sys.executable, "-c", SUBREAPER, str(report), str(n), str(keep), *argv],
+                         env=_env(home, **env), cwd=home, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    found: dict[str, Any] = {**json.loads(report.read_text()), "stderr": run.stderr}
+    if len(found["alive"]) > max(keep, 0):
+        for pid in found["alive"]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+    return found
 
 
 def _masked(text: str) -> str:
@@ -276,25 +328,30 @@ def test_a_server_with_an_idle_time_leaves_when_no_command_came_for_that_long(ho
 
 @pytest.mark.parametrize("why", ["idle 0", "inside a task", "GPULAYER_WARM_CLI=0"])
 def test_a_command_starts_no_server(home, stop_servers, why: str) -> None:  # type: ignore[no-untyped-def]
+    # (inside a task: a marker that names a live worker, this process, as a task's does; one
+    # that names none is an orphan's, which a worker starting meanwhile, in another test,
+    # would end: reap_orphans)
     more = {"idle 0": {"GPULAYER_CLI_SERVER_IDLE": "0"},
-            "inside a task": {"GPULAYER_CLI_SERVER_IDLE": "60", "GPULAYER_TREE_ID": "1.2.3"},
+            "inside a task": {"GPULAYER_CLI_SERVER_IDLE": "60", "GPULAYER_TREE_ID": f"{markers.owner()}.0"},
             "GPULAYER_WARM_CLI=0": {"GPULAYER_CLI_SERVER_IDLE": "60", "GPULAYER_WARM_CLI": "0"}}[why]
     for _ in range(2):
-        _out, err, code = _forward(home, ["jobs", "show", "job-000000000000"], **more)
-        assert code == "None", err
-    time.sleep(1.0)  # (one started would be holding its lock by now)
+        # a server it started would be there by the time it exited (as a process: it need not
+        # hold its lock, or listen, yet)
+        found = _subreaped(home, [sys.executable, "-c", FORWARD, "jobs", "show", "job-000000000000"], **more)
+        assert found["stderr"].endswith("\nFORWARDED=None") and found["codes"] == [0], found
+        assert found["started"] == [], found
     assert warm.server_pid(str(home)) is None
     assert not os.path.exists(warm.socket_path(str(home)))
 
 
 def test_commands_at_once_start_one_server(home, stop_servers) -> None:  # type: ignore[no-untyped-def]
-    env = _env(home, GPULAYER_CLI_SERVER_IDLE="600")
-    procs = [subprocess.Popen([*GPULAYER, "jobs", "show", "job-000000000000"], env=env, cwd=home,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(4)]
-    for proc in procs:
-        assert proc.wait(120) == 2  # (no such job)
+    # every server the commands started is seen, and all but one of them leave
+    found = _subreaped(home, [*GPULAYER, "jobs", "show", "job-000000000000"], n=4, keep=1,
+                       GPULAYER_CLI_SERVER_IDLE="600")
+    assert found["codes"] == [2] * 4, found  # (no such job)
+    assert len(found["alive"]) == 1, found
     server = _own_server(home)
-    time.sleep(1.0)  # any other one started has met the lock and left by now
+    assert found["alive"] == [server.pid], found
 
     def servers() -> list[int]:
         return [p.pid for p in psutil.process_iter(["cmdline"])
@@ -393,6 +450,9 @@ def test_a_server_that_fails_at_its_start_says_why_and_commands_wait_before_star
     assert (Path(too_long + ".failed").read_text()).startswith("OSError")
     # on the home itself: a start that failed a moment ago holds the next one back
     Path(path + ".failed").write_text("OSError: (the test's)\n")
-    assert _forward(home, ["jobs", "show", "job-000000000000"], GPULAYER_CLI_SERVER_IDLE="60")[2] == "None"
-    time.sleep(1.0)
+    # (a server it started would be there by the time it exited)
+    found = _subreaped(home, [sys.executable, "-c", FORWARD, "jobs", "show", "job-000000000000"],
+                       GPULAYER_CLI_SERVER_IDLE="60")
+    assert found["stderr"].endswith("\nFORWARDED=None") and found["codes"] == [0], found
+    assert found["started"] == [], found
     assert warm.server_pid(str(home)) is None and not os.path.exists(path)

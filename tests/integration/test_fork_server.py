@@ -353,9 +353,14 @@ def test_the_next_spare_is_forked_when_the_task_ends_or_soon_into_a_long_one(bun
     at: dict[str, float] = {}
     server = ForkServer(sys.executable, dict(os.environ))
     real_answer = server._answer
+    #: cleared: a spare that comes is held back (its message not read) until it is set again
+    spares_flow = threading.Event()
+    spares_flow.set()
 
     def answer(msg: dict[str, Any], fds: list[int]) -> None:
         kind = "spare" if "spare" in msg else "exit" if "exit" in msg else "other"
+        if kind == "spare":
+            spares_flow.wait(60)
         heard.append(kind)
         at.setdefault(kind, time.monotonic())
         real_answer(msg, fds)
@@ -384,6 +389,8 @@ def test_the_next_spare_is_forked_when_the_task_ends_or_soon_into_a_long_one(bun
         def ask(after: int | None = None) -> None:
             asked.append(after)
             real_ask(after)
+            if after is None:
+                spares_flow.set()
 
         server._ask = ask  # type: ignore[method-assign]
         nap = {"function": "jobmod:nap", "args": [], "kwargs": {}}
@@ -393,9 +400,12 @@ def test_the_next_spare_is_forked_when_the_task_ends_or_soon_into_a_long_one(bun
         until(lambda: server._spares, 30, "a spare while the long task runs")
         assert heard == ["spare"] and first.poll() is None and asked == [first.pid]
         # the next long one takes that spare, and its go defers the next; a start that comes
-        # meanwhile asks for it at once rather than wait for either
+        # meanwhile asks for it at once rather than wait for either. (That start must come
+        # while the spare is deferred: on a slow machine SPARE_AFTER may pass before it looks
+        # for a spare, so a spare that comes before it asked is held back until it has.)
         second, out2, err2 = server.start(cwd=str(bundle), env=env, spec=nap, result=str(tmp_path / "2.json"),
                                           gated=True)
+        spares_flow.clear()
         second.go()
         third, out3, err3 = _gated(server, bundle, tmp_path, tmp_path / "third")
         assert asked == [first.pid, second.pid, None]
@@ -405,6 +415,7 @@ def test_the_next_spare_is_forked_when_the_task_ends_or_soon_into_a_long_one(bun
         for fd in (out, err, out2, err2, out3, err3):
             os.close(fd)
     finally:
+        spares_flow.set()
         server.close()
 
 

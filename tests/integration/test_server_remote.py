@@ -86,7 +86,10 @@ def test_killed_worker_tasks_are_lost_and_retried_elsewhere(stack: dict[str, Any
     b = stack["add_worker"](1)
     ws = wait_workers(admin, 2)
     c = http_client(stack["server"].url, token=admin.token, retry_for=5)
-    job = c.submit(CommandJob(command=["sleep", "4"], retries=1, placement=REMOTE))
+    # the first attempt runs until its worker is killed, however late that comes (it dies with
+    # the worker: the parent-death signal is kept across the exec); the retry ends at once
+    job = c.submit(CommandJob(command=["sh", "-c", 'if [ "$GPULAYER_ATTEMPT" = 1 ]; then exec sleep 120; fi'],
+                              retries=1, placement=REMOTE))
     rec = until(lambda: (j := c.api.get_job(job.id)).state is JobState.RUNNING and j, 60, "the job to run")
     first_worker = rec.tasks[-1].worker_id
     pids = {w["id"]: w["pid"] for w in ws}
@@ -165,6 +168,7 @@ def test_server_killed_twice_mid_run_loses_nothing_and_runs_nothing_twice(
 def test_a_server_down_for_longer_than_the_heartbeat_timeout_loses_nothing(tmp_path: Path) -> None:
     """The worker keeps running its task through the outage; after the restart it is given
     a grace period, reconnects, and its report counts: the job succeeds, having run once."""
+    outage = 5.0  # seconds the server is down
     srv = ServerProc(tmp_path / "server", env={"GPULAYER_HEARTBEAT_TIMEOUT": "3"}).start()
     admin = Api(srv.url, srv.admin_token)
     join = admin.token_for("join")["token"]
@@ -177,7 +181,13 @@ def test_a_server_down_for_longer_than_the_heartbeat_timeout_loses_nothing(tmp_p
                                   placement=REMOTE))
         until(lambda: c.api.get_job(job.id).state is JobState.RUNNING, 60, "the job to run")
         srv.kill(signal.SIGKILL)
-        time.sleep(5)  # longer than the heartbeat timeout: the last heartbeat predates the crash
+        time.sleep(outage)
+        # restarted with a heartbeat timeout as long as the outage: the worker's last heartbeat
+        # (before the kill) is older than that when the server comes back, however fast it
+        # does, so only the grace keeps the worker online; and the grace (one heartbeat
+        # timeout) leaves the worker, whose calls retry a refused connection every 2 s at
+        # most, time to reconnect on a slow machine
+        srv.extra_env["GPULAYER_HEARTBEAT_TIMEOUT"] = str(outage)
         srv.start()
         done = c.wait(job.id, timeout=90)
         assert done.state is JobState.SUCCEEDED, (done.state, done.error, srv.log()[-2000:])

@@ -184,14 +184,22 @@ time.sleep(100)
 def test_timeout_ends_the_whole_tree(tmp_path: Path) -> None:
     pidfile = tmp_path / "grandchild.pid"
     argv = script(tmp_path, TREE.format(pidfile=str(pidfile)))
-    start = time.monotonic()
-    result = run_process(argv, env=env(), cwd=None, on_output=Output(), timeout=1.0, grace=2.0)
-    assert time.monotonic() - start < 10
+    pids: list[int] = []
+    start: list[float] = []
+
+    def tree_in_place(_pid: int) -> None:
+        pids.append(int(wait_file(pidfile, within=60)))
+        start.append(time.monotonic())
+
+    # (the timeout's clock starts once on_start returned: once the tree is in place, however
+    # slowly the task's Python started)
+    result = run_process(argv, env=env(), cwd=None, on_output=Output(), timeout=0.5, grace=2.0,
+                         on_start=tree_in_place)
+    assert time.monotonic() - start[0] < 10
     assert result.state == "timed_out"
-    assert result.error == "timed out after 1.0 s"
+    assert result.error == "timed out after 0.5 s"
     assert result.exit_code is not None and result.exit_code < 0
-    grandchild = int(wait_file(pidfile, within=1))
-    assert wait_gone(grandchild)
+    assert wait_gone(pids[0])
 
 
 def test_cancel_ends_grandchildren(tmp_path: Path) -> None:
@@ -255,15 +263,19 @@ def test_sigterm_ignored_gets_sigkill_after_grace(tmp_path: Path) -> None:
 
 
 def test_sigterm_ignored_timeout(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
     argv = script(
         tmp_path,
-        """
+        f"""
         import signal, time
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        open({str(ready)!r}, "w").write("ignoring SIGTERM")
         time.sleep(100)
         """,
     )
-    result = run_process(argv, env=env(), cwd=None, on_output=Output(), timeout=1.0, grace=0.5)
+    # (the timeout's clock starts once on_start returned: once the task ignores SIGTERM)
+    result = run_process(argv, env=env(), cwd=None, on_output=Output(), timeout=0.5, grace=0.5,
+                         on_start=lambda _pid: wait_file(ready, within=60))
     assert result.state == "timed_out"
     assert result.exit_code == -9
 
@@ -306,10 +318,12 @@ os.rename({pidfile!r} + ".tmp", {pidfile!r})
 def test_setsid_grandchild_is_killed_on_timeout(tmp_path: Path) -> None:
     pidfile = tmp_path / "grandchild.pid"
     argv = script(tmp_path, ESCAPE.format(pidfile=str(pidfile), after="time.sleep(100)"))
-    result = run_process(argv, env=env(), cwd=None, on_output=Output(), timeout=1.0, grace=1.0)
+    pids: list[int] = []
+    # (the timeout's clock starts once on_start returned: once the grandchild has left)
+    result = run_process(argv, env=env(), cwd=None, on_output=Output(), timeout=0.5, grace=1.0,
+                         on_start=lambda _pid: pids.append(int(wait_file(pidfile, within=60))))
     assert result.state == "timed_out"
-    grandchild = int(wait_file(pidfile, within=1))
-    assert wait_gone(grandchild)
+    assert wait_gone(pids[0])
 
 
 def test_setsid_grandchild_is_killed_on_cancel(tmp_path: Path) -> None:
@@ -547,11 +561,13 @@ def test_reap_orphans_leaves_live_workers_tasks_alone(tmp_path: Path) -> None:
 
     out = Output()
     cancel = threading.Event()
+    started = threading.Event()
     t = threading.Thread(target=run_process, args=([PY, "-c", "import time; time.sleep(30)"],),
-                         kwargs={"env": env(), "cwd": None, "on_output": out, "cancel": cancel})
+                         kwargs={"env": env(), "cwd": None, "on_output": out, "cancel": cancel,
+                                 "on_start": lambda _pid: started.set()})
     t.start()
     try:
-        time.sleep(0.5)
+        assert started.wait(60), "the task did not start"
         mine = [p for p in psutil.Process().children(recursive=True) if "time.sleep(30)" in " ".join(p.cmdline())]
         assert mine
         reap_orphans()

@@ -44,6 +44,34 @@ def queued(cp: ControlPlane, n: int, **kw: Any) -> list[str]:
     return [cp.submit(gpu_job(placement=WAIT), **kw).id for _ in range(n)]
 
 
+class Waits:
+    """Counts the times a control plane's waits went to sleep for a change (``_wait_change``):
+    :meth:`until` tells when a wait started in another thread has made its look and waits,
+    instead of a sleep that guesses how long that takes."""
+
+    def __init__(self, cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        self.changed = threading.Condition()
+        real = cp._wait_change
+
+        def counted(generation: int, timeout: float) -> None:
+            with self.changed:
+                self.count += 1
+                self.changed.notify_all()
+            real(generation, timeout)
+
+        monkeypatch.setattr(cp, "_wait_change", counted)
+
+    def until(self, n: int, thread: threading.Thread) -> None:
+        """Until the waits went to sleep ``n`` times in all, or ``thread`` ended (30 s at most:
+        the tests that use it are bounded by HANG)."""
+        deadline = time.monotonic() + 30
+        with self.changed:
+            while self.count < n and thread.is_alive() and time.monotonic() < deadline:
+                self.changed.wait(0.05)  # (a thread that ends says nothing: look again)
+        assert self.count >= n or not thread.is_alive(), f"the wait went to sleep {self.count} time(s) in 30 s, not {n}"
+
+
 def run_to_end(cp: ControlPlane, worker_id: str, job_id: str, state: TaskState = TaskState.SUCCEEDED,
                exit_code: int = 0) -> None:
     """Start and finish the task assigned to ``worker_id`` for ``job_id``."""
@@ -116,17 +144,19 @@ def test_a_wait_that_runs_out_of_time_answers_what_ended_by_then(cp: ControlPlan
 
 
 @HANG
-def test_a_job_ended_by_another_thread_wakes_the_wait(cp: ControlPlane) -> None:
+def test_a_job_ended_by_another_thread_wakes_the_wait(cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
     w = cp.register_worker(cuda_caps(1), cpu_slots=0)
     a = cp.submit(gpu_job()).id  # assigned
     b, c = queued(cp, 2)
     [task] = cp.poll_tasks(w.id)
     cp.start_task(task.task_id, worker_id=w.id)
+    waits = Waits(cp, monkeypatch)
     errors: list[BaseException] = []
+    main = threading.current_thread()
 
     def finish() -> None:
         try:
-            time.sleep(0.2)  # (so that the wait is waiting; nothing is measured)
+            waits.until(1, main)  # (the wait has looked, and waits)
             cp.finish_task(task.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0)
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
@@ -272,8 +302,9 @@ def test_a_wait_hears_from_the_changes_which_jobs_ended_without_looking_again(
     a = cp.submit(gpu_job()).id  # assigned to w
     b, c = queued(cp, 2)
     looks = Looks(cp, monkeypatch)
+    waits = Waits(cp, monkeypatch)
     t, got = waiting_for(cp, [a, b, c], count=3)
-    time.sleep(0.2)  # (so that the wait is waiting; nothing is measured)
+    waits.until(1, t)  # (it has made its first look, and waits)
     cp.cancel(c)
     run_to_end(cp, w.id, a)
     cp.cancel(b)
@@ -292,14 +323,15 @@ def test_a_change_that_does_not_name_the_jobs_it_ended_makes_the_wait_look(
     cp.register_worker(make_capabilities(), cpu_slots=0)
     a, b = queued(cp, 2)
     looks = Looks(cp, monkeypatch)
+    waits = Waits(cp, monkeypatch)
     t, got = waiting_for(cp, [a], count=1)
-    time.sleep(0.2)
+    waits.until(1, t)  # (it has made its first look, and waits)
     # another process ended ``a`` (written here behind this control plane's back)
     with cp.store.write() as s:
         plain.update_job(s, a, state=JobState.CANCELLED.value)
     cp.store.take_ended()  # (that process's to say, not this one's)
     cp._nudged({"J", f"x:{b}"})  # names b alone: the wait goes on
-    t.join(0.5)
+    waits.until(2, t)  # (it heard the news, and waits again: or it answered)
     assert t.is_alive() and looks.count == 1
     cp._nudged({"j"})  # names none: the wait looks, and sees a
     t.join(30)
@@ -321,8 +353,9 @@ def test_a_wait_on_jobs_the_last_one_looked_at_starts_from_its_look(
     assert looks.count == 1
     run_to_end(cp, w.id, a)  # (b is assigned in a's place)
     assert ids(cp.wait_jobs([a, b, c], count=1, timeout=LONG)) == [a]
+    waits = Waits(cp, monkeypatch)
     t, got = waiting_for(cp, [b, c], count=1)  # nothing ended yet: it waits for the news
-    time.sleep(0.2)
+    waits.until(1, t)
     cp.cancel(c)
     t.join(30)
     assert [ids(g) for g in got] == [[c]]
@@ -401,6 +434,7 @@ def test_a_nudge_names_the_jobs_a_change_ended_unless_there_are_too_many(
 # --------------------------------------------------------------------------- gl.wait and gl.as_completed
 
 MODULE = """
+import os
 import time
 
 import gpulayer as gl
@@ -409,6 +443,15 @@ import gpulayer as gl
 @gl.remote
 def nap(seconds, tag):
     time.sleep(seconds)
+    return tag
+
+
+@gl.remote
+def nap_until(path, tag, longest=60.0):
+    # until the file at path exists (longest seconds at most)
+    deadline = time.monotonic() + longest
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
     return tag
 """
 
@@ -473,10 +516,15 @@ def test_gl_wait_that_runs_out_of_time_names_a_job_still_running(napmod: Any) ->
     assert {h.status() for h in (slow, queued_one)} == {"cancelled"}
 
 
-def test_as_completed_yields_the_first_to_end_first_and_runs_out_of_time(napmod: Any) -> None:
-    slow = napmod.nap.remote(2.0, "slow")  # submitted first, ends last
+def test_as_completed_yields_the_first_to_end_first_and_runs_out_of_time(napmod: Any, tmp_path: Path) -> None:
+    # submitted first, ends last: only once the first handle came (fast ends however late)
+    go = tmp_path / "go"
+    slow = napmod.nap_until.remote(str(go), "slow")
     fast = napmod.nap.remote(0.0, "fast")
-    done = list(gl.as_completed([slow, fast], timeout=LONG))
+    completed = gl.as_completed([slow, fast], timeout=LONG)
+    done = [next(completed)]
+    go.touch()
+    done += list(completed)
     assert [h.id for h in done] == [fast.id, slow.id]
     assert [h.result(timeout=0) for h in done] == ["fast", "slow"]
     # ended jobs come back at once, in the order given
