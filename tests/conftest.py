@@ -13,8 +13,6 @@ import atexit
 import os
 import secrets
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,35 +35,13 @@ if not os.environ.get("GPULAYER_HOME"):
     atexit.register(shutil.rmtree, os.environ["GPULAYER_HOME"], True)
 
 
-def detect_probes(home: Path, **env: str) -> Path:
-    """The framework probes' cache (``cache/probes/`` of ``home``) as a first detection by this
-    interpreter leaves it: a real ``gpulayer resources detect`` on ``home``, with ``env``
-    (e.g. the ``PYTHONPATH`` a test's workers get: an entry is kept per ``PYTHONPATH``)."""
-    from gpulayer.testing import no_real_devices_env
-
-    run_env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
-    run_env.update(GPULAYER_HOME=str(home), GPULAYER_CLI_SERVER_IDLE="0", **no_real_devices_env(), **env)
-    run = subprocess.run([sys.executable, "-m", "gpulayer.cli", "resources", "detect", "--json"], env=run_env,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    probes = home / "cache" / "probes"
-    assert list(probes.glob("*.json")), "the detection left no probe cache entry"
-    return probes
-
-
 @pytest.fixture(scope="session")
-def probed_frameworks(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The framework probes' cache (``cache/probes/`` of a home) as a first detection by
-    this interpreter leaves it, made once per test process by :func:`detect_probes`.
+def probed_frameworks() -> Path:
+    """The framework probes' cache a first detection by this interpreter leaves, made once
+    per test process (:func:`tests.support.first_detection`, which says why)."""
+    from tests.support import first_detection
 
-    Every such detection on a fresh home imports torch in its probe subprocess (about 2 s
-    of CPU); copied into a test's fresh home by :func:`tests.support.seed_probe_cache`, it is what a home
-    that has detected before holds. Each entry is checked as always (the interpreter and
-    every ``sys.path`` folder unchanged, the same probes, the same ``PYTHONPATH``), so a
-    test that changes any of them probes again. The probes themselves are tested on homes
-    that start empty (tests/plugins/test_frameworks.py, tests/unit/test_plugins.py and the
-    CLI's detection tests)."""
-    return detect_probes(tmp_path_factory.mktemp("probed") / "home")
+    return first_detection()
 
 
 def _pg_base() -> str:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from gpulayer.testing import no_real_devices_env
-from tests.support import wait_for
+from tests.support import first_detection, seed_probe_cache, wait_for
 
 CLEAN_ENV = ("GPULAYER_URL", "GPULAYER_TOKEN", "GPULAYER_CA", "GPULAYER_DATABASE_URL",
              "GPULAYER_DISABLE_PLUGINS", "GPULAYER_PLUGINS", "GPULAYER_FAKE_DEVICES")
@@ -120,7 +120,10 @@ class Api:
 
 def start_remote_worker(url: str, join_token: str, home: Path, *, cpu_slots: int = 2,
                         env: dict[str, str] | None = None, name: str | None = None) -> subprocess.Popen[str]:
+    """``gpulayer worker start`` joined to the server at ``url``, on ``home``: a fresh home but
+    for the framework probes' cache of a first detection (tests.support.first_detection)."""
     home.mkdir(parents=True, exist_ok=True)
+    seed_probe_cache(home, first_detection())
     cmd = [sys.executable, "-m", "gpulayer.cli", "--url", url, "worker", "start", "--token", join_token,
            "--cpu-slots", str(cpu_slots), "--grace", "2"]
     if name:

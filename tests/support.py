@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import importlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -119,6 +122,38 @@ def job_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefix: str, sou
 
 
 def seed_probe_cache(home: Path, probes: Path) -> None:
-    """Put the entries of ``probes`` (the ``probed_frameworks`` fixture, tests/conftest.py) into
+    """Put the entries of ``probes`` (:func:`first_detection`, or :func:`detect_probes`) into
     ``home``'s cache."""
     shutil.copytree(probes, home / "cache" / "probes", dirs_exist_ok=True)
+
+
+def detect_probes(home: Path, **env: str) -> Path:
+    """The framework probes' cache (``cache/probes/`` of ``home``) as a first detection by this
+    interpreter leaves it: a real ``gpulayer resources detect`` on ``home``, with ``env``
+    (e.g. the ``PYTHONPATH`` a test's workers get: an entry is kept per ``PYTHONPATH``)."""
+    from gpulayer.testing import no_real_devices_env
+
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
+    run_env.update(GPULAYER_HOME=str(home), GPULAYER_CLI_SERVER_IDLE="0", **no_real_devices_env(), **env)
+    run = subprocess.run([sys.executable, "-m", "gpulayer.cli", "resources", "detect", "--json"], env=run_env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    probes = home / "cache" / "probes"
+    assert list(probes.glob("*.json")), "the detection left no probe cache entry"
+    return probes
+
+
+@functools.cache
+def first_detection() -> Path:
+    """:func:`detect_probes` with this test process's environment, once per process (in a
+    folder removed when it exits). Every such detection on a fresh home imports torch in its
+    probe subprocess (about 2 s of CPU); copied into a test's fresh home (the ``home``
+    fixture, :func:`tests.server_support.start_remote_worker`), it is what a home that has
+    detected before holds. Each entry is checked as always (the interpreter and every
+    ``sys.path`` folder unchanged, the same probes, the same ``PYTHONPATH``), so a test that
+    changes any of them probes again. The probes themselves are tested on homes that start
+    empty (tests/plugins/test_frameworks.py, tests/unit/test_plugins.py and the CLI's
+    detection tests)."""
+    folder = tempfile.mkdtemp(prefix="gpulayer-tests-probed-")
+    atexit.register(shutil.rmtree, folder, True)
+    return detect_probes(Path(folder) / "home")

@@ -33,7 +33,7 @@ from gpulayer.errors import JobFailed, Unschedulable
 from gpulayer.fakes import fake_devices_env
 from gpulayer.records import JobState, TaskState
 from gpulayer.specs import DistributedJob
-from tests.support import cli, wait_for
+from tests.support import cli, first_detection, seed_probe_cache, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -167,6 +167,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("distributed")
     home = root / "home"
     home.mkdir()
+    seed_probe_cache(home, first_detection())  # (its two workers start together: both would probe)
     kfd = root / "no-kfd"
     kfd.mkdir()
     project = write_project(root / "project")

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import detect_probes
-from tests.support import seed_probe_cache
+from tests.support import detect_probes, seed_probe_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local-slurm.sh"
