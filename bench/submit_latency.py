@@ -120,6 +120,11 @@ def throughput(n: int, noop: object, batch: bool = False) -> tuple[float, float]
         a.stop(grace=5)
     client._agent = None  # (so the next row's submits look for a live local worker, as a script's do)
 
+    return jobs_s, floor_rate(n)
+
+
+def floor_rate(n: int) -> float:
+    """Processes/s of ``n`` :func:`floor` calls from two threads (the throughput's floor)."""
     left = [n]
     lock = threading.Lock()
 
@@ -137,7 +142,7 @@ def throughput(n: int, noop: object, batch: bool = False) -> tuple[float, float]
         t.start()
     for t in threads:
         t.join()
-    return jobs_s, n / (time.perf_counter() - t0)
+    return n / (time.perf_counter() - t0)
 
 
 def throughput_processes(n: int, noop: object, code: Path, batch: bool = False) -> tuple[float, float]:
