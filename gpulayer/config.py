@@ -147,6 +147,13 @@ def _switch(name: str, raw: str) -> bool:
     raise InvalidInput(f"{name}={raw!r}: expected 1 or 0 (also true/false, yes/no, on/off)")
 
 
+def _sqlite_sync(name: str, raw: str) -> str:
+    modes = ("full", "normal")
+    if raw.strip().lower() not in modes:
+        raise InvalidInput(f"{name}={raw!r}: expected one of {', '.join(modes)}")
+    return raw.strip().lower()
+
+
 def _level(name: str, raw: str) -> str:
     levels = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
     if raw.strip().upper() not in levels:
@@ -167,6 +174,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("GPULAYER_DATABASE_URL", "database_url", _text, None, "SQLite in `GPULAYER_HOME`",
             "the database of the embedded control plane and of `gpulayer server start` "
             "(`sqlite:///PATH` or `postgresql://USER@HOST/DB`)"),
+    Setting("GPULAYER_SQLITE_SYNC", "sqlite_sync", _sqlite_sync, "full", "`full`",
+            "how an SQLite database commits: `full` writes each commit through to the disk before it is "
+            "acknowledged, so a power loss or an operating system crash loses no acknowledged change; "
+            "`normal` leaves that to SQLite's checkpoints: fewer disk syncs, and the last changes before "
+            "such a crash may be lost (a crash of GPUlayer's own processes loses nothing either way)"),
     Setting("GPULAYER_PLUGINS", "plugins", _names, (), "none",
             "extra plugin modules to load, comma separated (a plugin under development, tests)"),
     Setting("GPULAYER_DISABLE_PLUGINS", "disable_plugins", _names, (), "none",
@@ -251,6 +263,7 @@ class Settings(NamedTuple):
     token: str | None
     ca: str | None
     database_url: str | None
+    sqlite_sync: str
     plugins: tuple[str, ...]
     disable_plugins: tuple[str, ...]
     detectors: tuple[str, ...]

@@ -134,6 +134,9 @@ class Store:
                 # database's mode): it holds job specs, code, logs, results and token hashes
                 with contextlib.suppress(FileExistsError):
                     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            # FULL: in WAL mode each commit syncs the log, so what was acknowledged survives a
+            # power loss or an OS crash; NORMAL syncs at checkpoints only (GPULAYER_SQLITE_SYNC)
+            sync = config.settings().sqlite_sync.upper()
             # pooled: opening a connection (and its PRAGMAs) cost more than a heartbeat's work
             engine = create_engine(
                 self.url, pool_size=16, max_overflow=48, pool_timeout=60,
@@ -145,7 +148,7 @@ class Store:
                 dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
                 cur = dbapi_conn.cursor()
                 _wal(cur, path or "")
-                cur.execute("PRAGMA synchronous=NORMAL")
+                cur.execute(f"PRAGMA synchronous={sync}")
                 cur.execute("PRAGMA busy_timeout=30000")
                 cur.close()
 

@@ -87,6 +87,25 @@ def test_a_new_database_another_process_holds_is_put_in_wal_mode_once_it_lets_go
         other.close()
 
 
+@pytest.mark.parametrize(("setting", "synchronous"), [(None, 2), ("normal", 1), ("FULL", 2)])
+def test_an_sqlite_commit_is_synced_to_disk_unless_the_setting_says_normal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str | None, synchronous: int) -> None:
+    """PRAGMA synchronous on the connections that write: FULL (2) by default, so that in WAL
+    mode each commit syncs the log before it is acknowledged; NORMAL (1) with
+    GPULAYER_SQLITE_SYNC=normal (docs/settings.md)."""
+    if setting is None:
+        monkeypatch.delenv("GPULAYER_SQLITE_SYNC", raising=False)
+    else:
+        monkeypatch.setenv("GPULAYER_SQLITE_SYNC", setting)
+    store = Store(f"sqlite:///{tmp_path / 'gpulayer.db'}")
+    try:
+        with store.write() as s:
+            assert s.connection().exec_driver_sql("PRAGMA synchronous").scalar() == synchronous
+            assert s.connection().exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    finally:
+        store.dispose()
+
+
 def test_bad_database_urls_name_what_is_accepted() -> None:
     with pytest.raises(InvalidInput, match="accepted: sqlite:///PATH or postgresql://"):
         Store("mysql://root@localhost/db")

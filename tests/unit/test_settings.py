@@ -66,6 +66,7 @@ def test_the_settings_follow_every_change_of_the_environment(monkeypatch: pytest
     ("GPULAYER_RENDEZVOUS_PORTS", "80-90", "expected 1024 <= LOW <= HIGH <= 65535"),
     ("GPULAYER_RENDEZVOUS_PORTS", "20000", "expected LOW-HIGH"),
     ("GPULAYER_LOG_LEVEL", "loud", "expected one of DEBUG, INFO"),
+    ("GPULAYER_SQLITE_SYNC", "off", "expected one of full, normal"),
 ])
 def test_a_bad_value_names_the_variable_and_what_is_accepted(monkeypatch: pytest.MonkeyPatch, name: str,
                                                               value: str, accepted: str) -> None:
