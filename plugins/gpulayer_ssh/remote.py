@@ -20,7 +20,9 @@ Operations (``op`` in the request):
 State directory layout (``state_dir``, default ``~/.gpulayer/ssh-provider``)::
 
     machines/<machine_id>/marker.json   {machine_id, label, pid, create_time, started_at}
-    machines/<machine_id>/home/         the worker's GPULAYER_HOME (bundles, caches)
+    machines/<machine_id>/home/         the worker's GPULAYER_HOME (bundles, caches; it starts
+                                        with the probe cache of probe-home)
+    probe-home/                         GPULAYER_HOME of the host's probe (``status``)
     logs/<machine_id>.log               the worker's output (kept after terminate)
     lock                                flock'ed while a launch or terminate runs
 
@@ -138,6 +140,19 @@ def _probe(req: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
         return {"error": "'gpulayer.cli resources detect --json' printed no JSON"}
 
 
+def _seed_probes(state: str, home: str) -> None:
+    """Start the worker's home with the framework probes' answers the host's own probe left
+    (``probe-home``, see :func:`_probe`): the worker's detection then does not run them again
+    (they import torch and the like: seconds of CPU). Each entry is checked as any cached one
+    is (the same Python, its ``sys.path`` folders unchanged, the same ``PYTHONPATH`` and probes),
+    so one that no longer fits is probed afresh; nothing to copy, or a copy that fails, only
+    costs that."""
+    probes = os.path.join(state, "probe-home", "cache", "probes")
+    if os.path.isdir(probes):
+        with contextlib.suppress(OSError):
+            shutil.copytree(probes, os.path.join(home, "cache", "probes"), dirs_exist_ok=True)
+
+
 def status(req: dict[str, Any]) -> dict[str, Any]:
     answer: dict[str, Any] = {"markers": _markers(req["state_dir"])}
     if req.get("probe"):
@@ -157,6 +172,7 @@ def launch(req: dict[str, Any]) -> dict[str, Any]:
         folder = os.path.join(_machines(state), machine_id)
         home = os.path.join(folder, "home")
         os.makedirs(home, mode=0o700, exist_ok=True)
+        _seed_probes(state, home)
         logs = os.path.join(state, "logs")
         os.makedirs(logs, mode=0o700, exist_ok=True)
         env = {**os.environ, "GPULAYER_HOME": home, **req.get("env", {}), **req["worker_env"]}

@@ -237,6 +237,12 @@ def test_launch_starts_a_worker_that_joins_and_terminate_stops_it(
     assert (remote / "logs" / "m-ssh00000001.log").exists()
     marker = remote / "machines" / "m-ssh00000001" / "marker.json"
     assert marker.stat().st_mode & 0o077 == 0 and marker.parent.stat().st_mode & 0o077 == 0  # private
+    # its home started with the framework probes' answers of the host's probe, and its own
+    # detection used them (a probe run would have written its entry anew)
+    (probed,) = (remote / "probe-home" / "cache" / "probes").glob("*.json")
+    seeded = remote / "machines" / "m-ssh00000001" / "home" / "cache" / "probes" / probed.name
+    assert seeded.read_bytes() == probed.read_bytes()
+    assert seeded.stat().st_mtime_ns == probed.stat().st_mtime_ns
 
     # list finds it by label, and only by its label
     (live,) = pool.list(LABEL)
