@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -56,7 +57,9 @@ def main() -> None:
     (code / "bench_noop.py").write_text(NOOP)
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "GPULAYER_HOME": str(home), "PYTHONPATH": str(code)}
+    # none of the caller's GPULAYER_* (a database URL, a token): the bench's own server and home
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
+    env.update(GPULAYER_HOME=str(home), PYTHONPATH=str(code))
     server = subprocess.Popen([*cli(), "server", "start", "--port", str(port)], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers: list[subprocess.Popen[bytes]] = []
@@ -86,6 +89,7 @@ def main() -> None:
             p.terminate()
         for p in [*workers, server]:
             p.wait(timeout=60)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def measure(server: int, n: int, rounds: int) -> None:
@@ -93,7 +97,8 @@ def measure(server: int, n: int, rounds: int) -> None:
 
     import gpulayer as gl
 
-    gl.wait(gl.submit_many([bench_noop.noop.spec() for _ in range(50)]), timeout=600)  # warm: fork servers
+    warm = gl.submit_many([bench_noop.noop.spec() for _ in range(50)])  # warm: the fork servers
+    gl.wait(warm, timeout=600)
 
     def by_wait(handles: list[gl.JobHandle]) -> None:
         gl.wait(handles, timeout=600)
@@ -101,15 +106,22 @@ def measure(server: int, n: int, rounds: int) -> None:
     def by_as_completed(handles: list[gl.JobHandle]) -> None:
         assert sum(1 for _ in gl.as_completed(handles, timeout=600)) == len(handles)
 
+    def succeeded(handles: list[gl.JobHandle]) -> None:
+        """(a round whose jobs failed fast would only look fast)"""
+        states = {r.state.value for r in gl.wait(handles, timeout=60)}
+        assert states == {"succeeded"}, f"the bench's jobs ended {sorted(states)}"
+
     ways = {"gl.wait": by_wait, "gl.as_completed": by_as_completed}
     got: dict[str, list[tuple[float, float, float]]] = {name: [] for name in ways}
     floors = []
     for _ in range(rounds):
         for name, wait in ways.items():  # in turn, so that a change of load weighs on both
             server0, me0, t0 = _cpu(server), time.process_time(), time.perf_counter()
-            wait(gl.submit_many([bench_noop.noop.spec() for _ in range(n)]))
+            handles = gl.submit_many([bench_noop.noop.spec() for _ in range(n)])
+            wait(handles)
             seconds = time.perf_counter() - t0
             got[name].append((n / seconds, (_cpu(server) - server0) / n, (time.process_time() - me0) / n))
+            succeeded(handles)
         floors.append(floor_rate(n))
     base = statistics.median(floors)
     print(f"{n} no-op FunctionJobs (one gl.submit_many) through a server and two `gpulayer worker start` "

@@ -175,10 +175,11 @@ SETTINGS: tuple[Setting, ...] = (
             "the database of the embedded control plane and of `gpulayer server start` "
             "(`sqlite:///PATH` or `postgresql://USER@HOST/DB`)"),
     Setting("GPULAYER_SQLITE_SYNC", "sqlite_sync", _sqlite_sync, "full", "`full`",
-            "how an SQLite database commits: `full` writes each commit through to the disk before it is "
-            "acknowledged, so a power loss or an operating system crash loses no acknowledged change; "
-            "`normal` leaves that to SQLite's checkpoints: fewer disk syncs, and the last changes before "
-            "such a crash may be lost (a crash of GPUlayer's own processes loses nothing either way)"),
+            "how this process commits to an SQLite database: `full` writes each commit through to the disk "
+            "before it is acknowledged, so a power loss or an operating system crash loses no acknowledged "
+            "change; `normal` leaves that to SQLite's checkpoints: fewer disk syncs, and the last changes "
+            "before such a crash may be lost (a crash of GPUlayer's own processes loses nothing either way). "
+            "Each process that writes (a worker, a server, your program) follows its own: set it alike"),
     Setting("GPULAYER_PLUGINS", "plugins", _names, (), "none",
             "extra plugin modules to load, comma separated (a plugin under development, tests)"),
     Setting("GPULAYER_DISABLE_PLUGINS", "disable_plugins", _names, (), "none",

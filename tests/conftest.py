@@ -28,11 +28,11 @@ PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
 os.environ.setdefault("GPULAYER_CLI_SERVER_IDLE", "0")
 
 # A test that names no home of its own (a command pointed at a server, a provider's host)
-# gets one of this test process's, never the ~/.gpulayer of whoever runs the tests: nothing
-# there is read by one test or run and found by the next.
-if not os.environ.get("GPULAYER_HOME"):
-    os.environ["GPULAYER_HOME"] = tempfile.mkdtemp(prefix="gpulayer-tests-home-")
-    atexit.register(shutil.rmtree, os.environ["GPULAYER_HOME"], True)
+# gets one of this test process's (each xdist worker its own, not the one it inherits from
+# the controller), never the home of whoever runs the tests (~/.gpulayer, or a
+# GPULAYER_HOME they exported): nothing there is read by one test or run and found by the next.
+os.environ["GPULAYER_HOME"] = tempfile.mkdtemp(prefix="gpulayer-tests-home-")
+atexit.register(shutil.rmtree, os.environ["GPULAYER_HOME"], True)
 
 
 @pytest.fixture(scope="session")

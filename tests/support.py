@@ -154,6 +154,16 @@ def first_detection() -> Path:
     changes any of them probes again. The probes themselves are tested on homes that start
     empty (tests/plugins/test_frameworks.py, tests/unit/test_plugins.py and the CLI's
     detection tests)."""
+    if _detection_failed:  # (once: not again, up to 300 s, for every test that asks)
+        raise AssertionError(f"the first detection failed: {_detection_failed[0]}")
     folder = tempfile.mkdtemp(prefix="gpulayer-tests-probed-")
     atexit.register(shutil.rmtree, folder, True)
-    return detect_probes(Path(folder) / "home")
+    try:
+        return detect_probes(Path(folder) / "home")
+    except Exception as exc:
+        _detection_failed.append(exc)
+        raise
+
+
+#: why :func:`first_detection` failed in this process, once it did
+_detection_failed: list[BaseException] = []

@@ -150,7 +150,9 @@ def _seed_probes(state: str, home: str) -> None:
     probes = os.path.join(state, "probe-home", "cache", "probes")
     if os.path.isdir(probes):
         with contextlib.suppress(OSError):
-            shutil.copytree(probes, os.path.join(home, "cache", "probes"), dirs_exist_ok=True)
+            # (not an entry being written meanwhile: the probe renames it into place when whole)
+            shutil.copytree(probes, os.path.join(home, "cache", "probes"), dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("*.tmp"))
 
 
 def status(req: dict[str, Any]) -> dict[str, Any]:

@@ -239,10 +239,12 @@ def test_launch_starts_a_worker_that_joins_and_terminate_stops_it(
     assert marker.stat().st_mode & 0o077 == 0 and marker.parent.stat().st_mode & 0o077 == 0  # private
     # its home started with the framework probes' answers of the host's probe, and its own
     # detection used them (a probe run would have written its entry anew)
-    (probed,) = (remote / "probe-home" / "cache" / "probes").glob("*.json")
-    seeded = remote / "machines" / "m-ssh00000001" / "home" / "cache" / "probes" / probed.name
-    assert seeded.read_bytes() == probed.read_bytes()
-    assert seeded.stat().st_mtime_ns == probed.stat().st_mtime_ns
+    probed = sorted((remote / "probe-home" / "cache" / "probes").glob("*.json"))
+    assert probed
+    for entry in probed:
+        seeded = remote / "machines" / "m-ssh00000001" / "home" / "cache" / "probes" / entry.name
+        assert seeded.read_bytes() == entry.read_bytes()
+        assert seeded.stat().st_mtime_ns == entry.stat().st_mtime_ns
 
     # list finds it by label, and only by its label
     (live,) = pool.list(LABEL)
