@@ -17,8 +17,10 @@ started beforehand (as in a long session):
   runs it): the job's placement and its end cross between processes;
 * ``--throughput`` no-op FunctionJobs submitted at once through two local workers (jobs/s),
   next to as many ``subprocess.run`` calls from two threads: workers in this process (the
-  SDK's own), then two ``gpulayer worker start`` processes on the same home; each both
-  ways: a loop of ``.remote()`` calls, and one ``gl.submit_many`` of them all.
+  SDK's own), then two ``gpulayer worker start`` processes on the same home (with, on
+  Linux, the CPU per job of those workers, of their fork servers and of the tasks, read
+  from ``/proc``); each both ways: a loop of ``.remote()`` calls, and one
+  ``gl.submit_many`` of them all.
 
 Each table row: median and p95, the floor's median and p95, the difference and the ratio.
 The two job measures and their floor are taken in turn (a CommandJob, a FunctionJob, a
@@ -145,9 +147,32 @@ def floor_rate(n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def throughput_processes(n: int, noop: object, code: Path, batch: bool = False) -> tuple[float, float]:
+def _split(workers: list[subprocess.Popen[bytes]]) -> tuple[float, float, float]:
+    """The CPU seconds of these worker processes (their own), of their children (the fork
+    servers, and the worker's idle CLI server: their own), and of what those reaped (the
+    tasks the fork servers forked), from ``/proc``."""
+    def stat(pid: int) -> list[float]:
+        with open(f"/proc/{pid}/stat") as f:
+            return [int(x) / os.sysconf("SC_CLK_TCK") for x in f.read().rsplit(")", 1)[1].split()[11:15]]
+
+    own = servers = tasks = 0.0
+    for w in workers:
+        utime, stime, _cu, _cs = stat(w.pid)
+        own += utime + stime
+        for tid in os.listdir(f"/proc/{w.pid}/task"):  # (a fork server is the child of a thread of its own)
+            with open(f"/proc/{w.pid}/task/{tid}/children") as f:
+                for child in f.read().split():
+                    utime, stime, cutime, cstime = stat(int(child))
+                    servers += utime + stime
+                    tasks += cutime + cstime
+    return own, servers, tasks
+
+
+def throughput_processes(n: int, noop: object, code: Path,
+                         batch: bool = False) -> tuple[float, float, tuple[float, ...] | None]:
     """Jobs/s for ``n`` no-op FunctionJobs through two ``gpulayer worker start`` processes on
-    the same home (this process only submits and waits), and this process's CPU per job."""
+    the same home (this process only submits and waits), this process's CPU per job, and
+    (Linux) the CPU per job of the workers, of their fork servers and of the tasks those forked."""
     import gpulayer as gl
 
     env = {**os.environ, "PYTHONPATH": str(code)}
@@ -158,11 +183,15 @@ def throughput_processes(n: int, noop: object, code: Path, batch: bool = False) 
             assert w.stdout is not None and w.stdout.readline(), "a bench worker did not start"
         for _ in range(3):  # their fork servers up
             noop.remote().result(timeout=120)  # type: ignore[attr-defined]
+        linux = os.path.exists(f"/proc/{workers[0].pid}/task/{workers[0].pid}/children")
+        split0 = _split(workers) if linux else None
         cpu0 = time.process_time()
         t0 = time.perf_counter()
         handles = submit_all(n, noop, batch)
         gl.wait(handles, timeout=600)  # type: ignore[arg-type]
-        return n / (time.perf_counter() - t0), (time.process_time() - cpu0) / n
+        jobs_s, cpu = n / (time.perf_counter() - t0), (time.process_time() - cpu0) / n
+        split = None if split0 is None else tuple((b - a) / n for a, b in zip(split0, _split(workers), strict=True))
+        return jobs_s, cpu, split
     finally:
         for w in workers:
             w.terminate()
@@ -305,10 +334,14 @@ def main() -> None:
             print(f"{args.throughput} no-op FunctionJobs, {how}, two local workers: {jobs_s:.0f} jobs/s; "
                   f"floor (subprocess.run from two threads): {floor_s:.0f} processes/s; "
                   f"ratio {jobs_s / floor_s:.2f}x")
-            procs_s, cpu = throughput_processes(args.throughput, bench_noop.noop, code, batch)
+            procs_s, cpu, split = throughput_processes(args.throughput, bench_noop.noop, code, batch)
             print(f"{args.throughput} no-op FunctionJobs, {how}, two `gpulayer worker start` processes: "
                   f"{procs_s:.0f} jobs/s; ratio to the floor {procs_s / floor_s:.2f}x; "
                   f"the submitting process's CPU per job: {cpu * 1e3:.1f} ms")
+            if split is not None:
+                print("  CPU per job: the workers {:.2f} ms, their fork servers (and CLI servers) {:.2f} ms, "
+                      "the tasks {:.2f} ms"
+                      .format(*(x * 1e3 for x in split)))
     client.close()
 
 
