@@ -28,16 +28,12 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from submit_latency import NOOP, cli, floor_rate
-
-_HZ = os.sysconf("SC_CLK_TCK")
+from submit_latency import NOOP, cli, floor_rate, proc_times
 
 
 def _cpu(pid: int) -> float:
     """The process's own CPU (user and system), in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _HZ
+    return sum(proc_times(pid)[:2])
 
 
 def _free_port() -> int:

@@ -147,22 +147,25 @@ def floor_rate(n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def proc_times(pid: int) -> list[float]:
+    """A process's CPU seconds from ``/proc``: its user and system time, and those of the
+    children it reaped."""
+    with open(f"/proc/{pid}/stat") as f:
+        return [int(x) / os.sysconf("SC_CLK_TCK") for x in f.read().rsplit(")", 1)[1].split()[11:15]]
+
+
 def _split(workers: list[subprocess.Popen[bytes]]) -> tuple[float, float, float]:
     """The CPU seconds of these worker processes (their own), of their children (the fork
     servers, and the worker's idle CLI server: their own), and of what those reaped (the
     tasks the fork servers forked), from ``/proc``."""
-    def stat(pid: int) -> list[float]:
-        with open(f"/proc/{pid}/stat") as f:
-            return [int(x) / os.sysconf("SC_CLK_TCK") for x in f.read().rsplit(")", 1)[1].split()[11:15]]
-
     own = servers = tasks = 0.0
     for w in workers:
-        utime, stime, _cu, _cs = stat(w.pid)
+        utime, stime, _cu, _cs = proc_times(w.pid)
         own += utime + stime
         for tid in os.listdir(f"/proc/{w.pid}/task"):  # (a fork server is the child of a thread of its own)
             with open(f"/proc/{w.pid}/task/{tid}/children") as f:
                 for child in f.read().split():
-                    utime, stime, cutime, cstime = stat(int(child))
+                    utime, stime, cutime, cstime = proc_times(int(child))
                     servers += utime + stime
                     tasks += cutime + cstime
     return own, servers, tasks

@@ -147,18 +147,19 @@ def _switch(name: str, raw: str) -> bool:
     raise InvalidInput(f"{name}={raw!r}: expected 1 or 0 (also true/false, yes/no, on/off)")
 
 
-def _sqlite_sync(name: str, raw: str) -> str:
-    modes = ("full", "normal")
-    if raw.strip().lower() not in modes:
-        raise InvalidInput(f"{name}={raw!r}: expected one of {', '.join(modes)}")
-    return raw.strip().lower()
+def _one_of(*choices: str) -> Callable[[str, str], str]:
+    """One of ``choices``, in any case (given back in theirs: all upper or all lower)."""
+    fold = str.upper if choices[0].isupper() else str.lower
+
+    def parse(name: str, raw: str) -> str:
+        if fold(raw.strip()) not in choices:
+            raise InvalidInput(f"{name}={raw!r}: expected one of {', '.join(choices)}")
+        return fold(raw.strip())
+    return parse
 
 
-def _level(name: str, raw: str) -> str:
-    levels = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-    if raw.strip().upper() not in levels:
-        raise InvalidInput(f"{name}={raw!r}: expected one of {', '.join(levels)}")
-    return raw.strip().upper()
+_sqlite_sync = _one_of("full", "normal")
+_level = _one_of("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 # ---------------------------------------------------------------------------------- the table

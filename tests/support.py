@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import importlib
 import os
 import shutil
@@ -143,10 +142,10 @@ def detect_probes(home: Path, **env: str) -> Path:
     return probes
 
 
-@functools.cache
-def first_detection() -> Path:
-    """:func:`detect_probes` with this test process's environment, once per process (in a
-    folder removed when it exits). Every such detection on a fresh home imports torch in its
+def first_detection(**env: str) -> Path:
+    """:func:`detect_probes` with this test process's environment and ``env``, once per
+    process for each ``env`` (in a folder removed when it exits; one that failed fails again
+    at once, rather than run again, up to 300 s, for every test that asks). Every such detection on a fresh home imports torch in its
     probe subprocess (about 2 s of CPU); copied into a test's fresh home (the ``home``
     fixture, :func:`tests.server_support.start_remote_worker`), it is what a home that has
     detected before holds. Each entry is checked as always (the interpreter and every
@@ -154,16 +153,21 @@ def first_detection() -> Path:
     changes any of them probes again. The probes themselves are tested on homes that start
     empty (tests/plugins/test_frameworks.py, tests/unit/test_plugins.py and the CLI's
     detection tests)."""
-    if _detection_failed:  # (once: not again, up to 300 s, for every test that asks)
-        raise AssertionError(f"the first detection failed: {_detection_failed[0]}")
-    folder = tempfile.mkdtemp(prefix="gpulayer-tests-probed-")
-    atexit.register(shutil.rmtree, folder, True)
-    try:
-        return detect_probes(Path(folder) / "home")
-    except Exception as exc:
-        _detection_failed.append(exc)
-        raise
+    key = tuple(sorted(env.items()))
+    got = _detections.get(key)
+    if isinstance(got, BaseException):
+        raise AssertionError(f"the first detection failed: {got}")
+    if got is None:
+        folder = tempfile.mkdtemp(prefix="gpulayer-tests-probed-")
+        atexit.register(shutil.rmtree, folder, True)
+        try:
+            got = detect_probes(Path(folder) / "home", **env)
+        except Exception as exc:
+            _detections[key] = exc
+            raise
+        _detections[key] = got
+    return got
 
 
-#: why :func:`first_detection` failed in this process, once it did
-_detection_failed: list[BaseException] = []
+#: :func:`first_detection`'s answers in this process, by ``env``: the probes, or why not
+_detections: dict[tuple[tuple[str, str], ...], Path | BaseException] = {}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import detect_probes, seed_probe_cache
+from tests.support import first_detection, seed_probe_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local-slurm.sh"
@@ -37,12 +37,12 @@ def node_home(tmp_path: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def pilot_probes(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The probe cache a first detection with :data:`PILOT_PYTHONPATH` leaves (see
-    tests/conftest.py's ``probed_frameworks``), once per test process: the homes of these
-    tests' pilots and SSH hosts start with it, so their workers do not import torch for
-    the framework probes again (each entry is still checked as always)."""
-    return detect_probes(tmp_path_factory.mktemp("pilot-probed") / "home", PYTHONPATH=PILOT_PYTHONPATH)
+def pilot_probes() -> Path:
+    """The probe cache a first detection with :data:`PILOT_PYTHONPATH` leaves, once per test
+    process (:func:`tests.support.first_detection`): the homes of these tests' pilots and SSH
+    hosts start with it, so their workers do not import torch for the framework probes
+    again (each entry is still checked as always)."""
+    return first_detection(PYTHONPATH=PILOT_PYTHONPATH)
 
 
 @pytest.fixture(autouse=True)
