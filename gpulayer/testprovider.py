@@ -9,6 +9,7 @@ configure it in providers.toml with ``type = "local-process"``::
     idle_timeout = "5s"
     join_timeout = "60s"
     state_dir = "/tmp/machines"          # default: $GPULAYER_HOME/local-machines
+    # home_template = "/tmp/warm-home"   # each machine's home starts as a copy of this folder
 
     [[local.shapes]]
     name = "gpu1"
@@ -21,7 +22,9 @@ configure it in providers.toml with ``type = "local-process"``::
 A launch is instant: it starts ``gpulayer worker start --name MACHINE_ID`` as a real
 subprocess (in a session of its own, so it outlives a server killed in a test) with the
 launch request's environment (the bootstrap token is in ``GPULAYER_TOKEN``, never in argv)
-and a home of its own under ``state_dir``. ``list`` reads the machine files there, so it
+and a home of its own under ``state_dir``, which starts as a copy of ``home_template`` when
+one is set (what a machine image brings: e.g. ``cache/probes``, so that its worker does not
+probe the frameworks again). ``list`` reads the machine files there, so it
 finds the machines of a server that died; ``terminate`` ends the process group. With
 ``start_workers = false`` a launch starts nothing (the bench's instant provider).
 ``auth_fails = true`` makes every call raise ``ProviderAuthFailed``.
@@ -32,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,7 +45,7 @@ from pathlib import Path
 from typing import Literal
 
 import psutil
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, DirectoryPath, Field
 
 from gpulayer import config
 from gpulayer.errors import NoCapacity, ProviderAuthFailed, ProviderTransient, QuotaExceeded, SkipOffer
@@ -86,6 +90,8 @@ class LocalProcessConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     state_dir: str | None = None
+    #: a folder each machine's home starts as a copy of (see the module doc)
+    home_template: DirectoryPath | None = None
     shapes: list[Shape] = Field(default_factory=lambda: [Shape(name="cpu")])
     cpu_slots: int = Field(default=2, ge=0)
     python: str = Field(default_factory=lambda: sys.executable)
@@ -137,6 +143,8 @@ class LocalProcessProvider:
             known = json.loads(meta.read_text())
             return LaunchedMachine(provider_id=known["provider_id"])
         home.mkdir(parents=True, exist_ok=True)
+        if self.settings.home_template:
+            shutil.copytree(self.settings.home_template, home, dirs_exist_ok=True)
         pid = 0
         if self.settings.start_workers:
             env = {k: v for k, v in os.environ.items() if k not in _SERVER_ONLY}

@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,17 +17,29 @@ import psutil
 import pytest
 
 from tests.server_support import Api, ServerProc, base_env, provider_server, until, wait_job
-from tests.support import cli
+from tests.support import cli, first_detection, seed_probe_cache
 
 pytestmark = pytest.mark.timeout(300)
 
 WORKER_ENV = 'env = { GPULAYER_HEARTBEAT_INTERVAL = "0.3" }'
 
 
+@functools.cache
+def machine_image() -> Path:
+    """What each machine's home starts as a copy of (``home_template``): the framework
+    probes' cache of a first detection in this test process (tests.support.first_detection),
+    as an image that ran GPUlayer once holds it; the machines' workers do not probe again."""
+    image = Path(tempfile.mkdtemp(prefix="gpulayer-tests-image-"))
+    atexit.register(shutil.rmtree, image, True)
+    seed_probe_cache(image, first_detection())
+    return image
+
+
 def section(name: str = "local", *, shapes: str, max_machines: int = 2, idle: str = "3s", join: str = "60s",
             extra: str = "", state_dir: Path | None = None) -> str:
     lines = [f"[{name}]", 'type = "local-process"', f"max_machines = {max_machines}",
-             f'idle_timeout = "{idle}"', f'join_timeout = "{join}"', WORKER_ENV]
+             f'idle_timeout = "{idle}"', f'join_timeout = "{join}"', WORKER_ENV,
+             f'home_template = "{machine_image()}"']
     if state_dir is not None:
         lines.append(f'state_dir = "{state_dir}"')
     return "\n".join([*lines, extra, shapes]) + "\n"
@@ -96,6 +112,10 @@ def test_a_cloud_job_boots_a_machine_runs_on_it_and_the_idle_machine_is_terminat
     # idle for 3 s: drained, terminated, its worker gone
     ended = until(lambda: [x for x in machines(api) if x["state"] == "terminated"], 60, "the idle machine's end")[0]
     assert ended["reason"] == "idle for 3 s" and ended["cost"] > 0
+    # its home started as a copy of the image (home_template): its worker found the probes' answers there
+    probes = sorted(p.name for p in (machine_image() / "cache" / "probes").iterdir())
+    assert probes and sorted(p.name for p in (tmp_path / "srv" / "local-machines" / m["id"] / "cache" / "probes")
+                             .iterdir()) == probes
     assert not any(w["online"] for w in api("GET", "/v1/workers").json())
     pid = int(ended["provider_id"].removeprefix("local-"))
     until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 30,
@@ -213,6 +233,8 @@ def test_a_provider_whose_credentials_fail_is_disabled_with_the_reason(servers: 
      "providers.toml: [a] idle_timeout: expected seconds > 0 or a duration such as 90s, 15m, 1h; got 'soon'"),
     ('[a]\ntype = "local-process"\nshapes = [{ name = "x", cpus = 0 }]\n',
      "providers.toml: [a] shapes.0.cpus: Input should be greater than or equal to 1, got 0"),
+    ('[a]\ntype = "local-process"\nhome_template = "/no/such/folder"\n',
+     "providers.toml: [a] home_template: Path does not point to a directory, got '/no/such/folder'"),
     ('[a]\ntype = "local-process"\ncolour = "red"\n',
      "providers.toml: [a] colour: not a setting of local-process providers; accepted: "),
     ("[a\n", "providers.toml: not valid TOML: "),
