@@ -44,6 +44,17 @@ def probed_frameworks() -> Path:
     return first_detection()
 
 
+@pytest.fixture
+def probes_seeded(gpulayer_home: Path, probed_frameworks: Path) -> None:
+    """``gpulayer_home`` (gpulayer.testing) starts with the framework probes' cache of
+    :func:`probed_frameworks`: for tests of what detection makes of the probes' answers (the
+    capability cache, overrides, the CLI's output), where another probe run on a fresh home
+    would only import torch in a subprocess once more. The probes are tested on empty homes."""
+    from tests.support import seed_probe_cache
+
+    seed_probe_cache(gpulayer_home, probed_frameworks)
+
+
 def _pg_base() -> str:
     return os.environ.get("GPULAYER_TEST_POSTGRES", PG_DEFAULT)
 

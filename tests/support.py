@@ -151,8 +151,8 @@ def first_detection(**env: str) -> Path:
     detected before holds. Each entry is checked as always (the interpreter and every
     ``sys.path`` folder unchanged, the same probes, the same ``PYTHONPATH``), so a test that
     changes any of them probes again. The probes themselves are tested on homes that start
-    empty (tests/plugins/test_frameworks.py, tests/unit/test_plugins.py and the CLI's
-    detection tests)."""
+    empty (tests/plugins/test_frameworks.py, tests/unit/test_plugins.py, test_resources.py
+    and test_cli_resources.py's end-to-end detection)."""
     key = tuple(sorted(env.items()))
     got = _detections.get(key)
     if isinstance(got, BaseException):

@@ -16,7 +16,7 @@ from gpulayer.capability_cache import cached_capabilities, entry_path
 from gpulayer.hookrecords import AcceleratorDetector, DetectionResult
 from gpulayer.resources import detect_capabilities
 
-pytestmark = pytest.mark.usefixtures("gpulayer_isolated")
+pytestmark = pytest.mark.usefixtures("gpulayer_isolated", "probes_seeded")
 
 
 def test_a_second_start_does_not_detect_again(fake_accelerator):

@@ -29,6 +29,7 @@ import pytest
 from gpulayer import capability_key, plugins
 from gpulayer.fakes import fake_devices_env, no_real_devices_env
 from tests.cli_support import Result, run_cli
+from tests.support import seed_probe_cache
 
 PLUGIN = """\
     from gpulayer import plugin
@@ -61,11 +62,15 @@ def full_then_light(args: list[str], home: Path, env: dict[str, str] | None = No
 
 
 @pytest.fixture
-def home(tmp_path: Path) -> Path:
+def home(tmp_path: Path, probed_frameworks: Path) -> Path:
     """A home whose resources.toml overrides and hides something (so that ``--explain``
-    has override rows and a diagnostic)."""
+    has override rows and a diagnostic). Its framework probes' cache holds what this
+    interpreter's probes found (tests/conftest.py: probed_frameworks): what these tests
+    look at is the capability cache, and a full path that probed again would only import
+    torch in a subprocess once more."""
     home = tmp_path / "home"
     home.mkdir()
+    seed_probe_cache(home, probed_frameworks)
     (home / "resources.toml").write_text('cpu_count = 3\nhide_devices = ["cuda:1", "npu"]\n')
     return home
 

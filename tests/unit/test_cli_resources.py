@@ -52,7 +52,7 @@ def test_resources_detect_end_to_end():
     assert any(ln.startswith("backends  ") and "gloo" in ln for ln in lines)
 
 
-@pytest.mark.usefixtures("cuda_detector")
+@pytest.mark.usefixtures("cuda_detector", "probes_seeded")  # (the probes run: end_to_end above)
 def test_resources_detect_lists_fake_nvidia_gpus(fake_tool):
     fake_tool("nvidia-smi", H200_X2)
     proc = gpulayer("resources", "detect")
@@ -64,7 +64,7 @@ def test_resources_detect_lists_fake_nvidia_gpus(fake_tool):
     ]
 
 
-@pytest.mark.usefixtures("cuda_detector")
+@pytest.mark.usefixtures("cuda_detector", "probes_seeded")  # (the probes run: end_to_end above)
 def test_resources_detect_json(fake_tool):
     fake_tool("nvidia-smi", H200_X2)
     proc = gpulayer("resources", "detect", "--json", "--timeout", "60")
@@ -104,6 +104,7 @@ def test_the_cli_never_imports_torch(fake_tool):
     assert proc.stdout.strip().endswith("ok")
 
 
+@pytest.mark.usefixtures("probes_seeded")  # (the probes run: end_to_end above)
 def test_fake_cuda_devices_reach_a_subprocess(fake_tool):
     fake_tool("nvidia-smi", H200_X2)  # what the real detector would find, if it ran
     env = {**fake_devices_env("cuda:2:80:9.0"), "GPULAYER_DETECTORS": "cuda", "GPULAYER_CUDA_NO_NVML": "1"}

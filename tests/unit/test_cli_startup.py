@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpulayer.cli import commands
+from tests.support import seed_probe_cache
 
 #: never loaded by ``import gpulayer`` or ``gpulayer --help``
 HEAVY = ("sqlalchemy", "sqlmodel", "httpx", "uvicorn", "starlette", "torch")
@@ -152,10 +153,11 @@ def test_an_embedded_jobs_list_starts_no_worker_loads_no_plugin_and_detects_noth
                                                         "cache": []}
 
 
-def test_a_command_closes_the_embedded_database_at_exit(tmp_path: Path) -> None:
+def test_a_command_closes_the_embedded_database_at_exit(tmp_path: Path, probed_frameworks: Path) -> None:
     """The CLI's last exit handler closes its clients before it freezes the garbage
     collector (gpulayer.cli._at_last): SQLite checkpoints and removes its WAL, as it did
     when the interpreter freed the engine."""
+    seed_probe_cache(tmp_path, probed_frameworks)  # (the submit's worker need not probe again)
     env = {**_env(), "GPULAYER_HOME": str(tmp_path)}
     for args in (["jobs", "list"], ["submit", "--", sys.executable, "-c", "pass"]):
         proc = subprocess.run([sys.executable, "-m", "gpulayer.cli", *args], capture_output=True, text=True,
@@ -177,10 +179,12 @@ def test_jobs_list_on_the_embedded_database_loads_no_typer_pydantic_or_database_
         assert not loaded & {*HEAVY, *ALSO_LIGHT, "typer"}, (args, sorted(loaded & {*HEAVY, *ALSO_LIGHT, "typer"}))
 
 
-def test_resources_detect_with_its_cache_warm_loads_no_typer_pydantic_pluggy_or_database_stack(tmp_path: Path) -> None:
+def test_resources_detect_with_its_cache_warm_loads_no_typer_pydantic_pluggy_or_database_stack(
+        tmp_path: Path, probed_frameworks: Path) -> None:
     """Once a full ``resources detect`` has kept its text in the capability cache entry, the
     next is answered by gpulayer.cli.light (tests/unit/test_cli_detect_light.py: the same
     output, and when it must not answer)."""
+    seed_probe_cache(tmp_path, probed_frameworks)  # (the first need not probe again)
     unwanted = {*HEAVY, *ALSO_LIGHT, "typer"}
     for args in (["resources", "detect"], ["resources", "detect", "--explain"]):
         probe = "\n    import os\n    os.environ['GPULAYER_DETECTORS'] = 'none'  # no trouble from this machine's own" + (

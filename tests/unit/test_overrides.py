@@ -25,7 +25,7 @@ from tests.factories import make_job
 def make_worker(*, capabilities) -> WorkerRecord:
     return WorkerRecord(id="wkr-000000000001", name="w", origin="local", capabilities=capabilities, cpu_slots=1)
 
-pytestmark = pytest.mark.usefixtures("gpulayer_isolated")
+pytestmark = pytest.mark.usefixtures("gpulayer_isolated", "probes_seeded")
 
 
 def write_toml(gpulayer_home, text: str):

@@ -295,7 +295,7 @@ def test_map_of_empty_iterables_submits_nothing(gpulayer_isolated: None) -> None
     assert gl.remote(add).map([], ()) == []
 
 
-def test_submit_many_raises_unschedulable_and_keeps_the_others(gpulayer_isolated: None) -> None:
+def test_submit_many_raises_unschedulable_and_keeps_the_others(gpulayer_isolated: None, probes_seeded: None) -> None:
     """As gl.submit: a job no worker could ever run raises Unschedulable naming it; the
     other jobs of the batch were stored."""
     waiting = CommandJob(command=["true"], placement=REMOTE_WAIT)
@@ -329,7 +329,7 @@ def join(a, b):
 
 
 @pytest.fixture
-def mapmod(gpulayer_isolated: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def mapmod(gpulayer_isolated: None, probes_seeded: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """A module of @gl.remote functions in a directory of its own (its bundle), imported."""
     with job_module(tmp_path, monkeypatch, "mapmod", MODULE) as module:
         yield module

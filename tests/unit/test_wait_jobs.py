@@ -460,7 +460,7 @@ REMOTE_WAIT = Placement(target="remote", on_unschedulable="wait")
 
 
 @pytest.fixture
-def napmod(gpulayer_isolated: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def napmod(gpulayer_isolated: None, probes_seeded: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """A module with a @gl.remote function that sleeps, in a directory of its own (its
     bundle), imported; the in-process worker runs two jobs at once."""
     monkeypatch.setenv("GPULAYER_CPU_SLOTS", "2")
