@@ -102,10 +102,22 @@ def _cursor(s: Session) -> Any:
 
 def _driver(s: Session) -> Any:
     """The session's own DBAPI connection, looked up once per transaction."""
-    conn = s.info.get("gl_driver_connection")
+    conn = s.info.get(_DRIVER)
     if conn is None:
-        conn = s.info["gl_driver_connection"] = s.connection().connection
+        conn = s.info[_DRIVER] = s.connection().connection
     return conn
+
+
+#: where a transaction's session keeps its DBAPI connection (see _driver)
+_DRIVER = "gl_driver_connection"
+
+
+def begin_session(s: Session, driver: Any) -> None:
+    """A session used again for a new transaction on the same connection (see
+    :class:`gpulayer.store._Kept`): what it knew of the last one is forgotten, and its
+    DBAPI connection is ``driver`` (no look-up through the session)."""
+    s.info.clear()
+    s.info[_DRIVER] = driver
 
 
 def control(s: Session, sql: str) -> None:

@@ -1,0 +1,143 @@
+"""The connection a thread keeps between its transactions on SQLite (gpulayer.store._Kept):
+one connection and session a thread, nothing carried from one transaction to the next, the
+pool's bound kept, and the connection given back when the thread ends."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+from sqlmodel import Session, select
+
+from gpulayer.store import JobRow, Store, _Kept, plain
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(f"sqlite:///{tmp_path / 'kept.db'}")
+    yield s
+    s.dispose()
+
+
+def _job(job_id: str) -> plain.Job:
+    return plain.Job(id=job_id, kind="command", spec="{}", state="queued", priority=0, created_at=1.0,
+                     updated_at=1.0, attempt=0, max_attempts=1, exit_code=None, result=None, error=None,
+                     decision=None, cancel_requested=False, idempotency_key=None, owner=None, args=None)
+
+
+def _driver(s: Session) -> Any:
+    return plain._driver(s).driver_connection
+
+
+def _checked_out(store: Store) -> int:
+    return store.engine.pool.checkedout()  # type: ignore[attr-defined,no-any-return]
+
+
+def test_a_thread_runs_its_transactions_on_one_connection_and_one_session(store: Store) -> None:
+    with store.write() as s:
+        first, session = _driver(s), s
+        plain.insert_job(s, _job("job_a"))
+    with store.read() as s:
+        assert _driver(s) is first and s is session
+        assert plain.job_state(s, "job_a") == "queued"
+    with store.write() as s:
+        assert _driver(s) is first
+    # kept, not given back: one connection out of the pool for this thread
+    assert _checked_out(store) == 1
+
+
+def test_a_kept_session_carries_nothing_into_the_next_transaction(store: Store) -> None:
+    with store.write() as s:
+        plain.insert_job(s, _job("job_a"))
+        row = s.exec(select(JobRow).where(JobRow.id == "job_a")).one()
+        assert row in s
+    with store.read() as s:
+        assert row not in s and not s.new and not s.dirty  # (closed at the end, as a new one is)
+    # a transaction that ended a job and then failed says nothing of it to the next
+    with pytest.raises(RuntimeError), store.write() as s:
+        plain.note_ended(s, "job_a")
+        raise RuntimeError("undone")
+    with store.write() as s:
+        pass
+    assert store.take_ended() == frozenset()
+    with store.write() as s:
+        plain.note_ended(s, "job_a")
+    assert store.take_ended() == {"job_a"}
+
+
+def test_a_transaction_begun_inside_another_on_the_same_thread_gets_its_own_connection(store: Store) -> None:
+    with store.read() as outer:
+        with store.write() as inner:
+            assert _driver(inner) is not _driver(outer)
+            plain.insert_job(inner, _job("job_b"))
+        assert _checked_out(store) == 1  # the inner one went back to the pool
+    with store.read() as s:
+        assert plain.job_state(s, "job_b") == "queued"
+
+
+def test_only_so_many_threads_keep_one_and_the_others_use_the_pool(store: Store) -> None:
+    threads = _Kept.KEPT + 4
+    inside = threading.Barrier(threads)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            with store.write() as s:
+                plain.insert_job(s, _job(f"job_{i}"))
+            with store.read() as s:  # every thread is between transactions here at once
+                inside.wait(timeout=30)
+                assert plain.job_state(s, f"job_{i}") == "queued"
+        except BaseException as exc:  # (reported below)
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(60)
+    assert not errors
+    del workers, t
+    gc.collect()
+    # the threads ended: their kept connections went back to the pool
+    assert _checked_out(store) == 0
+
+
+def test_a_connection_sqlalchemy_invalidated_is_replaced(store: Store) -> None:
+    with store.read() as s:
+        first = _driver(s)
+    kept = store._kept
+    assert kept is not None
+    lent = kept.lend(False)
+    assert lent is not None
+    lent.conn.invalidate()
+    with store.read() as s:
+        assert _driver(s) is not first
+        assert plain.job_state(s, "job_x") is None
+
+
+def test_dispose_closes_the_kept_connections(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'kept.db'}")
+    closed: list[object] = []
+    event.listen(store.engine.pool, "close", lambda dbapi, _record: closed.append(dbapi))
+    with store.read() as s:
+        conn = _driver(s)
+    store.dispose()
+    assert conn in closed
+    with pytest.raises(Exception, match="closed"):
+        conn.execute("SELECT 1")
+
+
+def test_postgres_transactions_take_their_connection_from_the_pool(postgres_url: str) -> None:
+    store = Store(postgres_url)
+    try:
+        assert store._kept is None  # (a kept connection would not be checked: pool_pre_ping)
+        with store.read():
+            assert _checked_out(store) == 1
+        assert _checked_out(store) == 0
+    finally:
+        store.dispose()
