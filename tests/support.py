@@ -120,6 +120,35 @@ def job_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefix: str, sou
         sys.modules.pop(name, None)
 
 
+def stop_strays(home: Path, timeout: float = 30.0) -> list[int]:
+    """Stop what outlived the commands a test ran on ``home``: every process of this user
+    whose ``GPULAYER_HOME`` is ``home`` and that is neither this process nor one of its
+    descendants (a background worker that a detached submit started, the CLI server the
+    first command started, their tasks). SIGTERM, then SIGKILL after ``timeout`` seconds;
+    their pids."""
+    import psutil
+
+    me = psutil.Process()
+    ours = {me.pid, *(p.pid for p in me.children(recursive=True))}
+    wanted = str(home)
+    found = []
+    for proc in psutil.process_iter(["pid", "uids"]):
+        if proc.pid in ours or proc.info["uids"] is None or proc.info["uids"].real != os.getuid():
+            continue
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get("GPULAYER_HOME") == wanted:
+                found.append(proc)
+    for proc in found:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _gone, alive = psutil.wait_procs(found, timeout=timeout)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=10)
+    return [p.pid for p in found]
+
+
 def seed_probe_cache(home: Path, probes: Path) -> None:
     """Put the entries of ``probes`` (:func:`first_detection`, or :func:`detect_probes`) into
     ``home``'s cache."""

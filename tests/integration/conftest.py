@@ -12,7 +12,7 @@ import pytest
 
 from gpulayer import plugins
 from gpulayer.testing import no_real_devices_env
-from tests.support import seed_probe_cache, start_worker, wait_for
+from tests.support import seed_probe_cache, start_worker, stop_strays, wait_for
 
 
 @pytest.fixture
@@ -33,6 +33,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, probed_frameworks: Pat
     plugins.reset_manager()
     yield h
     plugins.reset_manager()
+    stop_strays(h)  # (a detached job's background worker exits by itself only after 5 idle minutes)
 
 
 
