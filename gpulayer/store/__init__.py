@@ -309,6 +309,8 @@ class _Kept:
             if lent.busy:
                 return None
             self._local.lent = None  # broken (SQLAlchemy invalidated it): the next one is new
+            with self._lock:
+                self._all.discard(lent)
             lent.conn.close()
             return self.lend(write)
         if lent.write is not write:

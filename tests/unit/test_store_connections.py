@@ -5,6 +5,7 @@ pool's bound kept, and the connection given back when the thread ends."""
 from __future__ import annotations
 
 import gc
+import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,6 +50,22 @@ def test_a_thread_runs_its_transactions_on_one_connection_and_one_session(store:
         assert _driver(s) is first
     # kept, not given back: one connection out of the pool for this thread
     assert _checked_out(store) == 1
+
+
+def test_a_kept_connection_begins_a_write_immediate_and_a_read_deferred(store: Store, tmp_path: Path) -> None:
+    other = sqlite3.connect(tmp_path / "kept.db", timeout=0, isolation_level=None)
+    try:
+        for _ in range(2):  # (the connection goes from one kind to the other and back)
+            with store.write():
+                # the write holds SQLite's write lock from its BEGIN on, before any statement
+                with pytest.raises(sqlite3.OperationalError, match="locked"):
+                    other.execute("BEGIN IMMEDIATE")
+            with store.read() as s:
+                plain.job_state(s, "job_a")
+                other.execute("BEGIN IMMEDIATE")  # a read does not hold it
+                other.execute("ROLLBACK")
+    finally:
+        other.close()
 
 
 def test_a_kept_session_carries_nothing_into_the_next_transaction(store: Store) -> None:
