@@ -382,8 +382,11 @@ def test_a_killed_worker_makes_the_group_retry_with_a_fresh_rendezvous(cluster: 
         assert rdzv1 is not None and rdzv2 is not None
         assert (rdzv1.run_id, rdzv2.run_id) == (f"{job.id}-1", f"{job.id}-2")
         second_ids = {t.id for t in second}
-        chunks = [c.data for c in gl.connect().api.logs(h.id) if c.task_id in second_ids]
-        lines = rank_lines("".join(chunks))
+        chunks = gl.connect().api.logs(h.id)
+        # each task's output on its own: the two ranks' chunks interleave, and a chunk may
+        # end inside a line (an unbuffered print writes its text, then its newline)
+        lines = [d for tid in sorted(second_ids)
+                 for d in rank_lines("".join(c.data for c in chunks if c.task_id == tid))]
         assert sorted(d["rank"] for d in lines) == [0, 1], logs
         assert all(d["sum"] == 3.0 and d["attempt"] == 2 and d["rdzv"] == f"{job.id}-2" for d in lines)
     finally:
