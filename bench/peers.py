@@ -11,7 +11,8 @@ Workloads, each one at a time except the last:
 * throughput: ``--throughput`` no-op tasks submitted at once (GPUlayer: two local workers;
   Ray: a local cluster; Dask: a LocalCluster of two worker processes), in tasks/s: GPUlayer
   and Ray in a loop of ``.remote()`` calls, Dask with ``client.map``; and GPUlayer once more
-  with one ``gl.submit_many`` (Dask's ``client.map`` is its own batch already, and Ray has none).
+  with one ``gl.submit_many`` (Dask's ``client.map`` is its own batch already, and Ray has none);
+  ``--throughput 0`` leaves it out.
 
 A peer that is not installed is reported as such. Prints medians and p95 in ms, and each
 figure's ratio to the floor (throughput: tasks/s, and the ratio to GPUlayer's).
@@ -78,8 +79,9 @@ def run_gpulayer(n: int, many: int) -> Result:
         "spawn": timed(lambda: gl.submit(command).result(timeout=120), n),
         "no-op": timed(lambda: bench_noop.noop.remote().result(timeout=120), n),
     }
-    out["throughput"] = sl.throughput(many, bench_noop.noop)[0]
-    out["batch"] = sl.throughput(many, bench_noop.noop, batch=True)[0]
+    if many:
+        out["throughput"] = sl.throughput(many, bench_noop.noop)[0]
+        out["batch"] = sl.throughput(many, bench_noop.noop, batch=True)[0]
     connect().close()
     return out
 
@@ -92,9 +94,10 @@ def run_ray(n: int, many: int) -> Result:
     ray.get([r_spawn.remote() for _ in range(3)] + [r_noop.remote() for _ in range(3)])
     out: Result = {"spawn": timed(lambda: ray.get(r_spawn.remote()), n),
                    "no-op": timed(lambda: ray.get(r_noop.remote()), n)}
-    t0 = time.perf_counter()
-    ray.get([r_noop.remote() for _ in range(many)])
-    out["throughput"] = many / (time.perf_counter() - t0)
+    if many:
+        t0 = time.perf_counter()
+        ray.get([r_noop.remote() for _ in range(many)])
+        out["throughput"] = many / (time.perf_counter() - t0)
     ray.shutdown()
     return out
 
@@ -107,9 +110,10 @@ def run_dask(n: int, many: int) -> Result:
         client.submit(spawn_pass, pure=False).result()
         out: Result = {"spawn": timed(lambda: client.submit(spawn_pass, pure=False).result(), n),
                        "no-op": timed(lambda: client.submit(noop, pure=False).result(), n)}
-        t0 = time.perf_counter()
-        client.gather(client.map(lambda _i: None, range(many), pure=False))
-        out["throughput"] = many / (time.perf_counter() - t0)
+        if many:
+            t0 = time.perf_counter()
+            client.gather(client.map(lambda _i: None, range(many), pure=False))
+            out["throughput"] = many / (time.perf_counter() - t0)
     return out
 
 
@@ -158,6 +162,9 @@ def main() -> None:
             m, p = statistics.median(r[workload]), pct(r[workload], 95)
             cells.append(f"{m * 1e3:.1f}/{p * 1e3:.1f} ms ({m / fm:.2f}x floor)")
         print(f"{workload:<12}" + "".join(f"{c:>34}" for c in cells))
+    if not args.throughput:
+        print("cells: median/p95 (ratio of the median to the floor's)")
+        return
     ours = results.get("gpulayer")
     cells = []
     for r in results.values():
