@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy import Connection, Engine, event, exc, text
 from sqlalchemy.engine import make_url
 from sqlmodel import Session, SQLModel, create_engine
 
@@ -148,13 +148,23 @@ class Store:
             )
 
             @event.listens_for(engine, "connect")
-            def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            def _on_connect(dbapi_conn: Any, record: Any) -> None:
+                record.info["pid"] = os.getpid()
                 dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
                 cur = dbapi_conn.cursor()
                 _wal(cur, path or "")
                 cur.execute(f"PRAGMA synchronous={sync}")
                 cur.execute("PRAGMA busy_timeout=30000")
                 cur.close()
+
+            @event.listens_for(engine, "checkout")
+            def _on_checkout(_dbapi_conn: Any, record: Any, proxy: Any) -> None:
+                # a forked child (multiprocessing's default on Linux) must not use its parent's
+                # connections: they are dropped unclosed (a close in the child could checkpoint
+                # the parent's log) and the pool opens new ones
+                if record.info.get("pid") != os.getpid():
+                    record.dbapi_connection = proxy.dbapi_connection = None
+                    raise exc.DisconnectionError("a connection of the process this one was forked from")
 
             @event.listens_for(engine, "begin")
             def _on_begin(conn: Any) -> None:
@@ -299,6 +309,11 @@ class _Kept:
         """This thread's connection for one transaction, or None (it has none and may not
         have one, or it is in use by a transaction begun before on this thread)."""
         lent: _Lent | None = getattr(self._local, "lent", None)
+        if lent is not None and lent.pid != os.getpid():
+            # a forked child: its parent's, left alone (see _on_checkout); held, so that no
+            # finaliser of the child's gives it back to the pool, which would reset it
+            _INHERITED.append(lent)
+            self._local.lent = lent = None
         if lent is None:
             with self._lock:
                 if self._closed or len(self._all) >= self.KEPT:
@@ -327,13 +342,18 @@ class _Kept:
                 lent.conn.close()
 
 
+#: kept connections a forked child found in its threads (see :meth:`_Kept.lend`)
+_INHERITED: list[_Lent] = []
+
+
 class _Lent:
     """A kept connection and session, lent for one transaction at a time (see :class:`_Kept`)."""
 
-    __slots__ = ("__weakref__", "busy", "conn", "driver", "session", "write")
+    __slots__ = ("__weakref__", "busy", "conn", "driver", "pid", "session", "write")
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self.pid = os.getpid()
         self.driver = conn.connection
         self.session = Session(bind=conn, expire_on_commit=False)
         self.busy = False

@@ -5,6 +5,7 @@ pool's bound kept, and the connection given back when the thread ends."""
 from __future__ import annotations
 
 import gc
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -158,3 +159,43 @@ def test_postgres_transactions_take_their_connection_from_the_pool(postgres_url:
         assert _checked_out(store) == 0
     finally:
         store.dispose()
+
+
+def test_a_forked_child_uses_connections_of_its_own_and_the_parent_keeps_its(store: Store, tmp_path: Path) -> None:
+    """multiprocessing forks on Linux: a child that uses the store opens its own connections
+    (SQLite's must not cross a fork), and the parent's go on working."""
+    with store.write() as s:
+        plain.insert_job(s, _job("job_parent"))
+        parent = _driver(s)
+    with store.read() as s:  # (one given back to the pool too, to be inherited idle)
+        with store.read() as inner:
+            pooled = _driver(inner)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running pytest's exit handlers
+        code = 1
+        try:
+            with store.write() as s:
+                plain.insert_job(s, _job("job_child"))
+                mine = _driver(s)
+            with store.read() as s:
+                with store.read() as inner:
+                    again = _driver(inner)
+                states = (plain.job_state(s, "job_parent"), plain.job_state(s, "job_child"))
+            inherited = [c for c in (mine, again) if c is parent or c is pooled]
+            ok = not inherited and states == ("queued", "queued")
+            os.write(write, b"ok" if ok else repr((len(inherited), states)).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    answer = os.read(read, 1000)
+    os.close(read)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and answer == b"ok", answer
+    with store.write() as s:
+        assert _driver(s) is parent
+        plain.insert_job(s, _job("job_after"))
+        assert plain.job_state(s, "job_child") == "queued"
+    with store.read() as s:
+        assert plain.fetch(s, "PRAGMA integrity_check") == [("ok",)]
