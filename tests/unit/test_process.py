@@ -545,8 +545,11 @@ def test_a_worker_killed_with_sigkill_takes_its_tasks_with_it(tmp_path: Path) ->
         while psutil.pid_exists(leader) and psutil.Process(leader).status() != psutil.STATUS_ZOMBIE:
             assert time.monotonic() < deadline, "the task's main process outlived its worker"
             time.sleep(0.05)
-        assert psutil.Process(grandchild).is_running()  # re-parented, still marked
-        assert reap_orphans() >= 1
+        # the grandchild was re-parented, still marked. Every worker runs reap_orphans as it
+        # starts, and one that another test process starts now may end it before this one
+        # does (a fresh-clone CI run saw this reap count 0): what must hold is that a reap
+        # ends it, whichever ran first
+        reap_orphans()
         deadline = time.monotonic() + 10
         while psutil.pid_exists(grandchild) and psutil.Process(grandchild).status() != psutil.STATUS_ZOMBIE:
             assert time.monotonic() < deadline, "reap_orphans left the grandchild running"
