@@ -6,7 +6,8 @@ A :class:`~gpulayer.worker.forking.ForkServer` runs a no-op ``@gl.remote`` funct
 task after another, as the worker starts them (its request sent to a spare, its output
 pipes read, its exit heard). Per task: the wall time from ``start()`` to the exit, and the
 CPU of the server and of its children (their user and system time, with the exit's), and
-their page faults. The floor, from the same run: a process with the same imports
+the page faults of each (after a fork the server's own writes fault too: each page it
+writes is shared with the spare, and is copied). The floor, from the same run: a process with the same imports
 (``gpulayer``, ``gpulayer.sdk``), frozen the same way, that forks a child which exits at once.
 Each round gives one figure per measure; the table shows their median and p95. The last
 line divides this machine's cores by the CPU a task costs here: no FunctionJob throughput
@@ -47,7 +48,7 @@ for _ in range(n):
     os.waitpid(pid, 0)
 r1, c1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
 cpu = lambda a, b: (b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime) / n
-print(cpu(r0, r1), cpu(c0, c1), (c1.ru_minflt - c0.ru_minflt) / n)
+print(cpu(r0, r1), cpu(c0, c1), (c1.ru_minflt - c0.ru_minflt) / n, (r1.ru_minflt - r0.ru_minflt) / n)
 """
 
 _HZ = os.sysconf("SC_CLK_TCK")
@@ -66,12 +67,12 @@ def _server_pid() -> int:
     raise SystemExit("the fork server is not a child of this process")
 
 
-def _usage(pid: int) -> tuple[float, float, float]:
-    """The server's CPU, its (reaped) children's CPU and their minor faults."""
+def _usage(pid: int) -> tuple[float, float, float, float]:
+    """The server's CPU, its (reaped) children's CPU, their minor faults and its own."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     utime, stime, cutime, cstime = (int(x) / _HZ for x in fields[11:15])
-    return utime + stime, cutime + cstime, float(fields[8])
+    return utime + stime, cutime + cstime, float(fields[8]), float(fields[7])
 
 
 def main() -> None:
@@ -120,8 +121,9 @@ def _rounds(server: ForkServer, code: Path, task_env: dict[str, str], spec: dict
         if child.wait() != 0:
             raise SystemExit(f"the no-op task failed: {(code / f'r{i}.json').read_text()}")
 
-    rows: dict[str, list[float]] = {k: [] for k in ("wall", "server", "children", "faults", "floor parent",
-                                                    "floor child", "floor faults")}
+    rows: dict[str, list[float]] = {k: [] for k in ("wall", "server", "children", "faults", "server faults",
+                                                    "floor parent", "floor child", "floor faults",
+                                                    "floor parent faults")}
     for i in range(20):  # warm: the module's .pyc written, the first spares forked
         task(i)
     for _ in range(rounds):
@@ -136,9 +138,11 @@ def _rounds(server: ForkServer, code: Path, task_env: dict[str, str], spec: dict
         rows["server"].append((after[0] - before[0]) / tasks)
         rows["children"].append((after[1] - before[1]) / tasks)
         rows["faults"].append((after[2] - before[2]) / tasks)
+        rows["server faults"].append((after[3] - before[3]) / tasks)
         floor = subprocess.run([sys.executable, "-c", FLOOR, str(tasks)], check=True, capture_output=True,
                                text=True).stdout.split()
-        for name, value in zip(("floor parent", "floor child", "floor faults"), floor, strict=True):
+        for name, value in zip(("floor parent", "floor child", "floor faults", "floor parent faults"), floor,
+                               strict=True):
             rows[name].append(float(value))
     return rows
 
@@ -154,6 +158,8 @@ def _report(rows: dict[str, list[float]], tasks: int, rounds: int) -> None:
     print(f"{'wall, start() to exit heard':<40}{cell('wall'):>28}")
     print(f"{'CPU of the server':<40}{cell('server'):>28}   {cell('floor parent'):>36}")
     print(f"{'CPU of the child, its exit included':<40}{cell('children'):>28}   {cell('floor child'):>36}")
+    print(f"{'page faults of the server':<40}{cell('server faults', 1, ''):>28}   "
+          f"{cell('floor parent faults', 1, ''):>36}")
     print(f"{'page faults of the child':<40}{cell('faults', 1, ''):>28}   {cell('floor faults', 1, ''):>36}")
     whole = statistics.median(rows["server"]) + statistics.median(rows["children"])
     floor = statistics.median(rows["floor parent"]) + statistics.median(rows["floor child"])
