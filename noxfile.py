@@ -54,8 +54,9 @@ def ec2(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     _install(session)
-    for script in ("placement.py", "resources_detect.py", "cli_startup.py", "submit_latency.py", "fork_server.py",
-                   "server_throughput.py", "cancel.py", "provisioning.py", "transactions.py"):
+    for script in ("placement.py", "placement_incremental.py", "resources_detect.py", "cli_startup.py",
+                   "submit_latency.py", "fork_server.py", "server_throughput.py", "cancel.py", "provisioning.py",
+                   "transactions.py"):
         session.run("python", f"bench/{script}")
 
 

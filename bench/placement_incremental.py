@@ -39,7 +39,7 @@ from gpulayer.control import ControlPlane
 from gpulayer.records import JobState, TaskState, new_id
 from gpulayer.scheduling import PlacementResult
 from gpulayer.specs import CommandJob, Requirements
-from gpulayer.store import JobRow, Store, mapping, queries
+from gpulayer.store import JobRow, Store, mapping, marks, queries
 from tests.factories import make_capabilities, make_cuda_devices
 
 
@@ -134,7 +134,7 @@ def main() -> None:
             with store.read() as s:
                 c = time.process_time()
                 queries.online_worker_rows(s)
-                queries.active_holdings(s)
+                marks.active_holdings(s)
                 fleet_reads.append(time.process_time() - c)
                 t = time.perf_counter()
                 queries.queue_keys(s)
