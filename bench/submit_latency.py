@@ -223,6 +223,18 @@ def elsewhere(n: int, env: dict[str, str]) -> list[float]:
     return [float(line) for line in out.stdout.split()]
 
 
+def _socket_fits(warm: object, home: str) -> bool:
+    """Whether a CLI server can serve this home: none is started where its socket's path
+    would be too long for a Unix socket (a long ``TMPDIR``); said on stdout."""
+    path = warm.socket_path(home)  # type: ignore[attr-defined]
+    limit = getattr(warm, "MAX_SOCKET_PATH", 100)
+    if len(os.fsencode(path)) <= limit:
+        return True
+    print(f"(no CLI server rows: {path} is over the {limit} bytes a CLI server's socket path may have;"
+          " a shorter TMPDIR)")
+    return False
+
+
 def command_server(n: int, run: list[str], env: dict[str, str], home: str) -> list[float] | None:
     """``run`` timings where no worker runs, answered by the CLI server that the first of
     them started in the background (gpulayer.cli.warm), which is then stopped; None where
@@ -231,7 +243,7 @@ def command_server(n: int, run: list[str], env: dict[str, str], home: str) -> li
         from gpulayer.cli import warm
     except ImportError:
         return None
-    if not sys.platform.startswith("linux") or not hasattr(warm, "server_pid"):
+    if not sys.platform.startswith("linux") or not hasattr(warm, "server_pid") or not _socket_fits(warm, home):
         return None
     subprocess.run(run, env=env, check=True, capture_output=True)
     deadline = time.monotonic() + 60
@@ -257,7 +269,7 @@ def warm_cli(n: int, env: dict[str, str], home: str) -> list[float] | None:
         from gpulayer.cli import warm
     except ImportError:  # (a GPUlayer from before the warm CLI, measured with this file)
         return None
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or not _socket_fits(warm, home):
         return None
     worker = subprocess.Popen([*cli(), "worker", "start", "--name", "bench-cli", "--json"], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
