@@ -120,12 +120,12 @@ def job_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefix: str, sou
         sys.modules.pop(name, None)
 
 
-def stop_strays(home: Path, timeout: float = 30.0) -> list[int]:
+def stop_strays(home: Path, timeout: float = 30.0, *, below: bool = False) -> list[int]:
     """Stop what outlived the commands a test ran on ``home``: every process of this user
-    whose ``GPULAYER_HOME`` is ``home`` and that is neither this process nor one of its
-    descendants (a background worker that a detached submit started, the CLI server the
-    first command started, their tasks). SIGTERM, then SIGKILL after ``timeout`` seconds;
-    their pids."""
+    whose ``GPULAYER_HOME`` is ``home`` (``below``: is in the folder ``home``) and that is
+    neither this process nor one of its descendants (a background worker that a detached
+    submit started, the CLI server the first command started, their tasks). SIGTERM, then
+    SIGKILL after ``timeout`` seconds; their pids."""
     import psutil
 
     me = psutil.Process()
@@ -136,7 +136,8 @@ def stop_strays(home: Path, timeout: float = 30.0) -> list[int]:
         if proc.pid in ours or proc.info["uids"] is None or proc.info["uids"].real != os.getuid():
             continue
         with contextlib.suppress(psutil.Error):
-            if proc.environ().get("GPULAYER_HOME") == wanted:
+            theirs = proc.environ().get("GPULAYER_HOME")
+            if theirs == wanted or (below and theirs is not None and theirs.startswith(wanted + os.sep)):
                 found.append(proc)
     for proc in found:
         with contextlib.suppress(psutil.Error):
