@@ -146,6 +146,9 @@ class Pool:
                     if reused and attempt == 1:  # the server closed an idle connection: once more
                         continue
                     raise
+                except asyncio.CancelledError:  # (a long poll still open when the run ends)
+                    conn.close()
+                    raise
                 if conn.reusable:
                     conn.idle_since = time.monotonic()
                     self.idle.append(conn)
@@ -262,8 +265,12 @@ async def fleet(url: str, join: str, n: int, seconds: float, interval: float, ca
         await asyncio.sleep(max(0.0, stop - time.monotonic()))
         marks.update(t1=time.monotonic(), server1=cpu_seconds(server), me1=cpu_seconds(me))
 
-    await asyncio.gather(*(heartbeats(i, w, t) for i, (w, t) in enumerate(creds)),
-                         *(polls(w, t) for w, t in creds), healthz(), meter())
+    open_polls = [asyncio.ensure_future(polls(w, t)) for w, t in creds]
+    await asyncio.gather(*(heartbeats(i, w, t) for i, (w, t) in enumerate(creds)), healthz(), meter())
+    # the run is over: the polls still open (each waits up to POLL_WAIT) are let go, not waited for
+    for task in open_polls:
+        task.cancel()
+    await asyncio.gather(*open_polls, return_exceptions=True)
     # leave politely so the next phase sees no phantom workers
     await asyncio.gather(*(call("leave", "DELETE", f"/v1/workers/{w}", t, None) for w, t in creds))
     pool.close()
