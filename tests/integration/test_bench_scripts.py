@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from gpulayer.testing import no_real_devices_env
+from tests.server_support import CLEAN_ENV
 from tests.support import stop_strays
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,9 +53,7 @@ def test_the_bench_script_runs_and_prints_its_table(script: str, args: list[str]
     # server's socket path (pytest's tmp_path under xdist is not: submit_latency.py would
     # leave its CLI server rows out)
     tmp = Path(tempfile.mkdtemp(prefix="glb-", dir="/tmp" if os.path.isdir("/tmp") else None))
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("GPULAYER_URL", "GPULAYER_TOKEN", "GPULAYER_HOME", "GPULAYER_PLUGINS",
-                        "GPULAYER_DISABLE_PLUGINS", "GPULAYER_FAKE_DEVICES", "GPULAYER_DATABASE_URL")}
+    env = {k: v for k, v in os.environ.items() if k not in (*CLEAN_ENV, "GPULAYER_HOME")}
     env.update(no_real_devices_env(), TMPDIR=str(tmp))
     try:
         proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT, env=env,
