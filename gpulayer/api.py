@@ -46,6 +46,7 @@ from gpulayer.specs import JobSpec, Requirements
 from gpulayer.wire import (  # (re-exported: what goes over the wire is part of the API)
     DIGEST_PATTERN,
     MAX_BATCH,
+    MAX_LOG_CHUNKS,
     MAX_LONG_POLL,
     SCOPES,
     ExplainBody,
@@ -73,6 +74,7 @@ from gpulayer.wire import (  # (re-exported: what goes over the wire is part of 
 __all__ = [
     "DIGEST_PATTERN",
     "MAX_BATCH",
+    "MAX_LOG_CHUNKS",
     "MAX_LONG_POLL",
     "ROUTES",
     "SCOPES",
@@ -225,7 +227,10 @@ class ClientAPI(Protocol):
     def cancel(self, job_id: str) -> JobRecord: ...
 
     def logs(self, job_id: str, *, after: int = 0, node: int | None = None,
-             limit: int = 10_000) -> list[LogChunk]: ...
+             limit: int = MAX_LOG_CHUNKS) -> list[LogChunk]:
+        """The job's log chunks with an id above ``after``, oldest first, at most ``limit``
+        (one page: :meth:`gpulayer.client.Client.log_chunks` reads them all)."""
+        ...
 
     def wait_job(self, job_id: str, *, timeout: float = MAX_LONG_POLL) -> JobRecord:
         """The job once it is terminal, or as it is after ``timeout`` seconds (one bounded wait)."""

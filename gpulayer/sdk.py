@@ -85,7 +85,7 @@ class JobHandle:
         ``gpulayer jobs logs`` shows them."""
         job = self.record()
         prefix = prefixes_nodes(job.spec, node)
-        return "".join(chunk_text(c, prefix=prefix) for c in self._client.api.logs(self.id, node=node))
+        return "".join(chunk_text(c, prefix=prefix) for c in self._client.log_chunks(self.id, node=node))
 
     def follow(self, node: int | None = None) -> Iterator[str]:
         """The output as it arrives, until the job ends (prefixed as :meth:`logs`)."""

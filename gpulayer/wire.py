@@ -21,6 +21,9 @@ MAX_LONG_POLL = 30.0
 #: the most jobs one ``submit_many`` stores (one transaction: it holds the database's write
 #: lock while it runs); the SDK splits a larger batch
 MAX_BATCH = 1000
+#: the most log chunks one ``logs`` request returns; a reader of all of a job's output asks
+#: again after the last id it got (``Client.log_chunks``)
+MAX_LOG_CHUNKS = 10_000
 #: token scopes (see :mod:`gpulayer.tokens`)
 SCOPES = ("admin", "client", "worker", "join", "bootstrap")
 DIGEST_PATTERN = r"^[0-9a-f]{64}$"
@@ -58,7 +61,7 @@ class ListJobsQuery(Wire):
 class LogsQuery(Wire):
     after: int = Field(default=0, ge=0, le=2**62, description="only chunks with a larger id")
     node: int | None = Field(default=None, ge=0, le=100_000, description="one node's logs")
-    limit: int = Field(default=10_000, ge=1, le=10_000, description="at most this many chunks")
+    limit: int = Field(default=MAX_LOG_CHUNKS, ge=1, le=MAX_LOG_CHUNKS, description="at most this many chunks")
 
 
 class WaitQuery(Wire):

@@ -407,7 +407,7 @@ def jobs_logs(
         raise typer.Exit(exit_code_for(final))
     job = client.api.get_job(job_id)
     prefix = prefixes_nodes(job.spec, node)
-    for c in client.api.logs(job_id, node=node):
+    for c in client.log_chunks(job_id, node=node):
         out = sys.stderr if c.stream == "stderr" else sys.stdout
         out.write(chunk_text(c, prefix=prefix))
     sys.stdout.flush()

@@ -14,6 +14,7 @@ from gpulayer import bundles as _bundles
 from gpulayer import config
 from gpulayer.api import (
     MAX_BATCH,
+    MAX_LOG_CHUNKS,
     MAX_LONG_POLL,
     BundleStored,
     JobEvent,
@@ -196,7 +197,7 @@ class JobOps(Core):
         self._changed()
         return self.get_job(job_id)
 
-    def logs(self, job_id: str, *, after: int = 0, node: int | None = None, limit: int = 10_000) -> list[LogChunk]:
+    def logs(self, job_id: str, *, after: int = 0, node: int | None = None, limit: int = MAX_LOG_CHUNKS) -> list[LogChunk]:
         with self.store.read() as s:
             queries.job(s, job_id)
             return [mapping.log_chunk(r) for r in queries.logs(s, job_id, after=after, node=node, limit=limit)]

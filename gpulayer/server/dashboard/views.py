@@ -26,7 +26,7 @@ from typing import Any
 
 import jinja2
 
-from gpulayer.api import LogChunk
+from gpulayer.api import MAX_LOG_CHUNKS, LogChunk
 from gpulayer.client import chunk_text, prefixes_nodes
 from gpulayer.control import ControlPlane
 from gpulayer.errors import NotFound
@@ -35,7 +35,7 @@ from gpulayer.server.dashboard.sessions import Identity
 from gpulayer.units import format_gb
 
 #: log chunks read per call (the API's own limit per request)
-LOG_BATCH = 10_000
+LOG_BATCH = MAX_LOG_CHUNKS
 #: active jobs whose tasks the workers page lists (each is one more read: list_jobs
 #: returns jobs without their tasks)
 ACTIVE_JOBS = 200
