@@ -27,7 +27,7 @@ from gpulayer.errors import Conflict, InvalidInput
 from gpulayer.hookrecords import Capabilities, Rendezvous
 from gpulayer.pids import pid_alive
 from gpulayer.records import JobError, JobState, TaskState, WorkerRecord, new_id
-from gpulayer.store import LogRow, WorkerRow, mapping, plain, queries
+from gpulayer.store import WorkerRow, mapping, plain, queries
 
 ORIGINS = ("local", "existing", "provider")
 #: the name of the worker a script or `gpulayer submit` runs in its own process: its row is
@@ -462,10 +462,13 @@ class WorkerOps(Core):
             for stream, _ in chunks:
                 if stream not in ("stdout", "stderr", "system"):
                     raise InvalidInput(f"log stream {stream!r}: expected stdout, stderr or system")
-            queries.add_logs(s, (LogRow(job_id=task.job_id, task_id=task_id, node_rank=task.node_rank,
-                                        stream=stream, data=mapping.stored_log_text(data), ts=now)
-                                 for stream, data in chunks))
-        self._changed()
+            plain.add_logs(s, [(task.job_id, task_id, task.node_rank, stream, mapping.stored_log_text(data), now)
+                               for stream, data in chunks])
+        # only the observers hear of it (a server's dashboard streams logs live): no job or
+        # task changed, so the waits for jobs and the polls (here and in other processes)
+        # are not woken; a task that wrote fast woke each of them every 64 kB to read a state
+        for o in self._observers:
+            o.on_change()
 
     def finish_task(
         self, task_id: str, *, worker_id: str, state: TaskState, exit_code: int | None = None,

@@ -22,7 +22,7 @@ from sqlmodel import Session
 
 from gpulayer.errors import NotFound
 from gpulayer.records import JobState
-from gpulayer.store.tables import EventRow, JobRow, TaskRow, WorkerRow
+from gpulayer.store.tables import EventRow, JobRow, LogRow, TaskRow, WorkerRow
 
 
 class Job(NamedTuple):
@@ -69,6 +69,7 @@ TASK_COLUMNS = ", ".join(Task._fields)
 _JOB_TABLE = JobRow.__tablename__
 _TASK_TABLE = TaskRow.__tablename__
 _EVENT_TABLE = EventRow.__tablename__
+_LOG_TABLE = LogRow.__tablename__
 _WORKER_TABLE = WorkerRow.__tablename__
 
 def not_found(what: str, key: str) -> NotFound:
@@ -303,6 +304,20 @@ def local_workers(s: Session) -> list[tuple[str, str, int | None, float, bool]]:
 # ---------------------------------------------------------------- events
 
 
+def add_logs(s: Session, rows: list[tuple[str, str, int, str, str, float]]) -> None:
+    """Append log chunks, ``(job_id, task_id, node_rank, stream, data, ts)`` each, in one
+    ``executemany`` (through the ORM, a chunk cost 0.6 ms of CPU: building its row object,
+    the unit of work's flush; a task that writes fast ships a chunk every 64 kB)."""
+    if not rows:
+        return
+    cur = _cursor(s)
+    try:
+        cur.executemany(_sql(s, f"INSERT INTO {_LOG_TABLE} (job_id, task_id, node_rank, stream, data, ts) "
+                                "VALUES (?, ?, ?, ?, ?, ?)"), rows)
+    finally:
+        cur.close()
+
+
 def add_event(s: Session, *, ts: float, kind: str, job_id: str | None, task_id: str | None,
               worker_id: str | None, message: str) -> None:
     execute(s, f"INSERT INTO {_EVENT_TABLE} (ts, kind, job_id, task_id, worker_id, message) "
@@ -315,6 +330,7 @@ __all__ = [
     "Job",
     "Task",
     "add_event",
+    "add_logs",
     "assigned_of_worker",
     "control",
     "execute",

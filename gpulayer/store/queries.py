@@ -329,10 +329,6 @@ def online_worker_count(s: Session) -> int:
 # --------------------------------------------------------------------------- logs and events
 
 
-def add_logs(s: Session, rows: Iterable[LogRow]) -> None:
-    s.add_all(list(rows))
-
-
 def logs(s: Session, job_id: str, *, after: int, node: int | None, limit: int) -> Sequence[LogRow]:
     q = select(LogRow).where(LogRow.job_id == job_id, col(LogRow.id) > after)
     if node is not None:

@@ -588,3 +588,47 @@ def test_the_poll_after_one_that_returned_tasks_still_sees_what_came_since(cp: C
     # a worker that did not get an answer (its tasks are not among those it runs) gets it again
     again = cp.poll_work(w.id, running=[], wait=600).tasks
     assert {t.task_id for t in again} == {ta.task_id, tb.task_id}
+
+
+def test_log_chunks_reach_the_observers_but_wake_no_wait_for_a_job(cp: ControlPlane, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A task that writes fast ships a chunk every few milliseconds; a wait for its job looks
+    at the job again only when a job or task changed (here: its end), and a server's
+    dashboard (an observer) still hears of every chunk."""
+    import threading
+
+    from gpulayer.control import ControlObserver
+    from gpulayer.control import jobs as control_jobs
+
+    heard: list[int] = []
+
+    class Dashboard(ControlObserver):
+        def on_change(self) -> None:
+            heard.append(1)
+
+    cp.observe(Dashboard())
+    w = cp.register_worker(make_capabilities(), cpu_slots=1)
+    job = cp.submit(CommandJob(command=["x"]))
+    [a] = cp.poll_tasks(w.id)
+    cp.start_task(a.task_id, worker_id=w.id)
+    looks: list[str] = []
+    job_state = control_jobs.plain.job_state
+
+    def counted(s, job_id):  # type: ignore[no-untyped-def]
+        looks.append(job_id)
+        return job_state(s, job_id)
+
+    monkeypatch.setattr(control_jobs.plain, "job_state", counted)
+    waited: list[JobState] = []
+    waiter = threading.Thread(target=lambda: waited.append(cp.wait_job(job.id, timeout=60).state))
+    waiter.start()
+    heard.clear()
+    for i in range(200):
+        cp.append_logs(a.task_id, worker_id=w.id, chunks=[("stdout", f"{i}\n")])
+    assert len(heard) == 200
+    cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0)
+    waiter.join(60)
+    assert waited == [JobState.SUCCEEDED]
+    # its first look, the looks its own timer spaces out (0.05 s, growing) and the last one;
+    # each of the 200 chunks woke it to look before
+    assert len(looks) < 50, len(looks)
+    assert "".join(c.data for c in cp.logs(job.id)) == "".join(f"{i}\n" for i in range(200))
