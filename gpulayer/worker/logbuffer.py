@@ -1,6 +1,7 @@
 """A task's output on its way to the control plane: decoded as it arrives (a character cut
 between two reads waits for its other half) and shipped in chunks, at most every
-``interval`` seconds and at once past 64 kB, by the worker agent (:mod:`.agent`)."""
+``interval`` seconds and at once past :data:`SHIP_AT` characters, by the worker agent
+(:mod:`.agent`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ from gpulayer.api import LogStream
 
 log = logging.getLogger(__name__)
 
+#: output waiting to be shipped goes at once past this many characters: each chunk is a write
+#: transaction, and a task that writes fast fills one in milliseconds (at 64 kB, 200 MB of
+#: output were 3,200 of them). Its JSON stays far below a server's request limit (16 MB): at
+#: most 12 bytes a character, escaped.
+SHIP_AT = 512 * 1024
+
 
 class LogBuffer:
     """Collects a task's output and ships it in chunks, at most every ``interval`` seconds."""
@@ -24,7 +31,9 @@ class LogBuffer:
         self._lock = threading.Lock()
         # taken from taking chunks to having sent them, so chunks arrive in order
         self._send_lock = threading.Lock()
-        self._pending: list[tuple[LogStream, str]] = []
+        #: what is not shipped yet: runs of one stream, each a list of pieces (joined when
+        #: shipped: adding each read to one string copied the run again at every read)
+        self._pending: list[tuple[LogStream, list[str]]] = []
         self._decoders: dict[LogStream, codecs.IncrementalDecoder] = {
             s: codecs.getincrementaldecoder("utf-8")("replace") for s in ("stdout", "stderr")}
         self._size = 0
@@ -60,7 +69,7 @@ class LogBuffer:
             name: LogStream = "stderr" if stream == "stderr" else "stdout"
             dec = self._decoders.setdefault(name, codecs.getincrementaldecoder("utf-8")("replace"))
             self._append(name, dec.decode(data))
-            due = self._size > 64_000 or time.monotonic() - self._last >= self._interval
+            due = self._size > SHIP_AT or time.monotonic() - self._last >= self._interval
             if self._ticker is None and not self._closed.is_set():
                 self._ticker = threading.Thread(target=self._tick, name="gpulayer-logs", daemon=True)
                 self._ticker.start()
@@ -75,16 +84,17 @@ class LogBuffer:
         if not text:
             return
         if self._pending and self._pending[-1][0] == stream:
-            self._pending[-1] = (stream, self._pending[-1][1] + text)
+            self._pending[-1][1].append(text)
         else:
-            self._pending.append((stream, text))
+            self._pending.append((stream, [text]))
         self._size += len(text)
 
     def flush(self) -> None:
         with self._send_lock:
             with self._lock:
-                chunks, self._pending, self._size = self._pending, [], 0
+                runs, self._pending, self._size = self._pending, [], 0
                 self._last = time.monotonic()
+            chunks = [(stream, "".join(pieces)) for stream, pieces in runs]
             if chunks:
                 try:
                     self._send(chunks)

@@ -33,6 +33,24 @@ def test_chunks_from_several_threads_keep_their_order_per_writer() -> None:
     assert "".join(text for _, text in sent) == b"".join(lines).decode()
 
 
+def test_output_is_shipped_at_once_past_ship_at_and_runs_of_a_stream_stay_whole_and_in_order() -> None:
+    from gpulayer.worker.logbuffer import SHIP_AT
+
+    sent: list[list[tuple[str, str]]] = []
+    buf = LogBuffer(sent.append, interval=3600.0)  # (no time-based shipping in this test)
+    piece = "x" * 1000 + "\n"
+    buf.write("stderr", b"first\n")
+    for _ in range(SHIP_AT // len(piece) + 1):  # one read more than SHIP_AT characters
+        buf.write("stdout", piece.encode())
+    assert len(sent) == 1  # shipped as the run passed SHIP_AT, before the end
+    assert sent[0] == [("stderr", "first\n"), ("stdout", piece * (SHIP_AT // len(piece) + 1))]
+    buf.write("stdout", b"tail\n")
+    buf.write("stderr", b"err\n")
+    buf.write("stdout", b"more\n")
+    buf.close()
+    assert sent[1:] == [[("stdout", "tail\n"), ("stderr", "err\n"), ("stdout", "more\n")]]
+
+
 def test_a_failing_send_does_not_break_the_task() -> None:
     def send(chunks: list[tuple[str, str]]) -> None:
         raise RuntimeError("control plane away")
