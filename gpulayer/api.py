@@ -45,6 +45,7 @@ from gpulayer.records import (
 from gpulayer.specs import JobSpec, Requirements
 from gpulayer.wire import (  # (re-exported: what goes over the wire is part of the API)
     DIGEST_PATTERN,
+    LOG_PAGE_TEXT,
     MAX_BATCH,
     MAX_LOG_CHUNKS,
     MAX_LONG_POLL,
@@ -69,10 +70,12 @@ from gpulayer.wire import (  # (re-exported: what goes over the wire is part of 
     WaitJobsQuery,
     WaitQuery,
     Wire,
+    log_page_cut,
 )
 
 __all__ = [
     "DIGEST_PATTERN",
+    "LOG_PAGE_TEXT",
     "MAX_BATCH",
     "MAX_LOG_CHUNKS",
     "MAX_LONG_POLL",
@@ -113,6 +116,7 @@ __all__ = [
     "WorkPoll",
     "WorkerAPI",
     "WorkerUsage",
+    "log_page_cut",
     "route_for",
 ]
 
@@ -228,8 +232,10 @@ class ClientAPI(Protocol):
 
     def logs(self, job_id: str, *, after: int = 0, node: int | None = None,
              limit: int = MAX_LOG_CHUNKS) -> list[LogChunk]:
-        """The job's log chunks with an id above ``after``, oldest first, at most ``limit``
-        (one page: :meth:`gpulayer.client.Client.log_chunks` reads them all)."""
+        """The job's log chunks with an id above ``after``, oldest first: one page, at most
+        ``limit`` chunks and ending with the one that brings its text to
+        :data:`LOG_PAGE_TEXT` characters (:func:`log_page_cut` says whether more may follow;
+        :meth:`gpulayer.client.Client.log_chunks` reads every page)."""
         ...
 
     def wait_job(self, job_id: str, *, timeout: float = MAX_LONG_POLL) -> JobRecord:
@@ -438,7 +444,9 @@ ROUTES: tuple[Route, ...] = (
           response=JobRecord, own_job=True, errors=(404,)),
     Route("cancel", "POST", "/v1/jobs/{job_id}/cancel", READERS, "Cancel a job",
           response=JobRecord, own_job=True, errors=(404,)),
-    Route("logs", "GET", "/v1/jobs/{job_id}/logs", READERS, "Log chunks after an id",
+    Route("logs", "GET", "/v1/jobs/{job_id}/logs", READERS,
+          "Log chunks after an id, oldest first: a page of at most limit chunks, ending with the one "
+          f"that brings its text to {LOG_PAGE_TEXT // 2**20} Mi characters",
           response=list[LogChunk], query=LogsQuery, own_job=True, errors=(404,)),
     Route("wait_job", "GET", "/v1/jobs/{job_id}/wait", READERS,
           f"The job once it is terminal, or after at most {MAX_LONG_POLL:g} s (long poll)",

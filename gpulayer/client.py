@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpulayer import bundles, config
-from gpulayer.api import MAX_BATCH, MAX_LOG_CHUNKS, MAX_LONG_POLL, ControlAPI, LogChunk
+from gpulayer.api import MAX_BATCH, MAX_LOG_CHUNKS, MAX_LONG_POLL, ControlAPI, LogChunk, log_page_cut
 from gpulayer.errors import GpulayerError, InvalidInput, SubmitWhileImporting
 from gpulayer.records import Explanation, JobRecord, WorkerRecord
 from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, JobSpec
@@ -186,14 +186,14 @@ class Client:
                 return job
 
     def log_chunks(self, job_id: str, *, node: int | None = None) -> Iterator[LogChunk]:
-        """All of the job's log chunks so far, oldest first, read a page of at most
-        :data:`~gpulayer.api.MAX_LOG_CHUNKS` at a time (a long job writes more chunks than
-        one request returns: a line every 0.1 s is 10,000 chunks in 17 minutes)."""
+        """All of the job's log chunks so far, oldest first, read a page at a time (a long
+        job writes more than one request returns: a line every 0.1 s is 10,000 chunks in 17
+        minutes; see :meth:`~gpulayer.api.ControlAPI.logs`), so at most a page is held."""
         after = 0
         while True:
             page = self.api.logs(job_id, after=after, node=node, limit=MAX_LOG_CHUNKS)
             yield from page
-            if len(page) < MAX_LOG_CHUNKS:
+            if not page or not log_page_cut(page):
                 return
             after = page[-1].id
 

@@ -8,6 +8,7 @@ records only, as that one does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -24,6 +25,15 @@ MAX_BATCH = 1000
 #: the most log chunks one ``logs`` request returns; a reader of all of a job's output asks
 #: again after the last id it got (``Client.log_chunks``)
 MAX_LOG_CHUNKS = 10_000
+#: and a page ends with the chunk whose text brings it to this many characters (a chunk may be
+#: as large as a request), so that neither side holds a long log in memory at once
+LOG_PAGE_TEXT = 4 * 1024 * 1024
+
+
+def log_page_cut(page: Sequence[Any], limit: int = MAX_LOG_CHUNKS) -> bool:
+    """Whether a page of log chunks (each with its ``data``) was cut short by the page's
+    limits, so that more may follow it (a page that was not is the end, for now)."""
+    return len(page) >= limit or sum(len(c.data) for c in page) >= LOG_PAGE_TEXT
 #: token scopes (see :mod:`gpulayer.tokens`)
 SCOPES = ("admin", "client", "worker", "join", "bootstrap")
 DIGEST_PATTERN = r"^[0-9a-f]{64}$"

@@ -13,6 +13,7 @@ from sqlmodel import Session
 from gpulayer import bundles as _bundles
 from gpulayer import config
 from gpulayer.api import (
+    LOG_PAGE_TEXT,
     MAX_BATCH,
     MAX_LOG_CHUNKS,
     MAX_LONG_POLL,
@@ -200,7 +201,8 @@ class JobOps(Core):
     def logs(self, job_id: str, *, after: int = 0, node: int | None = None, limit: int = MAX_LOG_CHUNKS) -> list[LogChunk]:
         with self.store.read() as s:
             queries.job(s, job_id)
-            return [mapping.log_chunk(r) for r in queries.logs(s, job_id, after=after, node=node, limit=limit)]
+            return [mapping.log_chunk(r) for r in queries.logs(s, job_id, after=after, node=node, limit=limit,
+                                                               text=LOG_PAGE_TEXT)]
 
     def wait_job(self, job_id: str, *, timeout: float = MAX_LONG_POLL) -> JobRecord:
         """The job once it is terminal, or as it is after ``timeout`` seconds."""

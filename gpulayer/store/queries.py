@@ -329,11 +329,25 @@ def online_worker_count(s: Session) -> int:
 # --------------------------------------------------------------------------- logs and events
 
 
-def logs(s: Session, job_id: str, *, after: int, node: int | None, limit: int) -> Sequence[LogRow]:
+def logs(s: Session, job_id: str, *, after: int, node: int | None, limit: int, text: int) -> list[LogRow]:
+    """The job's chunks after id ``after``, in order: at most ``limit``, and none after the
+    one that brings their text to ``text`` characters. Read as a stream (a server-side
+    cursor on PostgreSQL), so the rows past that point are never fetched."""
     q = select(LogRow).where(LogRow.job_id == job_id, col(LogRow.id) > after)
     if node is not None:
         q = q.where(LogRow.node_rank == node)
-    return list(s.exec(q.order_by(col(LogRow.id)).limit(limit)).all())
+    rows: list[LogRow] = []
+    size = 0
+    result = s.exec(q.order_by(col(LogRow.id)).limit(limit).execution_options(yield_per=64))
+    try:
+        for row in result:
+            rows.append(row)
+            size += len(row.data)
+            if size >= text:
+                break
+    finally:
+        result.close()
+    return rows
 
 
 def add_event(s: Session, *, ts: float, kind: str, job_id: str | None = None, task_id: str | None = None,

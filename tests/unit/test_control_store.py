@@ -298,3 +298,25 @@ def test_submit_answers_with_the_job_as_stored(cp: ControlPlane) -> None:
     assert job.spec is not spec
     assert job.spec.args == [[1, 2]] and job.spec.kwargs == {"k": [3]}  # type: ignore[union-attr]
     assert job == cp.get_job(job.id)
+
+
+def test_a_page_of_logs_ends_with_the_chunk_that_fills_its_text_on_every_database(cp: ControlPlane) -> None:
+    """Read as a stream (a server-side cursor on PostgreSQL): the chunks after the one that
+    brings a page's text to LOG_PAGE_TEXT are left for the next page."""
+    from gpulayer.api import LOG_PAGE_TEXT, log_page_cut
+
+    w = cp.register_worker(make_capabilities(), cpu_slots=1)
+    job = cp.submit(CommandJob(command=["x"]))
+    [a] = cp.poll_tasks(w.id)
+    cp.start_task(a.task_id, worker_id=w.id)
+    half = LOG_PAGE_TEXT // 2
+    cp.append_logs(a.task_id, worker_id=w.id, chunks=[("stdout", str(i) * half) for i in range(5)])
+    pages, after = [], 0
+    while True:
+        page = cp.logs(job.id, after=after)
+        pages.append([c.data[0] for c in page])
+        if not log_page_cut(page):
+            break
+        after = page[-1].id
+    assert pages == [["0", "1"], ["2", "3"], ["4"]]
+    assert [len(c.data) for c in cp.logs(job.id, after=0, limit=1)] == [half]  # the count limit still holds

@@ -26,7 +26,7 @@ from typing import Any
 
 import jinja2
 
-from gpulayer.api import MAX_LOG_CHUNKS, LogChunk
+from gpulayer.api import MAX_LOG_CHUNKS, LogChunk, log_page_cut
 from gpulayer.client import chunk_text, prefixes_nodes
 from gpulayer.control import ControlPlane
 from gpulayer.errors import NotFound
@@ -149,7 +149,7 @@ def read_logs(control: ControlPlane, job: JobRecord, after: int) -> tuple[list[L
     """Log chunks after id ``after``: (parts, last id, whether more are waiting)."""
     chunks = control.logs(job.id, after=after, limit=LOG_BATCH)
     last = chunks[-1].id if chunks else after
-    return log_parts(chunks, prefix=prefixes_nodes(job.spec)), last, len(chunks) >= LOG_BATCH
+    return log_parts(chunks, prefix=prefixes_nodes(job.spec)), last, log_page_cut(chunks, LOG_BATCH)
 
 
 # ---------------------------------------------------------------------------------- pages
