@@ -29,7 +29,7 @@ from gpulayer.records import (
 )
 from gpulayer.specs import JobSpec
 from gpulayer.store import plain
-from gpulayer.store.tables import EventRow, JobRow, LogRow, MachineRow, TaskRow, TokenRow, WorkerRow
+from gpulayer.store.tables import EventRow, JobRow, MachineRow, TaskRow, TokenRow, WorkerRow
 
 SPEC: TypeAdapter[Any] = TypeAdapter(JobSpec)
 
@@ -142,9 +142,12 @@ def log_text(stored: str) -> str:
     return stored
 
 
-def log_chunk(r: LogRow) -> LogChunk:
-    return LogChunk(id=r.id or 0, task_id=r.task_id, node_rank=r.node_rank, stream=r.stream,
-                    data=log_text(r.data), ts=r.ts)
+def log_chunk(r: tuple[int, str, int, str, str, float]) -> LogChunk:
+    """A stored chunk, ``(id, task_id, node_rank, stream, data, ts)`` as
+    :func:`gpulayer.store.queries.logs` reads it, as the API's record."""
+    id_, task_id, node_rank, stream, data, ts = r
+    return LogChunk(id=id_, task_id=task_id, node_rank=node_rank, stream=stream,
+                    data=log_text(data), ts=ts)
 
 
 def job_event(r: EventRow) -> JobEvent:
