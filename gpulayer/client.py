@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpulayer import bundles, config
+from gpulayer import bundles, config, logtext
 from gpulayer.api import MAX_BATCH, MAX_LOG_CHUNKS, MAX_LONG_POLL, ControlAPI, LogChunk, log_page_cut
 from gpulayer.errors import GpulayerError, InvalidInput, SubmitWhileImporting
 from gpulayer.records import Explanation, JobRecord, WorkerRecord
@@ -384,14 +384,12 @@ def _refuse_while_importing(spec: JobSpec) -> None:
 def prefixes_nodes(spec: JobSpec, node: int | None = None) -> bool:
     """Whether the job's output is shown with ``[node R]`` line prefixes: a job of several
     nodes, all of them shown."""
-    return spec.kind == "distributed" and spec.nodes > 1 and node is None
+    return logtext.prefixes_nodes(spec.kind, spec.nodes if spec.kind == "distributed" else 1, node)
 
 
 def chunk_text(chunk: LogChunk, *, prefix: bool) -> str:
     """A chunk's text, each line prefixed ``[node R] `` when ``prefix``."""
-    if not prefix:
-        return chunk.data
-    return "".join(f"[node {chunk.node_rank}] {line}" for line in chunk.data.splitlines(keepends=True))
+    return logtext.shown_text(chunk.data, chunk.node_rank, prefix=prefix)
 
 
 def embedded_client(database_url: str | None = None) -> Client:

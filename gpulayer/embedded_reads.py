@@ -37,7 +37,7 @@ from gpulayer import config
 from gpulayer.errors import GpulayerError
 from gpulayer.pids import pid_alive
 
-__all__ = ["JOB_STATES", "SCHEMA_VERSION", "JobLine", "Unanswerable", "database", "job_lines", "reading"]
+__all__ = ["JOB_STATES", "SCHEMA_VERSION", "JobLine", "Unanswerable", "database", "job_lines", "job_logs", "reading"]
 
 #: the schema these reads understand: :data:`gpulayer.store.migrations.SCHEMA_VERSION`
 #: (a test keeps the two equal; a new version must be checked against these queries)
@@ -165,3 +165,50 @@ def job_lines(conn: sqlite3.Connection, *, state: str | None, limit: int) -> lis
         lines.append(JobLine(job_id, job_state, kind, name or "", what, int(attempt), float(created_at)))
     return lines
 
+
+
+#: the log chunks :func:`job_logs` reads at a time (each read its own transaction)
+LOG_PAGE = 1000
+
+
+def job_logs(conn: sqlite3.Connection, job_id: str, node: int | None) -> tuple[tuple[str, int], Iterator[tuple[int, str, str]]]:
+    """What ``jobs logs JOB`` prints: the job's ``(kind, nodes)`` and its chunks in order,
+    ``(node_rank, stream, stored text)`` (:func:`gpulayer.logtext.log_text` gives the text),
+    those of node ``node`` only when given. Called in :func:`reading`'s transaction, which
+    reads the job; the chunks come a page at a time, each page in a read transaction of its
+    own after the first, so a reader that prints slowly (into a pager) holds no snapshot of
+    the database meanwhile. :class:`Unanswerable` for a job that is not there (the full
+    path says so) or whose spec the records would not read."""
+    row = conn.execute("SELECT spec FROM gl_jobs WHERE gl_jobs.id = ?", (job_id,)).fetchone()
+    if row is None:
+        raise Unanswerable(f"no job {job_id!r}")
+    try:
+        spec = json.loads(row[0])
+    except ValueError:
+        raise Unanswerable(f"job {job_id}: its spec is not JSON") from None
+    if not isinstance(spec, dict):
+        raise Unanswerable(f"job {job_id}: its spec is not an object")
+    kind, _ = _what(spec)
+    nodes = spec.get("nodes", 1) if kind == "distributed" else 1
+    where = "gl_logs.job_id = ? AND gl_logs.id > ?" + (" AND gl_logs.node_rank = ?" if node is not None else "")
+    sql = f"SELECT gl_logs.id, gl_logs.node_rank, gl_logs.stream, gl_logs.data FROM gl_logs WHERE {where} " \
+          "ORDER BY gl_logs.id LIMIT ?"
+
+    def page(after: int) -> list[tuple[int, int, str, str]]:
+        params = (job_id, after, node, LOG_PAGE) if node is not None else (job_id, after, LOG_PAGE)
+        return conn.execute(sql, params).fetchall()
+
+    first = page(0)
+
+    def chunks() -> Iterator[tuple[int, str, str]]:
+        rows = first
+        while True:
+            for _, node_rank, stream, data in rows:
+                yield node_rank, stream, data
+            if len(rows) < LOG_PAGE:
+                return
+            conn.execute("COMMIT")  # (reading()'s own COMMIT at its end then finds one open)
+            conn.execute("BEGIN DEFERRED")
+            rows = page(rows[-1][0])
+
+    return (kind, nodes), chunks()

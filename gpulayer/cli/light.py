@@ -11,8 +11,8 @@ server configured, a worker to expire first), it returns ``False`` and the full 
 
 Recognised: the global options ``--url``, ``--token``, ``--ca``, ``--home`` (``--url``
 sends every command to the full path), then ``jobs list`` with ``--state S``, ``--limit N``
-and ``--json``, or ``resources detect`` with ``--python PATH`` and ``--explain``, each as
-``--opt VALUE`` or ``--opt=VALUE``. ``resources detect`` prints the text the full path
+and ``--json``, ``jobs logs JOB`` with ``--node R``, or ``resources detect`` with
+``--python PATH`` and ``--explain``, each as ``--opt VALUE`` or ``--opt=VALUE``. ``resources detect`` prints the text the full path
 printed last from the current capability cache entry, kept in that entry with the host
 facts it showed (:mod:`gpulayer.capability_key`): an entry under an hour old, for this
 interpreter, its ``sys.path``, the same plugins (loaded without a warning), the same
@@ -83,22 +83,33 @@ def _jobs_list(argv: Sequence[str]) -> dict[str, Any] | None:
             "limit": int(limit), "json": bool(opts.get("--json"))}
 
 
+def _command(argv: Sequence[str], words: tuple[str, str]) -> tuple[dict[str, str], int] | None:
+    """The variables the global options before the command ``words`` set, and where the
+    command's own arguments start; None for another command, or one sent to a server
+    (``--url``: the full path)."""
+    parsed = _options(argv, 0, GLOBAL_OPTIONS, ())
+    if parsed is None or "--url" in parsed[0]:
+        return None
+    glob, i = parsed
+    if tuple(argv[i:i + 2]) != words:
+        return None
+    return {GLOBAL_OPTIONS[k]: v for k, v in glob.items()}, i + 2
+
+
 def _resources_detect(argv: Sequence[str]) -> dict[str, Any] | None:
     """What a ``resources detect`` command line this path can answer asks for (the
     variables its global options set, the Python, ``--explain`` or not), else None.
     ``--json`` (it shows free disk to the byte), ``--timeout`` and ``--refresh`` (which
     detect afresh) go to the full path."""
-    parsed = _options(argv, 0, GLOBAL_OPTIONS, ())
-    if parsed is None or "--url" in parsed[0]:
+    command = _command(argv, ("resources", "detect"))
+    if command is None:
         return None
-    glob, i = parsed
-    if list(argv[i:i + 2]) != ["resources", "detect"]:
-        return None
-    parsed = _options(argv, i + 2, ("--python",), ("--explain",))
+    env, i = command
+    parsed = _options(argv, i, ("--python",), ("--explain",))
     if parsed is None or parsed[1] != len(argv):
         return None
     opts = parsed[0]
-    return {"env": {GLOBAL_OPTIONS[k]: v for k, v in glob.items()}, "python": opts.get("--python") or sys.executable,
+    return {"env": env, "python": opts.get("--python") or sys.executable,
             "explain": bool(opts.get("--explain"))}
 
 
@@ -119,12 +130,62 @@ def _detect(argv: Sequence[str]) -> bool:
     return True
 
 
+def _jobs_logs(argv: Sequence[str]) -> dict[str, Any] | None:
+    """What a ``jobs logs JOB`` command line this path can answer asks for (the variables
+    its global options set, the job, ``--node``), else None. ``--follow`` (it waits for the
+    job's end and exits with its outcome) goes to the full path."""
+    command = _command(argv, ("jobs", "logs"))
+    if command is None:
+        return None
+    env, i = command
+    before = _options(argv, i, ("--node",), ())  # (click takes options before and after JOB)
+    if before is None or before[1] >= len(argv):
+        return None
+    job_id = argv[before[1]]
+    after = _options(argv, before[1] + 1, ("--node",), ())
+    if after is None or after[1] != len(argv):
+        return None
+    node = {**before[0], **after[0]}.get("--node")
+    if node is not None and not (node.isascii() and node.isdigit()):
+        return None  # the full path says what --node accepts
+    return {"env": env, "job": job_id, "node": None if node is None else int(node)}
+
+
+def _logs(request: dict[str, Any]) -> bool:
+    """``jobs logs JOB``: the job's output as the full path prints it (stdout's chunks on
+    stdout, stderr's on stderr, ``[node R]`` prefixes for a job of several nodes), read
+    with :func:`gpulayer.embedded_reads.job_logs`; or False, having printed nothing."""
+    import sqlite3
+
+    from gpulayer import embedded_reads, logtext
+
+    os.environ.update(request["env"])
+    node = request["node"]
+    try:
+        with embedded_reads.reading(embedded_reads.database()) as conn:
+            (kind, nodes), chunks = embedded_reads.job_logs(conn, request["job"], node)
+            prefix = logtext.prefixes_nodes(kind, nodes, node)
+            try:
+                for node_rank, stream, data in chunks:
+                    out = sys.stderr if stream == "stderr" else sys.stdout
+                    out.write(logtext.shown_text(logtext.log_text(data), node_rank, prefix=prefix))
+            except sqlite3.Error as exc:  # after the first page: what it printed stays printed
+                sys.stdout.flush()
+                sys.stderr.write(f"error: could not read the rest of job {request['job']}'s output: {exc}\n")
+                sys.exit(1)
+    except (embedded_reads.Unanswerable, sqlite3.Error):  # (before any output) the full path says what is wrong
+        return False
+    sys.stdout.flush()
+    return True
+
+
 def answer(argv: Sequence[str]) -> bool:
     """Answer ``argv`` (the words after ``gpulayer``) and return True, or return False
     having printed nothing (the full path runs)."""
     request = _jobs_list(argv)
     if request is None:
-        return _detect(argv)
+        logs = _jobs_logs(argv)
+        return _logs(logs) if logs is not None else _detect(argv)
     import sqlite3
 
     from gpulayer import embedded_reads

@@ -25,6 +25,7 @@ from gpulayer.control.core import Core, _assigned, _view
 from gpulayer.control.jobs import _result_json
 from gpulayer.errors import Conflict, InvalidInput
 from gpulayer.hookrecords import Capabilities, Rendezvous
+from gpulayer.logtext import stored_log_text
 from gpulayer.pids import pid_alive
 from gpulayer.records import JobError, JobState, TaskState, WorkerRecord, new_id
 from gpulayer.store import WorkerRow, mapping, plain, queries
@@ -462,7 +463,7 @@ class WorkerOps(Core):
             for stream, _ in chunks:
                 if stream not in ("stdout", "stderr", "system"):
                     raise InvalidInput(f"log stream {stream!r}: expected stdout, stderr or system")
-            plain.add_logs(s, [(task.job_id, task_id, task.node_rank, stream, mapping.stored_log_text(data), now)
+            plain.add_logs(s, [(task.job_id, task_id, task.node_rank, stream, stored_log_text(data), now)
                                for stream, data in chunks])
         # only the observers hear of it (a server's dashboard streams logs live): no job or
         # task changed, so the waits for jobs and the polls (here and in other processes)

@@ -9,7 +9,6 @@ read into a record that says so.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from gpulayer.api import JobEvent, LogChunk, TokenInfo
 from gpulayer.hookrecords import Capabilities, Rendezvous
+from gpulayer.logtext import log_text
 from gpulayer.records import (
     JobError,
     JobRecord,
@@ -109,37 +109,6 @@ def worker_record(row: WorkerRow | dict[str, Any]) -> WorkerRecord:
 
 
 _WORKER_FIELDS = ("id", "name", "origin", "cpu_slots", "online", "draining", "last_heartbeat", "registered_at", "pid")
-
-
-#: marks a stored log chunk whose text is JSON-quoted: PostgreSQL's text cannot hold a NUL
-#: byte, so a chunk with one (or one that starts with this mark) is stored quoted, on every
-#: database alike (a private-use character that output essentially never starts with)
-_QUOTED = "\ue000"
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def stored_log_text(data: str) -> str:
-    """Log text as stored: lone surrogates (not encodable) replaced by U+FFFD, NUL kept.
-    (Looked for only in text that does not encode: the regular expression scanned each
-    64 kB chunk character by character, 28% of a chatty task's worker CPU; the encode is C.)"""
-    if not data.isascii():
-        try:
-            data.encode()
-        except UnicodeEncodeError:
-            data = _LONE_SURROGATE.sub("\ufffd", data)
-    if "\x00" in data or data.startswith(_QUOTED):
-        return _QUOTED + json.dumps(data)
-    return data
-
-
-def log_text(stored: str) -> str:
-    if stored.startswith(_QUOTED):
-        try:
-            text: str = json.loads(stored[len(_QUOTED):])
-            return text
-        except ValueError:
-            return stored
-    return stored
 
 
 def log_chunk(r: tuple[int, str, int, str, str, float]) -> LogChunk:

@@ -10,12 +10,14 @@ reports which path ran by whether Typer, pydantic, SQLAlchemy, SQLModel or plugg
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -217,3 +219,96 @@ def test_the_light_reads_know_the_store_s_schema_and_states() -> None:
     """A new schema version or job state needs these reads checked, and these constants moved."""
     assert embedded_reads.SCHEMA_VERSION == migrations.SCHEMA_VERSION
     assert embedded_reads.JOB_STATES == tuple(s.value for s in JobState)
+
+
+# --------------------------------------------------------------------------- jobs logs
+
+
+@pytest.fixture(scope="module")
+def logs_home(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A database with the output of a command job (streams interleaved, text stored quoted,
+    more chunks than a page of embedded_reads.job_logs), of a distributed job of two nodes,
+    and a job without output; its workers left offline (nothing to expire)."""
+    from gpulayer.control import ControlPlane
+    from gpulayer.records import TaskState
+    from gpulayer.store import Store
+    from tests.factories import make_capabilities
+
+    home = tmp_path_factory.mktemp("light-logs")
+    store = Store(f"sqlite:///{home / 'gpulayer.db'}")
+    cp = ControlPlane(store)
+    workers = [cp.register_worker(make_capabilities(), cpu_slots=1, origin="local").id for _ in range(2)]
+
+    def run_job(spec: Any, chunks_of: Any) -> str:
+        job = cp.submit(spec)
+        for w in workers:
+            for a in cp.poll_tasks(w):
+                cp.start_task(a.task_id, worker_id=w)
+                cp.append_logs(a.task_id, worker_id=w, chunks=chunks_of(a.node_rank))
+                cp.finish_task(a.task_id, worker_id=w, state=TaskState.SUCCEEDED, exit_code=0)
+        assert cp.get_job(job.id).state.value == "succeeded"
+        return job.id
+
+    many = [("stdout", f"line {i}\n") for i in range(embedded_reads.LOG_PAGE * 2 + 500)]
+    mixed = [("stdout", "out 1\n"), ("stderr", "err 1\n"), ("system", "gpulayer: a note\n"), ("stdout", "a\x00b\n"),
+             ("stderr", "\ue000looks quoted\n"), ("stdout", "héllo \x1b[2J, no newline at the end")]
+    jobs = {
+        "command": run_job(gl.CommandJob(command=["x"]), lambda rank: mixed + many + mixed),
+        "distributed": run_job(gl.DistributedJob(entry="train.py", nodes=2),
+                               lambda rank: [("stdout", f"rank {rank} a\nrank {rank} b\n"), ("stderr", f"warn {rank}\n"),
+                                             ("stdout", f"rank {rank} end")]),
+        "silent": run_job(gl.CommandJob(command=["true"]), lambda rank: []),
+    }
+    for w in workers:
+        cp.deregister_worker(w)
+    store.dispose()
+    with sqlite3.connect(home / "gpulayer.db") as db:
+        db.execute("UPDATE gl_workers SET online = 0")
+    return home, jobs
+
+
+@pytest.mark.parametrize(("job", "args"), [
+    ("command", []), ("distributed", []), ("distributed", ["--node", "1"]), ("distributed", ["--node=0"]),
+    ("silent", []), ("command", ["--node", "0"]), ("distributed", ["--node", "7"]),
+])
+@pytest.mark.parametrize("where", ["after", "before"])
+def test_jobs_logs_prints_what_the_full_path_prints(logs_home: tuple[Path, dict[str, str]], job: str,
+                                                     args: list[str], where: str) -> None:
+    home, jobs = logs_home
+    argv = ["jobs", "logs", jobs[job], *args] if where == "after" else ["jobs", "logs", *args, jobs[job]]
+    light = run(argv, home)
+    full = run(argv, home, entry="app")
+    assert (light[3], full[3]) == ("light", "full"), light
+    assert light[:3] == full[:3]
+    assert light[0] == 0
+
+
+def test_jobs_logs_on_the_light_path_keeps_streams_apart_and_text_as_written(
+        logs_home: tuple[Path, dict[str, str]]) -> None:
+    home, jobs = logs_home
+    code, out, err, path = run(["jobs", "logs", jobs["command"]], home)
+    assert (code, path) == (0, "light")
+    text = out.decode()
+    assert text.startswith("out 1\ngpulayer: a note\na\x00b\nhéllo \x1b[2J, no newline at the endline 0\n")
+    assert len(re.findall(r"line \d+\n", text)) == embedded_reads.LOG_PAGE * 2 + 500  # every page
+    assert err == "err 1\n\ue000looks quoted\n" * 2
+    out = run(["jobs", "logs", jobs["distributed"]], home)[1].decode()
+    assert out == "[node 0] rank 0 a\n[node 0] rank 0 b\n[node 0] rank 0 end[node 1] rank 1 a\n[node 1] rank 1 b\n" \
+                  "[node 1] rank 1 end"
+
+
+@pytest.mark.parametrize("args", [
+    ["jobs", "logs", "{job}", "--follow"], ["jobs", "logs", "-f", "{job}"], ["jobs", "logs", "{job}", "--node", "x"],
+    ["jobs", "logs", "{job}", "--node", "-1"], ["jobs", "logs"], ["jobs", "logs", "{job}", "extra"],
+    ["jobs", "logs", "--help"], ["jobs", "logs", "job-000000000000"], ["--url", "http://127.0.0.1:1", "jobs", "logs", "{job}"],
+])
+def test_jobs_logs_the_light_path_does_not_know_goes_to_the_full_path(
+        logs_home: tuple[Path, dict[str, str]], args: list[str]) -> None:
+    """Following (it waits and exits with the job's outcome), bad input, help, an unknown job
+    (the full path words each error) and a server."""
+    home, jobs = logs_home
+    args = [a.format(job=jobs["silent"]) for a in args]
+    env = {"GPULAYER_HTTP_RETRY_SECONDS": "0"}
+    light = run(args, home, env=env)
+    assert light[3] == "full", light
+    assert light[:3] == run(args, home, entry="app", env=env)[:3] or light[0] == 2
