@@ -18,7 +18,11 @@ from tests.server_support import Api, ServerProc, until
 
 pytestmark = pytest.mark.timeout(300)
 
-QUEUED = {"kind": "command", "command": ["true"], "placement": {"target": "remote", "on_unschedulable": "wait"}}
+#: a job that waits in the queue whatever joins this module's server (some tests join
+#: workers: a job any of them could run was assigned to it, and a test that found its job no
+#: longer queued failed or not by the order in which pytest-xdist handed out the tests)
+QUEUED = {"kind": "command", "command": ["true"], "requirements": {"cpus": 4096},
+          "placement": {"target": "remote", "on_unschedulable": "wait"}}
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +38,7 @@ def admin(server: ServerProc) -> Api:
 
 
 def submit(api: Api, spec: dict[str, Any] | None = None) -> str:
-    """A job that waits in the queue (no worker serves this server)."""
+    """A job that waits in the queue (:data:`QUEUED`: no worker has its CPUs)."""
     r = api("POST", "/v1/jobs", json={"spec": spec or QUEUED})
     assert r.status_code == 201, r.text
     return str(r.json()["id"])
@@ -171,6 +175,8 @@ def test_login_refuses_unusable_tokens_and_other_scopes_with_a_clear_error(serve
         assert words in r.text.replace("&#39;", "'"), (token, r.text[:500])
         assert 'role="alert"' in r.text and "set-cookie" not in r.headers
     assert _token_uses(admin, join2["id"]) == 1  # looking at a join token does not spend it
+    # (the worker leaves: the tests after this one on the module's server count its workers)
+    assert admin("DELETE", f"/v1/workers/{worker.json()['worker_id']}").status_code == 204
     # not a form at all
     r = browser(server).post("/login", json={"token": server.admin_token})
     assert r.status_code == 400 and "application/x-www-form-urlencoded" in r.text
