@@ -166,7 +166,6 @@ def job_lines(conn: sqlite3.Connection, *, state: str | None, limit: int) -> lis
     return lines
 
 
-
 #: the log chunks :func:`job_logs` reads at a time (each read its own transaction)
 LOG_PAGE = 1000
 

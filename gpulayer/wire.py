@@ -34,6 +34,8 @@ def log_page_cut(page: Sequence[Any], limit: int = MAX_LOG_CHUNKS) -> bool:
     """Whether a page of log chunks (each with its ``data``) was cut short by the page's
     limits, so that more may follow it (a page that was not is the end, for now)."""
     return len(page) >= limit or sum(len(c.data) for c in page) >= LOG_PAGE_TEXT
+
+
 #: token scopes (see :mod:`gpulayer.tokens`)
 SCOPES = ("admin", "client", "worker", "join", "bootstrap")
 DIGEST_PATTERN = r"^[0-9a-f]{64}$"

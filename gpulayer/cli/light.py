@@ -12,7 +12,8 @@ server configured, a worker to expire first), it returns ``False`` and the full 
 Recognised: the global options ``--url``, ``--token``, ``--ca``, ``--home`` (``--url``
 sends every command to the full path), then ``jobs list`` with ``--state S``, ``--limit N``
 and ``--json``, ``jobs logs JOB`` with ``--node R``, or ``resources detect`` with
-``--python PATH`` and ``--explain``, each as ``--opt VALUE`` or ``--opt=VALUE``. ``resources detect`` prints the text the full path
+``--python PATH`` and ``--explain``, each as ``--opt VALUE`` or ``--opt=VALUE``.
+``resources detect`` prints the text the full path
 printed last from the current capability cache entry, kept in that entry with the host
 facts it showed (:mod:`gpulayer.capability_key`): an entry under an hour old, for this
 interpreter, its ``sys.path``, the same plugins (loaded without a warning), the same

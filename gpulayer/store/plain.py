@@ -307,7 +307,7 @@ def local_workers(s: Session) -> list[tuple[str, str, int | None, float, bool]]:
 def add_logs(s: Session, rows: list[tuple[str, str, int, str, str, float]]) -> None:
     """Append log chunks, ``(job_id, task_id, node_rank, stream, data, ts)`` each, in one
     ``executemany`` (through the ORM, a chunk cost 0.6 ms of CPU: building its row object,
-    the unit of work's flush; a task that writes fast ships a chunk every 64 kB)."""
+    the unit of work's flush; a task that writes fast ships one every few milliseconds)."""
     if not rows:
         return
     cur = _cursor(s)
