@@ -47,7 +47,11 @@ class ControlObserver:
     thread that made the change, after its transaction committed: return quickly."""
 
     def on_change(self) -> None:
-        """Something changed (a job, a task, a log)."""
+        """Something changed (a job, a task, a worker)."""
+
+    def on_output(self, job_id: str) -> None:
+        """The job has new output (log chunks); no job or task changed, so what waits for
+        those (a job's end, a worker's work) need not look again."""
 
     def on_placement(self, seconds: float) -> None:
         """A placement pass took ``seconds``."""

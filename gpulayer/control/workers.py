@@ -465,11 +465,12 @@ class WorkerOps(Core):
                     raise InvalidInput(f"log stream {stream!r}: expected stdout, stderr or system")
             plain.add_logs(s, [(task.job_id, task_id, task.node_rank, stream, stored_log_text(data), now)
                                for stream, data in chunks])
-        # only the observers hear of it (a server's dashboard streams logs live): no job or
-        # task changed, so the waits for jobs and the polls (here and in other processes)
-        # are not woken; a task that wrote fast woke each of them every 64 kB to read a state
+        # only the observers hear of it, as output (a server's dashboard streams logs live):
+        # no job or task changed, so the waits for jobs and the polls (here, in a server's
+        # long polls, and in other processes) are not woken; a task that wrote fast woke
+        # each of them every 64 kB to read a state
         for o in self._observers:
-            o.on_change()
+            o.on_output(task.job_id)
 
     def finish_task(
         self, task_id: str, *, worker_id: str, state: TaskState, exit_code: int | None = None,

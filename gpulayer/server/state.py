@@ -58,7 +58,10 @@ class Server(ControlObserver):
         #: how often the provisioning pass runs (the cloud target; only with providers)
         self.provision_tick = 1.0
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: set at the control plane's next change (what the job and job list waits wait on),
+        #: and at its next change or new output (what a dashboard page waits on)
         self._changed: asyncio.Event | None = None
+        self._changed_or_output: asyncio.Event | None = None
         # long polls of workers wait on their own future, set only when they got a task:
         # waking a thousand polls on every change of anything would swamp the database
         self._worker_events: dict[str, asyncio.Future[bool]] = {}
@@ -96,6 +99,9 @@ class Server(ControlObserver):
     def on_change(self) -> None:
         self._soon(self._wake)
 
+    def on_output(self, job_id: str) -> None:
+        self._soon(self._wake_output)
+
     def on_assigned(self, worker_ids: frozenset[str]) -> None:
         self._soon(self._wake_workers, worker_ids)
 
@@ -111,6 +117,12 @@ class Server(ControlObserver):
         if self._changed is not None:
             self._changed.set()
         self._changed = asyncio.Event()
+        self._wake_output()
+
+    def _wake_output(self) -> None:
+        if self._changed_or_output is not None:
+            self._changed_or_output.set()
+        self._changed_or_output = asyncio.Event()
 
     def _wake_workers(self, worker_ids: frozenset[str]) -> None:
         for wid in worker_ids:
@@ -139,14 +151,17 @@ class Server(ControlObserver):
         return woken
 
     def next_change(self) -> asyncio.Event:
-        """The event set at the control plane's next change (on the event loop). Take it
-        before reading, so a change between the read and the wait is not missed."""
-        if self._changed is None:
-            self._changed = asyncio.Event()
-        return self._changed
+        """The event set at the control plane's next change or a job's new output (on the
+        event loop): what a dashboard page shows. Take it before reading, so a change
+        between the read and the wait is not missed."""
+        if self._changed_or_output is None:
+            self._changed_or_output = asyncio.Event()
+        return self._changed_or_output
 
     async def changed(self, timeout: float) -> None:
-        """Wait until the control plane changes something, or ``timeout`` seconds."""
+        """Wait until the control plane changes something, or ``timeout`` seconds. A job's
+        output alone does not end the wait (a running job that prints woke every waiting
+        long poll, each to read its job again)."""
         if self._changed is None:
             self._changed = asyncio.Event()
         with contextlib.suppress(asyncio.TimeoutError):

@@ -593,17 +593,20 @@ def test_the_poll_after_one_that_returned_tasks_still_sees_what_came_since(cp: C
 def test_log_chunks_reach_the_observers_but_wake_no_wait_for_a_job(cp: ControlPlane, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A task that writes fast ships a chunk every few milliseconds; a wait for its job looks
     at the job again only when a job or task changed (here: its end), and a server's
-    dashboard (an observer) still hears of every chunk."""
+    dashboard (an observer) still hears of every chunk, as output, not as a change."""
     import threading
 
     from gpulayer.control import ControlObserver
     from gpulayer.control import jobs as control_jobs
 
-    heard: list[int] = []
+    heard: list[str] = []
 
     class Dashboard(ControlObserver):
         def on_change(self) -> None:
-            heard.append(1)
+            heard.append("change")
+
+        def on_output(self, job_id: str) -> None:
+            heard.append(job_id)
 
     cp.observe(Dashboard())
     w = cp.register_worker(make_capabilities(), cpu_slots=1)
@@ -624,7 +627,7 @@ def test_log_chunks_reach_the_observers_but_wake_no_wait_for_a_job(cp: ControlPl
     heard.clear()
     for i in range(200):
         cp.append_logs(a.task_id, worker_id=w.id, chunks=[("stdout", f"{i}\n")])
-    assert len(heard) == 200
+    assert heard == [job.id] * 200
     cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0)
     waiter.join(60)
     assert waited == [JobState.SUCCEEDED]

@@ -45,3 +45,23 @@ def test_a_waiting_poll_is_woken_by_its_worker_only(tmp_path: Path) -> None:
 
     server._loop = None  # no observer callbacks from threads here
     assert asyncio.run(main()) == (True, False, True, True)
+
+
+def test_a_jobs_output_wakes_the_dashboard_pages_but_not_the_waits_for_jobs(tmp_path: Path) -> None:
+    """A running job that prints (a chunk every 0.1 s) must not wake every waiting long
+    poll to read its job again; the pages that show its output still hear of it."""
+    server = make_server(tmp_path)
+
+    async def main() -> tuple[bool, bool, bool]:
+        page = server.next_change()
+        waiting = asyncio.create_task(server.changed(30.0))
+        await asyncio.sleep(0)
+        server._wake_output()
+        await asyncio.sleep(0.05)
+        heard_output = page.is_set() and not waiting.done()
+        server._wake()  # a change (a job ended): both hear of it
+        await asyncio.wait_for(waiting, 30.0)
+        return heard_output, server.next_change() is not page, waiting.done()
+
+    server._loop = None
+    assert asyncio.run(main()) == (True, True, True)
