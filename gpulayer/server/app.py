@@ -247,7 +247,7 @@ async def _poll_work(server: Server, request: Request, kw: dict[str, Any]) -> An
     first = True
     while True:
         woken = server.arm(wid)
-        out = await server.look_for_work(wid, running, first=first)
+        out = await server.look_for_work(wid, running, first=first, woken=woken)
         remaining = deadline - time.monotonic()
         # (a request that just came is not asked whether its caller left: that costs more
         # than the look itself, for 500 polls a second)

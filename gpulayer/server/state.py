@@ -223,9 +223,14 @@ class Server(ControlObserver):
             return wait * (1.0 - FIRST_POLL_SPREAD * random.random())
         return wait * (1.0 - POLL_SPREAD * random.random())
 
-    async def look_for_work(self, worker_id: str, running: list[str], *, first: bool = False) -> WorkPoll:
-        """A worker poll's look at the database (``ControlPlane.look_for_work``, batched)."""
-        return await (self._first_looks if first else self._looks).submit(worker_id, running)
+    async def look_for_work(self, worker_id: str, running: list[str], *, first: bool = False,
+                            woken: asyncio.Future[bool] | None = None) -> WorkPoll:
+        """A worker poll's look at the database (``ControlPlane.look_for_work``, batched). A
+        first look waits :data:`FIRST_LOOK_GATHER` for others, unless ``woken`` (the poll's
+        :meth:`arm`) is set meanwhile: work was assigned to it, and the look goes now."""
+        if first:
+            return await self._first_looks.submit(worker_id, running, hurry=woken)
+        return await self._looks.submit(worker_id, running)
 
     def saw(self, worker_id: str) -> None:
         """A worker called (any call counts as a sign of life, written with the next flush)."""
@@ -318,17 +323,38 @@ class Batches(Generic[V, R]):
         self.gather = gather
         self._pending: list[tuple[str, V, asyncio.Future[R]]] = []
         self._serving: asyncio.Task[None] | None = None
+        #: set to end the current gathering early (see submit's ``hurry``)
+        self._hurried: asyncio.Event | None = None
 
-    async def submit(self, key: str, value: V) -> R:
+    async def submit(self, key: str, value: V, *, hurry: asyncio.Future[Any] | None = None) -> R:
+        """``fn``'s reply for ``key``. ``hurry``: once it is done, the batch this call waits in
+        is served without waiting out the rest of its gathering (one that a worker's poll
+        made for nothing: work has just been assigned to that worker, the poll's first look
+        would have waited up to FIRST_LOOK_GATHER for it)."""
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._pending.append((key, value, future))
         if self._serving is None or self._serving.done():
             self._serving = asyncio.create_task(self._serve())
-        return await future
+        if hurry is None:
+            return await future
+        if hurry.done():
+            self._hurry()
+        hurry.add_done_callback(self._hurry)
+        try:
+            return await future
+        finally:
+            hurry.remove_done_callback(self._hurry)
+
+    def _hurry(self, _done: object = None) -> None:
+        if self._hurried is not None:
+            self._hurried.set()
 
     async def _serve(self) -> None:
         if self.gather:
-            await asyncio.sleep(self.gather)
+            self._hurried = asyncio.Event()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._hurried.wait(), self.gather)
+            self._hurried = None
         while self._pending:
             batch, self._pending = self._pending, []
             try:

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from gpulayer.control import ControlPlane
-from gpulayer.server.state import FIRST_POLL_SPREAD, POLL_SPREAD, Server, wait_woken
+from gpulayer.server.state import FIRST_POLL_SPREAD, POLL_SPREAD, Batches, Server, wait_woken
 from gpulayer.store import Store
 
 
@@ -65,3 +65,28 @@ def test_a_jobs_output_wakes_the_dashboard_pages_but_not_the_waits_for_jobs(tmp_
 
     server._loop = None
     assert asyncio.run(main()) == (True, True, True)
+
+
+def test_a_gathering_batch_is_served_at_once_when_a_call_in_it_is_hurried() -> None:
+    """A worker poll's first look waits (FIRST_LOOK_GATHER) for others to share its read,
+    unless its worker is given work meanwhile: then the batch is served at once, the others
+    in it too."""
+    served: list[dict[str, int]] = []
+
+    def fn(batch: dict[str, int]) -> dict[str, str]:
+        served.append(dict(batch))
+        return {k: k.upper() for k in batch}
+
+    batches: Batches[int, str] = Batches(fn, gather=600.0)  # (a gathering no test would wait out)
+
+    async def main() -> tuple[bool, list[str]]:
+        woken: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        calls = [asyncio.ensure_future(batches.submit("a", 1, hurry=woken)),
+                 asyncio.ensure_future(batches.submit("b", 2))]
+        await asyncio.sleep(0.05)
+        gathering = not any(c.done() for c in calls)
+        woken.set_result(True)
+        return gathering, list(await asyncio.wait_for(asyncio.gather(*calls), 60.0))
+
+    assert asyncio.run(main()) == (True, ["A", "B"])
+    assert served == [{"a": 1, "b": 2}]
