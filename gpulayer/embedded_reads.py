@@ -138,6 +138,17 @@ def _what(spec: dict[str, Any]) -> tuple[str, str]:
     raise Unanswerable(f"a spec the records would not read: kind {kind!r}")
 
 
+def _spec(job_id: str, raw: str) -> dict[str, Any]:
+    """A job's stored spec as an object, or :class:`Unanswerable`."""
+    try:
+        spec = json.loads(raw)
+    except ValueError:
+        raise Unanswerable(f"job {job_id}: its spec is not JSON") from None
+    if not isinstance(spec, dict):
+        raise Unanswerable(f"job {job_id}: its spec is not an object")
+    return spec
+
+
 def job_lines(conn: sqlite3.Connection, *, state: str | None, limit: int) -> list[JobLine]:
     """The newest ``limit`` jobs (in ``state``), newest first: :func:`gpulayer.store.queries.jobs`'s
     query (the same filter and order, so SQLite picks the same plan and ties come out alike)."""
@@ -152,12 +163,7 @@ def job_lines(conn: sqlite3.Connection, *, state: str | None, limit: int) -> lis
     for job_id, raw, job_state, created_at, attempt in rows:
         if job_state not in JOB_STATES:
             raise Unanswerable(f"job {job_id}: state {job_state!r}")
-        try:
-            spec = json.loads(raw)
-        except ValueError:
-            raise Unanswerable(f"job {job_id}: its spec is not JSON") from None
-        if not isinstance(spec, dict):
-            raise Unanswerable(f"job {job_id}: its spec is not an object")
+        spec = _spec(job_id, raw)
         kind, what = _what(spec)
         name = spec.get("name")
         if name is not None and not isinstance(name, str):
@@ -181,12 +187,7 @@ def job_logs(conn: sqlite3.Connection, job_id: str, node: int | None) -> tuple[t
     row = conn.execute("SELECT spec FROM gl_jobs WHERE gl_jobs.id = ?", (job_id,)).fetchone()
     if row is None:
         raise Unanswerable(f"no job {job_id!r}")
-    try:
-        spec = json.loads(row[0])
-    except ValueError:
-        raise Unanswerable(f"job {job_id}: its spec is not JSON") from None
-    if not isinstance(spec, dict):
-        raise Unanswerable(f"job {job_id}: its spec is not an object")
+    spec = _spec(job_id, row[0])
     kind, _ = _what(spec)
     nodes = spec.get("nodes", 1) if kind == "distributed" else 1
     where = "gl_logs.job_id = ? AND gl_logs.id > ?" + (" AND gl_logs.node_rank = ?" if node is not None else "")
