@@ -192,12 +192,14 @@ Handler = Callable[[Server, Request, dict[str, Any]], Awaitable[Any]]
 
 async def _wait_job(server: Server, request: Request, kw: dict[str, Any]) -> Any:
     deadline = time.monotonic() + kw["timeout"]
+    changed = server.change_event()  # (before each read: a change while it reads is not missed)
     job = await run_in_threadpool(server.control.get_job, kw["job_id"])
     while not job.state.terminal:
         remaining = deadline - time.monotonic()
         if remaining <= 0 or server.shutting_down or await request.is_disconnected():
             break
-        await server.changed(min(remaining, 1.0))
+        await server.changed(changed, min(remaining, 1.0))
+        changed = server.change_event()
         job = await run_in_threadpool(server.control.get_job, kw["job_id"])
     return job
 
@@ -214,13 +216,15 @@ async def _wait_jobs(server: Server, request: Request, kw: dict[str, Any]) -> An
     need = min(kw["count"], len(ids))
     deadline = time.monotonic() + kw["timeout"]
     owner = kw.get("owner")
+    changed = server.change_event()  # (before each look: a change while it looks is not missed)
     generation, ended, looked_at = await run_in_threadpool(control.first_look, ids, owner)
     while len(ended) < need:
         remaining = deadline - time.monotonic()
         if remaining <= 0 or server.shutting_down or await request.is_disconnected():
             break
         looked = time.monotonic()
-        await server.changed(min(remaining, 1.0))
+        await server.changed(changed, min(remaining, 1.0))
+        changed = server.change_event()
         gap = min(looked + look_gap(ids, ended), deadline) - time.monotonic()
         if gap > 0:
             await asyncio.sleep(gap)

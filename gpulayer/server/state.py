@@ -150,6 +150,14 @@ class Server(ControlObserver):
         woken = self._worker_events[worker_id] = asyncio.get_running_loop().create_future()
         return woken
 
+    def change_event(self) -> asyncio.Event:
+        """The event set at the control plane's next change: what a wait for jobs waits on
+        (:meth:`changed`). Take it before reading, so a change between the read and the
+        wait is not missed."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
     def next_change(self) -> asyncio.Event:
         """The event set at the control plane's next change or a job's new output (on the
         event loop): what a dashboard page shows. Take it before reading, so a change
@@ -158,14 +166,12 @@ class Server(ControlObserver):
             self._changed_or_output = asyncio.Event()
         return self._changed_or_output
 
-    async def changed(self, timeout: float) -> None:
-        """Wait until the control plane changes something, or ``timeout`` seconds. A job's
-        output alone does not end the wait (a running job that prints woke every waiting
-        long poll, each to read its job again)."""
-        if self._changed is None:
-            self._changed = asyncio.Event()
+    async def changed(self, event: asyncio.Event, timeout: float) -> None:
+        """Wait until ``event`` (:meth:`change_event`, taken before the caller's last read)
+        is set, or ``timeout`` seconds. A job's output alone does not set it (a running job
+        that prints woke every waiting long poll, each to read its job again)."""
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            await asyncio.wait_for(event.wait(), timeout)
 
     async def heartbeat(self, worker_id: str, running: list[str]) -> HeartbeatReply:
         """Record a heartbeat. One from a worker this server knows that runs nothing needs no

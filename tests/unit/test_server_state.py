@@ -54,7 +54,7 @@ def test_a_jobs_output_wakes_the_dashboard_pages_but_not_the_waits_for_jobs(tmp_
 
     async def main() -> tuple[bool, bool, bool]:
         page = server.next_change()
-        waiting = asyncio.create_task(server.changed(30.0))
+        waiting = asyncio.create_task(server.changed(server.change_event(), 30.0))
         await asyncio.sleep(0)
         server._wake_output()
         await asyncio.sleep(0.05)
@@ -65,6 +65,22 @@ def test_a_jobs_output_wakes_the_dashboard_pages_but_not_the_waits_for_jobs(tmp_
 
     server._loop = None
     assert asyncio.run(main()) == (True, True, True)
+
+
+def test_a_change_between_a_waits_read_and_its_wait_is_not_missed(tmp_path: Path) -> None:
+    """A wait for a job takes the change event before it reads: a change made while it
+    read ends its wait at once (it was noticed at the next look, up to a second later)."""
+    server = make_server(tmp_path)
+
+    async def main() -> bool:
+        event = server.change_event()  # ... the wait reads the job here, and meanwhile:
+        server._wake()
+        waiting = asyncio.create_task(server.changed(event, 30.0))
+        done, _ = await asyncio.wait({waiting}, timeout=10.0)  # (it ends at once; the bug, in 30 s)
+        return waiting in done
+
+    server._loop = None
+    assert asyncio.run(main()) is True
 
 
 def test_a_gathering_batch_is_served_at_once_when_a_call_in_it_is_hurried() -> None:
