@@ -56,7 +56,8 @@ def bench(session: nox.Session) -> None:
     _install(session)
     for script in ("placement.py", "placement_incremental.py", "resources_detect.py", "cli_startup.py",
                    "submit_latency.py", "fork_server.py", "server_throughput.py", "cancel.py", "provisioning.py",
-                   "transactions.py", "log_throughput.py", "server_output.py", "server_latency.py"):
+                   "transactions.py", "log_throughput.py", "server_output.py", "server_latency.py",
+                   "follow_latency.py"):
         session.run("python", f"bench/{script}")
 
 

@@ -231,11 +231,14 @@ class ClientAPI(Protocol):
     def cancel(self, job_id: str) -> JobRecord: ...
 
     def logs(self, job_id: str, *, after: int = 0, node: int | None = None,
-             limit: int = MAX_LOG_CHUNKS) -> list[LogChunk]:
+             limit: int = MAX_LOG_CHUNKS, wait: float | None = None) -> list[LogChunk]:
         """The job's log chunks with an id above ``after``, oldest first: one page, at most
         ``limit`` chunks and ending with the one that brings its text to
         :data:`LOG_PAGE_TEXT` characters (:func:`log_page_cut` says whether more may follow;
-        :meth:`gpulayer.client.Client.log_chunks` reads every page)."""
+        :meth:`gpulayer.client.Client.log_chunks` reads every page). With ``wait`` seconds
+        (at most :data:`MAX_LONG_POLL`), a long poll: a page that would be empty comes once
+        the job has output after ``after``, or empty when its state changed (or it had
+        ended) or the time ran out (:meth:`gpulayer.client.Client.follow`)."""
         ...
 
     def wait_job(self, job_id: str, *, timeout: float = MAX_LONG_POLL) -> JobRecord:
@@ -447,7 +450,7 @@ ROUTES: tuple[Route, ...] = (
     Route("logs", "GET", "/v1/jobs/{job_id}/logs", READERS,
           "Log chunks after an id, oldest first: a page of at most limit chunks, ending with the one "
           f"that brings its text to {LOG_PAGE_TEXT // 2**20} Mi characters",
-          response=list[LogChunk], query=LogsQuery, own_job=True, errors=(404,)),
+          response=list[LogChunk], query=LogsQuery, own_job=True, long_poll="wait", errors=(404,)),
     Route("wait_job", "GET", "/v1/jobs/{job_id}/wait", READERS,
           f"The job once it is terminal, or after at most {MAX_LONG_POLL:g} s (long poll)",
           response=JobRecord, query=WaitQuery, own_job=True, long_poll="timeout", errors=(404,)),

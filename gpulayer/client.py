@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from gpulayer import bundles, config, logtext
 from gpulayer.api import MAX_BATCH, MAX_LOG_CHUNKS, MAX_LONG_POLL, ControlAPI, LogChunk, log_page_cut
 from gpulayer.errors import GpulayerError, InvalidInput, SubmitWhileImporting
-from gpulayer.records import Explanation, JobRecord, WorkerRecord
+from gpulayer.records import Explanation, JobRecord, JobState, WorkerRecord
 from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, JobSpec
 from gpulayer.worker.function_runner import IMPORTING_ENV
 
@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 
 #: the id ``explain`` gives the worker an embedded submit would start in its own process
 IN_PROCESS = "in-process"
+#: the longest a follower's long poll for output holds (output or a change of the job's state
+#: ends it at once): how often a follower of a silent job looks at it anyway (a progress
+#: line's queue position, ``Trainer.fit``'s deadline)
+FOLLOW_WAIT = 1.0
 
 
 class Client:
@@ -201,26 +205,46 @@ class Client:
                on_update: Any = None) -> Iterator[LogChunk]:
         """Yield the job's log chunks as they arrive, until the job has ended and every
         chunk was read. ``on_update(job)`` is called with each fresh look at the job (for
-        progress lines); ``stream=False`` reads no logs, it only waits."""
+        progress lines), at least every :data:`FOLLOW_WAIT` seconds; ``stream=False`` reads no
+        logs, it only waits.
+
+        Output is read by a long poll (``logs(wait=)``) that the job's output ends the
+        moment it is stored, as does a change of the job's state. A control plane older
+        than that poll refuses its ``wait``; then output is looked for at intervals
+        (0.05 s, growing to 0.5 s while the job is silent), as before."""
         after = 0
         delay = 0.05
+        waits = stream  # False: no long poll for output (none read, or a control plane without it)
         job = self.api.get_job(job_id)
         while True:
             if on_update is not None:
                 on_update(job)
-            chunks = self.api.logs(job_id, after=after, node=node) if stream else []
+            ended = job.state.terminal
+            try:
+                chunks = self.api.logs(job_id, after=after, node=node,
+                                       wait=FOLLOW_WAIT if waits and not ended else None) if stream else []
+            except InvalidInput as exc:
+                if not waits or "wait" not in str(exc):
+                    raise
+                waits = False  # (an older control plane: "no such field")
+                continue
             for c in chunks:
                 after = max(after, c.id)
                 yield c
-            if job.state.terminal and not chunks:
+            if ended and not chunks:
                 return
-            if chunks:
+            if waits:
+                # the poll came back empty: the job's state changed (or the time ran out);
+                # or with output, which a job that is not yet seen running also changed
+                if not chunks or job.state is not JobState.RUNNING:
+                    job = self.api.get_job(job_id)
+            elif chunks:
                 delay = 0.05
                 job = self.api.get_job(job_id)
             else:
                 # a long poll instead of a sleep: the job's end is seen at once, not a
                 # growing delay after it; new output is read after at most `delay`
-                job = self.api.wait_job(job_id, timeout=delay)
+                job = self.api.wait_job(job_id, timeout=delay if stream else FOLLOW_WAIT)
                 delay = min(delay * 1.5, 0.5)
 
     # ------------------------------------------------------------------ the in-process worker

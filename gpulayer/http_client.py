@@ -245,7 +245,8 @@ def _operation(route: api.Route) -> Callable[..., Any]:
         content = values.pop("data") if route.raw_body else None
         if values:  # the route and the Protocol disagree: a bug, caught by tests/unit/test_api.py
             raise TypeError(f"{route.op}: arguments {sorted(values)} have no place in {route.method} {route.path}")
-        read_timeout = float(params[route.long_poll]) if route.long_poll and params else None
+        held = params.get(route.long_poll) if route.long_poll and params else None
+        read_timeout = None if held is None else float(held)
         resp = self.request(route, path=path, token=token, params=params, json_body=json_body,
                             content=content, read_timeout=read_timeout, ok=ok)
         if route.exists:

@@ -74,6 +74,10 @@ class LogsQuery(Wire):
     after: int = Field(default=0, ge=0, le=2**62, description="only chunks with a larger id")
     node: int | None = Field(default=None, ge=0, le=100_000, description="one node's logs")
     limit: int = Field(default=MAX_LOG_CHUNKS, ge=1, le=MAX_LOG_CHUNKS, description="at most this many chunks")
+    wait: float | None = Field(default=None, ge=0, le=MAX_LONG_POLL,
+                               description=f"when there is no chunk after `after` yet, seconds to wait for one (at "
+                                           f"most {MAX_LONG_POLL:g}); the page also comes, empty, when the job's "
+                                           f"state changes (a follower's long poll)")
 
 
 class WaitQuery(Wire):

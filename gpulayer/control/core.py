@@ -36,7 +36,10 @@ _JOBS = "j"
 _JOBS_NAMED = "J"
 _ENDED = "x:"
 _ANY_WORKER = "W"
-#: how many changes a control plane remembers the ended jobs of (see JobOps.ended_news)
+#: and "p:ID": that job has new output (what a wait for its logs looks again for)
+_PROGRESS = "p:"
+#: how many changes a control plane remembers the ended jobs of (see JobOps.ended_news),
+#: and how many jobs it counts the progress of (see Core._progress_of)
 ENDED_KEPT = 4096
 if TYPE_CHECKING:
     from gpulayer.control.providers import ProviderSet
@@ -49,9 +52,10 @@ class ControlObserver:
     def on_change(self) -> None:
         """Something changed (a job, a task, a worker)."""
 
-    def on_output(self, job_id: str) -> None:
-        """The job has new output (log chunks); no job or task changed, so what waits for
-        those (a job's end, a worker's work) need not look again."""
+    def on_progress(self, job_id: str) -> None:
+        """The job made progress that only what shows it as it runs looks again for: new
+        output (log chunks), or its task started. What waits for a job's end or a worker's
+        work need not look again (no :meth:`on_change` comes with it)."""
 
     def on_placement(self, seconds: float) -> None:
         """A placement pass took ``seconds``."""
@@ -85,13 +89,16 @@ class Core:
     heartbeat_timeout: float = field(default_factory=lambda: config.settings().heartbeat_timeout)
     reserve_after: float = 60.0
     clock: Callable[[], float] = time.time
-    #: the lock of the counts below, and its two conditions: the waits for a job's change
-    #: (:meth:`_wait_change`) and the polls for work (:meth:`_wait_work`) are woken apart, so
-    #: a commit wakes no poll that has nothing new, and work for a worker wakes no job's wait
-    #: (in a worker process every commit of every process woke its poll, for nothing)
+    #: the lock of the counts below, and its three conditions: the waits for a job's change
+    #: (:meth:`_wait_change`), the polls for work (:meth:`_wait_work`) and the waits for a
+    #: job's output (:meth:`_wait_progress`) are woken apart, so a commit wakes no poll that
+    #: has nothing new, work for a worker wakes no job's wait (in a worker process every
+    #: commit of every process woke its poll, for nothing), and a job's output or start wakes
+    #: only its followers
     _news_lock: threading.Lock = field(default_factory=threading.Lock)
     _job_news: threading.Condition = field(init=False)
     _work_news: threading.Condition = field(init=False)
+    _progress_news: threading.Condition = field(init=False)
     #: counts the changes :meth:`_changed` announced: a waiter that read it before looking
     #: at the database cannot miss a change made between its look and its wait
     _generation: int = 0
@@ -99,6 +106,9 @@ class Core:
     #: one count for changes that concern any worker, one per worker for its own
     _work_generation: int = 0
     _worker_generation: dict[str, int] = field(default_factory=dict)
+    #: job id -> how often it made progress that this process heard of (:meth:`_progressed`),
+    #: for the ENDED_KEPT jobs that made it last, the latest last
+    _progress_count: dict[str, int] = field(default_factory=dict)
     #: worker id -> (its counts, the task ids) as its last poll returned them here: a poll
     #: that follows with nothing new need not look before it waits (see poll_work)
     _polled: dict[str, tuple[tuple[int, int, int], frozenset[str]]] = field(default_factory=dict)
@@ -134,6 +144,7 @@ class Core:
     def __post_init__(self) -> None:
         self._job_news = threading.Condition(self._news_lock)
         self._work_news = threading.Condition(self._news_lock)
+        self._progress_news = threading.Condition(self._news_lock)
 
     def observe(self, observer: ControlObserver) -> None:
         self._observers.append(observer)
@@ -277,6 +288,7 @@ class Core:
             self._generation += 1
             self._ended_log.append((self._generation, ended))
             self._job_news.notify_all()
+            self._progress_news.notify_all()  # (a follower answers when its job's state changed)
         for o in self._observers:
             o.on_change()
         if self.store.nudges is not None:  # and the waits of other processes on this database
@@ -297,13 +309,16 @@ class Core:
         look again (job waits; the polls of the workers named, or of all)."""
         with self._news_lock:
             g = self._worker_generation
-            jobs = work = False
+            jobs = work = progress = False
             ended: set[str] = set()
             for item in news:
                 if item in (_JOBS, _JOBS_NAMED):
                     jobs = True
                 elif item.startswith(_ENDED):
                     ended.add(item[len(_ENDED):])
+                elif item.startswith(_PROGRESS):
+                    self._count_progress(item[len(_PROGRESS):])
+                    progress = True
                 elif item == _ANY_WORKER:
                     self._work_generation += 1
                     work = True
@@ -315,8 +330,36 @@ class Core:
                 self._generation += 1
                 self._ended_log.append((self._generation, None if _JOBS in news else frozenset(ended)))
                 self._job_news.notify_all()
+            if jobs or progress:
+                self._progress_news.notify_all()
             if work:
                 self._work_news.notify_all()
+
+    def _progressed(self, job_id: str, *, nudge: bool = True) -> None:
+        """Announce the job's progress (new output committed, or its task started): to the
+        waits for its logs in this process and the observers (ControlObserver.on_progress),
+        and with ``nudge`` to the waits of other processes (no job's wait, no poll)."""
+        with self._news_lock:
+            self._count_progress(job_id)
+            self._progress_news.notify_all()
+        for o in self._observers:
+            o.on_progress(job_id)
+        if nudge and self.store.nudges is not None:
+            self.store.nudges.send({_PROGRESS + job_id}, self._nudged)
+
+    def _count_progress(self, job_id: str) -> None:
+        """(With ``_news_lock`` held.) Count the job's progress; the count of the job whose
+        progress is the oldest goes past :data:`ENDED_KEPT` jobs (a wait for its logs then
+        takes it for news, and looks once for nothing)."""
+        counts = self._progress_count
+        counts[job_id] = counts.pop(job_id, 0) + 1
+        if len(counts) > ENDED_KEPT:
+            del counts[next(iter(counts))]
+
+    def _progress_of(self, job_id: str) -> tuple[int, int]:
+        """What a wait for the job's logs compares to see whether it has news: the changes
+        (the job's state may have), and its progress."""
+        return self._generation, self._progress_count.get(job_id, 0)
 
     def _ended_since(self, generation: int) -> frozenset[str] | None:
         """The jobs that the changes counted after ``generation`` ended; None when one of
@@ -380,6 +423,13 @@ class Core:
         self._hear_nudges()
         with self._news_lock:
             self._work_news.wait_for(lambda: self._work_of(worker_id) != seen, timeout)
+
+    def _wait_progress(self, job_id: str, seen: tuple[int, int], timeout: float) -> None:
+        """:meth:`_wait_change` for a wait for the job's logs: a change, or its progress,
+        after ``seen`` (:meth:`_progress_of` read before the caller's last look) wakes it."""
+        self._hear_nudges()
+        with self._news_lock:
+            self._progress_news.wait_for(lambda: self._progress_of(job_id) != seen, timeout)
 
     def _cancelled_on(self, worker_ids: frozenset[str]) -> None:
         """Tell the long polls of these workers that they have tasks to end."""

@@ -198,11 +198,40 @@ class JobOps(Core):
         self._changed()
         return self.get_job(job_id)
 
-    def logs(self, job_id: str, *, after: int = 0, node: int | None = None, limit: int = MAX_LOG_CHUNKS) -> list[LogChunk]:
+    def logs(self, job_id: str, *, after: int = 0, node: int | None = None, limit: int = MAX_LOG_CHUNKS,
+             wait: float | None = None) -> list[LogChunk]:
+        """The job's log chunks after ``after`` (one page: see ClientAPI.logs). With ``wait``
+        seconds (at most :data:`MAX_LONG_POLL`), a page that would be empty waits until the
+        job has output after ``after``, its state changes or has ended, or ``wait`` seconds
+        passed: a follower's long poll, woken by the append itself (here, and by a nudge from
+        another process), not by a look at a growing interval."""
+        if not wait or wait <= 0:
+            return self.log_look(job_id, after=after, node=node, limit=limit)[0]
+        self._hear_nudges()  # (before the first look: no other process's output goes unheard after it)
+        deadline = time.monotonic() + min(wait, MAX_LONG_POLL)
+        poll = WAIT_FIRST_LOOK
+        first: str | None = None
+        while True:
+            seen = self._progress_of(job_id)
+            chunks, state = self.log_look(job_id, after=after, node=node, limit=limit)
+            first = first or state
+            remaining = deadline - time.monotonic()
+            if chunks or state != first or JobState(state).terminal or remaining <= 0:
+                return chunks
+            # (the look at an interval bounds how late output is seen that no nudge announced)
+            self._wait_progress(job_id, seen, min(poll, remaining))
+            poll = min(poll * 1.5, WAIT_LONGEST_LOOK)
+
+    def log_look(self, job_id: str, *, after: int = 0, node: int | None = None,
+                 limit: int = MAX_LOG_CHUNKS) -> tuple[list[LogChunk], str]:
+        """One page of the job's log chunks after ``after``, and the job's state read before
+        them (in one read: a job that had ended then has all its output in the page's reach)."""
         with self.store.read() as s:
-            queries.job(s, job_id)
+            state = plain.job_state(s, job_id)
+            if state is None:
+                raise plain.not_found("job", job_id)
             return [mapping.log_chunk(r) for r in queries.logs(s, job_id, after=after, node=node, limit=limit,
-                                                               text=LOG_PAGE_TEXT)]
+                                                               text=LOG_PAGE_TEXT)], state
 
     def wait_job(self, job_id: str, *, timeout: float = MAX_LONG_POLL) -> JobRecord:
         """The job once it is terminal, or as it is after ``timeout`` seconds."""

@@ -455,6 +455,10 @@ class WorkerOps(Core):
                 raise Conflict(f"task {task_id} is {task.state}; it cannot start")
             self._settle(s, plain.job(s, task.job_id), now)
             self._event(s, "task_started", job_id=task.job_id, task_id=task_id, worker_id=worker_id, message=how)
+        # the job runs: what shows it as it runs looks again here; a wait for its end need
+        # not (nor need other processes: a nudge for each task costs the fleet's throughput,
+        # and their followers see the start at their next look, or with its first output)
+        self._progressed(task.job_id, nudge=False)
 
     def append_logs(self, task_id: str, *, worker_id: str, chunks: Sequence[tuple[LogStream, str]]) -> None:
         now = self.clock()
@@ -465,12 +469,11 @@ class WorkerOps(Core):
                     raise InvalidInput(f"log stream {stream!r}: expected stdout, stderr or system")
             plain.add_logs(s, [(task.job_id, task_id, task.node_rank, stream, stored_log_text(data), now)
                                for stream, data in chunks])
-        # only the observers hear of it, as output (a server's dashboard streams logs live):
-        # no job or task changed, so the waits for jobs and the polls (here, in a server's
-        # long polls, and in other processes) are not woken; a task that wrote fast woke
-        # each of them every 64 kB to read a state
-        for o in self._observers:
-            o.on_output(task.job_id)
+        # heard as progress, by the waits for this job's logs (here, and by a nudge in other
+        # processes) and the observers (a server's followers, its dashboard's live logs): no
+        # job or task changed, so the waits for jobs and the polls are not woken (a task
+        # that wrote fast woke each of them every 64 kB to read a state)
+        self._progressed(task.job_id)
 
     def finish_task(
         self, task_id: str, *, worker_id: str, state: TaskState, exit_code: int | None = None,

@@ -63,6 +63,7 @@ from gpulayer.errors import (
     NotFound,
     TooLarge,
 )
+from gpulayer.records import JobState
 from gpulayer.server.collector import full_collections
 from gpulayer.server.state import Server, wait_woken
 from gpulayer.store import Store
@@ -204,6 +205,34 @@ async def _wait_job(server: Server, request: Request, kw: dict[str, Any]) -> Any
     return job
 
 
+async def _logs(server: Server, request: Request, kw: dict[str, Any]) -> Any:
+    """:meth:`~gpulayer.control.ControlPlane.logs`; with ``wait``, its long poll on the event
+    loop, holding no thread: woken by the job's output or a change (:meth:`Server.follow`),
+    and looking again at least every second (output appended through another server on
+    the same database)."""
+    wait = kw.pop("wait", None)
+    control = server.control
+    look = functools.partial(control.log_look, **kw)
+    if not wait:
+        chunks, _ = await run_in_threadpool(look)
+        return chunks
+    job_id = kw["job_id"]
+    deadline = time.monotonic() + wait
+    first: str | None = None
+    while True:
+        woken = server.follow(job_id)
+        try:
+            chunks, state = await run_in_threadpool(look)
+            again, first = first is not None, first or state
+            remaining = deadline - time.monotonic()
+            if chunks or state != first or JobState(state).terminal or remaining <= 0 or server.shutting_down \
+                    or (again and await request.is_disconnected()):
+                return chunks
+            await wait_woken(woken, min(remaining, 1.0))
+        finally:
+            server.unfollow(job_id, woken)
+
+
 async def _wait_jobs(server: Server, request: Request, kw: dict[str, Any]) -> Any:
     """:meth:`~gpulayer.control.ControlPlane.wait_jobs` as a long poll that holds no thread:
     the same looks (``first_look``, which starts from the last wait's where it can; then the
@@ -304,7 +333,7 @@ async def _put_bundle(server: Server, request: Request, kw: dict[str, Any]) -> A
 
 #: operations the generic endpoint cannot serve as a plain call
 SPECIAL: dict[str, Handler] = {
-    "wait_job": _wait_job, "wait_jobs": _wait_jobs, "poll_tasks": _poll_tasks, "poll_work": _poll_work,
+    "logs": _logs, "wait_job": _wait_job, "wait_jobs": _wait_jobs, "poll_tasks": _poll_tasks, "poll_work": _poll_work,
     "heartbeat": _heartbeat, "put_bundle": _put_bundle,
 }
 

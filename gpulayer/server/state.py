@@ -65,6 +65,8 @@ class Server(ControlObserver):
         # long polls of workers wait on their own future, set only when they got a task:
         # waking a thousand polls on every change of anything would swamp the database
         self._worker_events: dict[str, asyncio.Future[bool]] = {}
+        #: job id -> the futures of the long polls for its logs waiting now (Server.follow)
+        self._followers: dict[str, set[asyncio.Future[bool]]] = {}
         #: worker id -> the task ids it runs, for each worker poll waiting now
         self._polling: dict[str, list[str]] = {}
         self.shutting_down = False
@@ -99,8 +101,8 @@ class Server(ControlObserver):
     def on_change(self) -> None:
         self._soon(self._wake)
 
-    def on_output(self, job_id: str) -> None:
-        self._soon(self._wake_output)
+    def on_progress(self, job_id: str) -> None:
+        self._soon(self._wake_progress, job_id)
 
     def on_assigned(self, worker_ids: frozenset[str]) -> None:
         self._soon(self._wake_workers, worker_ids)
@@ -117,9 +119,17 @@ class Server(ControlObserver):
         if self._changed is not None:
             self._changed.set()
         self._changed = asyncio.Event()
-        self._wake_output()
+        self._wake_pages()
+        # (a follower answers when its job's state changed: each looks, they are few)
+        followers, self._followers = self._followers, {}
+        for futures in followers.values():
+            _set_all(futures)
 
-    def _wake_output(self) -> None:
+    def _wake_progress(self, job_id: str) -> None:
+        self._wake_pages()
+        _set_all(self._followers.pop(job_id, ()))
+
+    def _wake_pages(self) -> None:
         if self._changed_or_output is not None:
             self._changed_or_output.set()
         self._changed_or_output = asyncio.Event()
@@ -149,6 +159,22 @@ class Server(ControlObserver):
         :func:`wait_woken`."""
         woken = self._worker_events[worker_id] = asyncio.get_running_loop().create_future()
         return woken
+
+    def follow(self, job_id: str) -> asyncio.Future[bool]:
+        """A fresh future that becomes True when the job has new output or the control
+        plane changes something (or this server shuts down): what a long poll for the job's
+        logs waits on (:func:`wait_woken`). Take it before reading, and give it back with
+        :meth:`unfollow` after."""
+        woken = asyncio.get_running_loop().create_future()
+        self._followers.setdefault(job_id, set()).add(woken)
+        return woken
+
+    def unfollow(self, job_id: str, woken: asyncio.Future[bool]) -> None:
+        futures = self._followers.get(job_id)
+        if futures is not None:
+            futures.discard(woken)
+            if not futures:
+                del self._followers[job_id]
 
     def change_event(self) -> asyncio.Event:
         """The event set at the control plane's next change: what a wait for jobs waits on
@@ -312,6 +338,12 @@ async def wait_woken(woken: asyncio.Future[bool], timeout: float) -> bool:
         return await woken
     finally:
         handle.cancel()
+
+
+def _set_all(futures: Any) -> None:
+    for woken in futures:
+        if not woken.done():
+            woken.set_result(True)
 
 
 def _time_out(woken: asyncio.Future[bool]) -> None:

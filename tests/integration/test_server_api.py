@@ -599,3 +599,60 @@ def test_wait_jobs_through_the_http_client(server: ServerProc, admin: Api) -> No
     assert seen == [b]
     c.api.cancel(a)
     assert [r.id for r in gl.wait([ha, hb, ha], timeout=30)] == [a, b, a]
+
+
+def test_a_long_poll_for_logs_is_answered_by_the_output_and_followed_through_the_http_client(
+        server: ServerProc, admin: Api) -> None:
+    """``GET /v1/jobs/{id}/logs?wait=S``: answered the moment the job's output is stored (or
+    its state changes), the follower's long poll over HTTP."""
+    import threading
+
+    label = {"test": "follow-logs"}  # (only this worker serves the job)
+    r = Api(server.url, admin.token_for("join")["token"])(
+        "POST", "/v1/workers/join", json={"capabilities": json.loads(make_capabilities(labels=label).model_dump_json()),
+                                          "cpu_slots": 1})
+    assert r.status_code == 201, r.text
+    wid = r.json()["worker_id"]
+    worker = Api(server.url, r.json()["token"])
+    client = http_client(server.url, token=admin.token_for("client")["token"], retry_for=2)
+    job = client.submit(CommandJob(command=["x"], requirements=Requirements(labels=label),
+                                   placement=Placement(target="remote")))
+    c = Api(server.url, client.api.token)  # type: ignore[attr-defined]
+    [task_id] = [t["task_id"] for t in worker("GET", f"/v1/workers/{wid}/tasks", params={"wait": 10}).json()]
+
+    def in_thread(call: Any) -> tuple[threading.Thread, list[Any]]:
+        out: list[Any] = []
+        t = threading.Thread(target=lambda: out.append(call()), daemon=True)
+        t.start()
+        return t, out
+
+    # the start ends a wait (the state changed), empty
+    t, out = in_thread(lambda: c("GET", f"/v1/jobs/{job.id}/logs", params={"wait": 30}))
+    time.sleep(0.3)  # (so that it waits; nothing is measured)
+    assert worker("POST", f"/v1/tasks/{task_id}/start").status_code == 204
+    t.join(20)
+    assert not t.is_alive() and out[0].status_code == 200 and out[0].json() == []
+    # output ends one
+    t, out = in_thread(lambda: c("GET", f"/v1/jobs/{job.id}/logs", params={"wait": 30}))
+    time.sleep(0.3)
+    r = worker("POST", f"/v1/tasks/{task_id}/logs", json={"chunks": [["stdout", "one\n"]]})
+    assert r.status_code == 204, r.text
+    t.join(20)
+    assert not t.is_alive(), "the output did not end the long poll"
+    [first] = out[0].json()
+    assert first["data"] == "one\n"
+    # and the follower gets the rest, to the end
+    follower, got = in_thread(lambda: "".join(ch.data for ch in client.follow(job.id)))
+    for i in range(5):
+        assert worker("POST", f"/v1/tasks/{task_id}/logs", json={"chunks": [["stdout", f"{i}\n"]]}).status_code == 204
+    assert worker("POST", f"/v1/tasks/{task_id}/finish",
+                  json={"state": "succeeded", "exit_code": 0}).status_code == 200
+    follower.join(20)
+    assert got == ["one\n0\n1\n2\n3\n4\n"]
+    # an ended job's page comes at once; bad waits are refused naming the field
+    assert c("GET", f"/v1/jobs/{job.id}/logs", params={"after": first["id"], "wait": 30}).json()[0]["data"] == "0\n"
+    for bad in ("-1", "31", "soon"):
+        r = c("GET", f"/v1/jobs/{job.id}/logs", params={"wait": bad})
+        assert r.status_code == 422 and re.search(r"\bwait\b", r.json()["error"]["message"]), (bad, r.text)
+    r = c("GET", "/v1/jobs/job-nope/logs", params={"wait": 5})
+    assert r.status_code == 404

@@ -605,7 +605,7 @@ def test_log_chunks_reach_the_observers_but_wake_no_wait_for_a_job(cp: ControlPl
         def on_change(self) -> None:
             heard.append("change")
 
-        def on_output(self, job_id: str) -> None:
+        def on_progress(self, job_id: str) -> None:
             heard.append(job_id)
 
     cp.observe(Dashboard())

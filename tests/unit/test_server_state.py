@@ -47,24 +47,30 @@ def test_a_waiting_poll_is_woken_by_its_worker_only(tmp_path: Path) -> None:
     assert asyncio.run(main()) == (True, False, True, True)
 
 
-def test_a_jobs_output_wakes_the_dashboard_pages_but_not_the_waits_for_jobs(tmp_path: Path) -> None:
+def test_a_jobs_output_wakes_its_followers_and_the_pages_but_not_the_waits_for_jobs(tmp_path: Path) -> None:
     """A running job that prints (a chunk every 0.1 s) must not wake every waiting long
-    poll to read its job again; the pages that show its output still hear of it."""
+    poll to read its job again; the pages that show its output, and the long polls for its
+    own logs, still hear of it (not those for another job's)."""
     server = make_server(tmp_path)
 
-    async def main() -> tuple[bool, bool, bool]:
+    async def main() -> tuple[bool, bool, bool, bool, bool, dict[str, object]]:
         page = server.next_change()
         waiting = asyncio.create_task(server.changed(server.change_event(), 30.0))
+        mine, theirs = server.follow("job-a"), server.follow("job-b")
         await asyncio.sleep(0)
-        server._wake_output()
+        server._wake_progress("job-a")
         await asyncio.sleep(0.05)
         heard_output = page.is_set() and not waiting.done()
-        server._wake()  # a change (a job ended): both hear of it
+        followers = mine.done() and not theirs.done()
+        server.unfollow("job-a", mine)
+        server._wake()  # a change (a job ended): all hear of it
         await asyncio.wait_for(waiting, 30.0)
-        return heard_output, server.next_change() is not page, waiting.done()
+        server.unfollow("job-b", theirs)
+        return (heard_output, followers, theirs.done(), server.next_change() is not page, waiting.done(),
+                dict(server._followers))
 
     server._loop = None
-    assert asyncio.run(main()) == (True, True, True)
+    assert asyncio.run(main()) == (True, True, True, True, True, {})
 
 
 def test_a_change_between_a_waits_read_and_its_wait_is_not_missed(tmp_path: Path) -> None:
