@@ -356,3 +356,31 @@ def test_find_non_json_in_process() -> None:
     # the same list twice is not a cycle
     assert fr.find_non_json({"a": shared, "b": shared, "c": [shared, shared]}) is None
     assert fr.find_non_json([1, {"k": [{2}]}]) == 'a set (return a list) at result[1]["k"][0]'
+
+
+def test_a_result_is_checked_by_json_dumps_and_a_walk_over_its_keys_in_process() -> None:
+    """What json.dumps takes and changes (a key that is not a str) is refused as the slow
+    walk words it, wherever it is; what both take is written as JSON after RESULT_PREFIX."""
+
+    class Name(str):
+        pass
+
+    ok = {"a": [(1, 2), {Name("k"): None}], "b": 2.5, "c": True}
+    text = fr._result_text("m:f", ok)
+    assert text.startswith(fr.RESULT_PREFIX) and text.endswith("}")
+    assert json.loads(text) == {"ok": True, "result": {"a": [[1, 2], {"k": None}], "b": 2.5, "c": True}}
+    assert fr._result_text("m:f", 7) == fr.RESULT_PREFIX + "7}"
+    for bad, fragment in (([{"a": [{None: 1}]}], 'a NoneType key None at result[0]["a"][0]'),
+                          ({"x": {True: 1}}, 'a bool key True at result["x"]'),
+                          ({"x": ({2.5: 1},)}, 'a float key 2.5 at result["x"][0]')):
+        with pytest.raises(fr._RunnerError) as exc:
+            fr._result_text("m:f", bad)
+        assert exc.value.message.startswith("result of m:f is not JSON: ") and fragment in exc.value.message
+    deep: Any = []
+    cur = deep
+    for _ in range(100_000):  # json.dumps cannot, the walk can: said as json.dumps says it
+        nxt: list[Any] = []
+        cur.append(nxt)
+        cur = nxt
+    with pytest.raises(fr._RunnerError, match=r"^result is not JSON: maximum recursion depth"):
+        fr._result_text("m:f", deep)
