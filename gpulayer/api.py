@@ -62,6 +62,7 @@ from gpulayer.wire import (  # (re-exported: what goes over the wire is part of 
     PollQuery,
     PruneQuery,
     RegisterBody,
+    ResultJSON,
     StartQuery,
     SubmitBody,
     SubmitManyBody,
@@ -102,6 +103,7 @@ __all__ = [
     "PollQuery",
     "PruneQuery",
     "RegisterBody",
+    "ResultJSON",
     "Route",
     "StartQuery",
     "SubmitBody",
@@ -319,7 +321,8 @@ class WorkerAPI(Protocol):
                     error: JobError | None = None) -> list[TaskAssignment]:
         """The task's final report; a report for a task that already ended is a Conflict.
         Answers the tasks assigned to the worker and not started (what the slot the task
-        freed was given): the worker may start them without waiting for its poll."""
+        freed was given): the worker may start them without waiting for its poll. A
+        ``result`` may be a :class:`ResultJSON` (its JSON text, stored as it is)."""
         ...
 
     def get_bundle(self, digest: str) -> bytes: ...

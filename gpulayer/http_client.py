@@ -33,6 +33,7 @@ import hashlib
 import inspect
 import json
 import logging
+import secrets
 import socket
 import ssl
 import sys
@@ -46,6 +47,7 @@ import httpx
 from pydantic import TypeAdapter, ValidationError
 
 from gpulayer import api, config, progress
+from gpulayer.api import ResultJSON
 from gpulayer.errors import AuthError, ConnectionFailed, GpulayerError, InvalidInput, error_from_wire
 
 __all__ = ["HttpAPI", "RemoteAPI", "connect_http", "fingerprint_of_pem", "server_info", "tls_verify"]
@@ -178,10 +180,11 @@ class HttpAPI:
         deadline = time.monotonic() + self.retry_for
         delay = 0.1
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        if route.raw_body:
-            headers["content-type"] = route.raw_body
+        if content is not None:  # (a raw body, or JSON encoded here: see _operation)
+            headers["content-type"] = route.raw_body or "application/json"
         timeout = httpx.Timeout(max(30.0, (read_timeout or 0) + 10.0), connect=5.0)
-        shown = content is not None and len(content) >= PROGRESS_BYTES and progress.is_terminal(sys.stderr)
+        shown = route.raw_body is not None and content is not None and len(content) >= PROGRESS_BYTES \
+            and progress.is_terminal(sys.stderr)
         if shown:
             headers["content-length"] = str(len(content or b""))  # streamed, yet the server may refuse early
         while True:
@@ -203,6 +206,11 @@ class HttpAPI:
                     raise error_from_response(resp)
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+#: what stands for a field given as its JSON text while the rest of the body is encoded,
+#: with a random part of each call's own (no other text of the body holds it)
+_SPLICED = "\0gpulayer-json-text:"
 
 
 def _fields(model: type[api.Wire] | None) -> list[str]:
@@ -233,6 +241,11 @@ def _operation(route: api.Route) -> Callable[..., Any]:
             if value is None:
                 raise InvalidInput(f"{name}: required for {route.op} over HTTP")
             path = path.replace("{" + name + "}", quote(str(value), safe=""))
+        # a body field given as its JSON text goes into the body as it is, not parsed and
+        # written again (a worker's report of a function's result: api.ResultJSON)
+        texts = {k: values[k].text for k in body if isinstance(values.get(k), ResultJSON)}
+        marks = {k: f"{_SPLICED}{secrets.token_hex(8)}" for k in texts}
+        values.update(marks)
         try:
             params = route.query(**{k: values.pop(k) for k in query}).model_dump(
                 mode="json", exclude_none=True) if route.query else None
@@ -243,6 +256,11 @@ def _operation(route: api.Route) -> Callable[..., Any]:
             where = ".".join(str(part) for part in first["loc"])
             raise InvalidInput(f"{route.op}: {where + ': ' if where else ''}{first['msg']}") from None
         content = values.pop("data") if route.raw_body else None
+        if texts:
+            encoded = json.dumps(json_body)
+            for k, text in texts.items():
+                encoded = encoded.replace(json.dumps(marks[k]), text, 1)
+            content, json_body = encoded.encode(), None
         if values:  # the route and the Protocol disagree: a bug, caught by tests/unit/test_api.py
             raise TypeError(f"{route.op}: arguments {sorted(values)} have no place in {route.method} {route.path}")
         held = params.get(route.long_poll) if route.long_poll and params else None

@@ -9,6 +9,7 @@ records only, as that one does.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -40,6 +41,16 @@ def log_page_cut(page: Sequence[Any], limit: int = MAX_LOG_CHUNKS) -> bool:
 SCOPES = ("admin", "client", "worker", "join", "bootstrap")
 DIGEST_PATTERN = r"^[0-9a-f]{64}$"
 LogStream = Literal["stdout", "stderr", "system"]
+
+
+@dataclass(frozen=True)
+class ResultJSON:
+    """A result given as its JSON text, passed on as it is: what a worker reports for a
+    function that returned (the text its runner wrote), so that neither the worker nor the
+    control plane parses and writes again what only the caller reads (a 7 MB result: 0.6 s).
+    ``finish_task(result=ResultJSON(text))``; over HTTP its text is the body's ``result``."""
+
+    text: str
 
 
 class Wire(BaseModel):

@@ -20,6 +20,7 @@ from gpulayer.api import (
     BundleStored,
     JobEvent,
     LogChunk,
+    ResultJSON,
 )
 from gpulayer.control.core import Core, Look
 from gpulayer.errors import Conflict, InvalidArgument, InvalidInput, NotFound
@@ -470,10 +471,13 @@ def _result_json(result: Any, spec: JobSpec) -> str | None:
     if result is None:
         return None
     what = f"the result of {spec.function}" if spec.kind == "function" else "the result"
-    try:
-        text = json.dumps(result, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidInput(f"{what} is not JSON ({exc})") from None
+    if isinstance(result, ResultJSON):  # (the runner's own json.dumps: stored as it is)
+        text = result.text
+    else:
+        try:
+            text = json.dumps(result, allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise InvalidInput(f"{what} is not JSON ({exc})") from None
     limit = config.settings().max_result_mb
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > limit * 1024 * 1024:

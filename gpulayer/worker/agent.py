@@ -36,11 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from gpulayer import bundles, config, plugins
-from gpulayer.api import TaskAssignment, WorkerAPI
+from gpulayer.api import ResultJSON, TaskAssignment, WorkerAPI
 from gpulayer.errors import Conflict, ConnectionFailed, Forbidden, GpulayerError, InvalidInput, NotFound
 from gpulayer.hookrecords import Capabilities
 from gpulayer.records import JobError, TaskState, WorkerRecord
 from gpulayer.worker.forking import ForkServer, ForkServers
+from gpulayer.worker.function_runner import RESULT_PREFIX
 from gpulayer.worker.logbuffer import LogBuffer
 from gpulayer.worker.process import Cancel, Started, Starter, StartFailed
 from gpulayer.worker.task_files import INLINE_SPEC_MAX, TaskFiles
@@ -566,9 +567,14 @@ class Agent:
 
 
 def _function_outcome(report: TaskOutcome, result_path: Path) -> TaskOutcome:
-    """A function job's outcome: its process's, with the runner's result or error read in."""
+    """A function job's outcome: its process's, with the runner's result or error read in
+    (a result as the JSON text the runner wrote: :class:`~gpulayer.api.ResultJSON`)."""
     try:
-        payload = json.loads(result_path.read_text())
+        text = result_path.read_text()
+        if text.startswith(RESULT_PREFIX) and text.endswith("}"):
+            report.result = ResultJSON(text[len(RESULT_PREFIX):-1])
+            return report
+        payload = json.loads(text)
     except (OSError, ValueError):
         payload = None
     if isinstance(payload, dict) and payload.get("ok"):

@@ -656,3 +656,29 @@ def test_a_long_poll_for_logs_is_answered_by_the_output_and_followed_through_the
         assert r.status_code == 422 and re.search(r"\bwait\b", r.json()["error"]["message"]), (bad, r.text)
     r = c("GET", "/v1/jobs/job-nope/logs", params={"wait": 5})
     assert r.status_code == 404
+
+
+def test_a_result_reported_as_its_json_text_goes_into_the_request_as_it_is(server: ServerProc, admin: Api) -> None:
+    """A worker's HttpAPI sends a ResultJSON's text in the report's body without parsing it
+    (the rest of the body around it); the caller reads the value, whatever the text holds."""
+    from gpulayer.api import ResultJSON
+    from gpulayer.records import TaskState
+    from gpulayer.specs import FunctionJob
+
+    label = {"test": "result-json"}
+    r = Api(server.url, admin.token_for("join")["token"])(
+        "POST", "/v1/workers/join", json={"capabilities": json.loads(make_capabilities(labels=label).model_dump_json()),
+                                          "cpu_slots": 1})
+    assert r.status_code == 201, r.text
+    wid = r.json()["worker_id"]
+    worker = http_client(server.url, token=r.json()["token"], retry_for=2).api
+    client = http_client(server.url, token=admin.token_for("client")["token"], retry_for=2)
+    job = client.submit(FunctionJob(function="m:f", requirements=Requirements(labels=label),
+                                    placement=Placement(target="remote")))
+    [task] = worker.poll_tasks(wid, wait=10)
+    worker.start_task(task.task_id, worker_id=wid)
+    text = '{"marker": "\\u0000gpulayer-json-text:00", "n": [1, 2.5, null], "s": "caf\\u00e9"}'
+    worker.finish_task(task.task_id, worker_id=wid, state=TaskState.SUCCEEDED, exit_code=0, result=ResultJSON(text))
+    done = client.wait(job.id, timeout=30)
+    assert done.state.value == "succeeded"
+    assert done.result == {"marker": "\0gpulayer-json-text:00", "n": [1, 2.5, None], "s": "caf\u00e9"}

@@ -162,3 +162,39 @@ def test_a_task_handed_over_twice_runs_once(monkeypatch, tmp_path) -> None:  # t
     agent._take([a])  # after it ended
     assert api.started == ["tsk-1"]
     assert agent.running_tasks == []
+
+
+def test_a_functions_result_is_read_as_the_runners_json_text(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The result file of a function that returned is passed on as its text (ResultJSON),
+    not parsed; an error, or a file that is not the runner's, is read as before."""
+    import json
+    import os
+
+    from gpulayer.api import ResultJSON
+    from gpulayer.records import TaskState
+    from gpulayer.worker.agent import TaskOutcome, _function_outcome
+    from gpulayer.worker.function_runner import run
+
+    def outcome(path):  # type: ignore[no-untyped-def]
+        return _function_outcome(TaskOutcome(TaskState.SUCCEEDED, exit_code=0), path)
+
+    path = tmp_path / "result.json"
+    (tmp_path / "mod_ok.py").write_text("def f():\n    return {'a': [1, 2.5, None], 'b': 'caf\\u00e9'}\n")
+    (tmp_path / "mod_bad.py").write_text("def f():\n    raise ValueError('no')\n")
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        run({"function": "mod_ok:f"}, str(path))
+        got = outcome(path)
+        assert isinstance(got.result, ResultJSON) and got.state is TaskState.SUCCEEDED
+        assert json.loads(got.result.text) == {"a": [1, 2.5, None], "b": "caf\u00e9"}
+        run({"function": "mod_bad:f"}, str(path))
+        got = outcome(path)
+        assert got.state is TaskState.FAILED and got.result is None and got.error is not None
+        assert (got.error.type, got.error.message) == ("ValueError", "no")
+    finally:
+        os.chdir(here)
+    path.write_text("not the runner's")
+    got = outcome(path)
+    assert got.state is TaskState.FAILED and got.error is not None
+    assert got.error.message == "the function runner wrote no result"

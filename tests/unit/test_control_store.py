@@ -242,6 +242,27 @@ def test_a_result_over_the_limit_is_refused_naming_the_function_and_the_limit(
     assert cp.get_job(job.id).result == "small"
 
 
+def test_a_result_given_as_its_json_text_is_stored_as_it_is_within_the_same_limit(
+        cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a worker reports for a function that returned: the runner's JSON text, stored
+    without being parsed and written again; read back as the value."""
+    from gpulayer.api import ResultJSON
+    from gpulayer.specs import FunctionJob
+
+    monkeypatch.setenv("GPULAYER_MAX_RESULT_MB", "0.001")  # 1048 bytes
+    w = cp.register_worker(make_capabilities(), cpu_slots=2)
+    big, small = (cp.submit(FunctionJob(function="pkg.mod:make")) for _ in range(2))
+    tasks = {t.job_id: t.task_id for t in cp.poll_tasks(w.id)}
+    for job in (big, small):
+        cp.start_task(tasks[job.id], worker_id=w.id)
+    with pytest.raises(InvalidInput, match=r"^the result of pkg.mod:make is 5002 bytes of JSON, over the limit"):
+        cp.finish_task(tasks[big.id], worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0,
+                       result=ResultJSON('"' + "x" * 5000 + '"'))
+    text = '{"a": [1, 2.5, null, true], "b": "caf\\u00e9 \\ud83d\\ude00"}'
+    cp.finish_task(tasks[small.id], worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0, result=ResultJSON(text))
+    assert cp.get_job(small.id).result == {"a": [1, 2.5, None, True], "b": "caf\u00e9 \U0001f600"}
+
+
 def test_arguments_are_stored_apart_and_capped(cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
     """Placement never reads a function's arguments; too many or too large are refused at
     submit, in bounded time, naming the function and the limit."""

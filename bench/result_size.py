@@ -1,0 +1,72 @@
+"""A function that returns a large result: submit to result, next to the same function and
+its result's JSON round trip in one process, in the same run.
+
+    python bench/result_size.py [--mb 7 1] [--runs 5]
+
+Embedded (a temporary home, the SDK's own worker): a ``@gl.remote`` function returns a list
+of small dicts that is about ``--mb`` MB of JSON, ``--runs`` times, each size in turn with its
+floor: the same function called here, its result written with ``json.dumps`` and read back
+with ``json.loads`` (what any way of handing a result from one process to another costs at
+least). Prints the table of bench/_stats.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _stats import table
+
+#: about this many bytes of JSON an item (see ITEMS)
+ITEM_BYTES = 73
+ITEMS = '''
+def items(n):
+    return [{"i": i, "name": f"item-{i}", "score": i * 0.5, "tags": ["a", "b"]} for i in range(n)]
+'''
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--mb", type=float, nargs="+", default=[7.0, 1.0])
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="gpulayer-bench-"))
+    os.environ["GPULAYER_HOME"] = str(tmp / "home")
+    code = tmp / "code"  # (the function's directory is its bundle: not the home)
+    code.mkdir()
+    (code / "bench_items.py").write_text(ITEMS)
+    sys.path.insert(0, str(code))
+    import bench_items  # type: ignore[import-not-found]
+
+    import gpulayer as gl
+
+    remote = gl.remote(bench_items.items)
+    remote.remote(10).result(timeout=120)  # the worker, its fork server
+    rows = []
+    for mb in args.mb:
+        n = int(mb * 1_000_000 / ITEM_BYTES)
+        size = len(json.dumps(bench_items.items(n)))
+        got, floor = [], []
+        for _ in range(args.runs):
+            t0 = time.perf_counter()
+            value = remote.remote(n).result(timeout=600)
+            got.append(time.perf_counter() - t0)
+            if len(value) != n:
+                raise SystemExit(f"{mb:g} MB: the result did not come back whole")
+            t0 = time.perf_counter()
+            json.loads(json.dumps(bench_items.items(n)))
+            floor.append(time.perf_counter() - t0)
+        rows.append((f"{size / 1e6:.1f} MB result, .remote().result()", got, "items(n), dumps, loads", floor))
+    print(table(f"a function's large result, embedded, {args.runs} runs each", rows))
+
+
+if __name__ == "__main__":
+    main()
