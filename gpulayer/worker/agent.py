@@ -572,7 +572,8 @@ def _function_outcome(report: TaskOutcome, result_path: Path) -> TaskOutcome:
     try:
         text = result_path.read_text()
         if text.startswith(RESULT_PREFIX) and text.endswith("}"):
-            report.result = ResultJSON(text[len(RESULT_PREFIX):-1])
+            raw = text[len(RESULT_PREFIX):-1]
+            report.result = None if raw == "null" else ResultJSON(raw)  # (None: no result, as before)
             return report
         payload = json.loads(text)
     except (OSError, ValueError):

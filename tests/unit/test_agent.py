@@ -181,6 +181,7 @@ def test_a_functions_result_is_read_as_the_runners_json_text(tmp_path) -> None: 
     path = tmp_path / "result.json"
     (tmp_path / "mod_ok.py").write_text("def f():\n    return {'a': [1, 2.5, None], 'b': 'caf\\u00e9'}\n")
     (tmp_path / "mod_bad.py").write_text("def f():\n    raise ValueError('no')\n")
+    (tmp_path / "mod_none.py").write_text("def f():\n    pass\n")
     here = os.getcwd()
     os.chdir(tmp_path)
     try:
@@ -188,6 +189,9 @@ def test_a_functions_result_is_read_as_the_runners_json_text(tmp_path) -> None: 
         got = outcome(path)
         assert isinstance(got.result, ResultJSON) and got.state is TaskState.SUCCEEDED
         assert json.loads(got.result.text) == {"a": [1, 2.5, None], "b": "caf\u00e9"}
+        run({"function": "mod_none:f"}, str(path))
+        got = outcome(path)
+        assert got.state is TaskState.SUCCEEDED and got.result is None  # (no result stored, as before)
         run({"function": "mod_bad:f"}, str(path))
         got = outcome(path)
         assert got.state is TaskState.FAILED and got.result is None and got.error is not None
