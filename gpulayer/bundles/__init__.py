@@ -9,6 +9,7 @@ What goes in
     Every regular file under the directory, except what the rules exclude:
 
     * defaults: ``.git``, ``.venv/``, ``venv/``, ``__pycache__/``, ``*.pyc``, ``node_modules/``;
+    * ``GPULAYER_HOME`` when it is inside the directory (this machine's state: never included);
     * ``.gitignore`` and ``.gpulayerignore`` files, at the top and in any subdirectory, with git's
       semantics (pathspec): patterns are relative to the folder of the file that holds them, a
       deeper file overrides a shallower one, ``.gpulayerignore`` overrides the ``.gitignore``

@@ -162,6 +162,20 @@ class _Layer:
         return bool(result.include), rule
 
 
+#: why GPULAYER_HOME is left out of a bundle of a directory that holds it
+HOME_EXCLUDED = "GPULAYER_HOME: this machine's GPUlayer state (its database, bundles, caches)"
+
+
+def _state_directory() -> Path | None:
+    """GPULAYER_HOME as a real path, where it exists (not created here)."""
+    raw = config.settings().home or "~/.gpulayer"
+    try:
+        path = Path(raw).expanduser().resolve()
+    except (OSError, RuntimeError):
+        return None
+    return path if path.is_dir() else None
+
+
 @functools.cache
 def _default_layer() -> _Layer:
     """The built-in rules, compiled once (a layer is not changed after it is made; compiling
@@ -211,6 +225,7 @@ def inspect_directory(directory: str | os.PathLike[str]) -> Inspection:
     root = _resolve_root(directory)
     root_str = str(root)
     inspection = Inspection(root=root)
+    home = _state_directory()
 
     def walk(abs_dir: Path, rel_dir: str, layers: list[_Layer]) -> None:
         try:
@@ -248,6 +263,9 @@ def inspect_directory(directory: str | os.PathLike[str]) -> Inspection:
                 raise BundleError(f"cannot read {abs_path}: {exc.strerror or exc}") from None
 
             shown = rel + "/" if is_dir else rel
+            if is_dir and link_problem is None and abs_path == home:  # (whatever the ignore files say)
+                inspection.excluded.append(Excluded(shown, HOME_EXCLUDED))
+                continue
             rule = _verdict(layers, shown)
             if rule is not None:
                 inspection.excluded.append(Excluded(shown, rule))

@@ -517,3 +517,24 @@ def test_cli_registered_in_main_app(project: Path) -> None:
 def test_bundle_file_record() -> None:
     assert BundleFile("a", 1, 0o755).executable
     assert not BundleFile("a", 1, 0o644).executable
+
+
+def test_gpulayer_home_inside_the_directory_is_left_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A project that keeps its GPUlayer state inside (GPULAYER_HOME=./.gpulayer) must not
+    ship its database in every bundle (a new address, and a larger upload, at every job)."""
+    from gpulayer.bundles.building import HOME_EXCLUDED
+
+    project = tmp_path / "project"
+    write(project, "main.py", "print('hi')\n")
+    write(project, "state/gpulayer.db", b"\0" * 1000)
+    write(project, ".gpulayerignore", "!state/\n")  # (not even put back by an ignore file)
+    monkeypatch.setenv("GPULAYER_HOME", str(project / "sub" / ".." / "state"))
+    inspection = inspect_directory(project)
+    assert dict(inspection.excluded) == {"state/": HOME_EXCLUDED}
+    assert [f.path for f in inspection.included] == [".gpulayerignore", "main.py"]
+    first = build_bundle(project).digest
+    write(project, "state/gpulayer.db", b"\1" * 2000)  # the database changes: the bundle does not
+    assert build_bundle(project).digest == first
+    monkeypatch.setenv("GPULAYER_HOME", str(tmp_path / "elsewhere"))  # a home outside: nothing to leave out
+    (tmp_path / "elsewhere").mkdir()
+    assert "state/gpulayer.db" in [f.path for f in inspect_directory(project).included]
