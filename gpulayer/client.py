@@ -216,6 +216,7 @@ class Client:
         delay = 0.05
         waits = stream  # False: no long poll for output (none read, or a control plane without it)
         job = self.api.get_job(job_id)
+        read_at = time.monotonic()
         while True:
             if on_update is not None:
                 on_update(job)
@@ -235,9 +236,11 @@ class Client:
                 return
             if waits:
                 # the poll came back empty: the job's state changed (or the time ran out);
-                # or with output, which a job that is not yet seen running also changed
-                if not chunks or job.state is not JobState.RUNNING:
+                # or with output, which a job not yet seen running also changed; and while
+                # output flows, the job is read again every FOLLOW_WAIT (it may have ended)
+                if not chunks or job.state is not JobState.RUNNING or time.monotonic() - read_at >= FOLLOW_WAIT:
                     job = self.api.get_job(job_id)
+                    read_at = time.monotonic()
             elif chunks:
                 delay = 0.05
                 job = self.api.get_job(job_id)

@@ -243,7 +243,9 @@ class Trainer:
 
         def check_deadline(job: JobRecord) -> None:
             if deadline is not None and time.monotonic() > deadline and not job.state.terminal:
-                raise TimeoutError(f"job {handle.id} is still {job.state.value} after {timeout} s")
+                job = client.api.get_job(handle.id)  # (what follow looked at may be a second old)
+                if not job.state.terminal:
+                    raise TimeoutError(f"job {handle.id} is still {job.state.value} after {timeout} s")
 
         for c in client.follow(handle.id, stream=stream, on_update=check_deadline):
             sink = (err or sys.stderr) if c.stream == "stderr" else (out or sys.stdout)

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import Field
 
 from gpulayer.api import LogChunk, Wire
-from gpulayer.client import Client
+from gpulayer.client import FOLLOW_WAIT, Client
 from gpulayer.control import ControlPlane
 from gpulayer.control import jobs as control_jobs
 from gpulayer.errors import NotFound
@@ -160,7 +161,7 @@ def test_output_stored_by_another_process_wakes_the_wait_by_a_nudge(tmp_path: Pa
 class OldLogsQuery(Wire):
     """The logs query of a control plane from before ``wait``."""
 
-    after: int = 0
+    after: int = Field(default=0, ge=0)
     node: int | None = None
     limit: int = 10_000
 
@@ -190,29 +191,47 @@ def test_follow_yields_every_chunk_in_order_until_the_job_ends(cp: ControlPlane,
     api: Any = OlderControlPlane(cp) if older else cp
     client = Client(api, location="embedded", default_target="local", control=cp)
     seen: list[JobState] = []
+    following = threading.Event()
 
     def work() -> None:
+        assert following.wait(STUCK)  # (the follower saw the job running first)
         for i in range(30):
             cp.append_logs(task_id, worker_id=wid, chunks=[("stdout", f"{i}\n")])
         cp.finish_task(task_id, worker_id=wid, state=TaskState.SUCCEEDED, exit_code=0)
 
+    waits: list[float | None] = []
+    if not older:
+        logs = cp.logs
+        api = type("Counting", (), {"__getattr__": lambda self, name: getattr(cp, name),
+                                    "logs": lambda self, job_id, **kw: (waits.append(kw.get("wait")),
+                                                                        logs(job_id, **kw))[1]})()
+        client = Client(api, location="embedded", default_target="local", control=cp)
     worker = threading.Thread(target=work, daemon=True)
     worker.start()
-    text = "".join(c.data for c in client.follow(job_id, on_update=lambda job: seen.append(job.state)))
+    text = "".join(c.data for c in client.follow(
+        job_id, on_update=lambda job: (seen.append(job.state), following.set())))
     worker.join(STUCK)
     assert text == "".join(f"{i}\n" for i in range(30))
     assert seen[0] is JobState.RUNNING and seen[-1] is JobState.SUCCEEDED
     if older:
         assert api.waits_refused == 1  # refused once, then looked for at intervals
+    else:  # long polls while it ran, and a last look without a wait once it had ended
+        assert waits and set(waits[:-1]) == {FOLLOW_WAIT} and waits[-1] is None, waits
 
 
 def test_follow_does_not_take_another_refusal_for_an_older_control_plane(cp: ControlPlane) -> None:
+    from gpulayer.errors import InvalidInput
+
+    calls: list[float | None] = []
+
     class Refusing(OlderControlPlane):
         def logs(self, job_id: str, *, wait: float | None = None, **query: Any) -> list[LogChunk]:
+            calls.append(wait)
             build(OldLogsQuery, {**query, "after": -1}, Spelling(where="query"))
             raise AssertionError("after=-1 was taken")
 
     _, job_id, _ = _running(cp)
     client = Client(Refusing(cp), location="embedded", default_target="local", control=cp)
-    with pytest.raises(Exception, match="after"):
+    with pytest.raises(InvalidInput, match=r"\bafter\b.*-1"):
         next(client.follow(job_id))
+    assert len(calls) == 1  # raised as it came, not taken for an older control plane's refusal
