@@ -322,7 +322,9 @@ class WorkerAPI(Protocol):
         """The task's final report; a report for a task that already ended is a Conflict.
         Answers the tasks assigned to the worker and not started (what the slot the task
         freed was given): the worker may start them without waiting for its poll. A
-        ``result`` may be a :class:`ResultJSON` (its JSON text, stored as it is)."""
+        ``result`` may be a :class:`ResultJSON`: its JSON text, stored as it is by an embedded
+        control plane, and sent as it is in the request's body over HTTP (where the server
+        parses the body, as it does any)."""
         ...
 
     def get_bundle(self, digest: str) -> bytes: ...

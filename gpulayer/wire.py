@@ -46,9 +46,10 @@ LogStream = Literal["stdout", "stderr", "system"]
 @dataclass(frozen=True)
 class ResultJSON:
     """A result given as its JSON text, passed on as it is: what a worker reports for a
-    function that returned (the text its runner wrote), so that neither the worker nor the
-    control plane parses and writes again what only the caller reads (a 7 MB result: 0.6 s).
-    ``finish_task(result=ResultJSON(text))``; over HTTP its text is the body's ``result``."""
+    function that returned (the text its runner wrote), so that the worker does not parse it
+    and an embedded control plane does not write it again, for what only the caller reads (a
+    7 MB result: 0.6 s). ``finish_task(result=ResultJSON(text))``; over HTTP its text is put
+    into the body's ``result`` as it is (the server parses the body, as any)."""
 
     text: str
 

@@ -44,6 +44,11 @@ _ACCEPTED = "accepted: None, bool, int, finite float, str, list, dict with str k
 #: how the result file of a function that returned begins: the result's JSON follows, then
 #: "}" ends the file (a reader may take the result's text as it is, between the two)
 RESULT_PREFIX = '{"ok": true, "result": '
+#: the deepest a result may nest (lists and dicts in one another): every reader parses it
+#: with Python's json, which stops at the interpreter's recursion limit (1,000 by default,
+#: less the reader's own frames), and a result that a function raised the limit to write
+#: would be stored and then unreadable
+MAX_NESTING = 800
 
 
 class _RunnerError(Exception):
@@ -272,14 +277,20 @@ def _result_text(ref: str, result: Any) -> str:
 
     ``json.dumps`` (C) refuses most of what is not JSON (NaN, a set, an object, a cycle); what
     it takes and changes (a key that is not a str: it writes the key 1 as "1") is looked for
-    by one walk over the containers. Only a result refused is walked again, slowly, by
+    by one walk over the containers, which also refuses nesting deeper than
+    :data:`MAX_NESTING` (what a reader could not parse). Only a result refused is walked again, slowly, by
     :func:`find_non_json` for the path of what it holds that is not JSON (that walk, for every
     result, cost 2.8x the ``json.dumps`` of a 7 MB list of small dicts)."""
+    shape: str | None = None
     try:
         body = json.dumps(result, allow_nan=False)
-        refused: BaseException | None = None if _keys_are_str(result) else ValueError("a key that is not a str")
+        shape = _shape_problem(result)
+        refused: BaseException | None = None if shape is None else ValueError(shape)
     except (TypeError, ValueError, RecursionError) as exc:
         refused = exc
+    if shape == _TOO_DEEP:
+        raise _RunnerError("ValueError", f"result of {ref} nests lists and dicts more than {MAX_NESTING} levels "
+                                         f"deep; accepted: at most {MAX_NESTING}")
     if refused is not None:
         problem = find_non_json(result)
         if problem is not None:
@@ -289,22 +300,32 @@ def _result_text(ref: str, result: Any) -> str:
     return RESULT_PREFIX + body + "}"
 
 
-def _keys_are_str(value: Any) -> bool:
-    """Whether every dict in ``value`` (one ``json.dumps`` took: it has no cycle) has only str keys."""
+#: what _shape_problem finds
+_NOT_STR_KEY = "a key that is not a str"
+_TOO_DEEP = "nested too deep"
+
+
+def _shape_problem(value: Any) -> str | None:
+    """What ``json.dumps`` took in ``value`` (it has no cycle) and a reader would not: a dict
+    key that is not a str (:data:`_NOT_STR_KEY`), nesting deeper than :data:`MAX_NESTING`
+    (:data:`_TOO_DEEP`); None when neither."""
     containers = (dict, list, tuple)
-    stack = [value] if isinstance(value, containers) else []
+    stack = [(value, 1)] if isinstance(value, containers) else []
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
+        if depth > MAX_NESTING:
+            return _TOO_DEEP
         subs: Any = item
         if isinstance(item, dict):
             for key in item:
                 if not isinstance(key, str):
-                    return False
+                    return _NOT_STR_KEY
             subs = item.values()
+        deeper = depth + 1
         for sub in subs:
             if isinstance(sub, containers):
-                stack.append(sub)
-    return True
+                stack.append((sub, deeper))
+    return None
 
 
 def _is_coroutine(value: Any) -> bool:

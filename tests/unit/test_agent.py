@@ -166,39 +166,36 @@ def test_a_task_handed_over_twice_runs_once(monkeypatch, tmp_path) -> None:  # t
 
 def test_a_functions_result_is_read_as_the_runners_json_text(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The result file of a function that returned is passed on as its text (ResultJSON),
-    not parsed; an error, or a file that is not the runner's, is read as before."""
+    not parsed; None as no result; an error, or a file that is not the runner's, as before."""
     import json
-    import os
+    import subprocess
+    import sys
 
     from gpulayer.api import ResultJSON
     from gpulayer.records import TaskState
-    from gpulayer.worker.agent import TaskOutcome, _function_outcome
-    from gpulayer.worker.function_runner import run
-
-    def outcome(path):  # type: ignore[no-untyped-def]
-        return _function_outcome(TaskOutcome(TaskState.SUCCEEDED, exit_code=0), path)
+    from gpulayer.worker.agent import RUNNER_PATH, TaskOutcome, _function_outcome
 
     path = tmp_path / "result.json"
-    (tmp_path / "mod_ok.py").write_text("def f():\n    return {'a': [1, 2.5, None], 'b': 'caf\\u00e9'}\n")
-    (tmp_path / "mod_bad.py").write_text("def f():\n    raise ValueError('no')\n")
-    (tmp_path / "mod_none.py").write_text("def f():\n    pass\n")
-    here = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        run({"function": "mod_ok:f"}, str(path))
-        got = outcome(path)
-        assert isinstance(got.result, ResultJSON) and got.state is TaskState.SUCCEEDED
-        assert json.loads(got.result.text) == {"a": [1, 2.5, None], "b": "caf\u00e9"}
-        run({"function": "mod_none:f"}, str(path))
-        got = outcome(path)
-        assert got.state is TaskState.SUCCEEDED and got.result is None  # (no result stored, as before)
-        run({"function": "mod_bad:f"}, str(path))
-        got = outcome(path)
-        assert got.state is TaskState.FAILED and got.result is None and got.error is not None
-        assert (got.error.type, got.error.message) == ("ValueError", "no")
-    finally:
-        os.chdir(here)
+    (tmp_path / "tasks.py").write_text("def ok():\n    return {'a': [1, 2.5, None], 'b': 'caf\\u00e9'}\n\n"
+                                       "def none():\n    pass\n\n"
+                                       "def bad():\n    raise ValueError('no')\n")
+
+    def outcome(function):  # type: ignore[no-untyped-def]
+        spec = tmp_path / "spec.json"
+        spec.write_text(json.dumps({"function": f"tasks:{function}"}))
+        subprocess.run([sys.executable, RUNNER_PATH, str(spec), str(path)], cwd=tmp_path, timeout=60,
+                       capture_output=True)  # (its exit code is the task's: 1 for bad)
+        return _function_outcome(TaskOutcome(TaskState.SUCCEEDED, exit_code=0), path)
+
+    got = outcome("ok")
+    assert isinstance(got.result, ResultJSON) and got.state is TaskState.SUCCEEDED
+    assert json.loads(got.result.text) == {"a": [1, 2.5, None], "b": "caf\u00e9"}
+    got = outcome("none")
+    assert got.state is TaskState.SUCCEEDED and got.result is None  # (no result stored, as before)
+    got = outcome("bad")
+    assert got.state is TaskState.FAILED and got.result is None and got.error is not None
+    assert (got.error.type, got.error.message) == ("ValueError", "no")
     path.write_text("not the runner's")
-    got = outcome(path)
+    got = _function_outcome(TaskOutcome(TaskState.SUCCEEDED, exit_code=0), path)
     assert got.state is TaskState.FAILED and got.error is not None
     assert got.error.message == "the function runner wrote no result"

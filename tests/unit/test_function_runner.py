@@ -384,3 +384,22 @@ def test_a_result_is_checked_by_json_dumps_and_a_walk_over_its_keys_in_process()
         cur = nxt
     with pytest.raises(fr._RunnerError, match=r"^result is not JSON: maximum recursion depth"):
         fr._result_text("m:f", deep)
+
+
+def nested(levels: int) -> Any:
+    value: Any = 1
+    for i in range(levels):
+        value = [value] if i % 2 else {"k": value}
+    return value
+
+
+def test_a_result_nested_deeper_than_a_reader_could_parse_is_refused() -> None:
+    """json.dumps writes what nests as deep as the function's recursion limit allows; every
+    reader (the caller, a server) parses with the default limit: past MAX_NESTING the result
+    is refused, not stored unreadable."""
+    assert json.loads(fr._result_text("m:f", nested(fr.MAX_NESTING)))["result"] == nested(fr.MAX_NESTING)
+    with pytest.raises(fr._RunnerError) as exc:
+        fr._result_text("m:f", nested(fr.MAX_NESTING + 1))
+    assert exc.value.type_name == "ValueError"
+    assert exc.value.message == (f"result of m:f nests lists and dicts more than {fr.MAX_NESTING} levels deep; "
+                                 f"accepted: at most {fr.MAX_NESTING}")
