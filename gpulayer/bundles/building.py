@@ -166,14 +166,15 @@ class _Layer:
 HOME_EXCLUDED = "GPULAYER_HOME: this machine's GPUlayer state (its database, bundles, caches)"
 
 
-def _state_directory() -> Path | None:
-    """GPULAYER_HOME as a real path, where it exists (not created here)."""
+def _state_directory() -> tuple[int, int] | None:
+    """GPULAYER_HOME's (device, inode), where it exists (not created here): the same folder
+    however it is reached (a case-insensitive file system, a bind mount, a ``..``)."""
     raw = config.settings().home or "~/.gpulayer"
     try:
-        path = Path(raw).expanduser().resolve()
+        st = os.stat(Path(raw).expanduser())
     except (OSError, RuntimeError):
         return None
-    return path if path.is_dir() else None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
 
 @functools.cache
@@ -263,7 +264,7 @@ def inspect_directory(directory: str | os.PathLike[str]) -> Inspection:
                 raise BundleError(f"cannot read {abs_path}: {exc.strerror or exc}") from None
 
             shown = rel + "/" if is_dir else rel
-            if is_dir and link_problem is None and abs_path == home:  # (whatever the ignore files say)
+            if is_dir and st is not None and home == (st.st_dev, st.st_ino):  # (whatever the ignore files say)
                 inspection.excluded.append(Excluded(shown, HOME_EXCLUDED))
                 continue
             rule = _verdict(layers, shown)

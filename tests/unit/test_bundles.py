@@ -528,10 +528,11 @@ def test_gpulayer_home_inside_the_directory_is_left_out(tmp_path: Path, monkeypa
     write(project, "main.py", "print('hi')\n")
     write(project, "state/gpulayer.db", b"\0" * 1000)
     write(project, ".gpulayerignore", "!state/\n")  # (not even put back by an ignore file)
+    write(project, "sub/run.py", "")
     monkeypatch.setenv("GPULAYER_HOME", str(project / "sub" / ".." / "state"))
     inspection = inspect_directory(project)
     assert dict(inspection.excluded) == {"state/": HOME_EXCLUDED}
-    assert [f.path for f in inspection.included] == [".gpulayerignore", "main.py"]
+    assert [f.path for f in inspection.included] == [".gpulayerignore", "main.py", "sub/run.py"]
     first = build_bundle(project).digest
     write(project, "state/gpulayer.db", b"\1" * 2000)  # the database changes: the bundle does not
     assert build_bundle(project).digest == first
