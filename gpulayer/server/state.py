@@ -11,7 +11,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from starlette.concurrency import run_in_threadpool
@@ -135,16 +135,12 @@ class Server(ControlObserver):
         self._changed_or_output = asyncio.Event()
 
     def _wake_workers(self, worker_ids: frozenset[str]) -> None:
-        for wid in worker_ids:
-            woken = self._worker_events.get(wid)
-            if woken is not None and not woken.done():
-                woken.set_result(True)
+        events = self._worker_events
+        _set_all(events[wid] for wid in worker_ids if wid in events)
 
     def _wake_all(self) -> None:
         self._wake()
-        for woken in self._worker_events.values():
-            if not woken.done():
-                woken.set_result(True)
+        _set_all(self._worker_events.values())
 
     def begin_shutdown(self) -> None:
         """Answer every waiting long poll now, so a stopping server need not wait for them
@@ -340,7 +336,8 @@ async def wait_woken(woken: asyncio.Future[bool], timeout: float) -> bool:
         handle.cancel()
 
 
-def _set_all(futures: Any) -> None:
+def _set_all(futures: Iterable[asyncio.Future[bool]]) -> None:
+    """Wake these waits (those not woken or timed out already)."""
     for woken in futures:
         if not woken.done():
             woken.set_result(True)
