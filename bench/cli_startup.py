@@ -13,7 +13,8 @@ its cache warm <= 3x (and ``jobs logs JOB`` of a job of 200 lines, held to ``job
 its in-process worker started from the detection cache) <= 2x the floor of ``python -c pass``
 plus ``gpulayer --help``: as a user's runs, answered by the CLI server the first command line
 started in the background (gpulayer.cli.warm), and in its own process
-(``GPULAYER_WARM_CLI=0``). ``import typer`` and ``import typer, pydantic`` are shown for reading:
+(``GPULAYER_WARM_CLI=0``). ``gpulayer worker list`` and ``plugins list`` (not goals) are
+answered by that CLI server too. ``import typer`` and ``import typer, pydantic`` are shown for reading:
 the least ``gpulayer --help`` can cost, and the least any command that takes an option with
 a value can cost (Typer 0.29 coerces every option value that is not a flag through a
 pydantic TypeAdapter, so such a command imports pydantic before it runs). ``gpulayer`` runs as
@@ -89,6 +90,9 @@ def main() -> None:
         ("gpulayer jobs list", [*cli, "jobs", "list"]),
         ("gpulayer jobs logs JOB", [*cli, "jobs", "logs", "JOB"]),  # (JOB: a job with 200 lines, below)
         ("gpulayer resources detect", [*cli, "resources", "detect"]),
+        # (not goals; once the first submit below started the home's CLI server, it answers them)
+        ("gpulayer worker list", [*cli, "worker", "list"]),
+        ("gpulayer plugins list", [*cli, "plugins", "list"]),
         ("import typer", [py, "-c", "import typer"]),
         ("import typer, pydantic", [py, "-c", "import typer, pydantic"]),
         # last: its warm-up finds the detection cache that resources detect filled, and starts

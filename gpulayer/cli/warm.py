@@ -1,7 +1,7 @@
 """The warm CLI: command lines a running local worker's CLI server answers by forking.
 
-``gpulayer submit`` (and ``explain``, ``jobs``, ``bundle``) on the embedded control plane
-spends most of its time importing: the control plane with SQLAlchemy and the records with
+``gpulayer submit`` (and ``jobs show``, ``worker list``, ...: :data:`COMMANDS`) on the
+embedded control plane spends most of its time importing: the control plane with SQLAlchemy and the records with
 pydantic, twenty times what Python's own start-up costs. A ``gpulayer worker start`` on an
 embedded home therefore also starts a CLI server: one interpreter with all of that imported
 once, single-threaded, listening on ``$GPULAYER_HOME/cli.sock``. A command line then sends
@@ -49,11 +49,17 @@ from gpulayer.cli.light import GLOBAL_OPTIONS
 from gpulayer.interpreter import start_variables
 from gpulayer.worker import TREE_ID_ENV
 
-__all__ = ["COMMANDS", "MAX_SOCKET_PATH", "forward", "peer_uid", "server_argv", "server_pid", "socket_path"]
+__all__ = ["COMMANDS", "MAX_SOCKET_PATH", "answered", "forward", "peer_uid", "server_argv", "server_pid", "socket_path"]
 
-#: the command groups a CLI server answers (the rest do not need it, or should not run as
-#: its children: workers, servers, the dashboard)
-COMMANDS = frozenset({"submit", "explain", "jobs", "bundle"})
+#: the command lines a CLI server answers: a top-level command -> None for all of its
+#: commands, or the only ones answered. Those left out serve until stopped and should not
+#: be a server's children (``worker start``, ``server start``, ``dashboard``) or go to a
+#: server anyway (``token``: ``--url``).
+COMMANDS: dict[str, frozenset[str] | None] = {
+    "submit": None, "explain": None, "jobs": None, "bundle": None,
+    "worker": frozenset({"list", "status", "prune"}),
+    "resources": None, "plugins": None, "profiles": None, "providers": None, "machines": None,
+}
 _MAX_MESSAGE = 1 << 22
 _NAME = "cli.sock"
 #: how long either side waits for the other's first message
@@ -244,6 +250,17 @@ def _home_of(argv: Sequence[str], home: str | None) -> tuple[str, int] | None:
     return os.path.abspath(os.path.expanduser(home)), i
 
 
+def answered(words: Sequence[str]) -> bool:
+    """Whether a CLI server answers the command line ``words`` (from its top-level command
+    on): one of :data:`COMMANDS`, not asking for help (``--help`` or ``-h`` before any
+    ``--``: what follows is the job's)."""
+    options = words[:words.index("--")] if "--" in words else words
+    if not words or words[0] not in COMMANDS or "--help" in options or "-h" in options:
+        return False
+    only = COMMANDS[words[0]]
+    return only is None or (len(words) > 1 and words[1] in only)
+
+
 # --------------------------------------------------------------------------- the command's side
 
 
@@ -256,7 +273,7 @@ def forward(argv: Sequence[str]) -> int | None:
     if where is None:
         return None
     home, i = where
-    if i >= len(argv) or argv[i] not in COMMANDS or "--help" in argv[i:]:
+    if not answered(argv[i:]):
         return None
     from gpulayer import config
 

@@ -191,9 +191,35 @@ def test_another_interpreter_or_no_server_runs_the_command_as_usual(home, worker
     assert code == "None" and out == "" and err == ""
     out, err, code = _forward(home, ["submit", "--", "true"], GPULAYER_WARM_CLI="0")
     assert code == "None"
-    # commands it does not run, and help
-    for args in (["worker", "list"], ["submit", "--help"], ["--url", "http://127.0.0.1:9", "jobs", "list"]):
-        assert _forward(home, args)[2] == "None"
+    # commands it does not run (they serve until stopped), help, and a server's
+    for args in (["worker", "start", "--cpu-slots", "1"], ["server", "start"], ["dashboard"], ["worker"],
+                 ["submit", "--help"], ["jobs", "list", "-h"], ["--url", "http://127.0.0.1:9", "jobs", "list"]):
+        assert _forward(home, args)[2] == "None", args
+
+
+@pytest.mark.parametrize("words, answered", [
+    (["worker", "list"], True), (["worker", "status", "--json"], True), (["worker", "prune"], True),
+    (["worker", "start"], False), (["worker"], False), (["worker", "--help"], False),
+    (["plugins", "list"], True), (["profiles", "list"], True), (["resources", "detect", "--refresh"], True),
+    (["providers", "offers"], True), (["machines", "terminate", "m-1"], True), (["jobs", "show", "J"], True),
+    (["server", "start"], False), (["dashboard"], False), (["token", "list"], False), ([], False),
+    (["jobs", "show", "-h"], False), (["submit", "--help", "--", "true"], False),
+    # after `--` the words are the job's: its own --help or -h
+    (["submit", "--", "python", "train.py", "--help"], True), (["submit", "--", "ls", "-h"], True),
+])
+def test_which_command_lines_a_server_answers(words: list[str], answered: bool) -> None:
+    assert warm.answered(words) is answered
+
+
+def test_the_everyday_reads_are_answered_with_the_full_path_s_output(home, worker) -> None:  # type: ignore[no-untyped-def]
+    for args in (["worker", "list"], ["worker", "status"], ["plugins", "list"], ["profiles", "list"],
+                 ["providers", "list"], ["machines", "list"], ["worker", "status", "wkr-000000000000"]):
+        out, err, code = _forward(home, args)
+        cold = subprocess.run([*GPULAYER, *args], env=_env(home, GPULAYER_WARM_CLI="0"), cwd=home,
+                              capture_output=True, text=True, timeout=120)
+        assert code == str(cold.returncode), (args, err, cold.stderr)
+        assert (out, err) == (cold.stdout, cold.stderr), args
+    assert "online" in _forward(home, ["worker", "list"])[0]  # (the fixture's worker)
 
 
 def test_ctrl_c_reaches_the_command_and_cancels_its_job(home, worker) -> None:  # type: ignore[no-untyped-def]
