@@ -1,13 +1,16 @@
 """A function that returns a large result: submit to result, next to the same function and
 its result's JSON round trip in one process, in the same run.
 
-    python bench/result_size.py [--mb 7 1] [--runs 5]
+    python bench/result_size.py [--mb 7 1] [--runs 5] [--list 10]
 
 Embedded (a temporary home, the SDK's own worker): a ``@gl.remote`` function returns a list
 of small dicts that is about ``--mb`` MB of JSON, ``--runs`` times, each size in turn with its
 floor: the same function called here, its result written with ``json.dumps`` and read back
 with ``json.loads`` (what any way of handing a result from one process to another costs at
-least). Prints the table of bench/_stats.py.
+least). Then the list of jobs (``list_jobs(state="succeeded", limit=N)``, what ``jobs list``
+and the dashboard read) with ``--list`` N jobs of the first size stored, next to the same
+list of as many jobs that have no result (failed ones: ``state="failed"``). Prints the
+table of bench/_stats.py.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ ITEM_BYTES = 73
 ITEMS = '''
 def items(n):
     return [{"i": i, "name": f"item-{i}", "score": i * 0.5, "tags": ["a", "b"]} for i in range(n)]
+
+
+def fails(n):
+    raise ValueError("no result")
 '''
 
 
@@ -37,6 +44,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--mb", type=float, nargs="+", default=[7.0, 1.0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--list", type=int, default=10, help="jobs of the first size in the listed (0 skips)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gpulayer-bench-"))
     os.environ["GPULAYER_HOME"] = str(tmp / "home")
@@ -65,6 +73,23 @@ def main() -> None:
             json.loads(json.dumps(bench_items.items(n)))
             floor.append(time.perf_counter() - t0)
         rows.append((f"{size / 1e6:.1f} MB result, .remote().result()", got, "items(n), dumps, loads", floor))
+    if args.list:
+        from gpulayer.client import connect
+
+        n = int(args.mb[0] * 1_000_000 / ITEM_BYTES)
+        gl.wait([remote.remote(n) for _ in range(args.list)], timeout=600)
+        gl.wait([gl.remote(bench_items.fails).remote(n) for _ in range(args.list)], timeout=600)
+        api = connect().api
+        got, floor = [], []
+        for _ in range(args.runs):
+            for state, samples in (("succeeded", got), ("failed", floor)):  # (in turn)
+                t0 = time.perf_counter()
+                listed = api.list_jobs(state=state, limit=args.list)
+                samples.append(time.perf_counter() - t0)
+                if len(listed) != args.list:
+                    raise SystemExit(f"list_jobs(state={state!r}) gave {len(listed)} jobs, not {args.list}")
+                del listed  # (freed here, not in the next one's time)
+        rows.append((f"list_jobs of {args.list} with results", got, f"{args.list} failed (no result)", floor))
     print(table(f"a function's large result, embedded, {args.runs} runs each", rows))
 
 

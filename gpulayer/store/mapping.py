@@ -88,11 +88,14 @@ def task_record(t: TaskRow | plain.Task) -> TaskRecord:
     )
 
 
-def job_record(row: JobRow | plain.Job, tasks: Sequence[TaskRow | plain.Task] | None = None) -> JobRecord:
+def job_record(row: JobRow | plain.Job, tasks: Sequence[TaskRow | plain.Task] | None = None, *,
+               result: bool = True) -> JobRecord:
+    """The job's record; with ``result=False`` without its result (``None``; the row's
+    ``result`` is not read), as a list of jobs gives it."""
     return JobRecord(
         id=row.id, spec=job_spec(row), state=JobState(row.state), created_at=row.created_at,
         updated_at=row.updated_at, attempt=row.attempt, exit_code=row.exit_code,
-        result=json.loads(row.result) if row.result else None, error=error_of(row.error),
+        result=json.loads(row.result) if result and row.result else None, error=error_of(row.error),
         decision=decision_of(row.decision), cancel_requested=row.cancel_requested,
         tasks=[task_record(t) for t in tasks or []],
     )

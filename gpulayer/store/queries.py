@@ -83,7 +83,10 @@ def job_owner(s: Session, job_id: str) -> str | None:
 
 
 def jobs(s: Session, *, state: str | None, limit: int, owner: str | None) -> Sequence[JobRow]:
-    q = select(JobRow).order_by(col(JobRow.created_at).desc()).limit(limit)
+    """The newest jobs, their results not loaded (a list leaves them out: up to
+    ``GPULAYER_MAX_RESULT_MB`` each; reading ``result`` of one of these rows would load it
+    alone)."""
+    q = select(JobRow).options(defer(JobRow.result)).order_by(col(JobRow.created_at).desc()).limit(limit)  # type: ignore[arg-type]
     if state is not None:
         q = q.where(JobRow.state == state)
     if owner is not None:

@@ -34,7 +34,7 @@ SCRIPTS = [
     ("server_output.py", ["--runs", "1", "--waiters", "2", "--chunks", "5"], "the appends took"),
     ("server_latency.py", ["--jobs", "2"], "stored -> task started"),
     ("follow_latency.py", ["--runs", "1", "--lines", "2", "--gap", "0.05"], "a server (HTTP, SQLite): worst"),
-    ("result_size.py", ["--runs", "1", "--mb", "0.01"], "MB result, .remote().result()"),
+    ("result_size.py", ["--runs", "1", "--mb", "0.01", "--list", "2"], "MB result, .remote().result()"),
     ("placement.py", ["--runs", "1", "--jobs", "200", "--workers", "20"], "floor: pairs"),
     ("placement_incremental.py", ["--runs", "2", "--jobs", "200", "--workers", "20"], "pass after a task ended"),
     ("fork_server.py", ["--tasks", "5", "--rounds", "1"], "page faults of the server"),

@@ -683,3 +683,7 @@ def test_a_result_reported_as_its_json_text_goes_into_the_request_as_it_is(serve
     done = client.wait(job.id, timeout=30)
     assert done.state.value == "succeeded"
     assert done.result == {"marker": "\0gpulayer-json-text:00", "n": [1, 2.5, None], "s": "caf\u00e9"}
+    # a list of jobs leaves results out (a result may be megabytes); the job's record has it
+    [listed] = [j for j in client.api.list_jobs() if j.id == job.id]
+    assert (listed.state.value, listed.result) == ("succeeded", None)
+    assert client.api.get_job(job.id).result == done.result

@@ -37,6 +37,22 @@ def test_assign_start_finish_and_result(cp: ControlPlane) -> None:
     assert cp.get_job(job.id).state is JobState.SUCCEEDED
 
 
+def test_a_list_of_jobs_leaves_their_results_out_and_a_job_s_record_has_its_own(cp: ControlPlane) -> None:
+    """A result may be megabytes (GPULAYER_MAX_RESULT_MB): a list of 50 jobs would read,
+    parse and send all of them (bench/result_size.py --list)."""
+    w = cp.register_worker(make_capabilities(), origin="local", cpu_slots=1)
+    job = cp.submit(CommandJob(command=["true"]))
+    [a] = cp.poll_tasks(w.id)
+    cp.start_task(a.task_id, worker_id=w.id)
+    cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0, result={"rows": [1, 2]})
+    [listed] = cp.list_jobs()
+    assert (listed.id, listed.state, listed.exit_code, listed.result, listed.tasks) == \
+        (job.id, JobState.SUCCEEDED, 0, None, [])
+    assert listed.spec == cp.get_job(job.id).spec
+    assert cp.get_job(job.id).result == {"rows": [1, 2]}
+    assert cp.wait_jobs([job.id])[0].result == {"rows": [1, 2]}  # (a wait hands results back)
+
+
 def test_compatible_but_busy_waits_then_runs(cp: ControlPlane) -> None:
     w = cp.register_worker(cuda_caps(1), cpu_slots=0)
     first = cp.submit(gpu_job())
