@@ -1,16 +1,18 @@
 """A function that returns a large result: submit to result, next to the same function and
 its result's JSON round trip in one process, in the same run.
 
-    python bench/result_size.py [--mb 7 1] [--runs 5] [--list 10]
+    python bench/result_size.py [--mb 7 1] [--runs 5] [--list 10] [--no-server]
 
 Embedded (a temporary home, the SDK's own worker): a ``@gl.remote`` function returns a list
 of small dicts that is about ``--mb`` MB of JSON, ``--runs`` times, each size in turn with its
 floor: the same function called here, its result written with ``json.dumps`` and read back
 with ``json.loads`` (what any way of handing a result from one process to another costs at
-least). Then the list of jobs (``list_jobs(state="succeeded", limit=N)``, what ``jobs list``
-and the dashboard read) with ``--list`` N jobs of the first size stored, next to the same
-list of as many jobs that have no result (failed ones: ``state="failed"``). Prints the
-table of bench/_stats.py.
+least). The first size also through a ``gpulayer server start`` (HTTP, SQLite) and a
+``gpulayer worker start`` joined to it, in turn with the rest (``--no-server``: not). Then
+the list of jobs (``list_jobs(state="succeeded", limit=N)``, what ``jobs list`` and the dashboard
+read) with ``--list`` N jobs of the first size stored, next to the same list of as many
+jobs that have no result (failed ones: ``state="failed"``). Prints the table of
+bench/_stats.py.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -45,6 +49,8 @@ def main() -> None:
     parser.add_argument("--mb", type=float, nargs="+", default=[7.0, 1.0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--list", type=int, default=10, help="jobs of the first size in the listed (0 skips)")
+    parser.add_argument("--server", action=argparse.BooleanOptionalAction, default=True,
+                        help="the first size through a server too (default)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gpulayer-bench-"))
     os.environ["GPULAYER_HOME"] = str(tmp / "home")
@@ -58,21 +64,37 @@ def main() -> None:
 
     remote = gl.remote(bench_items.items)
     remote.remote(10).result(timeout=120)  # the worker, its fork server
+    served = _served(tmp, code, remote) if args.server else None
     rows = []
-    for mb in args.mb:
-        n = int(mb * 1_000_000 / ITEM_BYTES)
-        size = len(json.dumps(bench_items.items(n)))
-        got, floor = [], []
-        for _ in range(args.runs):
-            t0 = time.perf_counter()
-            value = remote.remote(n).result(timeout=600)
-            got.append(time.perf_counter() - t0)
-            if len(value) != n:
-                raise SystemExit(f"{mb:g} MB: the result did not come back whole")
-            t0 = time.perf_counter()
-            json.loads(json.dumps(bench_items.items(n)))
-            floor.append(time.perf_counter() - t0)
-        rows.append((f"{size / 1e6:.1f} MB result, .remote().result()", got, "items(n), dumps, loads", floor))
+    try:
+        for mb in args.mb:
+            n = int(mb * 1_000_000 / ITEM_BYTES)
+            size = len(json.dumps(bench_items.items(n)))
+            got, floor, through = [], [], []
+            for _ in range(args.runs):  # (in turn, so that a change of load weighs on all)
+                t0 = time.perf_counter()
+                value = remote.remote(n).result(timeout=600)
+                got.append(time.perf_counter() - t0)
+                if len(value) != n:
+                    raise SystemExit(f"{mb:g} MB: the result did not come back whole")
+                del value
+                if served is not None and mb == args.mb[0]:
+                    client, spec_of = served[0]
+                    t0 = time.perf_counter()
+                    done = client.wait(client.submit(spec_of(n)).id, timeout=600)
+                    through.append(time.perf_counter() - t0)
+                    if not isinstance(done.result, list) or len(done.result) != n:
+                        raise SystemExit(f"{mb:g} MB through the server: {done.state.value}, not the whole result")
+                    del done
+                t0 = time.perf_counter()
+                json.loads(json.dumps(bench_items.items(n)))
+                floor.append(time.perf_counter() - t0)
+            rows.append((f"{size / 1e6:.1f} MB result, .remote().result()", got, "items(n), dumps, loads", floor))
+            if through:
+                rows.append((f"{size / 1e6:.1f} MB, through a server", through, "items(n), dumps, loads", floor))
+    finally:
+        if served is not None:
+            served[1]()
     if args.list:
         from gpulayer.client import connect
 
@@ -90,7 +112,35 @@ def main() -> None:
                     raise SystemExit(f"list_jobs(state={state!r}) gave {len(listed)} jobs, not {args.list}")
                 del listed  # (freed here, not in the next one's time)
         rows.append((f"list_jobs of {args.list} with results", got, f"{args.list} failed (no result)", floor))
-    print(table(f"a function's large result, embedded, {args.runs} runs each", rows))
+    print(table(f"a function's large result, embedded{' and through a server' if args.server else ''}, "
+                f"{args.runs} runs each", rows))
+
+
+def _served(tmp: Path, code: Path, remote: Any) -> tuple[tuple[Any, Callable[[int], Any]], Callable[[], None]]:
+    """A ``gpulayer server start`` and a worker joined to it (the function's module on its
+    ``PYTHONPATH``): (a client of it and the spec of ``items(n)`` for it), and what stops them."""
+    from gpulayer.client import http_client
+    from gpulayer.specs import Placement
+    from tests.server_support import Api, ServerProc, start_remote_worker, stop_proc, wait_workers
+
+    server = ServerProc(tmp / "server").start()
+    admin = Api(server.url, server.admin_token)
+    worker = start_remote_worker(server.url, admin.token_for("join")["token"], tmp / "worker",
+                                 env={"PYTHONPATH": str(code)})
+
+    def stop() -> None:
+        stop_proc(worker)
+        server.stop()
+
+    try:
+        wait_workers(admin, 1)
+        client = http_client(server.url, token=server.admin_token)
+        client.wait(client.submit(remote.spec(10).model_copy(update={"placement": Placement(target="remote")})).id,
+                    timeout=120)  # (the worker's fork server)
+    except BaseException:
+        stop()
+        raise
+    return (client, lambda n: remote.spec(n).model_copy(update={"placement": Placement(target="remote")})), stop
 
 
 if __name__ == "__main__":

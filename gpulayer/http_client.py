@@ -33,7 +33,6 @@ import hashlib
 import inspect
 import json
 import logging
-import secrets
 import socket
 import ssl
 import sys
@@ -49,6 +48,7 @@ from pydantic import TypeAdapter, ValidationError
 from gpulayer import api, config, progress
 from gpulayer.api import ResultJSON
 from gpulayer.errors import AuthError, ConnectionFailed, GpulayerError, InvalidInput, error_from_wire
+from gpulayer.wire import Splice
 
 __all__ = ["HttpAPI", "RemoteAPI", "connect_http", "fingerprint_of_pem", "server_info", "tls_verify"]
 
@@ -208,11 +208,6 @@ class HttpAPI:
             delay = min(delay * 2, 2.0)
 
 
-#: what stands for a field given as its JSON text while the rest of the body is encoded,
-#: with a random part of each call's own (no other text of the body holds it)
-_SPLICED = "\0gpulayer-json-text:"
-
-
 def _fields(model: type[api.Wire] | None) -> list[str]:
     return list(model.model_fields) if model is not None else []
 
@@ -243,9 +238,8 @@ def _operation(route: api.Route) -> Callable[..., Any]:
             path = path.replace("{" + name + "}", quote(str(value), safe=""))
         # a body field given as its JSON text goes into the body as it is, not parsed and
         # written again (a worker's report of a function's result: api.ResultJSON)
-        texts = {k: values[k].text for k in body if isinstance(values.get(k), ResultJSON)}
-        marks = {k: f"{_SPLICED}{secrets.token_hex(8)}" for k in texts}
-        values.update(marks)
+        splice = Splice()
+        values.update({k: splice.mark(values[k]) for k in body if isinstance(values.get(k), ResultJSON)})
         try:
             params = route.query(**{k: values.pop(k) for k in query}).model_dump(
                 mode="json", exclude_none=True) if route.query else None
@@ -256,11 +250,8 @@ def _operation(route: api.Route) -> Callable[..., Any]:
             where = ".".join(str(part) for part in first["loc"])
             raise InvalidInput(f"{route.op}: {where + ': ' if where else ''}{first['msg']}") from None
         content = values.pop("data") if route.raw_body else None
-        if texts:
-            encoded = json.dumps(json_body)
-            for k, text in texts.items():
-                encoded = encoded.replace(json.dumps(marks[k]), text, 1)
-            content, json_body = encoded.encode(), None
+        if splice:
+            content, json_body = splice.splice(json.dumps(json_body).encode()), None
         if values:  # the route and the Protocol disagree: a bug, caught by tests/unit/test_api.py
             raise TypeError(f"{route.op}: arguments {sorted(values)} have no place in {route.method} {route.path}")
         held = params.get(route.long_poll) if route.long_poll and params else None

@@ -8,9 +8,11 @@ records only, as that one does.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+import json
+import re
+import secrets
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -43,15 +45,136 @@ DIGEST_PATTERN = r"^[0-9a-f]{64}$"
 LogStream = Literal["stdout", "stderr", "system"]
 
 
-@dataclass(frozen=True)
 class ResultJSON:
     """A result given as its JSON text, passed on as it is: what a worker reports for a
     function that returned (the text its runner wrote), so that the worker does not parse it
     and an embedded control plane does not write it again, for what only the caller reads (a
     7 MB result: 0.6 s). ``finish_task(result=ResultJSON(text))``; over HTTP its text is put
-    into the body's ``result`` as it is (the server parses the body, as any)."""
+    into the body's ``result`` as it is; a server keeps the text it was sent (its body read
+    with :func:`json_members`) and, with ``results_as_text``, writes the stored text into its
+    answers as it is (:class:`Splice`). Not a dataclass: pydantic would write one as an object
+    (``{"text": ...}``); it writes this one only through a ``fallback`` (:meth:`Splice.mark`),
+    and refuses it otherwise."""
 
-    text: str
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ResultJSON) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __repr__(self) -> str:
+        return f"ResultJSON({self.text[:60]!r}{'...' if len(self.text) > 60 else ''})"
+
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+def json_members(raw: bytes | str, keep: Collection[str], *,
+                 parse_constant: Callable[[str], Any] | None = None) -> tuple[Any, dict[str, str]]:
+    """``json.loads(raw)`` (the same value, the same errors), and the source text of the
+    members named in ``keep`` of the object it is, as they are written in ``raw``: each one
+    a JSON text of its own (it was parsed), whose value the caller need not write again.
+
+    The top-level object is read member by member with the :mod:`json` module's own scanner
+    (in C), which gives where each value ends. A document that is not an object, a bytes
+    one that is not UTF-8, or one with an error anywhere is read by ``json.loads`` instead,
+    for its value or its error, and keeps no text."""
+    decoder = _DECODER if parse_constant is None else json.JSONDecoder(parse_constant=parse_constant)
+    if isinstance(raw, bytes):
+        if json.detect_encoding(raw) != "utf-8":
+            return decoder.decode(raw.decode(json.detect_encoding(raw), "surrogatepass")), {}
+        text = raw.decode("utf-8", "surrogatepass")  # (as json.loads decodes bytes)
+    else:
+        text = raw
+    try:
+        found = _object_members(text, decoder, frozenset(keep))
+    except ValueError:  # (a malformed member: json.loads words the error, with its position)
+        found = None
+    return found if found is not None else (decoder.decode(text), {})
+
+
+def _object_members(text: str, decoder: json.JSONDecoder, keep: frozenset[str]) -> tuple[Any, dict[str, str]] | None:
+    """:func:`json_members` for a ``text`` that is an object, or None."""
+    def space(at: int) -> int:  # (where the whitespace from ``at`` on ends)
+        return _WHITESPACE.match(text, at).end()  # type: ignore[union-attr]  # (it always matches)
+
+    i = space(0)
+    if text[i:i + 1] != "{":
+        return None
+    i = space(i + 1)
+    obj: dict[str, Any] = {}
+    kept: dict[str, str] = {}
+    if text[i:i + 1] == "}":
+        i += 1
+    else:
+        while True:
+            if text[i:i + 1] != '"':
+                return None
+            key, i = json.decoder.scanstring(text, i + 1)  # type: ignore[attr-defined]
+            i = space(i)
+            if text[i:i + 1] != ":":
+                return None
+            i = space(i + 1)
+            try:
+                value, end = decoder.scan_once(text, i)  # type: ignore[attr-defined]
+            except StopIteration:
+                return None
+            obj[key] = value
+            if key in keep:
+                kept[key] = text[i:end]
+            i = space(end)
+            if text[i:i + 1] == ",":
+                i = space(i + 1)
+                continue
+            if text[i:i + 1] != "}":
+                return None
+            i += 1
+            break
+    if space(i) != len(text):
+        return None
+    return obj, {k: v for k, v in kept.items() if obj[k] is not None}
+
+
+#: what stands for a :class:`ResultJSON` while the rest of a value is encoded (with a random
+#: part of each :class:`Splice`'s own, which no other text of the value holds)
+_TEXT_MARK = "\0gpulayer-json-text:"
+
+
+class Splice:
+    """Encodes a value in which :class:`ResultJSON` objects stand for JSON texts, each text
+    written as it is: :meth:`mark` stands a string in for each (pydantic's ``fallback``, or
+    by hand), and :meth:`splice` puts the texts in place of those strings in the encoded
+    bytes, in one pass."""
+
+    def __init__(self) -> None:
+        self._tag = ""
+        self._texts: list[str] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._texts)
+
+    def mark(self, value: Any) -> str:
+        if not isinstance(value, ResultJSON):
+            raise TypeError(f"{type(value).__name__} is not JSON")
+        if not self._tag:
+            self._tag = f"{_TEXT_MARK}{secrets.token_hex(8)}:"
+        self._texts.append(value.text)
+        return f"{self._tag}{len(self._texts) - 1}"
+
+    def splice(self, encoded: bytes) -> bytes:
+        """``encoded`` (JSON, UTF-8, the marks written as ``json.dumps`` writes them) with
+        the texts in place of their marks."""
+        if not self._texts:
+            return encoded
+        quoted = re.escape(json.dumps(self._tag)[:-1].encode())  # (its opening quote, \u0000, the tag)
+        texts = self._texts
+        return re.sub(quoted + rb'(\d+)"', lambda m: texts[int(m.group(1))].encode("utf-8", "surrogatepass"), encoded)
 
 
 class Wire(BaseModel):
@@ -144,6 +267,10 @@ class LogsBody(Wire):
 
 
 class FinishBody(Wire):
+    #: members a server keeps as the JSON text it was sent (:func:`json_members`): a
+    #: function's result, stored as it came (:class:`ResultJSON`), not written again
+    json_text: ClassVar[tuple[str, ...]] = ("result",)
+
     state: TaskState
     exit_code: int | None = Field(default=None, ge=-(2**31), le=2**31)
     result: Any = None

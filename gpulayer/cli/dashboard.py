@@ -70,7 +70,7 @@ def dashboard(
     bound = sock.getsockname()[1]
     store = Store(settings.database_url)
     token = new_run_token()
-    app = create_app(ControlPlane(store), background=False, threads=THREADS,
+    app = create_app(ControlPlane(store, results_as_text=True), background=False, threads=THREADS,
                      dashboard=DashboardOptions(run_token=token, recheck=RECHECK))
     config_kw: dict[str, Any] = {"log_level": log_level, "access_log": False, "lifespan": "on",
                                  "timeout_graceful_shutdown": 5}

@@ -137,7 +137,7 @@ def server_start(
 
     configured = provider_config.load(providers)  # a bad file stops the start here (exit 2)
     store = Store(database)
-    control = ControlPlane(store)
+    control = ControlPlane(store, results_as_text=True)  # (written into answers as stored)
     if configured:
         control.providers = ProviderSet(configured, ca=fingerprint)
     tokens = TokenStore(store)

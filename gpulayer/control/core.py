@@ -126,6 +126,10 @@ class Core:
     providers: ProviderSet | None = None
     #: served by ``gpulayer server start`` (machines can reach it); False: embedded
     serving: bool = False
+    #: job records give a result as its stored JSON text (:class:`~gpulayer.wire.ResultJSON`),
+    #: for a server that writes it into its answers as it is (``gpulayer.server.app``'s
+    #: renderer) instead of parsing it to write it again; in-process callers want the value
+    results_as_text: bool = False
     #: the label of this control plane's machines (read from the database once)
     _label: str | None = None
     #: woken by other processes' changes (see :mod:`gpulayer.store.nudges`) since its first wait

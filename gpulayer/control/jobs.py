@@ -144,7 +144,7 @@ class JobOps(Core):
 
     def _record(self, s: Session, job_id: str) -> JobRecord:
         """The job's record, as stored, with every task it had (NotFound if there is no such job)."""
-        return mapping.job_record(plain.job(s, job_id), plain.tasks_of(s, job_id))
+        return mapping.job_record(plain.job(s, job_id), plain.tasks_of(s, job_id), as_text=self.results_as_text)
 
     def _records(self, s: Session, job_ids: Sequence[str]) -> list[JobRecord]:
         """:meth:`_record` of each of these jobs."""
@@ -173,7 +173,7 @@ class JobOps(Core):
         with self.store.write() as s:
             row = queries.job(s, job_id)
             if JobState(row.state).terminal:
-                return mapping.job_record(row, queries.tasks_of(s, job_id))
+                return mapping.job_record(row, queries.tasks_of(s, job_id), as_text=self.results_as_text)
             row.cancel_requested = True
             row.updated_at = now
             if row.state == JobState.QUEUED.value:

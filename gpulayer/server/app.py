@@ -67,6 +67,7 @@ from gpulayer.records import JobState
 from gpulayer.server.collector import full_collections
 from gpulayer.server.state import Server, wait_woken
 from gpulayer.store import Store
+from gpulayer.wire import ResultJSON, Splice, json_members
 from gpulayer.wording import Spelling, build
 
 if TYPE_CHECKING:
@@ -114,8 +115,14 @@ async def _parse_body(request: Request, route: api.Route) -> BaseModel:
 
 
 def _decode(raw: bytes, model: type[BaseModel]) -> BaseModel:
+    keep: tuple[str, ...] = getattr(model, "json_text", ())
     try:
-        data = json.loads(raw, parse_constant=_not_json) if raw.strip() else None
+        if keep and raw.strip():  # (what it keeps as sent is passed on as it is: wire.ResultJSON)
+            data, texts = json_members(raw, keep, parse_constant=_not_json)
+            if isinstance(data, dict):
+                data.update({name: ResultJSON(text) for name, text in texts.items()})
+        else:
+            data = json.loads(raw, parse_constant=_not_json) if raw.strip() else None
     except BadRequest:
         raise
     except (ValueError, UnicodeDecodeError) as exc:
@@ -392,7 +399,13 @@ def _renderer(route: api.Route) -> Callable[[Any], Response]:
         return lambda _: Response(status_code=route.status)
     adapter: TypeAdapter[Any] = TypeAdapter(route.response)
     status = route.status
-    return lambda result: Response(adapter.dump_json(result), status_code=status, media_type="application/json")
+
+    def render(result: Any) -> Response:
+        splice = Splice()  # (a result given as its stored text is written as it is: results_as_text)
+        body = splice.splice(adapter.dump_json(result, fallback=splice.mark))
+        return Response(body, status_code=status, media_type="application/json")
+
+    return render
 
 
 def _endpoint(server: Server, route: api.Route) -> Callable[[Request], Awaitable[Response]]:
@@ -451,7 +464,7 @@ def create_app(control: ControlPlane | None = None, *, database_url: str | None 
     from gpulayer.server import dashboard as _dashboard
 
     if control is None:
-        control = ControlPlane(Store(database_url))
+        control = ControlPlane(Store(database_url), results_as_text=True)
     control.serving = True  # machines and remote workers can reach it
     server = Server(control)
 

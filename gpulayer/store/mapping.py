@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from gpulayer.api import JobEvent, LogChunk, TokenInfo
+from gpulayer.api import JobEvent, LogChunk, ResultJSON, TokenInfo
 from gpulayer.hookrecords import Capabilities, Rendezvous
 from gpulayer.logtext import log_text
 from gpulayer.records import (
@@ -89,13 +89,16 @@ def task_record(t: TaskRow | plain.Task) -> TaskRecord:
 
 
 def job_record(row: JobRow | plain.Job, tasks: Sequence[TaskRow | plain.Task] | None = None, *,
-               result: bool = True) -> JobRecord:
+               result: bool = True, as_text: bool = False) -> JobRecord:
     """The job's record; with ``result=False`` without its result (``None``; the row's
-    ``result`` is not read), as a list of jobs gives it."""
+    ``result`` is not read), as a list of jobs gives it; with ``as_text``, the result as its
+    stored JSON text (:class:`~gpulayer.wire.ResultJSON`), not parsed."""
+    stored = row.result if result else None
     return JobRecord(
         id=row.id, spec=job_spec(row), state=JobState(row.state), created_at=row.created_at,
         updated_at=row.updated_at, attempt=row.attempt, exit_code=row.exit_code,
-        result=json.loads(row.result) if result and row.result else None, error=error_of(row.error),
+        result=(ResultJSON(stored) if as_text else json.loads(stored)) if stored else None,
+        error=error_of(row.error),
         decision=decision_of(row.decision), cancel_requested=row.cancel_requested,
         tasks=[task_record(t) for t in tasks or []],
     )

@@ -25,8 +25,9 @@ from gpulayer.http_client import HttpAPI, RemoteAPI, connect_http
 from gpulayer.records import JobError, JobState, TaskState
 from gpulayer.server.app import SERVER_ROUTES, SPECIAL, create_app
 from gpulayer.server.openapi import openapi_document
-from gpulayer.specs import CommandJob, Placement
+from gpulayer.specs import CommandJob, FunctionJob, Placement
 from gpulayer.store import Store
+from gpulayer.wire import ResultJSON
 from tests.factories import make_capabilities
 
 PROTOCOL_METHODS = {name for name, _ in inspect.getmembers(api.ControlAPI, inspect.isfunction)
@@ -288,6 +289,31 @@ def test_reports_are_validated_before_anything_is_stored(served: tuple[ControlPl
     ok = tc.post(f"/v1/tasks/{task.task_id}/finish", headers=worker, json={"state": "succeeded", "exit_code": 0})
     assert ok.status_code == 200 and ok.json() == []  # (nothing else was assigned to the worker)
     assert control.get_job(job.id).state is JobState.SUCCEEDED
+
+
+def test_a_result_is_stored_and_answered_as_the_json_text_it_was_reported_as(tmp_path: Path) -> None:
+    """A server keeps a reported result's text (not parsed and written again) and writes it
+    into its answers as it is; in-process callers of the same database get the value."""
+    store = Store(f"sqlite:///{tmp_path / 'server.db'}")
+    control = ControlPlane(store, heartbeat_timeout=30, results_as_text=True)
+    with TestClient(create_app(control, background=False)) as tc:
+        admin = {"authorization": f"Bearer {control.create_token(scope='admin').token}"}
+        reply = remote(tc, None).join_worker(make_capabilities(), join_token=control.create_token(scope="join").token)
+        job = control.submit(FunctionJob(function="m:f", placement=Placement(target="remote")))
+        [task] = control.poll_tasks(reply.worker_id)
+        worker = {"authorization": f"Bearer {reply.token}"}
+        assert tc.post(f"/v1/tasks/{task.task_id}/start", headers=worker).status_code == 204
+        text = '{"rows" : [1,  2.50, "caf\\u00e9"], "n": null}'
+        body = f'{{"state": "succeeded", "exit_code": 0, "result":  {text} }}'.encode()
+        assert tc.post(f"/v1/tasks/{task.task_id}/finish", headers=worker, content=body).status_code == 200
+        for method, path, kw in (("GET", f"/v1/jobs/{job.id}", {}), ("GET", f"/v1/jobs/{job.id}/wait?timeout=0", {}),
+                                 ("POST", "/v1/jobs/wait", {"json": {"job_ids": [job.id]}})):
+            got = tc.request(method, path, headers=admin, **kw)
+            assert got.status_code == 200 and f'"result":{text}'.encode() in got.content, (path, got.content)
+        assert remote(tc, admin["authorization"][7:]).get_job(job.id).result == json.loads(text)
+    # the stored text; and the same database read in process gives the value
+    assert ControlPlane(store).get_job(job.id).result == {"rows": [1, 2.5, "caf\u00e9"], "n": None}
+    assert control.get_job(job.id).result == ResultJSON(text)
 
 
 def test_a_submit_too_large_for_the_argument_limit_is_refused_while_streaming(

@@ -3,6 +3,9 @@ lifetimes, the fleet summary, and that every page's live regions render on their
 
 from __future__ import annotations
 
+import html
+import json
+
 import pytest
 
 from gpulayer.api import LogChunk, LogStream
@@ -102,3 +105,13 @@ def test_logs_of_several_nodes_get_node_prefixes_and_streams_stay_apart() -> Non
     assert [(p.stream, p.text) for p in parts] == [
         ("stdout", "[node 0] a\n[node 0] b\n[node 1] c\n"), ("stderr", "[node 1] oops\n")]
     assert views.log_parts(chunks[:1], prefix=False)[0].text == "a\nb\n"
+
+
+def test_a_result_shows_as_json_whether_given_as_its_text_or_as_a_value() -> None:
+    from gpulayer.wire import ResultJSON
+
+    template = views.ENV.from_string("<pre>{{ result | result_json | truncate(30, True) }}</pre>")
+    for result, shown in ((ResultJSON('{"a" : "<b>"}'), '{"a" : "<b>"}'), ({"a": "<b>"}, '{"a": "<b>"}')):
+        page = template.render(result=result)
+        assert "<b>" not in page and html.unescape(page) == f"<pre>{shown}</pre>"
+    assert template.render(result=ResultJSON(json.dumps(list(range(100))))).endswith("...</pre>")

@@ -26,7 +26,7 @@ from typing import Any
 
 import jinja2
 
-from gpulayer.api import MAX_LOG_CHUNKS, LogChunk, log_page_cut
+from gpulayer.api import MAX_LOG_CHUNKS, LogChunk, ResultJSON, log_page_cut
 from gpulayer.client import chunk_text, prefixes_nodes
 from gpulayer.control import ControlPlane
 from gpulayer.errors import NotFound
@@ -107,7 +107,13 @@ def needs(job: JobRecord) -> str:
         "nothing special (CPU)"
 
 
-ENV.filters.update(gb=format_gb, when=when, iso=iso, what=what, needs=needs)
+def result_json(result: Any) -> str:
+    """A job's result as JSON text: as stored, where the control plane gives it so
+    (:class:`~gpulayer.wire.ResultJSON`, a server's), else written from the value."""
+    return result.text if isinstance(result, ResultJSON) else json.dumps(result)
+
+
+ENV.filters.update(gb=format_gb, when=when, iso=iso, what=what, needs=needs, result_json=result_json)
 ENV.globals.update(age=age, states=[s.value for s in JobState])
 
 
