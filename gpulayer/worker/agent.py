@@ -40,7 +40,7 @@ from gpulayer.api import ResultJSON, TaskAssignment, WorkerAPI
 from gpulayer.errors import Conflict, ConnectionFailed, Forbidden, GpulayerError, InvalidInput, NotFound
 from gpulayer.hookrecords import Capabilities
 from gpulayer.records import JobError, TaskState, WorkerRecord
-from gpulayer.worker.forking import ForkServer, ForkServers
+from gpulayer.worker.forking import RUNNER_PATH, ForkServer, ForkServers
 from gpulayer.worker.function_runner import RESULT_PREFIX
 from gpulayer.worker.logbuffer import LogBuffer
 from gpulayer.worker.process import Cancel, Started, Starter, StartFailed
@@ -49,7 +49,6 @@ from gpulayer.worker.threads import WORKER_THREADS
 
 log = logging.getLogger("gpulayer.worker")
 
-RUNNER_PATH = str(Path(__file__).with_name("function_runner.py"))
 #: the longest a worker waits between tries to reach a control plane that went away
 RECONNECT_MAX = 2.0
 #: variables of the worker's environment its tasks do not inherit
