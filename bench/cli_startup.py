@@ -14,7 +14,9 @@ its in-process worker started from the detection cache) <= 2x the floor of ``pyt
 plus ``gpulayer --help``: as a user's runs, answered by the CLI server the first command line
 started in the background (gpulayer.cli.warm), and in its own process
 (``GPULAYER_WARM_CLI=0``). ``gpulayer worker list`` and ``plugins list`` (not goals) are
-answered by that CLI server too. ``import typer`` and ``import typer, pydantic`` are shown for reading:
+answered by that CLI server too, and so is ``gpulayer --url URL jobs list`` against a
+``gpulayer server start`` on 127.0.0.1 (shown next to the same in its own process).
+``import typer`` and ``import typer, pydantic`` are shown for reading:
 the least ``gpulayer --help`` can cost, and the least any command that takes an option with
 a value can cost (Typer 0.29 coerces every option value that is not a flag through a
 pydantic TypeAdapter, so such a command imports pydantic before it runs). ``gpulayer`` runs as
@@ -34,6 +36,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def server_pid(home: str) -> int | None:
@@ -100,6 +105,11 @@ def main() -> None:
         ("gpulayer submit -- python -c pass", [*cli, "submit", "--", py, "-c", "pass"]),
         ("the same, own process", ["env", "GPULAYER_WARM_CLI=0", *cli, "submit", "--", py, "-c", "pass"]),
     ]
+    from tests.server_support import ServerProc
+
+    server = ServerProc(Path(home) / "server").start()
+    url = [*cli, "--url", server.url, "--token", server.admin_token, "jobs", "list"]
+    cases += [("gpulayer --url URL jobs list", url), ("--url jobs list, own process", ["env", "GPULAYER_WARM_CLI=0", *url])]
     runs: dict[str, list[float]] = {label: [] for label, _ in cases}
     cpu: dict[str, list[float]] = {label: [] for label, _ in cases}
     try:
@@ -118,6 +128,7 @@ def main() -> None:
                 runs[label].append(wall)
                 cpu[label].append(used)
     finally:
+        server.stop()
         pid = server_pid(home)
         if pid is not None:
             os.kill(pid, signal.SIGTERM)

@@ -117,7 +117,9 @@ def tls_verify(url: str, ca: str | None) -> ssl.SSLContext | bool:
             raise InvalidInput(
                 f"--ca / GPULAYER_CA is set but {url} is not an https:// URL; use https:// "
                 "(or unset GPULAYER_CA for a plain-HTTP server on loopback)")
-        return True
+        # no TLS is spoken: no CA bundle is read (httpx's default context loads certifi's, 50
+        # ms a client); a context that trusts nothing, should TLS ever come up (no redirects)
+        return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     if ca and ca.lower().startswith("sha256:"):
         return _pinned_context(url, ca)
     if ca:

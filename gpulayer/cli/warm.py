@@ -13,11 +13,13 @@ SIGHUP to the child, and the server ends the child with SIGTERM when the command
 
 A command line is answered only when the server's interpreter is the command's own (the
 same ``sys.executable`` and ``sys.path``, the same variables an interpreter reads as it
-starts) and the code the server imported is unchanged on disk; otherwise, with no server,
-with ``GPULAYER_WARM_CLI=0``, or with ``--url`` or ``GPULAYER_URL`` (a server), the command
-runs as usual. (The child shares the server's hash seed, like a forked FunctionJob.)
+starts) and the code the server imported is unchanged on disk; otherwise, with no server
+or with ``GPULAYER_WARM_CLI=0``, the command runs as usual. A command line for a server
+(``--url`` or ``GPULAYER_URL``) is answered by its home's CLI server too: the child talks to
+that server over HTTP as the command would. (The child shares the server's hash seed, like
+a forked FunctionJob.)
 
-Where no worker runs, the first such command line on an embedded home starts a CLI server
+Where no worker runs, the first such command line on a home starts a CLI server
 of its own in the background (and runs as usual itself): the command lines that follow are
 answered warm, and the server exits once no command line came for
 ``GPULAYER_CLI_SERVER_IDLE`` seconds (``0``: commands start none). It is the same server
@@ -53,12 +55,13 @@ __all__ = ["COMMANDS", "MAX_SOCKET_PATH", "answered", "forward", "peer_uid", "se
 
 #: the command lines a CLI server answers: a top-level command -> None for all of its
 #: commands, or the only ones answered. Those left out serve until stopped and should not
-#: be a server's children (``worker start``, ``server start``, ``dashboard``) or go to a
-#: server anyway (``token``: ``--url``).
+#: be a server's children (``worker start``, ``server start``, ``dashboard``), or are what
+#: a provider runs on a host it probes (``resources detect``: its cost is the detection,
+#: its cache warm it is the light path's, and a probe must leave no server behind).
 COMMANDS: dict[str, frozenset[str] | None] = {
     "submit": None, "explain": None, "jobs": None, "bundle": None,
     "worker": frozenset({"list", "status", "prune"}),
-    "resources": None, "plugins": None, "profiles": None, "providers": None, "machines": None,
+    "plugins": None, "profiles": None, "providers": None, "machines": None, "token": None,
 }
 _MAX_MESSAGE = 1 << 22
 _NAME = "cli.sock"
@@ -227,8 +230,8 @@ _served = False
 
 def _home_of(argv: Sequence[str], home: str | None) -> tuple[str, int] | None:
     """The home a command line uses (``home``: GPULAYER_HOME's) and where its command starts,
-    or None when it names a server or uses options this look does not know (the command runs
-    as usual)."""
+    or None when it uses options this look does not know (the command runs as usual). A
+    command line for a server (``--url``) has a home too: its CLI server runs it."""
     i = 0
     home = home or ""
     while i < len(argv) and argv[i].startswith("-"):
@@ -240,8 +243,6 @@ def _home_of(argv: Sequence[str], home: str | None) -> tuple[str, int] | None:
                 return None
             value = argv[i + 1]
             i += 1
-        if name == "--url":
-            return None
         if name == "--home":
             home = value
         i += 1
@@ -278,7 +279,7 @@ def forward(argv: Sequence[str]) -> int | None:
     from gpulayer import config
 
     env = config.settings()  # (a bad value of any setting: the error the full path gives)
-    if not env.warm_cli or env.url:
+    if not env.warm_cli:
         return None
     path = socket_path(home)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -173,6 +173,9 @@ def serve(path: str, idle: float | None = None) -> None:
         for name in ("gpulayer.cli.root", "gpulayer.cli.jobs", "gpulayer.cli.explain", "gpulayer.cli.bundle",
                      "gpulayer.cli.progress", "gpulayer.client", "gpulayer.control", "gpulayer.sdk",
                      "gpulayer.joboptions", "gpulayer.bundles", "gpulayer.resources", "gpulayer.plugin",
+                     # a command line for a server (--url): its HTTP client (httpx imports
+                     # httpcore as it makes its first client)
+                     "gpulayer.http_client", "httpcore",
                      # the in-process worker a submit starts where no worker runs
                      "gpulayer.worker.agent", "gpulayer.capability_cache",
                      "sqlalchemy.dialects.sqlite", "rich.console", "rich.live"):

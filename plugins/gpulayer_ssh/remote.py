@@ -125,7 +125,9 @@ def _probe(req: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     os.makedirs(home, mode=0o700, exist_ok=True)
     try:
         out = subprocess.run([sys.executable, "-m", "gpulayer.cli", "resources", "detect", "--json"],
-                             env={"GPULAYER_HOME": home, **env}, stdin=subprocess.DEVNULL, capture_output=True,
+                             # (a probe leaves nothing running on the host: no CLI server)
+                             env={"GPULAYER_HOME": home, **env, "GPULAYER_WARM_CLI": "0"}, stdin=subprocess.DEVNULL,
+                             capture_output=True,
                              text=True, timeout=float(req.get("probe_timeout", 120)))
     except subprocess.TimeoutExpired:
         return {"error": f"'{sys.executable} -m gpulayer.cli resources detect --json' did not finish in "

@@ -5,6 +5,7 @@ and exit code; a command it does not answer runs as usual."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -193,16 +194,16 @@ def test_another_interpreter_or_no_server_runs_the_command_as_usual(home, worker
     assert code == "None"
     # commands it does not run (they serve until stopped), help, and a server's
     for args in (["worker", "start", "--cpu-slots", "1"], ["server", "start"], ["dashboard"], ["worker"],
-                 ["submit", "--help"], ["jobs", "list", "-h"], ["--url", "http://127.0.0.1:9", "jobs", "list"]):
+                 ["submit", "--help"], ["jobs", "list", "-h"], ["--url", "http://127.0.0.1:9", "jobs", "list", "-h"]):
         assert _forward(home, args)[2] == "None", args
 
 
 @pytest.mark.parametrize("words, answered", [
     (["worker", "list"], True), (["worker", "status", "--json"], True), (["worker", "prune"], True),
     (["worker", "start"], False), (["worker"], False), (["worker", "--help"], False),
-    (["plugins", "list"], True), (["profiles", "list"], True), (["resources", "detect", "--refresh"], True),
+    (["plugins", "list"], True), (["profiles", "list"], True), (["resources", "detect", "--refresh"], False),
     (["providers", "offers"], True), (["machines", "terminate", "m-1"], True), (["jobs", "show", "J"], True),
-    (["server", "start"], False), (["dashboard"], False), (["token", "list"], False), ([], False),
+    (["server", "start"], False), (["dashboard"], False), (["token", "list"], True), ([], False),
     (["jobs", "show", "-h"], False), (["submit", "--help", "--", "true"], False),
     # after `--` the words are the job's: its own --help or -h
     (["submit", "--", "python", "train.py", "--help"], True), (["submit", "--", "ls", "-h"], True),
@@ -307,6 +308,35 @@ def stop_servers(home: Path) -> Iterator[None]:
     if pid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
+
+
+def test_command_lines_for_a_server_are_answered_by_the_home_s_cli_server(home, stop_servers, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``--url`` (or GPULAYER_URL): the child talks to the server as the command would; the
+    first such command line starts the home's CLI server, as any does."""
+    from tests.server_support import ServerProc
+
+    server = ServerProc(tmp_path / "server").start()
+    try:
+        token = server.admin_token
+        submit = ["submit", "--detach", "--target", "remote", "--on-unschedulable", "wait", "--", "true"]
+        job = subprocess.run([*GPULAYER, "--url", server.url, "--token", token, *submit],
+                             env=_env(home, GPULAYER_WARM_CLI="0"), capture_output=True, text=True, timeout=120)
+        assert job.returncode == 0, job.stderr
+        job_id = job.stdout.strip()
+        cases = [(["--url", server.url, "--token", token, "jobs", "list"], {}, 0, job_id),
+                 (["jobs", "show", job_id], {"GPULAYER_URL": server.url, "GPULAYER_TOKEN": token}, 0, job_id),
+                 (["--url", server.url, "--token", "glt_wrong", "jobs", "list"], {}, 2, "")]
+        for args, env, expected, shown in cases:
+            cold = subprocess.run([*GPULAYER, *args], env=_env(home, GPULAYER_WARM_CLI="0", **env), cwd=home,
+                                  capture_output=True, text=True, timeout=120)
+            assert cold.returncode == expected and shown in cold.stdout, (args, cold.stderr)
+            _forward(home, args, GPULAYER_CLI_SERVER_IDLE="600", **env)  # (the first starts one where none runs)
+            _own_server(home)
+            out, err, code = _forward(home, args, GPULAYER_CLI_SERVER_IDLE="600", **env)
+            age = functools.partial(re.sub, r"\b\d+[smhd]\b", "AGE")  # (a second may have passed)
+            assert (code, age(out), err) == (str(expected), age(cold.stdout), cold.stderr), args
+    finally:
+        server.stop()
 
 
 def test_where_no_worker_runs_a_command_starts_a_server_that_answers_the_next(home, stop_servers) -> None:  # type: ignore[no-untyped-def]

@@ -10,6 +10,7 @@ import io
 import json
 import random
 import re
+import ssl
 import time
 import zipfile
 from collections.abc import Iterator
@@ -318,7 +319,10 @@ def test_a_pin_or_ca_with_a_plain_http_url_is_refused() -> None:
     for ca in ("sha256:AB:CD", "/etc/ssl/certs/ca.pem"):
         with pytest.raises(InvalidInput, match="not an https:// URL"):
             tls_verify("http://10.0.0.5:8765", ca)
-    assert tls_verify("http://127.0.0.1:8765", None) is True
+    # plain HTTP: no CA bundle is read; a context that trusts no certificate, should TLS come up
+    bare = tls_verify("http://127.0.0.1:8765", None)
+    assert isinstance(bare, ssl.SSLContext) and bare.verify_mode == ssl.CERT_REQUIRED and bare.check_hostname
+    assert bare.cert_store_stats()["x509_ca"] == 0 and bare.get_ca_certs() == []
 
 
 # --------------------------------------------------------------------------- POST /v1/jobs/batch
