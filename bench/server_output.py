@@ -1,13 +1,15 @@
 """A server's CPU while a job prints and clients wait for jobs, next to the same seconds
 with nothing printed.
 
-    python bench/server_output.py [--waiters 50] [--chunks 300] [--runs 3]
+    python bench/server_output.py [--waiters 50] [--pages 3] [--chunks 300] [--runs 3]
 
 One ``gpulayer server start`` on 127.0.0.1 (SQLite, a temporary home), one worker joined
 through the API and driven by hand (it starts a job and appends ``--chunks`` one-line
 chunks, 10 ms apart, as a task that prints does), and ``--waiters`` threads each holding
 a ``GET /v1/jobs/{id}/wait`` long poll on that job (what ``gpulayer submit`` and
-``handle.result()`` hold), asked again as each answers. Prints, for each run, the
+``handle.result()`` hold), asked again as each answers, and ``--pages`` dashboard pages
+open on the lists (jobs, overview, workers in turn: their live streams, read as a browser
+reads them, with an admin's session). Prints, for each run, the
 server's CPU (from ``/proc``) while the chunks arrive and during as many seconds right
 after with nothing arriving (the floor), and how long the appends took; then the medians.
 """
@@ -39,7 +41,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one_run(waiters: int, chunks: int) -> tuple[float, float, float]:
+def one_run(waiters: int, chunks: int, pages: int = 0) -> tuple[float, float, float]:
     """(the server's CPU share while the chunks arrive, the same right after, the seconds
     the appends took)."""
     home = tempfile.mkdtemp(prefix="gpulayer-bench-")
@@ -77,7 +79,21 @@ def one_run(waiters: int, chunks: int) -> tuple[float, float, float]:
                 while not stop.is_set():
                     c.get(f"/v1/jobs/{job}/wait", params={"timeout": 2})
 
+        def page(path: str) -> None:
+            with httpx.Client(base_url=url, timeout=60) as c:
+                c.post("/login", data={"token": admin_token})
+                while not stop.is_set():
+                    try:
+                        with c.stream("GET", path, timeout=httpx.Timeout(60, read=1)) as r:
+                            for _ in r.iter_bytes():
+                                if stop.is_set():
+                                    return
+                    except httpx.ReadTimeout:
+                        continue
+
         threads = [threading.Thread(target=wait, daemon=True) for _ in range(waiters)]
+        threads += [threading.Thread(target=page, args=(("/live/jobs", "/live/overview", "/live/workers")[i % 3],),
+                                     daemon=True) for i in range(pages)]
         for t in threads:
             t.start()
         time.sleep(1.0)  # every long poll waiting
@@ -100,14 +116,16 @@ def one_run(waiters: int, chunks: int) -> tuple[float, float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--waiters", type=int, default=50)
+    parser.add_argument("--pages", type=int, default=3, help="dashboard list pages open (live streams)")
     parser.add_argument("--chunks", type=int, default=300)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     results = []
-    print(f"a job printing {args.chunks} chunks, 10 ms apart, {args.waiters} long polls waiting for jobs")
+    print(f"a job printing {args.chunks} chunks, 10 ms apart, {args.waiters} long polls waiting for jobs, "
+          f"{args.pages} dashboard list pages open")
     print(f"{'run':>4}  {'server CPU, printing':>21}  {'floor (nothing printed)':>24}  {'appends took':>13}")
     for i in range(args.runs):
-        busy, idle, took = one_run(args.waiters, args.chunks)
+        busy, idle, took = one_run(args.waiters, args.chunks, args.pages)
         results.append((busy, idle, took))
         print(f"{i + 1:>4}  {busy * 100:>20.0f}%  {idle * 100:>23.0f}%  {took:>12.1f}s")
     busy, idle, took = (statistics.median(r[k] for r in results) for k in range(3))

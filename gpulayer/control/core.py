@@ -52,10 +52,11 @@ class ControlObserver:
     def on_change(self) -> None:
         """Something changed (a job, a task, a worker)."""
 
-    def on_progress(self, job_id: str) -> None:
+    def on_progress(self, job_id: str, *, output: bool) -> None:
         """The job made progress that only what shows it as it runs looks again for: new
-        output (log chunks), or its task started. What waits for a job's end or a worker's
-        work need not look again (no :meth:`on_change` comes with it)."""
+        output (log chunks; ``output``), or its task started (what a list of jobs shows as
+        running). What waits for a job's end or a worker's work need not look again (no
+        :meth:`on_change` comes with it)."""
 
     def on_placement(self, seconds: float) -> None:
         """A placement pass took ``seconds``."""
@@ -339,16 +340,17 @@ class Core:
             if work:
                 self._work_news.notify_all()
 
-    def _progressed(self, job_id: str, *, nudge: bool = True) -> None:
-        """Announce the job's progress (new output committed, or its task started): to the
-        waits for its logs in this process and the observers (ControlObserver.on_progress),
-        and with ``nudge`` to the waits of other processes (no job's wait, no poll)."""
+    def _progressed(self, job_id: str, *, output: bool = True) -> None:
+        """Announce the job's progress (new ``output`` committed, or else its task started):
+        to the waits for its logs in this process and the observers
+        (ControlObserver.on_progress), and for output to the waits of other processes (no
+        job's wait, no poll; a task's start is not sent to them: see start_task)."""
         with self._news_lock:
             self._count_progress(job_id)
             self._progress_news.notify_all()
         for o in self._observers:
-            o.on_progress(job_id)
-        if nudge and self.store.nudges is not None:
+            o.on_progress(job_id, output=output)
+        if output and self.store.nudges is not None:
             self.store.nudges.send({_PROGRESS + job_id}, self._nudged)
 
     def _count_progress(self, job_id: str) -> None:

@@ -458,7 +458,7 @@ class WorkerOps(Core):
         # the job runs: what shows it as it runs looks again here; a wait for its end need
         # not (nor need other processes: a nudge for each task costs the fleet's throughput,
         # and their followers see the start at their next look, or with its first output)
-        self._progressed(task.job_id, nudge=False)
+        self._progressed(task.job_id, output=False)
 
     def append_logs(self, task_id: str, *, worker_id: str, chunks: Sequence[tuple[LogStream, str]]) -> None:
         now = self.clock()

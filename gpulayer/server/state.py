@@ -59,9 +59,11 @@ class Server(ControlObserver):
         self.provision_tick = 1.0
         self._loop: asyncio.AbstractEventLoop | None = None
         #: set at the control plane's next change (what the job and job list waits wait on),
-        #: and at its next change or new output (what a dashboard page waits on)
+        #: and at its next change or task start (what a dashboard page waits on); a job's page
+        #: waits on one of its own, set by those and by the job's output alone
         self._changed: asyncio.Event | None = None
-        self._changed_or_output: asyncio.Event | None = None
+        self._pages: asyncio.Event | None = None
+        self._job_pages: dict[str, asyncio.Event] = {}
         # long polls of workers wait on their own future, set only when they got a task:
         # waking a thousand polls on every change of anything would swamp the database
         self._worker_events: dict[str, asyncio.Future[bool]] = {}
@@ -101,8 +103,8 @@ class Server(ControlObserver):
     def on_change(self) -> None:
         self._soon(self._wake)
 
-    def on_progress(self, job_id: str) -> None:
-        self._soon(self._wake_progress, job_id)
+    def on_progress(self, job_id: str, *, output: bool) -> None:
+        self._soon(self._wake_progress, job_id, output)
 
     def on_assigned(self, worker_ids: frozenset[str]) -> None:
         self._soon(self._wake_workers, worker_ids)
@@ -125,14 +127,24 @@ class Server(ControlObserver):
         for futures in followers.values():
             _set_all(futures)
 
-    def _wake_progress(self, job_id: str) -> None:
-        self._wake_pages()
+    def _wake_progress(self, job_id: str, output: bool = True) -> None:
+        """The job printed (``output``: its page looks again, and its followers), or its task
+        started (every page: lists show it running)."""
+        if output:
+            page = self._job_pages.pop(job_id, None)
+            if page is not None:
+                page.set()
+        else:
+            self._wake_pages()
         _set_all(self._followers.pop(job_id, ()))
 
     def _wake_pages(self) -> None:
-        if self._changed_or_output is not None:
-            self._changed_or_output.set()
-        self._changed_or_output = asyncio.Event()
+        if self._pages is not None:
+            self._pages.set()
+        self._pages = None
+        pages, self._job_pages = self._job_pages, {}
+        for page in pages.values():
+            page.set()
 
     def _wake_workers(self, worker_ids: frozenset[str]) -> None:
         events = self._worker_events
@@ -180,13 +192,17 @@ class Server(ControlObserver):
             self._changed = asyncio.Event()
         return self._changed
 
-    def next_change(self) -> asyncio.Event:
-        """The event set at the control plane's next change or a job's new output (on the
-        event loop): what a dashboard page shows. Take it before reading, so a change
-        between the read and the wait is not missed."""
-        if self._changed_or_output is None:
-            self._changed_or_output = asyncio.Event()
-        return self._changed_or_output
+    def next_change(self, job_id: str | None = None) -> asyncio.Event:
+        """The event set at the control plane's next change or a task's start (on the event
+        loop), and with ``job_id`` at that job's new output too: what a dashboard page shows
+        (a list of jobs, or one job with its output). Take it before reading, so a change
+        between the read and the wait is not missed. (A job that prints does not wake the
+        other pages: each looked again up to five times a second, for nothing.)"""
+        if job_id is not None:
+            return self._job_pages.setdefault(job_id, asyncio.Event())
+        if self._pages is None:
+            self._pages = asyncio.Event()
+        return self._pages
 
     async def changed(self, event: asyncio.Event, timeout: float) -> None:
         """Wait until ``event`` (:meth:`change_event`, taken before the caller's last read)

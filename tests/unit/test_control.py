@@ -621,14 +621,16 @@ def test_log_chunks_reach_the_observers_but_wake_no_wait_for_a_job(cp: ControlPl
         def on_change(self) -> None:
             heard.append("change")
 
-        def on_progress(self, job_id: str) -> None:
-            heard.append(job_id)
+        def on_progress(self, job_id: str, *, output: bool) -> None:
+            heard.append(f"{job_id} {'output' if output else 'started'}")
 
     cp.observe(Dashboard())
     w = cp.register_worker(make_capabilities(), cpu_slots=1)
     job = cp.submit(CommandJob(command=["x"]))
     [a] = cp.poll_tasks(w.id)
+    heard.clear()
     cp.start_task(a.task_id, worker_id=w.id)
+    assert heard == [f"{job.id} started"]  # (no change: what lists show it running by)
     looks: list[str] = []
     job_state = control_jobs.plain.job_state
 
@@ -643,7 +645,7 @@ def test_log_chunks_reach_the_observers_but_wake_no_wait_for_a_job(cp: ControlPl
     heard.clear()
     for i in range(200):
         cp.append_logs(a.task_id, worker_id=w.id, chunks=[("stdout", f"{i}\n")])
-    assert heard == [job.id] * 200
+    assert heard == [f"{job.id} output"] * 200
     cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0)
     waiter.join(60)
     assert waited == [JobState.SUCCEEDED]

@@ -47,30 +47,41 @@ def test_a_waiting_poll_is_woken_by_its_worker_only(tmp_path: Path) -> None:
     assert asyncio.run(main()) == (True, False, True, True)
 
 
-def test_a_jobs_output_wakes_its_followers_and_the_pages_but_not_the_waits_for_jobs(tmp_path: Path) -> None:
+def test_a_jobs_output_wakes_its_followers_and_its_page_but_not_the_waits_for_jobs(tmp_path: Path) -> None:
     """A running job that prints (a chunk every 0.1 s) must not wake every waiting long
-    poll to read its job again; the pages that show its output, and the long polls for its
-    own logs, still hear of it (not those for another job's)."""
+    poll to read its job again, nor every dashboard page; its own page and the long polls
+    for its logs still hear of it (not those for another job's). A task's start wakes the
+    pages (a list shows the job running); a change wakes everything."""
     server = make_server(tmp_path)
 
-    async def main() -> tuple[bool, bool, bool, bool, bool, dict[str, object]]:
-        page = server.next_change()
+    async def main() -> dict[str, object]:
+        seen: dict[str, object] = {}
+        page, a_page, b_page = server.next_change(), server.next_change("job-a"), server.next_change("job-b")
         waiting = asyncio.create_task(server.changed(server.change_event(), 30.0))
         mine, theirs = server.follow("job-a"), server.follow("job-b")
         await asyncio.sleep(0)
-        server._wake_progress("job-a")
+        server._wake_progress("job-a", True)  # output
         await asyncio.sleep(0.05)
-        heard_output = page.is_set() and not waiting.done()
-        followers = mine.done() and not theirs.done()
+        seen["output"] = (a_page.is_set(), b_page.is_set(), page.is_set(), waiting.done(), mine.done(), theirs.done())
+        a_page = server.next_change("job-a")
+        server._wake_progress("job-b", False)  # job-b's task started
+        seen["start"] = (a_page.is_set(), b_page.is_set(), page.is_set(), waiting.done())
         server.unfollow("job-a", mine)
+        page, a_page = server.next_change(), server.next_change("job-a")
         server._wake()  # a change (a job ended): all hear of it
         await asyncio.wait_for(waiting, 30.0)
         server.unfollow("job-b", theirs)
-        return (heard_output, followers, theirs.done(), server.next_change() is not page, waiting.done(),
-                dict(server._followers))
+        seen["change"] = (a_page.is_set(), page.is_set(), theirs.done(), server.next_change() is not page)
+        seen["left"] = (dict(server._followers), dict(server._job_pages))
+        return seen
 
     server._loop = None
-    assert asyncio.run(main()) == (True, True, True, True, True, {})
+    assert asyncio.run(main()) == {
+        "output": (True, False, False, False, True, False),
+        "start": (True, True, True, False),
+        "change": (True, True, True, True),
+        "left": ({}, {}),
+    }
 
 
 def test_a_change_between_a_waits_read_and_its_wait_is_not_missed(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """Live updates: one server-sent event stream per open page.
 
 A stream renders its page's live regions again whenever the control plane changes
-something (:meth:`Server.next_change`: woken by this process's own changes, with no polling)
-and sends those that changed; the job page's stream also sends new log chunks, each
+something or a task starts (:meth:`Server.next_change`: woken by this process's own changes,
+with no polling; a job page also by its job's output, and no page by another job's) and
+sends those that changed; the job page's stream also sends new log chunks, each
 ``log`` event carrying the id of its last chunk so that a browser reconnecting
 (``Last-Event-ID``) continues where it was. Changes that another process makes (another
 server on the same database, or the CLI beside ``gpulayer dashboard``) wake nobody here, so
@@ -67,14 +68,15 @@ def event(name: str, data: object, *, event_id: str | None = None) -> str:
 
 
 async def stream(server: Server, look: Callable[[], Frame], *, alive: Callable[[], Awaitable[bool]],
-                 recheck: float) -> AsyncIterator[str]:
+                 recheck: float, job_id: str | None = None) -> AsyncIterator[str]:
     """The events of one page: ``look`` (blocking: run in the thread pool) says what is
-    there now; ``alive`` whether the session may still watch."""
+    there now; ``alive`` whether the session may still watch; ``job_id``: the job whose
+    output the page shows (other jobs' output does not wake it)."""
     yield f"retry: {RETRY_MS}\n\n"
     sent: dict[str, str] = {}
     started = last_sent = time.monotonic()
     while True:
-        change = server.next_change()  # before looking: a change during the look still wakes us
+        change = server.next_change(job_id)  # before looking: a change during the look still wakes us
         try:
             frame = await run_in_threadpool(look)
         except Exception:  # the database may be away for a moment: the browser reconnects

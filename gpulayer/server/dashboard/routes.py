@@ -300,11 +300,11 @@ class Dashboard:
 
     # ------------------------------------------------------------------ live streams
 
-    def _stream(self, session: Session, look: Callable[[], live.Frame]) -> Response:
+    def _stream(self, session: Session, look: Callable[[], live.Frame], job_id: str | None = None) -> Response:
         async def alive() -> bool:
             return await self._still_valid(session)
 
-        body = live.stream(self.server, look, alive=alive, recheck=self.options.recheck)
+        body = live.stream(self.server, look, alive=alive, recheck=self.options.recheck, job_id=job_id)
         return StreamingResponse(body, media_type="text/event-stream",
                                  headers={**HEADERS, "x-accel-buffering": "no"})
 
@@ -347,7 +347,7 @@ class Dashboard:
             return live.Frame(views.render_live("job.html", {**base, **data}), log=parts, log_after=last,
                               more=more or ended, end=ended and not parts and not more)
 
-        return self._stream(session, look)
+        return self._stream(session, look, job_id)
 
     # ------------------------------------------------------------------ the route table
 
