@@ -107,12 +107,16 @@ def main() -> None:
     ]
     from tests.server_support import ServerProc
 
-    server = ServerProc(Path(home) / "server").start()
-    url = [*cli, "--url", server.url, "--token", server.admin_token, "jobs", "list"]
-    cases += [("gpulayer --url URL jobs list", url), ("--url jobs list, own process", ["env", "GPULAYER_WARM_CLI=0", *url])]
-    runs: dict[str, list[float]] = {label: [] for label, _ in cases}
-    cpu: dict[str, list[float]] = {label: [] for label, _ in cases}
+    server = ServerProc(Path(home) / "server")
+    runs: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
     try:
+        server.start()
+        url = [*cli, "--url", server.url, "--token", server.admin_token, "jobs", "list"]
+        cases += [("gpulayer --url URL jobs list", url),
+                  ("--url jobs list, own process", ["env", "GPULAYER_WARM_CLI=0", *url])]
+        runs.update({label: [] for label, _ in cases})
+        cpu.update({label: [] for label, _ in cases})
         chatty = [*cli, "submit", "--detach", "--", py, "-c", "for i in range(200): print('step', i, 'loss', 0.5)"]
         job_id = subprocess.run(chatty, env=env, cwd=home, capture_output=True, text=True, check=True).stdout.strip()
         subprocess.run([*cli, "jobs", "wait", job_id], env=env, cwd=home, capture_output=True, check=True)

@@ -81,10 +81,13 @@ def one_run(waiters: int, chunks: int, pages: int = 0) -> tuple[float, float, fl
 
         def page(path: str) -> None:
             with httpx.Client(base_url=url, timeout=60) as c:
-                c.post("/login", data={"token": admin_token})
+                if c.post("/login", data={"token": admin_token}).status_code != 303:
+                    raise SystemExit("the bench could not log in to the dashboard")
                 while not stop.is_set():
                     try:
                         with c.stream("GET", path, timeout=httpx.Timeout(60, read=1)) as r:
+                            if r.status_code != 200:  # (a refused stream would be asked for again at once)
+                                raise SystemExit(f"{path}: HTTP {r.status_code}")
                             for _ in r.iter_bytes():
                                 if stop.is_set():
                                     return

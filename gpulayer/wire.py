@@ -72,11 +72,10 @@ class ResultJSON:
 
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
-_DECODER = json.JSONDecoder()
 
 
-def json_members(raw: bytes | str, keep: Collection[str], *,
-                 parse_constant: Callable[[str], Any] | None = None) -> tuple[Any, dict[str, str]]:
+def json_members(raw: bytes | str, keep: Collection[str], *, parse_constant: Callable[[str], Any] | None = None,
+                 parse_float: Callable[[str], Any] | None = None) -> tuple[Any, dict[str, str]]:
     """``json.loads(raw)`` (the same value, the same errors), and the source text of the
     members named in ``keep`` of the object it is, as they are written in ``raw``: each one
     a JSON text of its own (it was parsed), whose value the caller need not write again.
@@ -84,11 +83,12 @@ def json_members(raw: bytes | str, keep: Collection[str], *,
     The top-level object is read member by member with the :mod:`json` module's own scanner
     (in C), which gives where each value ends. A document that is not an object, a bytes
     one that is not UTF-8, or one with an error anywhere is read by ``json.loads`` instead,
-    for its value or its error, and keeps no text."""
-    decoder = _DECODER if parse_constant is None else json.JSONDecoder(parse_constant=parse_constant)
+    for its value or its error, and keeps no text. ``parse_constant`` and ``parse_float`` are
+    ``json.loads``'s."""
+    decoder = json.JSONDecoder(parse_constant=parse_constant, parse_float=parse_float)
     if isinstance(raw, bytes):
         if json.detect_encoding(raw) != "utf-8":
-            return decoder.decode(raw.decode(json.detect_encoding(raw), "surrogatepass")), {}
+            return json.loads(raw, parse_constant=parse_constant, parse_float=parse_float), {}
         text = raw.decode("utf-8", "surrogatepass")  # (as json.loads decodes bytes)
     else:
         text = raw
@@ -96,7 +96,7 @@ def json_members(raw: bytes | str, keep: Collection[str], *,
         found = _object_members(text, decoder, frozenset(keep))
     except ValueError:  # (a malformed member: json.loads words the error, with its position)
         found = None
-    return found if found is not None else (decoder.decode(text), {})
+    return found if found is not None else (json.loads(raw, parse_constant=parse_constant, parse_float=parse_float), {})
 
 
 def _object_members(text: str, decoder: json.JSONDecoder, keep: frozenset[str]) -> tuple[Any, dict[str, str]] | None:

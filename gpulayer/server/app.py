@@ -33,6 +33,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -118,9 +119,12 @@ def _decode(raw: bytes, model: type[BaseModel]) -> BaseModel:
     keep: tuple[str, ...] = getattr(model, "json_text", ())
     try:
         if keep and raw.strip():  # (what it keeps as sent is passed on as it is: wire.ResultJSON)
-            data, texts = json_members(raw, keep, parse_constant=_not_json)
-            if isinstance(data, dict):
-                data.update({name: ResultJSON(text) for name, text in texts.items()})
+            out_of_range: list[str] = []
+            data, texts = json_members(raw, keep, parse_constant=_not_json,
+                                       parse_float=functools.partial(_float, out_of_range))
+            if isinstance(data, dict) and not out_of_range:
+                data.update({name: ResultJSON(text) for name, text in texts.items() if _storable(text)})
+            # (else the values go on, checked as before: a number out of range is not JSON)
         else:
             data = json.loads(raw, parse_constant=_not_json) if raw.strip() else None
     except BadRequest:
@@ -135,6 +139,25 @@ def _decode(raw: bytes, model: type[BaseModel]) -> BaseModel:
         return build(model, data, Spelling(where="body"))
     except RecursionError:
         raise BadRequest("request body is not acceptable JSON: nested too deeply") from None
+
+
+def _float(out_of_range: list[str], text: str) -> float:
+    """A JSON number with a fraction or exponent, as ``json.loads`` reads it; one too large
+    for a float (``1e400``, which Python reads as infinity) is noted in ``out_of_range``."""
+    value = float(text)
+    if math.isinf(value):
+        out_of_range.append(text)
+    return value
+
+
+def _storable(text: str) -> bool:
+    """Whether a member's text can be stored as it is: UTF-8 (a lone surrogate, which
+    ``json.loads`` lets through from bytes, is not; its value is written again, escaped)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _not_json(name: str) -> Any:

@@ -316,6 +316,32 @@ def test_a_result_is_stored_and_answered_as_the_json_text_it_was_reported_as(tmp
     assert control.get_job(job.id).result == ResultJSON(text)
 
 
+@pytest.mark.parametrize("result, stored", [
+    # a lone surrogate (json.loads lets it through from bytes): written again, escaped, and stored
+    (b'"\xed\xa0\x80"', '"\\ud800"'),
+    # a number out of a float's range: refused, as any result that is not JSON (the task fails)
+    (b"[1, 2e400]", None),
+])
+def test_a_result_text_that_cannot_be_stored_as_it_is_is_checked_as_a_value(
+        tmp_path: Path, result: bytes, stored: str | None) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'server.db'}")
+    control = ControlPlane(store, heartbeat_timeout=30, results_as_text=True)
+    with TestClient(create_app(control, background=False)) as tc:
+        reply = remote(tc, None).join_worker(make_capabilities(), join_token=control.create_token(scope="join").token)
+        job = control.submit(FunctionJob(function="m:f", placement=Placement(target="remote")))
+        [task] = control.poll_tasks(reply.worker_id)
+        worker = {"authorization": f"Bearer {reply.token}"}
+        assert tc.post(f"/v1/tasks/{task.task_id}/start", headers=worker).status_code == 204
+        answer = tc.post(f"/v1/tasks/{task.task_id}/finish", headers=worker,
+                         content=b'{"state": "succeeded", "exit_code": 0, "result": ' + result + b"}")
+    if stored is None:
+        assert answer.status_code == 422 and "is not JSON" in answer.json()["error"]["message"], answer.text
+        assert control.get_job(job.id).state is JobState.RUNNING  # (nothing stored; the worker fails it)
+    else:
+        assert answer.status_code == 200, answer.text
+        assert control.get_job(job.id).result == ResultJSON(stored)
+
+
 def test_a_submit_too_large_for_the_argument_limit_is_refused_while_streaming(
         served: tuple[ControlPlane, TestClient], monkeypatch: pytest.MonkeyPatch) -> None:
     control, tc = served

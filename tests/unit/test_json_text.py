@@ -5,6 +5,7 @@ it is. The same value and the same errors as json.loads, whatever the document h
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -68,6 +69,22 @@ def test_anything_else_reads_as_json_loads_reads_it_with_its_error(doc: bytes) -
         assert str(got.value) == str(exc)
     else:
         assert json_members(doc, ["result"])[0] == expected
+
+
+@pytest.mark.parametrize("doc", ['\ufeff{"result": 1}', '{"result": 1} \ufeff', "", "{"])
+def test_a_str_reads_as_json_loads_reads_it_too(doc: str) -> None:
+    with pytest.raises(ValueError) as expected:
+        json.loads(doc)
+    with pytest.raises(type(expected.value), match=re.escape(str(expected.value))):
+        json_members(doc, ["result"])
+
+
+def test_the_hooks_are_json_loads_s() -> None:
+    seen: list[str] = []
+    value, kept = json_members(b'{"result": [1.5, 2e400], "x": 0.25}', ["result"],
+                               parse_float=lambda t: seen.append(t) or float(t))
+    assert seen == ["1.5", "2e400", "0.25"] and value["result"][1] == float("inf")
+    assert kept == {"result": "[1.5, 2e400]"}
 
 
 def test_bytes_that_are_not_utf_8_fail_as_in_json_loads() -> None:

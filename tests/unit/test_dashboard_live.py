@@ -1,0 +1,88 @@
+"""The dashboard's live streams wake for what their page shows (gpulayer.server.dashboard.live,
+Server.next_change): a job's page for that job's output, every page for a change or a task's
+start, and no page for another job's output. The streams here look at the database again only
+every 600 s on their own, so anything a test reads came from a wake."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from gpulayer.control import ControlPlane
+from gpulayer.server.app import create_app
+from gpulayer.server.dashboard import DashboardOptions, views
+from gpulayer.specs import CommandJob
+from gpulayer.store import Store
+from tests.factories import make_capabilities
+
+
+def _events(lines: Iterator[str]) -> Callable[[], tuple[str, Any]]:
+    """The next (event name, its data) of a server-sent event stream, read by a thread of
+    its own; one that does not come within a minute fails the test."""
+    got: queue.Queue[tuple[str, Any]] = queue.Queue()
+
+    def read() -> None:
+        name, data = "message", ""
+        with contextlib.suppress(Exception):  # (the stream closed at the test's end)
+            for line in lines:
+                if line.startswith("event: "):
+                    name = line[7:]
+                elif line.startswith("data: "):
+                    data += line[6:]
+                elif not line and data:
+                    got.put((name, json.loads(data)))
+                    name, data = "message", ""
+
+    threading.Thread(target=read, daemon=True).start()
+
+    def next_event() -> tuple[str, Any]:
+        try:
+            return got.get(timeout=60)
+        except queue.Empty:
+            raise AssertionError("no event came: the stream was not woken") from None
+
+    return next_event
+
+
+def test_a_job_page_wakes_for_its_own_output_and_a_list_page_for_a_start_not_for_output(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    control = ControlPlane(Store(f"sqlite:///{tmp_path / 'server.db'}"), heartbeat_timeout=30, results_as_text=True)
+    looks: list[str] = []
+    list_look = views.jobs
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        looks.append("jobs")
+        return list_look(*args, **kwargs)
+
+    monkeypatch.setattr(views, "jobs", counted)
+    with TestClient(create_app(control, background=False, dashboard=DashboardOptions(recheck=600))) as tc:
+        assert tc.post("/login", data={"token": control.create_token(scope="admin").token},
+                       follow_redirects=False).status_code == 303
+        w = control.register_worker(make_capabilities(), cpu_slots=3)
+        mine, theirs, later = (control.submit(CommandJob(command=[c])) for c in ("a", "b", "c"))
+        tasks = {t.job_id: t.task_id for t in control.poll_tasks(w.id)}
+        for job in (mine, theirs):
+            control.start_task(tasks[job.id], worker_id=w.id)
+        with tc.stream("GET", f"/live/jobs/{mine.id}") as page, tc.stream("GET", "/live/jobs") as listing:
+            events = _events(page.iter_lines())
+            assert events()[0] == "regions"  # (its first look)
+            list_events = _events(listing.iter_lines())
+            assert list_events()[0] == "regions" and looks == ["jobs"]
+            # another job's output, then this one's: the page's next event is its own line
+            control.append_logs(tasks[theirs.id], worker_id=w.id, chunks=[("stdout", "not mine\n")])
+            control.append_logs(tasks[mine.id], worker_id=w.id, chunks=[("stdout", "mine\n")])
+            name, data = events()
+            assert (name, data) == ("log", [["stdout", "mine\n"]])
+            assert looks == ["jobs"]  # the list page did not look again for either job's output
+            # a task's start: the list shows the job running (a look, and the new region)
+            control.start_task(tasks[later.id], worker_id=w.id)
+            name, data = list_events()
+            assert name == "regions" and looks == ["jobs", "jobs"]
