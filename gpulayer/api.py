@@ -229,8 +229,9 @@ class ClientAPI(Protocol):
     def get_job(self, job_id: str) -> JobRecord: ...
 
     def list_jobs(self, *, state: JobState | None = None, limit: int = 100) -> list[JobRecord]:
-        """The newest jobs (at most ``limit``), each without its tasks and its result
-        (``tasks`` empty, ``result`` None: a result may be megabytes): :meth:`get_job` has both."""
+        """The newest jobs (at most ``limit``), each without its tasks, its result and a
+        function's arguments (``tasks`` empty, ``result`` None, the spec's ``args`` and
+        ``kwargs`` empty: results and arguments may be megabytes): :meth:`get_job` has them."""
         ...
 
     def cancel(self, job_id: str) -> JobRecord: ...
@@ -449,7 +450,8 @@ ROUTES: tuple[Route, ...] = (
     Route("submit_many", "POST", "/v1/jobs/batch", READERS,
           f"Submit up to {MAX_BATCH} jobs at once, all or none; idempotent with idempotency_key (per token)",
           response=list[JobRecord], status=201, body=SubmitManyBody, context={"owner": "owner"}, errors=(409,)),
-    Route("list_jobs", "GET", "/v1/jobs", READERS, "Jobs, newest first, without their tasks and results (a client token sees its own)",
+    Route("list_jobs", "GET", "/v1/jobs", READERS,
+          "Jobs, newest first, without their tasks, results and arguments (a client token sees its own)",
           response=list[JobRecord], query=ListJobsQuery, context={"owner": "owner"}),
     Route("get_job", "GET", "/v1/jobs/{job_id}", READERS, "One job with its tasks",
           response=JobRecord, own_job=True, errors=(404,)),

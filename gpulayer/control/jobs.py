@@ -161,7 +161,7 @@ class JobOps(Core):
             raise InvalidInput(f"state {state!r}: expected one of {', '.join(s.value for s in JobState)}")
         with self.store.read() as s:
             value = JobState(state).value if state is not None else None
-            return [mapping.job_record(r, result=False)
+            return [mapping.job_record(r, listed=True)
                     for r in queries.jobs(s, state=value, limit=limit, owner=owner)]
 
     def cancel(self, job_id: str, *, reason: str | None = None) -> JobRecord:

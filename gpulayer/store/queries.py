@@ -83,10 +83,11 @@ def job_owner(s: Session, job_id: str) -> str | None:
 
 
 def jobs(s: Session, *, state: str | None, limit: int, owner: str | None) -> Sequence[JobRow]:
-    """The newest jobs, their results not loaded (a list leaves them out: up to
-    ``GPULAYER_MAX_RESULT_MB`` each; reading ``result`` of one of these rows would load it
-    alone)."""
-    q = select(JobRow).options(defer(JobRow.result)).order_by(col(JobRow.created_at).desc()).limit(limit)  # type: ignore[arg-type]
+    """The newest jobs, their results and a function's arguments not loaded (a list leaves
+    them out: up to ``GPULAYER_MAX_RESULT_MB`` and ``GPULAYER_MAX_ARGS_MB`` each; reading
+    either of one of these rows would load it alone)."""
+    q = (select(JobRow).options(defer(JobRow.result), defer(JobRow.args))  # type: ignore[arg-type]
+         .order_by(col(JobRow.created_at).desc()).limit(limit))
     if state is not None:
         q = q.where(JobRow.state == state)
     if owner is not None:

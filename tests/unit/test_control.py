@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from gpulayer.control import ControlPlane, placement
 from gpulayer.errors import Conflict, InvalidInput, NotFound
 from gpulayer.records import JobState, TaskState
-from gpulayer.specs import CommandJob, Placement, Requirements
+from gpulayer.specs import CommandJob, FunctionJob, Placement, Requirements
 from gpulayer.store import Store
 from tests.factories import Clock, cuda_caps, gpu_job, make_capabilities
 
@@ -37,8 +37,8 @@ def test_assign_start_finish_and_result(cp: ControlPlane) -> None:
     assert cp.get_job(job.id).state is JobState.SUCCEEDED
 
 
-def test_a_list_of_jobs_leaves_their_results_out_and_a_job_s_record_has_its_own(cp: ControlPlane) -> None:
-    """A result may be megabytes (GPULAYER_MAX_RESULT_MB): a list of 50 jobs would read,
+def test_a_list_of_jobs_leaves_their_results_and_arguments_out_and_a_job_s_record_has_them(cp: ControlPlane) -> None:
+    """A result or a function's arguments may be megabytes: a list of 50 jobs would read,
     parse and send all of them (bench/result_size.py --list)."""
     w = cp.register_worker(make_capabilities(), origin="local", cpu_slots=1)
     job = cp.submit(CommandJob(command=["true"]))
@@ -51,6 +51,11 @@ def test_a_list_of_jobs_leaves_their_results_out_and_a_job_s_record_has_its_own(
     assert listed.spec == cp.get_job(job.id).spec
     assert cp.get_job(job.id).result == {"rows": [1, 2]}
     assert cp.wait_jobs([job.id])[0].result == {"rows": [1, 2]}  # (a wait hands results back)
+    # nor a function's arguments (up to GPULAYER_MAX_ARGS_MB each)
+    fn = cp.submit(FunctionJob(function="m:f", args=[{"rows": list(range(100))}], kwargs={"k": "v"}))
+    [listed_fn] = [j for j in cp.list_jobs() if j.id == fn.id]
+    assert (listed_fn.id, listed_fn.spec.function, listed_fn.spec.args, listed_fn.spec.kwargs) == (fn.id, "m:f", [], {})
+    assert (cp.get_job(fn.id).spec.args, cp.get_job(fn.id).spec.kwargs) == ([{"rows": list(range(100))}], {"k": "v"})
 
 
 def test_compatible_but_busy_waits_then_runs(cp: ControlPlane) -> None:
