@@ -138,13 +138,16 @@ class JobOps(Core):
         self._event(s, "submitted", job_id=job_id, message=spec.kind)
         return job_id
 
-    def get_job(self, job_id: str) -> JobRecord:
+    def get_job(self, job_id: str, *, arguments: bool = True) -> JobRecord:
+        """The job's record; without a function's ``arguments`` (``args`` and ``kwargs`` empty)
+        for an in-process reader that shows the rest (the dashboard's live looks)."""
         with self.store.read() as s:
-            return self._record(s, job_id)
+            return self._record(s, job_id, arguments=arguments)
 
-    def _record(self, s: Session, job_id: str) -> JobRecord:
+    def _record(self, s: Session, job_id: str, *, arguments: bool = True) -> JobRecord:
         """The job's record, as stored, with every task it had (NotFound if there is no such job)."""
-        return mapping.job_record(plain.job(s, job_id), plain.tasks_of(s, job_id), as_text=self.results_as_text)
+        return mapping.job_record(plain.job(s, job_id), plain.tasks_of(s, job_id), arguments=arguments,
+                                  as_text=self.results_as_text)
 
     def _records(self, s: Session, job_ids: Sequence[str]) -> list[JobRecord]:
         """:meth:`_record` of each of these jobs."""
@@ -161,7 +164,7 @@ class JobOps(Core):
             raise InvalidInput(f"state {state!r}: expected one of {', '.join(s.value for s in JobState)}")
         with self.store.read() as s:
             value = JobState(state).value if state is not None else None
-            return [mapping.job_record(r, listed=True)
+            return [mapping.job_record(r, result=False, arguments=False)
                     for r in queries.jobs(s, state=value, limit=limit, owner=owner)]
 
     def cancel(self, job_id: str, *, reason: str | None = None) -> JobRecord:

@@ -89,14 +89,14 @@ def task_record(t: TaskRow | plain.Task) -> TaskRecord:
 
 
 def job_record(row: JobRow | plain.Job, tasks: Sequence[TaskRow | plain.Task] | None = None, *,
-               listed: bool = False, as_text: bool = False) -> JobRecord:
-    """The job's record; ``listed``: as a list of jobs gives it, without its result (``None``)
-    and a function's arguments (``args`` and ``kwargs`` empty), neither column read; with
+               result: bool = True, arguments: bool = True, as_text: bool = False) -> JobRecord:
+    """The job's record; without its ``result`` (``None``) or a function's ``arguments``
+    (``args`` and ``kwargs`` empty), that column not read, as a list of jobs gives it; with
     ``as_text``, the result as its stored JSON text (:class:`~gpulayer.wire.ResultJSON`), not
     parsed."""
-    stored = None if listed else row.result
+    stored = row.result if result else None
     return JobRecord(
-        id=row.id, spec=spec(row.spec) if listed else job_spec(row), state=JobState(row.state),
+        id=row.id, spec=job_spec(row) if arguments else spec(row.spec), state=JobState(row.state),
         created_at=row.created_at,
         updated_at=row.updated_at, attempt=row.attempt, exit_code=row.exit_code,
         result=(ResultJSON(stored) if as_text else json.loads(stored)) if stored else None,

@@ -115,3 +115,19 @@ def test_a_result_shows_as_json_whether_given_as_its_text_or_as_a_value() -> Non
         page = template.render(result=result)
         assert "<b>" not in page and html.unescape(page) == f"<pre>{shown}</pre>"
     assert template.render(result=ResultJSON(json.dumps(list(range(100))))).endswith("...</pre>")
+
+
+def test_a_job_page_leaves_large_arguments_out_of_the_spec_and_says_where_they_are() -> None:
+    from gpulayer.specs import FunctionJob
+
+    rows = [{"i": i, "name": f"item-{i}"} for i in range(5000)]
+    record = JobRecord(id="job-000000000001", spec=FunctionJob(function="m:f", args=[rows], kwargs={"k": 1},
+                                                               env={"KEY": "secret"}),
+                       state=JobState.RUNNING, created_at=0.0, updated_at=0.0)
+    shown = json.loads(views.spec_json(record))
+    size = len(json.dumps([rows]))
+    assert size > views.ARGS_SHOWN
+    assert shown == {"function": "m:f", "kwargs": {"k": 1}, "env": {"KEY": "(set)"},
+                     "args": f"({size:,} characters of JSON, not shown: gpulayer jobs show job-000000000001 --json)"}
+    small = record.model_copy(update={"spec": FunctionJob(function="m:f", args=[1])})
+    assert json.loads(views.spec_json(small)) == {"function": "m:f", "args": [1]}

@@ -339,7 +339,7 @@ class Dashboard:
 
         def look() -> live.Frame:
             nonlocal after
-            data = views.job(self.control, session.identity, job_id, logs=False)
+            data = views.job(self.control, session.identity, job_id, logs=False, spec=False)
             parts, last, more = views.read_logs(self.control, data["job"], after)
             after = last
             ended = data["job"].state.terminal

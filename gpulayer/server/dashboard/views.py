@@ -161,11 +161,11 @@ def read_logs(control: ControlPlane, job: JobRecord, after: int) -> tuple[list[L
 # ---------------------------------------------------------------------------------- pages
 
 
-def visible_job(control: ControlPlane, who: Identity, job_id: str) -> JobRecord:
+def visible_job(control: ControlPlane, who: Identity, job_id: str, *, arguments: bool = True) -> JobRecord:
     """The job, if this identity may see it; another owner's job is "no such job", as in the API."""
     if not who.admin and not who.may_see(control.job_owner(job_id)):
         raise NotFound(f"job {job_id!r}: no such job")
-    return control.get_job(job_id)
+    return control.get_job(job_id, arguments=arguments)
 
 
 def jobs(control: ControlPlane, who: Identity, *, state: JobState | None, limit: int) -> dict[str, Any]:
@@ -178,14 +178,18 @@ class TaskView:
     worker_name: str
 
 
-def job(control: ControlPlane, who: Identity, job_id: str, *, logs: bool = True) -> dict[str, Any]:
-    record = visible_job(control, who, job_id)
+def job(control: ControlPlane, who: Identity, job_id: str, *, logs: bool = True, spec: bool = True) -> dict[str, Any]:
+    """What the job's page shows; a live look leaves out the ``logs`` (it reads them from
+    where it was) and the ``spec`` (no live region shows it; a function's arguments may be a
+    megabyte, read and written again at every look)."""
+    record = visible_job(control, who, job_id, arguments=spec)
     names = {w.id: w.name for w in control.list_workers()}
     attempts: dict[int, list[TaskView]] = {}
     for t in sorted(record.tasks, key=lambda t: (-t.attempt, t.node_rank)):
         attempts.setdefault(t.attempt, []).append(TaskView(t, names.get(t.worker_id, "")))
     out: dict[str, Any] = {"job": record, "attempts": attempts, "events": control.events(job_id),
-                           "now": time.time(), "spec_json": spec_json(record), "nearest": nearest_miss(control, who, record)}
+                           "now": time.time(), "spec_json": spec_json(record) if spec else "",
+                           "nearest": nearest_miss(control, who, record)}
     if logs:
         parts, last, more = read_logs(control, record, 0)
         out.update(log=parts, log_after=last, log_more=more)
@@ -206,11 +210,21 @@ def nearest_miss(control: ControlPlane, who: Identity, record: JobRecord) -> lis
     return lines
 
 
+#: the most characters of a function's arguments (``args``, ``kwargs``) a job's page shows
+#: in its spec (they may be a megabyte); larger, it says how large and where they are
+ARGS_SHOWN = 10_000
+
+
 def spec_json(record: JobRecord) -> str:
-    """The spec as stored, with environment values hidden: a page may be on a shared screen."""
+    """The spec as stored, with environment values hidden (a page may be on a shared screen)
+    and a function's arguments over :data:`ARGS_SHOWN` characters of JSON left out, saying
+    so: the rest of the spec stays in view."""
     data = record.spec.model_dump(mode="json", exclude_defaults=True)
     if data.get("env"):
         data["env"] = {name: "(set)" for name in data["env"]}
+    for key in ("args", "kwargs"):
+        if key in data and len(size := json.dumps(data[key])) > ARGS_SHOWN:
+            data[key] = f"({len(size):,} characters of JSON, not shown: gpulayer jobs show {record.id} --json)"
     return json.dumps(data, indent=2, sort_keys=True)
 
 
