@@ -251,10 +251,13 @@ class ClientAPI(Protocol):
         """The job once it is terminal, or as it is after ``timeout`` seconds (one bounded wait)."""
         ...
 
-    def wait_jobs(self, job_ids: list[str], *, count: int = 1, timeout: float = MAX_LONG_POLL) -> list[JobRecord]:
+    def wait_jobs(self, job_ids: list[str], *, count: int = 1, timeout: float = MAX_LONG_POLL,
+                  brief: bool | None = None) -> list[JobRecord]:
         """Those of these jobs (at most :data:`MAX_BATCH`) that have ended, once at least
         ``count`` of them have, or after ``timeout`` seconds (one bounded wait): what
-        ``gl.wait`` and ``gl.as_completed`` ask of many jobs at once."""
+        ``gl.wait`` and ``gl.as_completed`` ask of many jobs at once. ``brief``: each record
+        without its result and a function's arguments, as :meth:`list_jobs` gives them (what
+        ``gl.as_completed`` asks for: it only hands out which ended)."""
         ...
 
     def events(self, job_id: str) -> list[JobEvent]: ...

@@ -72,6 +72,8 @@ class Client:
         #: bundles the control plane holds and lets this client read (stored bundles and
         #: their readers are never removed), so a loop of submits asks once per bundle
         self._bundles_held: set[str] = set()
+        #: whether the control plane takes wait_jobs(brief=) (False: one from before it)
+        self._brief_waits = True
 
     @property
     def embedded(self) -> bool:
@@ -178,6 +180,19 @@ class Client:
                              capabilities=caps, cpu_slots=default_cpu_slots(caps) if slots is None else slots)]
 
     # ------------------------------------------------------------------ following
+
+    def ended(self, job_ids: list[str], timeout: float) -> set[str]:
+        """The ids of those of these jobs that have ended, once one has or after ``timeout``
+        seconds (one ``wait_jobs``, its records brief: no results or arguments are read,
+        parsed and sent for a caller that only asks which ended)."""
+        if self._brief_waits:
+            try:
+                return {j.id for j in self.api.wait_jobs(job_ids, count=1, timeout=timeout, brief=True)}
+            except InvalidInput as exc:
+                if "brief" not in str(exc):
+                    raise
+                self._brief_waits = False  # (a control plane from before brief: "no such field")
+        return {j.id for j in self.api.wait_jobs(job_ids, count=1, timeout=timeout)}
 
     def wait(self, job_id: str, timeout: float | None = None) -> JobRecord:
         """The job once it is terminal, or as it is after ``timeout`` seconds (None: no limit),

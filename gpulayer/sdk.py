@@ -251,10 +251,10 @@ def _ended(handles: list[JobHandle], wait: float) -> set[str]:
     groups = _groups(handles)
     ended: set[str] = set()
     for client, ids in groups[1:]:
-        ended.update(j.id for j in client.api.wait_jobs(ids, count=1, timeout=0))
+        ended.update(client.ended(ids, timeout=0))
     client, ids = groups[0]
     first = 0.0 if ended else (min(wait, 1.0) if len(groups) > 1 else wait)
-    ended.update(j.id for j in client.api.wait_jobs(ids, count=1, timeout=first))
+    ended.update(client.ended(ids, timeout=first))
     return ended
 
 

@@ -225,6 +225,9 @@ class WaitJobsQuery(Wire):
                        description="answer once at least this many of the jobs have ended (all, when fewer)")
     timeout: float = Field(default=MAX_LONG_POLL, ge=0, le=MAX_LONG_POLL,
                            description=f"seconds to wait, at most {MAX_LONG_POLL:g}")
+    brief: bool | None = Field(default=None, description=(
+        "true: each record without its result and a function's arguments, as a list gives them "
+        "(for a caller that only asks which ended)"))
 
 
 class WaitJobsBody(Wire):

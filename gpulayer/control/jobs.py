@@ -254,14 +254,15 @@ class JobOps(Core):
             poll = min(poll * 1.5, WAIT_LONGEST_LOOK)
 
     def wait_jobs(self, job_ids: Sequence[str], *, count: int = 1, timeout: float = MAX_LONG_POLL,
-                  owner: str | None = None) -> list[JobRecord]:
+                  owner: str | None = None, brief: bool | None = None) -> list[JobRecord]:
         """The records of those of these jobs that have ended, in the order given, once at
         least ``count`` of them have (all of them, when there are fewer), or after ``timeout``
         seconds (those ended by then, perhaps none). A job that does not exist (or is not
         ``owner``'s) is NotFound. The first look reads every state; after a change, the news
         of the changes says which ended (:meth:`ended_news`), and a look at the database
         (:meth:`jobs_ended`) comes only when it cannot; looks are spaced by :func:`look_gap`.
-        (A server runs the same looks with its waits on its event loop.)"""
+        (A server runs the same looks with its waits on its event loop.) ``brief``: the
+        records without results and arguments (:meth:`records_of`)."""
         ids = job_ids_of(job_ids)
         waited = frozenset(ids)
         need = min(max(1, count), len(ids))
@@ -272,7 +273,7 @@ class JobOps(Core):
             remaining = deadline - time.monotonic()
             if len(ended) >= need or remaining <= 0:
                 self.remember_look(waited, owner, generation, ended, looked_at)
-                return self.records_of([j for j in ids if j in ended])
+                return self.records_of([j for j in ids if j in ended], brief=bool(brief))
             looked = time.monotonic()
             self._wait_change(generation, min(poll, remaining))
             poll = min(poll * 1.5, WAIT_LONGEST_LOOK)
@@ -356,9 +357,13 @@ class JobOps(Core):
                 raise plain.not_found("job", job_id)
         return {job_id for job_id, state in found.items() if state in plain.ENDED_STATES}
 
-    def records_of(self, job_ids: Sequence[str]) -> list[JobRecord]:
-        """The records of these jobs, in their order, in one read."""
+    def records_of(self, job_ids: Sequence[str], *, brief: bool = False) -> list[JobRecord]:
+        """The records of these jobs, in their order, in one read; ``brief``: without their
+        results and a function's arguments (as :meth:`list_jobs` gives them)."""
         with self.store.read() as s:
+            if brief:
+                return [mapping.job_record(plain.job(s, job_id), plain.tasks_of(s, job_id), result=False,
+                                           arguments=False) for job_id in job_ids]
             return self._records(s, job_ids)
 
     def events(self, job_id: str) -> list[JobEvent]:

@@ -295,7 +295,8 @@ async def _wait_jobs(server: Server, request: Request, kw: dict[str, Any]) -> An
         else:
             ended |= news
     control.remember_look(waited, owner, generation, ended, looked_at)
-    return await run_in_threadpool(control.records_of, [j for j in ids if j in ended])
+    return await run_in_threadpool(functools.partial(control.records_of, [j for j in ids if j in ended],
+                                                     brief=bool(kw.get("brief"))))
 
 
 async def _poll_tasks(server: Server, request: Request, kw: dict[str, Any]) -> Any:

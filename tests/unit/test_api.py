@@ -311,6 +311,8 @@ def test_a_result_is_stored_and_answered_as_the_json_text_it_was_reported_as(tmp
             got = tc.request(method, path, headers=admin, **kw)
             assert got.status_code == 200 and f'"result":{text}'.encode() in got.content, (path, got.content)
         assert remote(tc, admin["authorization"][7:]).get_job(job.id).result == json.loads(text)
+        brief = tc.post("/v1/jobs/wait?brief=true", headers=admin, json={"job_ids": [job.id]})
+        assert brief.status_code == 200 and brief.json()[0]["result"] is None, brief.text
     # the stored text; and the same database read in process gives the value
     assert ControlPlane(store).get_job(job.id).result == {"rows": [1, 2.5, "caf\u00e9"], "n": None}
     assert control.get_job(job.id).result == ResultJSON(text)

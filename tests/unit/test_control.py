@@ -51,11 +51,16 @@ def test_a_list_of_jobs_leaves_their_results_and_arguments_out_and_a_job_s_recor
     assert listed.spec == cp.get_job(job.id).spec
     assert cp.get_job(job.id).result == {"rows": [1, 2]}
     assert cp.wait_jobs([job.id])[0].result == {"rows": [1, 2]}  # (a wait hands results back)
+    # a brief wait too: what as_completed asks (it only hands out which ended)
+    [brief] = cp.wait_jobs([job.id], brief=True)
+    assert (brief.id, brief.state, brief.result) == (job.id, JobState.SUCCEEDED, None)
     # nor a function's arguments (up to GPULAYER_MAX_ARGS_MB each)
     fn = cp.submit(FunctionJob(function="m:f", args=[{"rows": list(range(100))}], kwargs={"k": "v"}))
     [listed_fn] = [j for j in cp.list_jobs() if j.id == fn.id]
     assert (listed_fn.id, listed_fn.spec.function, listed_fn.spec.args, listed_fn.spec.kwargs) == (fn.id, "m:f", [], {})
     assert (cp.get_job(fn.id).spec.args, cp.get_job(fn.id).spec.kwargs) == ([{"rows": list(range(100))}], {"k": "v"})
+    cp.cancel(fn.id)
+    assert cp.wait_jobs([fn.id], brief=True)[0].spec.args == [] and cp.wait_jobs([fn.id])[0].spec.args != []
 
 
 def test_compatible_but_busy_waits_then_runs(cp: ControlPlane) -> None:

@@ -556,3 +556,36 @@ def test_as_completed_with_no_time_to_wait_yields_the_jobs_that_have_ended(gpula
         assert seen == [ended.id]
     finally:
         end(waiting)
+
+
+def test_as_completed_asks_for_brief_records_and_falls_back_where_they_are_not_known(
+        gpulayer_isolated: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It only hands out which jobs ended: the records it asks for carry no results or
+    arguments. A control plane from before ``brief`` refuses it (as a server words an
+    unknown query field); it then asks as before, and does not try again."""
+    done, waiting = never_runs(), never_runs()
+    done.cancel()
+    client = client_mod.connect()
+    real = client.api.wait_jobs
+    asked: list[object] = []
+
+    def older(job_ids: list[str], **kw: Any) -> Any:
+        asked.append(kw.get("brief"))
+        if "brief" in kw:
+            raise InvalidInput("query.brief='true': no such field; accepted: count, timeout")
+        return real(job_ids, **kw)
+
+    try:
+        assert [h.id for h in gl.as_completed([done], timeout=LONG)] == [done.id]
+        monkeypatch.setattr(client.api, "wait_jobs", lambda job_ids, **kw: asked.append(kw.get("brief")) or real(job_ids, **kw))
+        assert [h.id for h in gl.as_completed([done], timeout=LONG)] == [done.id]
+        assert asked == [True]
+        asked.clear()
+        monkeypatch.setattr(client.api, "wait_jobs", older)
+        for _ in range(2):
+            assert [h.id for h in gl.as_completed([done], timeout=LONG)] == [done.id]
+        assert asked == [True, None, None]  # refused once, then asked as before
+        with pytest.raises(TimeoutError):  # (and still waits as it did)
+            list(gl.as_completed([waiting], timeout=0))
+    finally:
+        end(waiting)
