@@ -238,6 +238,12 @@ class JobOps(Core):
             return [mapping.log_chunk(r) for r in queries.logs(s, job_id, after=after, node=node, limit=limit,
                                                                text=LOG_PAGE_TEXT)], state
 
+    def state_of(self, job_id: str) -> str | None:
+        """The job's state alone (None: no such job): what a wait for its end reads while it
+        waits, the record only at the end (a function's arguments may be a megabyte)."""
+        with self.store.read() as s:
+            return plain.job_state(s, job_id)
+
     def wait_job(self, job_id: str, *, timeout: float = MAX_LONG_POLL) -> JobRecord:
         """The job once it is terminal, or as it is after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout

@@ -222,17 +222,21 @@ Handler = Callable[[Server, Request, dict[str, Any]], Awaitable[Any]]
 
 
 async def _wait_job(server: Server, request: Request, kw: dict[str, Any]) -> Any:
+    """:meth:`~gpulayer.control.ControlPlane.wait_job` on the event loop: the job's state
+    alone at each look (a record holds a function's arguments, up to a megabyte, parsed at
+    every look of every waiting request), its record once, at the end."""
     deadline = time.monotonic() + kw["timeout"]
+    control, job_id = server.control, kw["job_id"]
     changed = server.change_event()  # (before each read: a change while it reads is not missed)
-    job = await run_in_threadpool(server.control.get_job, kw["job_id"])
-    while not job.state.terminal:
+    state = await run_in_threadpool(control.state_of, job_id)
+    while state is not None and not JobState(state).terminal:
         remaining = deadline - time.monotonic()
         if remaining <= 0 or server.shutting_down or await request.is_disconnected():
             break
         await server.changed(changed, min(remaining, 1.0))
         changed = server.change_event()
-        job = await run_in_threadpool(server.control.get_job, kw["job_id"])
-    return job
+        state = await run_in_threadpool(control.state_of, job_id)
+    return await run_in_threadpool(control.get_job, job_id)  # (NotFound for no such job)
 
 
 async def _logs(server: Server, request: Request, kw: dict[str, Any]) -> Any:

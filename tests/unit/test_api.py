@@ -374,3 +374,25 @@ def test_a_serving_app_runs_the_full_collections_itself(tmp_path: Path) -> None:
         assert gc.get_threshold()[2] >= 1_000_000  # the first one still serves
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0
+
+
+def test_a_wait_for_a_job_reads_its_state_while_it_waits_and_its_record_once(
+        served: tuple[ControlPlane, TestClient], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record holds a function's arguments (up to GPULAYER_MAX_ARGS_MB), parsed at each
+    read: a long poll on a running job reads its state at each look, the record at the end."""
+    control, tc = served
+    admin = {"authorization": f"Bearer {control.create_token(scope='admin').token}"}
+    w = control.register_worker(make_capabilities(), cpu_slots=1)
+    job = control.submit(FunctionJob(function="m:f", args=[list(range(1000))]))
+    [task] = control.poll_tasks(w.id)
+    control.start_task(task.task_id, worker_id=w.id)
+    reads: list[str] = []
+    for name in ("get_job", "state_of"):
+        real = getattr(control, name)
+        monkeypatch.setattr(control, name, lambda job_id, _real=real, _name=name, **kw: reads.append(_name)
+                            or _real(job_id, **kw))
+    got = tc.get(f"/v1/jobs/{job.id}/wait?timeout=1.5", headers=admin)  # (its looks: at the start, then each second)
+    assert got.status_code == 200 and got.json()["state"] == "running"
+    assert got.json()["spec"]["args"] == [list(range(1000))]
+    assert reads.count("get_job") == 1 and reads[-1] == "get_job" and reads.count("state_of") >= 2, reads
+    assert tc.get("/v1/jobs/job-000000000000/wait?timeout=0", headers=admin).status_code == 404
