@@ -256,7 +256,7 @@ class ClientAPI(Protocol):
         """Those of these jobs (at most :data:`MAX_BATCH`) that have ended, once at least
         ``count`` of them have, or after ``timeout`` seconds (one bounded wait): what
         ``gl.wait`` and ``gl.as_completed`` ask of many jobs at once. ``brief``: each record
-        without its result and a function's arguments, as :meth:`list_jobs` gives them (what
+        without its tasks, result and a function's arguments, as :meth:`list_jobs` gives them (what
         ``gl.as_completed`` asks for: it only hands out which ended)."""
         ...
 

@@ -183,7 +183,7 @@ class Client:
 
     def ended(self, job_ids: list[str], timeout: float) -> set[str]:
         """The ids of those of these jobs that have ended, once one has or after ``timeout``
-        seconds (one ``wait_jobs``, its records brief: no results or arguments are read,
+        seconds (one ``wait_jobs``, its records brief: no tasks, results or arguments are read,
         parsed and sent for a caller that only asks which ended)."""
         if self._brief_waits:
             try:

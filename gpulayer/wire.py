@@ -226,7 +226,7 @@ class WaitJobsQuery(Wire):
     timeout: float = Field(default=MAX_LONG_POLL, ge=0, le=MAX_LONG_POLL,
                            description=f"seconds to wait, at most {MAX_LONG_POLL:g}")
     brief: bool | None = Field(default=None, description=(
-        "true: each record without its result and a function's arguments, as a list gives them "
+        "true: each record without its tasks, result and a function's arguments, as a list gives them "
         "(for a caller that only asks which ended)"))
 
 

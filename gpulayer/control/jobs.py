@@ -146,8 +146,8 @@ class JobOps(Core):
 
     def _record(self, s: Session, job_id: str, *, arguments: bool = True) -> JobRecord:
         """The job's record, as stored, with every task it had (NotFound if there is no such job)."""
-        return mapping.job_record(plain.job(s, job_id), plain.tasks_of(s, job_id), arguments=arguments,
-                                  as_text=self.results_as_text)
+        return mapping.job_record(plain.job(s, job_id, arguments=arguments), plain.tasks_of(s, job_id),
+                                  arguments=arguments, as_text=self.results_as_text)
 
     def _records(self, s: Session, job_ids: Sequence[str]) -> list[JobRecord]:
         """:meth:`_record` of each of these jobs."""
@@ -364,11 +364,12 @@ class JobOps(Core):
         return {job_id for job_id, state in found.items() if state in plain.ENDED_STATES}
 
     def records_of(self, job_ids: Sequence[str], *, brief: bool = False) -> list[JobRecord]:
-        """The records of these jobs, in their order, in one read; ``brief``: without their
-        results and a function's arguments (as :meth:`list_jobs` gives them)."""
+        """The records of these jobs, in their order, in one read; ``brief``: as
+        :meth:`list_jobs` gives them, without their tasks, results and a function's
+        arguments (neither column read)."""
         with self.store.read() as s:
-            if brief:
-                return [mapping.job_record(plain.job(s, job_id), plain.tasks_of(s, job_id), result=False,
+            if brief:  # (no tasks either: a caller that asks which ended wants none of it)
+                return [mapping.job_record(plain.job(s, job_id, result=False, arguments=False), result=False,
                                            arguments=False) for job_id in job_ids]
             return self._records(s, job_ids)
 

@@ -60,6 +60,13 @@ def spec_with_args(stored: str, args: str | None) -> Any:
     return SPEC.validate_python(data)
 
 
+def _without_arguments(spec_: Any) -> Any:
+    """(A job stored before the arguments had a column of their own has them in its spec.)"""
+    if spec_.kind == "function" and (spec_.args or spec_.kwargs):
+        return spec_.model_copy(update={"args": [], "kwargs": {}})
+    return spec_
+
+
 def error_of(raw: str | None) -> JobError | None:
     if not raw:
         return None
@@ -91,12 +98,12 @@ def task_record(t: TaskRow | plain.Task) -> TaskRecord:
 def job_record(row: JobRow | plain.Job, tasks: Sequence[TaskRow | plain.Task] | None = None, *,
                result: bool = True, arguments: bool = True, as_text: bool = False) -> JobRecord:
     """The job's record; without its ``result`` (``None``) or a function's ``arguments``
-    (``args`` and ``kwargs`` empty), that column not read, as a list of jobs gives it; with
-    ``as_text``, the result as its stored JSON text (:class:`~gpulayer.wire.ResultJSON`), not
-    parsed."""
+    (``args`` and ``kwargs`` empty), neither parsed (the caller need not read the column), as
+    a list of jobs gives it; with ``as_text``, the result as its stored JSON text
+    (:class:`~gpulayer.wire.ResultJSON`), not parsed."""
     stored = row.result if result else None
     return JobRecord(
-        id=row.id, spec=job_spec(row) if arguments else spec(row.spec), state=JobState(row.state),
+        id=row.id, spec=job_spec(row) if arguments else _without_arguments(spec(row.spec)), state=JobState(row.state),
         created_at=row.created_at,
         updated_at=row.updated_at, attempt=row.attempt, exit_code=row.exit_code,
         result=(ResultJSON(stored) if as_text else json.loads(stored)) if stored else None,

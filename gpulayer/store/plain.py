@@ -173,8 +173,12 @@ def _job(r: tuple[Any, ...]) -> Job:
     return j._replace(cancel_requested=bool(j.cancel_requested))
 
 
-def find_job(s: Session, job_id: str) -> Job | None:
-    found = fetch(s, f"SELECT {JOB_COLUMNS} FROM {_JOB_TABLE} WHERE id = ?", (job_id,))
+def find_job(s: Session, job_id: str, *, result: bool = True, arguments: bool = True) -> Job | None:
+    """The job, or None; without its ``result`` or ``arguments`` (None in their places, not
+    read) when asked."""
+    columns = JOB_COLUMNS if result and arguments else ", ".join(
+        "NULL" if (f == "result" and not result) or (f == "args" and not arguments) else f for f in Job._fields)
+    found = fetch(s, f"SELECT {columns} FROM {_JOB_TABLE} WHERE id = ?", (job_id,))
     return _job(found[0]) if found else None
 
 
@@ -184,9 +188,10 @@ def job_id_by_key(s: Session, idempotency_key: str) -> str | None:
     return str(found[0][0]) if found else None
 
 
-def job(s: Session, job_id: str) -> Job:
-    """The job, or :class:`~gpulayer.errors.NotFound` in the product's wording."""
-    found = find_job(s, job_id)
+def job(s: Session, job_id: str, *, result: bool = True, arguments: bool = True) -> Job:
+    """The job, or :class:`~gpulayer.errors.NotFound` in the product's wording (without its
+    ``result`` or ``arguments`` when asked: :func:`find_job`)."""
+    found = find_job(s, job_id, result=result, arguments=arguments)
     if found is None:
         raise not_found("job", job_id)
     return found

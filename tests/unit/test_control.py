@@ -53,7 +53,8 @@ def test_a_list_of_jobs_leaves_their_results_and_arguments_out_and_a_job_s_recor
     assert cp.wait_jobs([job.id])[0].result == {"rows": [1, 2]}  # (a wait hands results back)
     # a brief wait too: what as_completed asks (it only hands out which ended)
     [brief] = cp.wait_jobs([job.id], brief=True)
-    assert (brief.id, brief.state, brief.result) == (job.id, JobState.SUCCEEDED, None)
+    assert (brief.id, brief.state, brief.result, brief.tasks) == (job.id, JobState.SUCCEEDED, None, [])
+    assert cp.wait_jobs([job.id])[0].tasks != []
     # nor a function's arguments (up to GPULAYER_MAX_ARGS_MB each)
     fn = cp.submit(FunctionJob(function="m:f", args=[{"rows": list(range(100))}], kwargs={"k": "v"}))
     [listed_fn] = [j for j in cp.list_jobs() if j.id == fn.id]

@@ -10,6 +10,7 @@ adds the live stream. Every control-plane call and every rendering runs in the t
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import urllib.parse
@@ -334,7 +335,8 @@ class Dashboard:
     async def live_job(self, request: Request, session: Session) -> Response:
         job_id = request.path_params["job_id"]
         after = _after(request)
-        await run_in_threadpool(views.visible_job, self.control, session.identity, job_id)  # 404 before streaming
+        await run_in_threadpool(functools.partial(views.visible_job, self.control, session.identity, job_id,
+                                                  arguments=False))  # 404 before streaming
         base = self._base(session, "jobs", stream=True)
 
         def look() -> live.Frame:

@@ -222,7 +222,7 @@ def spec_json(record: JobRecord) -> str:
     data = record.spec.model_dump(mode="json", exclude_defaults=True)
     if data.get("env"):
         data["env"] = {name: "(set)" for name in data["env"]}
-    for key in ("args", "kwargs"):
+    for key in ("args", "kwargs") if record.spec.kind == "function" else ():
         if key in data and len(size := json.dumps(data[key])) > ARGS_SHOWN:
             data[key] = f"({len(size):,} characters of JSON, not shown: gpulayer jobs show {record.id} --json)"
     return json.dumps(data, indent=2, sort_keys=True)
