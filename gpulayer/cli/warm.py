@@ -1,8 +1,8 @@
 """The warm CLI: command lines a running local worker's CLI server answers by forking.
 
 ``gpulayer submit`` (and ``jobs show``, ``worker list``, ...: :data:`COMMANDS`) on the
-embedded control plane spends most of its time importing: the control plane with SQLAlchemy and the records with
-pydantic, twenty times what Python's own start-up costs. A ``gpulayer worker start`` on an
+embedded control plane spends most of its time importing: the control plane with
+SQLAlchemy and the records with pydantic, twenty times what Python's own start-up costs. A ``gpulayer worker start`` on an
 embedded home therefore also starts a CLI server: one interpreter with all of that imported
 once, single-threaded, listening on ``$GPULAYER_HOME/cli.sock``. A command line then sends
 the server its words, working directory, environment and umask, and its stdin, stdout and

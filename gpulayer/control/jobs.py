@@ -144,14 +144,18 @@ class JobOps(Core):
         with self.store.read() as s:
             return self._record(s, job_id, arguments=arguments)
 
-    def _record(self, s: Session, job_id: str, *, arguments: bool = True) -> JobRecord:
-        """The job's record, as stored, with every task it had (NotFound if there is no such job)."""
-        return mapping.job_record(plain.job(s, job_id, arguments=arguments), plain.tasks_of(s, job_id),
+    def _record(self, s: Session, job_id: str, *, arguments: bool = True, brief: bool = False) -> JobRecord:
+        """The job's record, as stored, with every task it had (NotFound if there is no such
+        job); without a function's ``arguments``, or ``brief``: as :meth:`list_jobs` gives it,
+        without its tasks, result and arguments (the columns not read)."""
+        arguments = arguments and not brief
+        return mapping.job_record(plain.job(s, job_id, result=not brief, arguments=arguments),
+                                  [] if brief else plain.tasks_of(s, job_id), result=not brief,
                                   arguments=arguments, as_text=self.results_as_text)
 
-    def _records(self, s: Session, job_ids: Sequence[str]) -> list[JobRecord]:
+    def _records(self, s: Session, job_ids: Sequence[str], *, brief: bool = False) -> list[JobRecord]:
         """:meth:`_record` of each of these jobs."""
-        return [self._record(s, job_id) for job_id in job_ids]
+        return [self._record(s, job_id, brief=brief) for job_id in job_ids]
 
     def job_owner(self, job_id: str) -> str | None:
         """The token id that submitted the job (None when submitted in-process)."""
@@ -368,10 +372,7 @@ class JobOps(Core):
         :meth:`list_jobs` gives them, without their tasks, results and a function's
         arguments (neither column read)."""
         with self.store.read() as s:
-            if brief:  # (no tasks either: a caller that asks which ended wants none of it)
-                return [mapping.job_record(plain.job(s, job_id, result=False, arguments=False), result=False,
-                                           arguments=False) for job_id in job_ids]
-            return self._records(s, job_ids)
+            return self._records(s, job_ids, brief=brief)
 
     def events(self, job_id: str) -> list[JobEvent]:
         with self.store.read() as s:

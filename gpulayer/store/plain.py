@@ -16,6 +16,7 @@ are written with ``?`` placeholders and rewritten once for drivers that want ``%
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 from sqlmodel import Session
@@ -173,12 +174,17 @@ def _job(r: tuple[Any, ...]) -> Job:
     return j._replace(cancel_requested=bool(j.cancel_requested))
 
 
+@functools.cache
+def _job_columns(result: bool, arguments: bool) -> str:
+    """:data:`JOB_COLUMNS`, NULL in place of the result or the arguments left out."""
+    return ", ".join("NULL" if (f == "result" and not result) or (f == "args" and not arguments) else f
+                     for f in Job._fields)
+
+
 def find_job(s: Session, job_id: str, *, result: bool = True, arguments: bool = True) -> Job | None:
     """The job, or None; without its ``result`` or ``arguments`` (None in their places, not
     read) when asked."""
-    columns = JOB_COLUMNS if result and arguments else ", ".join(
-        "NULL" if (f == "result" and not result) or (f == "args" and not arguments) else f for f in Job._fields)
-    found = fetch(s, f"SELECT {columns} FROM {_JOB_TABLE} WHERE id = ?", (job_id,))
+    found = fetch(s, f"SELECT {_job_columns(result, arguments)} FROM {_JOB_TABLE} WHERE id = ?", (job_id,))
     return _job(found[0]) if found else None
 
 
