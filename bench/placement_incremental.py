@@ -79,7 +79,7 @@ def build(root: Path, n_workers: int, n_jobs: int) -> tuple[TimedControlPlane, S
         for a in cp.poll_tasks(w):
             cp.start_task(a.task_id, worker_id=w)
             running[w] = a.task_id
-    spec_json, args_json = mapping.stored_spec(spec)
+    spec_json, args_json = mapping.stored_spec(spec, None), None  # (a command job: no arguments)
     now = time.time()
     with store.write() as s:  # the queue behind them, as many submits would have left it
         for i in range(n_jobs):

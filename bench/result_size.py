@@ -30,6 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _served import on_remote, served_function
 from _stats import table
 
 #: about this many bytes of JSON an item (see ITEMS)
@@ -117,30 +118,10 @@ def main() -> None:
 
 
 def _served(tmp: Path, code: Path, remote: Any) -> tuple[tuple[Any, Callable[[int], Any]], Callable[[], None]]:
-    """A ``gpulayer server start`` and a worker joined to it (the function's module on its
-    ``PYTHONPATH``): (a client of it and the spec of ``items(n)`` for it), and what stops them."""
-    from gpulayer.client import http_client
-    from gpulayer.specs import Placement
-    from tests.server_support import Api, ServerProc, start_remote_worker, stop_proc, wait_workers
-
-    server = ServerProc(tmp / "server").start()
-    admin = Api(server.url, server.admin_token)
-    worker = start_remote_worker(server.url, admin.token_for("join")["token"], tmp / "worker",
-                                 env={"PYTHONPATH": str(code)})
-
-    def stop() -> None:
-        stop_proc(worker)
-        server.stop()
-
-    try:
-        wait_workers(admin, 1)
-        client = http_client(server.url, token=server.admin_token)
-        client.wait(client.submit(remote.spec(10).model_copy(update={"placement": Placement(target="remote")})).id,
-                    timeout=120)  # (the worker's fork server)
-    except BaseException:
-        stop()
-        raise
-    return (client, lambda n: remote.spec(n).model_copy(update={"placement": Placement(target="remote")})), stop
+    """A ``gpulayer server start`` and a worker joined to it (bench/_served.py): (a client of
+    it and the spec of ``items(n)`` for it), and what stops them."""
+    client, stop = served_function(tmp, code, remote, 10)
+    return (client, lambda n: on_remote(remote.spec(n))), stop
 
 
 if __name__ == "__main__":

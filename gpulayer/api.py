@@ -53,6 +53,7 @@ from gpulayer.wire import (  # (re-exported: what goes over the wire is part of 
     ExplainBody,
     FinishBody,
     HeartbeatBody,
+    JobQuery,
     JoinBody,
     ListJobsQuery,
     LogsBody,
@@ -91,6 +92,7 @@ __all__ = [
     "HeartbeatBody",
     "HeartbeatReply",
     "JobEvent",
+    "JobQuery",
     "JoinBody",
     "JoinReply",
     "ListJobsQuery",
@@ -226,7 +228,11 @@ class ClientAPI(Protocol):
         and one placement pass; all are stored, in order, or none is."""
         ...
 
-    def get_job(self, job_id: str) -> JobRecord: ...
+    def get_job(self, job_id: str, *, arguments: bool | None = None) -> JobRecord:
+        """The job with its tasks. ``arguments=False``: its spec without a function's
+        arguments (``args`` and ``kwargs`` empty), for a caller that reads the rest (its
+        state, its result): arguments may be a megabyte, parsed and sent at every read."""
+        ...
 
     def list_jobs(self, *, state: JobState | None = None, limit: int = 100) -> list[JobRecord]:
         """The newest jobs (at most ``limit``), each without its tasks, its result and a
@@ -247,8 +253,9 @@ class ClientAPI(Protocol):
         ended) or the time ran out (:meth:`gpulayer.client.Client.follow`)."""
         ...
 
-    def wait_job(self, job_id: str, *, timeout: float = MAX_LONG_POLL) -> JobRecord:
-        """The job once it is terminal, or as it is after ``timeout`` seconds (one bounded wait)."""
+    def wait_job(self, job_id: str, *, timeout: float = MAX_LONG_POLL, arguments: bool | None = None) -> JobRecord:
+        """The job once it is terminal, or as it is after ``timeout`` seconds (one bounded
+        wait); ``arguments=False`` as for :meth:`get_job` (what ``result()`` asks for)."""
         ...
 
     def wait_jobs(self, job_ids: list[str], *, count: int = 1, timeout: float = MAX_LONG_POLL,
@@ -457,7 +464,7 @@ ROUTES: tuple[Route, ...] = (
           "Jobs, newest first, without their tasks, results and arguments (a client token sees its own)",
           response=list[JobRecord], query=ListJobsQuery, context={"owner": "owner"}),
     Route("get_job", "GET", "/v1/jobs/{job_id}", READERS, "One job with its tasks",
-          response=JobRecord, own_job=True, errors=(404,)),
+          response=JobRecord, query=JobQuery, own_job=True, errors=(404,)),
     Route("cancel", "POST", "/v1/jobs/{job_id}/cancel", READERS, "Cancel a job",
           response=JobRecord, own_job=True, errors=(404,)),
     Route("logs", "GET", "/v1/jobs/{job_id}/logs", READERS,

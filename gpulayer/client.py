@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpulayer import bundles, config, logtext
@@ -74,6 +74,8 @@ class Client:
         self._bundles_held: set[str] = set()
         #: whether the control plane takes wait_jobs(brief=) (False: one from before it)
         self._brief_waits = True
+        #: whether it takes wait_job(arguments=False) (False: one from before it)
+        self._argument_free = True
 
     @property
     def embedded(self) -> bool:
@@ -194,15 +196,36 @@ class Client:
                 self._brief_waits = False  # (a control plane from before brief: "no such field")
         return {j.id for j in self.api.wait_jobs(job_ids, count=1, timeout=timeout)}
 
-    def wait(self, job_id: str, timeout: float | None = None) -> JobRecord:
+    def wait(self, job_id: str, timeout: float | None = None, *, arguments: bool = True) -> JobRecord:
         """The job once it is terminal, or as it is after ``timeout`` seconds (None: no limit),
-        however many bounded long polls that takes."""
+        however many bounded long polls that takes; ``arguments=False``: its record without a
+        function's arguments (:meth:`job`), for a caller that wants its outcome."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             remaining = MAX_LONG_POLL if deadline is None else max(0.0, min(MAX_LONG_POLL, deadline - time.monotonic()))
-            job = self.api.wait_job(job_id, timeout=remaining)
+            job = (self.api.wait_job(job_id, timeout=remaining) if arguments
+                   else self._lean(self.api.wait_job, job_id, timeout=remaining))
             if job.state.terminal or (deadline is not None and time.monotonic() >= deadline):
                 return job
+
+    def job(self, job_id: str, *, arguments: bool = True) -> JobRecord:
+        """The job's record; ``arguments=False``: without a function's arguments (``args``
+        and ``kwargs`` empty) where the control plane can leave them out, for a caller that
+        reads the rest: arguments may be a megabyte, parsed and sent at every read."""
+        return self.api.get_job(job_id) if arguments else self._lean(self.api.get_job, job_id)
+
+    def _lean(self, op: Callable[..., JobRecord], job_id: str, **kw: Any) -> JobRecord:
+        """``op(job_id, **kw)`` (``get_job``, ``wait_job``) with ``arguments=False``; against a
+        control plane from before it, which refuses the field (a server words it "no such
+        field"), as before, and it is not asked again."""
+        if self._argument_free:
+            try:
+                return op(job_id, arguments=False, **kw)
+            except InvalidInput as exc:
+                if "arguments" not in str(exc):
+                    raise
+                self._argument_free = False
+        return op(job_id, **kw)
 
     def log_chunks(self, job_id: str, *, node: int | None = None) -> Iterator[LogChunk]:
         """All of the job's log chunks so far, oldest first, read a page at a time (a long
@@ -230,7 +253,7 @@ class Client:
         after = 0
         delay = 0.05
         waits = stream  # False: no long poll for output (none read, or a control plane without it)
-        job = self.api.get_job(job_id)
+        job = self.job(job_id, arguments=False)  # (each look: the state, the tasks; not the arguments)
         read_at = time.monotonic()
         while True:
             if on_update is not None:
@@ -254,15 +277,15 @@ class Client:
                 # or with output, which a job not yet seen running also changed; and while
                 # output flows, the job is read again every FOLLOW_WAIT (it may have ended)
                 if not chunks or job.state is not JobState.RUNNING or time.monotonic() - read_at >= FOLLOW_WAIT:
-                    job = self.api.get_job(job_id)
+                    job = self.job(job_id, arguments=False)
                     read_at = time.monotonic()
             elif chunks:
                 delay = 0.05
-                job = self.api.get_job(job_id)
+                job = self.job(job_id, arguments=False)
             else:
                 # a long poll instead of a sleep: the job's end is seen at once, not a
                 # growing delay after it; new output is read after at most `delay`
-                job = self.api.wait_job(job_id, timeout=delay if stream else FOLLOW_WAIT)
+                job = self._lean(self.api.wait_job, job_id, timeout=delay if stream else FOLLOW_WAIT)
                 delay = min(delay * 1.5, 0.5)
 
     # ------------------------------------------------------------------ the in-process worker
@@ -297,7 +320,7 @@ class Client:
         jobs = []
         for job_id in self._submitted:
             try:
-                job = self.control.get_job(job_id)
+                job = self.control.get_job(job_id, arguments=False)
             except GpulayerError:
                 continue
             if not job.state.terminal:

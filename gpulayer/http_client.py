@@ -48,6 +48,7 @@ from pydantic import TypeAdapter, ValidationError
 from gpulayer import api, config, progress
 from gpulayer.api import ResultJSON
 from gpulayer.errors import AuthError, ConnectionFailed, GpulayerError, InvalidInput, error_from_wire
+from gpulayer.specs import CHECKED
 from gpulayer.wire import Splice
 
 __all__ = ["HttpAPI", "RemoteAPI", "connect_http", "fingerprint_of_pem", "server_info", "tls_verify"]
@@ -268,7 +269,8 @@ def _operation(route: api.Route) -> Callable[..., Any]:
             return None
         if not adapter:
             adapter.append(TypeAdapter(route.response))
-        return adapter[0].validate_json(resp.content)
+        # (a control plane's answer: the specs in it were checked when their jobs were submitted)
+        return adapter[0].validate_json(resp.content, context=CHECKED)
 
     call.__name__ = call.__qualname__ = route.op
     call.__doc__ = proto.__doc__

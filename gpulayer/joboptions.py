@@ -34,6 +34,7 @@ from gpulayer import plugins
 from gpulayer.errors import InvalidArgument, InvalidInput, InvalidRequirement
 from gpulayer.profiles import check_implied_accelerator
 from gpulayer.specs import (
+    CHECKED,
     CommandJob,
     DistributedJob,
     FunctionJob,
@@ -184,11 +185,14 @@ def command_job(command: Sequence[str], options: JobOptions, spelling: Spelling,
 
 
 def function_job(function: str, args: Sequence[Any], kwargs: Mapping[str, Any], options: JobOptions,
-                 spelling: Spelling, *, check_installed: bool = True) -> FunctionJob:
-    """A :class:`FunctionJob` calling ``function(*args, **kwargs)`` with ``options``."""
+                 spelling: Spelling, *, check_installed: bool = True, arguments_checked: bool = False) -> FunctionJob:
+    """A :class:`FunctionJob` calling ``function(*args, **kwargs)`` with ``options``;
+    ``arguments_checked``: the caller checked ``args`` and ``kwargs`` already
+    (:func:`~gpulayer.specs.check_json`), which are then not walked again."""
     data = _job_fields(options, spelling)
     data.update(function=function, args=list(args), kwargs=dict(kwargs))
-    return _finish(build(FunctionJob, data, spelling), options, spelling, check_installed)
+    job = build(FunctionJob, data, spelling, context=CHECKED if arguments_checked else None)
+    return _finish(job, options, spelling, check_installed)
 
 
 def distributed_job(entry: str, args: Sequence[str], options: JobOptions, spelling: Spelling, *,

@@ -142,7 +142,7 @@ class RemoteFunction(Generic[T]):
         options = cast("JobOptions", {**self.options, "bundle": self._bundle,
                                       "name": self.options.get("name") or self.function})
         return joboptions.function_job(self.function, args, kwargs, options, remote_spelling(),
-                                       check_installed=check_installed)
+                                       check_installed=check_installed, arguments_checked=True)
 
     def remote(self, *args: Any, **kwargs: Any) -> JobHandle:
         """Submit ``fn(*args, **kwargs)`` as a FunctionJob; returns its handle at once."""

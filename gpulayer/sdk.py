@@ -66,7 +66,10 @@ class JobHandle:
         return self.record().state.terminal
 
     def wait(self, timeout: float | None = None) -> JobRecord:
-        job = self._client.wait(self.id, timeout)
+        return self._ended(timeout, arguments=True)
+
+    def _ended(self, timeout: float | None, *, arguments: bool) -> JobRecord:
+        job = self._client.wait(self.id, timeout, arguments=arguments)
         if not job.state.terminal:
             raise TimeoutError(f"job {self.id} is still {job.state.value} after {timeout} s")
         return job
@@ -77,8 +80,7 @@ class JobHandle:
         A function that raised comes back as :class:`RemoteError` with the remote type,
         message and traceback; any other unsuccessful end as :class:`JobFailed`.
         """
-        job = self.wait(timeout)
-        return result_of(job)
+        return result_of(self._ended(timeout, arguments=False))  # (its outcome: not the arguments)
 
     def logs(self, node: int | None = None) -> str:
         """The output so far; lines of a job of several nodes are prefixed ``[node R]``, as

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Annotated, Any, Literal, cast
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -360,9 +361,10 @@ class FunctionJob(_JobBase):
         return v
 
     @model_validator(mode="after")
-    def _json_args(self) -> FunctionJob:
-        check_json(self.args, "args")
-        check_json(self.kwargs, "kwargs")
+    def _json_args(self, info: ValidationInfo) -> FunctionJob:
+        if not checked_before(info):
+            check_json(self.args, "args")
+            check_json(self.kwargs, "kwargs")
         return self
 
 
@@ -391,6 +393,23 @@ _JOB_KINDS: dict[str, type[CommandJob | FunctionJob | DistributedJob]] = {
 }
 
 _JSON_TYPES = "None, bool, int, finite float, str, list, dict with str keys"
+
+
+#: The validation context of specs whose arguments were checked when their job was
+#: submitted: a spec read back from GPUlayer's own store, or from a control plane's answer
+#: (:mod:`gpulayer.store.mapping`, the HTTP client). Their arguments are not walked again by
+#: :func:`check_json`, a Python walk of every value (about 15 ms for 1 MB of arguments),
+#: which pydantic would otherwise repeat at every read, and again wherever a spec is put in
+#: a record (a model's "after" validator runs for an instance passed to a field too).
+#: What comes from a user (the SDK's constructors, a submit's request body) has no context,
+#: and is checked.
+CHECKED: Mapping[str, bool] = MappingProxyType({"gpulayer_arguments_checked": True})
+
+
+def checked_before(info: ValidationInfo) -> bool:
+    """Whether the validation is of a spec whose arguments were checked before (:data:`CHECKED`)."""
+    context = info.context
+    return isinstance(context, Mapping) and context.get("gpulayer_arguments_checked") is True
 
 
 #: how deep arguments and results may nest (JSON parsers and pydantic recurse per level)

@@ -215,9 +215,19 @@ class LogsQuery(Wire):
                                            f"state changes (a follower's long poll)")
 
 
+#: what ``arguments=false`` says of a job's record (``get_job``, ``wait_job``)
+ARGUMENTS_FIELD = ("false: the spec without a function's arguments (args and kwargs empty), for a caller that "
+                   "reads the rest of the record (its state, its result)")
+
+
+class JobQuery(Wire):
+    arguments: bool | None = Field(default=None, description=ARGUMENTS_FIELD)
+
+
 class WaitQuery(Wire):
     timeout: float = Field(default=MAX_LONG_POLL, ge=0, le=MAX_LONG_POLL,
                            description=f"seconds to wait, at most {MAX_LONG_POLL:g}")
+    arguments: bool | None = Field(default=None, description=ARGUMENTS_FIELD)
 
 
 class WaitJobsQuery(Wire):

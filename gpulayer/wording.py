@@ -269,9 +269,10 @@ def invalid_input(exc: ValidationError, model: type[BaseModel], spelling: Spelli
 M = TypeVar("M", bound=BaseModel)
 
 
-def build(model: type[M], data: Mapping[str, Any], spelling: Spelling) -> M:
-    """``model`` validated from ``data``; bad input raises :class:`InvalidInput` worded by ``spelling``."""
+def build(model: type[M], data: Mapping[str, Any], spelling: Spelling, *, context: Any = None) -> M:
+    """``model`` validated from ``data`` (with pydantic's validation ``context``); bad input
+    raises :class:`InvalidInput` worded by ``spelling``."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as exc:
         raise invalid_input(exc, model, spelling, data) from None

@@ -464,12 +464,12 @@ def jobs_wait(
     _check_wait_timeout(timeout)
     client = _client()
     for job_id in job_ids:  # every id is checked before waiting on any
-        client.api.get_job(job_id)
+        client.job(job_id, arguments=False)
     deadline = None if timeout is None else time.monotonic() + timeout
     finals: list[JobRecord] = []
     for job_id in job_ids:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        job = client.wait(job_id, left)
+        job = client.wait(job_id, left, arguments=False)  # (its outcome)
         finals.append(job)
         if not as_json:
             text = outcome_text(job) if job.state.terminal else f"job {job.id} still {job.state.value}"
@@ -495,7 +495,7 @@ def jobs_result(
     --timeout), else the job's outcome."""
     _check_wait_timeout(timeout)
     client = _client()
-    job = client.wait(job_id, timeout) if wait else client.api.get_job(job_id)
+    job = client.wait(job_id, timeout, arguments=False) if wait else client.job(job_id, arguments=False)
     if as_json:
         echo_json(outcome_record(job))
         raise typer.Exit(exit_code_for(job))

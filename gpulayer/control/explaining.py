@@ -24,7 +24,7 @@ from gpulayer.records import (
 )
 from gpulayer.scheduling import nearest
 from gpulayer.scheduling.fleet import offer_record
-from gpulayer.specs import JobSpec
+from gpulayer.specs import CHECKED, JobSpec
 from gpulayer.store import JobRow, TaskRow, mapping, queries
 
 if TYPE_CHECKING:
@@ -67,7 +67,8 @@ def explain(plane: ControlPlane, spec: JobSpec | None, *, job_id: str | None = N
         view.running = [_running(t, holders.get(t.job_id), owner) for t in held]
         if view.status == "busy":
             view.frees_at = frees_at(view, states[view.worker], spec, view.running)
-    return Explanation(
+    # (the spec was validated already, stored or from the caller: see specs.CHECKED)
+    return Explanation.model_validate(dict(
         job_id=job.id if job is not None else None,
         state=JobState(job.state) if job is not None else None,
         spec=spec,
@@ -79,7 +80,7 @@ def explain(plane: ControlPlane, spec: JobSpec | None, *, job_id: str | None = N
         closest=survey.closest,
         relaxations=survey.relaxations,
         at=now,
-    )
+    ), context=CHECKED)
 
 
 def provider_offers(plane: ControlPlane, spec: JobSpec) -> list[MachineOffer] | None:

@@ -54,7 +54,7 @@ class JobOps(Core):
         """Store a job and run a placement pass. The spec must already be resolved
         (profile applied, bundle uploaded and named by ``bundle_digest``). Idempotency keys
         are scoped to ``owner``: one owner can never see another's job by guessing a key."""
-        self._check_submit(spec)
+        args_json = self._check_submit(spec)
         key = _scoped(owner, idempotency_key)
         now = self.clock()
         started = time.perf_counter()
@@ -63,7 +63,7 @@ class JobOps(Core):
                 existing = plain.job_id_by_key(s, key)
                 if existing is not None:
                     return self._record(s, existing)
-            job_id = self._insert(s, spec, key, owner, now)
+            job_id = self._insert(s, spec, args_json, key, owner, now)
             # placed in the same transaction: one commit per submit
             result = self._place_too(s, new_job=job_id)
             record = self._record(s, job_id)
@@ -82,9 +82,10 @@ class JobOps(Core):
         if len(specs) > MAX_BATCH:
             raise InvalidInput(f"specs: {len(specs)} job specs, over the limit of {MAX_BATCH} in one batch; "
                                "split it")
+        args_json: list[str | None] = []
         for i, spec in enumerate(specs):
             try:
-                self._check_submit(spec)
+                args_json.append(self._check_submit(spec))
             except InvalidInput as exc:
                 raise type(exc)(f"specs[{i}]: {exc}") from None
         key = _scoped(owner, idempotency_key)
@@ -103,8 +104,8 @@ class JobOps(Core):
             for i, spec in enumerate(specs):
                 try:
                     # a microsecond apart: the queue (in order of submission) keeps their order
-                    ids.append(self._insert(s, spec, None if key is None else f"{key}:{i}", owner,
-                                            now + i * 1e-6))
+                    ids.append(self._insert(s, spec, args_json[i], None if key is None else f"{key}:{i}",
+                                            owner, now + i * 1e-6))
                 except InvalidInput as exc:  # (none of the batch is stored: the transaction ends)
                     raise type(exc)(f"specs[{i}]: {exc}") from None
             result = self._place_too(s)  # one pass for all of them, in the same transaction
@@ -112,8 +113,9 @@ class JobOps(Core):
         self._placed(result, started)
         return records
 
-    def _check_submit(self, spec: JobSpec) -> None:
-        """What a spec must be before it is stored (beyond its own validation)."""
+    def _check_submit(self, spec: JobSpec) -> str | None:
+        """What a spec must be before it is stored (beyond its own validation); a function's
+        arguments as they are stored (their JSON text, None when there are none)."""
         if spec.bundle is not None:
             raise InvalidInput(
                 "spec.bundle: the control plane takes bundles by address; upload the "
@@ -121,14 +123,17 @@ class JobOps(Core):
             )
         if not self.serving and spec.placement.targets == ["cloud"]:
             raise InvalidInput(CLOUD_NEEDS_SERVER)
-        if spec.kind == "function":
-            _check_arguments(spec.function, spec.args, spec.kwargs)
+        if spec.kind == "function" and (spec.args or spec.kwargs):
+            return _check_arguments(spec.function, spec.args, spec.kwargs)
+        return None
 
-    def _insert(self, s: Session, spec: JobSpec, key: str | None, owner: str | None, now: float) -> str:
-        """Store one queued job (its bundle readable by ``owner``); its id."""
+    def _insert(self, s: Session, spec: JobSpec, args_json: str | None, key: str | None, owner: str | None,
+                now: float) -> str:
+        """Store one queued job (its bundle readable by ``owner``; ``args_json``: what
+        :meth:`_check_submit` said of it); its id."""
         if spec.bundle_digest is not None and not self._may_read_bundle(s, spec.bundle_digest, owner):
             raise InvalidInput(f"bundle_digest {spec.bundle_digest}: no bundle with that address was uploaded")
-        spec_json, args_json = mapping.stored_spec(spec)
+        spec_json = mapping.stored_spec(spec, args_json)
         job_id = new_id("job")
         plain.insert_job(s, plain.Job(
             id=job_id, kind=spec.kind, spec=spec_json, state=JobState.QUEUED.value, priority=spec.priority,
@@ -138,11 +143,12 @@ class JobOps(Core):
         self._event(s, "submitted", job_id=job_id, message=spec.kind)
         return job_id
 
-    def get_job(self, job_id: str, *, arguments: bool = True) -> JobRecord:
-        """The job's record; without a function's ``arguments`` (``args`` and ``kwargs`` empty)
-        for an in-process reader that shows the rest (the dashboard's live looks)."""
+    def get_job(self, job_id: str, *, arguments: bool | None = None) -> JobRecord:
+        """The job's record; ``arguments=False``: without a function's arguments (``args``
+        and ``kwargs`` empty, the column not read), for a reader of the rest (the
+        dashboard's live looks, ``result()``, a follower)."""
         with self.store.read() as s:
-            return self._record(s, job_id, arguments=arguments)
+            return self._record(s, job_id, arguments=arguments is not False)
 
     def _record(self, s: Session, job_id: str, *, arguments: bool = True, brief: bool = False) -> JobRecord:
         """The job's record, as stored, with every task it had (NotFound if there is no such
@@ -248,8 +254,9 @@ class JobOps(Core):
         with self.store.read() as s:
             return plain.job_state(s, job_id)
 
-    def wait_job(self, job_id: str, *, timeout: float = MAX_LONG_POLL) -> JobRecord:
-        """The job once it is terminal, or as it is after ``timeout`` seconds."""
+    def wait_job(self, job_id: str, *, timeout: float = MAX_LONG_POLL, arguments: bool | None = None) -> JobRecord:
+        """The job once it is terminal, or as it is after ``timeout`` seconds; ``arguments``
+        as for :meth:`get_job`."""
         deadline = time.monotonic() + timeout
         poll = WAIT_FIRST_LOOK
         while True:
@@ -259,7 +266,7 @@ class JobOps(Core):
                 remaining = deadline - time.monotonic()
                 if state is None or JobState(state).terminal or remaining <= 0:
                     # (NotFound for a job that does not exist)
-                    return self._record(s, job_id)
+                    return self._record(s, job_id, arguments=arguments is not False)
             self._wait_change(generation, min(poll, remaining))
             poll = min(poll * 1.5, WAIT_LONGEST_LOOK)
 
@@ -459,9 +466,10 @@ def _scoped(owner: str | None, idempotency_key: str | None) -> str | None:
     return f"{owner}:{idempotency_key}" if owner and idempotency_key else idempotency_key
 
 
-def _check_arguments(function: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+def _check_arguments(function: str, args: list[Any], kwargs: dict[str, Any]) -> str:
     """A function job's arguments within the documented limits (the same embedded and on a
-    server), counted with an early stop so that a huge list is refused in bounded time."""
+    server), counted with an early stop so that a huge list is refused in bounded time; their
+    JSON text as stored (:func:`gpulayer.store.mapping.stored_spec`), written once."""
     env = config.settings()
     budget = env.max_args_values
     stack: list[Any] = [args, kwargs]
@@ -475,11 +483,12 @@ def _check_arguments(function: str, args: list[Any], kwargs: dict[str, Any]) -> 
             stack.extend(value)
         elif isinstance(value, dict):
             stack.extend(value.values())
-    size = len(json.dumps([args, kwargs]).encode("utf-8", "surrogatepass"))
-    if size > env.max_args_mb * 1024 * 1024:
-        raise InvalidArgument(f"arguments of {function}: {size} bytes of JSON, over the limit of "
+    text = mapping.arguments_json(args, kwargs)
+    if len(text) > env.max_args_mb * 1024 * 1024:  # (ASCII: json.dumps escapes the rest)
+        raise InvalidArgument(f"arguments of {function}: {len(text)} bytes of JSON, over the limit of "
                               f"{env.max_args_mb:g} MB (GPULAYER_MAX_ARGS_MB); pass large data as a file in "
                               "the bundle or a URL")
+    return text
 
 
 def _result_json(result: Any, spec: JobSpec) -> str | None:

@@ -28,6 +28,7 @@ from gpulayer.hookrecords import Capabilities, Rendezvous
 from gpulayer.logtext import stored_log_text
 from gpulayer.pids import pid_alive
 from gpulayer.records import JobError, JobState, TaskState, WorkerRecord, new_id
+from gpulayer.specs import CHECKED
 from gpulayer.store import WorkerRow, mapping, plain, queries
 
 ORIGINS = ("local", "existing", "provider")
@@ -412,11 +413,11 @@ class WorkerOps(Core):
         """The tasks assigned to the worker and not started, but those in ``running`` (the
         worker has them already: it is starting them)."""
         taken = set(running)
-        return [TaskAssignment(
+        return [TaskAssignment.model_validate(dict(
             task_id=t.id, job_id=t.job_id, attempt=t.attempt, node_rank=t.node_rank,
             accelerator=t.accelerator, devices=json.loads(t.devices), spec=mapping.spec_with_args(spec, args),
             rendezvous=Rendezvous.model_validate_json(t.rendezvous) if t.rendezvous else None,
-        ) for t, spec, args in plain.assigned_of_worker(s, worker_id) if t.id not in taken]
+        ), context=CHECKED) for t, spec, args in plain.assigned_of_worker(s, worker_id) if t.id not in taken]
 
     def look_for_work(self, polls: Mapping[str, Sequence[str]]) -> dict[str, WorkPoll]:
         """:meth:`poll_work` without waiting, for many workers' polls at once (worker id ->

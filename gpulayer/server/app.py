@@ -236,7 +236,8 @@ async def _wait_job(server: Server, request: Request, kw: dict[str, Any]) -> Any
         await server.changed(changed, min(remaining, 1.0))
         changed = server.change_event()
         state = await run_in_threadpool(control.state_of, job_id)
-    return await run_in_threadpool(control.get_job, job_id)  # (NotFound for no such job)
+    # (NotFound for no such job)
+    return await run_in_threadpool(functools.partial(control.get_job, job_id, arguments=kw.get("arguments")))
 
 
 async def _logs(server: Server, request: Request, kw: dict[str, Any]) -> Any:

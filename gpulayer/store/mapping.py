@@ -27,7 +27,7 @@ from gpulayer.records import (
     TaskState,
     WorkerRecord,
 )
-from gpulayer.specs import JobSpec
+from gpulayer.specs import CHECKED, JobSpec
 from gpulayer.store import plain
 from gpulayer.store.tables import EventRow, JobRow, MachineRow, TaskRow, TokenRow, WorkerRow
 
@@ -35,15 +35,21 @@ SPEC: TypeAdapter[Any] = TypeAdapter(JobSpec)
 
 
 def spec(raw: str) -> Any:
-    return SPEC.validate_json(raw)
+    """A stored spec (its arguments were checked at submit: :data:`~gpulayer.specs.CHECKED`)."""
+    return SPEC.validate_json(raw, context=CHECKED)
 
 
-def stored_spec(spec_: Any) -> tuple[str, str | None]:
-    """``(spec, args)`` columns for a job spec: a function job's arguments apart."""
-    if spec_.kind != "function" or not (spec_.args or spec_.kwargs):
-        return spec_.model_dump_json(), None
-    bare = spec_.model_copy(update={"args": [], "kwargs": {}})
-    return bare.model_dump_json(), json.dumps({"args": spec_.args, "kwargs": spec_.kwargs})
+def stored_spec(spec_: Any, args: str | None) -> str:
+    """The ``spec`` column of a job spec: a function job's arguments apart, in the ``args``
+    column (``args``: :func:`arguments_json` of them, None when there are none)."""
+    if args is None:
+        return spec_.model_dump_json()  # type: ignore[no-any-return]
+    return spec_.model_copy(update={"args": [], "kwargs": {}}).model_dump_json()  # type: ignore[no-any-return]
+
+
+def arguments_json(args: list[Any], kwargs: dict[str, Any]) -> str:
+    """The ``args`` column of a function job's arguments."""
+    return json.dumps({"args": args, "kwargs": kwargs})
 
 
 def job_spec(row: JobRow | plain.Job) -> Any:
@@ -57,7 +63,7 @@ def spec_with_args(stored: str, args: str | None) -> Any:
         return spec(stored)
     data = json.loads(stored)
     data.update(json.loads(args))
-    return SPEC.validate_python(data)
+    return SPEC.validate_python(data, context=CHECKED)
 
 
 def _without_arguments(spec_: Any) -> Any:
@@ -102,7 +108,7 @@ def job_record(row: JobRow | plain.Job, tasks: Sequence[TaskRow | plain.Task] | 
     a list of jobs gives it; with ``as_text``, the result as its stored JSON text
     (:class:`~gpulayer.wire.ResultJSON`), not parsed."""
     stored = row.result if result else None
-    return JobRecord(
+    return JobRecord.model_validate(dict(
         id=row.id, spec=job_spec(row) if arguments else _without_arguments(spec(row.spec)), state=JobState(row.state),
         created_at=row.created_at,
         updated_at=row.updated_at, attempt=row.attempt, exit_code=row.exit_code,
@@ -110,7 +116,7 @@ def job_record(row: JobRow | plain.Job, tasks: Sequence[TaskRow | plain.Task] | 
         error=error_of(row.error),
         decision=decision_of(row.decision), cancel_requested=row.cancel_requested,
         tasks=[task_record(t) for t in tasks or []],
-    )
+    ), context=CHECKED)  # (the spec's arguments are not checked again: see CHECKED)
 
 
 def worker_record(row: WorkerRow | dict[str, Any]) -> WorkerRecord:

@@ -35,6 +35,7 @@ SCRIPTS = [
     ("server_latency.py", ["--jobs", "2"], "stored -> task started"),
     ("follow_latency.py", ["--runs", "1", "--lines", "2", "--gap", "0.05"], "a server (HTTP, SQLite): worst"),
     ("result_size.py", ["--runs", "1", "--mb", "0.01", "--list", "2"], "MB result, .remote().result()"),
+    ("argument_size.py", ["--runs", "1", "--mb", "0.01"], "of arguments, through a server"),
     ("placement.py", ["--runs", "1", "--jobs", "200", "--workers", "20"], "floor: pairs"),
     ("placement_incremental.py", ["--runs", "2", "--jobs", "200", "--workers", "20"], "pass after a task ended"),
     ("fork_server.py", ["--tasks", "5", "--rounds", "1"], "page faults of the server"),
@@ -48,7 +49,7 @@ SCRIPTS = [
 
 
 def test_every_bench_script_is_listed_here_or_said_why_not() -> None:
-    listed = {name for name, _, _ in SCRIPTS} | {"slurm_join.py", "_stats.py"}
+    listed = {name for name, _, _ in SCRIPTS} | {"slurm_join.py", "_stats.py", "_served.py"}
     assert {p.name for p in (ROOT / "bench").glob("*.py")} == listed
 
 

@@ -1,0 +1,177 @@
+"""A function job's arguments after its submit: checked once, when they come from a caller,
+and neither walked again nor sent where the reader wants the rest of the record.
+
+Arguments may be a megabyte. :func:`gpulayer.specs.check_json` walks every value in Python;
+a spec read back from the store or from a control plane's answer carries
+:data:`gpulayer.specs.CHECKED`, so that walk is not repeated at every read (nor wherever a
+record holds the spec). ``get_job`` and ``wait_job`` take ``arguments=False`` (a query field
+over HTTP) for readers of the outcome: ``result()``, ``gpulayer jobs result`` and ``wait``, a
+follower.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+import gpulayer as gl
+from gpulayer import client as client_mod
+from gpulayer import specs
+from gpulayer.control import ControlPlane
+from gpulayer.errors import InvalidArgument, InvalidInput
+from gpulayer.http_client import connect_http
+from gpulayer.records import JobState
+from gpulayer.server.app import create_app
+from gpulayer.specs import FunctionJob, Placement
+from gpulayer.store import Store
+from tests.factories import make_capabilities
+from tests.support import job_module
+
+ARGS = [{"rows": [1, 2.5, "caf\u00e9", None, True]}, [[1], [2]]]
+KWARGS = {"k": {"nested": ["x"]}}
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[ControlPlane, TestClient, dict[str, str]]]:
+    control = ControlPlane(Store(f"sqlite:///{tmp_path / 'server.db'}"), heartbeat_timeout=30)
+    with TestClient(create_app(control, background=False)) as tc:
+        yield control, tc, {"authorization": f"Bearer {control.create_token(scope='admin').token}"}
+
+
+def _walks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths :func:`gpulayer.specs.check_json` is asked to walk from now on."""
+    walked: list[str] = []
+    real = specs.check_json
+
+    def counted(value: Any, path: str) -> None:
+        walked.append(path)
+        real(value, path)
+
+    monkeypatch.setattr(specs, "check_json", counted)
+    return walked
+
+
+def test_stored_arguments_are_not_walked_again_by_any_read(
+        served: tuple[ControlPlane, TestClient, dict[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    control, tc, admin = served
+    client = connect_http("http://testserver", token=admin["authorization"][7:], retry_for=0.5,
+                          transport=tc._transport)
+    reply = client.join_worker(make_capabilities(), join_token=control.create_token(scope="join").token)
+    walked = _walks(monkeypatch)
+    spec = FunctionJob(function="m:f", args=ARGS, kwargs=KWARGS, placement=Placement(target="remote"))
+    assert walked == ["args", "kwargs"]  # the caller's spec is checked
+    job = client.submit(spec)
+    # ... and so is a submit's body: as the HTTP client builds it (a spec changed after it
+    # was built is refused there, not sent as JSON would read it) and on the server (what a
+    # client sends is not trusted)
+    assert walked == ["args", "kwargs"] * 3
+    worker = connect_http("http://testserver", token=reply.token, retry_for=0.5, transport=tc._transport)
+    [task] = worker.poll_tasks(reply.worker_id)
+    reads = [task.spec, client.get_job(job.id).spec, client.wait_job(job.id, timeout=0).spec,
+             control.get_job(job.id).spec, client.submit(spec, idempotency_key="k").spec,
+             client.submit(spec, idempotency_key="k").spec]
+    for read in reads:
+        assert (read.args, read.kwargs) == (ARGS, KWARGS)  # type: ignore[union-attr]
+    for explained in (client.explain_job(job.id), control.explain_job(job.id)):  # (placement's view: no arguments)
+        assert explained.spec.kind == "function" and explained.state is JobState.ASSIGNED
+    # no read walked them: only the two submits above did, as the first one
+    assert walked == ["args", "kwargs"] * 7
+
+
+def test_a_submit_still_refuses_arguments_that_are_not_json(
+        served: tuple[ControlPlane, TestClient, dict[str, str]]) -> None:
+    """What a client sends is checked, whatever context a server's own reads use."""
+    control, tc, admin = served
+    deep: Any = 1
+    for _ in range(specs.MAX_JSON_DEPTH + 1):
+        deep = [deep]
+    spec = '{"spec": {"kind": "function", "function": "m:f", "args": %s}}'
+    for args, said in ((json.dumps([deep]), "nested more than 100 levels deep"),
+                       ('[{"a": "\\udc80"}]', "lone surrogate"), ("[1, NaN]", "NaN")):
+        bad = tc.post("/v1/jobs", headers={**admin, "content-type": "application/json"},
+                      content=(spec % args).encode())
+        assert bad.status_code in (400, 422) and said in bad.json()["error"]["message"], (args, bad.text)
+    assert control.list_jobs() == []
+    with pytest.raises(InvalidArgument, match="args"):
+        FunctionJob(function="m:f", args=[{1, 2}])
+
+
+def test_a_record_without_its_arguments_over_http(served: tuple[ControlPlane, TestClient, dict[str, str]]) -> None:
+    control, tc, admin = served
+    job = control.submit(FunctionJob(function="m:f", args=ARGS, kwargs=KWARGS,
+                                     placement=Placement(target="remote", on_unschedulable="wait")))
+    for path in (f"/v1/jobs/{job.id}", f"/v1/jobs/{job.id}/wait?timeout=0"):
+        sep = "&" if "?" in path else "?"
+        whole = tc.get(path, headers=admin).json()
+        lean = tc.get(f"{path}{sep}arguments=false", headers=admin).json()
+        assert (whole["spec"]["args"], whole["spec"]["kwargs"]) == (ARGS, KWARGS)
+        assert (lean["spec"]["args"], lean["spec"]["kwargs"]) == ([], {})
+        assert {k: v for k, v in lean.items() if k != "spec"} == {k: v for k, v in whole.items() if k != "spec"}
+        assert tc.get(f"{path}{sep}arguments=true", headers=admin).json() == whole
+        bad = tc.get(f"{path}{sep}arguments=maybe", headers=admin)
+        assert bad.status_code in (400, 422) and "query.arguments" in bad.json()["error"]["message"], bad.text
+    client = connect_http("http://testserver", token=admin["authorization"][7:], retry_for=0.5,
+                          transport=tc._transport)
+    assert client.get_job(job.id, arguments=False).spec.args == []  # type: ignore[union-attr]
+    assert client.wait_job(job.id, timeout=0, arguments=False).spec.kwargs == {}  # type: ignore[union-attr]
+    assert control.get_job(job.id).spec.args == ARGS  # type: ignore[union-attr]
+
+
+MODULE = """
+import gpulayer as gl
+
+
+@gl.remote
+def count(xs, **kw):
+    return [len(xs), sorted(kw)]
+"""
+
+
+@pytest.fixture
+def countmod(gpulayer_isolated: None, probes_seeded: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+             ) -> Iterator[Any]:
+    with job_module(tmp_path, monkeypatch, "countmod", MODULE) as module:
+        yield module
+
+
+def test_result_reads_the_outcome_without_the_arguments_and_falls_back_where_not_known(
+        countmod: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``result()`` asks for the record without the arguments. A control plane from before
+    ``arguments`` refuses it (as a server words an unknown query field): it then asks as
+    before, and does not try again. ``record()`` and ``wait()`` keep the whole record."""
+    walked = _walks(monkeypatch)
+    handle = countmod.count.remote(list(range(5)), b=1, a=2)
+    assert walked == ["args", "kwargs"]  # checked once, where .remote() was called
+    client = client_mod.connect()
+    real = client.api.wait_job
+    asked: list[object] = []
+
+    def seen(job_id: str, **kw: Any) -> Any:
+        asked.append(kw.get("arguments"))
+        return real(job_id, **kw)
+
+    monkeypatch.setattr(client.api, "wait_job", seen)
+    assert handle.result(timeout=120) == [5, ["a", "b"]]
+    assert asked and set(asked) == {False}
+    assert handle.wait(timeout=120).spec.args == [list(range(5))]  # (the record, whole)
+    assert handle.record().spec.kwargs == {"b": 1, "a": 2}
+    assert asked[-1] is None
+    assert walked == ["args", "kwargs"]  # (no read walked them again)
+
+    def older(job_id: str, **kw: Any) -> Any:
+        asked.append(kw.get("arguments"))
+        if "arguments" in kw:
+            raise InvalidInput("query.arguments='false': no such field; accepted: timeout")
+        return real(job_id, **kw)
+
+    asked.clear()
+    monkeypatch.setattr(client.api, "wait_job", older)
+    for _ in range(2):
+        assert handle.result(timeout=120) == [5, ["a", "b"]]
+    assert asked == [False, None, None]  # refused once, then asked as before
+    assert gl.get_job(handle.id).status() == JobState.SUCCEEDED.value
