@@ -18,7 +18,7 @@ from sqlalchemy import Connection, inspect, text
 
 from gpulayer.errors import GpulayerError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 # Version 1: the first released schema (no tokens, no idempotent submit).
 SCHEMA_V1 = [
@@ -117,9 +117,19 @@ def _v6_to_v7(conn: Connection) -> None:
     marks.install(conn)
 
 
+def _v7_to_v8(conn: Connection) -> None:
+    # a list of one state's jobs, or of one owner's (a client token's), newest first, read in
+    # the order of an index: each such list sorted all of them first (46-66 ms with 200,000
+    # stored). The single-column indexes are these ones' first columns.
+    conn.execute(text("CREATE INDEX IF NOT EXISTS ix_gl_jobs_state_created ON gl_jobs (state, created_at)"))
+    conn.execute(text("CREATE INDEX IF NOT EXISTS ix_gl_jobs_owner_created ON gl_jobs (owner, created_at)"))
+    conn.execute(text("DROP INDEX IF EXISTS ix_gl_jobs_state"))
+    conn.execute(text("DROP INDEX IF EXISTS ix_gl_jobs_owner"))
+
+
 #: MIGRATIONS[n] brings a database at version n to version n + 1.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
-                                                     5: _v5_to_v6, 6: _v6_to_v7}
+                                                     5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8}
 
 
 class SchemaTooNew(GpulayerError):

@@ -41,7 +41,7 @@ class JobRow(SQLModel, table=True):
     id: str = Field(primary_key=True)
     kind: str
     spec: str = Field(sa_column=Column(Text, nullable=False))
-    state: str = Field(index=True)
+    state: str  # (indexed with created_at: see below)
     priority: int = 0
     created_at: float = Field(index=True)
     updated_at: float = 0.0
@@ -54,7 +54,7 @@ class JobRow(SQLModel, table=True):
     cancel_requested: bool = False
     # added in schema 2
     idempotency_key: str | None = Field(default=None, unique=True)
-    owner: str | None = Field(default=None, index=True)
+    owner: str | None = None  # (indexed with created_at: see below)
     # added in schema 3: a function job's {"args": [...], "kwargs": {...}}, kept out of
     # ``spec`` so that placement never reads or parses them
     args: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
@@ -63,6 +63,10 @@ class JobRow(SQLModel, table=True):
 # added in schema 6: the queue in placement order (priority, then submission), so that a
 # pass after a task ended reads the queue's head alone
 Index("ix_gl_jobs_queue", col(JobRow.state), col(JobRow.priority).desc(), col(JobRow.created_at), col(JobRow.id))
+# added in schema 8: lists of one state's or one owner's jobs, newest first (they replace the
+# indexes of state and owner alone, which they begin with)
+Index("ix_gl_jobs_state_created", col(JobRow.state), col(JobRow.created_at))
+Index("ix_gl_jobs_owner_created", col(JobRow.owner), col(JobRow.created_at))
 
 
 class TaskRow(SQLModel, table=True):

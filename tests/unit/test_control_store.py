@@ -32,7 +32,7 @@ def test_migration_from_the_previous_schema_keeps_stored_jobs(tmp_path: Path) ->
     db.commit()
     db.close()
     store = Store(f"sqlite:///{path}")
-    assert store.schema_version() == migrations.SCHEMA_VERSION == 7
+    assert store.schema_version() == migrations.SCHEMA_VERSION == 8
     cp = ControlPlane(store)
     job = cp.get_job("job-000000000001")
     assert job.state is JobState.SUCCEEDED
@@ -42,6 +42,63 @@ def test_migration_from_the_previous_schema_keeps_stored_jobs(tmp_path: Path) ->
     assert cp.submit(CommandJob(command=["true"]), idempotency_key="x").id == \
         cp.submit(CommandJob(command=["true"]), idempotency_key="x").id
     assert len(cp.list_jobs()) == 2
+
+
+def _job_indexes(store: Store) -> dict[str, tuple[str, ...]]:
+    from sqlalchemy import inspect
+
+    return {ix["name"]: tuple(c or "" for c in ix["column_names"]) for ix in inspect(store.engine).get_indexes("gl_jobs")
+            if ix["name"] is not None}
+
+
+def test_schema_8_gives_a_database_of_schema_7_the_indexes_of_a_new_one(store_url: str) -> None:
+    """Lists of one state's or one owner's jobs, newest first, have indexes to read in that
+    order; the indexes of state and owner alone, which they begin with, are gone."""
+    from sqlalchemy import text
+
+    store = Store(store_url)
+    new = _job_indexes(store)
+    assert new["ix_gl_jobs_state_created"] == ("state", "created_at")
+    assert new["ix_gl_jobs_owner_created"] == ("owner", "created_at")
+    assert not {"ix_gl_jobs_state", "ix_gl_jobs_owner"} & set(new)
+    with store.engine.begin() as conn:  # the jobs' indexes as schema 7 had them
+        for statement in ("DROP INDEX ix_gl_jobs_state_created", "DROP INDEX ix_gl_jobs_owner_created",
+                          "CREATE INDEX ix_gl_jobs_state ON gl_jobs (state)",
+                          "CREATE INDEX ix_gl_jobs_owner ON gl_jobs (owner)", "UPDATE gl_schema SET version = 7"):
+            conn.execute(text(statement))
+    store.dispose()
+    migrated = Store(store_url)
+    assert migrated.schema_version() == 8 and _job_indexes(migrated) == new
+    migrated.dispose()
+
+
+def test_a_list_of_one_state_or_one_owner_is_read_in_index_order(tmp_path: Path) -> None:
+    """No list sorts all the jobs of its state or owner first (SQLite's plan has no
+    temporary B-tree), on the full path and on the CLI's light path alike."""
+    from sqlalchemy import event
+
+    from gpulayer import embedded_reads
+
+    path = tmp_path / "gpulayer.db"
+    cp = ControlPlane(Store(f"sqlite:///{path}"))
+    statements: list[str] = []
+    event.listen(cp.store.engine, "before_cursor_execute",
+                 lambda conn, cursor, statement, params, context, many: statements.append(
+                     statement.replace("?", "{!r}").format(*params) if "FROM gl_jobs" in statement else ""))
+    cp.list_jobs(state="queued", limit=5)
+    cp.list_jobs(owner="tok-1", limit=5)
+    cp.list_jobs(state="failed", owner="tok-1", limit=5)
+    db = sqlite3.connect(path)
+    db.set_trace_callback(statements.append)
+    embedded_reads.job_lines(db, state="succeeded", limit=5)
+    db.set_trace_callback(None)
+    lists = [s for s in statements if "FROM gl_jobs" in s and "ORDER BY gl_jobs.created_at DESC" in s]
+    assert len(lists) == 4, statements
+    for statement in lists:
+        plan = " / ".join(row[-1] for row in db.execute(f"EXPLAIN QUERY PLAN {statement}"))
+        assert "TEMP B-TREE" not in plan and "_created" in plan, (statement, plan)
+    db.close()
+    cp.store.dispose()
 
 
 def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
