@@ -67,6 +67,7 @@ from gpulayer.wire import (  # (re-exported: what goes over the wire is part of 
     StartQuery,
     SubmitBody,
     SubmitManyBody,
+    SubmitQuery,
     TokenBody,
     WaitJobsBody,
     WaitJobsQuery,
@@ -110,6 +111,7 @@ __all__ = [
     "StartQuery",
     "SubmitBody",
     "SubmitManyBody",
+    "SubmitQuery",
     "TaskAssignment",
     "TokenBody",
     "TokenInfo",
@@ -219,11 +221,15 @@ class JoinReply(Wire):
 class ClientAPI(Protocol):
     """What users do with a control plane."""
 
-    def submit(self, spec: JobSpec, *, idempotency_key: str | None = None) -> JobRecord:
-        """Store a resolved spec (profile applied, bundle uploaded) and place it."""
+    def submit(self, spec: JobSpec, *, idempotency_key: str | None = None,
+               arguments: bool | None = None) -> JobRecord:
+        """Store a resolved spec (profile applied, bundle uploaded) and place it; the job as
+        stored (``arguments=False``: without a function's arguments, which the caller has:
+        what the SDK asks for)."""
         ...
 
-    def submit_many(self, specs: list[JobSpec], *, idempotency_key: str | None = None) -> list[JobRecord]:
+    def submit_many(self, specs: list[JobSpec], *, idempotency_key: str | None = None,
+                    arguments: bool | None = None) -> list[JobRecord]:
         """:meth:`submit` for up to :data:`MAX_BATCH` resolved specs at once: one transaction
         and one placement pass; all are stored, in order, or none is."""
         ...
@@ -456,10 +462,11 @@ ROUTES: tuple[Route, ...] = (
     # ---------------------------------------------------------------- jobs
     Route("submit", "POST", "/v1/jobs", READERS,
           "Submit a job; idempotent with idempotency_key (per token)",
-          response=JobRecord, status=201, body=SubmitBody, context={"owner": "owner"}),
+          response=JobRecord, status=201, query=SubmitQuery, body=SubmitBody, context={"owner": "owner"}),
     Route("submit_many", "POST", "/v1/jobs/batch", READERS,
           f"Submit up to {MAX_BATCH} jobs at once, all or none; idempotent with idempotency_key (per token)",
-          response=list[JobRecord], status=201, body=SubmitManyBody, context={"owner": "owner"}, errors=(409,)),
+          response=list[JobRecord], status=201, query=SubmitQuery, body=SubmitManyBody, context={"owner": "owner"},
+          errors=(409,)),
     Route("list_jobs", "GET", "/v1/jobs", READERS,
           "Jobs, newest first, without their tasks, results and arguments (a client token sees its own)",
           response=list[JobRecord], query=ListJobsQuery, context={"owner": "owner"}),

@@ -106,23 +106,27 @@ class Client:
         return spec
 
     def submit(self, spec: CommandJob | FunctionJob | DistributedJob, *,
-               idempotency_key: str | None = None) -> JobRecord:
-        """Prepare and submit; a retried submit with the same key never makes two jobs."""
+               idempotency_key: str | None = None, arguments: bool = True) -> JobRecord:
+        """Prepare and submit; a retried submit with the same key never makes two jobs.
+        ``arguments=False``: the record comes without a function's arguments (the caller has
+        them), where the control plane can leave them out."""
         _refuse_while_importing(spec)
         prepared = self.prepare(spec)
         if "local" in prepared.placement.targets:
             self.ensure_local_worker()
-        job = self.api.submit(prepared, idempotency_key=idempotency_key or uuid.uuid4().hex)
+        job = self.api.submit(prepared, idempotency_key=idempotency_key or uuid.uuid4().hex,
+                              **_arguments(arguments))
         if self.control is not None and "local" in prepared.placement.targets:
             self._submitted.append(job.id)
         return job
 
     def submit_many(self, specs: Sequence[CommandJob | FunctionJob | DistributedJob], *,
-                    idempotency_key: str | None = None) -> list[JobRecord]:
+                    idempotency_key: str | None = None, arguments: bool = True) -> list[JobRecord]:
         """:meth:`submit` for many specs: prepared here (each bundle built and uploaded once),
         stored by ``submit_many`` calls of at most :data:`~gpulayer.api.MAX_BATCH` jobs and
         :data:`BATCH_BYTES` of specs each (each call all or nothing); the records in order.
-        A retried call with the same key never makes two jobs."""
+        A retried call with the same key never makes two jobs. ``arguments`` as for
+        :meth:`submit`."""
         specs = list(specs)
         for spec in specs:
             _refuse_while_importing(spec)
@@ -143,7 +147,7 @@ class Client:
         records: list[JobRecord] = []
         for n, chunk in enumerate(_batches(prepared, measure=self.control is None)):
             try:
-                records += self.api.submit_many(chunk, idempotency_key=f"{key}/{n}")
+                records += self.api.submit_many(chunk, idempotency_key=f"{key}/{n}", **_arguments(arguments))
             except InvalidInput as exc:  # named by its place in the whole list, not in its call's
                 raise type(exc)(_renumbered(str(exc), len(records))) from None
         if self.control is not None:
@@ -164,7 +168,7 @@ class Client:
     def explain_job(self, job_id: str) -> Explanation:
         """:meth:`explain` for a stored job."""
         if self.control is not None:
-            spec = self.control.get_job(job_id).spec
+            spec = self.control.get_job(job_id, arguments=False).spec
             return self.control.explain_job(job_id, prospective=self._would_start(spec))
         return self.api.explain_job(job_id)
 
@@ -410,6 +414,12 @@ BATCH_BYTES = 8 * 1024 * 1024
 #: how a refusal names a spec of a batch: ``specs[3]: ...`` (the control plane's checks) or
 #: ``specs.3.command: ...`` (the shape of a request's body)
 _SPEC_INDEX = re.compile(r"\bspecs(\[|\.)(\d+)")
+
+
+def _arguments(arguments: bool) -> dict[str, bool]:
+    """A submit's ``arguments`` keyword: none for the whole records (what a control plane from
+    before it answers anyway: its submit has no query, and leaves one out)."""
+    return {} if arguments else {"arguments": False}
 
 
 def _renumbered(message: str, offset: int) -> str:

@@ -124,7 +124,7 @@ def submit(spec: CommandJob | FunctionJob | DistributedJob, *, client: Client | 
     run raises :class:`Unschedulable` with the scheduler's per-worker reasons.
     """
     client = client or connect()
-    job = client.submit(spec)
+    job = client.submit(spec, arguments=False)  # (the handle needs the id and the state)
     if job.state is JobState.UNSCHEDULABLE:
         # the stored error: the scheduler's lines, then the nearest miss and what to run
         raise Unschedulable(job.error.message if job.error else NO_ELIGIBLE_WORKER, job_id=job.id)
@@ -153,7 +153,7 @@ def submit_many(specs: Iterable[CommandJob | FunctionJob | DistributedJob], *,
     if not items:
         return []
     client = client or connect()
-    jobs = client.submit_many(items)
+    jobs = client.submit_many(items, arguments=False)
     for job in jobs:
         if job.state is JobState.UNSCHEDULABLE:
             raise Unschedulable(job.error.message if job.error else NO_ELIGIBLE_WORKER, job_id=job.id)

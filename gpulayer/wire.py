@@ -224,6 +224,12 @@ class JobQuery(Wire):
     arguments: bool | None = Field(default=None, description=ARGUMENTS_FIELD)
 
 
+class SubmitQuery(Wire):
+    arguments: bool | None = Field(default=None, description=(
+        "false: the answer's records without a function's arguments (args and kwargs empty), which the "
+        "caller sent"))
+
+
 class WaitQuery(Wire):
     timeout: float = Field(default=MAX_LONG_POLL, ge=0, le=MAX_LONG_POLL,
                            description=f"seconds to wait, at most {MAX_LONG_POLL:g}")

@@ -50,10 +50,13 @@ LOOK_PER_JOB = 50e-6
 
 class JobOps(Core):
     def submit(self, spec: JobSpec, *, idempotency_key: str | None = None,
-               owner: str | None = None) -> JobRecord:
+               owner: str | None = None, arguments: bool | None = None) -> JobRecord:
         """Store a job and run a placement pass. The spec must already be resolved
         (profile applied, bundle uploaded and named by ``bundle_digest``). Idempotency keys
-        are scoped to ``owner``: one owner can never see another's job by guessing a key."""
+        are scoped to ``owner``: one owner can never see another's job by guessing a key.
+        The job's record as stored; ``arguments=False``: without a function's arguments
+        (the caller has them; they are not read back)."""
+        whole = arguments is not False
         args_json = self._check_submit(spec)
         key = _scoped(owner, idempotency_key)
         now = self.clock()
@@ -62,20 +65,22 @@ class JobOps(Core):
             if key is not None:
                 existing = plain.job_id_by_key(s, key)
                 if existing is not None:
-                    return self._record(s, existing)
+                    return self._record(s, existing, arguments=whole)
             job_id = self._insert(s, spec, args_json, key, owner, now)
             # placed in the same transaction: one commit per submit
             result = self._place_too(s, new_job=job_id)
-            record = self._record(s, job_id)
+            record = self._record(s, job_id, arguments=whole)
         self._placed(result, started)
         return record
 
     def submit_many(self, specs: Sequence[JobSpec], *, idempotency_key: str | None = None,
-                    owner: str | None = None) -> list[JobRecord]:
+                    owner: str | None = None, arguments: bool | None = None) -> list[JobRecord]:
         """:meth:`submit` for many jobs in one transaction and one placement pass: all are
         stored, in order, or none is (a bad spec is refused naming its index). With
         ``idempotency_key`` the batch as a whole is idempotent: job ``i`` gets the key
-        ``KEY:i``, and a repeated batch gets its jobs back, none stored twice."""
+        ``KEY:i``, and a repeated batch gets its jobs back, none stored twice. ``arguments``
+        as for :meth:`submit`."""
+        whole = arguments is not False
         specs = list(specs)
         if not specs:
             raise InvalidInput("specs: empty; give at least one job spec")
@@ -99,7 +104,7 @@ class JobOps(Core):
                     if None in stored or plain.job_id_by_key(s, f"{key}:{len(specs)}") is not None:
                         raise Conflict(f"idempotency_key {idempotency_key!r}: a batch of another size was "
                                        "submitted with it; use a new key for a new batch")
-                    return self._records(s, [job_id for job_id in stored if job_id is not None])
+                    return self._records(s, [job_id for job_id in stored if job_id is not None], arguments=whole)
             ids = []
             for i, spec in enumerate(specs):
                 try:
@@ -109,7 +114,7 @@ class JobOps(Core):
                 except InvalidInput as exc:  # (none of the batch is stored: the transaction ends)
                     raise type(exc)(f"specs[{i}]: {exc}") from None
             result = self._place_too(s)  # one pass for all of them, in the same transaction
-            records = self._records(s, ids)
+            records = self._records(s, ids, arguments=whole)
         self._placed(result, started)
         return records
 
@@ -159,9 +164,10 @@ class JobOps(Core):
                                   [] if brief else plain.tasks_of(s, job_id), result=not brief,
                                   arguments=arguments, as_text=self.results_as_text)
 
-    def _records(self, s: Session, job_ids: Sequence[str], *, brief: bool = False) -> list[JobRecord]:
+    def _records(self, s: Session, job_ids: Sequence[str], *, arguments: bool = True,
+                 brief: bool = False) -> list[JobRecord]:
         """:meth:`_record` of each of these jobs."""
-        return [self._record(s, job_id, brief=brief) for job_id in job_ids]
+        return [self._record(s, job_id, arguments=arguments, brief=brief) for job_id in job_ids]
 
     def job_owner(self, job_id: str) -> str | None:
         """The token id that submitted the job (None when submitted in-process)."""

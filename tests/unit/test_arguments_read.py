@@ -115,6 +115,14 @@ def test_a_record_without_its_arguments_over_http(served: tuple[ControlPlane, Te
         assert tc.get(f"{path}{sep}arguments=true", headers=admin).json() == whole
         bad = tc.get(f"{path}{sep}arguments=maybe", headers=admin)
         assert bad.status_code in (400, 422) and "query.arguments" in bad.json()["error"]["message"], bad.text
+    body = {"spec": {"kind": "function", "function": "m:f", "args": ARGS, "kwargs": KWARGS,
+                     "placement": {"target": "remote", "on_unschedulable": "wait"}}}
+    lean = tc.post("/v1/jobs?arguments=false", headers=admin, json=body)
+    assert lean.status_code == 201 and (lean.json()["spec"]["args"], lean.json()["spec"]["kwargs"]) == ([], {})
+    many = tc.post("/v1/jobs/batch?arguments=false", headers=admin, json={"specs": [body["spec"]] * 2})
+    assert many.status_code == 201 and [j["spec"]["args"] for j in many.json()] == [[], []]
+    for stored in (lean.json(), *many.json()):  # (stored whole)
+        assert tc.get(f"/v1/jobs/{stored['id']}", headers=admin).json()["spec"]["args"] == ARGS
     client = connect_http("http://testserver", token=admin["authorization"][7:], retry_for=0.5,
                           transport=tc._transport)
     assert client.get_job(job.id, arguments=False).spec.args == []  # type: ignore[union-attr]
@@ -145,9 +153,14 @@ def test_result_reads_the_outcome_without_the_arguments_and_falls_back_where_not
     ``arguments`` refuses it (as a server words an unknown query field): it then asks as
     before, and does not try again. ``record()`` and ``wait()`` keep the whole record."""
     walked = _walks(monkeypatch)
+    client = client_mod.connect()
+    submits: list[object] = []
+    real_submit = client.api.submit
+    monkeypatch.setattr(client.api, "submit", lambda spec, **kw: submits.append(kw.get("arguments"))
+                        or real_submit(spec, **kw))
     handle = countmod.count.remote(list(range(5)), b=1, a=2)
     assert walked == ["args", "kwargs"]  # checked once, where .remote() was called
-    client = client_mod.connect()
+    assert submits == [False]  # (its answer without them: the handle needs its id and state)
     real = client.api.wait_job
     asked: list[object] = []
 
