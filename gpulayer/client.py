@@ -226,7 +226,7 @@ class Client:
             try:
                 return op(job_id, arguments=False, **kw)
             except InvalidInput as exc:
-                if "arguments" not in str(exc):
+                if "arguments" not in str(exc) or "no such field" not in str(exc):
                     raise
                 self._argument_free = False
         return op(job_id, **kw)
@@ -247,8 +247,8 @@ class Client:
                on_update: Any = None) -> Iterator[LogChunk]:
         """Yield the job's log chunks as they arrive, until the job has ended and every
         chunk was read. ``on_update(job)`` is called with each fresh look at the job (for
-        progress lines), at least every :data:`FOLLOW_WAIT` seconds; ``stream=False`` reads no
-        logs, it only waits.
+        progress lines), at least every :data:`FOLLOW_WAIT` seconds: its record without a
+        function's arguments (:meth:`job`); ``stream=False`` reads no logs, it only waits.
 
         Output is read by a long poll (``logs(wait=)``) that the job's output ends the
         moment it is stored, as does a change of the job's state. A control plane older

@@ -12,6 +12,7 @@ from sqlmodel import Session
 
 from gpulayer import bundles as _bundles
 from gpulayer import config
+from gpulayer import specs as job_specs
 from gpulayer.api import (
     LOG_PAGE_TEXT,
     MAX_BATCH,
@@ -129,6 +130,13 @@ class JobOps(Core):
         if not self.serving and spec.placement.targets == ["cloud"]:
             raise InvalidInput(CLOUD_NEEDS_SERVER)
         if spec.kind == "function" and (spec.args or spec.kwargs):
+            if not self.serving:
+                # an in-process caller's spec may have changed since it was built (its
+                # arguments are lists the caller holds): checked here, as a server's are
+                # where their request body is parsed (reads of the stored job do not check
+                # them again: specs.CHECKED)
+                job_specs.check_json(spec.args, "args")
+                job_specs.check_json(spec.kwargs, "kwargs")
             return _check_arguments(spec.function, spec.args, spec.kwargs)
         return None
 

@@ -3,7 +3,8 @@
 The database records its schema version in ``gl_schema``. Opening a store brings an older
 database up to :data:`SCHEMA_VERSION` inside one transaction (so a failed upgrade leaves
 the old schema as it was), refuses a database newer than this GPUlayer, and creates a new
-one from the tables. Migrations only ever add: no stored job is dropped or rewritten.
+one from the tables. Migrations only ever add columns and tables (indexes may be replaced):
+no stored job is dropped or rewritten.
 
 To change the schema: change ``tables.py``, bump ``SCHEMA_VERSION``, and add a step to
 ``MIGRATIONS`` that brings version N-1 to N with plain DDL that runs on SQLite and

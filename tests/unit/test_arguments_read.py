@@ -92,13 +92,33 @@ def test_a_submit_still_refuses_arguments_that_are_not_json(
         deep = [deep]
     spec = '{"spec": {"kind": "function", "function": "m:f", "args": %s}}'
     for args, said in ((json.dumps([deep]), "nested more than 100 levels deep"),
-                       ('[{"a": "\\udc80"}]', "lone surrogate"), ("[1, NaN]", "NaN")):
+                       ('[{"a": "\\udc80"}]', "lone surrogate"), ("[1, 1e400]", "infinities are not allowed")):
         bad = tc.post("/v1/jobs", headers={**admin, "content-type": "application/json"},
                       content=(spec % args).encode())
         assert bad.status_code in (400, 422) and said in bad.json()["error"]["message"], (args, bad.text)
     assert control.list_jobs() == []
-    with pytest.raises(InvalidArgument, match="args"):
-        FunctionJob(function="m:f", args=[{1, 2}])
+
+
+@pytest.mark.parametrize(("bad", "said"), [
+    (float("nan"), "NaN and infinities are not allowed"), ("a\udc80b", "lone surrogate"), ({1, 2}, "a set is not JSON"),
+    ([[[[1]]]], "nested more than 3 levels deep")])
+def test_an_in_process_submit_checks_arguments_changed_after_the_spec_was_built(
+        cp: ControlPlane, monkeypatch: pytest.MonkeyPatch, bad: Any, said: str) -> None:
+    """A spec's arguments are lists its caller holds: one changed after the spec was built
+    (and checked) is refused by the submit, and nothing is stored, as a server refuses it in
+    a request body."""
+    monkeypatch.setattr(specs, "MAX_JSON_DEPTH", 3)
+    spec = FunctionJob(function="m:f", args=[[1]], kwargs={"k": [2]})
+    spec.args[0].append(bad)
+    with pytest.raises(InvalidArgument, match=r"^args\[0\]"):
+        cp.submit(spec)
+    other = FunctionJob(function="m:f", kwargs={"k": []})
+    other.kwargs["k"].append(bad)
+    with pytest.raises(InvalidArgument, match=r"^specs\[1\]: kwargs\[\"k\"\]"):
+        cp.submit_many([FunctionJob(function="m:f"), other])
+    assert cp.list_jobs() == []
+    with pytest.raises(InvalidArgument, match=said):
+        cp.submit(spec)
 
 
 def test_a_record_without_its_arguments_over_http(served: tuple[ControlPlane, TestClient, dict[str, str]]) -> None:
@@ -159,7 +179,9 @@ def test_result_reads_the_outcome_without_the_arguments_and_falls_back_where_not
     monkeypatch.setattr(client.api, "submit", lambda spec, **kw: submits.append(kw.get("arguments"))
                         or real_submit(spec, **kw))
     handle = countmod.count.remote(list(range(5)), b=1, a=2)
-    assert walked == ["args", "kwargs"]  # checked once, where .remote() was called
+    # checked where .remote() was called, and by the submit (an in-process caller's spec
+    # may change after it was built: see the test above)
+    assert walked == ["args", "kwargs"] * 2
     assert submits == [False]  # (its answer without them: the handle needs its id and state)
     real = client.api.wait_job
     asked: list[object] = []
@@ -174,7 +196,7 @@ def test_result_reads_the_outcome_without_the_arguments_and_falls_back_where_not
     assert handle.wait(timeout=120).spec.args == [list(range(5))]  # (the record, whole)
     assert handle.record().spec.kwargs == {"b": 1, "a": 2}
     assert asked[-1] is None
-    assert walked == ["args", "kwargs"]  # (no read walked them again)
+    assert walked == ["args", "kwargs"] * 2  # (no read walked them again)
 
     def older(job_id: str, **kw: Any) -> Any:
         asked.append(kw.get("arguments"))
