@@ -171,7 +171,7 @@ class WorkerOps(Core):
         this uses plain statements, not ORM objects.
         """
         now = self.clock()
-        with self.store.write(lock=False) as s:
+        with self.store.write(lock=False, synced=False) as s:  # (liveness: see Store.write)
             known = queries.online_flags(s, reports)
             if not all(known.values()):  # a worker comes back online: see Store.lock_writers
                 self.store.lock_writers(s)
@@ -199,7 +199,7 @@ class WorkerOps(Core):
         (offline and draining: deregistered) between their heartbeat and this write, which
         it must not bring back. Their next heartbeat goes the long way (:meth:`heartbeats`)
         and hears it."""
-        with self.store.write(lock=False) as s:
+        with self.store.write(lock=False, synced=False) as s:  # (liveness: see Store.write)
             flags = queries.worker_flags(s, heard)
             kept = {wid for wid, (online, draining) in flags.items() if online or not draining}
             back = any(not flags[wid][0] for wid in kept)
@@ -293,7 +293,7 @@ class WorkerOps(Core):
 
     def seen(self, worker_ids: Iterable[str]) -> None:
         """Signs of life other than heartbeats (any call a worker made): they count the same."""
-        with self.store.write(lock=False) as s:
+        with self.store.write(lock=False, synced=False) as s:  # (liveness: see Store.write)
             # only workers still online: a late call of a worker that left (or was written
             # off) must not bring it back
             alive = [w for w, online in queries.online_flags(s, worker_ids).items() if online]

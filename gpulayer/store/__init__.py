@@ -110,6 +110,8 @@ class Store:
     def __init__(self, url: str | None = None) -> None:
         self.url = normalise_url(url or default_url())
         self.is_sqlite = self.url.startswith("sqlite")
+        #: SQLite: whether each commit is synced to the disk (GPULAYER_SQLITE_SYNC=full, the default)
+        self.synced = self.is_sqlite and config.settings().sqlite_sync.upper() == "FULL"
         self.engine = self._make_engine()
         # SQLite: writers queue here instead of in SQLite's busy handler, which sleeps in
         # growing steps (1, 2, 5, 10 ms...) and starves a busy server (see
@@ -200,16 +202,30 @@ class Store:
         return v or 0
 
     @contextmanager
-    def write(self, *, lock: bool = True) -> Iterator[Session]:
+    def write(self, *, lock: bool = True, synced: bool = True) -> Iterator[Session]:
         """A transaction that may change state; writers are serialised (see module doc).
-        Once it committed, the jobs it ended are added to :meth:`take_ended`'s."""
+        Once it committed, the jobs it ended are added to :meth:`take_ended`'s.
+
+        ``synced=False`` (SQLite): its commit is not synced to the disk before it returns, as
+        every other one is (``PRAGMA synchronous=NORMAL`` for it alone): the next synced
+        commit, or SQLite's next checkpoint, takes it there, in order. For what a power loss
+        or an OS crash may take back without harm, and that comes often: a worker's signs of
+        life (its heartbeats, every 0.5 s embedded), which cost an idle worker two syncs of
+        the disk a second. PostgreSQL's commits are as its own settings say."""
         with self._write_lock or _NO_LOCK, self._connection(write=True) as (conn, session):
-            with conn.begin():
-                if lock and not self.is_sqlite:
-                    _advisory_lock(conn)
-                with session:
-                    yield session
-                    session.flush()
+            relaxed = not synced and self.synced
+            if relaxed:
+                _driver(conn).execute("PRAGMA synchronous=NORMAL")
+            try:
+                with conn.begin():
+                    if lock and not self.is_sqlite:
+                        _advisory_lock(conn)
+                    with session:
+                        yield session
+                        session.flush()
+            finally:
+                if relaxed:
+                    _synced_again(conn)
         ended = plain.ended_in(session)
         if ended:
             self._ended.ids = self.take_ended() | ended
@@ -260,6 +276,23 @@ class Store:
 
 
 _NO_LOCK = contextlib.nullcontext()
+
+
+def _driver(conn: Connection) -> Any:
+    """The database driver's own connection under ``conn``."""
+    driver = conn.connection.driver_connection
+    assert driver is not None  # (a connection in use has one)
+    return driver
+
+
+def _synced_again(conn: Connection) -> None:
+    """Back to synced commits on a connection one commit relaxed (see :meth:`Store.write`);
+    a connection that cannot be told is dropped, never reused unsynced."""
+    try:
+        _driver(conn).execute("PRAGMA synchronous=FULL")
+    except Exception:
+        conn.invalidate()
+        raise
 
 
 class _Pooled:

@@ -163,6 +163,51 @@ def test_an_sqlite_commit_is_synced_to_disk_unless_the_setting_says_normal(
         store.dispose()
 
 
+@pytest.mark.parametrize(("setting", "synchronous"), [(None, 2), ("normal", 1)])
+def test_signs_of_life_are_committed_unsynced_and_every_other_write_synced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str | None, synchronous: int) -> None:
+    """A worker's heartbeats and other signs of life commit with PRAGMA synchronous=NORMAL
+    (1): an idle embedded worker heartbeats twice a second, and losing its last heartbeats
+    to an OS crash harms nothing. The connection is synced again at once (the job's start
+    after them on the same thread is), also after a transaction that failed."""
+    from gpulayer.store import queries
+
+    if setting is None:
+        monkeypatch.delenv("GPULAYER_SQLITE_SYNC", raising=False)
+    else:
+        monkeypatch.setenv("GPULAYER_SQLITE_SYNC", setting)
+    cp = ControlPlane(Store(f"sqlite:///{tmp_path / 'gpulayer.db'}"), clock=Clock())
+    seen: list[tuple[str, int]] = []
+
+    def spy(name: str, real: Any) -> Any:
+        def wrapped(s: Any, *args: Any, **kw: Any) -> Any:
+            seen.append((name, s.connection().exec_driver_sql("PRAGMA synchronous").scalar()))
+            return real(s, *args, **kw)
+        return wrapped
+
+    monkeypatch.setattr(queries, "touch_workers", spy("touch", queries.touch_workers))
+    monkeypatch.setattr(queries, "touch_workers_at", spy("touch_at", queries.touch_workers_at))
+    try:
+        w = cp.register_worker(make_capabilities(), cpu_slots=1).id
+        job = cp.submit(CommandJob(command=["true"]))
+        cp.heartbeat(w)
+        cp.heartbeats_heard({w: cp.clock()})
+        cp.seen([w])
+        [task] = cp.poll_tasks(w)
+        cp.start_task(task.task_id, worker_id=w)  # (on the same thread's connection as the heartbeats)
+        with cp.store.read() as s:
+            assert s.connection().exec_driver_sql("PRAGMA synchronous").scalar() == synchronous
+        with pytest.raises(RuntimeError), cp.store.write(synced=False):
+            raise RuntimeError("a write that fails")
+        with cp.store.write() as s:
+            assert s.connection().exec_driver_sql("PRAGMA synchronous").scalar() == synchronous
+        assert [name for name, _ in seen] == ["touch", "touch_at", "touch"]
+        assert {level for _, level in seen} == {1}
+        assert cp.get_job(job.id).state is JobState.RUNNING
+    finally:
+        cp.store.dispose()
+
+
 def test_bad_database_urls_name_what_is_accepted() -> None:
     with pytest.raises(InvalidInput, match="accepted: sqlite:///PATH or postgresql://"):
         Store("mysql://root@localhost/db")
