@@ -36,6 +36,7 @@ SCRIPTS = [
     ("follow_latency.py", ["--runs", "1", "--lines", "2", "--gap", "0.05"], "a server (HTTP, SQLite): worst"),
     ("result_size.py", ["--runs", "1", "--mb", "0.01", "--list", "2"], "MB result, .remote().result()"),
     ("argument_size.py", ["--runs", "1", "--mb", "0.01"], "of arguments, through a server"),
+    ("distributed_launch.py", ["--runs", "1"], "its torchrun commands by hand"),
     ("placement.py", ["--runs", "1", "--jobs", "200", "--workers", "20"], "floor: pairs"),
     ("placement_incremental.py", ["--runs", "2", "--jobs", "200", "--workers", "20"], "pass after a task ended"),
     ("fork_server.py", ["--tasks", "5", "--rounds", "1"], "page faults of the server"),
