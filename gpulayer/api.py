@@ -234,10 +234,12 @@ class ClientAPI(Protocol):
         and one placement pass; all are stored, in order, or none is."""
         ...
 
-    def get_job(self, job_id: str, *, arguments: bool | None = None) -> JobRecord:
+    def get_job(self, job_id: str, *, arguments: bool | None = None, brief: bool | None = None) -> JobRecord:
         """The job with its tasks. ``arguments=False``: its spec without a function's
         arguments (``args`` and ``kwargs`` empty), for a caller that reads the rest (its
-        state, its result): arguments may be a megabyte, parsed and sent at every read."""
+        state, its result): arguments may be a megabyte, parsed and sent at every read.
+        ``brief=True``: as :meth:`list_jobs` gives it, without its tasks, result and
+        arguments (what ``handle.status()`` and ``handle.done()`` ask for)."""
         ...
 
     def list_jobs(self, *, state: JobState | None = None, limit: int = 100) -> list[JobRecord]:

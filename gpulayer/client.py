@@ -212,10 +212,14 @@ class Client:
             if job.state.terminal or (deadline is not None and time.monotonic() >= deadline):
                 return job
 
-    def job(self, job_id: str, *, arguments: bool = True) -> JobRecord:
+    def job(self, job_id: str, *, arguments: bool = True, brief: bool = False) -> JobRecord:
         """The job's record; ``arguments=False``: without a function's arguments (``args``
         and ``kwargs`` empty) where the control plane can leave them out, for a caller that
-        reads the rest: arguments may be a megabyte, parsed and sent at every read."""
+        reads the rest: arguments may be a megabyte, parsed and sent at every read.
+        ``brief``: without its tasks, result and arguments too, for a caller that reads its
+        state (a control plane from before ``brief`` ignores it and sends the whole record)."""
+        if brief:
+            return self.api.get_job(job_id, brief=True)
         return self.api.get_job(job_id) if arguments else self._lean(self.api.get_job, job_id)
 
     def _lean(self, op: Callable[..., JobRecord], job_id: str, **kw: Any) -> JobRecord:

@@ -60,10 +60,10 @@ class JobHandle:
         return self._client.api.get_job(self.id)
 
     def status(self) -> str:
-        return self.record().state.value
+        return self._client.job(self.id, brief=True).state.value  # (not its result and arguments)
 
     def done(self) -> bool:
-        return self.record().state.terminal
+        return self._client.job(self.id, brief=True).state.terminal
 
     def wait(self, timeout: float | None = None) -> JobRecord:
         return self._ended(timeout, arguments=True)

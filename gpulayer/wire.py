@@ -222,6 +222,9 @@ ARGUMENTS_FIELD = ("false: the spec without a function's arguments (args and kwa
 
 class JobQuery(Wire):
     arguments: bool | None = Field(default=None, description=ARGUMENTS_FIELD)
+    brief: bool | None = Field(default=None, description=(
+        "true: without its tasks, result and a function's arguments, as a list gives it (for a caller that "
+        "asks its state)"))
 
 
 class SubmitQuery(Wire):

@@ -464,7 +464,7 @@ def jobs_wait(
     _check_wait_timeout(timeout)
     client = _client()
     for job_id in job_ids:  # every id is checked before waiting on any
-        client.job(job_id, arguments=False)
+        client.job(job_id, brief=True)
     deadline = None if timeout is None else time.monotonic() + timeout
     finals: list[JobRecord] = []
     for job_id in job_ids:

@@ -156,12 +156,13 @@ class JobOps(Core):
         self._event(s, "submitted", job_id=job_id, message=spec.kind)
         return job_id
 
-    def get_job(self, job_id: str, *, arguments: bool | None = None) -> JobRecord:
+    def get_job(self, job_id: str, *, arguments: bool | None = None, brief: bool | None = None) -> JobRecord:
         """The job's record; ``arguments=False``: without a function's arguments (``args``
         and ``kwargs`` empty, the column not read), for a reader of the rest (the
-        dashboard's live looks, ``result()``, a follower)."""
+        dashboard's live looks, ``result()``, a follower); ``brief``: as :meth:`list_jobs`
+        gives it, without its tasks, result and arguments (``status()``, ``done()``)."""
         with self.store.read() as s:
-            return self._record(s, job_id, arguments=arguments is not False)
+            return self._record(s, job_id, arguments=arguments is not False, brief=bool(brief))
 
     def _record(self, s: Session, job_id: str, *, arguments: bool = True, brief: bool = False) -> JobRecord:
         """The job's record, as stored, with every task it had (NotFound if there is no such

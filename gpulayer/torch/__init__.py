@@ -243,7 +243,7 @@ class Trainer:
 
         def check_deadline(job: JobRecord) -> None:
             if deadline is not None and time.monotonic() > deadline and not job.state.terminal:
-                job = client.api.get_job(handle.id)  # (what follow looked at may be a second old)
+                job = client.job(handle.id, brief=True)  # (what follow looked at may be a second old)
                 if not job.state.terminal:
                     raise TimeoutError(f"job {handle.id} is still {job.state.value} after {timeout} s")
 

@@ -6,7 +6,8 @@ a spec read back from the store or from a control plane's answer carries
 :data:`gpulayer.specs.CHECKED`, so that walk is not repeated at every read (nor wherever a
 record holds the spec). ``get_job`` and ``wait_job`` take ``arguments=False`` (a query field
 over HTTP) for readers of the outcome: ``result()``, ``gpulayer jobs result`` and ``wait``, a
-follower.
+follower; ``get_job(brief=True)`` leaves out the tasks and the result too, for readers of the
+state alone (``status()``, ``done()``).
 """
 
 from __future__ import annotations
@@ -143,6 +144,10 @@ def test_a_record_without_its_arguments_over_http(served: tuple[ControlPlane, Te
     assert many.status_code == 201 and [j["spec"]["args"] for j in many.json()] == [[], []]
     for stored in (lean.json(), *many.json()):  # (stored whole)
         assert tc.get(f"/v1/jobs/{stored['id']}", headers=admin).json()["spec"]["args"] == ARGS
+    brief = tc.get(f"/v1/jobs/{job.id}?brief=true", headers=admin).json()
+    assert (brief["state"], brief["tasks"], brief["result"], brief["spec"]["args"]) == ("queued", [], None, [])
+    bad = tc.get(f"/v1/jobs/{job.id}?brief=maybe", headers=admin)
+    assert bad.status_code in (400, 422) and "query.brief" in bad.json()["error"]["message"], bad.text
     client = connect_http("http://testserver", token=admin["authorization"][7:], retry_for=0.5,
                           transport=tc._transport)
     assert client.get_job(job.id, arguments=False).spec.args == []  # type: ignore[union-attr]
@@ -209,4 +214,15 @@ def test_result_reads_the_outcome_without_the_arguments_and_falls_back_where_not
     for _ in range(2):
         assert handle.result(timeout=120) == [5, ["a", "b"]]
     assert asked == [False, None, None]  # refused once, then asked as before
-    assert gl.get_job(handle.id).status() == JobState.SUCCEEDED.value
+
+    # status() and done() read the state alone: no tasks, result or arguments
+    real_get = client.api.get_job
+    gets: list[dict[str, Any]] = []
+    monkeypatch.setattr(client.api, "get_job", lambda job_id, **kw: gets.append(kw) or real_get(job_id, **kw))
+    assert (handle.status(), handle.done()) == (JobState.SUCCEEDED.value, True)
+    assert gets == [{"brief": True}] * 2
+    brief = real_get(handle.id, brief=True)
+    assert (brief.result, brief.tasks, brief.spec.args) == (None, [], [])  # type: ignore[union-attr]
+    # a control plane from before brief ignores it (a route without a query) and sends it whole
+    monkeypatch.setattr(client.api, "get_job", lambda job_id, **kw: real_get(job_id))
+    assert gl.get_job(handle.id).status() == JobState.SUCCEEDED.value and gl.get_job(handle.id).done()
