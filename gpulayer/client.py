@@ -76,6 +76,8 @@ class Client:
         self._brief_waits = True
         #: whether it takes wait_job(arguments=False) (False: one from before it)
         self._argument_free = True
+        #: whether it takes get_job(brief=True) (False: one that refuses it)
+        self._brief_reads = True
 
     @property
     def embedded(self) -> bool:
@@ -217,10 +219,17 @@ class Client:
         and ``kwargs`` empty) where the control plane can leave them out, for a caller that
         reads the rest: arguments may be a megabyte, parsed and sent at every read.
         ``brief``: without its tasks, result and arguments too, for a caller that reads its
-        state (a control plane from before ``brief`` ignores it and sends the whole record)."""
-        if brief:
-            return self.api.get_job(job_id, brief=True)
-        return self.api.get_job(job_id) if arguments else self._lean(self.api.get_job, job_id)
+        state. A control plane from before ``brief`` sends more: one whose ``get_job`` takes
+        no query ignores the field; one that refuses it ("no such field") is asked as
+        without ``brief`` from then on."""
+        if brief and self._brief_reads:
+            try:
+                return self.api.get_job(job_id, brief=True)
+            except InvalidInput as exc:
+                if "brief" not in str(exc) or "no such field" not in str(exc):
+                    raise
+                self._brief_reads = False
+        return self.api.get_job(job_id) if arguments and not brief else self._lean(self.api.get_job, job_id)
 
     def _lean(self, op: Callable[..., JobRecord], job_id: str, **kw: Any) -> JobRecord:
         """``op(job_id, **kw)`` (``get_job``, ``wait_job``) with ``arguments=False``; against a

@@ -214,9 +214,9 @@ class Store:
         the disk a second. PostgreSQL's commits are as its own settings say."""
         with self._write_lock or _NO_LOCK, self._connection(write=True) as (conn, session):
             relaxed = not synced and self.synced
-            if relaxed:
-                _driver(conn).execute("PRAGMA synchronous=NORMAL")
             try:
+                if relaxed:
+                    _driver(conn).execute("PRAGMA synchronous=NORMAL")
                 with conn.begin():
                     if lock and not self.is_sqlite:
                         _advisory_lock(conn)

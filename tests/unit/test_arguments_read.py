@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-import gpulayer as gl
 from gpulayer import client as client_mod
 from gpulayer import specs
 from gpulayer.control import ControlPlane
@@ -223,6 +222,24 @@ def test_result_reads_the_outcome_without_the_arguments_and_falls_back_where_not
     assert gets == [{"brief": True}] * 2
     brief = real_get(handle.id, brief=True)
     assert (brief.result, brief.tasks, brief.spec.args) == (None, [], [])  # type: ignore[union-attr]
-    # a control plane from before brief ignores it (a route without a query) and sends it whole
-    monkeypatch.setattr(client.api, "get_job", lambda job_id, **kw: real_get(job_id))
-    assert gl.get_job(handle.id).status() == JobState.SUCCEEDED.value and gl.get_job(handle.id).done()
+    # a control plane that refuses brief (as a server words an unknown query field): asked
+    # once, then as without it (the arguments left out where it can)
+    gets.clear()
+
+    def older_get(job_id: str, **kw: Any) -> Any:
+        gets.append(kw)
+        if "brief" in kw:
+            raise InvalidInput("query.brief='true': no such field; accepted: arguments")
+        return real_get(job_id, **kw)
+
+    monkeypatch.setattr(client.api, "get_job", older_get)
+    for _ in range(2):
+        assert (handle.status(), handle.done()) == (JobState.SUCCEEDED.value, True)
+    assert gets[0] == {"brief": True} and len(gets) == 5 and not any("brief" in kw for kw in gets[1:])
+    # an error about a field's value is not taken for an older control plane: it is raised
+    monkeypatch.setattr(client.api, "wait_job", lambda job_id, **kw: (_ for _ in ()).throw(
+        InvalidInput("query.arguments='maybe': not a boolean; accepted: true, false")))
+    client._argument_free = True
+    with pytest.raises(InvalidInput, match="not a boolean"):
+        handle.result(timeout=120)
+    assert client._argument_free
