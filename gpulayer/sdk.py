@@ -85,13 +85,13 @@ class JobHandle:
     def logs(self, node: int | None = None) -> str:
         """The output so far; lines of a job of several nodes are prefixed ``[node R]``, as
         ``gpulayer jobs logs`` shows them."""
-        job = self.record()
+        job = self._client.job(self.id, brief=True)  # (its spec's nodes: not its result and arguments)
         prefix = prefixes_nodes(job.spec, node)
         return "".join(chunk_text(c, prefix=prefix) for c in self._client.log_chunks(self.id, node=node))
 
     def follow(self, node: int | None = None) -> Iterator[str]:
         """The output as it arrives, until the job ends (prefixed as :meth:`logs`)."""
-        prefix = prefixes_nodes(self.record().spec, node)
+        prefix = prefixes_nodes(self._client.job(self.id, brief=True).spec, node)
         for chunk in self._client.follow(self.id, node=node):
             yield chunk_text(chunk, prefix=prefix)
 

@@ -219,7 +219,9 @@ def test_result_reads_the_outcome_without_the_arguments_and_falls_back_where_not
     gets: list[dict[str, Any]] = []
     monkeypatch.setattr(client.api, "get_job", lambda job_id, **kw: gets.append(kw) or real_get(job_id, **kw))
     assert (handle.status(), handle.done()) == (JobState.SUCCEEDED.value, True)
-    assert gets == [{"brief": True}] * 2
+    assert handle.logs() == "" and list(handle.follow()) == []  # (their look at the spec's nodes too)
+    # (and the follower's own looks, without the arguments where the control plane can)
+    assert gets[:4] == [{"brief": True}] * 4 and not any("brief" in kw for kw in gets[4:])
     brief = real_get(handle.id, brief=True)
     assert (brief.result, brief.tasks, brief.spec.args) == (None, [], [])  # type: ignore[union-attr]
     # a control plane that refuses brief (as a server words an unknown query field): asked
