@@ -110,8 +110,10 @@ class Store:
     def __init__(self, url: str | None = None) -> None:
         self.url = normalise_url(url or default_url())
         self.is_sqlite = self.url.startswith("sqlite")
-        #: SQLite: whether each commit is synced to the disk (GPULAYER_SQLITE_SYNC=full, the default)
-        self.synced = self.is_sqlite and config.settings().sqlite_sync.upper() == "FULL"
+        #: SQLite: the connections' PRAGMA synchronous (GPULAYER_SQLITE_SYNC), and whether each
+        #: commit is thereby synced to the disk (FULL, the default)
+        self._sync = config.settings().sqlite_sync.upper()
+        self.synced = self.is_sqlite and self._sync == "FULL"
         self.engine = self._make_engine()
         # SQLite: writers queue here instead of in SQLite's busy handler, which sleeps in
         # growing steps (1, 2, 5, 10 ms...) and starves a busy server (see
@@ -142,7 +144,6 @@ class Store:
                     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             # FULL: in WAL mode each commit syncs the log, so what was acknowledged survives a
             # power loss or an OS crash; NORMAL syncs at checkpoints only (GPULAYER_SQLITE_SYNC)
-            sync = config.settings().sqlite_sync.upper()
             # pooled: opening a connection (and its PRAGMAs) cost more than a heartbeat's work
             engine = create_engine(
                 self.url, pool_size=16, max_overflow=48, pool_timeout=60,
@@ -155,7 +156,7 @@ class Store:
                 dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
                 cur = dbapi_conn.cursor()
                 _wal(cur, path or "")
-                cur.execute(f"PRAGMA synchronous={sync}")
+                cur.execute(f"PRAGMA synchronous={self._sync}")
                 cur.execute("PRAGMA busy_timeout=30000")
                 cur.close()
 
