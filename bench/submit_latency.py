@@ -178,7 +178,9 @@ def throughput_processes(n: int, noop: object, code: Path,
     (Linux) the CPU per job of the workers, of their fork servers and of the tasks those forked."""
     import gpulayer as gl
 
-    env = {**os.environ, "PYTHONPATH": str(code)}
+    # (the code's folder before what PYTHONPATH held: a run from a checkout that is not the
+    # installed one, as in a before/after comparison, has its workers run that checkout too)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(code), os.environ.get("PYTHONPATH", "")) if p)}
     workers = [subprocess.Popen([*cli(), "worker", "start", "--name", f"bench-process-{i}", "--json"], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for i in (1, 2)]
     try:
