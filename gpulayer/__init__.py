@@ -1,6 +1,6 @@
 """GPUlayer: run jobs on any GPU or CPU machine you have.
 
-The public API: the SDK (``remote``, ``submit``, ``explain``, ``wait``, ``as_completed``), the job specs
+The public API: the SDK (``remote``, ``submit``, ``explain``, ``wait``, ``as_completed``, ``cancel``), the job specs
 and requirement records, and ``hookimpl`` for plugin authors.
 """
 
@@ -24,8 +24,8 @@ __version__ = "0.1.0"
 # (tests/unit/test_cli_startup.py).
 _LAZY = {
     "remote": "gpulayer.remote_functions",
-    **dict.fromkeys(("submit", "submit_many", "explain", "wait", "as_completed", "JobHandle", "connect", "get_job"),
-                    "gpulayer.sdk"),
+    **dict.fromkeys(("submit", "submit_many", "explain", "wait", "as_completed", "cancel", "JobHandle", "connect",
+                     "get_job"), "gpulayer.sdk"),
     **dict.fromkeys(("CommandJob", "DistributedJob", "FunctionJob", "Placement", "Requirements"), "gpulayer.specs"),
     "hookimpl": "gpulayer.hookspecs",
 }
@@ -33,7 +33,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from gpulayer.hookspecs import hookimpl
     from gpulayer.remote_functions import remote
-    from gpulayer.sdk import JobHandle, as_completed, connect, explain, get_job, submit, submit_many, wait
+    from gpulayer.sdk import JobHandle, as_completed, cancel, connect, explain, get_job, submit, submit_many, wait
     from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, Placement, Requirements
 
 
@@ -66,6 +66,7 @@ __all__ = [
     "Unschedulable",
     "__version__",
     "as_completed",
+    "cancel",
     "connect",
     "explain",
     "get_job",

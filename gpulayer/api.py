@@ -50,6 +50,7 @@ from gpulayer.wire import (  # (re-exported: what goes over the wire is part of 
     MAX_LOG_CHUNKS,
     MAX_LONG_POLL,
     SCOPES,
+    CancelManyBody,
     ExplainBody,
     FinishBody,
     HeartbeatBody,
@@ -86,6 +87,7 @@ __all__ = [
     "SCOPES",
     "AdminAPI",
     "BundleStored",
+    "CancelManyBody",
     "ClientAPI",
     "ControlAPI",
     "ExplainBody",
@@ -249,6 +251,15 @@ class ClientAPI(Protocol):
         ...
 
     def cancel(self, job_id: str) -> JobRecord: ...
+
+    def cancel_many(self, job_ids: list[str]) -> list[JobRecord]:
+        """:meth:`cancel` for many jobs (at most :data:`MAX_BATCH`) in one transaction and
+        one placement pass: the records of those that exist, in the order given, as
+        :meth:`list_jobs` gives them (no tasks, results or arguments); an id that names no
+        job (or, on a server, not one of the caller's) is left out of the answer. What
+        ``gpulayer jobs cancel`` with many ids, ``gl.cancel`` and a script's Ctrl-C at exit ask:
+        one :meth:`cancel` each ran a placement pass over the whole queue each."""
+        ...
 
     def logs(self, job_id: str, *, after: int = 0, node: int | None = None,
              limit: int = MAX_LOG_CHUNKS, wait: float | None = None) -> list[LogChunk]:
@@ -476,6 +487,10 @@ ROUTES: tuple[Route, ...] = (
           response=JobRecord, query=JobQuery, own_job=True, errors=(404,)),
     Route("cancel", "POST", "/v1/jobs/{job_id}/cancel", READERS, "Cancel a job",
           response=JobRecord, own_job=True, errors=(404,)),
+    Route("cancel_many", "POST", "/v1/jobs/cancel", READERS,
+          f"Cancel up to {MAX_BATCH} jobs at once: the records (without tasks, results and arguments) of "
+          "those that exist and are yours, in the order given; other ids are left out",
+          response=list[JobRecord], body=CancelManyBody, context={"owner": "owner"}),
     Route("logs", "GET", "/v1/jobs/{job_id}/logs", READERS,
           "Log chunks after an id, oldest first: a page of at most limit chunks, ending with the one "
           f"that brings its text to {LOG_PAGE_TEXT // 2**20} Mi characters",

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpulayer import bundles, config, logtext
 from gpulayer.api import MAX_BATCH, MAX_LOG_CHUNKS, MAX_LONG_POLL, ControlAPI, LogChunk, log_page_cut
-from gpulayer.errors import GpulayerError, InvalidInput, SubmitWhileImporting
+from gpulayer.errors import GpulayerError, InvalidInput, NotFound, SubmitWhileImporting
 from gpulayer.records import Explanation, JobRecord, JobState, WorkerRecord
 from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, JobSpec
 from gpulayer.worker.function_runner import IMPORTING_ENV
@@ -187,6 +187,28 @@ class Client:
         return [WorkerRecord(id=IN_PROCESS, name="the worker this process would start", origin="local",
                              capabilities=caps, cpu_slots=default_cpu_slots(caps) if slots is None else slots)]
 
+    def cancel_jobs(self, job_ids: Sequence[str]) -> dict[str, JobRecord | GpulayerError]:
+        """Cancel these jobs: each id's record after its cancel (brief: no tasks, results or
+        arguments), or the error that says why there is none (no such job). A batch of up to
+        :data:`~gpulayer.api.MAX_BATCH` ids at a time: one request, one transaction and one
+        placement pass each (one cancel at a time ran a pass over the whole queue each);
+        one at a time against a server from before ``POST /v1/jobs/cancel``."""
+        ids = list(dict.fromkeys(job_ids))
+        out: dict[str, JobRecord | GpulayerError] = {}
+        for i in range(0, len(ids), MAX_BATCH):
+            chunk = ids[i:i + MAX_BATCH]
+            try:
+                out.update((job.id, job) for job in self.api.cancel_many(chunk))
+            except NotFound:  # (the batch leaves unknown ids out: a 404 is a server without the route)
+                for job_id in chunk:
+                    try:
+                        out[job_id] = self.api.cancel(job_id)
+                    except GpulayerError as exc:
+                        out[job_id] = exc
+            for job_id in chunk:
+                out.setdefault(job_id, NotFound(f"job {job_id!r}: no such job"))
+        return out
+
     # ------------------------------------------------------------------ following
 
     def ended(self, job_ids: list[str], timeout: float) -> set[str]:
@@ -332,16 +354,24 @@ class Client:
             _end_on_sigterm(self)
 
     def _unfinished(self) -> list[JobRecord]:
+        """The jobs this process submitted that have not ended (brief records: a state, an
+        id), read a batch at a time."""
         if self.control is None:
             return []
-        jobs = []
-        for job_id in self._submitted:
+        ids = list(self._submitted)
+        jobs: list[JobRecord] = []
+        for i in range(0, len(ids), MAX_BATCH):
+            chunk = ids[i:i + MAX_BATCH]
             try:
-                job = self.control.get_job(job_id, arguments=False)
-            except GpulayerError:
-                continue
-            if not job.state.terminal:
-                jobs.append(job)
+                records = self.control.records_of(chunk, brief=True)
+            except GpulayerError:  # one is gone (a home wiped meanwhile): the others, one by one
+                records = []
+                for job_id in chunk:
+                    try:
+                        records.append(self.control.get_job(job_id, brief=True))
+                    except GpulayerError:
+                        continue
+            jobs += [job for job in records if not job.state.terminal]
         return jobs
 
     def _at_exit(self) -> None:
@@ -376,8 +406,9 @@ class Client:
     def _cancel_all(self, jobs: list[JobRecord], reason: str) -> None:
         if self.control is None or not jobs:
             return
-        for job in jobs:
-            self.control.cancel(job.id, reason=reason)
+        ids = [job.id for job in jobs]
+        for i in range(0, len(ids), MAX_BATCH):  # (one transaction and one placement pass a batch: see cancel_jobs)
+            self.control.cancel_many(ids[i:i + MAX_BATCH], reason=reason)
         sys.stderr.write(f"gpulayer: cancelled {len(jobs)} job(s): {reason}\n")
         sys.stderr.flush()
 

@@ -1,4 +1,5 @@
-"""The Python SDK: ``@gl.remote``, ``gl.submit``, job handles, ``gl.wait``, ``gl.as_completed``.
+"""The Python SDK: ``@gl.remote``, ``gl.submit``, job handles, ``gl.wait``, ``gl.as_completed``,
+``gl.cancel``.
 
 ``@gl.remote`` turns a module-level function into one that can also run as a
 :class:`~gpulayer.specs.FunctionJob`: ``f(...)`` still runs here, ``f.remote(...)``
@@ -41,8 +42,8 @@ from gpulayer.specs import (
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["JobHandle", "RemoteFunction", "as_completed", "connect", "explain", "function_reference", "get_job",
-           "remote", "submit", "submit_many", "wait", "warm"]
+__all__ = ["JobHandle", "RemoteFunction", "as_completed", "cancel", "connect", "explain", "function_reference",
+           "get_job", "remote", "submit", "submit_many", "wait", "warm"]
 
 
 
@@ -220,6 +221,23 @@ def wait(handles: Iterable[JobHandle], timeout: float | None = None) -> list[Job
     return [records[h.id] for h in hs]
 
 
+def cancel(handles: Iterable[JobHandle]) -> list[JobRecord]:
+    """Cancel every handle's job (``handle.cancel()`` for each, together); returns their
+    records in the same order, without tasks, results or arguments (``state`` is
+    ``cancelled`` for a job that had not started, and stays ``running`` until the processes
+    of one that had are gone: :func:`wait` for them). Many jobs are cancelled together
+    (``cancel_many``, up to :data:`~gpulayer.api.MAX_BATCH` a call): one request, one
+    transaction and one placement pass each. A job that has ended already is left as it is."""
+    hs = list(handles)
+    records: dict[str, JobRecord] = {}
+    for client, ids in _groups(hs, "gl.cancel"):
+        for job_id, outcome in client.cancel_jobs(ids).items():
+            if not isinstance(outcome, JobRecord):
+                raise outcome
+            records[job_id] = outcome
+    return [records[h.id] for h in hs]
+
+
 def as_completed(handles: Iterable[JobHandle], timeout: float | None = None) -> Iterator[JobHandle]:
     """Yield handles as their jobs end, first finished first (those that end between two
     looks in the order given). One look at up to :data:`~gpulayer.api.MAX_BATCH` jobs waits
@@ -236,11 +254,15 @@ def as_completed(handles: Iterable[JobHandle], timeout: float | None = None) -> 
             raise TimeoutError(f"{len(pending)} job(s) still running after {timeout} s")
 
 
-def _groups(handles: list[JobHandle]) -> list[tuple[Client, list[str]]]:
+def _groups(handles: list[JobHandle], what: str = "gl.wait") -> list[tuple[Client, list[str]]]:
     """The handles' job ids by the client they were submitted through, each id once, in
-    runs of at most :data:`~gpulayer.api.MAX_BATCH`."""
+    runs of at most :data:`~gpulayer.api.MAX_BATCH`; anything but a handle is refused,
+    naming ``what`` was called."""
     by_client: dict[int, tuple[Client, dict[str, None]]] = {}
     for h in handles:
+        if not isinstance(h, JobHandle):
+            raise InvalidArgument(f"{what}: {h!r} is not a job handle; accepted: the handles that .remote(), "
+                                  "gl.submit and gl.submit_many return (gl.get_job(ID) makes one from a job id)")
         by_client.setdefault(id(h._client), (h._client, {}))[1][h.id] = None
     return [(client, list(ids)[i:i + MAX_BATCH]) for client, ids in by_client.values()
             for i in range(0, len(ids), MAX_BATCH)]
@@ -250,7 +272,7 @@ def _ended(handles: list[JobHandle], wait: float) -> set[str]:
     """The ids of those of these jobs that have ended, waiting up to ``wait`` seconds for
     one to: the other runs of ids are looked at without waiting, and the wait on the first
     run is kept short (1 s) while there are others, so that each is looked at that often."""
-    groups = _groups(handles)
+    groups = _groups(handles, "gl.as_completed")
     ended: set[str] = set()
     for client, ids in groups[1:]:
         ended.update(client.ended(ids, timeout=0))

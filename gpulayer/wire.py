@@ -253,6 +253,10 @@ class WaitJobsBody(Wire):
     job_ids: list[str] = Field(min_length=1, max_length=MAX_BATCH)
 
 
+class CancelManyBody(Wire):
+    job_ids: list[str] = Field(min_length=1, max_length=MAX_BATCH)
+
+
 class PollQuery(Wire):
     wait: float = Field(default=0.0, ge=0, le=MAX_LONG_POLL,
                         description=f"seconds to wait for work, at most {MAX_LONG_POLL:g}")

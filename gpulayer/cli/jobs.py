@@ -422,16 +422,15 @@ def jobs_cancel(
 
     A job id that names no job is reported and the others are still cancelled; the command
     then exits 2."""
-    client = _client()
+    outcomes = _client().cancel_jobs(job_ids)
     done: list[dict[str, Any]] = []
     failed = False
     for job_id in job_ids:
-        try:
-            job = client.api.cancel(job_id)
-        except GpulayerError as exc:
+        job = outcomes[job_id]
+        if isinstance(job, GpulayerError):
             failed = True
-            typer.echo(f"error: {exc}", err=True)
-            done.append({"id": job_id, "state": None, "pending": False, "error": str(exc)})
+            typer.echo(f"error: {job}", err=True)
+            done.append({"id": job_id, "state": None, "pending": False, "error": str(job)})
             continue
         done.append({"id": job.id, "state": job.state.value, "pending": not job.state.terminal, "error": None})
         if not as_json:

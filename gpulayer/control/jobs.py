@@ -27,7 +27,7 @@ from gpulayer.control.core import Core, Look
 from gpulayer.errors import Conflict, InvalidArgument, InvalidInput, NotFound
 from gpulayer.records import JobError, JobRecord, JobState, TaskState, new_id
 from gpulayer.specs import JobSpec
-from gpulayer.store import BundleRow, mapping, plain, queries
+from gpulayer.store import BundleRow, JobRow, mapping, plain, queries
 
 #: the states of a task that its worker may be running (or about to start)
 ACTIVE = frozenset({TaskState.RUNNING.value, TaskState.ASSIGNED.value})
@@ -197,36 +197,67 @@ class JobOps(Core):
         polls (:meth:`poll_work`) are woken to hear it at once. ``reason`` (in-process
         callers) becomes the job's error."""
         now = self.clock()
-        running_on: frozenset[str] = frozenset()
         with self.store.write() as s:
             row = queries.job(s, job_id)
             if JobState(row.state).terminal:
                 return mapping.job_record(row, queries.tasks_of(s, job_id), as_text=self.results_as_text)
-            row.cancel_requested = True
-            row.updated_at = now
-            if row.state == JobState.QUEUED.value:
-                row.state = JobState.CANCELLED.value
-                plain.note_ended(s, job_id)
-                row.error = JobError.cancelled(f"{reason} (before it started)" if reason
-                                               else "cancelled before it started").model_dump_json()
-            else:
-                if reason:
-                    row.error = JobError.cancelled(reason).model_dump_json()
-                # assigned but not started: nothing to stop, end it here
-                tasks = queries.tasks_of(s, row.id, row.attempt)
-                running_on = frozenset(t.worker_id for t in tasks if t.state in ACTIVE)
-                for t in tasks:
-                    if t.state == TaskState.ASSIGNED.value:
-                        queries.transition_task(s, t.id, TaskState.CANCELLED, ended_at=now,
-                                                error=JobError.cancelled())
-                s.add(row)
-                self._settle(s, row, now)
+            running_on = self._cancel_row(s, row, reason, now)
+        self._cancelled(running_on)
+        return self.get_job(job_id)
+
+    def cancel_many(self, job_ids: Sequence[str], *, owner: str | None = None,
+                    reason: str | None = None) -> list[JobRecord]:
+        """:meth:`cancel` for many jobs (at most :data:`~gpulayer.api.MAX_BATCH`): one
+        transaction and one placement pass for all of them (one each made cancelling a
+        long queue quadratic: a pass over the whole queue per job). The records of those
+        that exist (and are ``owner``'s), in the order given, brief (:meth:`records_of`);
+        other ids are left out. ``reason`` as for :meth:`cancel`."""
+        ids = job_ids_of(job_ids, "cancel")
+        now = self.clock()
+        running_on: set[str] = set()
+        with self.store.write() as s:
+            rows = queries.jobs_by_id(s, ids, light=True)
+            found = [j for j in ids if j in rows and (owner is None or rows[j].owner == owner)]
+            live = [rows[j] for j in found if not JobState(rows[j].state).terminal]
+            for row in live:
+                running_on |= self._cancel_row(s, row, reason, now)
+        if live:
+            self._cancelled(frozenset(running_on))
+        return self.records_of(found, brief=True)
+
+    def _cancel_row(self, s: Session, row: JobRow, reason: str | None, now: float) -> frozenset[str]:
+        """Cancel a job that has not ended, in the caller's transaction: a queued one ends
+        here, an assigned task that had not started ends here too; the workers whose tasks
+        of it run (to be told: :meth:`_cancelled`)."""
+        running_on: frozenset[str] = frozenset()
+        row.cancel_requested = True
+        row.updated_at = now
+        if row.state == JobState.QUEUED.value:
+            row.state = JobState.CANCELLED.value
+            plain.note_ended(s, row.id)
+            row.error = JobError.cancelled(f"{reason} (before it started)" if reason
+                                           else "cancelled before it started").model_dump_json()
+        else:
+            if reason:
+                row.error = JobError.cancelled(reason).model_dump_json()
+            # assigned but not started: nothing to stop, end it here
+            tasks = queries.tasks_of(s, row.id, row.attempt)
+            running_on = frozenset(t.worker_id for t in tasks if t.state in ACTIVE)
+            for t in tasks:
+                if t.state == TaskState.ASSIGNED.value:
+                    queries.transition_task(s, t.id, TaskState.CANCELLED, ended_at=now,
+                                            error=JobError.cancelled())
             s.add(row)
-            self._event(s, "cancel_requested", job_id=job_id)
+            self._settle(s, row, now)
+        s.add(row)
+        self._event(s, "cancel_requested", job_id=row.id)
+        return running_on
+
+    def _cancelled(self, running_on: frozenset[str]) -> None:
+        """After cancels committed: their workers told, a placement pass, the news."""
         self._cancelled_on(running_on)  # first: the workers end the processes while we go on
         self.schedule()  # devices of cancelled unstarted tasks are free for queued jobs
         self._changed()
-        return self.get_job(job_id)
 
     def logs(self, job_id: str, *, after: int = 0, node: int | None = None, limit: int = MAX_LOG_CHUNKS,
              wait: float | None = None) -> list[LogChunk]:
@@ -464,14 +495,14 @@ def look_gap(job_ids: Sequence[str], ended: set[str]) -> float:
     return (len(job_ids) - len(ended)) * LOOK_PER_JOB
 
 
-def job_ids_of(job_ids: Sequence[str]) -> list[str]:
-    """The ids of a wait for many jobs, each once, in their order; refused when there are
-    none or more than :data:`~gpulayer.api.MAX_BATCH`."""
+def job_ids_of(job_ids: Sequence[str], what: str = "wait") -> list[str]:
+    """The ids of a ``what`` (a wait, a cancel) for many jobs, each once, in their order;
+    refused when there are none or more than :data:`~gpulayer.api.MAX_BATCH`."""
     ids = list(dict.fromkeys(job_ids))
     if not ids:
         raise InvalidInput("job_ids: empty; give the id of at least one job")
     if len(ids) > MAX_BATCH:
-        raise InvalidInput(f"job_ids: {len(ids)} jobs, over the limit of {MAX_BATCH} in one wait; split them")
+        raise InvalidInput(f"job_ids: {len(ids)} jobs, over the limit of {MAX_BATCH} in one {what}; split them")
     return ids
 
 

@@ -95,12 +95,16 @@ def jobs(s: Session, *, state: str | None, limit: int, owner: str | None) -> Seq
     return list(s.exec(q).all())
 
 
-def jobs_by_id(s: Session, job_ids: Iterable[str]) -> dict[str, JobRow]:
-    """The jobs with these ids that exist (what ``explain`` needs of the jobs holding workers)."""
+def jobs_by_id(s: Session, job_ids: Iterable[str], *, light: bool = False) -> dict[str, JobRow]:
+    """The jobs with these ids that exist (what ``explain`` needs of the jobs holding
+    workers); ``light``: their results and a function's arguments not loaded (a cancel)."""
     ids = sorted(set(job_ids))
     if not ids:
         return {}
-    return {r.id: r for r in s.exec(select(JobRow).where(col(JobRow.id).in_(ids))).all()}
+    q = select(JobRow).where(col(JobRow.id).in_(ids))
+    if light:
+        q = q.options(defer(JobRow.result), defer(JobRow.args))  # type: ignore[arg-type]
+    return {r.id: r for r in s.exec(q).all()}
 
 
 def queued_jobs(s: Session) -> Sequence[JobRow]:

@@ -36,6 +36,7 @@ BODIES: dict[str, Any] = {
     "SubmitBody": {"spec": {"kind": "command", "command": ["true"]}},
     "SubmitManyBody": {"specs": [{"kind": "command", "command": ["true"]}]},
     "WaitJobsBody": {"job_ids": ["job-x"]},
+    "CancelManyBody": {"job_ids": ["job-x"]},
     "ExplainBody": {"spec": {"kind": "command", "command": ["true"]}},
     "JoinBody": {"capabilities": None},
     "HeartbeatBody": {"running": []},
