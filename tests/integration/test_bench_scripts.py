@@ -30,6 +30,7 @@ SCRIPTS = [
     ("cli_startup.py", ["-n", "1"], "gpulayer --help"),
     ("resources_detect.py", ["-n", "1"], "gpulayer resources detect"),
     ("cancel.py", ["--jobs", "2"], "handle.cancel() -> tree gone"),
+    ("cancel_many.py", ["--jobs", "20", "--runs", "1"], "cancel() of each"),
     ("log_throughput.py", ["--runs", "1", "--mb", "1", "--lines-mb", "0.1"], "MB in 100-byte lines"),
     ("server_output.py", ["--runs", "1", "--waiters", "2", "--chunks", "5"], "the appends took"),
     ("server_latency.py", ["--jobs", "2"], "stored -> task started"),
