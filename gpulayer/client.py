@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpulayer import bundles, config, logtext
 from gpulayer.api import MAX_BATCH, MAX_LOG_CHUNKS, MAX_LONG_POLL, ControlAPI, LogChunk, log_page_cut
-from gpulayer.errors import GpulayerError, InvalidInput, NotFound, SubmitWhileImporting
+from gpulayer.errors import GpulayerError, InvalidInput, MethodNotAllowed, NotFound, SubmitWhileImporting
 from gpulayer.records import Explanation, JobRecord, JobState, WorkerRecord
 from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, JobSpec
 from gpulayer.worker.function_runner import IMPORTING_ENV
@@ -72,6 +72,8 @@ class Client:
         #: bundles the control plane holds and lets this client read (stored bundles and
         #: their readers are never removed), so a loop of submits asks once per bundle
         self._bundles_held: set[str] = set()
+        #: whether the control plane cancels a batch of jobs at once (False: one from before it)
+        self._batch_cancels = True
         #: whether the control plane takes wait_jobs(brief=) (False: one from before it)
         self._brief_waits = True
         #: whether it takes wait_job(arguments=False) (False: one from before it)
@@ -192,14 +194,20 @@ class Client:
         arguments), or the error that says why there is none (no such job). A batch of up to
         :data:`~gpulayer.api.MAX_BATCH` ids at a time: one request, one transaction and one
         placement pass each (one cancel at a time ran a pass over the whole queue each);
-        one at a time against a server from before ``POST /v1/jobs/cancel``."""
+        one at a time against a server from before ``POST /v1/jobs/cancel`` (its records
+        then whole), which this client then asks no more."""
         ids = list(dict.fromkeys(job_ids))
         out: dict[str, JobRecord | GpulayerError] = {}
         for i in range(0, len(ids), MAX_BATCH):
             chunk = ids[i:i + MAX_BATCH]
-            try:
-                out.update((job.id, job) for job in self.api.cancel_many(chunk))
-            except NotFound:  # (the batch leaves unknown ids out: a 404 is a server without the route)
+            if self._batch_cancels:
+                try:
+                    out.update((job.id, job) for job in self.api.cancel_many(chunk))
+                except (MethodNotAllowed, NotFound):
+                    # a server without the route: POST /v1/jobs/cancel is its GET /v1/jobs/{job_id}
+                    # (405; the route itself never answers 404: it leaves unknown ids out)
+                    self._batch_cancels = False
+            if not self._batch_cancels:
                 for job_id in chunk:
                     try:
                         out[job_id] = self.api.cancel(job_id)
@@ -407,8 +415,10 @@ class Client:
         if self.control is None or not jobs:
             return
         ids = [job.id for job in jobs]
-        for i in range(0, len(ids), MAX_BATCH):  # (one transaction and one placement pass a batch: see cancel_jobs)
-            self.control.cancel_many(ids[i:i + MAX_BATCH], reason=reason)
+        for i in range(0, len(ids), MAX_BATCH):  # (one transaction a batch: see cancel_jobs)
+            # one placement pass, after the last: a pass between two would start the jobs
+            # of the next batch on this process's worker, to end them at once
+            self.control.cancel_many(ids[i:i + MAX_BATCH], reason=reason, place=i + MAX_BATCH >= len(ids))
         sys.stderr.write(f"gpulayer: cancelled {len(jobs)} job(s): {reason}\n")
         sys.stderr.flush()
 

@@ -50,6 +50,7 @@ __all__ = [
     "InvalidInput",
     "InvalidRequirement",
     "JobFailed",
+    "MethodNotAllowed",
     "NoCapacity",
     "NotFound",
     "PluginError",
@@ -188,6 +189,14 @@ class ProviderTransient(ProviderError):
 class NotFound(GpulayerError, LookupError):
     status_code = 404
     code = "not_found"
+
+
+class MethodNotAllowed(GpulayerError):
+    """A server has the path but not the method asked for: a route it does not have (a
+    server from before it, where ``POST /v1/jobs/cancel`` is ``/v1/jobs/{job_id}``)."""
+
+    status_code = 405
+    code = "method_not_allowed"
 
 
 class Conflict(GpulayerError):

@@ -202,7 +202,7 @@ def wait(handles: Iterable[JobHandle], timeout: float | None = None) -> list[Job
     Many jobs are waited for together (``wait_jobs``, up to :data:`~gpulayer.api.MAX_BATCH`
     a call), not one after another: one read looks at all of them, and a server answers
     one long poll for all of them."""
-    hs = list(handles)
+    hs = _listed(handles, "gl.wait")
     deadline = None if timeout is None else time.monotonic() + timeout
     records: dict[str, JobRecord] = {}
     for client, ids in _groups(hs):
@@ -228,7 +228,7 @@ def cancel(handles: Iterable[JobHandle]) -> list[JobRecord]:
     of one that had are gone: :func:`wait` for them). Many jobs are cancelled together
     (``cancel_many``, up to :data:`~gpulayer.api.MAX_BATCH` a call): one request, one
     transaction and one placement pass each. A job that has ended already is left as it is."""
-    hs = list(handles)
+    hs = _listed(handles, "gl.cancel")
     records: dict[str, JobRecord] = {}
     for client, ids in _groups(hs, "gl.cancel"):
         for job_id, outcome in client.cancel_jobs(ids).items():
@@ -242,7 +242,7 @@ def as_completed(handles: Iterable[JobHandle], timeout: float | None = None) -> 
     """Yield handles as their jobs end, first finished first (those that end between two
     looks in the order given). One look at up to :data:`~gpulayer.api.MAX_BATCH` jobs waits
     for the first of them to end (``wait_jobs``)."""
-    pending = list(handles)
+    pending = _listed(handles, "gl.as_completed")
     deadline = None if timeout is None else time.monotonic() + timeout
     while pending:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -252,6 +252,14 @@ def as_completed(handles: Iterable[JobHandle], timeout: float | None = None) -> 
             yield h
         if pending and not ended and deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"{len(pending)} job(s) still running after {timeout} s")
+
+
+def _listed(handles: Iterable[JobHandle], what: str) -> list[JobHandle]:
+    """The handles as a list; one handle (or one id) alone is refused, naming ``what``."""
+    if isinstance(handles, (JobHandle, str)):
+        raise InvalidArgument(f"{what}: {handles!r} is one {'handle' if isinstance(handles, JobHandle) else 'string'}; "
+                              "accepted: a list of the handles that .remote(), gl.submit and gl.submit_many return")
+    return list(handles)
 
 
 def _groups(handles: list[JobHandle], what: str = "gl.wait") -> list[tuple[Client, list[str]]]:

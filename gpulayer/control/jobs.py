@@ -206,12 +206,14 @@ class JobOps(Core):
         return self.get_job(job_id)
 
     def cancel_many(self, job_ids: Sequence[str], *, owner: str | None = None,
-                    reason: str | None = None) -> list[JobRecord]:
+                    reason: str | None = None, place: bool = True) -> list[JobRecord]:
         """:meth:`cancel` for many jobs (at most :data:`~gpulayer.api.MAX_BATCH`): one
         transaction and one placement pass for all of them (one each made cancelling a
         long queue quadratic: a pass over the whole queue per job). The records of those
         that exist (and are ``owner``'s), in the order given, brief (:meth:`records_of`);
-        other ids are left out. ``reason`` as for :meth:`cancel`."""
+        other ids are left out. ``reason`` as for :meth:`cancel`; ``place=False`` (in
+        process: a caller with more batches to cancel) skips the pass: the caller's last
+        batch runs it."""
         ids = job_ids_of(job_ids, "cancel")
         now = self.clock()
         running_on: set[str] = set()
@@ -222,7 +224,7 @@ class JobOps(Core):
             for row in live:
                 running_on |= self._cancel_row(s, row, reason, now)
         if live:
-            self._cancelled(frozenset(running_on))
+            self._cancelled(frozenset(running_on), place=place)
         return self.records_of(found, brief=True)
 
     def _cancel_row(self, s: Session, row: JobRow, reason: str | None, now: float) -> frozenset[str]:
@@ -253,10 +255,11 @@ class JobOps(Core):
         self._event(s, "cancel_requested", job_id=row.id)
         return running_on
 
-    def _cancelled(self, running_on: frozenset[str]) -> None:
+    def _cancelled(self, running_on: frozenset[str], *, place: bool = True) -> None:
         """After cancels committed: their workers told, a placement pass, the news."""
         self._cancelled_on(running_on)  # first: the workers end the processes while we go on
-        self.schedule()  # devices of cancelled unstarted tasks are free for queued jobs
+        if place:
+            self.schedule()  # devices of cancelled unstarted tasks are free for queued jobs
         self._changed()
 
     def logs(self, job_id: str, *, after: int = 0, node: int | None = None, limit: int = MAX_LOG_CHUNKS,
@@ -497,7 +500,10 @@ def look_gap(job_ids: Sequence[str], ended: set[str]) -> float:
 
 def job_ids_of(job_ids: Sequence[str], what: str = "wait") -> list[str]:
     """The ids of a ``what`` (a wait, a cancel) for many jobs, each once, in their order;
-    refused when there are none or more than :data:`~gpulayer.api.MAX_BATCH`."""
+    refused when there are none or more than :data:`~gpulayer.api.MAX_BATCH`, or when they
+    are one string (whose characters would be taken for ids)."""
+    if isinstance(job_ids, str):
+        raise InvalidInput(f"job_ids: {job_ids!r} is one string; accepted: a list of job ids")
     ids = list(dict.fromkeys(job_ids))
     if not ids:
         raise InvalidInput("job_ids: empty; give the id of at least one job")

@@ -61,6 +61,7 @@ from gpulayer.errors import (
     Forbidden,
     GpulayerError,
     InvalidInput,
+    MethodNotAllowed,
     NotFound,
     TooLarge,
 )
@@ -549,9 +550,9 @@ def create_app(control: ControlPlane | None = None, *, database_url: str | None 
             h = handlers.get(request.method) or (handlers.get("GET") if request.method == "HEAD" else None)
             if h is None:
                 server.metrics.request(405)
-                return JSONResponse({"error": {"code": "method_not_allowed",
-                                               "message": f"{request.method} is not allowed here; allowed: {allowed}"}},
-                                    status_code=405, headers={"allow": allowed})
+                refused = MethodNotAllowed(f"{request.method} is not allowed here; allowed: {allowed}")
+                return JSONResponse({"error": refused.to_dict()}, status_code=refused.status_code,
+                                    headers={"allow": allowed})
             response: Response = await h(request)
             return response
 

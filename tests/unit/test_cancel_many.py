@@ -13,8 +13,10 @@ import pytest
 from starlette.testclient import TestClient
 
 import gpulayer as gl
+from gpulayer import api as api_mod
 from gpulayer import client as client_mod
 from gpulayer.api import MAX_BATCH
+from gpulayer.client import Client
 from gpulayer.control import ControlPlane
 from gpulayer.errors import InvalidArgument, InvalidInput, NotFound
 from gpulayer.http_client import connect_http
@@ -131,8 +133,7 @@ def test_the_route_cancels_the_callers_own_jobs_and_leaves_others_out(
     assert control.get_job(theirs.id).state is JobState.QUEUED
 
 
-def test_a_client_cancels_in_batches_and_one_at_a_time_where_the_route_is_missing(
-        gpulayer_isolated: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_client_cancels_in_batches(gpulayer_isolated: None, monkeypatch: pytest.MonkeyPatch) -> None:
     client = client_mod.connect()
     spec = gpu_job(placement=Placement(target="remote", on_unschedulable="wait"))
     ids = [j.id for j in client.submit_many([spec] * (MAX_BATCH + 2))]
@@ -145,14 +146,52 @@ def test_a_client_cancels_in_batches_and_one_at_a_time_where_the_route_is_missin
     assert {r.state for i, r in got.items() if i != "job-000000000000"} == {JobState.CANCELLED}  # type: ignore[union-attr]
     assert isinstance(got["job-000000000000"], NotFound) and "no such job" in str(got["job-000000000000"])
 
-    def older(job_ids: list[str]) -> Any:  # a server from before POST /v1/jobs/cancel
-        raise NotFound("Not Found")
 
-    monkeypatch.setattr(client.api, "cancel_many", older)
-    again = [j.id for j in client.api.submit_many([spec] * 2)]
-    got = client.cancel_jobs([again[0], "job-000000000000", again[1]])
-    assert [getattr(r, "state", None) for r in got.values()] == [JobState.CANCELLED, None, JobState.CANCELLED]
-    assert isinstance(got["job-000000000000"], NotFound)
+def test_a_client_of_a_server_without_the_route_cancels_one_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server from before ``POST /v1/jobs/cancel`` (built here without that route) has the
+    path as ``GET /v1/jobs/{job_id}``: it answers 405, and the client cancels one job at a
+    time from then on."""
+    control = ControlPlane(Store(f"sqlite:///{tmp_path / 'old.db'}"), heartbeat_timeout=30)
+    monkeypatch.setattr(api_mod, "ROUTES", tuple(r for r in api_mod.ROUTES if r.op != "cancel_many"))
+    with TestClient(create_app(control, background=False)) as tc:
+        token = control.create_token(scope="client").token
+        refused = tc.post("/v1/jobs/cancel", headers={"authorization": f"Bearer {token}"}, json={"job_ids": ["x"]})
+        assert refused.status_code == 405 and refused.json()["error"]["code"] == "method_not_allowed"
+        client = Client(connect_http("http://testserver", token=token, retry_for=0.5, transport=tc._transport),
+                        location="http://testserver", default_target="remote")
+        asked: list[str] = []
+        real = client.api.cancel
+        monkeypatch.setattr(client.api, "cancel", lambda job_id: asked.append(job_id) or real(job_id))
+        spec = gpu_job(placement=Placement(target="remote", on_unschedulable="wait"))
+        jobs = [client.api.submit(spec).id for _ in range(3)]
+        got = client.cancel_jobs([jobs[0], "job-000000000000", jobs[1]])
+        assert [getattr(r, "state", None) for r in got.values()] == [JobState.CANCELLED, None, JobState.CANCELLED]
+        assert isinstance(got["job-000000000000"], NotFound)
+        assert asked == [jobs[0], "job-000000000000", jobs[1]]
+        client.cancel_jobs([jobs[2]])  # (asked one at a time at once: the batch route is not tried again)
+        assert asked[-1] == jobs[2] and control.get_job(jobs[2]).state is JobState.CANCELLED
+
+
+def test_a_script_cancels_its_batches_with_one_pass_after_the_last(
+        gpulayer_isolated: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a script's Ctrl-C at exit does: one transaction a batch, and one placement pass
+    (a pass between two batches would start the next batch's jobs, to end them at once)."""
+    client = client_mod.connect()
+    assert client.control is not None
+    spec = gpu_job(placement=Placement(target="remote", on_unschedulable="wait"))
+    jobs = client.submit_many([spec] * (MAX_BATCH + 5))
+    counted = passes(client.control, monkeypatch)
+    client._cancel_all(jobs, "the test stopped it")
+    assert len(counted) == 1
+    assert {j.state for j in client.control.records_of([j.id for j in jobs[-10:]], brief=True)} == {JobState.CANCELLED}
+
+
+def test_one_string_is_not_taken_for_its_characters(cp: ControlPlane) -> None:
+    with pytest.raises(InvalidInput, match="job_ids: 'job-abc' is one string; accepted: a list of job ids"):
+        cp.cancel_many("job-abc")
+    with pytest.raises(InvalidInput, match="job_ids: 'job-abc' is one string"):
+        cp.wait_jobs("job-abc", timeout=0)
 
 
 def test_gl_cancel_cancels_handles_together_and_refuses_what_is_not_one(gpulayer_isolated: None) -> None:
@@ -169,4 +208,8 @@ def test_gl_cancel_cancels_handles_together_and_refuses_what_is_not_one(gpulayer
             call([handles[1], handles[1].id])
         assert str(exc.value).startswith(f"{name}: {handles[1].id!r} is not a job handle; accepted: the handles "
                                          "that .remote(), gl.submit and gl.submit_many return")
+        with pytest.raises(InvalidArgument) as exc:
+            call(handles[1])  # one handle, not a list of them
+        assert str(exc.value) == (f"{name}: JobHandle({handles[1].id!r}) is one handle; accepted: a list of the "
+                                  "handles that .remote(), gl.submit and gl.submit_many return")
     gl.cancel([handles[1]])
