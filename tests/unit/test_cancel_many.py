@@ -1,5 +1,5 @@
 """Cancelling many jobs at once: ``ControlPlane.cancel_many`` (one transaction and one
-placement pass for a batch), its route ``POST /v1/jobs/cancel``, ``Client.cancel_jobs``
+placement pass for a batch; on SQLite and PostgreSQL: the ``cp`` fixture), its route ``POST /v1/jobs/cancel``, ``Client.cancel_jobs``
 (batches, and one at a time against a server without the route), ``gl.cancel``, and a
 script's cancel of its jobs at exit, which uses it."""
 
@@ -24,14 +24,9 @@ from gpulayer.records import JobState, TaskState
 from gpulayer.server.app import create_app
 from gpulayer.specs import CommandJob, Placement, Requirements
 from gpulayer.store import Store
-from tests.factories import Clock, cuda_caps, gpu_job
+from tests.factories import cuda_caps, gpu_job
 
 WAIT = Placement(on_unschedulable="wait")
-
-
-@pytest.fixture
-def cp(tmp_path: Path) -> ControlPlane:
-    return ControlPlane(Store(f"sqlite:///{tmp_path / 'gl.db'}"), clock=Clock(), heartbeat_timeout=30)
 
 
 def passes(cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> list[None]:
