@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import shlex
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -132,10 +133,22 @@ def _from_field(owner: type[BaseModel], name: str) -> str:
     info = owner.model_fields.get(name)
     if info is None:
         return "a value of the documented type"
-    bounds = {k: getattr(m, k) for m in info.metadata for k in ("ge", "gt", "le", "lt") if getattr(m, k, None) is not None}
+    bounds = {k: getattr(m, k) for m in info.metadata
+              for k in ("ge", "gt", "le", "lt", "min_length", "max_length") if getattr(m, k, None) is not None}
     annotation = info.annotation
-    args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
-    base = args[0]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # (X | None: what X takes)
+        annotation = next((a for a in typing.get_args(annotation) if a is not type(None)), annotation)
+    if typing.get_origin(annotation) in (list, tuple, set, frozenset):
+        of = typing.get_args(annotation)
+        items = _items(of[0]) if of else "values"
+        low, high = bounds.get("min_length"), bounds.get("max_length")
+        if high is not None:
+            return f"a list of {low or 0} to {high} {items}" if low else f"a list of at most {high} {items}"
+        return f"a non-empty list of {items}" if low == 1 else f"a list of {items}"
+    if typing.get_origin(annotation) is dict:
+        key, value = (typing.get_args(annotation) or (Any, Any))[:2]
+        return f"a mapping of {_items(key).removesuffix(' values')} keys to {_items(value)}"
+    base = annotation
     if isinstance(base, type) and issubclass(base, enum.Enum):
         return "one of " + ", ".join(str(m.value) for m in base)
     if typing.get_origin(base) is typing.Literal:
@@ -150,6 +163,22 @@ def _from_field(owner: type[BaseModel], name: str) -> str:
     if base is bool:
         return "true or false"
     return "a value of the documented type"
+
+
+#: what a list of these holds, in words (a list field without a table entry)
+_ITEMS: dict[Any, str] = {str: "text values", int: "whole numbers", float: "numbers", bool: "true or false values"}
+
+
+def _items(tp: Any) -> str:
+    """What a list (or a mapping's values) of ``tp`` holds, in words."""
+    if typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
+    if typing.get_origin(tp) is typing.Literal:
+        return "values among " + ", ".join(str(v) for v in typing.get_args(tp))
+    kinds = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    if all(isinstance(k, type) and issubclass(k, BaseModel) for k in kinds):
+        return "records"
+    return _ITEMS.get(tp, "values")
 
 
 def _number(value: Any) -> str:

@@ -219,6 +219,16 @@ def test_bad_query_and_path_values_name_the_parameter(served: tuple[ControlPlane
     assert r.status_code == 422 and "body.ttl=-1: must be more than 0" in message
     assert "body.bogus=1: no such field" in message or "body.bogus" in message
     assert "Input should" not in message and "pydantic" not in message
+    # what a list or a choice accepts is said as such (a list of text was "accepted: text")
+    for path, body, said in (
+            ("/v1/jobs/cancel", {"job_ids": []}, "body.job_ids: must not be empty; accepted: a list of 1 to 1000 "
+                                                 "text values"),
+            ("/v1/jobs/wait", {"job_ids": "job-x"}, "body.job_ids='job-x': not a list; accepted: a list of 1 to 1000 "
+                                                    "text values"),
+            ("/v1/tokens", {"scope": "root"}, "body.scope='root': not one of the choices; accepted: one of admin, "
+                                              "client, join, bootstrap")):
+        r = tc.post(path, headers=headers, json=body)
+        assert r.status_code == 422 and r.json()["error"]["message"] == said, r.text
     r = tc.head("/v1/bundles/not-hex", headers=headers)
     assert r.status_code == 422
     r = tc.get("/v1/bundles/" + "0" * 64, headers=headers)
