@@ -3,9 +3,26 @@ for the benches that run a function through a server next to the same embedded."
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+
+def function_home(module: str, source: str) -> tuple[Path, Path, Any]:
+    """A temporary folder with the embedded home (``GPULAYER_HOME`` set to it) and, in a
+    folder of its own (a function's folder is its bundle: not the home), ``module`` written
+    from ``source`` and imported: (the folder, the code's folder, the module)."""
+    tmp = Path(tempfile.mkdtemp(prefix="gpulayer-bench-"))
+    os.environ["GPULAYER_HOME"] = str(tmp / "home")
+    code = tmp / "code"
+    code.mkdir()
+    (code / f"{module}.py").write_text(source)
+    sys.path.insert(0, str(code))
+    return tmp, code, importlib.import_module(module)
 
 
 def served_function(tmp: Path, code: Path, remote: Any, warm: Any) -> tuple[Any, Callable[[], None]]:

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _served import on_remote, served_function
+from _served import function_home, on_remote, served_function
 from _stats import table
 
 #: about this many bytes of JSON an item (see items)
@@ -48,13 +46,7 @@ def main() -> None:
     parser.add_argument("--server", action=argparse.BooleanOptionalAction, default=True,
                         help="through a server too (default)")
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="gpulayer-bench-"))
-    os.environ["GPULAYER_HOME"] = str(tmp / "home")
-    code = tmp / "code"  # (the function's directory is its bundle: not the home)
-    code.mkdir()
-    (code / "bench_count.py").write_text(COUNT)
-    sys.path.insert(0, str(code))
-    import bench_count  # type: ignore[import-not-found]
+    tmp, code, bench_count = function_home("bench_count", COUNT)
 
     import gpulayer as gl
 

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _served import on_remote, served_function
+from _served import function_home, on_remote, served_function
 from _stats import table
 
 #: about this many bytes of JSON an item (see ITEMS)
@@ -53,13 +51,7 @@ def main() -> None:
     parser.add_argument("--server", action=argparse.BooleanOptionalAction, default=True,
                         help="the first size through a server too (default)")
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="gpulayer-bench-"))
-    os.environ["GPULAYER_HOME"] = str(tmp / "home")
-    code = tmp / "code"  # (the function's directory is its bundle: not the home)
-    code.mkdir()
-    (code / "bench_items.py").write_text(ITEMS)
-    sys.path.insert(0, str(code))
-    import bench_items  # type: ignore[import-not-found]
+    tmp, code, bench_items = function_home("bench_items", ITEMS)
 
     import gpulayer as gl
 
