@@ -5,13 +5,16 @@ See :mod:`gpulayer.bundles` for the rules (what goes in, symlinks, the zip's for
 
 from __future__ import annotations
 
+import errno
 import functools
 import io
 import os
 import stat
 import threading
+import time
 import zipfile
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
@@ -86,10 +89,15 @@ class Inspection:
     root: Path
     included: list[BundleFile] = field(default_factory=list)
     excluded: list[Excluded] = field(default_factory=list)
-    #: absolute path each included file's bytes are read from (a symlink's target)
+    #: where an included file's bytes are read from when that is not ``root / path``: a
+    #: symlink's target (see :meth:`source`)
     sources: dict[str, Path] = field(default_factory=dict, repr=False)
     #: each included file's (device, inode, mtime_ns, ctime_ns): what says it changed
     stamps: dict[str, tuple[int, int, int, int]] = field(default_factory=dict, repr=False)
+
+    def source(self, path: str) -> Path:
+        """The absolute path the bytes of the included file ``path`` are read from."""
+        return self.sources.get(path) or self.root / path
 
     @property
     def total_size(self) -> int:
@@ -184,20 +192,6 @@ def _default_layer() -> _Layer:
     return _Layer("", "default", list(DEFAULT_EXCLUDES), numbered=False)
 
 
-def _read_layers(directory: Path, base: str) -> list[_Layer]:
-    layers = []
-    for name in IGNORE_FILES:
-        path = directory / name
-        try:
-            if not path.is_file():
-                continue
-            text = path.read_bytes().decode("utf-8", errors="surrogateescape")
-        except OSError as exc:
-            raise BundleError(f"cannot read ignore file {path}: {exc.strerror or exc}") from None
-        layers.append(_Layer(base, base + name, text.splitlines(), numbered=True))
-    return layers
-
-
 def _verdict(layers: list[_Layer], rel: str) -> str | None:
     """The rule that excludes ``rel`` (a directory ends in ``/``), or None if it is included."""
     excluded_by: str | None = None
@@ -218,33 +212,146 @@ def _resolve_root(directory: str | os.PathLike[str]) -> Path:
     return given.resolve()
 
 
+def _ignore_stamps(folder: str) -> tuple[tuple[int, int, int, int, int] | None, ...]:
+    """Each of :data:`IGNORE_FILES` in ``folder``: its (device, inode, size, mtime_ns,
+    ctime_ns) where it is a file (a link to one counts), else None."""
+    out: list[tuple[int, int, int, int, int] | None] = []
+    for name in IGNORE_FILES:
+        path = os.path.join(folder, name)
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            out.append(None)
+            continue
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                out.append(None)
+                continue
+            raise BundleError(f"cannot read ignore file {path}: {exc.strerror or exc}") from None
+        out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                   if stat.S_ISREG(st.st_mode) else None)
+    return tuple(out)
+
+
+def _read_layers(folder: str, base: str, stamps: tuple[Any, ...]) -> list[_Layer]:
+    """The rules of the ignore files that ``stamps`` (:func:`_ignore_stamps`) found."""
+    layers = []
+    for name, found in zip(IGNORE_FILES, stamps, strict=True):
+        if found is None:
+            continue
+        path = os.path.join(folder, name)
+        try:
+            with open(path, "rb") as f:
+                text = f.read().decode("utf-8", errors="surrogateescape")
+        except OSError as exc:
+            raise BundleError(f"cannot read ignore file {path}: {exc.strerror or exc}") from None
+        layers.append(_Layer(base, base + name, text.splitlines(), numbered=True))
+    return layers
+
+
+#: A folder's listing or an ignore file read less than this long after it last changed is
+#: not remembered: a change within the same tick of the file system's clock (a few
+#: milliseconds on Linux, 2 s on FAT) would leave its timestamps as they were (git's "racy"
+#: entries). The next walk reads it again.
+RACY_SECONDS = 2.0
+
+#: the kinds of a listing's entries
+_DIR, _FILE, _OUT = 0, 1, 2
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _settled(stamps: Iterable[tuple[int, ...] | None], before_ns: int) -> bool:
+    """Whether each of these stamps (their last two fields: mtime_ns, ctime_ns) is older
+    than ``before_ns`` by :data:`RACY_SECONDS`."""
+    limit = before_ns - int(RACY_SECONDS * 1e9)
+    return all(s is None or max(s[-2], s[-1]) < limit for s in stamps)
+
+
+class _Listing(NamedTuple):
+    """What a walk found in one folder, for the next walk of the same tree. It holds while the
+    folder's stamp is the same (adding, removing or renaming an entry moves its mtime) and so
+    are the ignore files in force (``context``: their stamps, here and in every folder above,
+    and GPULAYER_HOME's identity); each file it keeps is still looked at (a stat) for its
+    size, mode and stamp, so an edit is always seen."""
+
+    stamp: tuple[int, int, int, int]
+    context: tuple[Any, ...]
+    #: the rules of its own ignore files
+    layers: list[_Layer]
+    #: (name, kind, what): ``what`` is the rule or problem that left a :data:`_OUT` entry out
+    #: (whose name ends in ``/`` for a folder), a :data:`_FILE` symlink's target, else None
+    entries: list[tuple[str, int, str | None]]
+    #: the record last made of each file (the same object while its size and mode are, so
+    #: that a bundle's files compare by identity)
+    made: dict[str, BundleFile]
+
+
+#: per tree walked lately (by its root, the latest last), its folders' listings by path
+_listings: OrderedDict[str, dict[str, _Listing]] = OrderedDict()
+_listings_lock = threading.Lock()
+
+
+def _files_of(prefix: str, listing: _Listing) -> list[tuple[str, os.stat_result]] | None:
+    """Each file a listing of the folder ``prefix`` (ending in the separator) kept, looked at
+    now; None when one is gone or not a regular file any more (the folder is listed again)."""
+    out = []
+    for name, kind, target in listing.entries:
+        if kind != _FILE:
+            continue
+        try:
+            st = os.stat(target or prefix + name)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        out.append((name, st))
+    return out
+
+
 def inspect_directory(directory: str | os.PathLike[str]) -> Inspection:
     """List what a bundle of ``directory`` holds and what the rules leave out, and why.
 
-    Raises :class:`BundleError` naming ``directory`` when it is missing or not a directory.
+    A folder of a tree walked lately in this process is not listed again while it and the
+    ignore files in force there are unchanged (see :class:`_Listing`); every included file
+    is still looked at. Raises :class:`BundleError` naming ``directory`` when it is missing or
+    not a directory.
     """
     root = _resolve_root(directory)
     root_str = str(root)
     inspection = Inspection(root=root)
     home = _state_directory()
+    with _listings_lock:
+        known = _listings.get(root_str, {})
+    fresh: dict[str, _Listing] = {}
+    started = time.time_ns()
 
-    def walk(abs_dir: Path, rel_dir: str, layers: list[_Layer]) -> None:
+    def listed(folder: str, rel_dir: str, layers: list[_Layer], context: tuple[Any, ...],
+               st: os.stat_result, own: tuple[Any, ...],
+               settled: bool) -> tuple[_Listing, list[tuple[str, os.stat_result]]]:
+        """The folder listed now, and the stat of each file it keeps."""
+        listed_at = time.time_ns()
+        own_layers = _read_layers(folder, rel_dir, own)
+        rules = layers + own_layers
         try:
-            with os.scandir(abs_dir) as it:
-                entries = sorted(it, key=lambda e: e.name)
+            with os.scandir(folder) as it:
+                found = sorted(it, key=lambda e: e.name)
         except OSError as exc:
             raise BundleError(
-                f"cannot list {abs_dir} (in source directory {root_str}): {exc.strerror or exc}"
+                f"cannot list {folder} (in source directory {root_str}): {exc.strerror or exc}"
             ) from None
-        for entry in entries:
-            rel = rel_dir + entry.name
-            abs_path = Path(entry.path)
-            source = abs_path
+        entries: list[tuple[str, int, str | None]] = []
+        files: list[tuple[str, os.stat_result]] = []
+        links = False
+        for entry in found:
+            target: str | None = None
             link_problem: str | None = None
             try:
-                is_link = entry.is_symlink()
-                if is_link:
-                    target = os.path.realpath(abs_path)
+                if entry.is_symlink():
+                    links = True
+                    target = os.path.realpath(entry.path)
                     if not _within(target, root_str):
                         link_problem = "symlink to outside the directory (not followed)"
                         is_dir = False
@@ -255,47 +362,89 @@ def inspect_directory(directory: str | os.PathLike[str]) -> Inspection:
                         link_problem = "symlink to a directory (not followed)"
                         is_dir = True
                     else:
-                        source = Path(target)
                         is_dir = False
                 else:
                     is_dir = entry.is_dir(follow_symlinks=False)
-                st = os.stat(source) if link_problem is None else None
+                est = os.stat(target or entry.path) if link_problem is None else None
             except OSError as exc:
-                raise BundleError(f"cannot read {abs_path}: {exc.strerror or exc}") from None
+                raise BundleError(f"cannot read {entry.path}: {exc.strerror or exc}") from None
 
-            shown = rel + "/" if is_dir else rel
-            if is_dir and st is not None and home == (st.st_dev, st.st_ino):  # (whatever the ignore files say)
-                inspection.excluded.append(Excluded(shown, HOME_EXCLUDED))
-                continue
-            rule = _verdict(layers, shown)
-            if rule is not None:
-                inspection.excluded.append(Excluded(shown, rule))
-                continue
-            if link_problem is not None:
-                inspection.excluded.append(Excluded(shown, link_problem))
-                continue
-            if "\\" in entry.name:
-                inspection.excluded.append(
-                    Excluded(shown, "unsupported name: contains a backslash")
-                )
-                continue
-            try:
-                rel.encode("utf-8")
-            except UnicodeEncodeError:
-                inspection.excluded.append(Excluded(shown, "unsupported name: not valid UTF-8"))
-                continue
-            if is_dir:
-                walk(abs_path, rel + "/", layers + _read_layers(abs_path, rel + "/"))
-                continue
-            if st is None or not stat.S_ISREG(st.st_mode):
-                inspection.excluded.append(Excluded(shown, "not a regular file"))
-                continue
-            mode = 0o755 if st.st_mode & 0o111 else 0o644
-            inspection.included.append(BundleFile(rel, st.st_size, mode))
-            inspection.sources[rel] = source
-            inspection.stamps[rel] = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+            shown = entry.name + "/" if is_dir else entry.name
+            why: str | None = None
+            if is_dir and est is not None and home == (est.st_dev, est.st_ino):  # (whatever the ignore files say)
+                why = HOME_EXCLUDED
+            else:
+                why = _verdict(rules, rel_dir + shown) or link_problem
+            if why is None and "\\" in entry.name:
+                why = "unsupported name: contains a backslash"
+            if why is None:
+                try:
+                    entry.name.encode("utf-8")
+                except UnicodeEncodeError:
+                    why = "unsupported name: not valid UTF-8"
+            if why is None and not is_dir and (est is None or not stat.S_ISREG(est.st_mode)):
+                why = "not a regular file"
+            if why is not None:
+                entries.append((shown, _OUT, why))
+            elif is_dir:
+                entries.append((entry.name, _DIR, None))
+            else:
+                assert est is not None
+                entries.append((entry.name, _FILE, target))
+                files.append((entry.name, est))
+        listing = _Listing(_stamp(st), context, own_layers, entries, {})
+        if settled and not links and _settled([listing.stamp], listed_at):
+            fresh[folder] = listing
+        return listing, files
 
-    walk(root, "", [_default_layer(), *_read_layers(root, "")])
+    def walk(folder: str, rel_dir: str, layers: list[_Layer], context: tuple[Any, ...],
+             st: os.stat_result, settled: bool) -> None:
+        own = _ignore_stamps(folder)
+        context = (*context, own)
+        settled = settled and _settled(own, started)
+        prefix = folder if folder.endswith(os.sep) else folder + os.sep
+        listing = known.get(folder)
+        files = None
+        if listing is not None and listing.stamp == _stamp(st) and listing.context == context:
+            files = _files_of(prefix, listing)
+            if files is not None and settled:
+                fresh[folder] = listing
+        if listing is None or files is None:  # (not known, changed, or a file it kept is not one now)
+            listing, files = listed(folder, rel_dir, layers, context, st, own, settled)
+        made = listing.made
+        for name, fst in files:
+            mode = 0o755 if fst.st_mode & 0o111 else 0o644
+            file = made.get(name)
+            if file is None or file.size != fst.st_size or file.mode != mode:
+                file = made[name] = BundleFile(rel_dir + name, fst.st_size, mode)
+            inspection.included.append(file)
+            inspection.stamps[file.path] = (fst.st_dev, fst.st_ino, fst.st_mtime_ns, fst.st_ctime_ns)
+        for name, kind, what in listing.entries:
+            if kind == _FILE and what is not None:  # (a symlink's target)
+                inspection.sources[rel_dir + name] = Path(what)
+        rules = layers + listing.layers
+        for name, kind, what in listing.entries:
+            if kind == _OUT:
+                assert what is not None
+                inspection.excluded.append(Excluded(rel_dir + name, what))
+            elif kind == _DIR:
+                sub = prefix + name
+                try:
+                    sub_st = os.stat(sub)
+                except OSError as exc:
+                    raise BundleError(f"cannot read {sub}: {exc.strerror or exc}") from None
+                walk(sub, rel_dir + name + "/", rules, context, sub_st, settled)
+
+    try:
+        root_st = os.stat(root_str)
+    except OSError as exc:
+        raise BundleError(f"cannot read source directory {root_str}: {exc.strerror or exc}") from None
+    walk(root_str, "", [_default_layer()], (home,), root_st, True)
+    with _listings_lock:
+        _listings[root_str] = fresh
+        _listings.move_to_end(root_str)
+        while len(_listings) > _BUILT_KEPT:
+            _listings.popitem(last=False)
     inspection.included.sort(key=lambda f: f.path)
     inspection.excluded.sort(key=lambda e: e.path)
     return inspection
@@ -344,7 +493,7 @@ def _write_zip(
     with zipfile.ZipFile(out, "w", allowZip64=True) as zf:
         for file in inspection.included:
             info = _zip_info(file)
-            source = inspection.sources[file.path]
+            source = inspection.source(file.path)
             try:
                 with open(source, "rb") as src, zf.open(info, "w") as dst:
                     while chunk := src.read(_CHUNK):
@@ -366,20 +515,26 @@ def build_bundle(directory: str | os.PathLike[str], *, max_bytes: int | None = N
     from ``GPULAYER_MAX_BUNDLE_MB``). A bigger bundle raises :class:`BundleTooLarge` naming the
     limit, the size and the largest files; a missing directory raises :class:`BundleError`.
 
-    The directory is walked every time (its rules and files as they are now), but a bundle
-    whose files all have the same size, mode, inode, mtime and ctime as when it was last
-    built in this process is not zipped and hashed again: a loop of ``.remote()`` calls pays
-    for a stat of each file, not for reading it.
+    The directory is walked every time (its rules and files as they are now, see
+    :func:`inspect_directory`), but a bundle whose files all have the same size, mode,
+    inode, mtime and ctime as when it was last built in this process is not zipped and
+    hashed again: a loop of ``.remote()`` calls pays for a stat of each file, not for reading
+    it. A bundle with a file changed within :data:`RACY_SECONDS` of its build is not kept
+    (a second change in the same tick of the file system's clock would not show).
     """
+    started = time.time_ns()
     inspection = inspect_directory(directory)
     limit = config.max_bundle_bytes() if max_bytes is None else int(max_bytes)
     key = (str(inspection.root), limit)
-    stamp = tuple((f, inspection.stamps[f.path]) for f in inspection.included)
+    # (the records are the same objects while unchanged: the lists compare by identity)
+    stamp = (inspection.included, inspection.stamps)
     with _built_lock:
         known = _built.get(key)
     if known is not None and known[0] == stamp:
         return known[1]
     bundle = build_from_inspection(inspection, max_bytes=limit)
+    if not _settled(inspection.stamps.values(), started):
+        return bundle
     with _built_lock:
         _built[key] = (stamp, bundle)
         _built.move_to_end(key)
@@ -389,7 +544,7 @@ def build_bundle(directory: str | os.PathLike[str], *, max_bytes: int | None = N
 
 
 #: the bundles this process built last, by (root, limit), with the stamp of their files
-_built: OrderedDict[tuple[str, int], tuple[tuple[Any, ...], Bundle]] = OrderedDict()
+_built: OrderedDict[tuple[str, int], tuple[tuple[list[BundleFile], dict[str, Any]], Bundle]] = OrderedDict()
 _built_lock = threading.Lock()
 _BUILT_KEPT = 8
 

@@ -15,6 +15,7 @@ import threading
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
@@ -120,10 +121,55 @@ def test_content_name_or_executable_bit_change_the_digest(project: Path) -> None
 
 
 
-def test_an_unchanged_tree_is_not_zipped_again_and_a_changed_one_is(project: Path) -> None:
+#: the racy window the tests below use, and a pause longer than it: what the tree holds then
+#: is read and remembered (the default window is seconds long)
+WINDOW = 0.05
+SETTLE = 0.1
+
+
+@pytest.fixture
+def settled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bundles.building, "RACY_SECONDS", WINDOW)
+
+
+class Listings:
+    """Counts the folders listed (``os.scandir``) while it is on."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.folders: list[str] = []
+        real = os.scandir
+
+        def spy(path: Any) -> Any:
+            self.folders.append(os.fspath(path))
+            return real(path)
+
+        monkeypatch.setattr(bundles.building.os, "scandir", spy)
+
+    def take(self) -> list[str]:
+        out, self.folders[:] = sorted(self.folders), []
+        return out
+
+
+def from_scratch(root: Path) -> bundles.Inspection:
+    """An inspection of ``root`` that reuses no remembered listing (and forgets none)."""
+    kept = dict(bundles.building._listings)
+    bundles.building._listings.clear()
+    try:
+        return inspect_directory(root)
+    finally:
+        bundles.building._listings.clear()
+        bundles.building._listings.update(kept)
+
+
+def same(a: bundles.Inspection, b: bundles.Inspection) -> bool:
+    return (a.included, a.excluded, a.stamps, a.sources) == (b.included, b.excluded, b.stamps, b.sources)
+
+
+def test_an_unchanged_tree_is_not_zipped_again_and_a_changed_one_is(project: Path, settled: None) -> None:
     """build_bundle keeps the last bundles it built: an unchanged tree gives the same bundle
     without zipping; a change of content (even with the old mtime put back), a new file, a
     removed file or a new ignore rule gives a new one."""
+    time.sleep(SETTLE)
     first = build_bundle(project)
     assert build_bundle(project) is first  # not rebuilt
     main = project / "main.py"
@@ -140,6 +186,124 @@ def test_an_unchanged_tree_is_not_zipped_again_and_a_changed_one_is(project: Pat
     (project / ".gpulayerignore").unlink()
     (project / "extra.py").unlink()
     assert build_bundle(project).digest == changed.digest
+
+
+def test_a_bundle_of_files_changed_just_now_is_built_again(project: Path) -> None:
+    """A file changed within the racy window of the build (seconds by default) could change
+    again without its timestamps moving: that bundle is not kept."""
+    first = build_bundle(project)
+    again = build_bundle(project)
+    assert again is not first and again.digest == first.digest
+
+
+def test_an_unchanged_folder_is_not_listed_again(project: Path, settled: None,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A walk of a tree walked lately lists only the folders that changed (an entry added,
+    removed or renamed) or whose ignore rules did; each file is still looked at."""
+    write(project, "pkg/sub/deep.py", "D = 1\n")
+    time.sleep(SETTLE)
+    first = inspect_directory(project)
+    listed = Listings(monkeypatch)
+    assert same(inspect_directory(project), first)
+    assert listed.take() == []
+    write(project, "pkg/new.py", "N = 1\n")  # (pkg/ changes; the top and pkg/sub/ do not)
+    added = inspect_directory(project)
+    assert listed.take() == [str(project / "pkg")]
+    assert "pkg/new.py" in {f.path for f in added.included} and same(added, from_scratch(project))
+    listed.take()  # (from scratch: all of them)
+    (project / "pkg" / "model.py").write_text("X = 2\n")  # (content: no folder changes)
+    edited = inspect_directory(project)
+    assert listed.take() in ([], [str(project / "pkg")])  # (pkg/ was listed just now: again, once)
+    assert edited.stamps["pkg/model.py"] != first.stamps["pkg/model.py"] and same(edited, from_scratch(project))
+
+
+def test_a_rule_changed_above_a_remembered_folder_is_applied_there(project: Path, settled: None,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    write(project, "pkg/sub/keep.tmp", "t")
+    write(project, "pkg/sub/code.py", "c")
+    time.sleep(SETTLE)
+    inspect_directory(project)
+    listed = Listings(monkeypatch)
+    write(project, ".gitignore", "*.tmp\n")  # (a new file at the top: pkg/sub/ itself unchanged)
+    excluded = dict(inspect_directory(project).excluded)
+    assert excluded["pkg/sub/keep.tmp"] == ".gitignore:1: *.tmp"
+    assert str(project / "pkg" / "sub") in listed.take()
+    time.sleep(SETTLE)
+    inspect_directory(project)
+    listed.take()
+    (project / ".gitignore").write_text("*.py\n")  # (its content alone)
+    now = inspect_directory(project)
+    assert dict(now.excluded)["pkg/sub/code.py"] == ".gitignore:1: *.py"
+    assert "pkg/sub/keep.tmp" in {f.path for f in now.included}
+    assert same(now, from_scratch(project))
+
+
+def test_folders_with_links_or_changed_just_now_are_listed_every_time(project: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    (project / "pkg" / "alias.py").symlink_to("model.py")
+    listed = Listings(monkeypatch)
+    monkeypatch.setattr(bundles.building, "RACY_SECONDS", WINDOW)
+    time.sleep(SETTLE)
+    inspect_directory(project)
+    listed.take()
+    linked = inspect_directory(project)  # (a link's target may change with no folder's stamp moving)
+    assert listed.take() == [str(project / "pkg")]
+    assert linked.source("pkg/alias.py") == project / "pkg" / "model.py"
+    bundles.building._listings.clear()
+    monkeypatch.setattr(bundles.building, "RACY_SECONDS", 3600.0)  # (every folder changed "just now")
+    inspect_directory(project)
+    inspect_directory(project)
+    assert len(listed.take()) == 2 * 3  # (the top, pkg/, data/: at each walk)
+
+
+def test_a_remembered_tree_matches_a_fresh_walk_through_many_changes(tmp_path: Path, settled: None) -> None:
+    """Random changes (files and folders added, removed, renamed, replaced by each other,
+    edited; ignore files written), each walk remembered or not as time allows: what the walk
+    finds is always what a walk from scratch finds."""
+    import random
+
+    rng = random.Random(11)
+    root = tmp_path / "tree"
+    names = ["a", "b", "c.tmp", "d.py", "e.log"]
+    for folder in ("", "x/", "x/y/", "z/"):
+        for name in names[:3]:
+            write(root, folder + name, name)
+
+    def pick_folder() -> Path:
+        folders = [root, *(p for p in root.rglob("*") if p.is_dir())]
+        return rng.choice(sorted(folders))
+
+    for step in range(60):
+        folder = pick_folder()
+        what = rng.choice(["add", "remove", "edit", "mkdir", "rmdir", "rename", "replace", "ignore", "chmod"])
+        entries = sorted(folder.iterdir())
+        files = [p for p in entries if p.is_file()]
+        if what == "add":
+            write(folder, rng.choice([n for n in names if not (folder / n).is_dir()] or ["f"]), str(step))
+        elif what == "remove" and files:
+            rng.choice(files).unlink()
+        elif what == "edit" and files:
+            rng.choice(files).write_text(f"edit {step}")
+        elif what == "mkdir":
+            write(folder, f"d{step}/{rng.choice(names)}", "new")
+        elif what == "rmdir" and folder != root:
+            subprocess.run(["rm", "-rf", str(folder)], check=True)
+        elif what == "rename" and entries:
+            rng.choice(entries).rename(folder / f"r{step}")
+        elif what == "replace" and files:  # (a file becomes a folder of the same name)
+            victim = rng.choice(files)
+            victim.unlink()
+            write(victim, "inside.py", "i")
+        elif what == "ignore" and (rules := [n for n in (".gitignore", ".gpulayerignore")
+                                             if not (folder / n).is_dir()]):
+            (folder / rng.choice(rules)).write_text(
+                rng.choice(["*.tmp\n", "*.py\n", "x/\n", "!c.tmp\n", "b\n", ""]))
+        elif what == "chmod" and files:
+            rng.choice(files).chmod(rng.choice([0o644, 0o755]))
+        if rng.random() < 0.5:
+            time.sleep(SETTLE)  # (then the walk below is remembered)
+        walked = inspect_directory(root)
+        assert same(walked, from_scratch(root)), f"step {step}: {what} in {folder}"
 
 
 _names = st.text(alphabet="abcxyz_-.0123", min_size=1, max_size=6).filter(
