@@ -1,7 +1,7 @@
 """A project of many files: what each job's bundle costs, next to the least work that does
 the same, in the same run.
 
-    python bench/bundle_walk.py [--files 3000] [--runs 15] [--no-remote]
+    python bench/bundle_walk.py [--files 3000] [--runs 15] [--no-remote] [--settle S]
 
 A temporary project of ``--files`` small Python files in folders of 50 (about 4 kB each,
 a ``.gitignore`` at the top and one in every tenth folder), built here once:
@@ -15,8 +15,9 @@ a ``.gitignore`` at the top and one in every tenth folder), built here once:
   whose module is at the project's top (so the project is its bundle), next to the same
   function in a folder of its own file alone, embedded (a temporary home, the SDK's worker).
 
-The project is left alone for ``RACY_SECONDS`` after it was written, as a user's tree is
-between two edits (a file changed within that window of its last read is read again).
+The project is left alone for ``--settle`` seconds (default ``RACY_SECONDS``) after it was
+written, as a user's tree is between two edits (a file changed within that window of its
+last read is read again).
 Prints the table of bench/_stats.py.
 """
 
@@ -89,6 +90,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--remote", action=argparse.BooleanOptionalAction, default=True,
                         help="the .remote() rows too (default)")
+    parser.add_argument("--settle", type=float, default=None,
+                        help="seconds the tree is left alone before it is measured (default: RACY_SECONDS)")
     args = parser.parse_args()
     tmp, code, module = function_home("bench_bundle_walk", FUNCTION)
     make_project(code, args.files)
@@ -99,7 +102,7 @@ def main() -> None:
 
     from gpulayer.bundles import build_bundle, building
 
-    racy = getattr(building, "RACY_SECONDS", 0.0)
+    racy = getattr(building, "RACY_SECONDS", 0.0) if args.settle is None else args.settle
     time.sleep(racy)  # (a tree a user is not editing this very moment)
     first = build_bundle(code)
     kept = [code / f.path for f in first.files]

@@ -89,15 +89,19 @@ class Inspection:
     root: Path
     included: list[BundleFile] = field(default_factory=list)
     excluded: list[Excluded] = field(default_factory=list)
-    #: where an included file's bytes are read from when that is not ``root / path``: a
-    #: symlink's target (see :meth:`source`)
-    sources: dict[str, Path] = field(default_factory=dict, repr=False)
+    #: the included files that are symlinks, and their targets (see :meth:`source`)
+    links: dict[str, Path] = field(default_factory=dict, repr=False)
     #: each included file's (device, inode, mtime_ns, ctime_ns): what says it changed
     stamps: dict[str, tuple[int, int, int, int]] = field(default_factory=dict, repr=False)
 
     def source(self, path: str) -> Path:
         """The absolute path the bytes of the included file ``path`` are read from."""
-        return self.sources.get(path) or self.root / path
+        return self.links.get(path) or self.root / path
+
+    @property
+    def sources(self) -> dict[str, Path]:
+        """Each included file's :meth:`source`."""
+        return {f.path: self.source(f.path) for f in self.included}
 
     @property
     def total_size(self) -> int:
@@ -257,17 +261,21 @@ RACY_SECONDS = 2.0
 
 #: the kinds of a listing's entries
 _DIR, _FILE, _OUT = 0, 1, 2
+#: why an entry that is neither a folder nor a regular file is left out
+_SPECIAL = "not a regular file"
 
 
 def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _settled(stamps: Iterable[tuple[int, ...] | None], before_ns: int) -> bool:
-    """Whether each of these stamps (their last two fields: mtime_ns, ctime_ns) is older
-    than ``before_ns`` by :data:`RACY_SECONDS`."""
-    limit = before_ns - int(RACY_SECONDS * 1e9)
-    return all(s is None or max(s[-2], s[-1]) < limit for s in stamps)
+def _settled(stamps: Iterable[tuple[int, ...] | None], read_ns: int) -> bool:
+    """Whether each time of these stamps (their last two fields: mtime_ns, ctime_ns) lies
+    further than :data:`RACY_SECONDS` from ``read_ns``, when they were read: a change after
+    that read would set a time of now, which differs from each of them. (A time far in the
+    future, from a skewed clock or an archive, is as good as an old one.)"""
+    racy = int(RACY_SECONDS * 1e9)
+    return all(s is None or all(abs(t - read_ns) > racy for t in (s[-2], s[-1])) for s in stamps)
 
 
 class _Listing(NamedTuple):
@@ -281,11 +289,14 @@ class _Listing(NamedTuple):
     context: tuple[Any, ...]
     #: the rules of its own ignore files
     layers: list[_Layer]
-    #: (name, kind, what): ``what`` is the rule or problem that left a :data:`_OUT` entry out
-    #: (whose name ends in ``/`` for a folder), a :data:`_FILE` symlink's target, else None
-    entries: list[tuple[str, int, str | None]]
+    #: (name, kind, what, ident): ``what`` is the rule or problem that left a :data:`_OUT`
+    #: entry out (whose name ends in ``/`` for a folder), a :data:`_FILE` symlink's target,
+    #: else None; ``ident`` the (device, inode) of an entry whose verdict came from what it is
+    #: (a folder: GPULAYER_HOME or not; a special file), looked at again at each reuse (a
+    #: mount on it changes neither the folder's stamp nor its name), else None
+    entries: list[tuple[str, int, str | None, tuple[int, int] | None]]
     #: the record last made of each file (the same object while its size and mode are, so
-    #: that a bundle's files compare by identity)
+    #: that the lists of two walks compare quickly)
     made: dict[str, BundleFile]
 
 
@@ -294,21 +305,34 @@ _listings: OrderedDict[str, dict[str, _Listing]] = OrderedDict()
 _listings_lock = threading.Lock()
 
 
-def _files_of(prefix: str, listing: _Listing) -> list[tuple[str, os.stat_result]] | None:
-    """Each file a listing of the folder ``prefix`` (ending in the separator) kept, looked at
-    now; None when one is gone or not a regular file any more (the folder is listed again)."""
-    out = []
-    for name, kind, target in listing.entries:
-        if kind != _FILE:
+#: what a look at a folder's entries found: its files' stats, and its subfolders' by name
+_Looked = tuple[list[tuple[str, os.stat_result]], dict[str, os.stat_result]]
+
+
+def _look_again(prefix: str, listing: _Listing) -> _Looked | None:
+    """The entries of a remembered listing of the folder ``prefix`` (ending in the separator)
+    that are looked at each time, looked at now: None when one is gone, a file is not a
+    regular one any more, or an entry with an ``ident`` has another (the folder is listed
+    again)."""
+    files = []
+    folders = {}
+    for name, kind, what, ident in listing.entries:
+        if kind != _FILE and ident is None:
             continue
         try:
-            st = os.stat(target or prefix + name)
+            st = os.stat(what if kind == _FILE and what else prefix + name.rstrip("/"))
         except OSError:
             return None
-        if not stat.S_ISREG(st.st_mode):
+        if kind == _FILE:
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            files.append((name, st))
+            continue
+        if (st.st_dev, st.st_ino) != ident:
             return None
-        out.append((name, st))
-    return out
+        if kind == _DIR:
+            folders[name] = st
+    return files, folders
 
 
 def inspect_directory(directory: str | os.PathLike[str]) -> Inspection:
@@ -330,8 +354,8 @@ def inspect_directory(directory: str | os.PathLike[str]) -> Inspection:
 
     def listed(folder: str, rel_dir: str, layers: list[_Layer], context: tuple[Any, ...],
                st: os.stat_result, own: tuple[Any, ...],
-               settled: bool) -> tuple[_Listing, list[tuple[str, os.stat_result]]]:
-        """The folder listed now, and the stat of each file it keeps."""
+               settled: bool) -> tuple[_Listing, _Looked]:
+        """The folder listed now, and the stat of each file and subfolder it keeps."""
         listed_at = time.time_ns()
         own_layers = _read_layers(folder, rel_dir, own)
         rules = layers + own_layers
@@ -342,8 +366,9 @@ def inspect_directory(directory: str | os.PathLike[str]) -> Inspection:
             raise BundleError(
                 f"cannot list {folder} (in source directory {root_str}): {exc.strerror or exc}"
             ) from None
-        entries: list[tuple[str, int, str | None]] = []
+        entries: list[tuple[str, int, str | None, tuple[int, int] | None]] = []
         files: list[tuple[str, os.stat_result]] = []
+        folders: dict[str, os.stat_result] = {}
         links = False
         for entry in found:
             target: str | None = None
@@ -370,8 +395,9 @@ def inspect_directory(directory: str | os.PathLike[str]) -> Inspection:
                 raise BundleError(f"cannot read {entry.path}: {exc.strerror or exc}") from None
 
             shown = entry.name + "/" if is_dir else entry.name
+            ident = None if est is None else (est.st_dev, est.st_ino)
             why: str | None = None
-            if is_dir and est is not None and home == (est.st_dev, est.st_ino):  # (whatever the ignore files say)
+            if is_dir and ident is not None and home == ident:  # (whatever the ignore files say)
                 why = HOME_EXCLUDED
             else:
                 why = _verdict(rules, rel_dir + shown) or link_problem
@@ -383,19 +409,21 @@ def inspect_directory(directory: str | os.PathLike[str]) -> Inspection:
                 except UnicodeEncodeError:
                     why = "unsupported name: not valid UTF-8"
             if why is None and not is_dir and (est is None or not stat.S_ISREG(est.st_mode)):
-                why = "not a regular file"
-            if why is not None:
-                entries.append((shown, _OUT, why))
+                why = _SPECIAL
+            if why is not None:  # (left out by a rule: whatever it is; else for what it is)
+                entries.append((shown, _OUT, why, ident if why in (HOME_EXCLUDED, _SPECIAL) else None))
             elif is_dir:
-                entries.append((entry.name, _DIR, None))
+                assert est is not None and ident is not None
+                entries.append((entry.name, _DIR, None, ident))
+                folders[entry.name] = est
             else:
                 assert est is not None
-                entries.append((entry.name, _FILE, target))
+                entries.append((entry.name, _FILE, target, None))
                 files.append((entry.name, est))
         listing = _Listing(_stamp(st), context, own_layers, entries, {})
         if settled and not links and _settled([listing.stamp], listed_at):
             fresh[folder] = listing
-        return listing, files
+        return listing, (files, folders)
 
     def walk(folder: str, rel_dir: str, layers: list[_Layer], context: tuple[Any, ...],
              st: os.stat_result, settled: bool) -> None:
@@ -404,13 +432,14 @@ def inspect_directory(directory: str | os.PathLike[str]) -> Inspection:
         settled = settled and _settled(own, started)
         prefix = folder if folder.endswith(os.sep) else folder + os.sep
         listing = known.get(folder)
-        files = None
+        looked = None
         if listing is not None and listing.stamp == _stamp(st) and listing.context == context:
-            files = _files_of(prefix, listing)
-            if files is not None and settled:
+            looked = _look_again(prefix, listing)
+            if looked is not None and settled:
                 fresh[folder] = listing
-        if listing is None or files is None:  # (not known, changed, or a file it kept is not one now)
-            listing, files = listed(folder, rel_dir, layers, context, st, own, settled)
+        if listing is None or looked is None:  # (not known, changed, or an entry is not what it was)
+            listing, looked = listed(folder, rel_dir, layers, context, st, own, settled)
+        files, folders = looked
         made = listing.made
         for name, fst in files:
             mode = 0o755 if fst.st_mode & 0o111 else 0o644
@@ -419,26 +448,21 @@ def inspect_directory(directory: str | os.PathLike[str]) -> Inspection:
                 file = made[name] = BundleFile(rel_dir + name, fst.st_size, mode)
             inspection.included.append(file)
             inspection.stamps[file.path] = (fst.st_dev, fst.st_ino, fst.st_mtime_ns, fst.st_ctime_ns)
-        for name, kind, what in listing.entries:
+        for name, kind, what, _ in listing.entries:
             if kind == _FILE and what is not None:  # (a symlink's target)
-                inspection.sources[rel_dir + name] = Path(what)
+                inspection.links[rel_dir + name] = Path(what)
         rules = layers + listing.layers
-        for name, kind, what in listing.entries:
+        for name, kind, what, _ in listing.entries:
             if kind == _OUT:
                 assert what is not None
                 inspection.excluded.append(Excluded(rel_dir + name, what))
             elif kind == _DIR:
-                sub = prefix + name
-                try:
-                    sub_st = os.stat(sub)
-                except OSError as exc:
-                    raise BundleError(f"cannot read {sub}: {exc.strerror or exc}") from None
-                walk(sub, rel_dir + name + "/", rules, context, sub_st, settled)
+                walk(prefix + name, rel_dir + name + "/", rules, context, folders[name], settled)
 
     try:
         root_st = os.stat(root_str)
     except OSError as exc:
-        raise BundleError(f"cannot read source directory {root_str}: {exc.strerror or exc}") from None
+        raise BundleError(f"cannot read source directory {str(directory)!r}: {exc.strerror or exc}") from None
     walk(root_str, "", [_default_layer()], (home,), root_st, True)
     with _listings_lock:
         _listings[root_str] = fresh
@@ -526,7 +550,7 @@ def build_bundle(directory: str | os.PathLike[str], *, max_bytes: int | None = N
     inspection = inspect_directory(directory)
     limit = config.max_bundle_bytes() if max_bytes is None else int(max_bytes)
     key = (str(inspection.root), limit)
-    # (the records are the same objects while unchanged: the lists compare by identity)
+    # (the records are the same objects while unchanged: the lists compare quickly)
     stamp = (inspection.included, inspection.stamps)
     with _built_lock:
         known = _built.get(key)

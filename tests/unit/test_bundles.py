@@ -256,6 +256,35 @@ def test_folders_with_links_or_changed_just_now_are_listed_every_time(project: P
     assert len(listed.take()) == 2 * 3  # (the top, pkg/, data/: at each walk)
 
 
+def test_a_folder_whose_entry_is_another_thing_now_is_listed_again(project: Path, settled: None,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mount on an entry (GPULAYER_HOME bound onto ``data/``, say) changes what it is but
+    neither its name nor its folder's stamp: the folders an entry's verdict came from what it
+    is (subfolders, special files) are looked at again, by device and inode."""
+    time.sleep(SETTLE)
+    inspect_directory(project)
+    listed = Listings(monkeypatch)
+    kept = bundles.building._listings[str(project.resolve())][str(project.resolve())]
+    entries = [(n, k, w, (i[0], i[1] + 1) if n == "data" else i) for n, k, w, i in kept.entries]
+    bundles.building._listings[str(project.resolve())][str(project.resolve())] = kept._replace(entries=entries)
+    walked = inspect_directory(project)
+    assert listed.take() == [str(project.resolve())]  # (the top only: data/ itself is as it was)
+    assert same(walked, from_scratch(project))
+
+
+def test_a_file_dated_in_the_future_is_remembered_once_it_settled(project: Path, settled: None) -> None:
+    """A time far from now (a skewed clock, an archive's dates) cannot be a change that the
+    next one would hide: a later change gives a time of now."""
+    a_day = 86400 * 10**9
+    main = project / "main.py"
+    os.utime(main, ns=(time.time_ns() + a_day, time.time_ns() + a_day))
+    time.sleep(SETTLE)
+    first = build_bundle(project)
+    assert build_bundle(project) is first
+    inspection = inspect_directory(project)
+    assert inspection.sources["main.py"] == inspection.source("main.py") == project.resolve() / "main.py"
+
+
 def test_a_remembered_tree_matches_a_fresh_walk_through_many_changes(tmp_path: Path, settled: None) -> None:
     """Random changes (files and folders added, removed, renamed, replaced by each other,
     edited; ignore files written), each walk remembered or not as time allows: what the walk
