@@ -28,6 +28,7 @@ import shutil
 import stat
 import struct
 import tempfile
+import threading
 import time
 import zipfile
 from collections.abc import Iterator
@@ -273,15 +274,24 @@ def _extract_members(
 ) -> None:
     total = 0
     dest_str = str(dest)
+    made = {dest_str}  # (folders made, or there: each is made once, not once a file)
+
+    def folder(path: str) -> None:
+        if path in made:
+            return
+        folder(os.path.dirname(path))
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path)
+        made.add(path)
+
     for member in members:
-        target = dest.joinpath(*member.parts)
+        target = os.path.join(dest_str, *member.parts)
         if not _within(os.path.normpath(target), dest_str):  # belt and braces
             raise BundleError(f"bundle entry {member.info.filename!r} escapes the bundle")
         if member.is_dir:
-            target.mkdir(parents=True, exist_ok=True)
+            folder(target)
             continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        mode = 0o755 if member.executable else 0o644
+        folder(os.path.dirname(target))
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
         try:
             fd = os.open(target, flags, 0o600)
@@ -307,6 +317,8 @@ def _extract_members(
                             f"({max_total} bytes); refusing a possible compression bomb"
                         )
                     out.write(chunk)
+                # (its mode whatever this process's umask: 0644, or 0755 for an executable)
+                os.fchmod(out.fileno(), 0o755 if member.executable else 0o644)
         except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, RuntimeError,
                 NotImplementedError) as exc:
             raise BundleError(
@@ -317,9 +329,6 @@ def _extract_members(
                 f"bundle entry {member.info.filename!r} holds {count} bytes, not the "
                 f"{member.info.file_size} it declares"
             )
-        os.chmod(target, mode)
-
-
 
 
 class _DigestLock:
@@ -462,12 +471,57 @@ def _tree_size(path: Path) -> int:
     return total
 
 
+#: the sizes of extracted bundles measured lately: (cache folder, digest) -> (the bundle's
+#: last use when measured, its size). Only a task writes into a bundle's folder, and each
+#: task's use moves the last use (see :func:`bundle_in_use`), so a size measured while no
+#: task held the bundle holds until its last use moves: a worker that has extracted many
+#: bundles does not walk each of their trees at every new one.
+_sizes: dict[tuple[str, str], tuple[int, int]] = {}
+_sizes_lock = threading.Lock()
+
+
+def _held(cache: Path, digest: str) -> bool:
+    """Whether a task holds the bundle now (see :func:`bundle_in_use`)."""
+    try:
+        fd = os.open(_use_lock(cache, digest), os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # (closing releases a lock it took)
+    return False
+
+
+def _bundle_size(cache: Path, digest: str, used: int) -> int:
+    key = (str(cache), digest)
+    with _sizes_lock:
+        known = _sizes.get(key)
+    if known is not None and known[0] == used:
+        return known[1]
+    held = _held(cache, digest)
+    size = _tree_size(cache / digest)
+    # kept where no task held it, then or meanwhile, and its last use is older than a tick of
+    # the file system's clock could hide (a use within the same tick would not move it)
+    if not held and not _held(cache, digest) and time.time_ns() - used > _SETTLED_NS:
+        with _sizes_lock:
+            _sizes[key] = (used, size)
+    return size
+
+
+#: see :func:`_bundle_size` (2 s: FAT's clock, the coarsest)
+_SETTLED_NS = 2_000_000_000
+
+
 def evict_cache(cache_dir: str | os.PathLike[str], *, max_bytes: int | None = None,
                 max_age: float | None = None, now: float | None = None) -> list[str]:
     """Delete extracted bundles unused for ``max_age`` seconds, then the least recently used
     while the cache holds more than ``max_bytes`` (defaults: ``GPULAYER_BUNDLE_CACHE_DAYS``,
     ``GPULAYER_BUNDLE_CACHE_MB``). A bundle a task holds (:func:`bundle_in_use`) is kept.
-    Returns the digests deleted."""
+    Returns the digests deleted. A bundle's size (its tree's files, what its tasks wrote
+    included) is measured again only after a task used it since."""
     env = config.settings()
     limit = int(env.bundle_cache_mb * 1024 * 1024) if max_bytes is None else max_bytes
     age = env.bundle_cache_days * 86400 if max_age is None else max_age
@@ -481,10 +535,13 @@ def evict_cache(cache_dir: str | os.PathLike[str], *, max_bytes: int | None = No
             continue
         lock = _use_lock(cache, folder.name)
         try:
-            used = lock.stat().st_mtime
+            used_ns = lock.stat().st_mtime_ns
         except FileNotFoundError:
-            used = folder.stat().st_mtime
-        entries.append((used, folder.name, _tree_size(folder)))
+            try:
+                used_ns = folder.stat().st_mtime_ns
+            except FileNotFoundError:  # (evicted meanwhile, by another worker of this home)
+                continue
+        entries.append((used_ns / 1e9, folder.name, _bundle_size(cache, folder.name, used_ns)))
     entries.sort()  # least recently used first
     total = sum(size for _, _, size in entries)
     removed: list[str] = []
@@ -494,6 +551,8 @@ def evict_cache(cache_dir: str | os.PathLike[str], *, max_bytes: int | None = No
         if _remove_unused(cache, digest):
             removed.append(digest)
             total -= size
+            with _sizes_lock:
+                _sizes.pop((str(cache), digest), None)
     return removed
 
 

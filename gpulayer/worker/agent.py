@@ -154,6 +154,7 @@ class Agent:
         self._shutdown_ended: set[str] = set()
         self._last_busy = time.monotonic()
         self._bundle_cache = config.home() / "bundles"
+        self._cache_keeper = _CacheKeeper(self._bundle_cache)
         self._started = False
         #: warm interpreters that fork FunctionJob tasks (:mod:`gpulayer.worker.forking`),
         #: started on first use with the environment every task inherits
@@ -429,10 +430,7 @@ class Agent:
         if digest:
             data = self.api.get_bundle(digest)
             extracted = Path(bundles.extract_bundle(data, digest, self._bundle_cache))
-            # a new bundle in the cache: keep the cache within its limits (held ones stay)
-            removed = bundles.evict_cache(self._bundle_cache)
-            if removed:
-                log.info("bundle cache: removed %d extracted bundle(s): %s", len(removed), ", ".join(removed))
+            self._cache_keeper.ask()  # a new bundle in the cache: keep it within its limits
             return extracted
         scratch: Path = config.home() / "tasks" / a.task_id
         scratch.mkdir(parents=True, exist_ok=True)
@@ -563,6 +561,43 @@ class Agent:
         if result_path is not None and state in (TaskState.SUCCEEDED, TaskState.FAILED):
             return _function_outcome(report, result_path)
         return report
+
+
+class _CacheKeeper:
+    """Keeps a worker's bundle cache within its limits (:func:`gpulayer.bundles.evict_cache`)
+    off its tasks' way: asked once a task extracted a new bundle, it runs in a worker thread,
+    one run at a time; an ask during a run gets one more run after it."""
+
+    def __init__(self, cache: Path) -> None:
+        self.cache = cache
+        self._lock = threading.Lock()
+        self._running = False
+        self._again = False
+        #: each run's end (tests wait on it)
+        self.ran = threading.Event()
+
+    def ask(self) -> None:
+        with self._lock:
+            if self._running:
+                self._again = True
+                return
+            self._running = True
+        WORKER_THREADS.run(self._run)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                removed = bundles.evict_cache(self.cache)
+                if removed:
+                    log.info("bundle cache: removed %d extracted bundle(s): %s", len(removed), ", ".join(removed))
+            except Exception:  # (the next ask tries again; tasks go on meanwhile)
+                log.exception("bundle cache: eviction failed")
+            with self._lock:
+                if not self._again:
+                    self._running = False
+                    self.ran.set()
+                    return
+                self._again = False
 
 
 def _function_outcome(report: TaskOutcome, result_path: Path) -> TaskOutcome:

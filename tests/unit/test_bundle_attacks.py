@@ -194,3 +194,40 @@ def test_the_cache_is_evicted_by_age_and_size_but_never_under_a_running_task(tmp
     assert [p for p in cache.iterdir() if not p.name.startswith(".")] == []
     # a bundle evicted is extracted again when a task needs it
     assert _extracted(cache, "x = 0\n" * 1000) == old and (cache / old / "main.py").is_file()
+
+
+def test_a_bundle_is_measured_again_only_once_a_task_used_it(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that has extracted many bundles does not walk every tree at each new one: a
+    size measured while no task held the bundle holds until a task uses it again (only a
+    task writes there, and each use is marked)."""
+    from gpulayer.bundles import archive
+
+    cache = tmp_path / "cache"
+    first, second = (_extracted(cache, f"x = {i!r}\n" * 1000) for i in range(2))
+    hour_ago = time.time() - 3600
+    for digest in (first, second):
+        with bundles.bundle_in_use(cache, digest):
+            pass
+        os.utime(cache / f".{digest}.inuse", (hour_ago, hour_ago))
+    walked: list[str] = []
+    real = archive._tree_size
+
+    def spy(path: Path) -> int:
+        walked.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(archive, "_tree_size", spy)
+    assert bundles.evict_cache(cache, max_bytes=10**9) == []
+    assert sorted(walked) == sorted([first, second])
+    walked.clear()
+    assert bundles.evict_cache(cache, max_bytes=10**9) == []
+    assert walked == []  # (neither was used since)
+    with bundles.bundle_in_use(cache, first):  # a task writes into its bundle's folder
+        (cache / first / "output.bin").write_bytes(b"\0" * 200_000)
+        assert bundles.evict_cache(cache, max_bytes=10**9) == []  # (held: measured, not kept)
+    walked.clear()
+    # (used since: measured again, its output counted, so both go to get under the limit;
+    # the other one's size holds)
+    assert bundles.evict_cache(cache, max_bytes=150_000) == [second, first]
+    assert walked == [first]
