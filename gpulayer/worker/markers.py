@@ -26,29 +26,63 @@ __all__ = ["PidMark", "descendants", "marked", "owner", "owner_alive"]
 _owners: dict[int, str] = {}
 
 
+def _start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat``'s 22nd field): a
+    time no change of the wall clock moves. None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2:].split()  # (a command's name may hold a ")" itself)
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _start_centis(pid: int) -> int | None:
+    """When ``pid`` started, in hundredths of a second since the epoch (psutil's)."""
+    try:
+        return int(psutil.Process(pid).create_time() * 100)
+    except psutil.Error:
+        return None
+
+
+#: Linux: a marker's start is ``t`` and the ticks since boot; elsewhere (and in markers of
+#: earlier versions) the hundredths of a second since the epoch, which on Linux psutil
+#: derives from the boot time that ``/proc/stat`` gives in whole seconds from the wall
+#: clock: a clock set or slewed across a second moves it, and a live worker's tasks looked
+#: like orphans to the next worker that started
+_TICKS = sys.platform.startswith("linux") and os.path.isdir("/proc/self")
+#: how far apart two readings of one process's start in hundredths may be
+_CENTIS_SLACK = 200
+
+
 def owner() -> str:
     """This process as a marker prefix: pid and start time (a reused pid is not us)."""
     pid = os.getpid()  # (a forked child is another process: it looks itself up)
     if pid not in _owners:
-        try:
-            started = int(psutil.Process().create_time() * 100)
-        except psutil.Error:  # pragma: no cover - we can always read ourselves
-            started = 0
-        _owners[pid] = f"{pid}.{started}"
+        ticks = _start_ticks(pid) if _TICKS else None
+        if ticks is not None:
+            _owners[pid] = f"{pid}.t{ticks}"
+        else:
+            _owners[pid] = f"{pid}.{_start_centis(pid) or 0}"
     return _owners[pid]
 
 
 def owner_alive(marker: str) -> bool:
     pid_text, _, rest = marker.partition(".")
     started_text = rest.partition(".")[0]
+    ticks = started_text.startswith("t")
     try:
-        pid, started = int(pid_text), int(started_text)
+        pid, started = int(pid_text), int(started_text[1:] if ticks else started_text)
     except ValueError:
         return True  # not one of ours (or an older format): leave it alone
-    try:
-        return int(psutil.Process(pid).create_time() * 100) == started
-    except psutil.Error:
-        return False
+    if ticks:
+        return _start_ticks(pid) == started
+    now = _start_centis(pid)
+    return now is not None and abs(now - started) <= _CENTIS_SLACK
 
 
 def marked(marker: str, within: int | None = None, since: PidMark | None = None) -> list[psutil.Process]:

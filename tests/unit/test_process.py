@@ -161,7 +161,32 @@ def test_pythonunbuffered_and_tree_marker_set(tmp_path: Path) -> None:
     unbuffered, var, marker = out.text("stdout").split()
     assert (unbuffered, var) == ("1", "x")
     owner_pid, started, tree = marker.split(".")
-    assert int(owner_pid) == os.getpid() and started.isdigit() and len(tree) == 32  # names its worker
+    assert int(owner_pid) == os.getpid() and started.lstrip("t").isdigit() and len(tree) == 32  # names its worker
+
+
+def test_a_marker_names_its_worker_by_a_start_time_no_clock_change_moves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's start as psutil gives it adds the boot time, which /proc/stat gives in
+    whole seconds from the wall clock: a clock stepped or slewed across a second moved it,
+    and the next worker to start took a live worker's tasks for orphans and killed them."""
+    import psutil
+
+    mine = markers.owner()
+    assert markers.owner_alive(f"{mine}.tree")
+    if markers._TICKS:
+        assert mine.split(".")[1].startswith("t")  # (ticks since boot)
+        boot = psutil.boot_time()
+        monkeypatch.setattr(psutil, "boot_time", lambda: boot + 1.0)  # the clock moved a second
+        monkeypatch.setattr(psutil._psplatform, "boot_time", lambda: boot + 1.0)
+        assert markers.owner_alive(f"{mine}.tree")
+        pid, ticks = mine.split(".")
+        assert not markers.owner_alive(f"{pid}.t{int(ticks[1:]) + 1}.tree")  # (another process)
+    # a marker of an earlier version: hundredths of a second since the epoch, a second's slack
+    centis = int(psutil.Process().create_time() * 100)
+    assert markers.owner_alive(f"{os.getpid()}.{centis - 100}.tree")
+    assert not markers.owner_alive(f"{os.getpid()}.{centis - 10_000}.tree")
+    gone_pid = subprocess.Popen([PY, "-c", "pass"])
+    gone_pid.wait()
+    assert not markers.owner_alive(f"{gone_pid.pid}.t1.tree") and not markers.owner_alive(f"{gone_pid.pid}.{centis}.tree")
 
 
 def test_cwd_is_used(tmp_path: Path) -> None:
