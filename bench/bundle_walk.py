@@ -13,7 +13,10 @@ a ``.gitignore`` at the top and one in every tenth folder), built here once:
   ``zipfile`` of the same files;
 * with the remote rows (default), a no-op ``@gl.remote`` function's ``.remote().result()``
   whose module is at the project's top (so the project is its bundle), next to the same
-  function in a folder of its own file alone, embedded (a temporary home, the SDK's worker).
+  function in a folder of its own file alone, embedded (a temporary home, the SDK's worker);
+  then the same after an edit of one file each time (each call a new bundle: built,
+  stored, extracted by the worker, and the worker's cache kept within its limits), next to
+  the lone file edited each time.
 
 The project is left alone for ``--settle`` seconds (default ``RACY_SECONDS``) after it was
 written, as a user's tree is between two edits (a file changed within that window of its
@@ -129,6 +132,16 @@ def main() -> None:
             alone += samples(lambda: bench_bundle_lone.noop.remote().result(timeout=120), 1)
         rows.append((".remote().result() in the project", in_project,
                      "the same, its file alone", alone))
+        lone_file = lone / "bench_bundle_lone.py"
+        edits = iter(range(10**9))
+        after_edit, alone_edit = [], []
+        for _ in range(args.runs):  # (each a new bundle: built, stored, extracted by the worker)
+            after_edit += samples(lambda: module.noop.remote().result(timeout=120), 1,
+                                  before=lambda: edited.write_text(f"EDITED = {next(edits)}\n"))
+            alone_edit += samples(lambda: bench_bundle_lone.noop.remote().result(timeout=120), 1,
+                                  before=lambda: lone_file.write_text(FUNCTION + f"# edit {next(edits)}\n"))
+        rows.append((".remote().result() after an edit", after_edit,
+                     "the same, its file alone", alone_edit))
     print(table(f"A project of {args.files} files, {args.runs} runs", rows))
 
 
