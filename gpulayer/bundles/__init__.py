@@ -26,7 +26,9 @@ Symlinks
 The zip
     Entries sorted by path (``/`` separated), no directory entries, timestamps fixed at
     1980-01-01, permissions normalised to ``0644`` or ``0755`` (only the executable bit is kept,
-    as in git), deflate at a fixed level. The address depends on zlib's output, so two machines
+    as in git), deflate at a fixed level: byte for byte what Python's ``zipfile`` writes of
+    those entries, but written by :mod:`.building` itself, which reuses the compressed bytes
+    of the files unchanged since the last build. The address depends on zlib's output, so two machines
     with different zlib builds may give the same tree different addresses; that costs one extra
     upload, never a wrong result, since every extraction checks the bytes against the address.
 

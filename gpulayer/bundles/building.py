@@ -10,9 +10,11 @@ import functools
 import io
 import os
 import stat
+import struct
 import threading
 import time
 import zipfile
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -120,6 +122,9 @@ class Bundle:
     digest: str
     data: bytes = field(repr=False)
     files: list[BundleFile]
+    #: where each file's compressed bytes lie in ``data``, for the next build of the same
+    #: tree to reuse those of the files that did not change (see :func:`build_bundle`)
+    entries: dict[str, _Entry] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -478,6 +483,108 @@ def inspect_directory(directory: str | os.PathLike[str]) -> Inspection:
 # building
 
 
+class _Entry(NamedTuple):
+    """One file of a built bundle: what it was built from (its stamp, size and mode), its
+    CRC-32, and where its compressed bytes lie in the bundle's data."""
+
+    stamp: tuple[int, int, int, int]
+    size: int
+    mode: int
+    crc: int
+    start: int
+    length: int
+
+
+#: the zip's records (PKWARE's APPNOTE 4.3.7, 4.3.12, 4.3.16), as Python's ``zipfile`` writes
+#: them for an entry of this format: version 2.0, deflated, no extra field, no comment
+_LOCAL = struct.Struct("<4s2B4HL2L2H")
+_CENTRAL = struct.Struct("<4s4B4HL2L5H2L")
+_END = struct.Struct("<4s4H2LH")
+_VERSION = 20
+_DEFLATED = 8
+_UTF8_NAME = 0x800
+_DOS_DATE = (_FIXED_DATE[0] - 1980) << 9 | _FIXED_DATE[1] << 5 | _FIXED_DATE[2]
+_DOS_TIME = _FIXED_DATE[3] << 11 | _FIXED_DATE[4] << 5 | _FIXED_DATE[5] // 2
+#: past these (a file of 2 GiB, an archive of 1 GiB, 65,535 entries) ``zipfile`` writes zip64
+#: records: such a bundle is written by ``zipfile`` itself (:func:`_write_zipfile`)
+_SMALL_FILE = int(((1 << 31) - 1) / 1.05)
+_SMALL_ARCHIVE = 1 << 30
+_SMALL_COUNT = 0xFFFF
+
+
+def _name(path: str) -> tuple[bytes, int]:
+    try:
+        return path.encode("ascii"), 0
+    except UnicodeEncodeError:
+        return path.encode("utf-8"), _UTF8_NAME
+
+
+def _write_deflated(
+    out: io.BytesIO, inspection: Inspection, limit: int, previous: Bundle | None,
+) -> tuple[list[BundleFile], bool, dict[str, _Entry]]:
+    """:func:`_write_zipfile`'s archive, byte for byte, written here so that a file unchanged
+    since ``previous`` (the same stamp, size and mode) is not read and compressed again: its
+    compressed bytes are taken from ``previous``. Stops early (False) past ``limit``."""
+    old = previous.entries if previous is not None else {}
+    old_data = memoryview(previous.data) if previous is not None else memoryview(b"")
+    written: list[BundleFile] = []
+    entries: dict[str, _Entry] = {}
+    central = []
+    for file in inspection.included:
+        stamp = inspection.stamps[file.path]
+        was = old.get(file.path)
+        name, flags = _name(file.path)
+        offset = out.tell()
+        if was is not None and was.stamp == stamp and was.size == file.size and was.mode == file.mode:
+            crc, size, data = was.crc, was.size, old_data[was.start:was.start + was.length]
+            out.write(_LOCAL.pack(b"PK\x03\x04", _VERSION, 0, flags, _DEFLATED, _DOS_TIME, _DOS_DATE,
+                                  crc, was.length, file.size, len(name), 0))
+            out.write(name)
+            out.write(data)
+            length = was.length
+        else:
+            source = inspection.source(file.path)
+            out.write(_LOCAL.pack(b"PK\x03\x04", _VERSION, 0, flags, _DEFLATED, _DOS_TIME, _DOS_DATE,
+                                  0, 0, file.size, len(name), 0))  # (CRC and length once known)
+            out.write(name)
+            crc, length, size = 0, 0, 0
+            deflate = zlib.compressobj(_COMPRESS_LEVEL, zlib.DEFLATED, -15)
+            try:
+                with open(source, "rb") as src:
+                    while chunk := src.read(_CHUNK):
+                        size += len(chunk)
+                        crc = zlib.crc32(chunk, crc)
+                        part = deflate.compress(chunk)
+                        length += len(part)
+                        out.write(part)
+                        if out.tell() > limit:
+                            return written, False, entries
+            except OSError as exc:
+                raise BundleError(f"cannot read {source}: {exc.strerror or exc}") from None
+            part = deflate.flush()
+            length += len(part)
+            out.write(part)
+            end = out.tell()
+            out.seek(offset)  # (the bytes read: a file written meanwhile is zipped as read)
+            out.write(_LOCAL.pack(b"PK\x03\x04", _VERSION, 0, flags, _DEFLATED, _DOS_TIME, _DOS_DATE,
+                                  crc, length, size, len(name), 0))
+            out.seek(end)
+        start = offset + _LOCAL.size + len(name)
+        if size == file.size:  # (else written meanwhile: what was read is not what its stamp says)
+            entries[file.path] = _Entry(stamp, size, file.mode, crc, start, length)
+        central.append(_CENTRAL.pack(b"PK\x01\x02", _VERSION, 3, _VERSION, 0, flags, _DEFLATED, _DOS_TIME,
+                                     _DOS_DATE, crc, length, size, len(name), 0, 0, 0, 0,
+                                     (stat.S_IFREG | file.mode) << 16, offset) + name)
+        written.append(file)
+        if out.tell() > limit:
+            return written, False, entries
+    start_dir = out.tell()
+    for record in central:
+        out.write(record)
+    out.write(_END.pack(b"PK\x05\x06", 0, 0, len(central), len(central), out.tell() - start_dir, start_dir, 0))
+    return written, True, entries
+
+
 def _zip_info(file: BundleFile) -> zipfile.ZipInfo:
     info = zipfile.ZipInfo(file.path, date_time=_FIXED_DATE)
     info.create_system = 3  # Unix, so that the mode in external_attr is honoured
@@ -509,10 +616,11 @@ def _too_large(
     )
 
 
-def _write_zip(
+def _write_zipfile(
     out: BinaryIO, inspection: Inspection, limit: int | None,
 ) -> tuple[list[BundleFile], bool]:
-    """Write the zip into ``out``; stop early (returning False) once it exceeds ``limit``."""
+    """Write the zip into ``out`` with ``zipfile``; stop early (returning False) once it
+    exceeds ``limit``."""
     written: list[BundleFile] = []
     with zipfile.ZipFile(out, "w", allowZip64=True) as zf:
         for file in inspection.included:
@@ -556,7 +664,7 @@ def build_bundle(directory: str | os.PathLike[str], *, max_bytes: int | None = N
         known = _built.get(key)
     if known is not None and known[0] == stamp:
         return known[1]
-    bundle = build_from_inspection(inspection, max_bytes=limit)
+    bundle = build_from_inspection(inspection, max_bytes=limit, previous=known[1] if known else None)
     if not _settled(inspection.stamps.values(), started):
         return bundle
     with _built_lock:
@@ -573,12 +681,20 @@ _built_lock = threading.Lock()
 _BUILT_KEPT = 8
 
 
-def build_from_inspection(inspection: Inspection, *, max_bytes: int | None = None) -> Bundle:
+def build_from_inspection(inspection: Inspection, *, max_bytes: int | None = None,
+                          previous: Bundle | None = None) -> Bundle:
     """:func:`build_bundle` for a directory already inspected: zips exactly
-    ``inspection.included``, so what was shown is what is built."""
+    ``inspection.included``, so what was shown is what is built. ``previous``: a bundle of
+    the same tree built earlier in this process, whose files' compressed bytes are reused
+    where they did not change."""
     limit = config.max_bundle_bytes() if max_bytes is None else int(max_bytes)
     buf = io.BytesIO()
-    _, complete = _write_zip(buf, inspection, limit)
+    entries: dict[str, _Entry] = {}
+    if (limit <= _SMALL_ARCHIVE and len(inspection.included) <= _SMALL_COUNT
+            and all(f.size <= _SMALL_FILE for f in inspection.included)):
+        _, complete, entries = _write_deflated(buf, inspection, limit, previous)
+    else:
+        _, complete = _write_zipfile(buf, inspection, limit)
     size = buf.seek(0, io.SEEK_END)
     if not complete or size > limit:
         raise _too_large(inspection.root, inspection, limit, size, complete)
@@ -590,6 +706,6 @@ def build_from_inspection(inspection: Inspection, *, max_bytes: int | None = Non
             f"source bundle of {inspection.root} would be refused: {exc}. Exclude what the job does "
             f"not need with a .gpulayerignore file, and check with `gpulayer bundle inspect {inspection.root}`."
         ) from None
-    return Bundle(digest=compute_digest(data), data=data, files=list(inspection.included))
+    return Bundle(digest=compute_digest(data), data=data, files=list(inspection.included), entries=entries)
 
 

@@ -335,36 +335,112 @@ def test_a_remembered_tree_matches_a_fresh_walk_through_many_changes(tmp_path: P
         assert same(walked, from_scratch(root)), f"step {step}: {what} in {folder}"
 
 
-_names = st.text(alphabet="abcxyz_-.0123", min_size=1, max_size=6).filter(
-    lambda s: s not in (".", "..") and not s.endswith(".pyc")
-)
+def trees(alphabet: str) -> st.SearchStrategy[dict[tuple[str, ...], tuple[bytes, bool]]]:
+    """Trees of up to 8 files (paths of up to 3 names of ``alphabet``: content, executable),
+    none of whose paths would need a file to be a folder too."""
+    names = st.text(alphabet=alphabet, min_size=1, max_size=6).filter(
+        lambda s: s not in (".", "..") and not s.endswith(".pyc"))
+    return st.dictionaries(
+        st.lists(names, min_size=1, max_size=3).map(tuple),
+        st.tuples(st.binary(max_size=300), st.booleans()),
+        min_size=1, max_size=8,
+    ).map(lambda files: {k: v for k, v in files.items() if not any(o != k and o[:len(k)] == k for o in files)})
+
+
+def write_tree(root: Path, files: dict[tuple[str, ...], tuple[bytes, bool]], order: list[tuple[str, ...]]) -> None:
+    for parts in order:
+        content, executable = files[parts]
+        write(root, "/".join(parts), content, mode=0o755 if executable else 0o644)
 
 
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    files=st.dictionaries(
-        st.lists(_names, min_size=1, max_size=3).map(tuple),
-        st.tuples(st.binary(max_size=200), st.booleans()),
-        min_size=1, max_size=8,
-    ),
-)
+@given(files=trees("abcxyz_-.0123"))
 def test_property_determinism_and_round_trip(tmp_path_factory: pytest.TempPathFactory,
                                               files: dict) -> None:
-    # drop entries that would need a file to also be a directory
-    keys = sorted(files)
-    files = {k: v for k, v in files.items()
-             if not any(o != k and o[:len(k)] == k for o in keys)}
     base = tmp_path_factory.mktemp("prop")
     one, two = base / "one", base / "two"
-    for order, root in ((sorted(files), one), (sorted(files, reverse=True), two)):
-        for parts in order:
-            content, executable = files[parts]
-            write(root, "/".join(parts), content, mode=0o755 if executable else 0o644)
+    write_tree(one, files, sorted(files))
+    write_tree(two, files, sorted(files, reverse=True))
     b1, b2 = build_bundle(one), build_bundle(two)
     assert b1.digest == b2.digest
     extracted = extract_bundle(b1.data, b1.digest, base / "cache")
     assert tree_of(extracted) == tree_of(one)
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(files=trees("abcé€_-.0"))
+def test_the_zip_is_written_byte_for_byte_as_zipfile_writes_it(tmp_path_factory: pytest.TempPathFactory,
+                                                               files: dict) -> None:
+    """The archive is written here (to reuse unchanged files' compressed bytes), and is what
+    Python's zipfile writes of the same files: the addresses of bundles do not change."""
+    root = tmp_path_factory.mktemp("zip")
+    write_tree(root, files, sorted(files))
+    inspection = inspect_directory(root)
+    ours, theirs = io.BytesIO(), io.BytesIO()
+    assert bundles.building._write_deflated(ours, inspection, 10**9, None)[1]
+    assert bundles.building._write_zipfile(theirs, inspection, 10**9)[1]
+    assert ours.getvalue() == theirs.getvalue()
+
+
+def test_a_large_file_and_many_small_ones_are_zipped_as_zipfile_does(tmp_path: Path) -> None:
+    """Past the 1 MiB a file is read at a time, and with a compressed length that needs the
+    whole of its field."""
+    import random
+
+    rng = random.Random(5)
+    write(tmp_path, "big.bin", rng.randbytes(2_500_000))
+    write(tmp_path, "zeros.bin", b"\0" * 3_000_000)
+    for i in range(300):
+        write(tmp_path, f"pkg/m{i}.py", f"X = {i}\n" * rng.randint(0, 50))
+    inspection = inspect_directory(tmp_path)
+    ours, theirs = io.BytesIO(), io.BytesIO()
+    bundles.building._write_deflated(ours, inspection, 10**9, None)
+    bundles.building._write_zipfile(theirs, inspection, 10**9)
+    assert ours.getvalue() == theirs.getvalue()
+
+
+def test_an_edit_rezips_only_the_files_that_changed(project: Path, settled: None,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    time.sleep(SETTLE)
+    first = build_bundle(project)
+    opened: list[str] = []
+    real = open
+
+    def spy(path: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(os.fspath(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(bundles.building, "open", spy, raising=False)
+    (project / "pkg" / "model.py").write_text("X = 2\n")
+    edited = build_bundle(project)
+    assert opened == [str(project.resolve() / "pkg" / "model.py")]  # (the others' bytes reused)
+    bundles.building._built.clear()
+    assert edited.data == build_bundle(project).data  # (as a build from scratch)
+    assert edited.digest != first.digest
+    extracted = extract_bundle(edited.data, edited.digest, project.parent / "cache")
+    assert (extracted / "pkg" / "model.py").read_text() == "X = 2\n"
+
+
+def test_a_file_written_while_it_is_zipped_goes_in_as_read_and_is_read_again_next_time(
+        project: Path, settled: None) -> None:
+    time.sleep(SETTLE)
+    first = build_bundle(project)
+    inspection = inspect_directory(project)
+    (project / "main.py").write_text("print('longer now than it was')\n")  # (after the look)
+    # with the last bundle: an unchanged file's bytes are those its stamp names (the look's)
+    assert bundles.building.build_from_inspection(inspection, previous=first).data == first.data
+    grown = bundles.building.build_from_inspection(inspection)  # (read: as it is now)
+    assert "main.py" not in grown.entries  # (not what its stamp says: not to be reused)
+    with zipfile.ZipFile(io.BytesIO(grown.data)) as zf:
+        assert zf.read("main.py") == b"print('longer now than it was')\n"
+    bundles.check_archive(grown.data)
+    assert build_bundle(project).digest == grown.digest
+
+
+def test_a_bundle_allowed_past_a_gibibyte_is_written_by_zipfile_the_same(project: Path) -> None:
+    assert build_bundle(project, max_bytes=2 << 30).data == build_bundle(project).data
 
 
 # --------------------------------------------------------------------------------------------
