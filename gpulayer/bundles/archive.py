@@ -280,8 +280,14 @@ def _extract_members(
         if path in made:
             return
         folder(os.path.dirname(path))
-        with contextlib.suppress(FileExistsError):
+        try:
             os.mkdir(path)
+        except FileExistsError:
+            if not os.path.isdir(path):  # (a file of the same name on this file system)
+                raise BundleError(
+                    f"bundle folder {os.path.relpath(path, dest_str)!r} collides with a file on this "
+                    "file system (names that differ only in case or Unicode normalisation?)"
+                ) from None
         made.add(path)
 
     for member in members:
@@ -513,6 +519,12 @@ def _bundle_size(cache: Path, digest: str, used: int) -> int:
 
 #: see :func:`_bundle_size` (2 s: FAT's clock, the coarsest)
 _SETTLED_NS = 2_000_000_000
+#: tries at a bundle's exclusive lock before it is taken to be in use (another process's
+#: :func:`_held` holds it for a moment)
+_LOCK_TRIES = 5
+#: a folder an eviction renamed a bundle into and was stopped before it removed it (its
+#: process ended), or an extraction's that was, is removed once it is this old
+_LEFTOVER_AGE = 3600.0
 
 
 def evict_cache(cache_dir: str | os.PathLike[str], *, max_bytes: int | None = None,
@@ -530,9 +542,14 @@ def evict_cache(cache_dir: str | os.PathLike[str], *, max_bytes: int | None = No
     if not cache.is_dir():
         return []
     entries = []
+    seen = set()
     for folder in cache.iterdir():
+        if folder.name.startswith(".") and (".evict-" in folder.name or ".tmp-" in folder.name):
+            _remove_leftover(folder, now)
+            continue
         if not (is_digest(folder.name) and folder.is_dir()):
             continue
+        seen.add(folder.name)
         lock = _use_lock(cache, folder.name)
         try:
             used_ns = lock.stat().st_mtime_ns
@@ -542,6 +559,9 @@ def evict_cache(cache_dir: str | os.PathLike[str], *, max_bytes: int | None = No
             except FileNotFoundError:  # (evicted meanwhile, by another worker of this home)
                 continue
         entries.append((used_ns / 1e9, folder.name, _bundle_size(cache, folder.name, used_ns)))
+    with _sizes_lock:  # (those gone meanwhile: another process evicted them)
+        for key in [k for k in _sizes if k[0] == str(cache) and k[1] not in seen]:
+            del _sizes[key]
     entries.sort()  # least recently used first
     total = sum(size for _, _, size in entries)
     removed: list[str] = []
@@ -556,14 +576,29 @@ def evict_cache(cache_dir: str | os.PathLike[str], *, max_bytes: int | None = No
     return removed
 
 
+def _remove_leftover(folder: Path, now: float) -> None:
+    """Remove what an eviction or an extraction left when its process ended midway (see
+    :data:`_LEFTOVER_AGE`)."""
+    try:
+        old = now - folder.stat().st_mtime > _LEFTOVER_AGE
+    except OSError:
+        return
+    if old:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _remove_unused(cache: Path, digest: str) -> bool:
     path = _use_lock(cache, digest)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False  # a task uses it
+        for attempt in range(_LOCK_TRIES):  # (another evictor's look at it holds it a moment)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt == _LOCK_TRIES - 1:
+                    return False  # a task uses it
+                time.sleep(0.002)
         with _DigestLock(cache / f".{digest}.lock"):  # no extraction of it meanwhile
             target = cache / digest
             if not target.is_dir():  # someone else evicted it

@@ -224,6 +224,7 @@ class Agent:
         for done in list(self._done.values()):
             done.wait(self.kill_grace + 5)
         self._stopped.set()
+        self._cache_keeper.close(self.kill_grace + 5)
         self.forks.close()
         self.task_files.close()
         if self.worker_id is not None:
@@ -573,16 +574,31 @@ class _CacheKeeper:
         self._lock = threading.Lock()
         self._running = False
         self._again = False
+        self._closed = False
+        #: set while no run is going on
+        self._idle = threading.Event()
+        self._idle.set()
         #: each run's end (tests wait on it)
         self.ran = threading.Event()
 
     def ask(self) -> None:
         with self._lock:
+            if self._closed:
+                return
             if self._running:
                 self._again = True
                 return
             self._running = True
+            self._idle.clear()
         WORKER_THREADS.run(self._run)
+
+    def close(self, timeout: float) -> None:
+        """No more runs; wait up to ``timeout`` seconds for the one going on (a process that
+        ends midway leaves a half-removed bundle, which a later run removes)."""
+        with self._lock:
+            self._closed = True
+            self._again = False
+        self._idle.wait(timeout)
 
     def _run(self) -> None:
         while True:
@@ -595,6 +611,7 @@ class _CacheKeeper:
             with self._lock:
                 if not self._again:
                     self._running = False
+                    self._idle.set()
                     self.ran.set()
                     return
                 self._again = False

@@ -231,3 +231,40 @@ def test_a_bundle_is_measured_again_only_once_a_task_used_it(tmp_path: Path,
     # the other one's size holds)
     assert bundles.evict_cache(cache, max_bytes=150_000) == [second, first]
     assert walked == [first]
+
+
+def test_what_an_eviction_or_extraction_stopped_midway_left_is_removed_once_old(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    kept = _extracted(cache, "x = 1\n")
+    digest = "0" * 64
+    stale = [cache / f".{digest}.evict-abc", cache / f".{digest}.tmp-abc"]
+    fresh = cache / f".{digest}.evict-new"
+    for folder in [*stale, fresh]:
+        (folder / "tree").mkdir(parents=True)
+        (folder / "tree" / "f").write_text("left")
+    for folder in stale:
+        os.utime(folder, (time.time() - 7200, time.time() - 7200))
+    assert bundles.evict_cache(cache, max_bytes=10**9) == []
+    assert not any(f.exists() for f in stale)
+    assert fresh.exists() and (cache / kept).is_dir()  # (one going on now is its owner's)
+
+
+def test_an_eviction_waits_a_moment_for_another_evictors_look(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process's look at whether a task holds a bundle takes its lock for a moment:
+    the bundle is not taken to be in use (and a newer one evicted instead)."""
+    import fcntl
+    import threading
+
+    from gpulayer.bundles import archive
+
+    monkeypatch.setattr(archive, "_LOCK_TRIES", 500)  # (up to a second: the look ends in 20 ms)
+    cache = tmp_path / "cache"
+    old = _extracted(cache, "x = 1\n" * 100)
+    new = _extracted(cache, "x = 2\n" * 100)
+    fd = os.open(cache / f".{old}.inuse", os.O_RDWR | os.O_CREAT, 0o600)
+    os.utime(cache / f".{old}.inuse", (time.time() - 3600, time.time() - 3600))  # (its last use)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # (the other evictor's look)
+    threading.Timer(0.02, os.close, (fd,)).start()
+    size = sum(f.stat().st_size for f in (cache / new).rglob("*") if f.is_file())
+    assert bundles.evict_cache(cache, max_bytes=size) == [old]
+    assert (cache / new).is_dir()
