@@ -102,7 +102,8 @@ class Inspection:
 
     @property
     def sources(self) -> dict[str, Path]:
-        """Each included file's :meth:`source`."""
+        """Each included file's :meth:`source` (a new mapping at each use: for one file, call
+        :meth:`source`)."""
         return {f.path: self.source(f.path) for f in self.included}
 
     @property
