@@ -30,6 +30,22 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def children_running(parent: Any, needle: str, *, recursive: bool = False) -> list[Any]:
+    """The children of ``parent`` (a ``psutil.Process``) whose command line holds ``needle``.
+    A child that ended meanwhile, or a zombie (whose command line psutil refuses to read:
+    any child another thread has not waited for yet), is not one of them."""
+    import psutil
+
+    found = []
+    for child in parent.children(recursive=recursive):
+        try:
+            if needle in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
         cwd: str | Path | None = None, check: bool = False) -> subprocess.CompletedProcess[str]:
     """Run ``gpulayer ARGS`` as a subprocess of this test's Python."""

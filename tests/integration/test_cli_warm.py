@@ -24,6 +24,7 @@ import pytest
 from gpulayer.cli import warm, warm_server
 from gpulayer.worker import markers
 from tests.server_support import until
+from tests.support import children_running
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the warm CLI is Linux's")
 
@@ -142,8 +143,7 @@ def _running(home: Path, code: str) -> tuple[subprocess.Popen[str], str]:
 
 
 def _server(worker: subprocess.Popen[str]) -> psutil.Process:
-    return until(lambda: [p for p in psutil.Process(worker.pid).children()
-                          if "gpulayer.cli.warm" in " ".join(p.cmdline())], 30, "the CLI server")[0]
+    return until(lambda: children_running(psutil.Process(worker.pid), "gpulayer.cli.warm"), 30, "the CLI server")[0]
 
 
 def test_a_submit_is_run_by_the_cli_server_with_the_output_and_exit_code_of_the_full_path(home, worker) -> None:  # type: ignore[no-untyped-def]

@@ -17,6 +17,7 @@ import pytest
 from gpulayer.worker import markers
 from gpulayer.worker.markers import descendants, marked
 from gpulayer.worker.process import TREE_ID_ENV, ProcessOutcome, run_process, terminate_tree
+from tests.support import children_running, wait_for
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX process groups")
 
@@ -607,6 +608,23 @@ def test_a_worker_killed_with_sigkill_takes_its_tasks_with_it(tmp_path: Path) ->
             worker.kill()
 
 
+def test_a_zombie_child_does_not_break_a_look_for_children() -> None:
+    """psutil refuses a zombie's command line (ZombieProcess): a test process has such
+    children whenever another thread has not waited for its subprocess yet, and a look for
+    the children that run something failed then (once in a parallel run)."""
+    zombie = subprocess.Popen([PY, "-c", "pass"])
+    live = subprocess.Popen([PY, "-c", "import time; time.sleep(30)  # the zombie's sibling"])
+    try:
+        assert wait_for(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE, 30, "a zombie")
+        with pytest.raises(psutil.ZombieProcess):
+            psutil.Process(zombie.pid).cmdline()
+        assert [p.pid for p in children_running(psutil.Process(), "the zombie's sibling")] == [live.pid]
+    finally:
+        live.kill()
+        live.wait()
+        zombie.wait()
+
+
 def test_reap_orphans_leaves_live_workers_tasks_alone(tmp_path: Path) -> None:
     from gpulayer.worker.process import reap_orphans
 
@@ -619,7 +637,7 @@ def test_reap_orphans_leaves_live_workers_tasks_alone(tmp_path: Path) -> None:
     t.start()
     try:
         assert started.wait(60), "the task did not start"
-        mine = [p for p in psutil.Process().children(recursive=True) if "time.sleep(30)" in " ".join(p.cmdline())]
+        mine = children_running(psutil.Process(), "time.sleep(30)", recursive=True)
         assert mine
         reap_orphans()
         assert all(p.is_running() for p in mine)  # their worker (this process) is alive
