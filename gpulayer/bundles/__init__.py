@@ -40,8 +40,10 @@ Checking and extraction
     worker extracts once per cache directory, atomically, under a lock, and
     :func:`evict_cache` keeps that cache within its size and age limits.
 
-The code lives in two modules: :mod:`gpulayer.bundles.building` (what goes in, the zip) and
-:mod:`gpulayer.bundles.archive` (addresses, limits, checking, extraction, the cache).
+The code lives in four modules: :mod:`gpulayer.bundles.building` (what goes in, and a
+build), :mod:`gpulayer.bundles.zipping` (the zip itself), :mod:`gpulayer.bundles.archive`
+(addresses, limits, checking, extraction) and :mod:`gpulayer.bundles.cache` (a worker's
+extracted bundles: held while in use, evicted).
 """
 
 from __future__ import annotations
@@ -50,10 +52,8 @@ from gpulayer.bundles.archive import (
     DEFAULT_MAX_ENTRIES,
     RATIO_FLOOR,
     Limits,
-    bundle_in_use,
     check_archive,
     compute_digest,
-    evict_cache,
     extract_bundle,
     format_size,
     is_digest,
@@ -71,6 +71,7 @@ from gpulayer.bundles.building import (
     build_from_inspection,
     inspect_directory,
 )
+from gpulayer.bundles.cache import bundle_in_use, evict_cache
 
 __all__ = [
     "DEFAULT_EXCLUDES",

@@ -10,21 +10,19 @@ import functools
 import io
 import os
 import stat
-import struct
 import threading
 import time
-import zipfile
-import zlib
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, NamedTuple
 
 import pathspec
 
 from gpulayer import config
 from gpulayer.bundles.archive import _within, check_archive, compute_digest, format_size
+from gpulayer.bundles.zipping import _Entry, _write_deflated, _write_zipfile, deflated_fits
 from gpulayer.errors import BundleError
 
 __all__ = [
@@ -53,9 +51,6 @@ DEFAULT_EXCLUDES: tuple[str, ...] = (
 #: Ignore files read in every directory, in this order (a later one overrides an earlier one).
 IGNORE_FILES: tuple[str, ...] = (".gitignore", ".gpulayerignore")
 
-_FIXED_DATE = (1980, 1, 1, 0, 0, 0)
-_COMPRESS_LEVEL = 6
-_CHUNK = 1024 * 1024
 
 
 # --------------------------------------------------------------------------------------------
@@ -484,120 +479,6 @@ def inspect_directory(directory: str | os.PathLike[str]) -> Inspection:
 # building
 
 
-class _Entry(NamedTuple):
-    """One file of a built bundle: what it was built from (its stamp, size and mode), its
-    CRC-32, and where its compressed bytes lie in the bundle's data."""
-
-    stamp: tuple[int, int, int, int]
-    size: int
-    mode: int
-    crc: int
-    start: int
-    length: int
-
-
-#: the zip's records (PKWARE's APPNOTE 4.3.7, 4.3.12, 4.3.16), as Python's ``zipfile`` writes
-#: them for an entry of this format: version 2.0, deflated, no extra field, no comment
-_LOCAL = struct.Struct("<4s2B4HL2L2H")
-_CENTRAL = struct.Struct("<4s4B4HL2L5H2L")
-_END = struct.Struct("<4s4H2LH")
-_VERSION = 20
-_DEFLATED = 8
-_UTF8_NAME = 0x800
-_DOS_DATE = (_FIXED_DATE[0] - 1980) << 9 | _FIXED_DATE[1] << 5 | _FIXED_DATE[2]
-_DOS_TIME = _FIXED_DATE[3] << 11 | _FIXED_DATE[4] << 5 | _FIXED_DATE[5] // 2
-#: past these (a file of 2 GiB, an archive of 1 GiB, 65,535 entries) ``zipfile`` writes zip64
-#: records: such a bundle is written by ``zipfile`` itself (:func:`_write_zipfile`)
-_SMALL_FILE = int(((1 << 31) - 1) / 1.05)
-_SMALL_ARCHIVE = 1 << 30
-_SMALL_COUNT = 0xFFFF
-
-
-def _name(path: str) -> tuple[bytes, int]:
-    try:
-        return path.encode("ascii"), 0
-    except UnicodeEncodeError:
-        return path.encode("utf-8"), _UTF8_NAME
-
-
-def _write_deflated(
-    out: io.BytesIO, inspection: Inspection, limit: int, previous: Bundle | None,
-) -> tuple[list[BundleFile], bool, dict[str, _Entry]]:
-    """:func:`_write_zipfile`'s archive, byte for byte, written here so that a file unchanged
-    since ``previous`` (the same stamp, size and mode) is not read and compressed again: its
-    compressed bytes are taken from ``previous``. Stops early (False) past ``limit``."""
-    old = previous.entries if previous is not None else {}
-    old_data = memoryview(previous.data) if previous is not None else memoryview(b"")
-    written: list[BundleFile] = []
-    entries: dict[str, _Entry] = {}
-    central = []
-    for file in inspection.included:
-        stamp = inspection.stamps[file.path]
-        was = old.get(file.path)
-        name, flags = _name(file.path)
-        offset = out.tell()
-        if was is not None and was.stamp == stamp and was.size == file.size and was.mode == file.mode:
-            crc, size, data = was.crc, was.size, old_data[was.start:was.start + was.length]
-            out.write(_LOCAL.pack(b"PK\x03\x04", _VERSION, 0, flags, _DEFLATED, _DOS_TIME, _DOS_DATE,
-                                  crc, was.length, file.size, len(name), 0))
-            out.write(name)
-            out.write(data)
-            length = was.length
-        else:
-            source = inspection.source(file.path)
-            out.write(_LOCAL.pack(b"PK\x03\x04", _VERSION, 0, flags, _DEFLATED, _DOS_TIME, _DOS_DATE,
-                                  0, 0, file.size, len(name), 0))  # (CRC and length once known)
-            out.write(name)
-            crc, length, size = 0, 0, 0
-            deflate = zlib.compressobj(_COMPRESS_LEVEL, zlib.DEFLATED, -15)
-            try:
-                with open(source, "rb") as src:
-                    while chunk := src.read(_CHUNK):
-                        size += len(chunk)
-                        crc = zlib.crc32(chunk, crc)
-                        part = deflate.compress(chunk)
-                        length += len(part)
-                        out.write(part)
-                        if out.tell() > limit:
-                            return written, False, entries
-            except OSError as exc:
-                raise BundleError(f"cannot read {source}: {exc.strerror or exc}") from None
-            part = deflate.flush()
-            length += len(part)
-            out.write(part)
-            end = out.tell()
-            out.seek(offset)  # (the bytes read: a file written meanwhile is zipped as read)
-            out.write(_LOCAL.pack(b"PK\x03\x04", _VERSION, 0, flags, _DEFLATED, _DOS_TIME, _DOS_DATE,
-                                  crc, length, size, len(name), 0))
-            out.seek(end)
-        start = offset + _LOCAL.size + len(name)
-        if size == file.size:  # (else written meanwhile: what was read is not what its stamp says)
-            entries[file.path] = _Entry(stamp, size, file.mode, crc, start, length)
-        central.append(_CENTRAL.pack(b"PK\x01\x02", _VERSION, 3, _VERSION, 0, flags, _DEFLATED, _DOS_TIME,
-                                     _DOS_DATE, crc, length, size, len(name), 0, 0, 0, 0,
-                                     (stat.S_IFREG | file.mode) << 16, offset) + name)
-        written.append(file)
-        if out.tell() > limit:
-            return written, False, entries
-    start_dir = out.tell()
-    for record in central:
-        out.write(record)
-    out.write(_END.pack(b"PK\x05\x06", 0, 0, len(central), len(central), out.tell() - start_dir, start_dir, 0))
-    return written, True, entries
-
-
-def _zip_info(file: BundleFile) -> zipfile.ZipInfo:
-    info = zipfile.ZipInfo(file.path, date_time=_FIXED_DATE)
-    info.create_system = 3  # Unix, so that the mode in external_attr is honoured
-    info.external_attr = (stat.S_IFREG | file.mode) << 16
-    info.compress_type = zipfile.ZIP_DEFLATED
-    # ``compress_level`` since Python 3.13, ``_compresslevel`` before
-    setattr(info, "compress_level" if hasattr(info, "compress_level") else "_compresslevel",
-            _COMPRESS_LEVEL)
-    info.file_size = file.size  # lets zipfile choose zip64 deterministically
-    return info
-
-
 def _too_large(
     root: Path, inspection: Inspection, limit: int, written: int, finished: bool,
 ) -> BundleTooLarge:
@@ -615,30 +496,6 @@ def _too_large(
         f"file, and check with `gpulayer bundle inspect {root}`.",
         limit=limit, size=written, total_size=inspection.total_size, largest=largest,
     )
-
-
-def _write_zipfile(
-    out: BinaryIO, inspection: Inspection, limit: int | None,
-) -> tuple[list[BundleFile], bool]:
-    """Write the zip into ``out`` with ``zipfile``; stop early (returning False) once it
-    exceeds ``limit``."""
-    written: list[BundleFile] = []
-    with zipfile.ZipFile(out, "w", allowZip64=True) as zf:
-        for file in inspection.included:
-            info = _zip_info(file)
-            source = inspection.source(file.path)
-            try:
-                with open(source, "rb") as src, zf.open(info, "w") as dst:
-                    while chunk := src.read(_CHUNK):
-                        dst.write(chunk)
-                        if limit is not None and out.tell() > limit:
-                            return written, False
-            except OSError as exc:
-                raise BundleError(f"cannot read {source}: {exc.strerror or exc}") from None
-            written.append(file)
-            if limit is not None and out.tell() > limit:
-                return written, False
-    return written, True
 
 
 def build_bundle(directory: str | os.PathLike[str], *, max_bytes: int | None = None) -> Bundle:
@@ -691,8 +548,7 @@ def build_from_inspection(inspection: Inspection, *, max_bytes: int | None = Non
     limit = config.max_bundle_bytes() if max_bytes is None else int(max_bytes)
     buf = io.BytesIO()
     entries: dict[str, _Entry] = {}
-    if (limit <= _SMALL_ARCHIVE and len(inspection.included) <= _SMALL_COUNT
-            and all(f.size <= _SMALL_FILE for f in inspection.included)):
+    if deflated_fits(inspection, limit):
         _, complete, entries = _write_deflated(buf, inspection, limit, previous)
     else:
         _, complete = _write_zipfile(buf, inspection, limit)

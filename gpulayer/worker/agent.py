@@ -40,6 +40,7 @@ from gpulayer.api import ResultJSON, TaskAssignment, WorkerAPI
 from gpulayer.errors import Conflict, ConnectionFailed, Forbidden, GpulayerError, InvalidInput, NotFound
 from gpulayer.hookrecords import Capabilities
 from gpulayer.records import JobError, TaskState, WorkerRecord
+from gpulayer.worker.cache_keeper import CacheKeeper
 from gpulayer.worker.forking import RUNNER_PATH, ForkServer, ForkServers
 from gpulayer.worker.function_runner import RESULT_PREFIX
 from gpulayer.worker.logbuffer import LogBuffer
@@ -154,7 +155,7 @@ class Agent:
         self._shutdown_ended: set[str] = set()
         self._last_busy = time.monotonic()
         self._bundle_cache = config.home() / "bundles"
-        self._cache_keeper = _CacheKeeper(self._bundle_cache)
+        self._cache_keeper = CacheKeeper(self._bundle_cache)
         self._started = False
         #: warm interpreters that fork FunctionJob tasks (:mod:`gpulayer.worker.forking`),
         #: started on first use with the environment every task inherits
@@ -562,59 +563,6 @@ class Agent:
         if result_path is not None and state in (TaskState.SUCCEEDED, TaskState.FAILED):
             return _function_outcome(report, result_path)
         return report
-
-
-class _CacheKeeper:
-    """Keeps a worker's bundle cache within its limits (:func:`gpulayer.bundles.evict_cache`)
-    off its tasks' way: asked once a task extracted a new bundle, it runs in a worker thread,
-    one run at a time; an ask during a run gets one more run after it."""
-
-    def __init__(self, cache: Path) -> None:
-        self.cache = cache
-        self._lock = threading.Lock()
-        self._running = False
-        self._again = False
-        self._closed = False
-        #: set while no run is going on
-        self._idle = threading.Event()
-        self._idle.set()
-        #: each run's end (tests wait on it)
-        self.ran = threading.Event()
-
-    def ask(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            if self._running:
-                self._again = True
-                return
-            self._running = True
-            self._idle.clear()
-        WORKER_THREADS.run(self._run)
-
-    def close(self, timeout: float) -> None:
-        """No more runs; wait up to ``timeout`` seconds for the one going on (a process that
-        ends midway leaves a half-removed bundle, which a later run removes)."""
-        with self._lock:
-            self._closed = True
-            self._again = False
-        self._idle.wait(timeout)
-
-    def _run(self) -> None:
-        while True:
-            try:
-                removed = bundles.evict_cache(self.cache)
-                if removed:
-                    log.info("bundle cache: removed %d extracted bundle(s): %s", len(removed), ", ".join(removed))
-            except Exception:  # (the next ask tries again; tasks go on meanwhile)
-                log.exception("bundle cache: eviction failed")
-            with self._lock:
-                if not self._again:
-                    self._running = False
-                    self._idle.set()
-                    self.ran.set()
-                    return
-                self._again = False
 
 
 def _function_outcome(report: TaskOutcome, result_path: Path) -> TaskOutcome:

@@ -201,7 +201,7 @@ def test_a_bundle_is_measured_again_only_once_a_task_used_it(tmp_path: Path,
     """A worker that has extracted many bundles does not walk every tree at each new one: a
     size measured while no task held the bundle holds until a task uses it again (only a
     task writes there, and each use is marked)."""
-    from gpulayer.bundles import archive
+    from gpulayer.bundles import cache as keeping
 
     cache = tmp_path / "cache"
     first, second = (_extracted(cache, f"x = {i!r}\n" * 1000) for i in range(2))
@@ -211,13 +211,13 @@ def test_a_bundle_is_measured_again_only_once_a_task_used_it(tmp_path: Path,
             pass
         os.utime(cache / f".{digest}.inuse", (hour_ago, hour_ago))
     walked: list[str] = []
-    real = archive._tree_size
+    real = keeping._tree_size
 
     def spy(path: Path) -> int:
         walked.append(path.name)
         return real(path)
 
-    monkeypatch.setattr(archive, "_tree_size", spy)
+    monkeypatch.setattr(keeping, "_tree_size", spy)
     assert bundles.evict_cache(cache, max_bytes=10**9) == []
     assert sorted(walked) == sorted([first, second])
     walked.clear()
@@ -255,9 +255,9 @@ def test_an_eviction_waits_a_moment_for_another_evictors_look(tmp_path: Path, mo
     import fcntl
     import threading
 
-    from gpulayer.bundles import archive
+    from gpulayer.bundles import cache as keeping
 
-    monkeypatch.setattr(archive, "_LOCK_TRIES", 500)  # (up to a second: the look ends in 20 ms)
+    monkeypatch.setattr(keeping, "_LOCK_TRIES", 500)  # (up to a second: the look ends in 20 ms)
     cache = tmp_path / "cache"
     old = _extracted(cache, "x = 1\n" * 100)
     new = _extracted(cache, "x = 2\n" * 100)

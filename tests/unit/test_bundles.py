@@ -379,8 +379,8 @@ def test_the_zip_is_written_byte_for_byte_as_zipfile_writes_it(tmp_path_factory:
     write_tree(root, files, sorted(files))
     inspection = inspect_directory(root)
     ours, theirs = io.BytesIO(), io.BytesIO()
-    assert bundles.building._write_deflated(ours, inspection, 10**9, None)[1]
-    assert bundles.building._write_zipfile(theirs, inspection, 10**9)[1]
+    assert bundles.zipping._write_deflated(ours, inspection, 10**9, None)[1]
+    assert bundles.zipping._write_zipfile(theirs, inspection, 10**9)[1]
     assert ours.getvalue() == theirs.getvalue()
 
 
@@ -396,8 +396,8 @@ def test_a_large_file_and_many_small_ones_are_zipped_as_zipfile_does(tmp_path: P
         write(tmp_path, f"pkg/m{i}.py", f"X = {i}\n" * rng.randint(0, 50))
     inspection = inspect_directory(tmp_path)
     ours, theirs = io.BytesIO(), io.BytesIO()
-    bundles.building._write_deflated(ours, inspection, 10**9, None)
-    bundles.building._write_zipfile(theirs, inspection, 10**9)
+    bundles.zipping._write_deflated(ours, inspection, 10**9, None)
+    bundles.zipping._write_zipfile(theirs, inspection, 10**9)
     assert ours.getvalue() == theirs.getvalue()
 
 
@@ -412,7 +412,7 @@ def test_an_edit_rezips_only_the_files_that_changed(project: Path, settled: None
         opened.append(os.fspath(path))
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(bundles.building, "open", spy, raising=False)
+    monkeypatch.setattr(bundles.zipping, "open", spy, raising=False)
     (project / "pkg" / "model.py").write_text("X = 2\n")
     edited = build_bundle(project)
     assert opened == [str(project.resolve() / "pkg" / "model.py")]  # (the others' bytes reused)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpulayer import bundles
-from gpulayer.worker import agent
+from gpulayer.worker import cache_keeper
 
 
 def test_asks_during_a_run_get_one_run_after_it_and_a_failure_does_not_stop_later_ones(
@@ -27,7 +27,7 @@ def test_asks_during_a_run_get_one_run_after_it_and_a_failure_does_not_stop_late
         return []
 
     monkeypatch.setattr(bundles, "evict_cache", evict)
-    keeper = agent._CacheKeeper(tmp_path)
+    keeper = cache_keeper.CacheKeeper(tmp_path)
     keeper.ask()
     assert entered.wait(30)
     for _ in range(5):  # (while the first runs: one more run, not five)
@@ -53,7 +53,7 @@ def test_a_stopped_worker_waits_for_the_run_going_on_and_starts_no_more(
         return []
 
     monkeypatch.setattr(bundles, "evict_cache", evict)
-    keeper = agent._CacheKeeper(tmp_path)
+    keeper = cache_keeper.CacheKeeper(tmp_path)
     keeper.ask()
     closing = threading.Thread(target=keeper.close, args=(30,))
     closing.start()
