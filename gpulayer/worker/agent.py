@@ -157,6 +157,7 @@ class Agent:
         self._bundle_cache = config.home() / "bundles"
         self._cache_keeper = CacheKeeper(self._bundle_cache)
         self._started = False
+        self._heartbeats: threading.Thread | None = None
         #: warm interpreters that fork FunctionJob tasks (:mod:`gpulayer.worker.forking`),
         #: started on first use with the environment every task inherits
         self.forks = ForkServers(self.python, {k: v for k, v in os.environ.items() if k not in WORKER_SECRETS})
@@ -171,7 +172,8 @@ class Agent:
         reap_orphans()  # what a worker killed before us left running must not run beside us
         record = self.registered if self.registered is not None else self._register()
         self._started = True
-        threading.Thread(target=self._heartbeat_loop, name="gpulayer-heartbeat", daemon=True).start()
+        self._heartbeats = threading.Thread(target=self._heartbeat_loop, name="gpulayer-heartbeat", daemon=True)
+        self._heartbeats.start()
         threading.Thread(target=self._poll_loop, name="gpulayer-poll", daemon=True).start()
         return record
 
@@ -225,6 +227,8 @@ class Agent:
         for done in list(self._done.values()):
             done.wait(self.kill_grace + 5)
         self._stopped.set()
+        if self._heartbeats is not None:  # (a heartbeat that lands after the deregistration
+            self._heartbeats.join(self.kill_grace + 5)  # below would bring this worker back)
         self._cache_keeper.close(self.kill_grace + 5)
         self.forks.close()
         self.task_files.close()
