@@ -637,8 +637,9 @@ def test_reap_orphans_leaves_live_workers_tasks_alone(tmp_path: Path) -> None:
     t.start()
     try:
         assert started.wait(60), "the task did not start"
-        mine = children_running(psutil.Process(), "time.sleep(30)", recursive=True)
-        assert mine
+        # (its start is seen as setpriv execs it: its command line may be unreadable a moment)
+        mine = wait_for(lambda: children_running(psutil.Process(), "time.sleep(30)", recursive=True), 30,
+                        "the task's process")
         reap_orphans()
         assert all(p.is_running() for p in mine)  # their worker (this process) is alive
     finally:
