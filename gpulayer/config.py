@@ -158,6 +158,22 @@ def _one_of(*choices: str) -> Callable[[str, str], str]:
     return parse
 
 
+def module_names(name: str, raw: str) -> tuple[str, ...]:
+    """Comma-separated Python module names (``torch,numpy.linalg``), in order, each once;
+    ``name`` is how the user wrote the input (a variable, a CLI flag) in the error."""
+    out: dict[str, None] = {}
+    for part in raw.split(","):
+        module = part.strip()
+        if not module:
+            continue
+        if not all(piece.isidentifier() for piece in module.split(".")):
+            given = f"{name} {raw!r}" if name.startswith("-") else f"{name}={raw!r}"  # (a flag, a variable)
+            raise InvalidInput(f"{given}: {module!r} is not a module name; expected Python module names, "
+                               "comma separated (torch,numpy.linalg)")
+        out[module] = None
+    return tuple(out)
+
+
 _sqlite_sync = _one_of("full", "normal")
 _level = _one_of("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -217,6 +233,10 @@ SETTINGS: tuple[Setting, ...] = (
             "how long a client keeps retrying a call through an outage of the server"),
     Setting("GPULAYER_CPU_SLOTS", "cpu_slots", _count(0), None, "min(4, CPUs)",
             "CPU-only tasks the in-process worker of the SDK and CLI runs at once"),
+    Setting("GPULAYER_PRELOAD", "preload", module_names, (), "none",
+            "modules a worker's fork server imports once, before it forks each FunctionJob's process, "
+            "comma separated (`torch,numpy`): what `gpulayer worker start --preload` sets, and what the "
+            "in-process worker of the SDK and CLI reads (docs/concepts.md#preloaded-modules)"),
     Setting("GPULAYER_EXIT_GRACE", "exit_grace", _seconds(0, inclusive=True), 2.0, "`2`",
             "seconds the in-process worker gives running tasks when its process exits"),
     Setting("GPULAYER_ADVERTISE_ADDRESS", "advertise_address", _text, None, "the default route's address",
@@ -282,6 +302,7 @@ class Settings(NamedTuple):
     heartbeat_interval: float | None
     http_retry_seconds: float
     cpu_slots: int | None
+    preload: tuple[str, ...]
     exit_grace: float
     advertise_address: str | None
     rendezvous_ports: tuple[int, int]

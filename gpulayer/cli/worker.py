@@ -30,6 +30,10 @@ def worker_start(
     token: Optional[str] = typer.Option(None, "--token", metavar="JOIN", help="join token (with --url)"),
     grace: float = typer.Option(10.0, "--grace", min=0, metavar="S", help="seconds running tasks get to finish on SIGTERM"),
     idle_exit: Optional[float] = typer.Option(None, "--idle-exit", min=0, metavar="S", help="stop after this many idle seconds"),
+    preload: list[str] = typer.Option(
+        [], "--preload", metavar="MODULES",
+        help="modules to import once, before each FunctionJob's process is forked from them, comma separated "
+             "(repeatable; default: $GPULAYER_PRELOAD)"),
     as_json: bool = json_option("once registered, print the worker's record as one line of JSON on stdout"),
     resources: Optional[str] = typer.Option(
         None, "--resources", metavar="FILE",
@@ -51,6 +55,7 @@ def worker_start(
             raise typer.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--label")
         k, v = item.split("=", 1)
         labels[k] = v
+    preloads = config.module_names("--preload", ",".join(preload)) if preload else None
     caps = detect_capabilities(python=python, resources_file=resources)
     if labels:
         caps = caps.model_copy(update={"labels": {**caps.labels, **labels}})
@@ -78,7 +83,7 @@ def worker_start(
 
         api = connect().control
     agent = Agent(api, capabilities=caps, registered=registered, name=name, cpu_slots=cpu_slots,
-                  python=python, grace=grace, idle_exit=idle_exit)
+                  python=python, grace=grace, idle_exit=idle_exit, preload=preloads)
     record = agent.start()
     # embedded: command lines on this home are answered by a warm interpreter while this
     # worker runs (gpulayer.cli.warm)

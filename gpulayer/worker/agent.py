@@ -118,6 +118,7 @@ class Agent:
         grace: float = 10.0,
         kill_grace: float = 5.0,
         idle_exit: float | None = None,
+        preload: tuple[str, ...] | None = None,
     ) -> None:
         self.api = api
         if capabilities is None:
@@ -160,7 +161,8 @@ class Agent:
         self._heartbeats: threading.Thread | None = None
         #: warm interpreters that fork FunctionJob tasks (:mod:`gpulayer.worker.forking`),
         #: started on first use with the environment every task inherits
-        self.forks = ForkServers(self.python, {k: v for k, v in os.environ.items() if k not in WORKER_SECRETS})
+        self.forks = ForkServers(self.python, {k: v for k, v in os.environ.items() if k not in WORKER_SECRETS},
+                                 config.settings().preload if preload is None else preload)
         #: its FunctionJob tasks' spec and result files
         self.task_files = TaskFiles()
 

@@ -30,6 +30,14 @@ running when its main process exits is re-parented here, not to init, so the wor
 for a task's leftovers among this server's descendants instead of every process on the
 machine. It reaps those strays once they are ended.
 
+Modules the worker was told to preload (``--preload``, ``GPULAYER_PRELOAD``: the arguments
+after ``--``) are imported next, one at a time, each with the worker's environment; one that
+fails to import is named in ``refused``, and one that leaves the server unsafe to fork
+(a thread running, an accelerator's device open: see :func:`_unsafe`) ends the list, named
+in ``offender`` (the worker starts a server without it). The ``ready`` message lists
+``stamps``, the files and folders those modules came from, so the worker can tell when one
+changed (see :func:`_stamps`).
+
 Messages to the worker: ``{"ready": ...}`` once; ``{"spare": PID}`` with the spare's socket
 as a file descriptor (one at start, then one for each ``{"want": true}`` the worker sends
 when it took one or found its spare dead; ``{"want": true, "after": PID}``, sent as a task's
@@ -113,6 +121,91 @@ def _shadowed(origins: dict[str, str | None], search: list[str], entries: set[st
             out.append(name)
     return out
 
+#: device nodes whose driver a forked child cannot share with its parent (an accelerator
+#: runtime initialised before the fork: CUDA's, ROCm's, ...); a preload that leaves one open
+#: makes the server unsafe to fork
+DEVICE_NODES = ("/dev/nvidia", "/dev/kfd", "/dev/dri/", "/dev/accel", "/dev/neuron", "/dev/davinci")
+#: the most files of preloaded modules outside the interpreter's installed packages (an
+#: editable install, a folder on PYTHONPATH) stamped one by one (see _stamps)
+MAX_STAMPED = 1000
+
+
+def _unsafe() -> str | None:
+    """Why this process may not be forked from now, or None: a thread other than its own
+    running (Linux counts every thread, native ones too, in ``/proc/self/task``), or a
+    device node of an accelerator open."""
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        threads = sys.modules["threading"].active_count() if "threading" in sys.modules else 1
+    if threads > 1:
+        return f"{threads} threads running"
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(DEVICE_NODES):
+                return f"{target} open"
+    return None
+
+
+def _preload(names: list[str]) -> tuple[list[str], dict[str, str], str | None, str | None]:
+    """Import the worker's preloads in turn: those imported, those that failed (name: why),
+    and the first that left this process unsafe to fork with why (it ends the list)."""
+    done: list[str] = []
+    refused: dict[str, str] = {}
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # (SystemExit too: a module's import is not this server's to end)
+            refused[name] = f"{type(exc).__name__}: {exc}"
+            continue
+        why = _unsafe()
+        if why is not None:
+            return done, refused, name, why
+        done.append(name)
+    return done, refused, None, None
+
+
+def _stamp(path: str) -> list[Any]:
+    st = os.stat(path)
+    return [path, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _stamps(tops: list[str], loaded: list[str]) -> list[list[Any]]:
+    """What tells the worker that a preloaded module changed on disk: for each preloaded
+    top-level module, its file and the ``sys.path`` entry it came from (a package installed,
+    upgraded or removed there moves that folder's times); and each file of the modules the
+    preloads imported from outside the interpreter's installed packages and standard library
+    (an editable install, a folder on ``PYTHONPATH``: code a user edits), up to
+    :data:`MAX_STAMPED`."""
+    import sysconfig
+
+    installed = tuple(os.path.join(os.path.realpath(p), "") for key, p in sysconfig.get_paths().items()
+                      if key in ("purelib", "platlib", "stdlib", "platstdlib"))
+    paths: dict[str, None] = {}
+    for name in tops:
+        module = sys.modules.get(name)
+        for path in (getattr(module, "__file__", None), _origin(module)):
+            if path:
+                paths[os.path.abspath(path)] = None
+    own = 0
+    for name in loaded:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if not file or own >= MAX_STAMPED:
+            continue
+        if not os.path.realpath(file).startswith(installed):
+            paths[os.path.abspath(file)] = None
+            own += 1
+    out = []
+    for path in paths:
+        with contextlib.suppress(OSError):
+            out.append(_stamp(path))
+    return out
+
 
 class _Warm(NamedTuple):
     """What every child needs from the server: the runner and what it knows of its path."""
@@ -169,6 +262,13 @@ def _child(req: dict[str, Any], fds: list[int], warm: _Warm, sock: socket.socket
             for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
                 del sys.modules[mod]
         sys.path[:] = [*entries, *warm.base_path]
+        # a generator seeded from the system's entropy as it was imported would give every
+        # child the server's numbers: Python reseeds its own random module at a fork, and
+        # NumPy's global one (preloaded) is reseeded here, as a fresh process would seed it
+        numpy_random = sys.modules.get("numpy.random")
+        if numpy_random is not None:
+            with contextlib.suppress(Exception):
+                numpy_random.seed()
         spec = req["spec"]  # a spec file's path, or the spec itself
         sys.argv[:] = [warm.runner.__file__, spec if isinstance(spec, str) else "-", req["result"]]
         if req.get("gated") and sock.recv(16) != GO:
@@ -320,7 +420,9 @@ def _strays(known: set[int]) -> bool:
     return children is None or any(pid not in known for pid in children)
 
 
-def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
+def serve(sock: socket.socket, runner_path: str, preload: list[str], user: list[str] | None = None) -> None:
+    """Serve the worker on ``sock``: ``preload``, GPUlayer's own modules (skipped where the
+    job's Python lacks them), ``user`` the worker's preloads (see the module's docstring)."""
     here = os.path.dirname(os.path.abspath(__file__))
     if sys.path and os.path.abspath(sys.path[0] or ".") == here:
         del sys.path[0]  # keep process.py & co. from shadowing the user's modules
@@ -336,6 +438,10 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
             preloaded.append(name)
         except Exception:  # not installed in this Python: the job imports what it has
             continue
+    before = len(sys.modules)
+    mine, refused, offender, unsafe = _preload(list(user or []))
+    loaded = list(itertools.islice(sys.modules, before, None))
+    preloaded += mine
     warm = getattr(sys.modules.get("gpulayer.remote_functions"), "warm", None)
     if callable(warm):  # what a job module's first @gl.remote computes, computed once here
         warm()
@@ -358,9 +464,19 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
             # children files would leave them as zombies)
             if os.path.exists(_CHILDREN_FILE):
                 subreaper = prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    threads = sys.modules["threading"].active_count() if "threading" in sys.modules else 1
-    _send(sock, {"ready": True, "pid": os.getpid(), "preloaded": preloaded, "subreaper": subreaper,
-                 "unsafe": f"{threads} threads after preloading" if threads > 1 else None})
+    if unsafe is None:
+        unsafe = _unsafe()
+        unsafe = None if unsafe is None else f"{unsafe} after preloading"
+    elif offender is not None:
+        unsafe = f"importing {offender} left {unsafe}"
+    stamps = _stamps([n.partition(".")[0] for n in mine], loaded) if mine else []
+    hello = {"ready": True, "pid": os.getpid(), "preloaded": preloaded, "subreaper": subreaper,
+             "unsafe": unsafe, "offender": offender, "refused": refused, "stamps": stamps}
+    try:
+        sock.send(json.dumps(hello).encode())
+    except OSError:  # (too many stamps for one message: those of the preloads' top modules)
+        hello["stamps"] = stamps[:2 * len(mine)]
+        _send(sock, hello)
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ, "worker")
     # a stray (a task's leftover, re-parented here) is reaped when it ends: SIGCHLD wakes the loop
@@ -424,7 +540,9 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str]) -> None:
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the worker's to handle
-    serve(sock, sys.argv[2], sys.argv[3:])
+    args = sys.argv[3:]
+    cut = args.index("--") if "--" in args else len(args)
+    serve(sock, sys.argv[2], args[:cut], args[cut + 1:])
 
 
 if __name__ == "__main__":

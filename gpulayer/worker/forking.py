@@ -18,6 +18,14 @@ A task is spawned when forking is not safe or not possible:
 
 A bundle with its own copy of a preloaded module is no reason: the child drops that module
 and imports the bundle's. Each task keeps its own process; only start-up is shared.
+
+The worker's own preloads (``gpulayer worker start --preload``, ``GPULAYER_PRELOAD``) are
+imported by the server once, with the worker's environment, so a task whose module imports
+them (``torch``) finds them loaded. A task whose job sets an environment variable is forked
+from a server without them (a module may read a variable as it is imported), a module that
+leaves the server unsafe to fork is dropped from the list, and a server whose preloaded
+modules changed on disk is replaced (see :meth:`ForkServer.stale`); the old one ends once
+its tasks have.
 """
 
 from __future__ import annotations
@@ -111,6 +119,8 @@ class _Child:
         return self.code if self.code is not None else -9
 
 
+#: the preloads a server could not import that were logged, with why
+_SAID: set[tuple[str, str]] = set()
 #: how long a start waits for the server to fork a spare when none is waiting
 SPARE_TIMEOUT = 10.0
 #: spares a start tries (one that died waiting is let go, and the next one tried)
@@ -127,11 +137,21 @@ class ForkServer:
     waiting and asks the server for the next (a gated child's, once it was told to go or let
     go), so it neither forks nor waits for an answer."""
 
-    def __init__(self, python: str, env: dict[str, str]) -> None:
+    def __init__(self, python: str, env: dict[str, str], preload: tuple[str, ...] = ()) -> None:
         self.python = python
         self.env = env
+        #: the worker's preloads this server was asked to import (after GPUlayer's own)
+        self.preload = preload
         self.failed: str | None = None
         self.preloaded: list[str] = []
+        #: of :attr:`preload`: those that did not import (name: why), and the one that made
+        #: the server unsafe to fork (its ``failed`` says how)
+        self.refused: dict[str, str] = {}
+        self.offender: str | None = None
+        #: (path, inode, size, mtime) of what the preloads came from (see :meth:`stale`)
+        self._stamps: list[tuple[str, int, int, int]] = []
+        #: once replaced: it ends when its last task has (see :meth:`retire`)
+        self._retiring = False
         #: the server's pid when it is its children's subreaper (see :class:`_Child`)
         self.subreaper: int | None = None
         self._ready = threading.Event()
@@ -157,7 +177,7 @@ class ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = subprocess.Popen(
-                [self.python, "-u", SERVER_PATH, str(theirs.fileno()), RUNNER_PATH, *PRELOAD],
+                [self.python, "-u", SERVER_PATH, str(theirs.fileno()), RUNNER_PATH, *PRELOAD, "--", *self.preload],
                 env=self.env, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), close_fds=True,
                 start_new_session=True,  # a Ctrl-C at the terminal is the worker's, not the server's
                 preexec_fn=die_with_parent(os.getpid()),
@@ -170,12 +190,20 @@ class ForkServer:
         finally:
             theirs.close()
         try:
-            hello = json.loads(ours.recv(1 << 16) or b"{}")
+            hello = json.loads(ours.recv(1 << 20) or b"{}")
             if not hello.get("ready"):
                 self.failed = "the fork server exited as it started"
             elif hello.get("unsafe"):
                 self.failed = f"the fork server is not safe to fork: {hello['unsafe']}"
             self.preloaded = list(hello.get("preloaded") or [])
+            self.refused = {str(k): str(v) for k, v in (hello.get("refused") or {}).items()}
+            offender = hello.get("offender")
+            self.offender = offender if isinstance(offender, str) else None
+            self._stamps = [(str(p), int(i), int(z), int(m)) for p, i, z, m in hello.get("stamps") or []]
+            for name, why in self.refused.items():
+                if (name, why) not in _SAID:  # (once a process: a server started again says it again)
+                    _SAID.add((name, why))
+                    log.warning("--preload %s: not imported by %s: %s", name, self.python, why)
             if hello.get("subreaper"):
                 self.subreaper = int(hello["pid"])
         except (OSError, ValueError) as exc:
@@ -235,6 +263,10 @@ class ForkServer:
                 strays = msg.get("strays")
                 child.strays = strays if isinstance(strays, bool) else None
                 child.exited.set()
+                with self._lock:
+                    done = self._retiring and not self._children
+                if done:
+                    self.close()
         for fd in fds:
             os.close(fd)
 
@@ -326,6 +358,31 @@ class ForkServer:
             return child, out_r, err_r
         raise StartFailed(f"the fork server's children exited before they got their task ({_SPARE_TRIES} tried)")
 
+    @property
+    def user_preloaded(self) -> list[str]:
+        """The worker's preloads this server imported."""
+        return [name for name in self.preloaded if name in self.preload]
+
+    def stale(self) -> str | None:
+        """What changed on disk since the server imported the worker's preloads (a file or
+        folder they came from: a package upgraded, a module edited), or None."""
+        for path, ino, size, mtime in self._stamps:
+            try:
+                st = os.stat(path)
+            except OSError:
+                return path
+            if (st.st_ino, st.st_size, st.st_mtime_ns) != (ino, size, mtime):
+                return path
+        return None
+
+    def retire(self) -> None:
+        """Take no more tasks; stop once the running ones ended (they die with the server)."""
+        with self._lock:
+            self._retiring = True
+            idle = not self._children
+        if idle:
+            self.close()
+
     def close(self) -> None:
         """Stop the server (its children, if any are left, die with it)."""
         sock = self._sock
@@ -335,16 +392,25 @@ class ForkServer:
 
 
 class ForkServers:
-    """A worker's fork servers, started on first use: one for its job Python."""
+    """A worker's fork servers, started on first use, for its job Python: one with the
+    worker's preloads, and one without them for the tasks whose job sets an environment
+    variable (started when the first such task comes)."""
 
-    def __init__(self, python: str, env: dict[str, str]) -> None:
+    def __init__(self, python: str, env: dict[str, str], preload: tuple[str, ...] = ()) -> None:
         self.python = python
         #: what the server starts with, and what a forked task inherits from at start-up
         self.env = env
-        self._server: ForkServer | None = None
+        #: the worker's preloads (``--preload``), in order
+        self.preload = tuple(preload)
+        #: preloads left out from now on, and why (one that made a server unsafe to fork)
+        self.refused: dict[str, str] = {}
+        self._servers: dict[tuple[str, ...], ForkServer] = {}
+        #: servers replaced while they still ran tasks (closed at the latest with the rest)
+        self._retired: list[ForkServer] = []
         self._lock = threading.Lock()
-        #: servers started so far: one that keeps failing is not started again and again
-        self._starts = 0
+        #: servers started so far, per preload list: one that keeps failing is not started
+        #: again and again
+        self._starts: dict[tuple[str, ...], int] = {}
 
     def choose(self, python: str | None, env: dict[str, str]) -> tuple[ForkServer | None, str]:
         """The server to fork a task from (None: spawn it) and the event message saying so."""
@@ -356,19 +422,51 @@ class ForkServers:
             gone = sorted(k for k in start_variables(self.env) if k not in env)
             if changed or gone:
                 why = f"the job sets {', '.join(changed + gone)}, read as an interpreter starts"
-        if why is None:
-            with self._lock:
-                if self._server is None or (self._server.failed and self._starts < 3):
-                    self._starts += 1
-                    self._server = ForkServer(self.python, self.env)
-                server = self._server
+        if why is not None:
+            return None, f"spawned: {why}"
+        note = ""
+        want = tuple(name for name in self.preload if name not in self.refused)
+        if want:
+            # a preloaded module saw the worker's environment as it was imported
+            sets = sorted(k for k, v in env.items() if k != "PYTHONPATH" and self.env.get(k) != v)
+            if sets:
+                want, note = (), f" (not preloaded: the job sets {', '.join(sets)})"
+        for _ in range(len(want) + 1):
+            server = self._server(want)
             why = server.ready()
             if why is None:
-                return server, FORKED
+                mine = server.user_preloaded
+                return server, FORKED + (note or (f" (preloaded: {', '.join(mine)})" if mine else ""))
+            if server.offender is None or server.offender not in want:
+                break
+            # a preload left the server unsafe to fork: from now on, a server without it
+            self.refused[server.offender] = why
+            log.warning("--preload %s: left out: %s", server.offender, why)
+            want = tuple(name for name in want if name != server.offender)
         return None, f"spawned: {why}"
+
+    def _server(self, want: tuple[str, ...]) -> ForkServer:
+        """The server with these preloads: started, or started again when it failed (a few
+        times) or when what it preloaded changed on disk (the old one ends after its tasks)."""
+        with self._lock:
+            server = self._servers.get(want)
+            changed = server.stale() if server is not None and server.failed is None else None
+            if changed is not None and server is not None:
+                log.info("fork server: %s changed since its modules were preloaded: starting a new one",
+                         changed)
+                server.retire()
+                self._retired = [s for s in self._retired if s._sock is not None and not s.failed]
+                self._retired.append(server)
+                server = None
+                self._starts[want] = 0
+            if server is None or (server.failed and self._starts.get(want, 0) < 3):
+                self._starts[want] = self._starts.get(want, 0) + 1
+                server = self._servers[want] = ForkServer(self.python, self.env, want)
+            return server
 
     def close(self) -> None:
         with self._lock:
-            server, self._server = self._server, None
-        if server is not None:
+            servers, self._servers = [*self._servers.values(), *self._retired], {}
+            self._retired = []
+        for server in servers:
             server.close()

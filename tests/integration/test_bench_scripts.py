@@ -39,6 +39,7 @@ SCRIPTS = [
     ("argument_size.py", ["--runs", "1", "--mb", "0.01"], "of arguments, through a server"),
     ("distributed_launch.py", ["--runs", "1"], "its torchrun commands by hand"),
     ("bundle_walk.py", ["--runs", "1", "--files", "60", "--settle", "0"], ".remote().result() in the project"),
+    ("preload.py", ["--runs", "1", "--rounds", "1", "--module", "decimal"], "--preload decimal"),
     ("placement.py", ["--runs", "1", "--jobs", "200", "--workers", "20"], "floor: pairs"),
     ("placement_incremental.py", ["--runs", "2", "--jobs", "200", "--workers", "20"], "pass after a task ended"),
     ("fork_server.py", ["--tasks", "5", "--rounds", "1"], "page faults of the server"),

@@ -30,6 +30,9 @@ def test_defaults_and_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPULAYER_URL", "")  # empty is unset
     env = config.settings()
     assert (env.heartbeat_timeout, env.disable_plugins, env.url) == (2.5, ("cuda", "rocm"), None)
+    assert env.preload == ()
+    monkeypatch.setenv("GPULAYER_PRELOAD", " torch, numpy.linalg,,torch ")  # in order, each once
+    assert config.settings().preload == ("torch", "numpy.linalg")
 
 
 
@@ -67,6 +70,8 @@ def test_the_settings_follow_every_change_of_the_environment(monkeypatch: pytest
     ("GPULAYER_RENDEZVOUS_PORTS", "20000", "expected LOW-HIGH"),
     ("GPULAYER_LOG_LEVEL", "loud", "expected one of DEBUG, INFO"),
     ("GPULAYER_SQLITE_SYNC", "off", "expected one of full, normal"),
+    ("GPULAYER_PRELOAD", "torch,1x", "'1x' is not a module name; expected Python module names, comma separated"),
+    ("GPULAYER_PRELOAD", "numpy..linalg", "'numpy..linalg' is not a module name"),
 ])
 def test_a_bad_value_names_the_variable_and_what_is_accepted(monkeypatch: pytest.MonkeyPatch, name: str,
                                                               value: str, accepted: str) -> None:
@@ -81,3 +86,10 @@ def test_the_cli_exits_2_with_the_variable_named(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert "error: GPULAYER_HEARTBEAT_TIMEOUT='abc': expected a number of seconds > 0" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_worker_start_refuses_a_bad_preload_naming_the_flag(tmp_path: Path) -> None:
+    r = cli("worker", "start", "--preload", "torch", "--preload", "numpy, 2d", env={"GPULAYER_HOME": str(tmp_path)})
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("error: --preload 'torch,numpy, 2d': '2d' is not a module name; expected Python "
+                                "module names, comma separated (torch,numpy.linalg)")

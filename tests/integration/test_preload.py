@@ -1,0 +1,225 @@
+"""A worker's preloads (``--preload``, ``GPULAYER_PRELOAD``): imported once by its fork
+server, found loaded by each FunctionJob's forked process, and left out where that would
+change what the job sees (its own environment, a module that is unsafe to fork from, a
+module changed on disk, a bundle's own copy)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpulayer.client import Client
+from gpulayer.control import ControlPlane
+from gpulayer.records import JobRecord, JobState
+from gpulayer.specs import FunctionJob
+from gpulayer.store import Store
+from gpulayer.worker.agent import Agent
+from gpulayer.worker.forking import FORKED, unsupported
+from tests.factories import make_capabilities
+
+pytestmark = pytest.mark.skipif(unsupported() is not None, reason=f"{unsupported()}")
+
+#: a module to preload: where (which process) and with what it was imported
+PRELOADED = '''
+import os
+PID = os.getpid()
+SEEN = os.environ.get("SEEN_AT_IMPORT")
+VERSION = 1
+'''
+
+JOBMOD = '''
+import os
+import preloadme
+
+def where():
+    return {"imported_by": preloadme.PID, "me": os.getpid(), "seen": preloadme.SEEN,
+            "version": preloadme.VERSION, "file": preloadme.__file__}
+
+def package_version():
+    import pkgpre
+    return [pkgpre.VERSION, pkgpre.PID, os.getpid()]
+
+def threads_seen():
+    import threader
+    return threader.STARTED
+
+def seeded():
+    import numpy.random
+    return numpy.random.SEEDS
+'''
+
+#: a module whose import leaves a thread running: a process that imported it is unsafe to fork
+THREADER = '''
+import threading
+STARTED = 0
+_stop = threading.Event()
+threading.Thread(target=_stop.wait, daemon=True).start()
+STARTED += 1
+'''
+
+#: a stand-in for NumPy's global generator, seeded from the system's entropy as it is imported
+NUMPY_RANDOM = '''
+SEEDS = 0
+
+def seed(value=None):
+    global SEEDS
+    SEEDS += 1
+'''
+
+
+@pytest.fixture
+def lib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder of modules on the worker's PYTHONPATH (as an installed package would be)."""
+    folder = tmp_path / "lib"
+    (folder / "numpy" / "random").mkdir(parents=True)
+    (folder / "preloadme.py").write_text(PRELOADED)
+    (folder / "threader.py").write_text(THREADER)
+    (folder / "pkgpre").mkdir()
+    (folder / "pkgpre" / "__init__.py").write_text("import os\nfrom .sub import VERSION\nPID = os.getpid()\n")
+    (folder / "pkgpre" / "sub.py").write_text("VERSION = 1\n")
+    (folder / "numpy" / "__init__.py").write_text("")
+    (folder / "numpy" / "random" / "__init__.py").write_text(NUMPY_RANDOM)
+    monkeypatch.setenv("PYTHONPATH", str(folder))
+    monkeypatch.setenv("SEEN_AT_IMPORT", "the worker's")
+    return folder
+
+
+@pytest.fixture
+def bundle(tmp_path: Path) -> Path:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "jobmod.py").write_text(JOBMOD)
+    return code
+
+
+@pytest.fixture
+def start(home: Path, lib: Path) -> Iterator[object]:
+    """Start a worker with these preloads on a fresh control plane: (control plane, client)."""
+    agents: list[Agent] = []
+
+    def start(*preload: str) -> tuple[ControlPlane, Client]:
+        cp = ControlPlane(Store())
+        client = Client(cp, location="embedded", default_target="local", control=cp)
+        agent = Agent(cp, capabilities=make_capabilities(), cpu_slots=2, preload=preload)
+        agent.start()
+        agents.append(agent)
+        return cp, client
+
+    yield start
+    for agent in agents:
+        agent.stop(grace=0)
+
+
+def _run(cp: ControlPlane, client: Client, bundle: Path, function: str = "where",
+         env: dict[str, str] | None = None) -> tuple[JobRecord, str]:
+    spec = FunctionJob(function=f"jobmod:{function}", bundle=str(bundle), env=env or {})
+    job = cp.wait_job(cp.submit(client.prepare(spec)).id, timeout=120)
+    assert job.state is JobState.SUCCEEDED, (job.error, cp.logs(job.id) if hasattr(cp, "logs") else "")
+    [how] = [e.message for e in cp.events(job.id) if e.kind == "task_started"]
+    return job, how
+
+
+def test_a_preloaded_module_is_imported_once_by_the_fork_server(start, bundle):
+    cp, client = start("preloadme")
+    first, how = _run(cp, client, bundle)
+    second, how2 = _run(cp, client, bundle)
+    assert how == how2 == f"{FORKED} (preloaded: preloadme)"
+    # imported by the server (one process), not by either task's own
+    assert first.result["imported_by"] == second.result["imported_by"]
+    assert first.result["imported_by"] not in (first.result["me"], second.result["me"])
+    assert first.result["seen"] == "the worker's"
+
+
+def test_without_preloads_the_job_imports_the_module_itself(start, bundle):
+    cp, client = start()
+    job, how = _run(cp, client, bundle)
+    assert how == FORKED
+    assert job.result["imported_by"] == job.result["me"]
+
+
+def test_a_job_that_sets_a_variable_is_forked_without_the_preloads(start, bundle):
+    cp, client = start("preloadme")
+    job, how = _run(cp, client, bundle, env={"SEEN_AT_IMPORT": "the job's", "ANOTHER": "x"})
+    assert how == f"{FORKED} (not preloaded: the job sets ANOTHER, SEEN_AT_IMPORT)"
+    # its module saw the job's variable as it was imported, in the task's own process
+    assert job.result["seen"] == "the job's" and job.result["imported_by"] == job.result["me"]
+    # a job that sets nothing still gets the preloaded server
+    plain, how = _run(cp, client, bundle)
+    assert how == f"{FORKED} (preloaded: preloadme)" and plain.result["imported_by"] != plain.result["me"]
+
+
+def test_a_preload_that_starts_a_thread_is_left_out(start, bundle, caplog):
+    cp, client = start("threader", "preloadme", "no_such_module_here")
+    with caplog.at_level(logging.WARNING, logger="gpulayer.worker.forking"):
+        job, how = _run(cp, client, bundle)
+    assert how == f"{FORKED} (preloaded: preloadme)"
+    assert job.result["imported_by"] != job.result["me"]
+    said = caplog.text
+    assert "--preload threader: left out: the fork server is not safe to fork: importing threader left 2 threads " \
+           "running" in said
+    assert "--preload no_such_module_here: not imported by" in said
+    assert "ModuleNotFoundError: No module named 'no_such_module_here'" in said
+    # the task imports it in its own process, as it would without the preload
+    threads, how = _run(cp, client, bundle, "threads_seen")
+    assert threads.result == 1 and how == f"{FORKED} (preloaded: preloadme)"
+
+
+def test_a_preloaded_module_changed_on_disk_is_imported_again(start, bundle, lib):
+    cp, client = start("preloadme")
+    before, _ = _run(cp, client, bundle)
+    path = lib / "preloadme.py"
+    path.write_text(PRELOADED.replace("VERSION = 1", "VERSION = 2"))
+    after, how = _run(cp, client, bundle)
+    assert (before.result["version"], after.result["version"]) == (1, 2)
+    assert how == f"{FORKED} (preloaded: preloadme)"
+    assert after.result["imported_by"] not in (before.result["imported_by"], after.result["me"])  # a new server
+
+
+def test_an_edit_to_a_preloaded_packages_submodule_reaches_the_next_task(start, bundle, lib):
+    cp, client = start("pkgpre")
+    before, _ = _run(cp, client, bundle, "package_version")
+    with open(lib / "pkgpre" / "sub.py", "r+") as f:  # in place, the same size: as an editor saves
+        f.write("VERSION = 2\n")
+    after, how = _run(cp, client, bundle, "package_version")
+    assert (before.result[0], after.result[0]) == (1, 2) and how == f"{FORKED} (preloaded: pkgpre)"
+    assert before.result[1] != before.result[2] and after.result[1] != after.result[2]
+
+
+def test_a_bundle_with_its_own_copy_of_a_preloaded_module_imports_its_own(start, bundle, lib):
+    (bundle / "preloadme.py").write_text(PRELOADED.replace("VERSION = 1", "VERSION = 'the bundle'"))
+    cp, client = start("preloadme")
+    job, _ = _run(cp, client, bundle)
+    assert job.result["version"] == "the bundle" and job.result["imported_by"] == job.result["me"]
+    assert Path(job.result["file"]).parent != lib
+
+
+def test_numpys_global_generator_is_seeded_again_in_each_task(start, bundle):
+    cp, client = start("numpy.random")
+    first, how = _run(cp, client, bundle, "seeded")
+    second, _ = _run(cp, client, bundle, "seeded")
+    # imported (SEEDS 0) by the server; each child seeded it once, as a fresh process's import would
+    assert how == f"{FORKED} (preloaded: numpy.random)"
+    assert first.result == second.result == 1
+
+
+def test_unsafe_sees_threads_and_open_device_nodes(tmp_path):
+    script = f"""
+import os, threading
+from gpulayer.worker import fork_server
+print(fork_server._unsafe())
+fork_server.DEVICE_NODES = ({str(tmp_path / "nvidia")!r},)
+fd = os.open({str(tmp_path / "nvidia0")!r}, os.O_CREAT | os.O_RDWR)
+print(fork_server._unsafe())
+os.close(fd)
+threading.Thread(target=threading.Event().wait, daemon=True).start()
+print(fork_server._unsafe())
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}).stdout.splitlines()
+    assert out == ["None", f"{tmp_path / 'nvidia0'} open", "2 threads running"]
