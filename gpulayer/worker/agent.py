@@ -325,8 +325,8 @@ class Agent:
         worker_id = self._own_id()
         cancel = self._running[a.task_id]
         started = _Started(lambda how: self._start_task(a.task_id, worker_id, how))
+        fork: ForkServer | None = None
         try:
-            fork: ForkServer | None = None
             if a.spec.kind == "function":
                 # what the task's interpreter would start with: the worker's, with the job's
                 fork, started.how = self.forks.choose(a.spec.python, {**self.forks.env, **a.spec.env})
@@ -357,6 +357,8 @@ class Agent:
             self._report(a.task_id, TaskOutcome(TaskState.FAILED, error=JobError.worker(
                 f"worker error: {type(exc).__name__}: {exc}")))
         finally:
+            if fork is not None:  # (leased to this task by choose())
+                fork.release()
             with self._lock:
                 self._running.pop(a.task_id, None)
                 self._ending.discard(a.task_id)

@@ -35,7 +35,7 @@ after ``--``) are imported next, one at a time, each with the worker's environme
 fails to import is named in ``refused``, and one that leaves the server unsafe to fork
 (a thread running, an accelerator's device open: see :func:`_unsafe`) ends the list, named
 in ``offender`` (the worker starts a server without it). The ``ready`` message lists
-``stamps``, the files and folders those modules came from, so the worker can tell when one
+``stamps``, the files those modules came from, so the worker can tell when one
 changed (see :func:`_stamps`).
 
 Messages to the worker: ``{"ready": ...}`` once; ``{"spare": PID}`` with the spare's socket
@@ -130,16 +130,29 @@ DEVICE_NODES = ("/dev/nvidia", "/dev/kfd", "/dev/dri/", "/dev/accel", "/dev/neur
 MAX_STAMPED = 1000
 
 
+def _threads() -> int:
+    """This process's threads: every one, native ones too, where Linux lists them."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return sys.modules["threading"].active_count() if "threading" in sys.modules else 1
+
+
 def _unsafe() -> str | None:
     """Why this process may not be forked from now, or None: a thread other than its own
-    running (Linux counts every thread, native ones too, in ``/proc/self/task``), or a
-    device node of an accelerator open."""
-    try:
-        threads = len(os.listdir("/proc/self/task"))
-    except OSError:
-        threads = sys.modules["threading"].active_count() if "threading" in sys.modules else 1
-    if threads > 1:
-        return f"{threads} threads running"
+    running, or a device node of an accelerator open. A thread pool that its library ends
+    before each fork (OpenBLAS's, which NumPy loads, stops its threads in a
+    ``pthread_atfork`` handler and starts them again when next used) is no reason: a fork
+    that exits at once is made to find out, and the threads counted again after it."""
+    if _threads() > 1:
+        with contextlib.suppress(OSError):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+        threads = _threads()
+        if threads > 1:
+            return f"{threads} threads running"
     try:
         fds = os.listdir("/proc/self/fd")
     except OSError:
@@ -162,11 +175,11 @@ def _preload(names: list[str]) -> tuple[list[str], dict[str, str], str | None, s
             importlib.import_module(name)
         except BaseException as exc:  # (SystemExit too: a module's import is not this server's to end)
             refused[name] = f"{type(exc).__name__}: {exc}"
-            continue
-        why = _unsafe()
+        why = _unsafe()  # (an import that failed half way may have started something too)
         if why is not None:
             return done, refused, name, why
-        done.append(name)
+        if name not in refused:
+            done.append(name)
     return done, refused, None, None
 
 
@@ -175,36 +188,54 @@ def _stamp(path: str) -> list[Any]:
     return [path, st.st_ino, st.st_size, st.st_mtime_ns]
 
 
-def _stamps(tops: list[str], loaded: list[str]) -> list[list[Any]]:
-    """What tells the worker that a preloaded module changed on disk: for each preloaded
-    top-level module, its file and the ``sys.path`` entry it came from (a package installed,
-    upgraded or removed there moves that folder's times); and each file of the modules the
-    preloads imported from outside the interpreter's installed packages and standard library
-    (an editable install, a folder on ``PYTHONPATH``: code a user edits), up to
-    :data:`MAX_STAMPED`."""
+def _installed() -> tuple[str, ...]:
+    """The folders of this interpreter's installed packages and standard library, each
+    ending with a separator: code there changes when a package is installed or upgraded."""
+    import site
     import sysconfig
 
-    installed = tuple(os.path.join(os.path.realpath(p), "") for key, p in sysconfig.get_paths().items()
-                      if key in ("purelib", "platlib", "stdlib", "platstdlib"))
+    folders = [p for key, p in sysconfig.get_paths().items() if key in ("purelib", "platlib", "stdlib", "platstdlib")]
+    with contextlib.suppress(Exception):  # (site's functions are missing where it was not run)
+        folders += site.getsitepackages()
+    with contextlib.suppress(Exception):
+        folders.append(site.getusersitepackages())
+    return tuple(os.path.join(os.path.realpath(p), "") for p in folders if p)
+
+
+def _stamps(tops: list[str], loaded: list[str], refused: list[str]) -> tuple[list[list[Any]], int]:
+    """What tells the worker that a preload changed on disk, and how many files were left
+    unstamped: the file of each preloaded top-level module (pip replaces it when it upgrades
+    or removes the package); each file of the modules the preloads imported from outside the
+    interpreter's installed packages and standard library (an editable install, a folder on
+    ``PYTHONPATH``: code a user edits), up to :data:`MAX_STAMPED`; and the file a preload
+    that failed to import was found in (a save that broke it, then the one that fixes it).
+    Folders are not stamped: writing a module's bytecode cache (``__pycache__``) moves them."""
+    installed = _installed()
     paths: dict[str, None] = {}
     for name in tops:
-        module = sys.modules.get(name)
-        for path in (getattr(module, "__file__", None), _origin(module)):
-            if path:
-                paths[os.path.abspath(path)] = None
-    own = 0
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file:
+            paths[os.path.abspath(file)] = None
+    for name in refused:
+        with contextlib.suppress(Exception):  # (finding a submodule's spec imports its parent)
+            spec = importlib.util.find_spec(name)
+            if spec is not None and spec.origin and os.path.isfile(spec.origin):
+                paths[os.path.abspath(spec.origin)] = None
+    own = left = 0
     for name in loaded:
         file = getattr(sys.modules.get(name), "__file__", None)
-        if not file or own >= MAX_STAMPED:
+        if not file or os.path.realpath(file).startswith(installed):
             continue
-        if not os.path.realpath(file).startswith(installed):
-            paths[os.path.abspath(file)] = None
-            own += 1
+        if own >= MAX_STAMPED:
+            left += 1
+            continue
+        paths[os.path.abspath(file)] = None
+        own += 1
     out = []
     for path in paths:
         with contextlib.suppress(OSError):
             out.append(_stamp(path))
-    return out
+    return out, left
 
 
 class _Warm(NamedTuple):
@@ -469,13 +500,15 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str], user: list[
         unsafe = None if unsafe is None else f"{unsafe} after preloading"
     elif offender is not None:
         unsafe = f"importing {offender} left {unsafe}"
-    stamps = _stamps([n.partition(".")[0] for n in mine], loaded) if mine else []
+    stamps, unstamped = _stamps([n.partition(".")[0] for n in mine], loaded, list(refused)) if user else ([], 0)
     hello = {"ready": True, "pid": os.getpid(), "preloaded": preloaded, "subreaper": subreaper,
-             "unsafe": unsafe, "offender": offender, "refused": refused, "stamps": stamps}
+             "unsafe": unsafe, "offender": offender, "refused": refused, "stamps": stamps,
+             "unstamped": unstamped}
     try:
         sock.send(json.dumps(hello).encode())
-    except OSError:  # (too many stamps for one message: those of the preloads' top modules)
-        hello["stamps"] = stamps[:2 * len(mine)]
+    except OSError:  # (too many stamps for one message: those of the preloads' own files)
+        hello["unstamped"] = unstamped + len(stamps) - len(mine) - len(refused)
+        hello["stamps"] = stamps[:len(mine) + len(refused)]
         _send(sock, hello)
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ, "worker")

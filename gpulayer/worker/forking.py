@@ -47,7 +47,7 @@ from typing import Any
 
 from gpulayer.interpreter import start_variables
 from gpulayer.worker.deathsig import die_with_parent
-from gpulayer.worker.fork_server import GO
+from gpulayer.worker.fork_server import GO, MAX_STAMPED
 from gpulayer.worker.process import StartFailed
 from gpulayer.worker.wakeups import Cancel
 
@@ -152,6 +152,8 @@ class ForkServer:
         self._stamps: list[tuple[str, int, int, int]] = []
         #: once replaced: it ends when its last task has (see :meth:`retire`)
         self._retiring = False
+        #: tasks that were given this server and have not ended yet (see :meth:`lease`)
+        self._leases = 0
         #: the server's pid when it is its children's subreaper (see :class:`_Child`)
         self.subreaper: int | None = None
         self._ready = threading.Event()
@@ -200,6 +202,9 @@ class ForkServer:
             offender = hello.get("offender")
             self.offender = offender if isinstance(offender, str) else None
             self._stamps = [(str(p), int(i), int(z), int(m)) for p, i, z, m in hello.get("stamps") or []]
+            if hello.get("unstamped"):
+                log.warning("--preload: %s files the preloads imported are not watched for changes "
+                            "(the first %d are)", hello["unstamped"], MAX_STAMPED)
             for name, why in self.refused.items():
                 if (name, why) not in _SAID:  # (once a process: a server started again says it again)
                     _SAID.add((name, why))
@@ -210,6 +215,9 @@ class ForkServer:
             self.failed = f"the fork server did not answer: {exc}"
         self._sock = ours
         self._asked = True  # the server offers its first spare unasked
+        if self.failed:  # (unsafe to fork: it ends, with the spare it forked unasked)
+            with contextlib.suppress(OSError):
+                ours.shutdown(socket.SHUT_RDWR)
         self._ready.set()
         try:
             while True:
@@ -263,10 +271,7 @@ class ForkServer:
                 strays = msg.get("strays")
                 child.strays = strays if isinstance(strays, bool) else None
                 child.exited.set()
-                with self._lock:
-                    done = self._retiring and not self._children
-                if done:
-                    self.close()
+                self._end_if_retired()
         for fd in fds:
             os.close(fd)
 
@@ -364,8 +369,8 @@ class ForkServer:
         return [name for name in self.preloaded if name in self.preload]
 
     def stale(self) -> str | None:
-        """What changed on disk since the server imported the worker's preloads (a file or
-        folder they came from: a package upgraded, a module edited), or None."""
+        """What changed on disk since the server imported the worker's preloads (a file they
+        came from: a package upgraded, a module edited, a broken preload fixed), or None."""
         for path, ino, size, mtime in self._stamps:
             try:
                 st = os.stat(path)
@@ -375,12 +380,28 @@ class ForkServer:
                 return path
         return None
 
+    def lease(self) -> None:
+        """A task was given this server (:meth:`ForkServers.choose`): it is not stopped by
+        :meth:`retire` before :meth:`release`, though the task has no child yet."""
+        with self._lock:
+            self._leases += 1
+
+    def release(self) -> None:
+        """The task given this server ended (its child, if it had one, too)."""
+        with self._lock:
+            self._leases -= 1
+        self._end_if_retired()
+
     def retire(self) -> None:
-        """Take no more tasks; stop once the running ones ended (they die with the server)."""
+        """Take no more tasks; stop once the tasks given it ended (they die with the server)."""
         with self._lock:
             self._retiring = True
-            idle = not self._children
-        if idle:
+        self._end_if_retired()
+
+    def _end_if_retired(self) -> None:
+        with self._lock:
+            done = self._retiring and self._leases <= 0 and not self._children
+        if done:
             self.close()
 
     def close(self) -> None:
@@ -413,7 +434,8 @@ class ForkServers:
         self._starts: dict[tuple[str, ...], int] = {}
 
     def choose(self, python: str | None, env: dict[str, str]) -> tuple[ForkServer | None, str]:
-        """The server to fork a task from (None: spawn it) and the event message saying so."""
+        """The server to fork a task from (None: spawn it) and the event message saying so.
+        The server is leased to the task: :meth:`ForkServer.release` it when the task ends."""
         why = unsupported()
         if why is None and python not in (None, self.python):
             why = f"the job's Python {python} is not the worker's {self.python}"
@@ -437,6 +459,7 @@ class ForkServers:
             if why is None:
                 mine = server.user_preloaded
                 return server, FORKED + (note or (f" (preloaded: {', '.join(mine)})" if mine else ""))
+            server.release()
             if server.offender is None or server.offender not in want:
                 break
             # a preload left the server unsafe to fork: from now on, a server without it
@@ -446,23 +469,27 @@ class ForkServers:
         return None, f"spawned: {why}"
 
     def _server(self, want: tuple[str, ...]) -> ForkServer:
-        """The server with these preloads: started, or started again when it failed (a few
-        times) or when what it preloaded changed on disk (the old one ends after its tasks)."""
+        """The server with these preloads, leased: started, or started again when it failed
+        (a few times) or when what it preloaded changed on disk (the old one ends after the
+        tasks it was given)."""
         with self._lock:
             server = self._servers.get(want)
-            changed = server.stale() if server is not None and server.failed is None else None
-            if changed is not None and server is not None:
-                log.info("fork server: %s changed since its modules were preloaded: starting a new one",
-                         changed)
-                server.retire()
-                self._retired = [s for s in self._retired if s._sock is not None and not s.failed]
-                self._retired.append(server)
-                server = None
+        # (looked at outside the lock: a thousand stamps take milliseconds)
+        changed = server.stale() if server is not None and server.failed is None else None
+        with self._lock:
+            current = self._servers.get(want)
+            if changed is not None and current is server and current is not None:
+                log.info("fork server: %s changed since its modules were preloaded: starting a new one", changed)
+                current.retire()
+                self._retired = [s for s in self._retired if not s.failed]
+                self._retired.append(current)
+                current = None
                 self._starts[want] = 0
-            if server is None or (server.failed and self._starts.get(want, 0) < 3):
+            if current is None or (current.failed and self._starts.get(want, 0) < 3):
                 self._starts[want] = self._starts.get(want, 0) + 1
-                server = self._servers[want] = ForkServer(self.python, self.env, want)
-            return server
+                current = self._servers[want] = ForkServer(self.python, self.env, want)
+            current.lease()
+            return current
 
     def close(self) -> None:
         with self._lock:

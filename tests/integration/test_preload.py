@@ -5,6 +5,7 @@ module changed on disk, a bundle's own copy)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -20,8 +21,9 @@ from gpulayer.records import JobRecord, JobState
 from gpulayer.specs import FunctionJob
 from gpulayer.store import Store
 from gpulayer.worker.agent import Agent
-from gpulayer.worker.forking import FORKED, unsupported
+from gpulayer.worker.forking import FORKED, ForkServers, unsupported
 from tests.factories import make_capabilities
+from tests.server_support import until
 
 pytestmark = pytest.mark.skipif(unsupported() is not None, reason=f"{unsupported()}")
 
@@ -45,6 +47,10 @@ def package_version():
     import pkgpre
     return [pkgpre.VERSION, pkgpre.PID, os.getpid()]
 
+def pool():
+    import pooled
+    return pooled.use()
+
 def threads_seen():
     import threader
     return threader.STARTED
@@ -61,6 +67,30 @@ STARTED = 0
 _stop = threading.Event()
 threading.Thread(target=_stop.wait, daemon=True).start()
 STARTED += 1
+'''
+
+#: a module whose import starts a thread pool that it ends before each fork, as OpenBLAS (which
+#: NumPy loads) does in its pthread_atfork handler, and starts again when next used
+POOLED = '''
+import os, threading
+
+def _start():
+    global _stop
+    _stop = threading.Event()
+    threading.Thread(target=_stop.wait, daemon=True).start()
+
+def _end():
+    _stop.set()
+    for t in threading.enumerate():
+        if t is not threading.main_thread():
+            t.join()
+
+_start()
+os.register_at_fork(before=_end)
+
+def use():
+    _start()
+    return threading.active_count()
 '''
 
 #: a stand-in for NumPy's global generator, seeded from the system's entropy as it is imported
@@ -80,12 +110,16 @@ def lib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (folder / "numpy" / "random").mkdir(parents=True)
     (folder / "preloadme.py").write_text(PRELOADED)
     (folder / "threader.py").write_text(THREADER)
+    (folder / "pooled.py").write_text(POOLED)
     (folder / "pkgpre").mkdir()
     (folder / "pkgpre" / "__init__.py").write_text("import os\nfrom .sub import VERSION\nPID = os.getpid()\n")
     (folder / "pkgpre" / "sub.py").write_text("VERSION = 1\n")
     (folder / "numpy" / "__init__.py").write_text("")
     (folder / "numpy" / "random" / "__init__.py").write_text(NUMPY_RANDOM)
     monkeypatch.setenv("PYTHONPATH", str(folder))
+    # bytecode written, as it is on most machines: what a module's cache (__pycache__) does to
+    # the worker's look for changes is part of what is tested
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
     monkeypatch.setenv("SEEN_AT_IMPORT", "the worker's")
     return folder
 
@@ -117,10 +151,10 @@ def start(home: Path, lib: Path) -> Iterator[object]:
 
 
 def _run(cp: ControlPlane, client: Client, bundle: Path, function: str = "where",
-         env: dict[str, str] | None = None) -> tuple[JobRecord, str]:
+         env: dict[str, str] | None = None, state: JobState = JobState.SUCCEEDED) -> tuple[JobRecord, str]:
     spec = FunctionJob(function=f"jobmod:{function}", bundle=str(bundle), env=env or {})
     job = cp.wait_job(cp.submit(client.prepare(spec)).id, timeout=120)
-    assert job.state is JobState.SUCCEEDED, (job.error, cp.logs(job.id) if hasattr(cp, "logs") else "")
+    assert job.state is state, job.error
     [how] = [e.message for e in cp.events(job.id) if e.kind == "task_started"]
     return job, how
 
@@ -174,9 +208,9 @@ def test_a_preloaded_module_changed_on_disk_is_imported_again(start, bundle, lib
     cp, client = start("preloadme")
     before, _ = _run(cp, client, bundle)
     path = lib / "preloadme.py"
-    path.write_text(PRELOADED.replace("VERSION = 1", "VERSION = 2"))
+    path.write_text(PRELOADED.replace("VERSION = 1", "VERSION = 22"))
     after, how = _run(cp, client, bundle)
-    assert (before.result["version"], after.result["version"]) == (1, 2)
+    assert (before.result["version"], after.result["version"]) == (1, 22)
     assert how == f"{FORKED} (preloaded: preloadme)"
     assert after.result["imported_by"] not in (before.result["imported_by"], after.result["me"])  # a new server
 
@@ -184,11 +218,66 @@ def test_a_preloaded_module_changed_on_disk_is_imported_again(start, bundle, lib
 def test_an_edit_to_a_preloaded_packages_submodule_reaches_the_next_task(start, bundle, lib):
     cp, client = start("pkgpre")
     before, _ = _run(cp, client, bundle, "package_version")
-    with open(lib / "pkgpre" / "sub.py", "r+") as f:  # in place, the same size: as an editor saves
-        f.write("VERSION = 2\n")
+    # in place, as an editor saves (another size: an edit of the same size within the second
+    # would be read from the stale bytecode cache by any Python, fresh or forked)
+    with open(lib / "pkgpre" / "sub.py", "r+") as f:
+        f.write("VERSION = 22\n")
     after, how = _run(cp, client, bundle, "package_version")
-    assert (before.result[0], after.result[0]) == (1, 2) and how == f"{FORKED} (preloaded: pkgpre)"
+    assert (before.result[0], after.result[0]) == (1, 22) and how == f"{FORKED} (preloaded: pkgpre)"
     assert before.result[1] != before.result[2] and after.result[1] != after.result[2]
+
+
+def test_a_thread_pool_ended_before_each_fork_is_no_reason_to_leave_a_module_out(start, bundle):
+    cp, client = start("pooled", "preloadme")
+    job, how = _run(cp, client, bundle, "pool")
+    assert how == f"{FORKED} (preloaded: pooled, preloadme)"
+    assert job.result == 2  # the task started the pool again, in its own process
+
+
+def test_a_preload_broken_then_fixed_on_disk_is_preloaded_again(start, bundle, lib, caplog):
+    path = lib / "preloadme.py"
+    path.write_text(PRELOADED + "\ndef (:\n")
+    cp, client = start("preloadme")
+    with caplog.at_level(logging.WARNING, logger="gpulayer.worker.forking"):
+        failed, how = _run(cp, client, bundle, state=JobState.FAILED)  # (its module imports it too)
+    assert how == FORKED and failed.error is not None and failed.error.type == "SyntaxError"
+    assert "--preload preloadme: not imported by" in caplog.text and "SyntaxError" in caplog.text
+    path.write_text(PRELOADED)
+    job, how = _run(cp, client, bundle)
+    assert how == f"{FORKED} (preloaded: preloadme)" and job.result["imported_by"] != job.result["me"]
+
+
+def test_a_task_writing_bytecode_beside_a_preload_does_not_restart_the_server(start, bundle, lib):
+    cp, client = start("pkgpre")
+    assert not (lib / "__pycache__").exists()
+    first, _ = _run(cp, client, bundle, "package_version")  # its module's import of preloadme
+    assert (lib / "__pycache__").is_dir()  # made lib/__pycache__: lib's times moved
+    second, _ = _run(cp, client, bundle, "package_version")
+    assert first.result[1] == second.result[1]  # the same server
+
+
+def test_a_replaced_server_serves_the_task_it_was_given_then_ends(lib, bundle, tmp_path):
+    forks = ForkServers(sys.executable, dict(os.environ), ("preloadme",))
+    try:
+        old, how = forks.choose(None, dict(forks.env))
+        assert old is not None and how == f"{FORKED} (preloaded: preloadme)"
+        (lib / "preloadme.py").write_text(PRELOADED.replace("VERSION = 1", "VERSION = 22"))
+        new, _ = forks.choose(None, dict(forks.env))  # another task, meanwhile: a new server
+        assert new is not None and new is not old
+        # the task given the old one before the change still starts there (it was leased)
+        result = tmp_path / "result.json"
+        child, out, err = old.start(cwd=str(bundle), env=dict(forks.env), result=str(result),
+                                    spec={"function": "jobmod:where", "args": [], "kwargs": {}})
+        for fd in (out, err):
+            os.close(fd)
+        assert child.wait() == 0 and json.loads(result.read_text())["result"]["version"] == 1
+        assert old.failed is None
+        old.release()  # that task ended: the old server ends too
+        until(lambda: old.failed is not None, timeout=30)
+        assert new.failed is None
+        new.release()
+    finally:
+        forks.close()
 
 
 def test_a_bundle_with_its_own_copy_of_a_preloaded_module_imports_its_own(start, bundle, lib):
