@@ -335,6 +335,10 @@ class Agent:
                     started()
                 # (a forked child is told to go once started() has run: see _run)
                 outcome = self._execute(a, cancel, fork, started)
+                if fork is not None:  # its process ended: a replaced server need not wait for the report
+                    leased: ForkServer = fork
+                    fork = None
+                    leased.release()
                 started()  # (a forked task that ended before its child was started: its bundle failed)
             except _NotStarted as exc:
                 log.info("not starting %s: %s", a.task_id, exc)

@@ -138,6 +138,44 @@ def _threads() -> int:
         return sys.modules["threading"].active_count() if "threading" in sys.modules else 1
 
 
+#: how long a fork made to count threads (see _unsafe) may take to exit
+PROBE_TIMEOUT = 5.0
+
+
+def _probe_fork() -> str | None:
+    """Fork a child that exits at once, and reap it; why that went wrong, or None. (A
+    library's after-fork handler, which runs in the child before it can exit, may wait for a
+    lock a thread held: such a child is killed after :data:`PROBE_TIMEOUT`.)"""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # (Python 3.12+ warns of a fork with threads: it is why we fork)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+    except OSError:
+        return None
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:  # (no pidfds: wait as long as it takes)
+        with contextlib.suppress(OSError):
+            os.waitpid(pid, 0)
+        return None
+    try:
+        if not select.select([pidfd], [], [], PROBE_TIMEOUT)[0]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+            return f"an after-fork handler that hangs (a child forked from it did not exit within {PROBE_TIMEOUT:g} s)"
+        with contextlib.suppress(OSError):
+            os.waitpid(pid, 0)
+    finally:
+        os.close(pidfd)
+    return None
+
+
 def _unsafe() -> str | None:
     """Why this process may not be forked from now, or None: a thread other than its own
     running, or a device node of an accelerator open. A thread pool that its library ends
@@ -145,11 +183,9 @@ def _unsafe() -> str | None:
     ``pthread_atfork`` handler and starts them again when next used) is no reason: a fork
     that exits at once is made to find out, and the threads counted again after it."""
     if _threads() > 1:
-        with contextlib.suppress(OSError):
-            pid = os.fork()
-            if pid == 0:
-                os._exit(0)
-            os.waitpid(pid, 0)
+        hung = _probe_fork()
+        if hung is not None:
+            return hung
         threads = _threads()
         if threads > 1:
             return f"{threads} threads running"
@@ -188,49 +224,79 @@ def _stamp(path: str) -> list[Any]:
     return [path, st.st_ino, st.st_size, st.st_mtime_ns]
 
 
-def _installed() -> tuple[str, ...]:
-    """The folders of this interpreter's installed packages and standard library, each
-    ending with a separator: code there changes when a package is installed or upgraded."""
+def _installed() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The folders packages are installed in (site-packages: pip adds and removes a
+    distribution's ``.dist-info`` folder there, which moves the folder's times) and those of
+    the standard library, each ending with a separator."""
     import site
     import sysconfig
 
-    folders = [p for key, p in sysconfig.get_paths().items() if key in ("purelib", "platlib", "stdlib", "platstdlib")]
+    paths = sysconfig.get_paths()
+    sites = [paths.get("purelib"), paths.get("platlib")]
     with contextlib.suppress(Exception):  # (site's functions are missing where it was not run)
-        folders += site.getsitepackages()
+        sites += site.getsitepackages()
     with contextlib.suppress(Exception):
-        folders.append(site.getusersitepackages())
-    return tuple(os.path.join(os.path.realpath(p), "") for p in folders if p)
+        sites.append(site.getusersitepackages())
+    std = [paths.get("stdlib"), paths.get("platstdlib")]
+    return (tuple(os.path.join(os.path.realpath(p), "") for p in sites if p),
+            tuple(os.path.join(os.path.realpath(p), "") for p in std if p))
+
+
+def _found_in(name: str) -> str | None:
+    """The file a module that failed to import would be imported from, found without
+    importing anything (a dotted name: in its parent package, if that was imported)."""
+    from importlib.machinery import PathFinder
+
+    parent_name, _, _ = name.rpartition(".")
+    try:
+        if parent_name:
+            parent_path = getattr(sys.modules.get(parent_name), "__path__", None)
+            spec = PathFinder.find_spec(name, list(parent_path)) if parent_path is not None else \
+                PathFinder.find_spec(name.partition(".")[0])
+        else:
+            spec = PathFinder.find_spec(name)
+    except BaseException:  # (a finder on sys.path_hooks is a plugin's code)
+        return None
+    origin = getattr(spec, "origin", None)
+    return origin if origin and os.path.isfile(origin) else None
 
 
 def _stamps(tops: list[str], loaded: list[str], refused: list[str]) -> tuple[list[list[Any]], int]:
     """What tells the worker that a preload changed on disk, and how many files were left
     unstamped: the file of each preloaded top-level module (pip replaces it when it upgrades
-    or removes the package); each file of the modules the preloads imported from outside the
-    interpreter's installed packages and standard library (an editable install, a folder on
-    ``PYTHONPATH``: code a user edits), up to :data:`MAX_STAMPED`; and the file a preload
-    that failed to import was found in (a save that broke it, then the one that fixes it).
-    Folders are not stamped: writing a module's bytecode cache (``__pycache__``) moves them."""
-    installed = _installed()
+    or removes the package); each site-packages folder the preloads imported from (a package
+    installed, upgraded or removed there: a dependency of a preload too); each file of the
+    modules they imported from outside the installed packages and the standard library (an
+    editable install, a folder on ``PYTHONPATH``: code a user edits), up to
+    :data:`MAX_STAMPED`; and the file a preload that failed to import was found in (a save
+    that broke it, then the one that fixes it). No other folder is stamped: a task that
+    writes a module's bytecode cache (``__pycache__``) in it would move its times."""
+    sites, std = _installed()
     paths: dict[str, None] = {}
     for name in tops:
         file = getattr(sys.modules.get(name), "__file__", None)
         if file:
             paths[os.path.abspath(file)] = None
     for name in refused:
-        with contextlib.suppress(Exception):  # (finding a submodule's spec imports its parent)
-            spec = importlib.util.find_spec(name)
-            if spec is not None and spec.origin and os.path.isfile(spec.origin):
-                paths[os.path.abspath(spec.origin)] = None
+        found = _found_in(name)
+        if found:
+            paths[os.path.abspath(found)] = None
     own = left = 0
     for name in loaded:
         file = getattr(sys.modules.get(name), "__file__", None)
-        if not file or os.path.realpath(file).startswith(installed):
+        if not file:
             continue
-        if own >= MAX_STAMPED:
+        real = os.path.realpath(file)
+        site_dir = next((d for d in sites if real.startswith(d)), None)
+        if site_dir is not None:
+            paths[site_dir.rstrip(os.sep)] = None
+        elif real.startswith(std):
+            continue
+        elif own >= MAX_STAMPED:
             left += 1
-            continue
-        paths[os.path.abspath(file)] = None
-        own += 1
+        else:
+            paths[os.path.abspath(file)] = None
+            own += 1
     out = []
     for path in paths:
         with contextlib.suppress(OSError):

@@ -93,6 +93,23 @@ def use():
     return threading.active_count()
 '''
 
+#: a module whose after-fork handler waits for a lock a thread of its holds: a child forked
+#: from a process that imported it never gets as far as its own code
+HANGER = '''
+import os, threading
+_lock = threading.Lock()
+_held = threading.Event()
+
+def _hold():
+    with _lock:
+        _held.set()
+        threading.Event().wait()
+
+threading.Thread(target=_hold, daemon=True).start()
+_held.wait()
+os.register_at_fork(after_in_child=_lock.acquire)
+'''
+
 #: a stand-in for NumPy's global generator, seeded from the system's entropy as it is imported
 NUMPY_RANDOM = '''
 SEEDS = 0
@@ -111,6 +128,9 @@ def lib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (folder / "preloadme.py").write_text(PRELOADED)
     (folder / "threader.py").write_text(THREADER)
     (folder / "pooled.py").write_text(POOLED)
+    (folder / "hanger.py").write_text(HANGER)
+    (folder / "badpkg").mkdir()
+    (folder / "badpkg" / "__init__.py").write_text("raise SystemExit('not today')\n")
     (folder / "pkgpre").mkdir()
     (folder / "pkgpre" / "__init__.py").write_text("import os\nfrom .sub import VERSION\nPID = os.getpid()\n")
     (folder / "pkgpre" / "sub.py").write_text("VERSION = 1\n")
@@ -232,6 +252,39 @@ def test_a_thread_pool_ended_before_each_fork_is_no_reason_to_leave_a_module_out
     job, how = _run(cp, client, bundle, "pool")
     assert how == f"{FORKED} (preloaded: pooled, preloadme)"
     assert job.result == 2  # the task started the pool again, in its own process
+
+
+def test_a_preload_whose_forked_child_hangs_is_left_out(start, bundle, caplog):
+    cp, client = start("hanger", "preloadme")
+    with caplog.at_level(logging.WARNING, logger="gpulayer.worker.forking"):
+        job, how = _run(cp, client, bundle)
+    assert how == f"{FORKED} (preloaded: preloadme)" and job.result["imported_by"] != job.result["me"]
+    assert "--preload hanger: left out: the fork server is not safe to fork: importing hanger left an after-fork " \
+           "handler that hangs (a child forked from it did not exit within 5 s)" in caplog.text
+
+
+def test_a_preload_whose_package_exits_as_it_is_imported_is_named_and_the_rest_preloaded(start, bundle, caplog):
+    cp, client = start("badpkg.sub", "preloadme")
+    with caplog.at_level(logging.WARNING, logger="gpulayer.worker.forking"):
+        job, how = _run(cp, client, bundle)
+    assert how == f"{FORKED} (preloaded: preloadme)" and job.result["imported_by"] != job.result["me"]
+    assert "--preload badpkg.sub: not imported by" in caplog.text and "SystemExit: not today" in caplog.text
+
+
+def test_the_site_packages_folder_a_preloads_dependency_came_from_is_stamped_not_its_files(lib):
+    # (lib taken for an installed site-packages: a package upgraded there moves its times)
+    script = f"""
+import json, sys
+from gpulayer.worker import fork_server
+fork_server._installed = lambda: (({str(lib) + "/"!r},), ())
+before = len(sys.modules)
+import pkgpre
+loaded = list(sys.modules)[before:]
+print(json.dumps([s[0] for s in fork_server._stamps(["pkgpre"], loaded, [])[0]]))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(lib), *sys.path])}).stdout
+    assert json.loads(out) == [str(lib / "pkgpre" / "__init__.py"), str(lib)]
 
 
 def test_a_preload_broken_then_fixed_on_disk_is_preloaded_again(start, bundle, lib, caplog):
