@@ -163,12 +163,15 @@ def _probe_fork() -> str | None:
             os.waitpid(pid, 0)
         return None
     try:
-        if not select.select([pidfd], [], [], PROBE_TIMEOUT)[0]:
+        exited = select.poll()  # (not select.select: a descriptor past 1023 is refused there)
+        exited.register(pidfd, select.POLLIN)
+        if not exited.poll(PROBE_TIMEOUT * 1000):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(OSError):
                 os.waitpid(pid, 0)
-            return f"an after-fork handler that hangs (a child forked from it did not exit within {PROBE_TIMEOUT:g} s)"
+            return f"an after-fork handler that hangs (a child forked from the server did not exit within " \
+                   f"{PROBE_TIMEOUT:g} s)"
         with contextlib.suppress(OSError):
             os.waitpid(pid, 0)
     finally:
@@ -244,35 +247,35 @@ def _installed() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def _found_in(name: str) -> str | None:
     """The file a module that failed to import would be imported from, found without
-    importing anything (a dotted name: in its parent package, if that was imported)."""
-    from importlib.machinery import PathFinder
-
-    parent_name, _, _ = name.rpartition(".")
+    importing anything: the first part of its dotted name that is not imported (its parent
+    is), through every finder (an editable install's too)."""
+    parts = name.split(".")
+    first = next((".".join(parts[:i]) for i in range(1, len(parts) + 1)
+                  if ".".join(parts[:i]) not in sys.modules), None)
+    if first is None:
+        return None
     try:
-        if parent_name:
-            parent_path = getattr(sys.modules.get(parent_name), "__path__", None)
-            spec = PathFinder.find_spec(name, list(parent_path)) if parent_path is not None else \
-                PathFinder.find_spec(name.partition(".")[0])
-        else:
-            spec = PathFinder.find_spec(name)
-    except BaseException:  # (a finder on sys.path_hooks is a plugin's code)
+        spec = importlib.util.find_spec(first)
+    except BaseException:  # (a finder is a plugin's code)
         return None
     origin = getattr(spec, "origin", None)
     return origin if origin and os.path.isfile(origin) else None
 
 
-def _stamps(tops: list[str], loaded: list[str], refused: list[str]) -> tuple[list[list[Any]], int]:
-    """What tells the worker that a preload changed on disk, and how many files were left
-    unstamped: the file of each preloaded top-level module (pip replaces it when it upgrades
-    or removes the package); each site-packages folder the preloads imported from (a package
-    installed, upgraded or removed there: a dependency of a preload too); each file of the
-    modules they imported from outside the installed packages and the standard library (an
-    editable install, a folder on ``PYTHONPATH``: code a user edits), up to
-    :data:`MAX_STAMPED`; and the file a preload that failed to import was found in (a save
-    that broke it, then the one that fixes it). No other folder is stamped: a task that
-    writes a module's bytecode cache (``__pycache__``) in it would move its times."""
+def _stamps(tops: list[str], loaded: list[str], refused: list[str]) -> tuple[list[list[Any]], int, int]:
+    """What tells the worker that a preload changed on disk, how many of those (the first)
+    are kept whatever their count, and how many files were left unstamped. Kept: the file of
+    each preloaded top-level module (pip replaces it when it upgrades or removes the
+    package); each site-packages folder the preloads imported from (a package installed,
+    upgraded or removed there: a dependency of a preload too); the file a preload that failed
+    to import was found in (a save that broke it, then the one that fixes it). Then each file
+    of the modules they imported from outside the installed packages and the standard library
+    (an editable install, a folder on ``PYTHONPATH``: code a user edits), up to
+    :data:`MAX_STAMPED`. No other folder is stamped: a task that writes a module's bytecode
+    cache (``__pycache__``) in it would move its times."""
     sites, std = _installed()
-    paths: dict[str, None] = {}
+    paths: dict[str, None] = {}  # (what is stamped whatever the count comes first: see serve)
+    own: dict[str, None] = {}
     for name in tops:
         file = getattr(sys.modules.get(name), "__file__", None)
         if file:
@@ -281,7 +284,7 @@ def _stamps(tops: list[str], loaded: list[str], refused: list[str]) -> tuple[lis
         found = _found_in(name)
         if found:
             paths[os.path.abspath(found)] = None
-    own = left = 0
+    left = 0
     for name in loaded:
         file = getattr(sys.modules.get(name), "__file__", None)
         if not file:
@@ -292,16 +295,15 @@ def _stamps(tops: list[str], loaded: list[str], refused: list[str]) -> tuple[lis
             paths[site_dir.rstrip(os.sep)] = None
         elif real.startswith(std):
             continue
-        elif own >= MAX_STAMPED:
+        elif len(own) >= MAX_STAMPED:
             left += 1
         else:
-            paths[os.path.abspath(file)] = None
-            own += 1
+            own[os.path.abspath(file)] = None
     out = []
-    for path in paths:
+    for path in [*paths, *own]:
         with contextlib.suppress(OSError):
             out.append(_stamp(path))
-    return out, left
+    return out, len(out) - len(own), left
 
 
 class _Warm(NamedTuple):
@@ -566,15 +568,16 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str], user: list[
         unsafe = None if unsafe is None else f"{unsafe} after preloading"
     elif offender is not None:
         unsafe = f"importing {offender} left {unsafe}"
-    stamps, unstamped = _stamps([n.partition(".")[0] for n in mine], loaded, list(refused)) if user else ([], 0)
+    stamps, fixed, unstamped = _stamps([n.partition(".")[0] for n in mine], loaded, list(refused)) if user \
+        else ([], 0, 0)
     hello = {"ready": True, "pid": os.getpid(), "preloaded": preloaded, "subreaper": subreaper,
              "unsafe": unsafe, "offender": offender, "refused": refused, "stamps": stamps,
              "unstamped": unstamped}
     try:
         sock.send(json.dumps(hello).encode())
-    except OSError:  # (too many stamps for one message: those of the preloads' own files)
-        hello["unstamped"] = unstamped + len(stamps) - len(mine) - len(refused)
-        hello["stamps"] = stamps[:len(mine) + len(refused)]
+    except OSError:  # (too many stamps for one message: the preloads' own files and site folders)
+        hello["unstamped"] = unstamped + len(stamps) - fixed
+        hello["stamps"] = stamps[:fixed]
         _send(sock, hello)
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ, "worker")

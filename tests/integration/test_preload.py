@@ -260,7 +260,7 @@ def test_a_preload_whose_forked_child_hangs_is_left_out(start, bundle, caplog):
         job, how = _run(cp, client, bundle)
     assert how == f"{FORKED} (preloaded: preloadme)" and job.result["imported_by"] != job.result["me"]
     assert "--preload hanger: left out: the fork server is not safe to fork: importing hanger left an after-fork " \
-           "handler that hangs (a child forked from it did not exit within 5 s)" in caplog.text
+           "handler that hangs (a child forked from the server did not exit within 5 s)" in caplog.text
 
 
 def test_a_preload_whose_package_exits_as_it_is_imported_is_named_and_the_rest_preloaded(start, bundle, caplog):
@@ -285,6 +285,42 @@ print(json.dumps([s[0] for s in fork_server._stamps(["pkgpre"], loaded, [])[0]])
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(lib), *sys.path])}).stdout
     assert json.loads(out) == [str(lib / "pkgpre" / "__init__.py"), str(lib)]
+
+
+def test_a_refused_preloads_file_is_found_without_importing_it(tmp_path):
+    """Through every finder (an editable install's, on sys.meta_path), and in a dotted name
+    the first part that did not import."""
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "__init__.py").write_text("")
+    (tmp_path / "a" / "b" / "__init__.py").write_text("raise ImportError('broken')\n")
+    (tmp_path / "elsewhere" / "edpkg").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "edpkg" / "__init__.py").write_text("raise SystemExit('not today')\n")
+    script = f"""
+import importlib.machinery, importlib.util, sys
+from gpulayer.worker import fork_server
+
+class Editable:  # as setuptools' editable finder: a name mapped to a folder, not on sys.path
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == "edpkg":
+            return importlib.util.spec_from_file_location(
+                name, {str(tmp_path / "elsewhere" / "edpkg" / "__init__.py")!r},
+                submodule_search_locations=[{str(tmp_path / "elsewhere" / "edpkg")!r}])
+
+sys.meta_path.append(Editable)
+sys.path.insert(0, {str(tmp_path)!r})
+try:
+    import a.b.c
+except ImportError:
+    pass
+print(fork_server._found_in("a.b.c"))
+print(fork_server._found_in("edpkg"))
+print("edpkg" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}).stdout.splitlines()
+    assert out == [str(tmp_path / "a" / "b" / "__init__.py"), str(tmp_path / "elsewhere" / "edpkg" / "__init__.py"),
+                   "False"]
 
 
 def test_a_preload_broken_then_fixed_on_disk_is_preloaded_again(start, bundle, lib, caplog):
