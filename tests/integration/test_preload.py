@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from gpulayer.worker.agent import Agent
 from gpulayer.worker.forking import FORKED, ForkServers, unsupported
 from tests.factories import make_capabilities
 from tests.server_support import until
+from tests.support import start_worker
 
 pytestmark = pytest.mark.skipif(unsupported() is not None, reason=f"{unsupported()}")
 
@@ -401,3 +403,28 @@ print(fork_server._unsafe())
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}).stdout.splitlines()
     assert out == ["None", f"{tmp_path / 'nvidia0'} open", "2 threads running"]
+
+
+@pytest.mark.parametrize("how", ["--preload", "GPULAYER_PRELOAD"])
+def test_gpulayer_worker_start_preloads_what_it_is_told(home, lib, bundle, how):
+    args, env = (["--preload", "preloadme"], {}) if how == "--preload" else ([], {"GPULAYER_PRELOAD": "preloadme"})
+    worker = start_worker("--cpu-slots", "1", "--json", *args, env={**env, "GPULAYER_HOME": str(home)})
+    try:
+        assert worker.stdout is not None
+        line = worker.stdout.readline()
+        while line and not line.startswith("{"):  # (its log lines come first, on the same pipe)
+            line = worker.stdout.readline()
+        assert line, "the worker did not start"
+        from gpulayer.client import connect
+
+        cp = connect().control
+        assert cp is not None
+        job = cp.submit(connect().prepare(FunctionJob(function="jobmod:where", bundle=str(bundle))))
+        done = cp.wait_job(job.id, timeout=120)
+        assert done.state is JobState.SUCCEEDED, done.error
+        [started] = [e.message for e in cp.events(job.id) if e.kind == "task_started"]
+        assert started == f"{FORKED} (preloaded: preloadme)"
+        assert done.result["imported_by"] != done.result["me"]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
