@@ -177,6 +177,7 @@ class Agent:
         self._heartbeats = threading.Thread(target=self._heartbeat_loop, name="gpulayer-heartbeat", daemon=True)
         self._heartbeats.start()
         threading.Thread(target=self._poll_loop, name="gpulayer-poll", daemon=True).start()
+        self.forks.prestart()  # (its preloads imported before the first FunctionJob asks for them)
         return record
 
     def _register(self) -> WorkerRecord:

@@ -468,6 +468,18 @@ class ForkServers:
             want = tuple(name for name in want if name != server.offender)
         return None, f"spawned: {why}"
 
+    def prestart(self) -> None:
+        """Start the server with the preloads now, not at the first FunctionJob, so that the
+        first one finds them imported too (nothing without preloads, or where forking is not
+        used)."""
+        want = tuple(name for name in self.preload if name not in self.refused)
+        if not want or unsupported() is not None:
+            return
+        with self._lock:
+            if want not in self._servers:
+                self._starts[want] = self._starts.get(want, 0) + 1
+                self._servers[want] = ForkServer(self.python, self.env, want)
+
     def _server(self, want: tuple[str, ...]) -> ForkServer:
         """The server with these preloads, leased: started, or started again when it failed
         (a few times) or when what it preloaded changed on disk (the old one ends after the

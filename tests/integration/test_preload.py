@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gpulayer.client import Client
@@ -25,7 +26,7 @@ from gpulayer.worker.agent import Agent
 from gpulayer.worker.forking import FORKED, ForkServers, unsupported
 from tests.factories import make_capabilities
 from tests.server_support import until
-from tests.support import start_worker
+from tests.support import children_running, start_worker
 
 pytestmark = pytest.mark.skipif(unsupported() is not None, reason=f"{unsupported()}")
 
@@ -190,6 +191,16 @@ def test_a_preloaded_module_is_imported_once_by_the_fork_server(start, bundle):
     assert first.result["imported_by"] == second.result["imported_by"]
     assert first.result["imported_by"] not in (first.result["me"], second.result["me"])
     assert first.result["seen"] == "the worker's"
+
+
+def test_the_server_with_the_preloads_starts_with_the_worker(start, bundle):
+    cp, client = start("preloadme")
+    me = psutil.Process()
+    [server] = until(lambda: children_running(me, "fork_server.py"), timeout=60,
+                     what="the fork server, before any job")
+    assert server.cmdline()[-2:] == ["--", "preloadme"]
+    job, how = _run(cp, client, bundle)
+    assert how == f"{FORKED} (preloaded: preloadme)" and job.result["imported_by"] == server.pid
 
 
 def test_without_preloads_the_job_imports_the_module_itself(start, bundle):
