@@ -98,9 +98,25 @@ def worker_start(
         agent.run_forever()
     finally:
         if cli_server is not None:
-            cli_server.terminate()
-            cli_server.wait()
+            _stop_cli_server(cli_server)
     typer.echo("worker: stopped", err=True)
+
+
+#: how long a worker that stops waits for its CLI server to end on SIGTERM before it kills it
+CLI_SERVER_GRACE = 5.0
+
+
+def _stop_cli_server(proc: Any) -> None:
+    """End the worker's CLI server: SIGTERM, then SIGKILL if it is still there after
+    :data:`CLI_SERVER_GRACE` (a worker that stops must not wait on it for ever)."""
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(CLI_SERVER_GRACE)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _start_cli_server() -> Any:
