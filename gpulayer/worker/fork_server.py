@@ -33,10 +33,10 @@ machine. It reaps those strays once they are ended.
 Modules the worker was told to preload (``--preload``, ``GPULAYER_PRELOAD``: the arguments
 after ``--``) are imported next, one at a time, each with the worker's environment; one that
 fails to import is named in ``refused``, and one that leaves the server unsafe to fork
-(a thread running, an accelerator's device open: see :func:`_unsafe`) ends the list, named
+(a thread running, an accelerator's device open: see :func:`.preloads.unsafe`) ends the list, named
 in ``offender`` (the worker starts a server without it). The ``ready`` message lists
 ``stamps``, the files those modules came from, so the worker can tell when one
-changed (see :func:`_stamps`).
+changed (see :func:`.preloads.stamps`).
 
 Messages to the worker: ``{"ready": ...}`` once; ``{"spare": PID}`` with the spare's socket
 as a file descriptor (one at start, then one for each ``{"want": true}`` the worker sends
@@ -69,6 +69,21 @@ import sys
 import time
 import traceback
 from typing import Any, NamedTuple
+
+
+def _beside(name: str) -> Any:
+    """A module of this folder, loaded by its path under a name of GPUlayer's own (this
+    server runs as a script in the job's Python, which need not have GPUlayer; and a job's
+    own module of the same name must not find it in ``sys.modules``)."""
+    spec = importlib.util.spec_from_file_location(f"_gpulayer_{name}",
+                                                  os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+preloads = _beside("preloads")
 
 #: what the worker sends a gated child once the task is marked started
 GO = b"go"
@@ -120,190 +135,6 @@ def _shadowed(origins: dict[str, str | None], search: list[str], entries: set[st
         if first != origin:
             out.append(name)
     return out
-
-#: device nodes whose driver a forked child cannot share with its parent (an accelerator
-#: runtime initialised before the fork: CUDA's, ROCm's, ...); a preload that leaves one open
-#: makes the server unsafe to fork
-DEVICE_NODES = ("/dev/nvidia", "/dev/kfd", "/dev/dri/", "/dev/accel", "/dev/neuron", "/dev/davinci")
-#: the most files of preloaded modules outside the interpreter's installed packages (an
-#: editable install, a folder on PYTHONPATH) stamped one by one (see _stamps)
-MAX_STAMPED = 1000
-
-
-def _threads() -> int:
-    """This process's threads: every one, native ones too, where Linux lists them."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return sys.modules["threading"].active_count() if "threading" in sys.modules else 1
-
-
-#: how long a fork made to count threads (see _unsafe) may take to exit
-PROBE_TIMEOUT = 5.0
-
-
-def _probe_fork() -> str | None:
-    """Fork a child that exits at once, and reap it; why that went wrong, or None. (A
-    library's after-fork handler, which runs in the child before it can exit, may wait for a
-    lock a thread held: such a child is killed after :data:`PROBE_TIMEOUT`.)"""
-    import warnings
-
-    try:
-        with warnings.catch_warnings():  # (Python 3.12+ warns of a fork with threads: it is why we fork)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-        if pid == 0:
-            os._exit(0)
-    except OSError:
-        return None
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:  # (no pidfds: wait as long as it takes)
-        with contextlib.suppress(OSError):
-            os.waitpid(pid, 0)
-        return None
-    try:
-        exited = select.poll()  # (not select.select: a descriptor past 1023 is refused there)
-        exited.register(pidfd, select.POLLIN)
-        if not exited.poll(PROBE_TIMEOUT * 1000):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(OSError):
-                os.waitpid(pid, 0)
-            return f"an after-fork handler that hangs (a child forked from the server did not exit within " \
-                   f"{PROBE_TIMEOUT:g} s)"
-        with contextlib.suppress(OSError):
-            os.waitpid(pid, 0)
-    finally:
-        os.close(pidfd)
-    return None
-
-
-def _unsafe() -> str | None:
-    """Why this process may not be forked from now, or None: a thread other than its own
-    running, or a device node of an accelerator open. A thread pool that its library ends
-    before each fork (OpenBLAS's, which NumPy loads, stops its threads in a
-    ``pthread_atfork`` handler and starts them again when next used) is no reason: a fork
-    that exits at once is made to find out, and the threads counted again after it."""
-    if _threads() > 1:
-        hung = _probe_fork()
-        if hung is not None:
-            return hung
-        threads = _threads()
-        if threads > 1:
-            return f"{threads} threads running"
-    try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
-        return None
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            if target.startswith(DEVICE_NODES):
-                return f"{target} open"
-    return None
-
-
-def _preload(names: list[str]) -> tuple[list[str], dict[str, str], str | None, str | None]:
-    """Import the worker's preloads in turn: those imported, those that failed (name: why),
-    and the first that left this process unsafe to fork with why (it ends the list)."""
-    done: list[str] = []
-    refused: dict[str, str] = {}
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except BaseException as exc:  # (SystemExit too: a module's import is not this server's to end)
-            refused[name] = f"{type(exc).__name__}: {exc}"
-        why = _unsafe()  # (an import that failed half way may have started something too)
-        if why is not None:
-            return done, refused, name, why
-        if name not in refused:
-            done.append(name)
-    return done, refused, None, None
-
-
-def _stamp(path: str) -> list[Any]:
-    st = os.stat(path)
-    return [path, st.st_ino, st.st_size, st.st_mtime_ns]
-
-
-def _installed() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The folders packages are installed in (site-packages: pip adds and removes a
-    distribution's ``.dist-info`` folder there, which moves the folder's times) and those of
-    the standard library, each ending with a separator."""
-    import site
-    import sysconfig
-
-    paths = sysconfig.get_paths()
-    sites = [paths.get("purelib"), paths.get("platlib")]
-    with contextlib.suppress(Exception):  # (site's functions are missing where it was not run)
-        sites += site.getsitepackages()
-    with contextlib.suppress(Exception):
-        sites.append(site.getusersitepackages())
-    std = [paths.get("stdlib"), paths.get("platstdlib")]
-    return (tuple(os.path.join(os.path.realpath(p), "") for p in sites if p),
-            tuple(os.path.join(os.path.realpath(p), "") for p in std if p))
-
-
-def _found_in(name: str) -> str | None:
-    """The file a module that failed to import would be imported from, found without
-    importing anything: the first part of its dotted name that is not imported (its parent
-    is), through every finder (an editable install's too)."""
-    parts = name.split(".")
-    first = next((".".join(parts[:i]) for i in range(1, len(parts) + 1)
-                  if ".".join(parts[:i]) not in sys.modules), None)
-    if first is None:
-        return None
-    try:
-        spec = importlib.util.find_spec(first)
-    except BaseException:  # (a finder is a plugin's code)
-        return None
-    origin = getattr(spec, "origin", None)
-    return origin if origin and os.path.isfile(origin) else None
-
-
-def _stamps(tops: list[str], loaded: list[str], refused: list[str]) -> tuple[list[list[Any]], int, int]:
-    """What tells the worker that a preload changed on disk, how many of those (the first)
-    are kept whatever their count, and how many files were left unstamped. Kept: the file of
-    each preloaded top-level module (pip replaces it when it upgrades or removes the
-    package); each site-packages folder the preloads imported from (a package installed,
-    upgraded or removed there: a dependency of a preload too); the file a preload that failed
-    to import was found in (a save that broke it, then the one that fixes it). Then each file
-    of the modules they imported from outside the installed packages and the standard library
-    (an editable install, a folder on ``PYTHONPATH``: code a user edits), up to
-    :data:`MAX_STAMPED`. No other folder is stamped: a task that writes a module's bytecode
-    cache (``__pycache__``) in it would move its times."""
-    sites, std = _installed()
-    paths: dict[str, None] = {}  # (what is stamped whatever the count comes first: see serve)
-    own: dict[str, None] = {}
-    for name in tops:
-        file = getattr(sys.modules.get(name), "__file__", None)
-        if file:
-            paths[os.path.abspath(file)] = None
-    for name in refused:
-        found = _found_in(name)
-        if found:
-            paths[os.path.abspath(found)] = None
-    left = 0
-    for name in loaded:
-        file = getattr(sys.modules.get(name), "__file__", None)
-        if not file:
-            continue
-        real = os.path.realpath(file)
-        site_dir = next((d for d in sites if real.startswith(d)), None)
-        if site_dir is not None:
-            paths[site_dir.rstrip(os.sep)] = None
-        elif real.startswith(std):
-            continue
-        elif len(own) >= MAX_STAMPED:
-            left += 1
-        else:
-            own[os.path.abspath(file)] = None
-    out = []
-    for path in [*paths, *own]:
-        with contextlib.suppress(OSError):
-            out.append(_stamp(path))
-    return out, len(out) - len(own), left
 
 
 class _Warm(NamedTuple):
@@ -538,7 +369,7 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str], user: list[
         except Exception:  # not installed in this Python: the job imports what it has
             continue
     before = len(sys.modules)
-    mine, refused, offender, unsafe = _preload(list(user or []))
+    mine, refused, offender, unsafe = preloads.preload(list(user or []))
     loaded = list(itertools.islice(sys.modules, before, None))
     preloaded += mine
     warm = getattr(sys.modules.get("gpulayer.remote_functions"), "warm", None)
@@ -564,11 +395,11 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str], user: list[
             if os.path.exists(_CHILDREN_FILE):
                 subreaper = prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     if unsafe is None:
-        unsafe = _unsafe()
+        unsafe = preloads.unsafe()
         unsafe = None if unsafe is None else f"{unsafe} after preloading"
     elif offender is not None:
         unsafe = f"importing {offender} left {unsafe}"
-    stamps, fixed, unstamped = _stamps([n.partition(".")[0] for n in mine], loaded, list(refused)) if user \
+    stamps, fixed, unstamped = preloads.stamps([n.partition(".")[0] for n in mine], loaded, list(refused)) if user \
         else ([], 0, 0)
     hello = {"ready": True, "pid": os.getpid(), "preloaded": preloaded, "subreaper": subreaper,
              "unsafe": unsafe, "offender": offender, "refused": refused, "stamps": stamps,

@@ -47,7 +47,8 @@ from typing import Any
 
 from gpulayer.interpreter import start_variables
 from gpulayer.worker.deathsig import die_with_parent
-from gpulayer.worker.fork_server import GO, MAX_STAMPED
+from gpulayer.worker.fork_server import GO
+from gpulayer.worker.preloads import MAX_STAMPED
 from gpulayer.worker.process import StartFailed
 from gpulayer.worker.wakeups import Cancel
 

@@ -288,12 +288,12 @@ def test_the_site_packages_folder_a_preloads_dependency_came_from_is_stamped_not
     # (lib taken for an installed site-packages: a package upgraded there moves its times)
     script = f"""
 import json, sys
-from gpulayer.worker import fork_server
-fork_server._installed = lambda: (({str(lib) + "/"!r},), ())
+from gpulayer.worker import preloads
+preloads.installed = lambda: (({str(lib) + "/"!r},), ())
 before = len(sys.modules)
 import pkgpre
 loaded = list(sys.modules)[before:]
-print(json.dumps([s[0] for s in fork_server._stamps(["pkgpre"], loaded, [])[0]]))
+print(json.dumps([s[0] for s in preloads.stamps(["pkgpre"], loaded, [])[0]]))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(lib), *sys.path])}).stdout
@@ -310,7 +310,7 @@ def test_a_refused_preloads_file_is_found_without_importing_it(tmp_path):
     (tmp_path / "elsewhere" / "edpkg" / "__init__.py").write_text("raise SystemExit('not today')\n")
     script = f"""
 import importlib.machinery, importlib.util, sys
-from gpulayer.worker import fork_server
+from gpulayer.worker import preloads
 
 class Editable:  # as setuptools' editable finder: a name mapped to a folder, not on sys.path
     @classmethod
@@ -326,8 +326,8 @@ try:
     import a.b.c
 except ImportError:
     pass
-print(fork_server._found_in("a.b.c"))
-print(fork_server._found_in("edpkg"))
+print(preloads.found_in("a.b.c"))
+print(preloads.found_in("edpkg"))
 print("edpkg" in sys.modules)
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
@@ -402,14 +402,14 @@ def test_numpys_global_generator_is_seeded_again_in_each_task(start, bundle):
 def test_unsafe_sees_threads_and_open_device_nodes(tmp_path):
     script = f"""
 import os, threading
-from gpulayer.worker import fork_server
-print(fork_server._unsafe())
-fork_server.DEVICE_NODES = ({str(tmp_path / "nvidia")!r},)
+from gpulayer.worker import preloads
+print(preloads.unsafe())
+preloads.DEVICE_NODES = ({str(tmp_path / "nvidia")!r},)
 fd = os.open({str(tmp_path / "nvidia0")!r}, os.O_CREAT | os.O_RDWR)
-print(fork_server._unsafe())
+print(preloads.unsafe())
 os.close(fd)
 threading.Thread(target=threading.Event().wait, daemon=True).start()
-print(fork_server._unsafe())
+print(preloads.unsafe())
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}).stdout.splitlines()

@@ -1,0 +1,200 @@
+"""What a fork server does with the worker's preloads (``--preload``): import them one at a
+time, tell whether the server is still safe to fork from, and stamp the files they came from
+so the worker sees them change on disk. Run in the server (:mod:`.fork_server`), in the job's
+Python: like it, this module imports only the standard library, and is loaded by its path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import select
+import signal
+import sys
+from typing import Any
+
+#: device nodes whose driver a forked child cannot share with its parent (an accelerator
+#: runtime initialised before the fork: CUDA's, ROCm's, ...); a preload that leaves one open
+#: makes the server unsafe to fork
+DEVICE_NODES = ("/dev/nvidia", "/dev/kfd", "/dev/dri/", "/dev/accel", "/dev/neuron", "/dev/davinci")
+#: the most files of preloaded modules outside the interpreter's installed packages (an
+#: editable install, a folder on PYTHONPATH) stamped one by one (see stamps)
+MAX_STAMPED = 1000
+
+
+def threads() -> int:
+    """This process's threads: every one, native ones too, where Linux lists them."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return sys.modules["threading"].active_count() if "threading" in sys.modules else 1
+
+
+#: how long a fork made to count threads (see unsafe) may take to exit
+PROBE_TIMEOUT = 5.0
+
+
+def probe_fork() -> str | None:
+    """Fork a child that exits at once, and reap it; why that went wrong, or None. (A
+    library's after-fork handler, which runs in the child before it can exit, may wait for a
+    lock a thread held: such a child is killed after :data:`PROBE_TIMEOUT`.)"""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # (Python 3.12+ warns of a fork with threads: it is why we fork)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+    except OSError:
+        return None
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:  # (no pidfds: wait as long as it takes)
+        with contextlib.suppress(OSError):
+            os.waitpid(pid, 0)
+        return None
+    try:
+        exited = select.poll()  # (not select.select: a descriptor past 1023 is refused there)
+        exited.register(pidfd, select.POLLIN)
+        if not exited.poll(PROBE_TIMEOUT * 1000):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+            return f"an after-fork handler that hangs (a child forked from the server did not exit within " \
+                   f"{PROBE_TIMEOUT:g} s)"
+        with contextlib.suppress(OSError):
+            os.waitpid(pid, 0)
+    finally:
+        os.close(pidfd)
+    return None
+
+
+def unsafe() -> str | None:
+    """Why this process may not be forked from now, or None: a thread other than its own
+    running, or a device node of an accelerator open. A thread pool that its library ends
+    before each fork (OpenBLAS's, which NumPy loads, stops its threads in a
+    ``pthread_atfork`` handler and starts them again when next used) is no reason: a fork
+    that exits at once is made to find out, and the threads counted again after it."""
+    if threads() > 1:
+        hung = probe_fork()
+        if hung is not None:
+            return hung
+        count = threads()
+        if count > 1:
+            return f"{count} threads running"
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(DEVICE_NODES):
+                return f"{target} open"
+    return None
+
+
+def preload(names: list[str]) -> tuple[list[str], dict[str, str], str | None, str | None]:
+    """Import the worker's preloads in turn: those imported, those that failed (name: why),
+    and the first that left this process unsafe to fork with why (it ends the list)."""
+    done: list[str] = []
+    refused: dict[str, str] = {}
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # (SystemExit too: a module's import is not this server's to end)
+            refused[name] = f"{type(exc).__name__}: {exc}"
+        why = unsafe()  # (an import that failed half way may have started something too)
+        if why is not None:
+            return done, refused, name, why
+        if name not in refused:
+            done.append(name)
+    return done, refused, None, None
+
+
+def stamp(path: str) -> list[Any]:
+    st = os.stat(path)
+    return [path, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def installed() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The folders packages are installed in (site-packages: pip adds and removes a
+    distribution's ``.dist-info`` folder there, which moves the folder's times) and those of
+    the standard library, each ending with a separator."""
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    sites = [paths.get("purelib"), paths.get("platlib")]
+    with contextlib.suppress(Exception):  # (site's functions are missing where it was not run)
+        sites += site.getsitepackages()
+    with contextlib.suppress(Exception):
+        sites.append(site.getusersitepackages())
+    std = [paths.get("stdlib"), paths.get("platstdlib")]
+    return (tuple(os.path.join(os.path.realpath(p), "") for p in sites if p),
+            tuple(os.path.join(os.path.realpath(p), "") for p in std if p))
+
+
+def found_in(name: str) -> str | None:
+    """The file a module that failed to import would be imported from, found without
+    importing anything: the first part of its dotted name that is not imported (its parent
+    is), through every finder (an editable install's too)."""
+    parts = name.split(".")
+    first = next((".".join(parts[:i]) for i in range(1, len(parts) + 1)
+                  if ".".join(parts[:i]) not in sys.modules), None)
+    if first is None:
+        return None
+    try:
+        spec = importlib.util.find_spec(first)
+    except BaseException:  # (a finder is a plugin's code)
+        return None
+    origin = getattr(spec, "origin", None)
+    return origin if origin and os.path.isfile(origin) else None
+
+
+def stamps(tops: list[str], loaded: list[str], refused: list[str]) -> tuple[list[list[Any]], int, int]:
+    """What tells the worker that a preload changed on disk, how many of those (the first)
+    are kept whatever their count, and how many files were left unstamped. Kept: the file of
+    each preloaded top-level module (pip replaces it when it upgrades or removes the
+    package); each site-packages folder the preloads imported from (a package installed,
+    upgraded or removed there: a dependency of a preload too); the file a preload that failed
+    to import was found in (a save that broke it, then the one that fixes it). Then each file
+    of the modules they imported from outside the installed packages and the standard library
+    (an editable install, a folder on ``PYTHONPATH``: code a user edits), up to
+    :data:`MAX_STAMPED`. No other folder is stamped: a task that writes a module's bytecode
+    cache (``__pycache__``) in it would move its times."""
+    sites, std = installed()
+    paths: dict[str, None] = {}  # (what is stamped whatever the count comes first: see serve)
+    own: dict[str, None] = {}
+    for name in tops:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file:
+            paths[os.path.abspath(file)] = None
+    for name in refused:
+        found = found_in(name)
+        if found:
+            paths[os.path.abspath(found)] = None
+    left = 0
+    for name in loaded:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if not file:
+            continue
+        real = os.path.realpath(file)
+        site_dir = next((d for d in sites if real.startswith(d)), None)
+        if site_dir is not None:
+            paths[site_dir.rstrip(os.sep)] = None
+        elif real.startswith(std):
+            continue
+        elif len(own) >= MAX_STAMPED:
+            left += 1
+        else:
+            own[os.path.abspath(file)] = None
+    out = []
+    for path in [*paths, *own]:
+        with contextlib.suppress(OSError):
+            out.append(stamp(path))
+    return out, len(out) - len(own), left
