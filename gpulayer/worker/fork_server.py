@@ -71,19 +71,16 @@ import traceback
 from typing import Any, NamedTuple
 
 
-def _beside(name: str) -> Any:
-    """A module of this folder, loaded by its path under a name of GPUlayer's own (this
-    server runs as a script in the job's Python, which need not have GPUlayer; and a job's
-    own module of the same name must not find it in ``sys.modules``)."""
-    spec = importlib.util.spec_from_file_location(f"_gpulayer_{name}",
-                                                  os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
-    assert spec is not None and spec.loader is not None
+def _load(name: str, path: str) -> Any:
+    """The module in the file at ``path``, loaded under ``name``, a name of GPUlayer's own:
+    this server runs as a script in the job's Python, which need not have GPUlayer, and a
+    job's own module of the same name must not find it in ``sys.modules``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-preloads = _beside("preloads")
 
 #: what the worker sends a gated child once the task is marked started
 GO = b"go"
@@ -356,11 +353,8 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str], user: list[
     here = os.path.dirname(os.path.abspath(__file__))
     if sys.path and os.path.abspath(sys.path[0] or ".") == here:
         del sys.path[0]  # keep process.py & co. from shadowing the user's modules
-    spec = importlib.util.spec_from_file_location("_gpulayer_function_runner", runner_path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"cannot load the function runner {runner_path}")
-    runner = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(runner)
+    runner = _load("_gpulayer_function_runner", runner_path)
+    preloads = _load("_gpulayer_preloads", os.path.join(here, "preloads.py"))
     preloaded = []
     for name in preload:
         try:
