@@ -23,7 +23,12 @@ write. The spare then becomes the task's process tree:
   and ``sys.path`` (the task's ``PYTHONPATH`` entries before this interpreter's own);
   preloaded modules that the task's own path would shadow (a bundle with its own copy) are
   dropped, so they are imported afresh from there;
-* then it runs the function runner, as ``python function_runner.py SPEC RESULT`` would.
+* then it runs the function runner, as ``python function_runner.py SPEC RESULT`` would,
+  and ends as that process would: once the task's non-daemon threads have ended and the
+  ``atexit`` callbacks the task registered have run (not those this server's imports
+  registered: :func:`_own_exit_handlers`). Unlike an interpreter's exit, it does not then
+  free the objects still alive (``os._exit``): a file the task left open at module level
+  is not flushed.
 
 This server is the children's subreaper (``PR_SET_CHILD_SUBREAPER``): whatever a task leaves
 running when its main process exits is re-parented here, not to init, so the worker looks
@@ -53,6 +58,7 @@ the runner, it imports only the standard library.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import gc
@@ -165,12 +171,58 @@ def _set_environ(env: dict[str, str]) -> None:
             os.environ[key] = value
 
 
+def _own_exit_handlers() -> None:
+    """In a spare, before any task code: the exit callbacks this server's own imports
+    registered are dropped (a preload's: importing torch registers six ``atexit`` callbacks
+    and 134 ``weakref.finalize`` finalizers). They are the server's: one that cleans up
+    something outside the process (a temporary folder made at import) would do it from the
+    first task's child, under the server and every later task, and those that only tidy the
+    process cost a child 27 ms (torch's, where they copy the pages they touch) before an
+    exit that frees everything anyway. A fresh interpreter would have registered the
+    standard library's own as the task imported those modules, so they are registered again:
+    ``logging``'s (it flushes and closes the log handlers) and ``multiprocessing``'s (it joins
+    the processes the task started with it). What the task registers runs (see
+    :func:`_shut_down`). Nothing to do where the server registered nothing (no preloads)."""
+    if atexit._ncallbacks():
+        atexit._clear()
+        for name, attr in (("logging", "shutdown"), ("multiprocessing.util", "_exit_function")):
+            handler = getattr(sys.modules.get(name), attr, None)
+            if handler is not None:
+                atexit.register(handler)
+    weakref = sys.modules.get("weakref")
+    finalize = getattr(weakref, "finalize", None)
+    if finalize is not None and getattr(finalize, "_registered_with_atexit", False):
+        for inherited in list(finalize._registry):
+            inherited.atexit = False  # (public: whether it is called at exit)
+        # the task's first finalizer registers the call of those left at exit again
+        finalize._registered_with_atexit = False
+
+
+def _shut_down() -> None:
+    """What an interpreter does as it exits, before it frees its objects, and what
+    ``os._exit`` skips: wait for the task's non-daemon threads (and run ``threading``'s own
+    exit calls, where ``concurrent.futures`` waits for the work given to its pools), then the
+    ``atexit`` callbacks (``weakref.finalize``'s among them), as the task run in a process of
+    its own would (a log uploaded by a thread, a tracker's run closed at exit). An exception
+    is printed and the next step still runs, as the interpreter does."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                traceback.print_exc()
+    atexit._run_exitfuncs()
+
+
 def _child(req: dict[str, Any], fds: list[int], warm: _Warm, sock: socket.socket) -> None:
     """Become the task (after :func:`_detach`): its descriptors, cwd, environment and path;
     then, when the request is ``gated``, wait for the worker's ``go`` on ``sock`` (it marks
     the task started meanwhile; anything else, or its end closed, and the child exits having
-    run nothing); then the function runner. Never returns."""
+    run nothing); then the function runner, and what an interpreter does as it exits
+    (:func:`_shut_down`). Never returns."""
     code = 1
+    ran = False
     try:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -201,6 +253,7 @@ def _child(req: dict[str, Any], fds: list[int], warm: _Warm, sock: socket.socket
         if req.get("gated") and sock.recv(16) != GO:
             os._exit(0)  # let go before it started: nothing ran
         sock.close()
+        ran = True
         code = warm.runner.report(spec, req["result"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
@@ -208,6 +261,9 @@ def _child(req: dict[str, Any], fds: list[int], warm: _Warm, sock: socket.socket
         with contextlib.suppress(Exception):
             traceback.print_exc()
     finally:
+        if ran:
+            with contextlib.suppress(BaseException):
+                _shut_down()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
@@ -269,6 +325,7 @@ class _Spare:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 _detach(warm)
+                _own_exit_handlers()
                 keep = theirs.fileno()
                 os.closerange(3, keep)
                 os.closerange(keep + 1, _MAX_FD)

@@ -65,6 +65,28 @@ def touch(path):
 
 def nap():
     time.sleep(600)
+
+class Held:
+    pass
+
+HELD = []
+
+def ends_as_a_process_would(folder):
+    """Work left for the interpreter's exit, each piece writing a file: a thread, a pool's
+    task, an atexit callback, the finalizer of an object still alive."""
+    import atexit, concurrent.futures, threading, weakref
+
+    def mark(name, delay=0.0):
+        time.sleep(delay)
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(str(os.getpid()))
+
+    threading.Thread(target=mark, args=("thread", 0.3)).start()
+    concurrent.futures.ThreadPoolExecutor(1).submit(mark, "pool", 0.3)
+    atexit.register(mark, "atexit")
+    HELD.append(Held())
+    weakref.finalize(HELD[-1], mark, "finalizer")
+    return os.getpid()
 '''
 
 
@@ -126,6 +148,23 @@ def test_a_job_with_another_python_or_start_up_variables_is_spawned(plane, bundl
     assert _how(cp, hashed.id) == "spawned: the job sets PYTHONHASHSEED, read as an interpreter starts"
     command = _run(cp, client, CommandJob(command=[sys.executable, "-c", "pass"]))
     assert command.state is JobState.SUCCEEDED and _how(cp, command.id) == "spawned"
+
+
+@pytest.mark.parametrize("env", [{}, {"PYTHONHASHSEED": "7"}], ids=["forked", "spawned"])
+def test_a_function_task_ends_as_its_own_process_would(plane, bundle, tmp_path, env) -> None:  # type: ignore[no-untyped-def]
+    """Before the task ends, its non-daemon threads and the work given to its pools finish,
+    and its atexit callbacks and the finalizers of what is still alive run: forked (the
+    child ends with os._exit, which does none of it) as spawned."""
+    cp, client = plane
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    done = _run(cp, client, FunctionJob(function="jobmod:ends_as_a_process_would", args=[str(marks)],
+                                        bundle=str(bundle), env=env))
+    assert done.state is JobState.SUCCEEDED, done.error
+    how = _how(cp, done.id)
+    assert how == FORKED if not env else how.startswith("spawned: ")
+    assert sorted(p.name for p in marks.iterdir()) == ["atexit", "finalizer", "pool", "thread"]
+    assert {p.read_text() for p in marks.iterdir()} == {str(done.result)}
 
 
 def test_a_forked_task_gets_a_small_spec_in_its_request_and_a_large_one_in_a_file(home, bundle) -> None:  # type: ignore[no-untyped-def]

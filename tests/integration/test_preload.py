@@ -54,6 +54,25 @@ def pool():
     import pooled
     return pooled.use()
 
+def exits(folder):
+    """Exit handlers of the task's own: an atexit callback, a finalizer, a log handler that
+    keeps its records until logging's own exit handler flushes it, a process that
+    multiprocessing's joins."""
+    import atexit, logging.handlers, multiprocessing, time, weakref
+    import exiter
+
+    pid = os.getpid()
+    def later():
+        time.sleep(0.3)
+        open(os.path.join(folder, f"job-process-{pid}"), "w").close()
+    multiprocessing.get_context("fork").Process(target=later).start()
+    atexit.register(lambda: open(os.path.join(folder, f"job-atexit-{pid}"), "w").close())
+    weakref.finalize(exiter.HELD, lambda: open(os.path.join(folder, f"job-finalizer-{pid}"), "w").close())
+    log = logging.getLogger("buffered")
+    log.addHandler(logging.handlers.MemoryHandler(100, target=logging.FileHandler(os.path.join(folder, f"job-log-{pid}"))))
+    log.warning("kept until exit")
+    return pid
+
 def threads_seen():
     import threader
     return threader.STARTED
@@ -61,6 +80,22 @@ def threads_seen():
 def seeded():
     import numpy.random
     return numpy.random.SEEDS
+'''
+
+#: a module that registers exit handlers as it is imported (and imports logging, which
+#: registers its own): the server's, which no task's process may run
+EXITER = '''
+import atexit, logging, multiprocessing.util, os, weakref
+
+def _mark(name):
+    open(os.path.join(os.path.dirname(__file__), "marks", f"{name}-{os.getpid()}"), "w").close()
+
+class _Held:
+    pass
+
+HELD = _Held()
+atexit.register(_mark, "preload-atexit")
+weakref.finalize(HELD, _mark, "preload-finalizer")
 '''
 
 #: a module whose import leaves a thread running: a process that imported it is unsafe to fork
@@ -132,6 +167,8 @@ def lib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (folder / "threader.py").write_text(THREADER)
     (folder / "pooled.py").write_text(POOLED)
     (folder / "hanger.py").write_text(HANGER)
+    (folder / "exiter.py").write_text(EXITER)
+    (folder / "marks").mkdir()
     (folder / "badpkg").mkdir()
     (folder / "badpkg" / "__init__.py").write_text("raise SystemExit('not today')\n")
     (folder / "pkgpre").mkdir()
@@ -174,8 +211,9 @@ def start(home: Path, lib: Path) -> Iterator[object]:
 
 
 def _run(cp: ControlPlane, client: Client, bundle: Path, function: str = "where",
-         env: dict[str, str] | None = None, state: JobState = JobState.SUCCEEDED) -> tuple[JobRecord, str]:
-    spec = FunctionJob(function=f"jobmod:{function}", bundle=str(bundle), env=env or {})
+         env: dict[str, str] | None = None, state: JobState = JobState.SUCCEEDED,
+         args: list[object] | None = None) -> tuple[JobRecord, str]:
+    spec = FunctionJob(function=f"jobmod:{function}", bundle=str(bundle), env=env or {}, args=args or [])
     job = cp.wait_job(cp.submit(client.prepare(spec)).id, timeout=120)
     assert job.state is state, job.error
     [how] = [e.message for e in cp.events(job.id) if e.kind == "task_started"]
@@ -397,6 +435,23 @@ def test_numpys_global_generator_is_seeded_again_in_each_task(start, bundle):
     # imported (SEEDS 0) by the server; each child seeded it once, as a fresh process's import would
     assert how == f"{FORKED} (preloaded: numpy.random)"
     assert first.result == second.result == 1
+
+
+def test_a_task_runs_its_own_exit_handlers_not_those_the_preloads_registered(start, bundle, lib):
+    """The exit handlers a preload registered as the server imported it are the server's
+    (the first task's child would otherwise run them, a cleanup of the server's among them);
+    those the task registers run, and the standard library's own for modules the server
+    imported: logging's flushes the task's log handlers, multiprocessing's joins its processes."""
+    cp, client = start("exiter")
+    marks = lib / "marks"
+    pids = []
+    for _ in range(2):
+        job, how = _run(cp, client, bundle, "exits", args=[str(marks)])
+        assert how == f"{FORKED} (preloaded: exiter)"
+        pids.append(job.result)
+    assert sorted(p.name for p in marks.iterdir()) == sorted(
+        f"job-{what}-{pid}" for pid in pids for what in ("atexit", "finalizer", "log", "process"))
+    assert all((marks / f"job-log-{pid}").read_text() == "kept until exit\n" for pid in pids)
 
 
 def test_unsafe_sees_threads_and_open_device_nodes(tmp_path):
