@@ -181,19 +181,38 @@ def _own_exit_handlers() -> None:
     exit that frees everything anyway. A fresh interpreter would have registered the
     standard library's own as the task imported those modules, so they are registered again:
     ``logging``'s (it flushes and closes the log handlers) and ``multiprocessing``'s (it joins
-    the processes the task started with it). What the task registers runs (see
-    :func:`_shut_down`). Nothing to do where the server registered nothing (no preloads)."""
+    the processes the task started with it), each made to see the task's own only, as
+    ``multiprocessing`` does in the processes it forks itself: the server's log handlers
+    are left alone, and its processes and their finalizers are not the task's. What the
+    task registers runs (see :func:`_shut_down`). Nothing to do where the server imported
+    none of it (no preloads)."""
+    mp_process = sys.modules.get("multiprocessing.process")
+    if mp_process is not None:
+        # (else the task's exit would end, and try to join, the server's)
+        mp_process._children = set()  # type: ignore[attr-defined]
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        mp_util._finalizer_registry.clear()
     if atexit._ncallbacks():
         atexit._clear()
-        for name, attr in (("logging", "shutdown"), ("multiprocessing.util", "_exit_function")):
-            handler = getattr(sys.modules.get(name), attr, None)
-            if handler is not None:
-                atexit.register(handler)
+        logging = sys.modules.get("logging")
+        if logging is not None:
+            # the server's handlers (weak references, kept so that their ids stay theirs;
+            # by id: a handler class may define __eq__ and not __hash__)
+            inherited = list(logging._handlerList)
+            theirs = {id(ref) for ref in inherited}
+
+            def _shutdown_logging(_keep: list[Any] = inherited) -> None:
+                logging.shutdown([ref for ref in logging._handlerList if id(ref) not in theirs])
+
+            atexit.register(_shutdown_logging)
+        if mp_util is not None:
+            atexit.register(mp_util._exit_function)
     weakref = sys.modules.get("weakref")
     finalize = getattr(weakref, "finalize", None)
     if finalize is not None and getattr(finalize, "_registered_with_atexit", False):
-        for inherited in list(finalize._registry):
-            inherited.atexit = False  # (public: whether it is called at exit)
+        for old in list(finalize._registry):
+            old.atexit = False  # (public: whether it is called at exit)
         # the task's first finalizer registers the call of those left at exit again
         finalize._registered_with_atexit = False
 
@@ -325,7 +344,8 @@ class _Spare:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 _detach(warm)
-                _own_exit_handlers()
+                with contextlib.suppress(Exception):  # (private parts of the standard library)
+                    _own_exit_handlers()
                 keep = theirs.fileno()
                 os.closerange(3, keep)
                 os.closerange(keep + 1, _MAX_FD)

@@ -5,6 +5,7 @@ module changed on disk, a bundle's own copy)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -73,6 +74,11 @@ def exits(folder):
     log.warning("kept until exit")
     return pid
 
+def keepers_process():
+    import keeper
+    print("the task's own output")
+    return keeper.PROCESS.pid
+
 def threads_seen():
     import threader
     return threader.STARTED
@@ -96,6 +102,19 @@ class _Held:
 HELD = _Held()
 atexit.register(_mark, "preload-atexit")
 weakref.finalize(HELD, _mark, "preload-finalizer")
+'''
+
+#: a module that, as it is imported, starts a process with multiprocessing and gives a log
+#: handler that keeps its records until exit a record: the server's, which no task may end
+#: or flush
+KEEPER = '''
+import logging.handlers, multiprocessing, os, time
+
+PROCESS = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,), daemon=True)
+PROCESS.start()
+_log = logging.getLogger("keeper")
+_log.addHandler(logging.handlers.MemoryHandler(100, target=logging.StreamHandler()))
+_log.warning("a record of the server's")
 '''
 
 #: a module whose import leaves a thread running: a process that imported it is unsafe to fork
@@ -168,6 +187,7 @@ def lib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (folder / "pooled.py").write_text(POOLED)
     (folder / "hanger.py").write_text(HANGER)
     (folder / "exiter.py").write_text(EXITER)
+    (folder / "keeper.py").write_text(KEEPER)
     (folder / "marks").mkdir()
     (folder / "badpkg").mkdir()
     (folder / "badpkg" / "__init__.py").write_text("raise SystemExit('not today')\n")
@@ -452,6 +472,25 @@ def test_a_task_runs_its_own_exit_handlers_not_those_the_preloads_registered(sta
     assert sorted(p.name for p in marks.iterdir()) == sorted(
         f"job-{what}-{pid}" for pid in pids for what in ("atexit", "finalizer", "log", "process"))
     assert all((marks / f"job-log-{pid}").read_text() == "kept until exit\n" for pid in pids)
+
+
+def test_a_task_leaves_the_servers_processes_and_log_handlers_alone(start, bundle):
+    """multiprocessing's and logging's exit handlers, registered again in each task, see the
+    task's processes and handlers only: the task's exit neither ends (nor tries to join) the
+    process a preload started in the server, nor flushes the server's log handler."""
+    cp, client = start("keeper")
+    pid = None
+    try:
+        for _ in range(2):
+            job, how = _run(cp, client, bundle, "keepers_process")
+            assert how == f"{FORKED} (preloaded: keeper)"
+            pid = job.result
+            assert "".join(c.data for c in cp.logs(job.id)) == "the task's own output\n"
+            assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    finally:
+        if pid is not None:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
 
 
 def test_unsafe_sees_threads_and_open_device_nodes(tmp_path):
