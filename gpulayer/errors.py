@@ -260,11 +260,10 @@ class RemoteError(JobFailed):
         self, remote_type: str, remote_message: str, remote_traceback: str,
         *, job_id: str | None = None,
     ) -> None:
-        super().__init__(
-            f"{remote_type}: {remote_message}\n\nRemote traceback (job {job_id}):\n"
-            f"{remote_traceback}",
-            job_id=job_id, state="failed",
-        )
+        # (an error of the runner's own, a result that is not JSON, has no traceback to show)
+        where = (f"\n\nRemote traceback (job {job_id}):\n{remote_traceback}" if remote_traceback.strip()
+                 else f" (job {job_id})")
+        super().__init__(f"{remote_type}: {remote_message}{where}", job_id=job_id, state="failed")
         self.remote_type = remote_type
         self.remote_message = remote_message
         self.remote_traceback = remote_traceback

@@ -105,6 +105,16 @@ def test_an_error_comes_back_over_the_wire_as_the_same_class(exc: errors.Gpulaye
     assert str(back) == str(exc) and back.details() == exc.details()
 
 
+def test_a_remote_error_shows_the_remote_traceback_only_where_there_is_one() -> None:
+    raised = errors.RemoteError("KeyError", "'k'", "Traceback (most recent call last):\n  ...\nKeyError: 'k'\n",
+                                job_id="job-1")
+    assert str(raised) == ("KeyError: 'k'\n\nRemote traceback (job job-1):\n"
+                           "Traceback (most recent call last):\n  ...\nKeyError: 'k'\n")
+    # the runner's own error (a result that is not JSON) has none: no empty section
+    runner = errors.RemoteError("TypeError", "result of m:f is not JSON: a set at result", "", job_id="job-2")
+    assert str(runner) == "TypeError: result of m:f is not JSON: a set at result (job job-2)"
+
+
 def test_an_unknown_code_keeps_the_message() -> None:
     back = errors.error_from_wire({"code": "from_the_future", "message": "something new"}, status=418)
     assert type(back) is errors.GpulayerError and "something new" in str(back)
