@@ -162,7 +162,9 @@ def stamps(tops: list[str], loaded: list[str], refused: list[str]) -> tuple[list
     each preloaded top-level module (pip replaces it when it upgrades or removes the
     package); each site-packages folder the preloads imported from (a package installed,
     upgraded or removed there: a dependency of a preload too); the file a preload that failed
-    to import was found in (a save that broke it, then the one that fixes it). Then each file
+    to import was found in (a save that broke it, then the one that fixes it), or, for one
+    not found at all, each folder on the path it could be installed into or saved in (a
+    ``pip install`` after the worker started). Then each file
     of the modules they imported from outside the installed packages and the standard library
     (an editable install, a folder on ``PYTHONPATH``: code a user edits), up to
     :data:`MAX_STAMPED`. No other folder is stamped: a task that writes a module's bytecode
@@ -178,6 +180,11 @@ def stamps(tops: list[str], loaded: list[str], refused: list[str]) -> tuple[list
         found = found_in(name)
         if found:
             paths[os.path.abspath(found)] = None
+            continue
+        for entry in sys.path:  # (not installed yet)
+            real = os.path.join(os.path.realpath(entry or "."), "")
+            if not real.startswith(std) and os.path.isdir(real):
+                paths[real.rstrip(os.sep)] = None
     left = 0
     for name in loaded:
         file = getattr(sys.modules.get(name), "__file__", None)

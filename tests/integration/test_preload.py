@@ -407,6 +407,16 @@ def test_a_preload_broken_then_fixed_on_disk_is_preloaded_again(start, bundle, l
     assert how == f"{FORKED} (preloaded: preloadme)" and job.result["imported_by"] != job.result["me"]
 
 
+def test_a_preload_installed_after_the_worker_started_is_preloaded_from_the_next_task(start, bundle, lib, caplog):
+    cp, client = start("latecomer")
+    with caplog.at_level(logging.WARNING, logger="gpulayer.worker.forking"):
+        _, how = _run(cp, client, bundle)
+    assert how == FORKED and "--preload latecomer: not imported by" in caplog.text
+    (lib / "latecomer.py").write_text("import os\nPID = os.getpid()\n")  # (what pip install does)
+    _, how = _run(cp, client, bundle)
+    assert how == f"{FORKED} (preloaded: latecomer)"
+
+
 def test_a_task_writing_bytecode_beside_a_preload_does_not_restart_the_server(start, bundle, lib):
     cp, client = start("pkgpre")
     assert not (lib / "__pycache__").exists()
