@@ -183,7 +183,7 @@ def _own_exit_handlers() -> None:
     each made to see the task's own only (as ``multiprocessing`` does in the processes it
     forks itself): ``logging``'s flushes and closes the task's log handlers, not the
     server's; ``multiprocessing``'s joins the task's processes, not the server's; and
-    ``weakref.finalize``'s calls the task's finalizers (:func:`_task_finalizers`). What the
+    ``weakref.finalize``'s calls the task's finalizers, not the server's. What the
     task registers runs (see :func:`_shut_down`). Nothing to do where the server imported
     none of it (no preloads)."""
     mp_process = sys.modules.get("multiprocessing.process")
@@ -207,27 +207,24 @@ def _own_exit_handlers() -> None:
                 logging.shutdown([ref for ref in logging._handlerList if id(ref) not in theirs])
 
             atexit.register(_shutdown_logging)
-    finalize = getattr(sys.modules.get("weakref"), "finalize", None)
-    if finalize is not None and getattr(finalize, "_registered_with_atexit", False):
-        # (the task's first finalizer will not register weakref's exit call: it is registered)
-        atexit.register(_task_finalizers, finalize, next(finalize._index_iter))
     if cleared and mp_util is not None:
         atexit.register(mp_util._exit_function)
+    finalize = getattr(sys.modules.get("weakref"), "finalize", None)
+    if finalize is not None and getattr(finalize, "_registered_with_atexit", False):
+        # the task's first finalizer registers weakref's exit call again, where a fresh
+        # interpreter would (its place among the task's atexit callbacks), and that call
+        # picks the task's finalizers only, numbered from here: the server's are not
+        # looked at unless the task made one (each one touched is a page copied: 0.5 ms a
+        # task for torch's 134, were they all marked here)
+        first = next(finalize._index_iter)
 
+        def _select_for_exit(cls: Any) -> list[Any]:
+            mine = [(f, i) for f, i in cls._registry.items() if i.atexit and i.index >= first]
+            mine.sort(key=lambda item: item[1].index)
+            return [f for f, _ in mine]
 
-def _task_finalizers(finalize: Any, first: int) -> None:
-    """At the task's exit: what ``weakref.finalize``'s own exit call does, for the finalizers
-    the task made (numbered from ``first``) only. The server's are not even looked at, unless
-    the task made one: each one touched is a page copied (0.5 ms a task for torch's 134)."""
-    if next(finalize._index_iter) == first + 1:
-        return  # the task made none
-    _KEPT.append(finalize._registry)  # (freeing it would touch every entry)
-    finalize._registry = {f: info for f, info in _KEPT[-1].items() if info.index >= first}
-    finalize._exitfunc()
-
-
-#: what a task's exit keeps from being freed (see _task_finalizers)
-_KEPT: list[Any] = []
+        finalize._select_for_exit = classmethod(_select_for_exit)
+        finalize._registered_with_atexit = False
 
 
 def _shut_down() -> None:

@@ -64,6 +64,8 @@ PRELOAD = ("gpulayer", "gpulayer.remote_functions")
 #: how long the first FunctionJob waits for a fork server to come up before it spawns
 READY_TIMEOUT = 60.0
 FORKED = "started by fork server"
+#: the inode of a stamp for a path where a preload found nowhere would appear (preloads.ABSENT)
+_ABSENT = -1
 
 
 def unsupported() -> str | None:
@@ -376,6 +378,8 @@ class ForkServer:
             try:
                 st = os.stat(path)
             except OSError:
+                if ino == _ABSENT:  # (a path where a missing preload would appear: still missing)
+                    continue
                 return path
             if (st.st_ino, st.st_size, st.st_mtime_ns) != (ino, size, mtime):
                 return path

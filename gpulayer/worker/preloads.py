@@ -22,6 +22,9 @@ DEVICE_NODES = ("/dev/nvidia", "/dev/kfd", "/dev/dri/", "/dev/accel", "/dev/neur
 #: the most files of preloaded modules outside the interpreter's installed packages (an
 #: editable install, a folder on PYTHONPATH) stamped one by one (see stamps)
 MAX_STAMPED = 1000
+#: the inode of a stamp for a path that does not exist yet (see :func:`absent`): the worker
+#: reads the path's appearance as a change (``ForkServer.stale``)
+ABSENT = -1
 
 
 def threads() -> int:
@@ -139,13 +142,18 @@ def installed() -> tuple[tuple[str, ...], tuple[str, ...]]:
             tuple(os.path.join(os.path.realpath(p), "") for p in std if p))
 
 
+def _missing_part(name: str) -> str | None:
+    """The first part of a dotted module name that is not imported (its parent is)."""
+    parts = name.split(".")
+    return next((".".join(parts[:i]) for i in range(1, len(parts) + 1)
+                 if ".".join(parts[:i]) not in sys.modules), None)
+
+
 def found_in(name: str) -> str | None:
     """The file a module that failed to import would be imported from, found without
     importing anything: the first part of its dotted name that is not imported (its parent
     is), through every finder (an editable install's too)."""
-    parts = name.split(".")
-    first = next((".".join(parts[:i]) for i in range(1, len(parts) + 1)
-                  if ".".join(parts[:i]) not in sys.modules), None)
+    first = _missing_part(name)
     if first is None:
         return None
     try:
@@ -156,6 +164,23 @@ def found_in(name: str) -> str | None:
     return origin if origin and os.path.isfile(origin) else None
 
 
+def absent(name: str) -> list[str]:
+    """Where a module that is found nowhere would appear once installed or saved: in each
+    folder it would be looked for in (``sys.path``, or its parent package's ``__path__``),
+    its module file, its package folder and its extension module files. Only those: a
+    folder's own times move whenever anything is written there (a task's output, a bytecode
+    cache), and a server restarted for each of those would import its preloads each time."""
+    import importlib.machinery
+
+    first = _missing_part(name)
+    if first is None:
+        return []
+    parent, _, last = first.rpartition(".")
+    where = getattr(sys.modules.get(parent), "__path__", None) if parent else sys.path
+    names = [last, last + ".py", *(last + suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES)]
+    return [os.path.join(os.path.abspath(entry or "."), n) for entry in where or [] for n in names]
+
+
 def stamps(tops: list[str], loaded: list[str], refused: list[str]) -> tuple[list[list[Any]], int, int]:
     """What tells the worker that a preload changed on disk, how many of those (the first)
     are kept whatever their count, and how many files were left unstamped. Kept: the file of
@@ -163,8 +188,8 @@ def stamps(tops: list[str], loaded: list[str], refused: list[str]) -> tuple[list
     package); each site-packages folder the preloads imported from (a package installed,
     upgraded or removed there: a dependency of a preload too); the file a preload that failed
     to import was found in (a save that broke it, then the one that fixes it), or, for one
-    not found at all, each folder on the path it could be installed into or saved in (a
-    ``pip install`` after the worker started). Then each file
+    found nowhere, the paths it would appear at (:func:`absent`: a ``pip install`` after the
+    worker started), stamped as absent. Then each file
     of the modules they imported from outside the installed packages and the standard library
     (an editable install, a folder on ``PYTHONPATH``: code a user edits), up to
     :data:`MAX_STAMPED`. No other folder is stamped: a task that writes a module's bytecode
@@ -176,15 +201,13 @@ def stamps(tops: list[str], loaded: list[str], refused: list[str]) -> tuple[list
         file = getattr(sys.modules.get(name), "__file__", None)
         if file:
             paths[os.path.abspath(file)] = None
+    missing: dict[str, None] = {}
     for name in refused:
         found = found_in(name)
         if found:
             paths[os.path.abspath(found)] = None
-            continue
-        for entry in sys.path:  # (not installed yet)
-            real = os.path.join(os.path.realpath(entry or "."), "")
-            if not real.startswith(std) and os.path.isdir(real):
-                paths[real.rstrip(os.sep)] = None
+        else:
+            missing.update(dict.fromkeys(p for p in absent(name) if not os.path.lexists(p)))
     left = 0
     for name in loaded:
         file = getattr(sys.modules.get(name), "__file__", None)
@@ -200,7 +223,7 @@ def stamps(tops: list[str], loaded: list[str], refused: list[str]) -> tuple[list
             left += 1
         else:
             own[os.path.abspath(file)] = None
-    out = []
+    out: list[list[Any]] = [[path, ABSENT, 0, 0] for path in missing]
     for path in [*paths, *own]:
         with contextlib.suppress(OSError):
             out.append(stamp(path))

@@ -24,7 +24,7 @@ from gpulayer.records import JobRecord, JobState
 from gpulayer.specs import FunctionJob
 from gpulayer.store import Store
 from gpulayer.worker.agent import Agent
-from gpulayer.worker.forking import FORKED, ForkServers, unsupported
+from gpulayer.worker.forking import FORKED, SERVER_PATH, ForkServers, unsupported
 from tests.factories import make_capabilities
 from tests.server_support import until
 from tests.support import children_running, start_worker
@@ -66,13 +66,19 @@ def exits(folder):
     def later():
         time.sleep(0.3)
         open(os.path.join(folder, f"job-process-{pid}"), "w").close()
+    def ran(what):
+        with open(os.path.join(folder, f"job-ran-{pid}"), "a") as f:
+            f.write(what + " ")
     multiprocessing.get_context("fork").Process(target=later).start()
-    atexit.register(lambda: open(os.path.join(folder, f"job-atexit-{pid}"), "w").close())
-    weakref.finalize(exiter.HELD, lambda: open(os.path.join(folder, f"job-finalizer-{pid}"), "w").close())
+    atexit.register(ran, "atexit")
+    weakref.finalize(exiter.HELD, ran, "finalizer")
     log = logging.getLogger("buffered")
     log.addHandler(logging.handlers.MemoryHandler(100, target=logging.FileHandler(os.path.join(folder, f"job-log-{pid}"))))
     log.warning("kept until exit")
     return pid
+
+def parent():
+    return os.getppid()
 
 def keepers_process():
     import keeper
@@ -254,7 +260,8 @@ def test_a_preloaded_module_is_imported_once_by_the_fork_server(start, bundle):
 def test_the_server_with_the_preloads_starts_with_the_worker(start, bundle):
     cp, client = start("preloadme")
     me = psutil.Process()
-    [server] = until(lambda: children_running(me, "fork_server.py"), timeout=60,
+    # (by the script's full path: a child pytest forked holds "test_fork_server.py" until it execs)
+    [server] = until(lambda: children_running(me, SERVER_PATH), timeout=60,
                      what="the fork server, before any job")
     assert server.cmdline()[-2:] == ["--", "preloadme"]
     job, how = _run(cp, client, bundle)
@@ -417,6 +424,46 @@ def test_a_preload_installed_after_the_worker_started_is_preloaded_from_the_next
     assert how == f"{FORKED} (preloaded: latecomer)"
 
 
+def test_a_missing_preload_does_not_restart_the_server_when_its_folders_change(start, bundle, lib):
+    """What is written in a folder of the path (a task's output, a bytecode cache) is not the
+    missing preload: the server, and the preloads it imported, stay."""
+    cp, client = start("preloadme", "doesnotexist")
+    servers = set()
+    for i in range(3):
+        (lib / f"written-{i}.txt").write_text("output")
+        job, how = _run(cp, client, bundle)
+        assert how == f"{FORKED} (preloaded: preloadme)"
+        servers.add(job.result["imported_by"])
+    assert len(servers) == 1
+
+
+def test_a_preload_pip_installs_into_a_venvs_site_packages_is_preloaded_from_the_next_task(home, lib, bundle, tmp_path):
+    """The worker's Python a virtual environment's: a preload installed into its
+    site-packages after the worker started (under the environment's lib/pythonX.Y, where its
+    standard library is said to be too) reaches the next task."""
+    import venv
+
+    venv.EnvBuilder(symlinks=True, with_pip=False).create(tmp_path / "venv")
+    python = str(tmp_path / "venv" / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    cp = ControlPlane(Store())
+    client = Client(cp, location="embedded", default_target="local", control=cp)
+    agent = Agent(cp, capabilities=make_capabilities(), cpu_slots=2, python=python, preload=("latecomer",))
+    agent.start()
+    try:
+        # (the first task may write a bytecode cache on the path: after it, one server)
+        servers = [_run(cp, client, bundle, "parent") for _ in range(3)]
+        assert [how for _, how in servers] == [FORKED] * 3
+        assert servers[1][0].result == servers[2][0].result
+        (Path(site) / "latecomer").mkdir()  # (a package, as pip unpacks one)
+        (Path(site) / "latecomer" / "__init__.py").write_text("")
+        _, how = _run(cp, client, bundle, "parent")
+        assert how == f"{FORKED} (preloaded: latecomer)"
+    finally:
+        agent.stop(grace=0)
+
+
 def test_a_task_writing_bytecode_beside_a_preload_does_not_restart_the_server(start, bundle, lib):
     cp, client = start("pkgpre")
     assert not (lib / "__pycache__").exists()
@@ -480,8 +527,11 @@ def test_a_task_runs_its_own_exit_handlers_not_those_the_preloads_registered(sta
         assert how == f"{FORKED} (preloaded: exiter)"
         pids.append(job.result)
     assert sorted(p.name for p in marks.iterdir()) == sorted(
-        f"job-{what}-{pid}" for pid in pids for what in ("atexit", "finalizer", "log", "process"))
+        f"job-{what}-{pid}" for pid in pids for what in ("ran", "log", "process"))
     assert all((marks / f"job-log-{pid}").read_text() == "kept until exit\n" for pid in pids)
+    # in a fresh interpreter's order: weakref's exit call is registered with the first
+    # finalizer, after the atexit callback, so it runs first
+    assert all((marks / f"job-ran-{pid}").read_text() == "finalizer atexit " for pid in pids)
 
 
 def test_a_task_leaves_the_servers_processes_and_log_handlers_alone(start, bundle):
