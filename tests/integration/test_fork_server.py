@@ -21,7 +21,7 @@ from gpulayer.records import JobRecord, JobState
 from gpulayer.specs import CommandJob, FunctionJob
 from gpulayer.store import Store
 from gpulayer.worker.agent import Agent
-from gpulayer.worker.forking import FORKED, ForkServer, unsupported
+from gpulayer.worker.forking import FORKED, SERVER_PATH, ForkServer, unsupported
 from tests.factories import make_capabilities
 from tests.server_support import until
 from tests.support import children_running
@@ -259,8 +259,9 @@ def test_each_task_gets_a_child_of_its_own_and_a_spare_killed_while_waiting_is_r
     cp, client = plane
     first = _run(cp, client, FunctionJob(function="jobmod:facts", bundle=str(bundle)))
     assert first.state is JobState.SUCCEEDED and _how(cp, first.id) == FORKED
-    server = until(lambda: children_running(psutil.Process(), "fork_server.py", recursive=True), 30,
-                   "the fork server")[0]
+    # (this process's child, by the script's full path: its spare and tasks run the same
+    # command line, and a child pytest forked holds "test_fork_server.py" until it execs)
+    server = until(lambda: children_running(psutil.Process(), SERVER_PATH), 30, "the fork server")[0]
     # the server keeps one child forked ahead of the next task, waiting: kill it
     spare = until(lambda: [p for p in server.children() if p.status() != psutil.STATUS_ZOMBIE], 30,
                   "the server's spare child")[0]
