@@ -18,6 +18,7 @@ N      the job ran: its own exit code (0 on success)
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import time
@@ -173,6 +174,12 @@ def submit_cmd(
     from gpulayer.records import JobState
 
     spec = spec_from_flags(dict(locals()))
+    if bundle is None:
+        unsent = unsent_file(command, distributed=nproc_per_node is not None or nodes not in (None, 1))
+        if unsent is not None:
+            typer.echo(f"gpulayer: note: {unsent} is in this folder, and the job will not find it: a job runs in "
+                       "a folder of its own, with only the files --bundle DIR sends (--bundle . sends this one)",
+                       err=True)
     if dry_run:
         _dry_run(spec, as_json)
         return
@@ -204,6 +211,50 @@ def submit_cmd(
     if as_json:
         echo_json(outcome_record(final))
     raise typer.Exit(exit_code_for(final))
+
+
+#: commands whose first argument that is not an option is a script they read from a file
+_SCRIPT_RUNNERS = ("python", "bash", "sh", "zsh", "torchrun", "accelerate", "deepspeed")
+
+
+def unsent_file(command: list[str], *, distributed: bool = False) -> str | None:
+    """The file (or module) of the current folder that ``command`` names and that a job
+    submitted without ``--bundle`` would not find, or None: the script after ``python`` (or
+    ``bash``, ``torchrun``, ...), the module after ``python -m``, a ``./program``, a
+    distributed job's entry (``train.py``, ``pkg.mod:fn``). Only a relative name that
+    exists here: the job runs in a folder of its own."""
+
+    def module(name: str) -> str | None:
+        top = name.partition(":")[0].split(".")[0]
+        return top if top and (os.path.isfile(top + ".py") or os.path.isdir(top)) else None
+
+    def script(word: str) -> str | None:
+        return word if not os.path.isabs(word) and os.path.isfile(word) else None
+
+    if not command:
+        return None
+    if distributed:
+        entry = command[0]
+        return script(entry) if entry.endswith(".py") or os.sep in entry else module(entry)
+    first = os.path.basename(command[0])
+    if first.startswith(("./", "../")) or command[0].startswith(("./", "../")):
+        return script(command[0])
+    if not first.startswith(_SCRIPT_RUNNERS):
+        return None
+    python = first.startswith("python")
+    words = iter(command[1:])
+    for word in words:
+        if word == "-c":
+            return None
+        if python and word == "-m":
+            return module(next(words, ""))
+        if python and word in ("-X", "-W"):
+            next(words, None)  # (its value)
+        elif not word.startswith("-"):
+            found = script(word)
+            if python or found is not None:  # (python's first word is its script; torchrun's options take values)
+                return found
+    return None
 
 
 #: ``gpulayer submit``'s flags that say what to do with the job rather than describe it

@@ -518,3 +518,18 @@ def test_every_submit_flag_sets_the_field_the_sdk_sets(home: Path) -> None:
     got = json.loads(proc.stdout)["spec"]
     assert {k: got[k] for k in want} == want
     assert got["command"] == ["echo", "hi"]
+
+
+def test_submit_without_bundle_notes_a_file_of_this_folder_the_command_names(home: Path, tmp_path: Path) -> None:
+    """The job runs in a folder of its own: ``python train.py`` run here would not find
+    train.py there, so submit says so (and what sends it); not with --bundle."""
+    here = tmp_path / "project"
+    here.mkdir()
+    (here / "train.py").write_text("print('hi')\n")
+    noted = cli("submit", "--dry-run", "--", "python", "train.py", cwd=here)
+    assert noted.returncode == 0, noted.stderr
+    assert noted.stderr.startswith("gpulayer: note: train.py is in this folder, and the job will not find it: "
+                                   "a job runs in a folder of its own, with only the files --bundle DIR sends "
+                                   "(--bundle . sends this one)\n")
+    bundled = cli("submit", "--dry-run", "--bundle", ".", "--", "python", "train.py", cwd=here)
+    assert bundled.returncode == 0 and "note:" not in bundled.stderr
