@@ -189,7 +189,11 @@ def stamps(tops: list[str], loaded: list[str], refused: list[str]) -> tuple[list
     upgraded or removed there: a dependency of a preload too); the file a preload that failed
     to import was found in (a save that broke it, then the one that fixes it), or, for one
     found nowhere, the paths it would appear at (:func:`absent`: a ``pip install`` after the
-    worker started), stamped as absent. Then each file
+    worker started), stamped as absent. A preload that failed, or that imported as a bare
+    namespace (a package folder without its ``__init__.py`` yet), may be an install caught
+    half way: the site-packages folders are stamped too (pip and uv write a package's
+    ``.dist-info`` last, which moves the folder's times once the install is complete), and
+    a namespace's ``__init__.py`` as absent. Then each file
     of the modules they imported from outside the installed packages and the standard library
     (an editable install, a folder on ``PYTHONPATH``: code a user edits), up to
     :data:`MAX_STAMPED`. No other folder is stamped: a task that writes a module's bytecode
@@ -197,17 +201,27 @@ def stamps(tops: list[str], loaded: list[str], refused: list[str]) -> tuple[list
     sites, std = installed()
     paths: dict[str, None] = {}  # (what is stamped whatever the count comes first: see serve)
     own: dict[str, None] = {}
+    missing: dict[str, None] = {}
+    unfinished = bool(refused)
     for name in tops:
-        file = getattr(sys.modules.get(name), "__file__", None)
+        module = sys.modules.get(name)
+        file = getattr(module, "__file__", None)
         if file:
             paths[os.path.abspath(file)] = None
-    missing: dict[str, None] = {}
+        elif module is not None:  # a namespace: a package folder whose __init__.py may be on its way
+            unfinished = True
+            missing.update(dict.fromkeys(p for p in (os.path.join(entry, "__init__.py")
+                                                     for entry in getattr(module, "__path__", []))
+                                         if not os.path.lexists(p)))
     for name in refused:
         found = found_in(name)
         if found:
             paths[os.path.abspath(found)] = None
         else:
             missing.update(dict.fromkeys(p for p in absent(name) if not os.path.lexists(p)))
+    if unfinished:
+        for folder in sites:
+            paths[folder.rstrip(os.sep)] = None
     left = 0
     for name in loaded:
         file = getattr(sys.modules.get(name), "__file__", None)

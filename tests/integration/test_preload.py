@@ -80,6 +80,10 @@ def exits(folder):
 def parent():
     return os.getppid()
 
+def latecomer_pid():
+    import latecomer
+    return {"file": latecomer.__file__, "pid": getattr(latecomer, "PID", None), "me": os.getpid()}
+
 def keepers_process():
     import keeper
     print("the task's own output")
@@ -456,12 +460,31 @@ def test_a_preload_pip_installs_into_a_venvs_site_packages_is_preloaded_from_the
         servers = [_run(cp, client, bundle, "parent") for _ in range(3)]
         assert [how for _, how in servers] == [FORKED] * 3
         assert servers[1][0].result == servers[2][0].result
-        (Path(site) / "latecomer").mkdir()  # (a package, as pip unpacks one)
-        (Path(site) / "latecomer" / "__init__.py").write_text("")
+        # a task comes while pip unpacks the package: its __init__.py, not yet the module it imports
+        package = Path(site) / "latecomer"
+        package.mkdir()
+        (package / "__init__.py").write_text("from .core import VERSION\n")
+        _, how = _run(cp, client, bundle, "parent")
+        assert how == FORKED  # (its server could not import it)
+        (package / "core.py").write_text("VERSION = 1\n")
+        (Path(site) / "latecomer-1.0.dist-info").mkdir()  # (what pip writes last)
         _, how = _run(cp, client, bundle, "parent")
         assert how == f"{FORKED} (preloaded: latecomer)"
     finally:
         agent.stop(grace=0)
+
+
+def test_a_preload_caught_as_a_bare_folder_is_preloaded_once_its_init_is_there(start, bundle, lib):
+    """A package folder made before its __init__.py (an install under way) imports as a
+    namespace with nothing in it: the server that did so is replaced once __init__.py is there."""
+    cp, client = start("latecomer")
+    _run(cp, client, bundle)
+    (lib / "latecomer").mkdir()
+    _run(cp, client, bundle)  # (a server that imported the bare folder)
+    (lib / "latecomer" / "__init__.py").write_text("import os\nPID = os.getpid()\n")
+    job, how = _run(cp, client, bundle, "latecomer_pid")
+    assert how == f"{FORKED} (preloaded: latecomer)" and job.result["file"] is not None
+    assert job.result["pid"] != job.result["me"]  # (imported by the server)
 
 
 def test_a_task_writing_bytecode_beside_a_preload_does_not_restart_the_server(start, bundle, lib):
