@@ -528,8 +528,8 @@ def test_submit_without_bundle_notes_a_file_of_this_folder_the_command_names(hom
     (here / "train.py").write_text("print('hi')\n")
     noted = cli("submit", "--dry-run", "--", "python", "train.py", cwd=here)
     assert noted.returncode == 0, noted.stderr
-    assert noted.stderr.startswith("gpulayer: note: train.py is in this folder, and the job will not find it: "
+    assert noted.stderr.startswith("gpulayer: train.py is in this folder, and the job will not find it: "
                                    "a job runs in a folder of its own, with only the files --bundle DIR sends "
                                    "(--bundle . sends this one)\n")
     bundled = cli("submit", "--dry-run", "--bundle", ".", "--", "python", "train.py", cwd=here)
-    assert bundled.returncode == 0 and "note:" not in bundled.stderr
+    assert bundled.returncode == 0 and "in this folder" not in bundled.stderr

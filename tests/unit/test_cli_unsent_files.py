@@ -16,6 +16,8 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "run.sh").write_text("echo hi\n")
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "build").mkdir()  # (output, not a package: `python -m build` imports the installed one)
+    (tmp_path / "build" / "out.txt").write_text("")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -36,10 +38,23 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (["echo", "train.py"], False, None),
     (["ls"], False, None),
     (["other.py"], True, None),
+    (["python", "-m", "build"], False, None),
+    (["python", "../train.py"], False, None),
+    (["shuf", "-o", "train.py"], False, None),
+    (["sha256sum", "train.py"], False, None),
+    (["python", "--check-hash-based-pycs", "default", "train.py"], False, "train.py"),
+    (["/usr/bin/python3.11", "train.py"], False, "train.py"),
+    (["python", ""], False, None),
+    (["python", "-m"], False, None),
 ])
 def test_the_file_a_command_names_here_is_found(here: Path, command: list[str], distributed: bool,
                                                 named: str | None) -> None:
     assert unsent_file(command, distributed=distributed) == named
+
+
+def test_a_module_the_jobs_own_pythonpath_may_find_is_not_noted(here: Path) -> None:
+    assert unsent_file(["python", "-m", "pkg"], env={"PYTHONPATH": "/srv/code"}) is None
+    assert unsent_file(["python", "train.py"], env={"PYTHONPATH": "/srv/code"}) == "train.py"
 
 
 def test_an_absolute_path_is_not_noted(here: Path) -> None:
