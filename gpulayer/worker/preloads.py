@@ -208,7 +208,10 @@ def stamps(tops: list[str], loaded: list[str], refused: list[str]) -> tuple[list
         file = getattr(module, "__file__", None)
         if file:
             paths[os.path.abspath(file)] = None
-        elif module is not None:  # a namespace: a package folder whose __init__.py may be on its way
+        elif module is not None and not any(n.startswith(name + ".") and getattr(sys.modules.get(n), "__file__", None)
+                                            for n in loaded):
+            # a bare namespace (a package folder whose __init__.py may be on its way), not
+            # one that holds what was preloaded (google.protobuf, nvidia.*)
             unfinished = True
             missing.update(dict.fromkeys(p for p in (os.path.join(entry, "__init__.py")
                                                      for entry in getattr(module, "__path__", []))

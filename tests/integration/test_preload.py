@@ -441,10 +441,8 @@ def test_a_missing_preload_does_not_restart_the_server_when_its_folders_change(s
     assert len(servers) == 1
 
 
-def test_a_preload_pip_installs_into_a_venvs_site_packages_is_preloaded_from_the_next_task(home, lib, bundle, tmp_path):
-    """The worker's Python a virtual environment's: a preload installed into its
-    site-packages after the worker started (under the environment's lib/pythonX.Y, where its
-    standard library is said to be too) reaches the next task."""
+def _venv_worker(tmp_path: Path, *preload: str) -> tuple[ControlPlane, Client, Agent, Path]:
+    """A worker whose Python is a fresh virtual environment's, and that environment's site-packages."""
     import venv
 
     venv.EnvBuilder(symlinks=True, with_pip=False).create(tmp_path / "venv")
@@ -453,8 +451,17 @@ def test_a_preload_pip_installs_into_a_venvs_site_packages_is_preloaded_from_the
                           capture_output=True, text=True, check=True).stdout.strip()
     cp = ControlPlane(Store())
     client = Client(cp, location="embedded", default_target="local", control=cp)
-    agent = Agent(cp, capabilities=make_capabilities(), cpu_slots=2, python=python, preload=("latecomer",))
+    agent = Agent(cp, capabilities=make_capabilities(), cpu_slots=2, python=python, preload=preload)
     agent.start()
+    return cp, client, agent, Path(site)
+
+
+def test_a_preload_pip_installs_into_a_venvs_site_packages_is_preloaded_from_the_next_task(home, lib, bundle, tmp_path):
+    """The worker's Python a virtual environment's: a preload installed into its
+    site-packages after the worker started (under the environment's lib/pythonX.Y, where its
+    standard library is said to be too) reaches the next task."""
+    cp, client, agent, site_dir = _venv_worker(tmp_path, "latecomer")
+    site = str(site_dir)
     try:
         # (the first task may write a bytecode cache on the path: after it, one server)
         servers = [_run(cp, client, bundle, "parent") for _ in range(3)]
@@ -470,6 +477,22 @@ def test_a_preload_pip_installs_into_a_venvs_site_packages_is_preloaded_from_the
         (Path(site) / "latecomer-1.0.dist-info").mkdir()  # (what pip writes last)
         _, how = _run(cp, client, bundle, "parent")
         assert how == f"{FORKED} (preloaded: latecomer)"
+    finally:
+        agent.stop(grace=0)
+
+
+def test_a_preload_in_a_namespace_package_is_not_restarted_by_an_unrelated_install(home, lib, bundle, tmp_path):
+    """A preload inside a namespace package (google.protobuf, nvidia.*: the top-level name has
+    no __init__.py) is no install under way: installing something else keeps its server."""
+    (lib / "nsp").mkdir()
+    (lib / "nsp" / "sub.py").write_text("VALUE = 1\n")
+    cp, client, agent, site = _venv_worker(tmp_path, "nsp.sub")
+    try:
+        servers = [_run(cp, client, bundle, "parent") for _ in range(3)]
+        assert {how for _, how in servers} == {f"{FORKED} (preloaded: nsp.sub)"}
+        (site / "unrelated-1.0.dist-info").mkdir()  # (pip installs something else)
+        job, _ = _run(cp, client, bundle, "parent")
+        assert job.result == servers[-1][0].result
     finally:
         agent.stop(grace=0)
 
