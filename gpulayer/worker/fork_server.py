@@ -40,8 +40,8 @@ after ``--``) are imported next, one at a time, each with the worker's environme
 fails to import is named in ``refused``, and one that leaves the server unsafe to fork
 (a thread running, an accelerator's device open: see :func:`.preloads.unsafe`) ends the list, named
 in ``offender`` (the worker starts a server without it). The ``ready`` message lists
-``stamps``, the files those modules came from, so the worker can tell when one
-changed (see :func:`.preloads.stamps`).
+``stamps``, the files and folders those modules came from and the paths where a missing one
+would appear, so the worker can tell when one changed (see :func:`.preloads.stamps`).
 
 Messages to the worker: ``{"ready": ...}`` once; ``{"spare": PID}`` with the spare's socket
 as a file descriptor (one at start, then one for each ``{"want": true}`` the worker sends
@@ -174,7 +174,8 @@ def _set_environ(env: dict[str, str]) -> None:
 def _own_exit_handlers() -> None:
     """In a spare, before any task code: the exit callbacks this server's own imports
     registered are dropped (a preload's: importing torch registers six ``atexit`` callbacks
-    and 134 ``weakref.finalize`` finalizers). They are the server's: one that cleans up
+    and 134 ``weakref.finalize`` finalizers; those stay registered, and are passed over at
+    the task's exit). They are the server's: one that cleans up
     something outside the process (a temporary folder made at import) would do it from the
     first task's child, under the server and every later task, and those that only tidy the
     process cost a child 27 ms (torch's, where they copy the pages they touch) before an
@@ -487,7 +488,7 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str], user: list[
              "unstamped": unstamped}
     try:
         sock.send(json.dumps(hello).encode())
-    except OSError:  # (too many stamps for one message: the preloads' own files and site folders)
+    except OSError:  # (too many stamps for one message: those always kept, see preloads.stamps)
         hello["unstamped"] = unstamped + len(stamps) - fixed
         hello["stamps"] = stamps[:fixed]
         _send(sock, hello)

@@ -48,7 +48,7 @@ from typing import Any
 from gpulayer.interpreter import start_variables
 from gpulayer.worker.deathsig import die_with_parent
 from gpulayer.worker.fork_server import GO
-from gpulayer.worker.preloads import MAX_STAMPED
+from gpulayer.worker.preloads import ABSENT, MAX_STAMPED
 from gpulayer.worker.process import StartFailed
 from gpulayer.worker.wakeups import Cancel
 
@@ -64,8 +64,6 @@ PRELOAD = ("gpulayer", "gpulayer.remote_functions")
 #: how long the first FunctionJob waits for a fork server to come up before it spawns
 READY_TIMEOUT = 60.0
 FORKED = "started by fork server"
-#: the inode of a stamp for a path where a preload found nowhere would appear (preloads.ABSENT)
-_ABSENT = -1
 
 
 def unsupported() -> str | None:
@@ -373,12 +371,14 @@ class ForkServer:
 
     def stale(self) -> str | None:
         """What changed on disk since the server imported the worker's preloads (a file they
-        came from: a package upgraded, a module edited, a broken preload fixed), or None."""
+        came from: a package upgraded, a module edited, a broken preload fixed; a path where a
+        missing preload appeared; a site-packages folder an install caught half way finished
+        in), or None."""
         for path, ino, size, mtime in self._stamps:
             try:
                 st = os.stat(path)
             except OSError:
-                if ino == _ABSENT:  # (a path where a missing preload would appear: still missing)
+                if ino == ABSENT:  # (a path where a missing preload would appear: still missing)
                     continue
                 return path
             if (st.st_ino, st.st_size, st.st_mtime_ns) != (ino, size, mtime):

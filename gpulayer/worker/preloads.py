@@ -208,8 +208,8 @@ def stamps(tops: list[str], loaded: list[str], refused: list[str]) -> tuple[list
         file = getattr(module, "__file__", None)
         if file:
             paths[os.path.abspath(file)] = None
-        elif module is not None and not any(n.startswith(name + ".") and getattr(sys.modules.get(n), "__file__", None)
-                                            for n in loaded):
+        elif hasattr(module, "__path__") and not any(
+                n.startswith(name + ".") and getattr(sys.modules.get(n), "__file__", None) for n in loaded):
             # a bare namespace (a package folder whose __init__.py may be on its way), not
             # one that holds what was preloaded (google.protobuf, nvidia.*)
             unfinished = True
