@@ -31,19 +31,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpulayer import bundles, config, plugins
-from gpulayer.api import ResultJSON, TaskAssignment, WorkerAPI
+from gpulayer.api import TaskAssignment, WorkerAPI
 from gpulayer.errors import Conflict, ConnectionFailed, Forbidden, GpulayerError, InvalidInput, NotFound
 from gpulayer.hookrecords import Capabilities
 from gpulayer.records import JobError, TaskState, WorkerRecord
 from gpulayer.worker.cache_keeper import CacheKeeper
 from gpulayer.worker.forking import RUNNER_PATH, ForkServer, ForkServers
-from gpulayer.worker.function_runner import RESULT_PREFIX
 from gpulayer.worker.logbuffer import LogBuffer
+from gpulayer.worker.outcome import TaskOutcome, function_outcome
 from gpulayer.worker.process import Cancel, Started, Starter, StartFailed
 from gpulayer.worker.task_files import INLINE_SPEC_MAX, TaskFiles
 from gpulayer.worker.threads import WORKER_THREADS
@@ -61,16 +60,6 @@ TAKEN_KEPT = 1024
 def default_cpu_slots(capabilities: Capabilities) -> int:
     """CPU-only tasks a worker runs at once unless told: one per CPU, at most four."""
     return max(1, min(4, capabilities.host.cpu_count))
-
-
-@dataclass
-class TaskOutcome:
-    """How one task ended, as the worker reports it."""
-
-    state: TaskState
-    exit_code: int | None = None
-    result: Any = None
-    error: JobError | None = None
 
 
 #: exit codes of a death by a stopping signal: negative, the main process was killed by it;
@@ -574,30 +563,5 @@ class Agent:
         if outcome.error and state is not TaskState.SUCCEEDED:
             report.error = JobError.ended(state, outcome.error)
         if result_path is not None and state in (TaskState.SUCCEEDED, TaskState.FAILED):
-            return _function_outcome(report, result_path)
+            return function_outcome(report, result_path)
         return report
-
-
-def _function_outcome(report: TaskOutcome, result_path: Path) -> TaskOutcome:
-    """A function job's outcome: its process's, with the runner's result or error read in
-    (a result as the JSON text the runner wrote: :class:`~gpulayer.api.ResultJSON`)."""
-    try:
-        text = result_path.read_text()
-        if text.startswith(RESULT_PREFIX) and text.endswith("}"):
-            raw = text[len(RESULT_PREFIX):-1]
-            report.result = None if raw == "null" else ResultJSON(raw)  # (None: no result, as before)
-            return report
-        payload = json.loads(text)
-    except (OSError, ValueError):
-        payload = None
-    if isinstance(payload, dict) and payload.get("ok"):
-        report.result = payload.get("result")
-    elif isinstance(payload, dict) and isinstance(payload.get("error"), dict):
-        err = payload["error"]
-        report.state = TaskState.FAILED
-        report.error = JobError.raised_by(str(err.get("type") or "Exception"), str(err.get("message") or ""),
-                                          str(err.get("traceback") or ""))
-    elif report.state is TaskState.SUCCEEDED:
-        report.state = TaskState.FAILED
-        report.error = JobError(type="runner", message="the function runner wrote no result")
-    return report

@@ -173,8 +173,9 @@ def test_a_functions_result_is_read_as_the_runners_json_text(tmp_path) -> None: 
 
     from gpulayer.api import ResultJSON
     from gpulayer.records import TaskState
-    from gpulayer.worker.agent import TaskOutcome, _function_outcome
     from gpulayer.worker.forking import RUNNER_PATH
+    from gpulayer.worker.outcome import TaskOutcome
+    from gpulayer.worker.outcome import function_outcome as _function_outcome
 
     path = tmp_path / "result.json"
     (tmp_path / "tasks.py").write_text("def ok():\n    return {'a': [1, 2.5, None], 'b': 'caf\\u00e9'}\n\n"

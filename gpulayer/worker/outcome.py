@@ -1,0 +1,48 @@
+"""How a task ended, as its worker reports it: :class:`TaskOutcome`, and for a FunctionJob
+the result or error its function runner wrote (:func:`function_outcome`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpulayer.api import ResultJSON
+from gpulayer.records import JobError, TaskState
+from gpulayer.worker.function_runner import RESULT_PREFIX
+
+
+@dataclass
+class TaskOutcome:
+    """How one task ended, as the worker reports it."""
+
+    state: TaskState
+    exit_code: int | None = None
+    result: Any = None
+    error: JobError | None = None
+
+
+def function_outcome(report: TaskOutcome, result_path: Path) -> TaskOutcome:
+    """A function job's outcome: its process's, with the runner's result or error read in
+    (a result as the JSON text the runner wrote: :class:`~gpulayer.api.ResultJSON`)."""
+    try:
+        text = result_path.read_text()
+        if text.startswith(RESULT_PREFIX) and text.endswith("}"):
+            raw = text[len(RESULT_PREFIX):-1]
+            report.result = None if raw == "null" else ResultJSON(raw)  # (None: no result, as before)
+            return report
+        payload = json.loads(text)
+    except (OSError, ValueError):
+        payload = None
+    if isinstance(payload, dict) and payload.get("ok"):
+        report.result = payload.get("result")
+    elif isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        err = payload["error"]
+        report.state = TaskState.FAILED
+        report.error = JobError.raised_by(str(err.get("type") or "Exception"), str(err.get("message") or ""),
+                                          str(err.get("traceback") or ""))
+    elif report.state is TaskState.SUCCEEDED:
+        report.state = TaskState.FAILED
+        report.error = JobError(type="runner", message="the function runner wrote no result")
+    return report
