@@ -224,13 +224,14 @@ def bundle(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def start(home: Path, lib: Path) -> Iterator[object]:
-    """Start a worker with these preloads on a fresh control plane: (control plane, client)."""
+    """Start a worker with these preloads (and ``python``, the worker's own by default) on a
+    fresh control plane: (control plane, client)."""
     agents: list[Agent] = []
 
-    def start(*preload: str) -> tuple[ControlPlane, Client]:
+    def start(*preload: str, python: str | None = None) -> tuple[ControlPlane, Client]:
         cp = ControlPlane(Store())
         client = Client(cp, location="embedded", default_target="local", control=cp)
-        agent = Agent(cp, capabilities=make_capabilities(), cpu_slots=2, preload=preload)
+        agent = Agent(cp, capabilities=make_capabilities(), cpu_slots=2, preload=preload, python=python)
         agent.start()
         agents.append(agent)
         return cp, client
@@ -441,60 +442,51 @@ def test_a_missing_preload_does_not_restart_the_server_when_its_folders_change(s
     assert len(servers) == 1
 
 
-def _venv_worker(tmp_path: Path, *preload: str) -> tuple[ControlPlane, Client, Agent, Path]:
-    """A worker whose Python is a fresh virtual environment's, and that environment's site-packages."""
+def _venv(tmp_path: Path) -> tuple[str, Path]:
+    """A fresh virtual environment's Python, and its site-packages."""
     import venv
 
     venv.EnvBuilder(symlinks=True, with_pip=False).create(tmp_path / "venv")
     python = str(tmp_path / "venv" / "bin" / "python")
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    cp = ControlPlane(Store())
-    client = Client(cp, location="embedded", default_target="local", control=cp)
-    agent = Agent(cp, capabilities=make_capabilities(), cpu_slots=2, python=python, preload=preload)
-    agent.start()
-    return cp, client, agent, Path(site)
+    return python, Path(site)
 
 
-def test_a_preload_pip_installs_into_a_venvs_site_packages_is_preloaded_from_the_next_task(home, lib, bundle, tmp_path):
+def test_a_preload_pip_installs_into_a_venvs_site_packages_is_preloaded_from_the_next_task(start, bundle, tmp_path):
     """The worker's Python a virtual environment's: a preload installed into its
     site-packages after the worker started (under the environment's lib/pythonX.Y, where its
     standard library is said to be too) reaches the next task."""
-    cp, client, agent, site_dir = _venv_worker(tmp_path, "latecomer")
-    site = str(site_dir)
-    try:
-        # (the first task may write a bytecode cache on the path: after it, one server)
-        servers = [_run(cp, client, bundle, "parent") for _ in range(3)]
-        assert [how for _, how in servers] == [FORKED] * 3
-        assert servers[1][0].result == servers[2][0].result
-        # a task comes while pip unpacks the package: its __init__.py, not yet the module it imports
-        package = Path(site) / "latecomer"
-        package.mkdir()
-        (package / "__init__.py").write_text("from .core import VERSION\n")
-        _, how = _run(cp, client, bundle, "parent")
-        assert how == FORKED  # (its server could not import it)
-        (package / "core.py").write_text("VERSION = 1\n")
-        (Path(site) / "latecomer-1.0.dist-info").mkdir()  # (what pip writes last)
-        _, how = _run(cp, client, bundle, "parent")
-        assert how == f"{FORKED} (preloaded: latecomer)"
-    finally:
-        agent.stop(grace=0)
+    python, site = _venv(tmp_path)
+    cp, client = start("latecomer", python=python)
+    # (the first task may write a bytecode cache on the path: after it, one server)
+    servers = [_run(cp, client, bundle, "parent") for _ in range(3)]
+    assert [how for _, how in servers] == [FORKED] * 3
+    assert servers[1][0].result == servers[2][0].result
+    # a task comes while pip unpacks the package: its __init__.py, not yet the module it imports
+    package = site / "latecomer"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .core import VERSION\n")
+    _, how = _run(cp, client, bundle, "parent")
+    assert how == FORKED  # (its server could not import it)
+    (package / "core.py").write_text("VERSION = 1\n")
+    (site / "latecomer-1.0.dist-info").mkdir()  # (what pip writes last)
+    _, how = _run(cp, client, bundle, "parent")
+    assert how == f"{FORKED} (preloaded: latecomer)"
 
 
-def test_a_preload_in_a_namespace_package_is_not_restarted_by_an_unrelated_install(home, lib, bundle, tmp_path):
+def test_a_preload_in_a_namespace_package_is_not_restarted_by_an_unrelated_install(start, lib, bundle, tmp_path):
     """A preload inside a namespace package (google.protobuf, nvidia.*: the top-level name has
     no __init__.py) is no install under way: installing something else keeps its server."""
     (lib / "nsp").mkdir()
     (lib / "nsp" / "sub.py").write_text("VALUE = 1\n")
-    cp, client, agent, site = _venv_worker(tmp_path, "nsp.sub")
-    try:
-        servers = [_run(cp, client, bundle, "parent") for _ in range(3)]
-        assert {how for _, how in servers} == {f"{FORKED} (preloaded: nsp.sub)"}
-        (site / "unrelated-1.0.dist-info").mkdir()  # (pip installs something else)
-        job, _ = _run(cp, client, bundle, "parent")
-        assert job.result == servers[-1][0].result
-    finally:
-        agent.stop(grace=0)
+    python, site = _venv(tmp_path)
+    cp, client = start("nsp.sub", python=python)
+    servers = [_run(cp, client, bundle, "parent") for _ in range(3)]
+    assert {how for _, how in servers} == {f"{FORKED} (preloaded: nsp.sub)"}
+    (site / "unrelated-1.0.dist-info").mkdir()  # (pip installs something else)
+    job, _ = _run(cp, client, bundle, "parent")
+    assert job.result == servers[-1][0].result
 
 
 def test_a_preload_caught_as_a_bare_folder_is_preloaded_once_its_init_is_there(start, bundle, lib):
