@@ -28,6 +28,7 @@ _LAZY = {
                      "get_job"), "gpulayer.sdk"),
     **dict.fromkeys(("CommandJob", "DistributedJob", "FunctionJob", "Placement", "Requirements"), "gpulayer.specs"),
     "hookimpl": "gpulayer.hookspecs",
+    "UnsentFileWarning": "gpulayer.unsent",
 }
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from gpulayer.remote_functions import remote
     from gpulayer.sdk import JobHandle, as_completed, cancel, connect, explain, get_job, submit, submit_many, wait
     from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, Placement, Requirements
+    from gpulayer.unsent import UnsentFileWarning
 
 
 def __getattr__(name: str) -> Any:
@@ -64,6 +66,7 @@ __all__ = [
     "RemoteError",
     "Requirements",
     "Unschedulable",
+    "UnsentFileWarning",
     "__version__",
     "as_completed",
     "cancel",

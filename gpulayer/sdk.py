@@ -10,6 +10,7 @@ submits it and returns a :class:`JobHandle`. Arguments and the result are JSON
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
@@ -38,6 +39,7 @@ from gpulayer.specs import (
     FunctionJob,
     Spelling,
 )
+from gpulayer.unsent import UnsentFileWarning, note, unsent_in_spec
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -114,6 +116,14 @@ def result_of(job: JobRecord) -> Any:
                     exit_code=job.exit_code)
 
 
+def _note_unsent(spec: CommandJob | FunctionJob | DistributedJob, who: str) -> None:
+    """Warn (:class:`~gpulayer.unsent.UnsentFileWarning`) where ``spec`` names a file of the
+    current folder and sends no bundle: the job runs in a folder of its own."""
+    unsent = unsent_in_spec(spec)
+    if unsent is not None:
+        warnings.warn(f"{who}: {note(unsent, cli=False)}", UnsentFileWarning, stacklevel=3)
+
+
 def get_job(job_id: str) -> JobHandle:
     return JobHandle(job_id)
 
@@ -124,6 +134,7 @@ def submit(spec: CommandJob | FunctionJob | DistributedJob, *, client: Client | 
     With ``on_unschedulable="fail"`` (the default) a job no registered worker could ever
     run raises :class:`Unschedulable` with the scheduler's per-worker reasons.
     """
+    _note_unsent(spec, "gl.submit")
     client = client or connect()
     job = client.submit(spec, arguments=False)  # (the handle needs the id and the state)
     if job.state is JobState.UNSCHEDULABLE:
@@ -153,6 +164,8 @@ def submit_many(specs: Iterable[CommandJob | FunctionJob | DistributedJob], *,
                                   "FunctionJob, DistributedJob")
     if not items:
         return []
+    for spec in items:
+        _note_unsent(spec, "gl.submit_many")
     client = client or connect()
     jobs = client.submit_many(items, arguments=False)
     for job in jobs:

@@ -18,8 +18,6 @@ N      the job ran: its own exit code (0 on success)
 from __future__ import annotations
 
 import math
-import os
-import re
 import subprocess
 import sys
 import time
@@ -44,6 +42,7 @@ from gpulayer.cli.conventions import (
 )
 from gpulayer.cli.display import printable
 from gpulayer.errors import GpulayerError, InvalidInput
+from gpulayer.unsent import note, unsent_in_spec
 
 if TYPE_CHECKING:
     from gpulayer.client import Client
@@ -175,13 +174,9 @@ def submit_cmd(
     from gpulayer.records import JobState
 
     spec = spec_from_flags(dict(locals()))
-    if bundle is None:
-        unsent = unsent_file(command, distributed=nproc_per_node is not None or nodes not in (None, 1),
-                             env=spec.env)
-        if unsent is not None:
-            typer.echo(f"gpulayer: {unsent} is in this folder, and the job will not find it: a job runs in "
-                       "a folder of its own, with only the files --bundle DIR sends (--bundle . sends this one)",
-                       err=True)
+    unsent = unsent_in_spec(spec)
+    if unsent is not None:
+        typer.echo(f"gpulayer: {note(unsent, cli=True)}", err=True)
     if dry_run:
         _dry_run(spec, as_json)
         return
@@ -213,61 +208,6 @@ def submit_cmd(
     if as_json:
         echo_json(outcome_record(final))
     raise typer.Exit(exit_code_for(final))
-
-
-#: commands that run a script they read from a file (a version may follow: python3.11)
-_SCRIPT_RUNNER = re.compile(r"(python|pypy)[0-9.]*|bash|sh|zsh|torchrun|accelerate|deepspeed")
-#: python's options that take a value as the next word
-_PYTHON_VALUED = ("-X", "-W", "--check-hash-based-pycs")
-
-
-def unsent_file(command: list[str], *, distributed: bool = False, env: dict[str, str] | None = None) -> str | None:
-    """The file (or module) of the current folder that ``command`` names and that a job
-    submitted without ``--bundle`` would not find, or None: the script after ``python`` (or
-    ``bash``, ``torchrun``, ...), the package or module after ``python -m`` (unless the
-    job's ``env`` sets ``PYTHONPATH``), a ``./program``, a distributed job's entry
-    (``train.py``, ``pkg.mod:fn``). Only a relative name inside this folder that exists
-    here: the job runs in a folder of its own."""
-
-    def inside(word: str) -> bool:
-        return not os.path.isabs(word) and not os.path.normpath(word).startswith(os.pardir)
-
-    def module(name: str) -> str | None:
-        top = name.partition(":")[0].split(".")[0]
-        if not top or not inside(top) or "PYTHONPATH" in (env or {}):
-            return None
-        # (a folder without __init__.py or __main__.py is no package: an installed one of the
-        # same name is imported instead, `python -m build` beside a build/ folder)
-        package = any(os.path.isfile(os.path.join(top, f)) for f in ("__init__.py", "__main__.py"))
-        return top if os.path.isfile(top + ".py") or package else None
-
-    def script(word: str) -> str | None:
-        return word if word and inside(word) and os.path.isfile(word) else None
-
-    if not command:
-        return None
-    if distributed:
-        entry = command[0]
-        return script(entry) if entry.endswith(".py") or os.sep in entry else module(entry)
-    if command[0].startswith(("./", "../")):
-        return script(command[0])
-    first = os.path.basename(command[0])
-    if not _SCRIPT_RUNNER.fullmatch(first):
-        return None
-    python = first.startswith(("python", "pypy"))
-    words = iter(command[1:])
-    for word in words:
-        if word == "-c":
-            return None
-        if python and word == "-m":
-            return module(next(words, ""))
-        if python and word in _PYTHON_VALUED:
-            next(words, None)  # (its value)
-        elif not word.startswith("-"):
-            found = script(word)
-            if python or found is not None:  # (python's first word is its script; torchrun's options take values)
-                return found
-    return None
 
 
 #: ``gpulayer submit``'s flags that say what to do with the job rather than describe it

@@ -1,0 +1,124 @@
+"""The file of the current folder that a job names and would not find.
+
+A job runs in a folder of its own on its worker, with only the files of its source bundle.
+``python train.py`` submitted without one fails there with python's "can't open file",
+``module:function`` with "no module named": true, and no help to someone who sees
+``train.py`` right there. ``gpulayer submit`` and the SDK's ``gl.submit`` say so as they
+submit (the CLI on stderr, the SDK as an :class:`UnsentFileWarning`), naming the file and the
+way to send it. A note, not an error: the job may well find another copy (an absolute path,
+the job's own ``PYTHONPATH``, an installed module). Standard library only: the CLI imports
+it on its way to every submit.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import re
+import sys
+from typing import Any
+
+
+class UnsentFileWarning(UserWarning):
+    """A job names a file of the current folder but sends no bundle, so it will not find it."""
+
+
+#: commands that run a script they read from a file (a version may follow: python3.11)
+_SCRIPT_RUNNER = re.compile(r"(python|pypy)[0-9.]*|bash|sh|zsh|torchrun|accelerate|deepspeed")
+#: python's options that take a value as the next word
+_PYTHON_VALUED = ("-X", "-W", "--check-hash-based-pycs")
+
+
+def unsent_file(command: list[str], *, distributed: bool = False, env: dict[str, str] | None = None) -> str | None:
+    """The file (or module) of the current folder that ``command`` names and that a job
+    submitted without a bundle would not find, or None: the script after ``python`` (or
+    ``bash``, ``torchrun``, ...), the package or module after ``python -m``, a
+    ``./program``, a distributed job's entry (``train.py``, ``pkg.mod:fn``). Only a relative
+    name inside this folder that exists here: the job runs in a folder of its own. A module
+    is not named when the job's ``env`` sets ``PYTHONPATH`` or when this Python would import
+    it from elsewhere too (installed, or an editable install), as the job's may."""
+
+    def inside(word: str) -> bool:
+        return not os.path.isabs(word) and not os.path.normpath(word).startswith(os.pardir)
+
+    def module(name: str) -> str | None:
+        top = name.partition(":")[0].split(".")[0]
+        if not top or not inside(top) or "PYTHONPATH" in (env or {}):
+            return None
+        # (a folder without __init__.py or __main__.py is no package: an installed one of the
+        # same name is imported instead, `python -m build` beside a build/ folder)
+        package = any(os.path.isfile(os.path.join(top, f)) for f in ("__init__.py", "__main__.py"))
+        if not (package or os.path.isfile(top + ".py")) or installed(top):
+            return None
+        return top if package else top + ".py"
+
+    def script(word: str) -> str | None:
+        return word if word and inside(word) and os.path.isfile(word) else None
+
+    if not command:
+        return None
+    if distributed:
+        entry = command[0]
+        return script(entry) if entry.endswith(".py") or os.sep in entry else module(entry)
+    if command[0].startswith(("./", "../")):
+        return script(command[0])
+    first = os.path.basename(command[0])
+    if not _SCRIPT_RUNNER.fullmatch(first):
+        return None
+    python = first.startswith(("python", "pypy"))
+    words = iter(command[1:])
+    for word in words:
+        if word == "-c":
+            return None
+        if python and word == "-m":
+            return module(next(words, ""))
+        if python and word in _PYTHON_VALUED:
+            next(words, None)  # (its value)
+        elif not word.startswith("-"):
+            found = script(word)
+            if python or found is not None:  # (python's first word is its script; torchrun's options take values)
+                return found
+    return None
+
+
+
+
+def installed(top: str) -> bool:
+    """Would this Python import the top-level module ``top`` from somewhere other than the
+    current folder (installed, a folder of ``sys.path``, an editable install's finder)?"""
+    here = os.getcwd()
+    path = [p for p in sys.path if p and os.path.abspath(p) != here]
+    for finder in sys.meta_path:
+        try:
+            if finder is importlib.machinery.PathFinder:
+                spec = finder.find_spec(top, path)
+            else:
+                find = getattr(finder, "find_spec", None)
+                spec = find(top, None) if find is not None else None
+        except Exception:  # (a finder of someone else's that fails: no answer from it)
+            continue
+        if spec is not None:
+            return True
+    return False
+
+
+def unsent_in_spec(spec: Any) -> str | None:
+    """:func:`unsent_file` for a job spec that sends no bundle: a CommandJob's command, a
+    DistributedJob's entry, a FunctionJob's module."""
+    if spec.bundle is not None or spec.bundle_digest is not None:
+        return None
+    try:
+        if spec.kind == "function":
+            return unsent_file([spec.function], distributed=True, env=spec.env)
+        if spec.kind == "distributed":
+            return unsent_file([spec.entry, *spec.args], distributed=True, env=spec.env)
+        return unsent_file(list(spec.command), env=spec.env)
+    except OSError:  # (the current folder was removed: nothing of it to name; the submit goes on)
+        return None
+
+
+def note(name: str, *, cli: bool) -> str:
+    """What to tell the user about ``name``, in the spelling of the CLI or of the SDK."""
+    sends, here = ("--bundle DIR", "--bundle .") if cli else ("bundle=DIR", "bundle='.'")
+    return (f"{name} is in this folder, and the job will not find it: a job runs in a folder of its "
+            f"own, with only the files {sends} sends ({here} sends this one)")
