@@ -151,7 +151,7 @@ class Agent:
         #: warm interpreters that fork FunctionJob tasks (:mod:`gpulayer.worker.forking`),
         #: started on first use with the environment every task inherits
         self.forks = ForkServers(self.python, {k: v for k, v in os.environ.items() if k not in WORKER_SECRETS},
-                                 config.settings().preload if preload is None else preload)
+                                 config.settings().preload if preload is None else preload, follow=WORKER_SECRETS)
         #: its FunctionJob tasks' spec and result files
         self.task_files = TaskFiles()
 
@@ -319,6 +319,7 @@ class Agent:
         try:
             if a.spec.kind == "function":
                 # what the task's interpreter would start with: the worker's, with the job's
+                self.forks.follow_environ()
                 fork, started.how = self.forks.choose(a.spec.python, {**self.forks.env, **a.spec.env})
             try:
                 if fork is None:  # a spawned process runs at once: started before it

@@ -22,11 +22,14 @@ write. The spare then becomes the task's process tree:
 * the task's cwd, environment (``os.environ`` replaced, so the processes it starts see it)
   and ``sys.path`` (the task's ``PYTHONPATH`` entries before this interpreter's own);
   preloaded modules that the task's own path would shadow (a bundle with its own copy) are
-  dropped, so they are imported afresh from there;
+  dropped, so they are imported afresh from there; what the preloads' imports set (a
+  variable, a SIGINT or SIGTERM handler) as a fresh interpreter importing them would have it,
+  the timezone read again where the task's ``TZ`` differs, ``multiprocessing``'s key and
+  first folder the task's own (:mod:`.fresh`);
 * then it runs the function runner, as ``python function_runner.py SPEC RESULT`` would,
   and ends as that process would: once the task's non-daemon threads have ended and the
   ``atexit`` callbacks the task registered have run (not those this server's imports
-  registered: :func:`_own_exit_handlers`). Unlike an interpreter's exit, it does not then
+  registered: :func:`.fresh.own_exit_handlers`). Unlike an interpreter's exit, it does not then
   free the objects still alive (``os._exit``): a file the task left open at module level
   is not flushed.
 
@@ -58,7 +61,6 @@ the runner, it imports only the standard library.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import gc
@@ -87,6 +89,9 @@ def _load(name: str, path: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+#: what a child does to be what a fresh interpreter would be (its own file: see _load)
+_fresh = _load("_gpulayer_fresh", os.path.join(os.path.dirname(os.path.abspath(__file__)), "fresh.py"))
 
 #: what the worker sends a gated child once the task is marked started
 GO = b"go"
@@ -149,6 +154,12 @@ class _Warm(NamedTuple):
     entries_then: set[str]
     prctl: Any
     server: int
+    #: the environment this server started with
+    environ: dict[str, str]
+    #: what the worker's preloads changed of it as they were imported (None: removed)
+    preload_environ: dict[str, str | None]
+    #: the handlers of SIGINT and SIGTERM the worker's preloads installed as they were imported
+    preload_signals: dict[signal.Signals, Any]
 
 
 def _detach(warm: _Warm) -> None:
@@ -160,97 +171,12 @@ def _detach(warm: _Warm) -> None:
             os._exit(137)
 
 
-def _set_environ(env: dict[str, str]) -> None:
-    """``os.environ`` (and so the C environment the task's own processes inherit) becomes
-    ``env``; only what differs is changed (a task's environment is mostly the server's, and
-    replacing it whole cost 0.2 ms a task)."""
-    for key in [k for k in os.environ if k not in env]:
-        del os.environ[key]
-    for key, value in env.items():
-        if os.environ.get(key) != value:
-            os.environ[key] = value
-
-
-def _own_exit_handlers() -> None:
-    """In a spare, before any task code: the exit callbacks this server's own imports
-    registered are dropped (a preload's: importing torch registers six ``atexit`` callbacks
-    and 134 ``weakref.finalize`` finalizers; those stay registered, and are passed over at
-    the task's exit). They are the server's: one that cleans up
-    something outside the process (a temporary folder made at import) would do it from the
-    first task's child, under the server and every later task, and those that only tidy the
-    process cost a child 27 ms (torch's, where they copy the pages they touch) before an
-    exit that frees everything anyway. A fresh interpreter would have registered the
-    standard library's own as the task imported those modules, so they are registered again,
-    each made to see the task's own only (as ``multiprocessing`` does in the processes it
-    forks itself): ``logging``'s flushes and closes the task's log handlers, not the
-    server's; ``multiprocessing``'s joins the task's processes, not the server's; and
-    ``weakref.finalize``'s calls the task's finalizers, not the server's. What the
-    task registers runs (see :func:`_shut_down`). Nothing to do where the server imported
-    none of it (no preloads)."""
-    mp_process = sys.modules.get("multiprocessing.process")
-    if mp_process is not None:
-        # (else the task's exit would end, and try to join, the server's)
-        mp_process._children = set()  # type: ignore[attr-defined]
-    mp_util = sys.modules.get("multiprocessing.util")
-    if mp_util is not None:
-        mp_util._finalizer_registry.clear()
-    cleared = atexit._ncallbacks() > 0
-    if cleared:
-        atexit._clear()
-        logging = sys.modules.get("logging")
-        if logging is not None:
-            # the server's handlers (weak references, kept so that their ids stay theirs;
-            # by id: a handler class may define __eq__ and not __hash__)
-            inherited = list(logging._handlerList)
-            theirs = {id(ref) for ref in inherited}
-
-            def _shutdown_logging(_keep: list[Any] = inherited) -> None:
-                logging.shutdown([ref for ref in logging._handlerList if id(ref) not in theirs])
-
-            atexit.register(_shutdown_logging)
-    if cleared and mp_util is not None:
-        atexit.register(mp_util._exit_function)
-    finalize = getattr(sys.modules.get("weakref"), "finalize", None)
-    if finalize is not None and getattr(finalize, "_registered_with_atexit", False):
-        # the task's first finalizer registers weakref's exit call again, where a fresh
-        # interpreter would (its place among the task's atexit callbacks), and that call
-        # picks the task's finalizers only, numbered from here: the server's are not
-        # looked at unless the task made one (each one touched is a page copied: 0.5 ms a
-        # task for torch's 134, were they all marked here)
-        first = next(finalize._index_iter)
-
-        def _select_for_exit(cls: Any) -> list[Any]:
-            mine = [(f, i) for f, i in cls._registry.items() if i.atexit and i.index >= first]
-            mine.sort(key=lambda item: item[1].index)
-            return [f for f, _ in mine]
-
-        finalize._select_for_exit = classmethod(_select_for_exit)
-        finalize._registered_with_atexit = False
-
-
-def _shut_down() -> None:
-    """What an interpreter does as it exits, before it frees its objects, and what
-    ``os._exit`` skips: wait for the task's non-daemon threads (and run ``threading``'s own
-    exit calls, where ``concurrent.futures`` waits for the work given to its pools), then the
-    ``atexit`` callbacks (``weakref.finalize``'s among them), as the task run in a process of
-    its own would (a log uploaded by a thread, a tracker's run closed at exit). An exception
-    is printed and the next step still runs, as the interpreter does."""
-    threading = sys.modules.get("threading")
-    if threading is not None:
-        try:
-            threading._shutdown()
-        except BaseException:
-            with contextlib.suppress(Exception):
-                traceback.print_exc()
-    atexit._run_exitfuncs()
-
-
 def _child(req: dict[str, Any], fds: list[int], warm: _Warm, sock: socket.socket) -> None:
     """Become the task (after :func:`_detach`): its descriptors, cwd, environment and path;
     then, when the request is ``gated``, wait for the worker's ``go`` on ``sock`` (it marks
     the task started meanwhile; anything else, or its end closed, and the child exits having
     run nothing); then the function runner, and what an interpreter does as it exits
-    (:func:`_shut_down`). Never returns."""
+    (:func:`.fresh.shut_down`). Never returns."""
     code = 1
     ran = False
     try:
@@ -261,10 +187,11 @@ def _child(req: dict[str, Any], fds: list[int], warm: _Warm, sock: socket.socket
         keep = sock.fileno()
         os.closerange(3, keep)
         os.closerange(keep + 1, _MAX_FD)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
+        _fresh.streams()
         os.chdir(req["cwd"])
-        _set_environ(req["env"])
+        _fresh.set_environ(req["env"])
+        _fresh.as_imported(req["env"], warm.environ, warm.preload_environ, warm.preload_signals)
+        _fresh.fresh_multiprocessing(req["cwd"])
         entries = [p for p in req["path"] if p]
         # the runner puts the cwd first (see function_runner._setup_path)
         for name in _shadowed(warm.origins, [req["cwd"], *entries, *warm.base_path], warm.entries_then):
@@ -293,7 +220,7 @@ def _child(req: dict[str, Any], fds: list[int], warm: _Warm, sock: socket.socket
     finally:
         if ran:
             with contextlib.suppress(BaseException):
-                _shut_down()
+                _fresh.shut_down()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
@@ -356,7 +283,7 @@ class _Spare:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 _detach(warm)
                 with contextlib.suppress(Exception):  # (private parts of the standard library)
-                    _own_exit_handlers()
+                    _fresh.own_exit_handlers()
                 keep = theirs.fileno()
                 os.closerange(3, keep)
                 os.closerange(keep + 1, _MAX_FD)
@@ -451,8 +378,13 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str], user: list[
         except Exception:  # not installed in this Python: the job imports what it has
             continue
     before = len(sys.modules)
+    environ = dict(os.environ)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     mine, refused, offender, unsafe = preloads.preload(list(user or []))
     loaded = list(itertools.islice(sys.modules, before, None))
+    preload_environ: dict[str, str | None] = {k: v for k, v in os.environ.items() if environ.get(k) != v}
+    preload_environ.update((k, None) for k in environ if k not in os.environ)
+    preload_signals = {sig: signal.getsignal(sig) for sig, h in handlers.items() if signal.getsignal(sig) is not h}
     preloaded += mine
     warm = getattr(sys.modules.get("gpulayer.remote_functions"), "warm", None)
     if callable(warm):  # what a job module's first @gl.remote computes, computed once here
@@ -501,7 +433,8 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str], user: list[
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
     sel.register(wake_r, selectors.EVENT_READ, "sigchld")
-    warm = _Warm(runner, base_path, origins, entries_then, prctl, os.getpid())
+    warm = _Warm(runner, base_path, origins, entries_then, prctl, os.getpid(), environ, preload_environ,
+                 preload_signals)
     # what is loaded now stays out of the collector's reach in every child: a collection in
     # a child would otherwise touch (and so copy) every object the server holds
     gc.collect()

@@ -417,15 +417,29 @@ class ForkServer:
                 sock.shutdown(socket.SHUT_RDWR)
 
 
+def _environ_now(*, copy: bool = True) -> dict[Any, Any]:
+    """This process's environment as ``os.environ`` holds it: its encoded dict, compared in
+    a microsecond (a decoded copy takes ten times that)."""
+    data = getattr(os.environ, "_data", None)
+    if not isinstance(data, dict):
+        return dict(os.environ)
+    return dict(data) if copy else data
+
+
 class ForkServers:
     """A worker's fork servers, started on first use, for its job Python: one with the
     worker's preloads, and one without them for the tasks whose job sets an environment
     variable (started when the first such task comes)."""
 
-    def __init__(self, python: str, env: dict[str, str], preload: tuple[str, ...] = ()) -> None:
+    def __init__(self, python: str, env: dict[str, str], preload: tuple[str, ...] = (), *,
+                 follow: frozenset[str] | None = None) -> None:
         self.python = python
         #: what the server starts with, and what a forked task inherits from at start-up
         self.env = env
+        #: ``follow``: ``env`` is this process's ``os.environ`` but for these variables, and
+        #: follows it (see :meth:`follow_environ`)
+        self._follow = follow
+        self._environ_seen = _environ_now() if follow is not None else None
         #: the worker's preloads (``--preload``), in order
         self.preload = tuple(preload)
         #: preloads left out from now on, and why (one that made a server unsafe to fork)
@@ -438,6 +452,31 @@ class ForkServers:
         #: again and again
         self._starts: dict[tuple[str, ...], int] = {}
 
+    def follow_environ(self) -> None:
+        """Where the worker runs in someone else's process (the SDK's, in a script or a
+        notebook), that process may change its ``os.environ`` after the servers started
+        (``os.environ["HF_HOME"] = ...`` in a cell), and its tasks get the new one. A server
+        started before saw the old one as it started and imported its preloads, so it is
+        replaced (once its tasks end) by one started with the new environment. A look at each
+        FunctionJob: one comparison of two dicts while nothing changed."""
+        if self._follow is None or _environ_now(copy=False) == self._environ_seen:
+            return
+        now = _environ_now()
+        env = {k: v for k, v in os.environ.items() if k not in self._follow}
+        with self._lock:
+            self._environ_seen = now
+            if env == self.env:
+                return
+            changed = sorted({*env, *self.env} - {k for k in env if self.env.get(k) == env[k]})
+            self.env = env
+            servers, self._servers = list(self._servers.values()), {}
+            self._retired = [s for s in self._retired if not s.failed] + servers
+            self._starts = {}
+        if servers:
+            log.info("fork server: the worker's environment changed (%s): starting a new one", ", ".join(changed))
+        for server in servers:
+            server.retire()
+
     def choose(self, python: str | None, env: dict[str, str]) -> tuple[ForkServer | None, str]:
         """The server to fork a task from (None: spawn it) and the event message saying so.
         The server is leased to the task: :meth:`ForkServer.release` it when the task ends."""
@@ -445,8 +484,9 @@ class ForkServers:
         if why is None and python not in (None, self.python):
             why = f"the job's Python {python} is not the worker's {self.python}"
         if why is None:
-            changed = sorted(k for k, v in start_variables(env).items() if self.env.get(k) != v)
-            gone = sorted(k for k in start_variables(self.env) if k not in env)
+            # (the locale's too: an interpreter sets its own, and its streams' encoding, as it starts)
+            changed = sorted(k for k, v in start_variables(env, locale=True).items() if self.env.get(k) != v)
+            gone = sorted(k for k in start_variables(self.env, locale=True) if k not in env)
             if changed or gone:
                 why = f"the job sets {', '.join(changed + gone)}, read as an interpreter starts"
         if why is not None:

@@ -342,10 +342,10 @@ def test_the_fork_server_is_the_subreaper_of_its_tasks_and_reaps_their_strays(bu
 
 ENVIRON = """
 import os, subprocess
-from gpulayer.worker import fork_server
+from gpulayer.worker import fresh
 os.environ.update({"KEPT": "1", "CHANGED": "old", "GONE": "x"})
 env = {k: v for k, v in os.environ.items() if k != "GONE"}
-fork_server._set_environ({**env, "CHANGED": "new", "ADDED": "2"})
+fresh.set_environ({**env, "CHANGED": "new", "ADDED": "2"})
 print(os.environ.get("GONE"), os.environ["KEPT"], os.environ["CHANGED"], os.environ["ADDED"])
 # what the task's own processes inherit: the C environment
 print(subprocess.run(["sh", "-c", 'echo "${GONE-unset}" "$KEPT" "$CHANGED" "$ADDED"'], env=None,
@@ -514,7 +514,7 @@ from gpulayer.worker import fork_server, function_runner
 imported = []
 real_import = fork_server.importlib.import_module
 fork_server.importlib.import_module = lambda name, package=None: (imported.append(name), real_import(name, package))[1]
-warm = fork_server._Warm(function_runner, [], {}, set(), None, os.getpid())
+warm = fork_server._Warm(function_runner, [], {}, set(), None, os.getpid(), dict(os.environ), {}, {})
 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 if sys.argv[1] == "waiting":
     ours.send(b"{}")  # the task came before the spare began: no rehearsal

@@ -1,0 +1,204 @@
+"""A FunctionJob forked from the worker's fork server sees what the same job spawned as a
+fresh interpreter would: each test runs a job both ways (a start-up variable in the job's
+``env`` makes it spawn) and compares, where the fork server has to do something for it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpulayer.client import Client
+from gpulayer.control import ControlPlane
+from gpulayer.records import JobState
+from gpulayer.specs import FunctionJob
+from gpulayer.store import Store
+from gpulayer.worker.agent import Agent
+from gpulayer.worker.forking import FORKED, unsupported
+from tests.factories import make_capabilities
+
+pytestmark = pytest.mark.skipif(unsupported() is not None, reason=f"{unsupported()}")
+
+#: a job's env that makes its task spawn (an interpreter reads it as it starts)
+SPAWN = {"PYTHONHASHSEED": "0"}
+
+JOBMOD = '''
+import multiprocessing.process, os, signal, sys, time
+
+def clock():
+    return [time.tzname[0], time.localtime(0).tm_hour, time.strftime("%Z", time.localtime(0))]
+
+def warnoptions():
+    return sys.warnoptions
+
+def seen_at_import():
+    import lateenv
+    return lateenv.SEEN
+
+def multiprocessing_state():
+    import multiprocessing
+    return [multiprocessing.current_process().authkey.hex(), multiprocessing.process.ORIGINAL_DIR == os.getcwd()]
+
+def as_imported():
+    import setter
+    return {"env": os.environ.get("SET_BY_PRELOAD"), "sigterm": signal.getsignal(signal.SIGTERM) is setter.on_term,
+            "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+            "after_fork": setter.AFTER_FORK == [os.getpid()]}
+'''
+
+#: modules to preload: one that reads the environment as it is imported, one that sets a
+#: variable and a SIGTERM handler and registers an after-fork call of multiprocessing's
+LIB = {
+    "lateenv.py": "import os\nSEEN = os.environ.get('LATE_VARIABLE')\n",
+    "setter.py": '''
+import multiprocessing.util, os, signal
+os.environ.setdefault("SET_BY_PRELOAD", "yes")
+
+def on_term(signum, frame):
+    raise SystemExit(0)
+
+signal.signal(signal.SIGTERM, on_term)
+
+class _Held:
+    pass
+
+HELD = _Held()
+AFTER_FORK = []
+multiprocessing.util.register_after_fork(HELD, lambda _held: AFTER_FORK.append(os.getpid()))
+''',
+}
+
+
+@pytest.fixture
+def bundle(tmp_path: Path) -> Path:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "jobmod.py").write_text(JOBMOD)
+    return code
+
+
+@pytest.fixture
+def start(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
+    """Start an in-process worker with these preloads (found on its PYTHONPATH); returns a
+    ``run(function, env=...)`` that runs ``jobmod:function`` and gives (result, how it started)."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for name, text in LIB.items():
+        (lib / name).write_text(text)
+    monkeypatch.setenv("PYTHONPATH", str(lib))
+    agents: list[Agent] = []
+
+    def start(*preload: str) -> Callable[..., tuple[Any, str]]:
+        cp = ControlPlane(Store())
+        client = Client(cp, location="embedded", default_target="local", control=cp)
+        agent = Agent(cp, capabilities=make_capabilities(), cpu_slots=2, preload=preload)
+        agent.start()
+        agents.append(agent)
+
+        def run(function: str, env: dict[str, str] | None = None, bundle: Path | None = None) -> tuple[Any, str]:
+            spec = FunctionJob(function=f"jobmod:{function}", bundle=str(bundle or tmp_path / "code"), env=env or {})
+            job = cp.wait_job(cp.submit(client.prepare(spec)).id, timeout=120)
+            assert job.state is JobState.SUCCEEDED, job.error
+            [how] = [e.message for e in cp.events(job.id) if e.kind == "task_started"]
+            return job.result, how
+
+        return run
+
+    yield start
+    for agent in agents:
+        agent.stop(grace=0)
+
+
+def test_the_jobs_timezone_is_read_again(start, bundle) -> None:  # type: ignore[no-untyped-def]
+    """``TZ`` in the job's env (a POSIX rule: no zone files needed) sets the task's local
+    time: the server read its own as it started."""
+    run = start()
+    forked, how = run("clock", env={"TZ": "GLT-3"})
+    spawned, how_spawned = run("clock", env={"TZ": "GLT-3", **SPAWN})
+    assert how == FORKED and how_spawned.startswith("spawned: ")
+    assert forked == spawned == ["GLT", 3, "GLT"]
+
+
+def test_a_job_that_sets_the_locale_is_spawned(start, bundle, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An interpreter sets its locale, and its streams' encoding, as it starts."""
+    monkeypatch.delenv("LC_ALL", raising=False)
+    run = start()
+    _, how = run("clock", env={"LC_ALL": "C"})
+    assert how == "spawned: the job sets LC_ALL, read as an interpreter starts"
+
+
+def test_a_change_to_the_workers_environment_reaches_the_next_forked_task(start, bundle, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A worker in someone's process (the SDK's, in a notebook) sees that process's
+    ``os.environ`` change after its fork servers started: the next task is forked from a
+    server started with the new one (its start-up variables, its preloads' imports), as a
+    spawned task would start with it."""
+    monkeypatch.delenv("PYTHONWARNINGS", raising=False)
+    monkeypatch.delenv("LATE_VARIABLE", raising=False)
+    run = start("lateenv")
+    assert run("warnoptions") == ([], f"{FORKED} (preloaded: lateenv)")
+    assert run("seen_at_import")[0] is None
+    monkeypatch.setenv("PYTHONWARNINGS", "error::DeprecationWarning")
+    monkeypatch.setenv("LATE_VARIABLE", "set later")
+    assert run("warnoptions") == (["error::DeprecationWarning"], f"{FORKED} (preloaded: lateenv)")
+    assert run("seen_at_import") == ("set later", f"{FORKED} (preloaded: lateenv)")
+    assert run("seen_at_import", env=SPAWN)[0] == "set later"
+
+
+def test_each_task_has_its_own_multiprocessing_key(start, bundle) -> None:  # type: ignore[no-untyped-def]
+    """Where the server imported multiprocessing (torch's import does), a task's
+    authentication key is its own, not the server's (shared, it would let one task's
+    manager or listener take another task's connections), and it started in its own folder."""
+    run = start("multiprocessing")
+    (first, ok1), how = run("multiprocessing_state")
+    (second, ok2), _ = run("multiprocessing_state")
+    assert how == f"{FORKED} (preloaded: multiprocessing)"
+    assert first != second and ok1 and ok2
+
+
+@pytest.mark.parametrize("env", [{}, SPAWN], ids=["forked", "spawned"])
+def test_what_a_preload_set_as_it_was_imported_is_the_tasks(start, bundle, env) -> None:  # type: ignore[no-untyped-def]
+    """A preload's import that sets a variable and a SIGTERM handler: a spawned task imports
+    it and has both, and so has a forked one; multiprocessing's after-fork calls run in the
+    task's process, as in a process multiprocessing forks."""
+    run = start("setter")
+    seen, how = run("as_imported", env=env)
+    assert how == f"{FORKED} (preloaded: setter)" if not env else how.startswith("spawned: ")
+    assert seen == {"env": "yes", "sigterm": True, "sigint": True, "after_fork": bool(not env)}
+
+
+SCRIPT = '''
+import json, sys
+import gpulayer as gl
+
+@gl.remote
+def speak():
+    print("spoken")
+    sys.stdout.write("written\\n")
+    return sys.stdout is not None
+
+if __name__ == "__main__":
+    handle = speak.remote()
+    result = handle.result()
+    with open(sys.argv[1], "w") as f:
+        json.dump({"result": result, "logs": handle.logs()}, f)
+'''
+
+
+def test_a_task_of_a_worker_started_without_stdout_has_its_own(home, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A script run with its output closed (``python script.py >&-``): its worker's fork
+    server has no ``sys.stdout``, and a forked task makes its own over the task's pipe."""
+    code = tmp_path / "proj"
+    code.mkdir()
+    (code / "script.py").write_text(SCRIPT)
+    out = tmp_path / "out.json"
+    subprocess.run(["bash", "-c", f'exec "{sys.executable}" script.py "{out}" >&- 2>&-'], cwd=code, check=True,
+                   timeout=120, env={**os.environ, "GPULAYER_HOME": str(home)})
+    seen = json.loads(out.read_text())
+    assert seen["result"] is True
+    assert "spoken\n" in seen["logs"] and "written\n" in seen["logs"]
