@@ -469,26 +469,46 @@ class Agent:
         scratch = config.home() / "tasks" / a.task_id
         digest = a.spec.bundle_digest
         held = bundles.bundle_in_use(self._bundle_cache, digest) if digest else contextlib.nullcontext()
+        swapped: list[ForkServer] = []  # (a server _run chose instead of ``fork``: leased to it)
         try:
             with held:
-                return self._run(a, cancel, logbuf, fork, started)
+                return self._run(a, cancel, logbuf, fork, started, swapped)
         finally:
+            for server in swapped:
+                server.release()
             logbuf.close()
             shutil.rmtree(scratch, ignore_errors=True)
             if a.spec.kind == "function":
                 self.task_files.remove(a.task_id)
 
+    def _own_copies(self, a: TaskAssignment, fork: ForkServer, search: list[str], started: _Started,
+                    swapped: list[ForkServer]) -> ForkServer | None:
+        """``fork``, or where the task's own path (``search``: its bundle, its ``PYTHONPATH``)
+        has a copy of a module the preloads imported, which a fresh interpreter would import
+        instead (and with it, the preloads that import it), the server without the preloads
+        (leased, in ``swapped``) or None (spawn it: marked started here, as a spawn must be)."""
+        own = fork.shadowed(search)
+        if not own or a.spec.kind != "function":
+            return fork
+        other, started.how = self.forks.choose(a.spec.python, {**self.forks.env, **a.spec.env}, own)
+        if other is None:
+            started()
+        else:
+            swapped.append(other)
+        return other
+
     def _run(self, a: TaskAssignment, cancel: threading.Event, logbuf: LogBuffer, fork: ForkServer | None,
-             started: _Started) -> TaskOutcome:
+             started: _Started, swapped: list[ForkServer]) -> TaskOutcome:
         """Prepare the task's directory, environment and command; run it; read its outcome.
         ``started`` marks the task started (once): a forked child is sent its task first and
-        told to go after it (it gets ready meanwhile); a bundle to fetch is fetched after it."""
+        told to go after it (it gets ready meanwhile); a bundle to fetch is fetched after it
+        (but where the server's preloads may not be the task's: see :meth:`_own_copies`)."""
         from gpulayer.worker.process import run_process
 
         digest = a.spec.bundle_digest
         workdir = self._bundle_cache / digest if digest else None
         if workdir is None or not workdir.is_dir():
-            if digest:
+            if digest and (fork is None or not fork.tops):
                 started()  # a bundle to fetch first: what may take long comes after the start
             try:
                 workdir = self._workdir(a)
@@ -496,6 +516,9 @@ class Agent:
                 logbuf.add("stderr", f"gpulayer: could not prepare the source bundle: {exc}\n")
                 return TaskOutcome(TaskState.FAILED, error=JobError.bundle(str(exc)))
         env = self.task_env(a, workdir)
+        if fork is not None and fork.tops:
+            fork = self._own_copies(a, fork, [str(workdir), *env.get("PYTHONPATH", "").split(os.pathsep)],
+                                    started, swapped)
         spec = a.spec
         result_path: Path | None = None
         start: Starter | None = None

@@ -21,8 +21,10 @@ write. The spare then becomes the task's process tree:
 * stdin /dev/null, stdout and stderr the task's pipes, every other descriptor closed;
 * the task's cwd, environment (``os.environ`` replaced, so the processes it starts see it)
   and ``sys.path`` (the task's ``PYTHONPATH`` entries before this interpreter's own);
-  preloaded modules that the task's own path would shadow (a bundle with its own copy) are
-  dropped, so they are imported afresh from there; what the preloads' imports set (a
+  preloaded modules that the task's own path would shadow (a bundle with its own copy of
+  ``gpulayer``) are dropped, so they are imported afresh from there (a task with its own
+  copy of what the worker's preloads imported is given a server without them: the ``tops``
+  of the ``ready`` message, see ``ForkServer.shadowed``); what the preloads' imports set (a
   variable, a SIGINT or SIGTERM handler) as a fresh interpreter importing them would have it,
   the timezone read again where the task's ``TZ`` differs, ``multiprocessing``'s key and
   first folder the task's own (:mod:`.fresh`);
@@ -413,11 +415,20 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str], user: list[
         unsafe = None if unsafe is None else f"{unsafe} after preloading"
     elif offender is not None:
         unsafe = f"importing {offender} left {unsafe}"
+    # the modules the preloads imported, by the folder each came from: a task whose own path
+    # has a copy of one (its bundle) is forked from a server without them (ForkServer.shadowed)
+    imported: dict[str, str] = {}
+    for name in loaded if user else ():
+        top = name.partition(".")[0]
+        if top not in imported and top not in sys.stdlib_module_names:
+            origin = _origin(sys.modules.get(top))
+            if origin is not None:
+                imported[top] = origin
     stamps, fixed, unstamped = preloads.stamps([n.partition(".")[0] for n in mine], loaded, list(refused)) if user \
         else ([], 0, 0)
     hello = {"ready": True, "pid": os.getpid(), "preloaded": preloaded, "subreaper": subreaper,
              "unsafe": unsafe, "offender": offender, "refused": refused, "stamps": stamps,
-             "unstamped": unstamped}
+             "unstamped": unstamped, "tops": imported}
     try:
         sock.send(json.dumps(hello).encode())
     except OSError:  # (too many stamps for one message: those always kept, see preloads.stamps)

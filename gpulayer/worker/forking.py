@@ -151,6 +151,9 @@ class ForkServer:
         self.offender: str | None = None
         #: (path, inode, size, mtime) of what the preloads came from (see :meth:`stale`)
         self._stamps: list[tuple[str, int, int, int]] = []
+        #: the top-level modules the preloads imported (not the standard library's), by the
+        #: ``sys.path`` folder each came from (see :meth:`shadowed`)
+        self.tops: dict[str, str] = {}
         #: once replaced: it ends when its last task has (see :meth:`retire`)
         self._retiring = False
         #: tasks that were given this server and have not ended yet (see :meth:`lease`)
@@ -203,6 +206,7 @@ class ForkServer:
             offender = hello.get("offender")
             self.offender = offender if isinstance(offender, str) else None
             self._stamps = [(str(p), int(i), int(z), int(m)) for p, i, z, m in hello.get("stamps") or []]
+            self.tops = {str(k): str(v) for k, v in (hello.get("tops") or {}).items()}
             if hello.get("unstamped"):
                 log.warning("--preload: %s files the preloads imported are not watched for changes "
                             "(the first %d are)", hello["unstamped"], MAX_STAMPED)
@@ -364,6 +368,39 @@ class ForkServer:
             return child, out_r, err_r
         raise StartFailed(f"the fork server's children exited before they got their task ({_SPARE_TRIES} tried)")
 
+    def shadowed(self, search: list[str]) -> list[str]:
+        """The modules the preloads imported (:attr:`tops`) of which a task whose path begins
+        with ``search`` (its folder, its ``PYTHONPATH``) has a copy of its own, that a fresh
+        interpreter would import instead (a bundle with its own ``utils`` package where a
+        preload imported an installed one, a patched copy of a preload's dependency), found
+        before the folder the server imported it from. One listing of each folder."""
+        tops = self.tops
+        if not tops:
+            return []
+        found: list[str] = []
+        settled: set[str] = set()
+        for entry in search:
+            if not entry:
+                continue
+            here = os.path.abspath(entry)
+            try:
+                with os.scandir(here) as listing:
+                    names = {name: e.is_dir() for e in listing if (name := _module_name(e.name)) in tops}
+            except OSError:
+                continue
+            for name, folder in names.items():
+                if name in settled:
+                    continue
+                # (a folder without __init__.py is a namespace package's part: a regular
+                # package further on the path is imported before it)
+                if folder and not os.path.exists(os.path.join(here, name, "__init__.py")):
+                    continue
+                settled.add(name)
+                if tops[name] != here:
+                    found.append(name)
+            settled.update(name for name, origin in tops.items() if origin == here)
+        return sorted(found)
+
     @property
     def user_preloaded(self) -> list[str]:
         """The worker's preloads this server imported."""
@@ -415,6 +452,14 @@ class ForkServer:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+
+
+def _module_name(file: str) -> str:
+    """The module a file or folder of a ``sys.path`` folder would be imported as (``x.py``,
+    ``x.cpython-311-x86_64-linux-gnu.so``, a package ``x``), or ''."""
+    if file.endswith(".py") or file.endswith(".so") or "." not in file:
+        return file.partition(".")[0]
+    return ""
 
 
 def _environ_now(*, copy: bool = True) -> dict[Any, Any]:
@@ -477,9 +522,12 @@ class ForkServers:
         for server in servers:
             server.retire()
 
-    def choose(self, python: str | None, env: dict[str, str]) -> tuple[ForkServer | None, str]:
+    def choose(self, python: str | None, env: dict[str, str],
+               own: list[str] | None = None) -> tuple[ForkServer | None, str]:
         """The server to fork a task from (None: spawn it) and the event message saying so.
-        The server is leased to the task: :meth:`ForkServer.release` it when the task ends."""
+        The server is leased to the task: :meth:`ForkServer.release` it when the task ends.
+        ``own``: modules the preloads imported of which the task has its own copy
+        (:meth:`ForkServer.shadowed`): it is forked from a server without the preloads."""
         why = unsupported()
         if why is None and python not in (None, self.python):
             why = f"the job's Python {python} is not the worker's {self.python}"
@@ -498,6 +546,8 @@ class ForkServers:
             sets = sorted(k for k, v in env.items() if k != "PYTHONPATH" and self.env.get(k) != v)
             if sets:
                 want, note = (), f" (not preloaded: the job sets {', '.join(sets)})"
+            elif own:
+                want, note = (), f" (not preloaded: the job has its own {', '.join(own)})"
         for _ in range(len(want) + 1):
             server = self._server(want)
             why = server.ready()

@@ -50,12 +50,18 @@ def as_imported():
     return {"env": os.environ.get("SET_BY_PRELOAD"), "sigterm": signal.getsignal(signal.SIGTERM) is setter.on_term,
             "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
             "after_fork": setter.AFTER_FORK == [os.getpid()]}
+
+def copies():
+    import helperdep, prelo
+    return [helperdep.WHO, prelo.WHO]
 '''
 
 #: modules to preload: one that reads the environment as it is imported, one that sets a
 #: variable and a SIGTERM handler and registers an after-fork call of multiprocessing's
 LIB = {
     "lateenv.py": "import os\nSEEN = os.environ.get('LATE_VARIABLE')\n",
+    "prelo.py": "import helperdep\nWHO = helperdep.WHO\n",
+    "helperdep.py": "WHO = \"the worker's copy\"\n",
     "setter.py": '''
 import multiprocessing.util, os, signal
 os.environ.setdefault("SET_BY_PRELOAD", "yes")
@@ -202,3 +208,28 @@ def test_a_task_of_a_worker_started_without_stdout_has_its_own(home, tmp_path) -
     seen = json.loads(out.read_text())
     assert seen["result"] is True
     assert "spoken\n" in seen["logs"] and "written\n" in seen["logs"]
+
+
+@pytest.mark.parametrize(("copy", "own"), [
+    ("helperdep.py", "helperdep"),  # a module a preload imported
+    ("prelo.py", "prelo"),  # the preload itself
+    ("helperdep/__init__.py", "helperdep"),  # a package
+    ("helperdep/part.py", None),  # a namespace package's part: the installed module comes first
+])
+def test_a_bundle_with_its_own_copy_of_what_the_preloads_imported_gets_its_own(start, bundle, copy, own) -> None:  # type: ignore[no-untyped-def]
+    """A fresh interpreter imports the bundle's copy (its folder comes first on its path), and
+    the preload that imports it uses that copy too: such a task is forked from the server
+    without the preloads, and imports them itself, as a spawned one would."""
+    (bundle / copy).parent.mkdir(exist_ok=True)
+    if copy.startswith("helperdep"):
+        (bundle / copy).write_text("WHO = \"the bundle's own\"\n")
+    else:
+        (bundle / copy).write_text("import helperdep\nWHO = \"the bundle's own preload\"\n")
+    run = start("prelo")
+    forked, how = run("copies")
+    spawned, _ = run("copies", env=SPAWN)
+    assert forked == spawned
+    if own is None:
+        assert how == f"{FORKED} (preloaded: prelo)" and forked == ["the worker's copy"] * 2
+    else:
+        assert how == f"{FORKED} (not preloaded: the job has its own {own})"
