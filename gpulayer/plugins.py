@@ -43,7 +43,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pluggy
 
@@ -56,9 +56,14 @@ from gpulayer.hookrecords import (
     DistributedLauncher,
     FrameworkProbe,
     HookRecord,
+    LaunchCommand,
     ProviderAdapter,
+    Rendezvous,
     RuntimeProfile,
 )
+
+if TYPE_CHECKING:
+    from gpulayer.specs import DistributedJob
 
 ENTRY_POINT_GROUP = "gpulayer"
 DISABLE_ENV = "GPULAYER_DISABLE_PLUGINS"
@@ -523,6 +528,27 @@ def providers() -> dict[str, ProviderAdapter]:
 
 def launchers() -> dict[str, DistributedLauncher]:
     return get_manager().collect("gpulayer_distributed_launchers", DistributedLauncher)
+
+
+def launch_command(job: DistributedJob, rendezvous: Rendezvous, node_rank: int, python: str) -> LaunchCommand:
+    """One node's command, from the launcher ``job`` names; a :class:`PluginError` that
+    names the launcher and its plugin where it is not installed, or its ``build`` raised or
+    returned something else than a :class:`LaunchCommand`."""
+    hook = "gpulayer_distributed_launchers"
+    found = launchers()
+    launcher = found.get(job.launcher)
+    if launcher is None:
+        raise PluginError(f"launcher {job.launcher!r} is not installed on this worker "
+                          f"(installed: {', '.join(sorted(found)) or 'none'})", hook=hook)
+    where = f"launcher {job.launcher!r} (plugin {get_manager().owner(hook, job.launcher)!r})"
+    try:
+        command = launcher.build(job, rendezvous, node_rank, python)
+    except Exception as exc:
+        raise PluginError(f"{where}: build() raised {type(exc).__name__}: {exc}", hook=hook) from exc
+    if not isinstance(command, LaunchCommand):
+        raise PluginError(f"{where}: build() returned {type(command).__name__}; accepted: a LaunchCommand "
+                          "(gpulayer.hookrecords.LaunchCommand(argv=[...], env={...}))", hook=hook)
+    return command
 
 
 def records(record_type: type[R]) -> dict[str, R]:

@@ -62,7 +62,7 @@ class JobError(Record):
     """Why a job or a task did not succeed, as data.
 
     ``type`` says what kind of end it was (``cancelled``, ``lost``, ``unschedulable``,
-    ``timed_out``, ``failed``, ``bundle``, ``launcher``, ``worker``, or the exception type a
+    ``timed_out``, ``failed``, ``bundle``, ``launcher``, ``plugin``, ``worker``, or the exception type a
     function raised); ``message`` is for people; ``traceback`` is set when a function raised.
     Build them with the named constructors, so the same end always reads the same.
     """
@@ -115,6 +115,11 @@ class JobError(Record):
     @classmethod
     def launcher(cls, message: str) -> JobError:
         return cls(type="launcher", message=message)
+
+    @classmethod
+    def plugin(cls, message: str) -> JobError:
+        """A plugin the task needed failed (it names the plugin and its hook)."""
+        return cls(type="plugin", message=message)
 
     @classmethod
     def worker(cls, message: str) -> JobError:

@@ -90,6 +90,8 @@ def gpulayer_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "gpulayer-home"
     home.mkdir()
     monkeypatch.setenv("GPULAYER_HOME", str(home))
+    # no CLI server is left behind for a home that is gone after the test (docs/cli.md)
+    monkeypatch.setenv("GPULAYER_CLI_SERVER_IDLE", "0")
     return home
 
 

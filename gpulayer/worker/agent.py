@@ -36,7 +36,7 @@ from typing import Any
 
 from gpulayer import bundles, config, plugins
 from gpulayer.api import TaskAssignment, WorkerAPI
-from gpulayer.errors import Conflict, ConnectionFailed, Forbidden, GpulayerError, InvalidInput, NotFound
+from gpulayer.errors import Conflict, ConnectionFailed, Forbidden, GpulayerError, InvalidInput, NotFound, PluginError
 from gpulayer.hookrecords import Capabilities
 from gpulayer.records import JobError, TaskState, WorkerRecord
 from gpulayer.worker.cache_keeper import CacheKeeper
@@ -515,7 +515,11 @@ class Agent:
             except (GpulayerError, OSError) as exc:
                 logbuf.add("stderr", f"gpulayer: could not prepare the source bundle: {exc}\n")
                 return TaskOutcome(TaskState.FAILED, error=JobError.bundle(str(exc)))
-        env = self.task_env(a, workdir)
+        try:
+            env = self.task_env(a, workdir)
+        except PluginError as exc:  # (the granted devices' environment: the plugin is named)
+            logbuf.add("stderr", f"gpulayer: {exc}\n")
+            return TaskOutcome(TaskState.FAILED, error=JobError.plugin(str(exc)))
         if fork is not None and fork.tops:
             fork = self._own_copies(a, fork, [str(workdir), *env.get("PYTHONPATH", "").split(os.pathsep)],
                                     started, swapped)
@@ -563,14 +567,13 @@ class Agent:
                         child.go()
                     return child, out, err
         elif spec.kind == "distributed":
-            launchers = plugins.launchers()
-            launcher = launchers.get(spec.launcher)
-            if launcher is None or a.rendezvous is None:
-                msg = (f"launcher {spec.launcher!r} is not installed on this worker "
-                       f"(installed: {', '.join(sorted(launchers)) or 'none'})")
-                logbuf.add("stderr", f"gpulayer: {msg}\n")
-                return TaskOutcome(TaskState.FAILED, error=JobError.launcher(msg))
-            cmd = launcher.build(spec, a.rendezvous, a.node_rank, self.python)
+            try:
+                if a.rendezvous is None:  # (the control plane gives one to every node)
+                    raise PluginError(f"no rendezvous for launcher {spec.launcher!r}")
+                cmd = plugins.launch_command(spec, a.rendezvous, a.node_rank, self.python)
+            except PluginError as exc:
+                logbuf.add("stderr", f"gpulayer: {exc}\n")
+                return TaskOutcome(TaskState.FAILED, error=JobError.launcher(str(exc)))
             argv = list(cmd.argv)
             env.update(cmd.env)
         else:  # pragma: no cover - the spec union is closed
