@@ -230,7 +230,7 @@ def _probe_one(
     if use_cache:
         cached = _read_cache(cache)
         if cached is not None:
-            return cached, [f"framework probe: {e}" for e in cached.get("errors", [])], True
+            return cached, [_raised(e, who) for e in cached.get("errors", [])], True
     ours = os.path.realpath(python) == os.path.realpath(sys.executable)
     versions, sources = _metadata_only(probes) if ours else ({}, {})
     fallback = ProbeResult(
@@ -273,7 +273,19 @@ def _probe_one(
                           f"probing for {who}: {tail}"], False
     result = ProbeResult(json.loads(line[len(_SENTINEL):]))
     _write_cache(cache, python, result)  # a fresh answer refreshes the cache either way
-    return result, [f"framework probe: {e}" for e in result.get("errors", [])], True
+    return result, [_raised(e, who) for e in result.get("errors", [])], True
+
+
+def _raised(error: str, who: str) -> str:
+    """A diagnostic for an error the probe script recorded (``NAME: Type: message``, where a
+    sub-probe or a probe's ``backends_code`` raised), naming the plugin as the other
+    diagnostics do: ``framework probe: sub-probe 'torch.npu' (plugin 'acme') raised ...``."""
+    name, sep, rest = error.partition(": ")
+    if not sep:
+        return f"framework probe: {error} ({who})"
+    if name.endswith(" backends"):
+        return f"framework probe: the backends check of {name[:-len(' backends')]!r} ({who}) raised {rest}"
+    return f"framework probe: sub-probe {name!r} ({who}) raised {rest}"
 
 
 def probe_frameworks(

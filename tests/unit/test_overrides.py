@@ -91,6 +91,26 @@ def test_each_plugins_sub_probes_are_bounded_on_their_own(plugin_manager):
     assert result["sources"]["pytest.quick"] == "sub-probe pytest.quick"
 
 
+def test_a_sub_probe_that_raises_is_named_with_its_plugin(plugin_manager):
+    from gpulayer import hookimpl
+
+    class Raising:
+        @hookimpl
+        def gpulayer_framework_probes(self):
+            yield FrameworkProbe(name="pytest", distributions=["pytest"], backends_code="raise OSError('no fabric')",
+                                 subprobes=[SubProbe(name="pytest.boom", code="raise ValueError('probe blew up')"),
+                                            SubProbe(name="pytest.fine", code="return '2'")])
+
+    plugin_manager.register(Raising(), name="raising-probes")
+    probes = {"pytest": plugin_manager.collect("gpulayer_framework_probes", FrameworkProbe)["pytest"]}
+    for use_cache in (False, True):  # (an answer read back from the cache says the same)
+        result, diagnostics = probe_frameworks(timeout=30, probes=probes, use_cache=use_cache)
+        assert result["frameworks"]["pytest.fine"] == "2" and "pytest.boom" not in result["frameworks"]
+        assert diagnostics == [
+            "framework probe: sub-probe 'pytest.boom' (plugin 'raising-probes') raised ValueError: probe blew up",
+            "framework probe: the backends check of 'pytest' (plugin 'raising-probes') raised OSError: no fabric"]
+
+
 # --------------------------------------------------------------------------- overrides
 
 
