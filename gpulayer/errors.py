@@ -291,3 +291,23 @@ class Forbidden(AuthError):
 class ConnectionFailed(GpulayerError):
     status_code = 503
     code = "unavailable"
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line, for an error of someone else's code (a plugin's) that
+    goes into a line of ours (a diagnostic, a scheduler's reason, a warning): pydantic's
+    validation errors (a record built with a bad field) as ``ValidationError for Device:
+    memory_gb: Extra inputs are not permitted``, without its line breaks and links; any
+    other message with its line breaks made spaces."""
+    errors = getattr(exc, "errors", None)
+    title = getattr(exc, "title", None)
+    if callable(errors) and isinstance(title, str):  # (pydantic's, not imported here)
+        try:
+            items = errors(include_url=False)
+        except Exception:
+            items = None
+        if items:
+            parts = ("{}: {}".format(".".join(str(p) for p in item.get("loc", ())) or title, item.get("msg"))
+                     for item in items)
+            return f"{type(exc).__name__} for {title}: {'; '.join(parts)}"
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import pluggy
 
 from gpulayer import config, hookspecs
-from gpulayer.errors import PluginError
+from gpulayer.errors import PluginError, one_line
 from gpulayer.hookrecords import (
     AcceleratorDetector,
     Device,
@@ -381,7 +381,7 @@ class PluginManager:
                         raise TypeError(f"returned one {type(result).__name__}; return or yield an iterable of records")
                     items.extend(result)
             except Exception as exc:
-                self._fail(plugin_name, hook_name, f"{type(exc).__name__}: {exc}")
+                self._fail(plugin_name, hook_name, one_line(exc))
                 continue
             wrong = next((rec for rec in items if not isinstance(rec, declared)), None)
             if wrong is not None:
@@ -448,7 +448,7 @@ class PluginManager:
             try:
                 result = only_this(kind=kind, devices=list(devices))
             except Exception as exc:
-                self._fail(impl.plugin_name, DEVICE_ENVIRONMENT_HOOK, f"{type(exc).__name__}: {exc}")
+                self._fail(impl.plugin_name, DEVICE_ENVIRONMENT_HOOK, one_line(exc))
                 failed.append(impl.plugin_name)
                 continue
             if result is None:
@@ -544,7 +544,7 @@ def launch_command(job: DistributedJob, rendezvous: Rendezvous, node_rank: int, 
     try:
         command = launcher.build(job, rendezvous, node_rank, python)
     except Exception as exc:
-        raise PluginError(f"{where}: build() raised {type(exc).__name__}: {exc}", hook=hook) from exc
+        raise PluginError(f"{where}: build() raised {one_line(exc)}", hook=hook) from exc
     if not isinstance(command, LaunchCommand):
         raise PluginError(f"{where}: build() returned {type(command).__name__}; accepted: a LaunchCommand "
                           "(gpulayer.hookrecords.LaunchCommand(argv=[...], env={...}))", hook=hook)

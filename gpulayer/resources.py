@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from gpulayer import capability_key, overrides, plugins
+from gpulayer.errors import one_line
 from gpulayer.framework_probe import PROBE_SCRIPT, ProbeResult, probe_frameworks
 from gpulayer.hookrecords import (
     AcceleratorDetector,
@@ -63,7 +64,7 @@ def _run_guarded(detector: AcceleratorDetector, timeout: float, slot: dict[str, 
             raise TypeError(f"detect() returned {type(result).__name__}, expected DetectionResult")
         slot["result"] = result
     except BaseException as exc:  # a detector must never take the caller down
-        slot["error"] = f"{type(exc).__name__}: {exc}"
+        slot["error"] = one_line(exc)
 
 
 def _detectors_to_run() -> tuple[dict[str, AcceleratorDetector], list[str]]:
@@ -205,7 +206,7 @@ def detect_raw(python: str, *, timeout: float = 10.0, use_cache: bool = True,
         try:
             probe_slot["value"] = probe_frameworks(python, timeout=timeout, use_cache=use_cache)
         except BaseException as exc:
-            probe_slot["error"] = f"{type(exc).__name__}: {exc}"
+            probe_slot["error"] = one_line(exc)
 
     plugins.get_manager()  # load plugins (and raise plugin errors) in this thread
     probe_thread = threading.Thread(target=_probe, name="gpulayer-probe", daemon=True)

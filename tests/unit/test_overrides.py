@@ -61,6 +61,27 @@ def test_a_detector_in_trouble_is_kept_per_kind(fake_accelerator):
     assert caps.detector_problems == {"npu": "detector 'npu' (plugin 'fake-npu') failed: RuntimeError: driver on fire"}
 
 
+def test_a_detector_that_builds_a_bad_record_is_in_trouble_on_one_line(plugin_manager, monkeypatch):
+    """pydantic's error for a record built with a field it does not have is several lines
+    long, with links: it goes into a scheduler's reason, on one line."""
+    from gpulayer import hookimpl, plugin
+
+    def detect(timeout):
+        return plugin.DetectionResult(devices=[plugin.Device(kind="npu", index=0, name="N", memory_gb=16)])
+
+    class Bad:
+        @hookimpl
+        def gpulayer_accelerator_detectors(self):
+            yield plugin.AcceleratorDetector(name="npu", detect=detect)
+
+    plugin_manager.register(Bad(), name="bad-records")
+    monkeypatch.setenv("GPULAYER_DETECTORS", "npu")
+    caps = detect_capabilities(timeout=30)
+    assert caps.detector_problems == {
+        "npu": "detector 'npu' (plugin 'bad-records') failed: ValidationError for Device: memory_gb: "
+               "Extra inputs are not permitted"}
+
+
 def test_each_plugins_sub_probes_are_bounded_on_their_own(plugin_manager):
     from gpulayer import hookimpl
 
