@@ -319,8 +319,7 @@ class Agent:
         try:
             if a.spec.kind == "function":
                 # what the task's interpreter would start with: the worker's, with the job's
-                self.forks.follow_environ()
-                fork, started.how = self.forks.choose(a.spec.python, {**self.forks.env, **a.spec.env})
+                fork, started.how = self.forks.choose(a.spec.python, {**self.forks.follow_environ(), **a.spec.env})
             try:
                 if fork is None:  # a spawned process runs at once: started before it
                     started()
@@ -490,7 +489,7 @@ class Agent:
         own = fork.shadowed(search)
         if not own or a.spec.kind != "function":
             return fork
-        other, started.how = self.forks.choose(a.spec.python, {**self.forks.env, **a.spec.env}, own)
+        other, started.how = self.forks.choose(a.spec.python, {**self.forks.follow_environ(), **a.spec.env}, own)
         if other is None:
             started()
         else:

@@ -381,12 +381,18 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str], user: list[
             continue
     before = len(sys.modules)
     environ = dict(os.environ)
+    # the preloads are imported as a fresh interpreter would import them: SIGINT raising
+    # KeyboardInterrupt (a handler of theirs may chain to it), not ignored as this server has it
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    mine, refused, offender, unsafe = preloads.preload(list(user or []))
+    try:
+        mine, refused, offender, unsafe = preloads.preload(list(user or []))
+    finally:
+        preload_signals = {sig: signal.getsignal(sig) for sig, h in handlers.items() if signal.getsignal(sig) is not h}
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     loaded = list(itertools.islice(sys.modules, before, None))
     preload_environ: dict[str, str | None] = {k: v for k, v in os.environ.items() if environ.get(k) != v}
     preload_environ.update((k, None) for k in environ if k not in os.environ)
-    preload_signals = {sig: signal.getsignal(sig) for sig, h in handlers.items() if signal.getsignal(sig) is not h}
     preloaded += mine
     warm = getattr(sys.modules.get("gpulayer.remote_functions"), "warm", None)
     if callable(warm):  # what a job module's first @gl.remote computes, computed once here

@@ -14,7 +14,8 @@ A task is spawned when forking is not safe or not possible:
 * not Linux (pidfds and descriptor passing are needed), or the server failed to start;
 * the job names a Python other than the worker's job Python;
 * the job's environment changes a variable an interpreter reads as it starts (``PYTHON*``
-  other than ``PYTHONPATH``, ``LD_*``, ``MALLOC_*``): a forked child would not see it.
+  other than ``PYTHONPATH``, ``LD_*``, ``MALLOC_*``, the locale's ``LC_*`` and ``LANG``): a
+  forked child would not see it.
 
 A bundle with its own copy of a preloaded module is no reason: the child drops that module
 and imports the bundle's. Each task keeps its own process; only start-up is shared.
@@ -35,6 +36,7 @@ import errno
 import functools
 import json
 import logging
+import math
 import os
 import socket
 import subprocess
@@ -156,6 +158,8 @@ class ForkServer:
         self.tops: dict[str, str] = {}
         #: once replaced: it ends when its last task has (see :meth:`retire`)
         self._retiring = False
+        #: :meth:`close` was called (maybe before the server answered: see _serve)
+        self._closed = False
         #: tasks that were given this server and have not ended yet (see :meth:`lease`)
         self._leases = 0
         #: the server's pid when it is its children's subreaper (see :class:`_Child`)
@@ -224,6 +228,12 @@ class ForkServer:
             with contextlib.suppress(OSError):
                 ours.shutdown(socket.SHUT_RDWR)
         self._ready.set()
+        # closed, or replaced with no task given it, while it started (a worker stopped at
+        # once, a worker's environment changed as its preloads were imported): it ends now
+        if self._closed:
+            self.close()
+        else:
+            self._end_if_retired()
         try:
             while True:
                 data, fds, _flags, _addr = socket.recv_fds(ours, 1 << 16, 1)
@@ -447,7 +457,9 @@ class ForkServer:
             self.close()
 
     def close(self) -> None:
-        """Stop the server (its children, if any are left, die with it)."""
+        """Stop the server (its children, if any are left, die with it); one still starting
+        stops as soon as it answers."""
+        self._closed = True
         sock = self._sock
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -471,6 +483,11 @@ def _environ_now(*, copy: bool = True) -> dict[Any, Any]:
     return dict(data) if copy else data
 
 
+#: seconds between two replacements of a worker's server with preloads for a change of its
+#: environment (see ForkServers.follow_environ)
+FOLLOW_EVERY = 30.0
+
+
 class ForkServers:
     """A worker's fork servers, started on first use, for its job Python: one with the
     worker's preloads, and one without them for the tasks whose job sets an environment
@@ -485,6 +502,10 @@ class ForkServers:
         #: follows it (see :meth:`follow_environ`)
         self._follow = follow
         self._environ_seen = _environ_now() if follow is not None else None
+        #: the environment a task inherits now (see :meth:`follow_environ`)
+        self._environ = env
+        #: when the servers were last replaced for a change of the environment
+        self._followed = -math.inf
         #: the worker's preloads (``--preload``), in order
         self.preload = tuple(preload)
         #: preloads left out from now on, and why (one that made a server unsafe to fork)
@@ -497,30 +518,51 @@ class ForkServers:
         #: again and again
         self._starts: dict[tuple[str, ...], int] = {}
 
-    def follow_environ(self) -> None:
-        """Where the worker runs in someone else's process (the SDK's, in a script or a
-        notebook), that process may change its ``os.environ`` after the servers started
-        (``os.environ["HF_HOME"] = ...`` in a cell), and its tasks get the new one. A server
-        started before saw the old one as it started and imported its preloads, so it is
-        replaced (once its tasks end) by one started with the new environment. A look at each
-        FunctionJob: one comparison of two dicts while nothing changed."""
-        if self._follow is None or _environ_now(copy=False) == self._environ_seen:
-            return
-        now = _environ_now()
-        env = {k: v for k, v in os.environ.items() if k not in self._follow}
+    def follow_environ(self) -> dict[str, str]:
+        """The environment a task inherits now (:attr:`env` where the servers do not follow
+        this process's). Where the worker runs in someone else's process (the SDK's, in a
+        script or a notebook), that process may change its ``os.environ`` after the servers
+        started (``os.environ["HF_HOME"] = ...`` in a cell), and its tasks get the new one.
+        A change of a variable an interpreter reads as it starts replaces every server (once
+        its tasks end); of another, the server with the preloads (which saw the old value as
+        it imported them), at most every :data:`FOLLOW_EVERY` seconds (a variable set before
+        each job: meanwhile the tasks go to the server without the preloads, see
+        :meth:`choose`); the one without them takes a task's environment after the fork and
+        goes on. One comparison of two dicts while nothing changed."""
+        if self._follow is None:
+            return self.env
+        if _environ_now(copy=False) != self._environ_seen:
+            now = _environ_now()  # (decoded from this copy: another thread may change os.environ)
+            decoded = {os.fsdecode(k): os.fsdecode(v) for k, v in now.items()}
+            with self._lock:
+                self._environ_seen = now
+                self._environ = {k: v for k, v in decoded.items() if k not in self._follow}
+        env = self._environ
+        if env is self.env:
+            return env
+        servers: list[ForkServer] = []
         with self._lock:
-            self._environ_seen = now
             if env == self.env:
-                return
+                self.env = env
+                return env
             changed = sorted({*env, *self.env} - {k for k in env if self.env.get(k) == env[k]})
-            self.env = env
-            servers, self._servers = list(self._servers.values()), {}
+            starting = start_variables(env, locale=True) != start_variables(self.env, locale=True)
+            preloaded = [key for key in self._servers if key]
+            if not starting and preloaded and time.monotonic() - self._followed < FOLLOW_EVERY:
+                return env
+            gone = list(self._servers) if starting else preloaded
+            servers = [self._servers.pop(key) for key in gone]
+            for key in gone:
+                self._starts.pop(key, None)
             self._retired = [s for s in self._retired if not s.failed] + servers
-            self._starts = {}
+            self.env = env
+            if servers:
+                self._followed = time.monotonic()
         if servers:
             log.info("fork server: the worker's environment changed (%s): starting a new one", ", ".join(changed))
         for server in servers:
             server.retire()
+        return env
 
     def choose(self, python: str | None, env: dict[str, str],
                own: list[str] | None = None) -> tuple[ForkServer | None, str]:
@@ -544,8 +586,12 @@ class ForkServers:
         if want:
             # a preloaded module saw the worker's environment as it was imported
             sets = sorted(k for k, v in env.items() if k != "PYTHONPATH" and self.env.get(k) != v)
-            if sets:
-                want, note = (), f" (not preloaded: the job sets {', '.join(sets)})"
+            sets += sorted(k for k in self.env if k not in env)
+            mine = [k for k in sets if self._environ.get(k) != env.get(k)]
+            if mine:
+                want, note = (), f" (not preloaded: the job sets {', '.join(mine)})"
+            elif sets:  # (see follow_environ)
+                want, note = (), f" (not preloaded: the worker's environment changed since: {', '.join(sets)})"
             elif own:
                 want, note = (), f" (not preloaded: the job has its own {', '.join(own)})"
         for _ in range(len(want) + 1):

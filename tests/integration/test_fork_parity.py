@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from gpulayer.client import Client
@@ -20,8 +21,10 @@ from gpulayer.records import JobState
 from gpulayer.specs import FunctionJob
 from gpulayer.store import Store
 from gpulayer.worker.agent import Agent
-from gpulayer.worker.forking import FORKED, unsupported
+from gpulayer.worker.forking import FORKED, SERVER_PATH, ForkServer, ForkServers, unsupported
 from tests.factories import make_capabilities
+from tests.server_support import until
+from tests.support import children_running
 
 pytestmark = pytest.mark.skipif(unsupported() is not None, reason=f"{unsupported()}")
 
@@ -47,9 +50,14 @@ def multiprocessing_state():
 
 def as_imported():
     import setter
-    return {"env": os.environ.get("SET_BY_PRELOAD"), "sigterm": signal.getsignal(signal.SIGTERM) is setter.on_term,
-            "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+    return {"env": os.environ.get("SET_BY_PRELOAD"), "dropped": os.environ.get("DROPPED_BY_PRELOAD"),
+            "sigterm": signal.getsignal(signal.SIGTERM) is setter.on_term,
+            "sigint": signal.getsignal(signal.SIGINT) is setter.on_int,
+            "chained": setter.PREVIOUS_SIGINT is signal.default_int_handler,
             "after_fork": setter.AFTER_FORK == [os.getpid()]}
+
+def server():
+    return os.getppid()
 
 def copies():
     import helperdep, prelo
@@ -62,14 +70,22 @@ LIB = {
     "lateenv.py": "import os\nSEEN = os.environ.get('LATE_VARIABLE')\n",
     "prelo.py": "import helperdep\nWHO = helperdep.WHO\n",
     "helperdep.py": "WHO = \"the worker's copy\"\n",
+    "slowpre.py": "import time\ntime.sleep(1.5)\n",
     "setter.py": '''
 import multiprocessing.util, os, signal
 os.environ.setdefault("SET_BY_PRELOAD", "yes")
+os.environ.pop("DROPPED_BY_PRELOAD", None)
 
 def on_term(signum, frame):
     raise SystemExit(0)
 
 signal.signal(signal.SIGTERM, on_term)
+PREVIOUS_SIGINT = signal.getsignal(signal.SIGINT)
+
+def on_int(signum, frame):
+    PREVIOUS_SIGINT(signum, frame)  # (chained to what was there: a fresh interpreter's KeyboardInterrupt)
+
+signal.signal(signal.SIGINT, on_int)
 
 class _Held:
     pass
@@ -156,6 +172,54 @@ def test_a_change_to_the_workers_environment_reaches_the_next_forked_task(start,
     assert run("seen_at_import", env=SPAWN)[0] == "set later"
 
 
+def test_a_change_the_server_need_not_see_replaces_nothing(start, bundle, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Without preloads, a variable an interpreter does not read as it starts reaches the
+    task through its environment: the server goes on (a variable set before each job would
+    otherwise start a server for each)."""
+    run = start()
+    first, _ = run("server")
+    for n in range(3):
+        monkeypatch.setenv("RUN_NAME", f"run-{n}")
+        assert run("server") == (first, FORKED)
+
+
+def test_a_worker_whose_environment_keeps_changing_replaces_its_preloads_at_most_so_often(
+        start, bundle, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("LATE_VARIABLE", raising=False)
+    run = start("lateenv")
+    assert run("seen_at_import") == (None, f"{FORKED} (preloaded: lateenv)")
+    monkeypatch.setenv("LATE_VARIABLE", "first")
+    assert run("seen_at_import") == ("first", f"{FORKED} (preloaded: lateenv)")  # (a new server)
+    monkeypatch.setenv("LATE_VARIABLE", "second")  # (soon after: the task imports it itself)
+    assert run("seen_at_import") == (
+        "second", f"{FORKED} (not preloaded: the worker's environment changed since: LATE_VARIABLE)")
+    monkeypatch.setattr("gpulayer.worker.forking.FOLLOW_EVERY", 0.0)
+    assert run("seen_at_import") == ("second", f"{FORKED} (preloaded: lateenv)")
+
+
+def test_a_server_replaced_or_closed_as_it_starts_ends_once_it_answers(home, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A worker stopped at once, or whose environment changed while its preloads were
+    imported, leaves no server running."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "slowpre.py").write_text(LIB["slowpre.py"])
+    monkeypatch.setenv("PYTHONPATH", str(lib))
+    me = psutil.Process()
+    forks = ForkServers(sys.executable, {k: v for k, v in os.environ.items()}, ("slowpre",), follow=frozenset())
+    forks.prestart()
+    monkeypatch.setenv("PYTHONWARNINGS", "error")  # (read as an interpreter starts: every server goes)
+    forks.follow_environ()
+    server, how = forks.choose(None, forks.follow_environ())
+    assert server is not None and how == f"{FORKED} (preloaded: slowpre)"
+    until(lambda: len(children_running(me, SERVER_PATH)) == 1, timeout=60, what="the old server to end")
+    server.release()
+    closed = ForkServer(sys.executable, dict(os.environ), ("slowpre",))
+    closed.close()
+    assert closed.ready(60) is None  # (it answered: it ends now)
+    until(lambda: len(children_running(me, SERVER_PATH)) == 1, timeout=60, what="the closed one to end")
+    forks.close()
+
+
 def test_each_task_has_its_own_multiprocessing_key(start, bundle) -> None:  # type: ignore[no-untyped-def]
     """Where the server imported multiprocessing (torch's import does), a task's
     authentication key is its own, not the server's (shared, it would let one task's
@@ -168,14 +232,17 @@ def test_each_task_has_its_own_multiprocessing_key(start, bundle) -> None:  # ty
 
 
 @pytest.mark.parametrize("env", [{}, SPAWN], ids=["forked", "spawned"])
-def test_what_a_preload_set_as_it_was_imported_is_the_tasks(start, bundle, env) -> None:  # type: ignore[no-untyped-def]
-    """A preload's import that sets a variable and a SIGTERM handler: a spawned task imports
-    it and has both, and so has a forked one; multiprocessing's after-fork calls run in the
-    task's process, as in a process multiprocessing forks."""
+def test_what_a_preload_set_as_it_was_imported_is_the_tasks(start, bundle, monkeypatch, env) -> None:  # type: ignore[no-untyped-def]
+    """A preload's import that sets a variable, removes one, and installs handlers of
+    SIGTERM and SIGINT (this one chained to the one before it, a fresh interpreter's): a
+    spawned task imports it and has all of it, and so has a forked one; multiprocessing's
+    after-fork calls run in the task's process, as in a process multiprocessing forks."""
+    monkeypatch.setenv("DROPPED_BY_PRELOAD", "the worker's")
     run = start("setter")
     seen, how = run("as_imported", env=env)
     assert how == f"{FORKED} (preloaded: setter)" if not env else how.startswith("spawned: ")
-    assert seen == {"env": "yes", "sigterm": True, "sigint": True, "after_fork": bool(not env)}
+    assert seen == {"env": "yes", "dropped": None, "sigterm": True, "sigint": True, "chained": True,
+                    "after_fork": bool(not env)}
 
 
 SCRIPT = '''
