@@ -9,6 +9,8 @@ submits it and returns a :class:`JobHandle`. Arguments and the result are JSON
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -116,12 +118,29 @@ def result_of(job: JobRecord) -> Any:
                     exit_code=job.exit_code)
 
 
-def _note_unsent(spec: CommandJob | FunctionJob | DistributedJob, who: str) -> None:
-    """Warn (:class:`~gpulayer.unsent.UnsentFileWarning`) where ``spec`` names a file of the
-    current folder and sends no bundle: the job runs in a folder of its own."""
-    unsent = unsent_in_spec(spec)
-    if unsent is not None:
-        warnings.warn(f"{who}: {note(unsent, cli=False)}", UnsentFileWarning, stacklevel=3)
+#: GPUlayer's own folder: a warning points at the first frame outside it (the user's line)
+_OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _note_unsent(specs: Iterable[CommandJob | FunctionJob | DistributedJob], who: str) -> None:
+    """Warn (:class:`~gpulayer.unsent.UnsentFileWarning`), at the user's line, where a spec
+    names a file of the current folder and sends no bundle: the job runs in a folder of its
+    own. Specs that name the same thing are looked at once (a ``.map()`` of 10,000 calls)."""
+    seen: set[tuple[Any, ...]] = set()
+    for spec in specs:
+        what = (spec.kind, getattr(spec, "function", None), tuple(getattr(spec, "command", ())),
+                getattr(spec, "entry", None), tuple(getattr(spec, "args", ())) if spec.kind == "distributed" else (),
+                "PYTHONPATH" in spec.env, tuple(spec.placement.targets), spec.bundle, spec.bundle_digest)
+        if what in seen:
+            continue
+        seen.add(what)
+        unsent = unsent_in_spec(spec)
+        if unsent is None:
+            continue
+        frame, level = sys._getframe(0), 1
+        while frame.f_back is not None and frame.f_code.co_filename.startswith(_OURS):
+            frame, level = frame.f_back, level + 1
+        warnings.warn(f"{who}: {note(unsent, cli=False)}", UnsentFileWarning, stacklevel=level)
 
 
 def get_job(job_id: str) -> JobHandle:
@@ -134,7 +153,12 @@ def submit(spec: CommandJob | FunctionJob | DistributedJob, *, client: Client | 
     With ``on_unschedulable="fail"`` (the default) a job no registered worker could ever
     run raises :class:`Unschedulable` with the scheduler's per-worker reasons.
     """
-    _note_unsent(spec, "gl.submit")
+    return submit_as(spec, client, "gl.submit")
+
+
+def submit_as(spec: CommandJob | FunctionJob | DistributedJob, client: Client | None, who: str) -> JobHandle:
+    """:func:`submit`, its warnings saying ``who`` submitted (``train.remote()``)."""
+    _note_unsent([spec], who)
     client = client or connect()
     job = client.submit(spec, arguments=False)  # (the handle needs the id and the state)
     if job.state is JobState.UNSCHEDULABLE:
@@ -155,6 +179,12 @@ def submit_many(specs: Iterable[CommandJob | FunctionJob | DistributedJob], *,
     registered worker could ever run raises :class:`Unschedulable` (the first such job's
     report); the other jobs were submitted and run (``gpulayer jobs list`` shows them).
     """
+    return submit_many_as(specs, client, "gl.submit_many")
+
+
+def submit_many_as(specs: Iterable[CommandJob | FunctionJob | DistributedJob], client: Client | None,
+                   who: str) -> list[JobHandle]:
+    """:func:`submit_many`, its warnings saying ``who`` submitted (``train.map()``)."""
     if isinstance(specs, (CommandJob, FunctionJob, DistributedJob)):
         raise InvalidArgument("gl.submit_many: specs is one job spec; pass a list of them (or use gl.submit)")
     items = list(specs)
@@ -164,8 +194,7 @@ def submit_many(specs: Iterable[CommandJob | FunctionJob | DistributedJob], *,
                                   "FunctionJob, DistributedJob")
     if not items:
         return []
-    for spec in items:
-        _note_unsent(spec, "gl.submit_many")
+    _note_unsent(items, who)
     client = client or connect()
     jobs = client.submit_many(items, arguments=False)
     for job in jobs:

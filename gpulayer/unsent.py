@@ -29,14 +29,16 @@ _SCRIPT_RUNNER = re.compile(r"(python|pypy)[0-9.]*|bash|sh|zsh|torchrun|accelera
 _PYTHON_VALUED = ("-X", "-W", "--check-hash-based-pycs")
 
 
-def unsent_file(command: list[str], *, distributed: bool = False, env: dict[str, str] | None = None) -> str | None:
+def unsent_file(command: list[str], *, distributed: bool = False, env: dict[str, str] | None = None,
+                local: bool = False) -> str | None:
     """The file (or module) of the current folder that ``command`` names and that a job
     submitted without a bundle would not find, or None: the script after ``python`` (or
     ``bash``, ``torchrun``, ...), the package or module after ``python -m``, a
     ``./program``, a distributed job's entry (``train.py``, ``pkg.mod:fn``). Only a relative
     name inside this folder that exists here: the job runs in a folder of its own. A module
     is not named when the job's ``env`` sets ``PYTHONPATH`` or when this Python would import
-    it from elsewhere too (installed, or an editable install), as the job's may."""
+    it from elsewhere too (installed), as the job's may; with ``local`` (the job runs on this
+    machine only), an editable install of this folder counts too."""
 
     def inside(word: str) -> bool:
         return not os.path.isabs(word) and not os.path.normpath(word).startswith(os.pardir)
@@ -48,7 +50,7 @@ def unsent_file(command: list[str], *, distributed: bool = False, env: dict[str,
         # (a folder without __init__.py or __main__.py is no package: an installed one of the
         # same name is imported instead, `python -m build` beside a build/ folder)
         package = any(os.path.isfile(os.path.join(top, f)) for f in ("__init__.py", "__main__.py"))
-        if not (package or os.path.isfile(top + ".py")) or installed(top):
+        if not (package or os.path.isfile(top + ".py")) or installed(top, here_too=local):
             return None
         return top if package else top + ".py"
 
@@ -83,11 +85,17 @@ def unsent_file(command: list[str], *, distributed: bool = False, env: dict[str,
 
 
 
-def installed(top: str) -> bool:
-    """Would this Python import the top-level module ``top`` from somewhere other than the
-    current folder (installed, a folder of ``sys.path``, an editable install's finder)?"""
-    here = os.getcwd()
-    path = [p for p in sys.path if p and os.path.abspath(p) != here]
+def installed(top: str, *, here_too: bool = False) -> bool:
+    """Would this Python import the top-level module ``top`` (a module or a regular package:
+    a namespace package's part is not the module) from somewhere other than the current
+    folder: installed, a folder of ``sys.path``, an editable install's finder? With
+    ``here_too``, an editable install of the current folder counts (the job runs on this
+    machine, with this Python's packages)."""
+    here = os.path.realpath(os.getcwd())
+    if here_too:  # (not the script's own folder, sys.path[0], which a job's Python has not)
+        path = [p for i, p in enumerate(sys.path) if p and (i or os.path.realpath(p) != here)]
+    else:
+        path = [p for p in sys.path if p and os.path.realpath(p) != here]
     for finder in sys.meta_path:
         try:
             if finder is importlib.machinery.PathFinder:
@@ -97,7 +105,11 @@ def installed(top: str) -> bool:
                 spec = find(top, None) if find is not None else None
         except Exception:  # (a finder of someone else's that fails: no answer from it)
             continue
-        if spec is not None:
+        if spec is None or spec.loader is None or spec.origin in (None, "namespace"):
+            continue
+        if here_too or spec.origin in ("built-in", "frozen"):
+            return True
+        if not os.path.realpath(spec.origin).startswith(here + os.sep):
             return True
     return False
 
@@ -107,12 +119,13 @@ def unsent_in_spec(spec: Any) -> str | None:
     DistributedJob's entry, a FunctionJob's module."""
     if spec.bundle is not None or spec.bundle_digest is not None:
         return None
+    local = spec.placement.targets == ["local"]
     try:
         if spec.kind == "function":
-            return unsent_file([spec.function], distributed=True, env=spec.env)
+            return unsent_file([spec.function], distributed=True, env=spec.env, local=local)
         if spec.kind == "distributed":
-            return unsent_file([spec.entry, *spec.args], distributed=True, env=spec.env)
-        return unsent_file(list(spec.command), env=spec.env)
+            return unsent_file([spec.entry, *spec.args], distributed=True, env=spec.env, local=local)
+        return unsent_file(list(spec.command), env=spec.env, local=local)
     except OSError:  # (the current folder was removed: nothing of it to name; the submit goes on)
         return None
 

@@ -4,6 +4,7 @@ folder of its own, and would not find it."""
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 
@@ -114,3 +115,54 @@ def test_the_sdk_warns_at_the_users_line(here: Path, monkeypatch: pytest.MonkeyP
         warnings.simplefilter("error")
         bundled = gl.submit(CommandJob(command=["python", "train.py"], placement=wait, bundle="."))
     gl.cancel([handle, *handles, bundled])
+
+
+def test_a_namespace_folder_elsewhere_is_not_the_module(here: Path, tmp_path_factory: pytest.TempPathFactory,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder of that name without __init__.py elsewhere on the path would be imported as
+    an empty namespace package: the job would still not find the module's contents."""
+    elsewhere = tmp_path_factory.mktemp("site")
+    (elsewhere / "mymod").mkdir()
+    monkeypatch.syspath_prepend(str(elsewhere))
+    assert unsent_file(["mymod:f"], distributed=True) == "mymod.py"
+
+
+def test_a_module_only_this_folder_provides_is_named_for_another_machine(here: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """This folder on the path another way (an editable install of it, under a name that is
+    not this folder's own spelling: a symbolic link): found here only, which a job on this
+    machine finds (the same Python) and one on another does not."""
+    link = here.parent / "linked"
+    link.symlink_to(here)
+    monkeypatch.setattr(sys, "path", [*sys.path, str(link)])  # (where a .pth file of an editable install puts it)
+    assert unsent_file(["mymod:f"], distributed=True) == "mymod.py"
+    assert unsent_file(["mymod:f"], distributed=True, local=True) is None
+    remote = Placement(target="remote")
+    assert unsent_in_spec(FunctionJob(function="mymod:f", placement=remote)) == "mymod.py"
+    assert unsent_in_spec(FunctionJob(function="mymod:f")) is None
+
+
+def test_many_specs_naming_one_file_warn_once(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPULAYER_HOME", str(here / ".home"))
+    wait = Placement(on_unschedulable="wait", target="remote")
+    with pytest.warns(UnsentFileWarning) as caught:
+        handles = gl.submit_many([FunctionJob(function="mymod:f", args=[i], placement=wait) for i in range(50)])
+    assert len(caught) == 1 and caught[0].filename == __file__
+    gl.cancel(handles)
+
+
+def test_a_remote_functions_warning_names_it_and_points_at_the_users_line(here: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPULAYER_HOME", str(here / ".home"))
+    (here / "mymod2.py").write_text("import gpulayer as gl\n\n"
+                                    "@gl.remote(bundle=None, target='remote', on_unschedulable='wait')\n"
+                                    "def f(x):\n    return x\n")
+    monkeypatch.syspath_prepend(str(here))
+    import mymod2  # type: ignore[import-not-found]
+
+    with pytest.warns(UnsentFileWarning) as caught:
+        handles = [mymod2.f.remote(1), *mymod2.f.map([1, 2])]
+    assert [str(w.message).partition(" is in")[0] for w in caught] == ["f.remote(): mymod2.py", "f.map(): mymod2.py"]
+    assert {w.filename for w in caught} == {__file__}
+    gl.cancel(handles)
+    monkeypatch.delitem(sys.modules, "mymod2")
