@@ -332,8 +332,10 @@ class Provider(Protocol):
 
     Every method may raise the typed errors of :mod:`gpulayer.plugin` (``NoCapacity``,
     ``QuotaExceeded``, ``SkipOffer``, ``ProviderAuthFailed``, ``ProviderTransient``); any
-    other exception counts as transient. Calls are made from the control plane's threads,
-    bounded by the core's timeouts, never in a request handler.
+    other exception counts as transient, and so does an answer of another type than the
+    method's (checked where the core calls it, and reported naming the provider, its plugin
+    and the method). Calls are made from the control plane's threads, bounded by the core's
+    timeouts, never in a request handler.
     """
 
     def check(self) -> None:

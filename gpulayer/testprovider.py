@@ -27,7 +27,10 @@ one is set (what a machine image brings: e.g. ``cache/probes``, so that its work
 probe the frameworks again). ``list`` reads the machine files there, so it
 finds the machines of a server that died; ``terminate`` ends the process group. With
 ``start_workers = false`` a launch starts nothing (the bench's instant provider).
-``auth_fails = true`` makes every call raise ``ProviderAuthFailed``.
+``auth_fails = true`` makes every call raise ``ProviderAuthFailed``. ``garbage = ["offers",
+"launch", "list"]`` makes those calls answer with the wrong types, as a broken adapter
+might: ``offers`` the shapes' names (strings), ``launch`` (after starting the machine) its
+provider id as a bare string, ``list`` one dict instead of a ``LiveMachine``.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import psutil
 from pydantic import BaseModel, ConfigDict, DirectoryPath, Field
@@ -97,6 +100,8 @@ class LocalProcessConfig(BaseModel):
     python: str = Field(default_factory=lambda: sys.executable)
     start_workers: bool = True
     auth_fails: bool = False
+    #: calls that answer with the wrong types (see the module doc)
+    garbage: list[Literal["offers", "launch", "list"]] = Field(default_factory=list)
     #: extra environment of every machine's worker
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -119,6 +124,8 @@ class LocalProcessProvider:
 
     def offers(self, requirements: Requirements) -> list[MachineOffer]:
         self._auth()
+        if "offers" in self.settings.garbage:
+            return cast("list[MachineOffer]", [s.name for s in self.settings.shapes])
         return [self._offer(s) for s in self.settings.shapes]
 
     def _offer(self, shape: Shape) -> MachineOffer:
@@ -131,6 +138,12 @@ class LocalProcessProvider:
                             boot_seconds=shape.boot_seconds, data={"devices": shape.devices, "join": shape.join})
 
     def launch(self, request: LaunchRequest) -> LaunchedMachine:
+        launched = self._launch(request)
+        if "launch" in self.settings.garbage:
+            return cast(LaunchedMachine, launched.provider_id)
+        return launched
+
+    def _launch(self, request: LaunchRequest) -> LaunchedMachine:
         self._auth()
         shape = next((s for s in self.settings.shapes if s.name == request.offer.shape), None)
         if shape is None:
@@ -175,6 +188,8 @@ class LocalProcessProvider:
 
     def list(self, label: str) -> list[LiveMachine]:
         self._auth()
+        if "list" in self.settings.garbage:
+            return cast("list[LiveMachine]", [{"machine_id": "m-garbage", "provider_id": "garbage", "state": "running"}])
         return [LiveMachine(machine_id=str(m["machine_id"]), provider_id=str(m["provider_id"]), state="running")
                 for m in self._machines() if m.get("label") == label and _alive(int(str(m.get("pid") or 0)), m)]
 

@@ -332,7 +332,8 @@ class MachineOps(WorkerOps):
             try:
                 ps.call(launch.offer.provider, "terminate", machine_id, None)
             except ProviderError as texc:
-                log.warning("terminate %s after a failed launch: %s", machine_id, texc)
+                log.warning("terminate %s after a failed launch: %s", machine_id,
+                            ps.describe(launch.offer.provider, "terminate", texc))
         for mid in launched:  # a gang is all or nothing
             self._end_machine(mid, f"another machine of its group failed to launch ({reason})", failed=True)
         self.tokens.forget()
@@ -363,7 +364,8 @@ class MachineOps(WorkerOps):
         try:
             ps.call(row.provider, "terminate", machine_id, row.provider_id)
         except ProviderError as exc:
-            log.warning("terminate %s failed (%s); trying again at the next pass", machine_id, exc)
+            log.warning("terminate %s failed (%s); trying again at the next pass", machine_id,
+                        ps.describe(row.provider, "terminate", exc))
             return
         now = self.clock()
         never_joined = row.joined_at is None if failed is None else failed
@@ -395,8 +397,8 @@ class MachineOps(WorkerOps):
         for name in ps.enabled():
             try:
                 live: list[LiveMachine] = ps.call(name, "list", label)
-            except ProviderError as exc:
-                log.warning("provider %s: list failed: %s", name, exc)
+            except ProviderError as exc:  # (the other providers are swept as usual)
+                log.warning("%s; listing again in %g s", ps.describe(name, "list", exc), SWEEP_SECONDS)
                 continue
             with self.store.read() as s:
                 rows = {r.id: r for r in queries.machines(s, provider=name)}
@@ -408,7 +410,7 @@ class MachineOps(WorkerOps):
                         self._event(s, "machine_orphan", message=f"{name}: terminated orphan {m.machine_id} "
                                                                  f"({m.provider_id})")
                 except ProviderError as exc:
-                    log.warning("provider %s: terminate orphan %s failed: %s", name, m.machine_id, exc)
+                    log.warning("terminate orphan %s failed (%s)", m.machine_id, ps.describe(name, "terminate", exc))
             if after_start:
                 listed = {m.machine_id: m for m in live}
                 for r in rows.values():

@@ -6,23 +6,33 @@ with a reason, the last error), the offers cache, and the blocked scopes. Every 
 provider goes through :meth:`ProviderSet.call`, on a small thread pool and bounded by a
 timeout, so a provider that hangs can hold up neither a request handler (they never call a
 provider) nor the provisioning pass for long. Calls are counted (``calls``) for the bench.
+
+:meth:`ProviderSet.call` is also where an adapter's answer is checked, once per call, against
+what the call accepts (:data:`ANSWERS`: ``offers`` and ``list`` a list of records, ``launch``
+one record). An answer of another type or shape takes the path a raised error takes: it is
+a :class:`ProviderCallFailed` (a ``ProviderTransient``) whose text names the provider, its
+plugin, the call, what it returned and what is accepted, so one misbehaving adapter is
+reported by name and never breaks the pass, or another provider.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+
+from pydantic import BaseModel
 
 from gpulayer import provisioning
 from gpulayer.errors import ProviderAuthFailed, ProviderError, ProviderTransient
-from gpulayer.hookrecords import MachineOffer
+from gpulayer.hookrecords import LaunchedMachine, LiveMachine, MachineOffer
 from gpulayer.provider_config import ConfiguredProvider
 from gpulayer.specs import Requirements
 
@@ -38,12 +48,94 @@ LAUNCH_TIMEOUT = 120.0
 CHECK_RETRY = 30.0
 
 
+class ProviderCallFailed(ProviderTransient):
+    """A call that raised something other than a typed provider error, gave no answer in
+    time, or answered with something it does not accept. Its text names the provider, its
+    plugin and the call (``provider 'aws' (plugin 'ec2'): list() returned ...``); ``detail``
+    is the same without the provider (``list() returned ...``)."""
+
+    def __init__(self, who: str, detail: str) -> None:
+        super().__init__(f"{who}: {detail}")
+        self.detail = detail
+
+
+class _Refused(Exception):
+    """An answer a call does not accept; the text says what it was."""
+
+
+def _kind(value: Any) -> str:
+    """``None``, ``a dict``, ``a str``: what a value is, by its type only (an answer may hold
+    secrets, so its value is never shown)."""
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
+def _json_data(record: Any) -> None:
+    """Refuse a record whose ``data`` (the adapter's own facts, stored by the core) is not JSON."""
+    try:
+        json.dumps(record.data)
+    except (TypeError, ValueError) as exc:
+        raise _Refused(f"a {type(record).__name__} whose data is not JSON ({type(exc).__name__}: {exc})") from None
+
+
+def _one(kind: type[BaseModel], *, json_data: bool = False) -> Callable[[Any], Any]:
+    def check(answer: Any) -> Any:
+        if not isinstance(answer, kind):
+            raise _Refused(_kind(answer))
+        if json_data:
+            _json_data(answer)
+        return answer
+    return check
+
+
+def _many(kind: type[BaseModel], *, json_data: bool = False) -> Callable[[Any], list[Any]]:
+    def check(answer: Any) -> list[Any]:
+        if isinstance(answer, kind):
+            raise _Refused(f"one {kind.__name__}, not a list of them")
+        if answer is None or isinstance(answer, (str, bytes, Mapping, BaseModel)) or not isinstance(answer, Iterable):
+            raise _Refused(_kind(answer))
+        items = list(answer)  # a generator runs here, within the call's timeout
+        for i, item in enumerate(items):
+            try:
+                if not isinstance(item, kind):
+                    raise _Refused(_kind(item))
+                if json_data:
+                    _json_data(item)
+            except _Refused as exc:
+                raise _Refused(f"a {type(answer).__name__} whose item {i} is {exc}") from None
+        return items
+    return check
+
+
+def _raised(method: str, exc: ProviderError) -> str:
+    return f"{method}() failed: {type(exc).__name__}: {exc}"
+
+
+class Answer(NamedTuple):
+    """What one call of a provider accepts as its answer."""
+
+    #: in words, for the error that refuses anything else
+    accepted: str
+    #: the answer to use, or :class:`_Refused`
+    check: Callable[[Any], Any]
+
+
+#: what each call accepts; ``check`` and ``terminate`` answer nothing the core reads
+ANSWERS: dict[str, Answer] = {
+    "offers": Answer("a list of gpulayer.plugin.MachineOffer records (an empty list for none)", _many(MachineOffer, json_data=True)),
+    "launch": Answer("a gpulayer.plugin.LaunchedMachine record", _one(LaunchedMachine, json_data=True)),
+    "list": Answer("a list of gpulayer.plugin.LiveMachine records (an empty list for none)", _many(LiveMachine)),
+}
+
+
 @dataclass
 class ProviderStatus:
     credentials_ok: bool | None = None
     checked_at: float | None = None
     disabled: str | None = None
     last_error: str | None = None
+    #: the call ``last_error`` is about: only that call's next success clears it (offers that
+    #: keep failing are not hidden by a list that works)
+    error_of: str | None = None
     offers: list[MachineOffer] = field(default_factory=list)
     offers_at: float | None = None
 
@@ -78,29 +170,60 @@ class ProviderSet:
 
     # ------------------------------------------------------------------ calls
 
+    def who(self, name: str) -> str:
+        """``provider 'aws' (plugin 'ec2')``: a provider as errors and the log name it."""
+        c = self.configured[name]
+        return f"provider {name!r} (plugin {c.plugin!r})" if c.plugin else f"provider {name!r} (type {c.type!r})"
+
+    def describe(self, name: str, method: str, exc: ProviderError) -> str:
+        """A failed call as one line that names the provider, its plugin and the call once."""
+        if isinstance(exc, ProviderCallFailed):
+            return str(exc)
+        return f"{self.who(name)}: {_raised(method, exc)}"
+
     def call(self, name: str, method: str, *args: Any, timeout: float | None = None) -> Any:
-        """``provider.method(*args)`` with a timeout; an error that is not a
-        :class:`ProviderError` (or a timeout) comes back as :class:`ProviderTransient`."""
+        """``provider.method(*args)`` with a timeout, its answer checked against
+        :data:`ANSWERS` (a list's items come back as a list). A typed :class:`ProviderError`
+        is raised as it is; any other exception, no answer in time, or an answer the call
+        does not accept comes back as :class:`ProviderCallFailed` (a transient error)."""
         fn = getattr(self.configured[name].provider, method)
+        answer = ANSWERS.get(method)
         limit = self.call_timeout if timeout is None else timeout
         with self._lock:
             self.calls[f"{name}.{method}"] += 1
             self.calls["total"] += 1
-        future = self._pool.submit(fn, *args)
+
+        def run() -> Any:  # on the pool: a generator's items are read within the timeout too
+            result = fn(*args)
+            return result if answer is None else answer.check(result)
+
+        future = self._pool.submit(run)
         try:
             result = future.result(timeout=limit)
         except FutureTimeout:
-            raise ProviderTransient(f"{name}: {method} did not answer within {limit:g} s") from None
+            raise self._failed(name, method, f"{method}() did not answer within {limit:g} s") from None
+        except _Refused as exc:
+            assert answer is not None
+            raise self._failed(name, method, f"{method}() returned {exc}; accepted: {answer.accepted}") from None
         except ProviderError as exc:
-            self.status[name].last_error = f"{method}: {exc}"
+            self._error(name, method, _raised(method, exc))
             if isinstance(exc, ProviderAuthFailed):
                 self.disable(name, str(exc))
             raise
         except Exception as exc:
-            self.status[name].last_error = f"{method}: {type(exc).__name__}: {exc}"
-            raise ProviderTransient(f"{name}: {method} failed: {type(exc).__name__}: {exc}") from exc
-        self.status[name].last_error = None
+            raise self._failed(name, method, f"{method}() raised {type(exc).__name__}: {exc}") from exc
+        st = self.status[name]
+        if st.error_of == method:
+            st.last_error = st.error_of = None
         return result
+
+    def _error(self, name: str, method: str, text: str) -> None:
+        st = self.status[name]
+        st.last_error, st.error_of = text, method
+
+    def _failed(self, name: str, method: str, detail: str) -> ProviderCallFailed:
+        self._error(name, method, detail)
+        return ProviderCallFailed(self.who(name), detail)
 
     def disable(self, name: str, reason: str) -> None:
         st = self.status[name]
@@ -126,7 +249,7 @@ class ProviderSet:
             except ProviderAuthFailed:
                 pass
             except ProviderError as exc:
-                log.warning("provider %s: check failed: %s", name, exc)
+                log.warning("%s; checking again in %g s", self.describe(name, "check", exc), CHECK_RETRY)
 
     # ------------------------------------------------------------------ offers
 
@@ -146,10 +269,11 @@ class ProviderSet:
         try:
             found = self.call(name, "offers", Requirements())
         except ProviderError as exc:
-            log.warning("provider %s: offers failed: %s", name, exc)
-            st.offers_at = now  # ask again after the TTL, not at every pass
+            # the offers cached before are kept; ask again after the TTL, not at every pass
+            log.warning("%s; asking again in %g s", self.describe(name, "offers", exc), self.offer_ttl)
+            st.offers_at = now
             return
-        st.offers = [o.model_copy(update={"provider": name}) for o in found or []]
+        st.offers = [o.model_copy(update={"provider": name}) for o in found]
         st.offers_at = now
 
     def cached_offers(self) -> list[MachineOffer]:
@@ -160,4 +284,4 @@ class ProviderSet:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["CALL_TIMEOUT", "LAUNCH_TIMEOUT", "ProviderSet", "ProviderStatus"]
+__all__ = ["ANSWERS", "CALL_TIMEOUT", "LAUNCH_TIMEOUT", "Answer", "ProviderCallFailed", "ProviderSet", "ProviderStatus"]

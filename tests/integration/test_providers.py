@@ -316,3 +316,34 @@ def test_providers_list_shows_installed_adapters_no_section_configures(tmp_path:
     row = next(line.split() for line in out.stdout.splitlines() if line.startswith("local-process"))
     assert row[:4] == ["local-process", "local-process", "gpulayer.testprovider", "no"]
     assert "no section in providers.toml" in out.stdout
+
+
+def test_an_adapter_that_answers_garbage_is_named_and_the_other_providers_run_the_job(
+        servers: list[ServerProc], tmp_path: Path) -> None:
+    # bad: list answers dicts and launch a bare string; worse: offers answers strings
+    toml = (section("bad", shapes=shape("bad", "gpu1", price=0.5),
+                    extra='garbage = ["list", "launch"]\nstart_workers = false')
+            + section("worse", shapes=shape("worse", "gpu1", price=0.1), extra='garbage = ["offers"]')
+            + section("good", shapes=shape("good", "gpu1", price=0.9)))
+    srv, api = start(servers, tmp_path / "srv", toml)
+    job_id = submit(api, {**CUDA_JOB, "placement": {"target": "cloud", "prefer": ["bad", "good"]}})
+    assert wait_job(api, job_id)["state"] == "succeeded"
+    by_provider = {m["provider"]: m for m in machines(api)}
+    assert set(by_provider) == {"bad", "good"}
+    who = "provider 'bad' (plugin 'gpulayer.testprovider')"
+    refused = f"{who}: launch() returned a str; accepted: a gpulayer.plugin.LaunchedMachine record"
+    assert (by_provider["bad"]["state"], by_provider["bad"]["reason"]) == ("failed", f"launch failed ({refused})")
+    # the machine the launch brought up before answering was terminated (by its machine id)
+    assert (tmp_path / "srv" / "local-machines" / by_provider["bad"]["id"] / "machine.ended.json").is_file()
+    line = next(x for x in show(srv, job_id).splitlines() if x.startswith("cloud"))
+    assert line.startswith(f"cloud     bad/here/gpu1: launch failed ({refused}) -> good/here/gpu1: launched m-")
+    log = srv.log()
+    assert (f"{who}: list() returned a list whose item 0 is a dict; accepted: a list of gpulayer.plugin.LiveMachine "
+            "records (an empty list for none); listing again in 60 s") in log
+    assert ("provider 'worse' (plugin 'gpulayer.testprovider'): offers() returned a list whose item 0 is a str; "
+            "accepted: a list of gpulayer.plugin.MachineOffer records (an empty list for none); asking again in 30 s"
+            ) in log
+    assert "provisioning pass failed" not in log and "Traceback" not in log
+    listed = {p["name"]: p for p in api("GET", "/v1/providers").json()}
+    assert listed["worse"]["last_error"].startswith("offers() returned a list whose item 0 is a str")
+    assert listed["good"]["last_error"] is None

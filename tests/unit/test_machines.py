@@ -1,19 +1,23 @@
 """The control plane's cloud target in one process (real SQLite, a provider object that
-records its calls): launches written first, the bootstrap join, gangs, failover, restarts."""
+records its calls): launches written first, the bootstrap join, gangs, failover, restarts,
+and adapters that answer with the wrong types."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pydantic import BaseModel
 
 from gpulayer.control import ControlPlane
-from gpulayer.control.providers import ProviderSet
+from gpulayer.control.providers import ProviderCallFailed, ProviderSet
 from gpulayer.errors import AuthError, InvalidInput, NoCapacity, ProviderTransient
 from gpulayer.hookrecords import LaunchedMachine, LaunchRequest, LiveMachine, MachineOffer, ProviderAdapter
+from gpulayer.hookspecs import hookimpl
+from gpulayer.plugins import PluginManager
 from gpulayer.provider_config import parse
 from gpulayer.records import JobState
 from gpulayer.specs import Placement, Requirements
@@ -23,10 +27,15 @@ from tests.factories import make_capabilities, make_cuda_devices, make_distribut
 
 class Cfg(BaseModel):
     shapes: list[str] = ["a"]
+    #: calls that answer with the wrong types: offers the shapes' names, launch (after
+    #: bringing the machine up) its provider id as a bare string, list a dict
+    garbage: list[str] = []
+    check_fails: bool = False
 
 
 class Recorder:
-    """A provider that records every call; ``fail`` maps a shape to the error its launch raises."""
+    """A provider that records every call; ``fail`` maps a shape to the error its launch
+    raises; the section's ``garbage`` and ``check_fails`` make it misbehave (see :class:`Cfg`)."""
 
     def __init__(self, name: str, cfg: Cfg) -> None:
         self.name, self.cfg = name, cfg
@@ -38,9 +47,13 @@ class Recorder:
 
     def check(self) -> None:
         self.calls.append(("check", None))
+        if self.cfg.check_fails:
+            raise RuntimeError("boom")
 
     def offers(self, requirements: Requirements) -> list[MachineOffer]:
         self.calls.append(("offers", None))
+        if "offers" in self.cfg.garbage:
+            return cast("list[MachineOffer]", list(self.cfg.shapes))
         return [MachineOffer(shape=s, region="r", capabilities=make_capabilities(devices=make_cuda_devices(1)),
                              price_per_hour=float(i + 1)) for i, s in enumerate(self.cfg.shapes)]
 
@@ -52,10 +65,14 @@ class Recorder:
         if err is not None:
             raise err
         self.live[request.machine_id] = LiveMachine(machine_id=request.machine_id, provider_id=f"i-{request.machine_id}")
+        if "launch" in self.cfg.garbage:
+            return cast(LaunchedMachine, f"i-{request.machine_id}")
         return LaunchedMachine(provider_id=f"i-{request.machine_id}")
 
     def list(self, label: str) -> list[LiveMachine]:
         self.calls.append(("list", label))
+        if "list" in self.cfg.garbage:
+            return cast("list[LiveMachine]", [m.model_dump() for m in self.live.values()] or [{"machine_id": "m-x", "provider_id": "i-x"}])
         return list(self.live.values())
 
     def terminate(self, machine_id: str, provider_id: str | None) -> None:
@@ -265,3 +282,166 @@ def test_the_jobs_preference_picks_the_offer(store: Store) -> None:
         update={"placement": Placement(target="cloud", prefer=["p/r/b"])}))
     cp.provision()
     assert [r.offer.shape for m, r in rec.calls if m == "launch"] == ["b"]  # not the cheaper a
+
+
+# --------------------------------------------------------------------------- adapters that misbehave
+
+
+class RecorderPlugin:
+    """The ``rec`` adapter as a registered plugin, so that providers name their plugin."""
+
+    @hookimpl
+    def gpulayer_provider_adapters(self) -> Iterator[ProviderAdapter]:
+        yield ADAPTER["rec"]
+
+
+@pytest.fixture
+def rec_plugin(plugin_manager: PluginManager) -> str:
+    plugin_manager.register(RecorderPlugin(), name="tests-recorder")
+    return "tests-recorder"
+
+
+WHO = "provider 'bad' (plugin 'tests-recorder')"
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "gpulayer.provisioning" and r.levelno == logging.WARNING]
+
+
+def provider_info(cp: ControlPlane, name: str) -> Any:
+    return next(p for p in cp.list_providers() if p.name == name)
+
+
+def test_a_list_of_non_machines_is_refused_naming_the_plugin_asked_again_a_minute_later_and_others_launch(
+        store: Store, rec_plugin: str, caplog: pytest.LogCaptureFixture) -> None:
+    now = [1000.0]
+    cp, bad = plane(store, '[bad]\ntype = "rec"\nshapes = []\ngarbage = ["list"]\n[good]\ntype = "rec"\n', clock=now)
+    good = cast(Recorder, cp.providers.configured["good"].provider)  # type: ignore[union-attr]
+    cp.submit(CLOUD)
+    for _ in range(5):
+        cp.provision()  # (a provider's answer never breaks the pass)
+    assert good.count("launch") == 1 and [m.provider for m in cp.list_machines()] == ["good"]
+    assert (bad.count("list"), good.count("list")) == (1, 1)  # not at every pass
+    now[0] += 61
+    cp.provision()
+    assert (bad.count("list"), good.count("list")) == (2, 2)  # once a minute, as after a raise
+    refused = ("list() returned a list whose item 0 is a dict; accepted: a list of gpulayer.plugin.LiveMachine "
+               "records (an empty list for none)")
+    assert warnings_of(caplog) == [f"{WHO}: {refused}; listing again in 60 s"] * 2
+    assert provider_info(cp, "bad").last_error == refused
+
+
+def test_offers_that_are_not_offers_are_refused_naming_the_plugin_and_asked_again_after_the_ttl(
+        store: Store, rec_plugin: str, caplog: pytest.LogCaptureFixture) -> None:
+    now = [1000.0]
+    cp, bad = plane(store, '[bad]\ntype = "rec"\ngarbage = ["offers"]\n[good]\ntype = "rec"\n', clock=now)
+    good = cast(Recorder, cp.providers.configured["good"].provider)  # type: ignore[union-attr]
+    assert [o.provider for o in cp.offers(Requirements())] == ["good"]
+    cp.submit(CLOUD)
+    for _ in range(5):
+        cp.provision()
+    assert good.count("launch") == 1
+    assert (bad.count("offers"), good.count("offers")) == (1, 1)  # cached for 30 s, also after a refusal
+    now[0] += 30
+    cp.provision()
+    assert (bad.count("offers"), good.count("offers")) == (2, 2)
+    refused = ("offers() returned a list whose item 0 is a str; accepted: a list of gpulayer.plugin.MachineOffer "
+               "records (an empty list for none)")
+    assert warnings_of(caplog) == [f"{WHO}: {refused}; asking again in 30 s"] * 2
+    assert provider_info(cp, "bad").last_error == refused
+
+
+def test_a_launch_answer_that_is_not_a_launched_machine_fails_over_like_a_raise(
+        store: Store, rec_plugin: str) -> None:
+    cp, bad = plane(store, '[bad]\ntype = "rec"\ngarbage = ["launch"]\n[good]\ntype = "rec"\n')
+    good = cast(Recorder, cp.providers.configured["good"].provider)  # type: ignore[union-attr]
+    job = cp.submit(CLOUD.model_copy(update={"placement": Placement(target="cloud", prefer=["bad", "good"])}))
+    cp.provision()
+    [(_, req)] = [c for c in bad.calls if c[0] == "launch"]
+    refused = f"{WHO}: launch() returned a str; accepted: a gpulayer.plugin.LaunchedMachine record"
+    m = cp.get_machine(req.machine_id)
+    assert (m.state, m.reason) == ("failed", f"launch failed ({refused})")
+    assert ("terminate", req.machine_id) in bad.calls and not bad.live  # it may have come up: ended
+    with pytest.raises(AuthError):  # its bootstrap token is revoked
+        cp.join_worker(make_capabilities(), join_token=req.bootstrap_token.get_secret_value())
+    # the job's next offer, in the same pass
+    [(_, other)] = [c for c in good.calls if c[0] == "launch"]
+    assert cp.get_machine(other.machine_id).state == "booting"
+    events = [e.message for e in cp.events(job.id) if e.kind == "cloud"]
+    assert events[0] == f"bad/r/a: launch failed ({refused})" and events[1].startswith("good/r/a: launched m-")
+    cp.submit(CLOUD.model_copy(update={"placement": Placement(target="cloud", prefer=["bad"])}))
+    cp.provision()
+    assert bad.count("launch") == 1  # the scope is blocked for a while, as after a raise
+
+
+def test_a_failing_check_is_logged_once_naming_the_provider_and_its_plugin(
+        store: Store, rec_plugin: str, caplog: pytest.LogCaptureFixture) -> None:
+    cp, _ = plane(store, '[bad]\ntype = "rec"\ncheck_fails = true\n')
+    assert warnings_of(caplog) == [f"{WHO}: check() raised RuntimeError: boom; checking again in 30 s"]
+    # shown until a check succeeds (the offers that answered since do not hide it)
+    assert provider_info(cp, "bad").last_error == "check() raised RuntimeError: boom"
+
+
+class Answers:
+    """A provider whose every call answers ``answer``."""
+
+    def __init__(self, name: str, cfg: Cfg) -> None:
+        self.answer: Any = None
+
+    def offers(self, requirements: Requirements) -> Any:
+        return self.answer
+
+    def launch(self, request: LaunchRequest) -> Any:
+        return self.answer
+
+    def list(self, label: str) -> Any:
+        return self.answer
+
+
+OFFER = MachineOffer(shape="a", capabilities=make_capabilities())
+MACHINE = LiveMachine(machine_id="m-1", provider_id="i-1")
+
+
+@pytest.mark.parametrize(("method", "answer", "returned"), [
+    ("offers", None, "None"),
+    ("offers", {"shape": "a"}, "a dict"),
+    ("offers", "a", "a str"),
+    ("offers", OFFER, "one MachineOffer, not a list of them"),
+    ("offers", [OFFER, "a"], "a list whose item 1 is a str"),
+    ("offers", [OFFER.model_copy(update={"data": {"s": {1}}})],
+     "a list whose item 0 is a MachineOffer whose data is not JSON (TypeError: Object of type set is not JSON serializable)"),
+    ("launch", None, "None"),
+    ("launch", "i-1", "a str"),
+    ("launch", {"provider_id": "i-1"}, "a dict"),
+    ("launch", LaunchedMachine(provider_id="i-1", data={"s": {1}}),
+     "a LaunchedMachine whose data is not JSON (TypeError: Object of type set is not JSON serializable)"),
+    ("list", None, "None"),
+    ("list", MACHINE, "one LiveMachine, not a list of them"),
+    ("list", (MACHINE, MACHINE.model_dump()), "a tuple whose item 1 is a dict"),
+])
+def test_every_answer_is_checked_once_where_the_call_is_made(rec_plugin: str, method: str, answer: Any,
+                                                             returned: str) -> None:
+    adapter = ProviderAdapter(name="answers", config=Cfg, create=Answers)
+    [c] = parse('[bad]\ntype = "answers"\n', adapters={"answers": adapter})
+    c.plugin = rec_plugin
+    ps = ProviderSet([c])
+    cast(Answers, c.provider).answer = answer
+    try:
+        with pytest.raises(ProviderCallFailed) as caught:
+            ps.call("bad", method, None)
+        assert isinstance(caught.value, ProviderTransient)  # the path a raised error takes
+        assert str(caught.value).startswith(f"{WHO}: {method}() returned {returned}; accepted: ")
+    finally:
+        ps.close()
+
+
+def test_a_list_may_be_any_iterable_of_records(rec_plugin: str) -> None:
+    adapter = ProviderAdapter(name="answers", config=Cfg, create=Answers)
+    [c] = parse('[ok]\ntype = "answers"\n', adapters={"answers": adapter})
+    ps = ProviderSet([c])
+    cast(Answers, c.provider).answer = (m for m in [MACHINE])
+    try:
+        assert ps.call("ok", "list", "label") == [MACHINE]
+        assert ps.status["ok"].last_error is None
+    finally:
+        ps.close()
