@@ -148,6 +148,8 @@ class PluginManager:
         self.unknown_disabled: list[str] = []
         #: one line per entry-point name claimed by two distributions
         self.clashes: list[str] = []
+        #: record hooks two plugins offered one name in: hook -> the error (see _collect)
+        self.conflicts: dict[str, PluginError] = {}
         #: hard errors met while loading, raised by every strict :meth:`load`
         self.fatal: list[tuple[str, BaseException]] = []
         self._load_entry_points = load_entry_points
@@ -335,6 +337,7 @@ class PluginManager:
     def _forget_records(self) -> None:
         self._cache.clear()
         self._owners.clear()
+        self.conflicts.clear()
         self._replaced.clear()
 
     # ------------------------------------------------------------------ results
@@ -392,10 +395,17 @@ class PluginManager:
                 stand_in = isinstance(rec, AcceleratorDetector) and rec.stand_in
                 records, owners = groups[stand_in]
                 if rec.name in records:
-                    raise PluginError(
-                        f"Conflicting plugins found for {what} {rec.name!r}: "
-                        f"{owners[rec.name]!r} and {plugin_name!r}"
-                    )
+                    first = owners[rec.name]
+                    error = PluginError(
+                        f"Conflicting plugins found for {what} {rec.name!r}: {first!r} and {plugin_name!r} "
+                        f"(to use one of them: {DISABLE_ENV}={first} or {DISABLE_ENV}={plugin_name})",
+                        hook=hook_name)
+                    self.conflicts[hook_name] = error
+                    for name in (first, plugin_name):  # (what plugins list shows of them)
+                        info = self.infos.get(name)
+                        if info is not None:
+                            info.status, info.error = "failed", f"{hook_name}: {error}"
+                    raise error
                 records[rec.name] = rec
                 owners[rec.name] = plugin_name
         records, owners = groups[False]
@@ -476,7 +486,8 @@ class PluginManager:
                     if hook_name not in self._cache:
                         self._collect(hook_name)
             except PluginError as exc:
-                warnings.warn(str(exc), PluginWarning, stacklevel=2)
+                if hook_name not in self.conflicts:  # (a conflict is shown by the plugins' status)
+                    warnings.warn(str(exc), PluginWarning, stacklevel=2)
         return sorted(self.infos.values(), key=lambda i: i.name)
 
 

@@ -179,8 +179,11 @@ def list_plugins(as_json: bool = typer.Option(False, "--json", help="print JSON"
             "plugins": [i.to_dict() for i in infos],
             "unknown_disabled": manager.unknown_disabled,
             "clashes": manager.clashes,
+            "conflicts": [str(e) for e in manager.conflicts.values()],
         }, indent=2))
         manager.load()
+        for error in manager.conflicts.values():
+            raise error
         return
     width = max([len(i.name) for i in infos] + [4])
     for info in infos:
@@ -200,6 +203,8 @@ def list_plugins(as_json: bool = typer.Option(False, "--json", help="print JSON"
             err=True,
         )
     manager.load()  # raises the first hard error, with its traceback, after the listing
+    for error in manager.conflicts.values():  # (what every command that needs that hook says)
+        raise error
 
 
 @profiles_app.command("list")

@@ -177,7 +177,8 @@ def test_conflicting_detectors_name_both_plugins(plugin_manager):
     plugin_manager.register(Detectors("npu"), name="initech")
     with pytest.raises(PluginError) as err:
         plugins.detectors()
-    assert str(err.value) == "Conflicting plugins found for accelerator detector 'npu': 'acme' and 'initech'"
+    assert str(err.value) == ("Conflicting plugins found for accelerator detector 'npu': 'acme' and 'initech' "
+                              "(to use one of them: GPULAYER_DISABLE_PLUGINS=acme or GPULAYER_DISABLE_PLUGINS=initech)")
 
 
 def test_two_fakes_of_one_kind_conflict_too(plugin_manager):
@@ -358,6 +359,34 @@ def test_a_misbehaving_plugin_does_not_stop_commands(module, tmp_path, gpulayer_
     assert len(warnings) == 1 and f"gpulayer plugin {module!r}" in warnings[0], ran.stderr
     assert "GPULAYER_DISABLE_PLUGINS=" + module in warnings[0]
     assert "Warning:" not in ran.stderr  # one plain line, not a Python warning with its source
+
+
+def test_plugins_list_shows_two_plugins_in_conflict_and_fails_as_other_commands_do(tmp_path, gpulayer_home):
+    """It listed both as loaded and exited 0 while every command that needs detectors failed."""
+    for name in ("gl_npu_one", "gl_npu_two"):
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent("""\
+            from gpulayer import plugin
+
+            @plugin.hookimpl
+            def gpulayer_accelerator_detectors():
+                yield plugin.AcceleratorDetector(name="npu", detect=lambda timeout: plugin.DetectionResult())
+            """))
+    env = {"GPULAYER_PLUGINS": "gl_npu_one,gl_npu_two", "GPULAYER_DETECTORS": "none"}
+    error = ("Conflicting plugins found for accelerator detector 'npu': 'gl_npu_one' and 'gl_npu_two' "
+             "(to use one of them: GPULAYER_DISABLE_PLUGINS=gl_npu_one or GPULAYER_DISABLE_PLUGINS=gl_npu_two)")
+    listed = gpulayer_cli("plugins", "list", pythonpath=[tmp_path], env=env)
+    assert listed.returncode == 2 and error in listed.stderr, listed.stderr
+    for name in ("gl_npu_one", "gl_npu_two"):
+        line = next(ln for ln in listed.stdout.splitlines() if ln.startswith(name))
+        assert line.split()[1] == "failed"
+        assert f"to stop loading it: GPULAYER_DISABLE_PLUGINS={name}" in listed.stdout
+    assert f"error: gpulayer_accelerator_detectors: {error}" in listed.stdout
+    as_json = gpulayer_cli("plugins", "list", "--json", pythonpath=[tmp_path], env=env)
+    assert as_json.returncode == 2 and json.loads(as_json.stdout)["conflicts"] == [error]
+    detected = gpulayer_cli("resources", "detect", pythonpath=[tmp_path], env=env)
+    assert detected.returncode == 2 and error in detected.stderr
+    one = gpulayer_cli("plugins", "list", pythonpath=[tmp_path], env={**env, "GPULAYER_DISABLE_PLUGINS": "gl_npu_two"})
+    assert one.returncode == 0, one.stderr
 
 
 # --------------------------------------------------------------------------- fakes
