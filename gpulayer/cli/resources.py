@@ -114,7 +114,8 @@ def render_explain(caps: Capabilities) -> list[str]:
     width = max(len(r[0]) for r in rows) + 2
     vwidth = min(max(len(r[1]) for r in rows), 40) + 2
     lines = [f"{'VALUE':<{width}}{'':<{vwidth}}FROM"]
-    lines.extend(f"{label:<{width}}{value:<{vwidth}}{source}" for label, value, source in rows)
+    # (a value wider than its column, a long path, keeps two spaces before where it came from)
+    lines.extend(f"{label:<{width}}{value:<{max(vwidth, len(value) + 2)}}{source}" for label, value, source in rows)
     for kind, problem in caps.detector_problems.items():
         lines.append(f"{'trouble':<{width}}{kind:<{vwidth}}{problem}")
     for problem in caps.probe_problems:

@@ -36,7 +36,7 @@ from typing import Any
 
 from gpulayer import bundles, config, plugins
 from gpulayer.api import TaskAssignment, WorkerAPI
-from gpulayer.errors import Conflict, ConnectionFailed, Forbidden, GpulayerError, InvalidInput, NotFound, PluginError
+from gpulayer.errors import AuthError, Conflict, ConnectionFailed, Forbidden, GpulayerError, InvalidInput, NotFound, PluginError
 from gpulayer.hookrecords import Capabilities
 from gpulayer.records import JobError, TaskState, WorkerRecord
 from gpulayer.worker.cache_keeper import CacheKeeper
@@ -227,6 +227,8 @@ class Agent:
         if self.worker_id is not None:
             try:
                 self.api.deregister_worker(self.worker_id)
+            except AuthError as exc:  # (its token revoked: the server let it go, an idle machine ended)
+                log.info("not deregistered: %s; the server no longer counts this worker", exc)
             except GpulayerError as exc:
                 log.warning("could not deregister worker: %s", exc)
 

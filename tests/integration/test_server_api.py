@@ -14,6 +14,7 @@ import ssl
 import time
 import zipfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from gpulayer.client import http_client
 from gpulayer.errors import AuthError, BundleError, Conflict, Forbidden, InvalidInput, NotFound
 from gpulayer.specs import CommandJob, Placement, Requirements
 from tests.factories import make_capabilities
-from tests.server_support import Api, ServerProc
+from tests.server_support import Api, ServerProc, start_remote_worker, stop_proc, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -691,3 +692,22 @@ def test_a_result_reported_as_its_json_text_goes_into_the_request_as_it_is(serve
     [listed] = [j for j in client.api.list_jobs() if j.id == job.id]
     assert (listed.state.value, listed.result) == ("succeeded", None)
     assert client.api.get_job(job.id).result == done.result
+
+
+def test_a_worker_whose_token_was_revoked_stops_without_a_warning(server: ServerProc, admin: Api,
+                                                                   tmp_path: Path) -> None:
+    """The server let the worker go (its token revoked: an idle machine the server ends
+    revokes it before its worker hears SIGTERM): there is nothing to deregister."""
+    before = {t["id"] for t in admin("GET", "/v1/tokens").json()}
+    proc = start_remote_worker(server.url, admin.token_for("join")["token"], tmp_path / "w")
+    try:
+        wait_for(lambda: [t for t in admin("GET", "/v1/tokens").json()
+                          if t["id"] not in before and t["scope"] == "worker"], 60, "the worker's own token")
+        [mine] = [t for t in admin("GET", "/v1/tokens").json() if t["id"] not in before and t["scope"] == "worker"]
+        assert admin("DELETE", f"/v1/tokens/{mine['id']}").status_code == 200
+        time.sleep(2.1)  # verification results are cached for at most 2 s
+    finally:
+        stop_proc(proc)
+    log = (tmp_path / "w" / "worker.log").read_text()
+    assert "could not deregister" not in log, log
+    assert "not deregistered: token " in log and "was revoked" in log, log

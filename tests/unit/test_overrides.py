@@ -292,3 +292,16 @@ def test_a_task_cannot_see_devices_an_override_hid(gpulayer_home):
     proc = gpulayer("submit", "--", sys.executable, "-c", show, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "CVD=''" in proc.stdout  # hidden like a CPU task's, though the worker offers no cuda device
+
+
+def test_explain_keeps_a_long_value_apart_from_where_it_came_from(fake_accelerator):
+    """A long value (a venv's python path) used to run into the next column:
+    ``.../venv/bin/python3)this interpreter``."""
+    from gpulayer.cli.resources import render_explain
+
+    fake_accelerator("cuda", count=1, memory_gb=80)
+    caps = detect_capabilities(timeout=60)
+    long_path = "/home/someone/projects/a-rather-long-name/.venv/bin/python3"
+    caps = caps.model_copy(update={"host": caps.host.model_copy(update={"python_path": long_path})})
+    [row] = [line for line in render_explain(caps) if line.startswith("python ")]
+    assert f"({long_path})  this interpreter" in row
