@@ -139,8 +139,12 @@ def store(python: str, raw: Any, *, timeout: float, only: set[str] | None = None
     # against the host's facts when it is read)
     same = bool(old) and all(old.get(k) == json.loads(json.dumps(v)) for k, v in detection.items())
     entry_id = os.urandom(8).hex()
+    # the detectors' own inputs as they are now (the detection just ran with them): a change
+    # of one makes the entry stale (capability_key.read)
+    inputs = sorted({name for det in plugins.detectors().values() for name in det.inputs})
     _write(path, {
         "version": capability_key.VERSION, "id": entry_id, "stamps": stamps,
+        "inputs": {name: os.environ.get(name) for name in inputs},
         "written": old.get("written", now) if only else now, "timeout": timeout,
         "plugins": _plugin_ids(manager), **detection, "retries": retries,
         "outputs": old.get("outputs", {}) if same else {},

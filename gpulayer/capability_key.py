@@ -10,7 +10,8 @@ never disagree on which entry is current:
   ``PYTHONPATH`` and the ``GPULAYER_*`` variables that change what detectors see) and the
   paths whose modification times the entry records;
 * :func:`read`: an entry of this format whose recorded paths are unchanged (installing a
-  package touches its ``site-packages``; the plugins' own modules are recorded too).
+  package touches its ``site-packages``; the plugins' own modules are recorded too), and
+  the variables its detectors declared they read (``AcceleratorDetector.inputs``) too.
 
 The installed plugins are not in the digest (knowing their status means importing them,
 with pluggy): the entry records them, and the full path, which loads them anyway, checks
@@ -95,6 +96,9 @@ def read(path: Path) -> dict[str, Any] | None:
         return None
     if stamps([s[0] for s in entry.get("stamps", [])]) != entry.get("stamps"):
         return None
+    inputs = entry.get("inputs") or {}
+    if not isinstance(inputs, dict) or any(os.environ.get(k) != v for k, v in inputs.items()):
+        return None  # a variable a detector reads changed (AcceleratorDetector.inputs)
     return entry
 
 

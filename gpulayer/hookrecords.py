@@ -173,12 +173,16 @@ class AcceleratorDetector(HookRecord):
     description: str = ""
     detect: Callable[[float], DetectionResult]
     hide_env: dict[str, str] = Field(default_factory=dict)
+    #: the environment variables ``detect`` reads (``ACME_NPU_DEVICES``), beside the tools it
+    #: runs: what a worker reports is cached (docs/cli.md), and a change of one of these
+    #: detects again (``GPULAYER_*``, ``PATH`` and ``PYTHONPATH`` always do)
+    inputs: list[str] = Field(default_factory=list)
     stand_in: bool = False
 
     def standing_in_for(self, real: AcceleratorDetector) -> AcceleratorDetector:
         """``real`` with this stand-in's detection in its place."""
         return real.model_copy(update={"detect": self.detect, "description": self.description,
-                                       "stand_in": True})
+                                       "inputs": self.inputs, "stand_in": True})
 
 
 class DeviceEnvironment(HookRecord):

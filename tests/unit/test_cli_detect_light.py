@@ -181,6 +181,34 @@ def test_a_changed_plugin_is_detected_again(home: Path, tmp_path: Path) -> None:
     assert run(["resources", "detect"], home, env={**env, "GPULAYER_DISABLE_PLUGINS": "gl_test_xpu"})[3] == "full"
 
 
+def test_a_change_of_what_a_detector_reads_is_detected_again(home: Path, tmp_path: Path) -> None:
+    """A detector that declares the variables it reads (``inputs``): the light path does not
+    answer from an entry detected with another value of one, and the full path detects again."""
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "gl_test_counted.py").write_text(textwrap.dedent("""\
+        import os
+        from gpulayer import plugin
+
+        def detect(timeout):
+            count = int(os.environ.get("ACME_NPU_DEVICES", "0"))
+            return plugin.DetectionResult(devices=[plugin.Device(kind="apu", index=i, name="Acme NPU")
+                                                   for i in range(count)])
+
+        @plugin.hookimpl
+        def gpulayer_accelerator_detectors():
+            yield plugin.AcceleratorDetector(name="apu", detect=detect, inputs=["ACME_NPU_DEVICES"])
+        """))
+    env = {"PYTHONPATH": os.pathsep.join([str(folder), *filter(None, os.environ.get("PYTHONPATH", "").split(
+        os.pathsep))]), "GPULAYER_PLUGINS": "gpulayer.fakes,gl_test_counted", "GPULAYER_DETECTORS": "apu",
+        "ACME_NPU_DEVICES": "1"}
+    _, light = full_then_light(["resources", "detect"], home, env=env)
+    assert b"[0] apu Acme NPU" in light[1] and b"[1] apu" not in light[1]
+    code, out, err, path = run(["resources", "detect"], home, env={**env, "ACME_NPU_DEVICES": "2"})
+    assert (code, path) == (0, "full") and b"[1] apu Acme NPU" in out, err
+    assert run(["resources", "detect"], home, env={**env, "ACME_NPU_DEVICES": "2"})[3] == "light"
+
+
 def test_a_plugin_warning_is_always_printed_by_the_full_path(home: Path, tmp_path: Path) -> None:
     """A plugin that fails in a hook is reported on stderr every time: no text is kept."""
     folder = tmp_path / "plugins"

@@ -49,8 +49,10 @@ def detect(timeout: float) -> plugin.DetectionResult:
 
 @plugin.hookimpl
 def gpulayer_accelerator_detectors() -> Iterator[plugin.AcceleratorDetector]:
+    # inputs: what detect() reads, so that a change of it is detected again, not answered
+    # from the capability cache
     yield plugin.AcceleratorDetector(name=KIND, description="Acme NPUs", detect=detect,
-                                     hide_env={VISIBLE: ""})
+                                     hide_env={VISIBLE: ""}, inputs=["ACME_NPU_DEVICES"])
 
 
 @plugin.hookimpl
