@@ -173,6 +173,17 @@ def _detach(warm: _Warm) -> None:
             os._exit(137)
 
 
+def _set_environ(env: dict[str, str]) -> None:
+    """``os.environ`` (and so the C environment the task's own processes inherit) becomes
+    ``env``; only what differs is changed (a task's environment is mostly the server's, and
+    replacing it whole cost 0.2 ms a task)."""
+    for key in [k for k in os.environ if k not in env]:
+        del os.environ[key]
+    for key, value in env.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
 def _child(req: dict[str, Any], fds: list[int], warm: _Warm, sock: socket.socket) -> None:
     """Become the task (after :func:`_detach`): its descriptors, cwd, environment and path;
     then, when the request is ``gated``, wait for the worker's ``go`` on ``sock`` (it marks
@@ -189,11 +200,19 @@ def _child(req: dict[str, Any], fds: list[int], warm: _Warm, sock: socket.socket
         keep = sock.fileno()
         os.closerange(3, keep)
         os.closerange(keep + 1, _MAX_FD)
-        _fresh.streams()
+        # (each call into .fresh made only where it has something to do: every object a
+        # child touches is a page of the server's copied, see bench/fork_server.py)
+        if sys.stdout is None or sys.stderr is None:
+            _fresh.streams()
         os.chdir(req["cwd"])
-        _fresh.set_environ(req["env"])
-        _fresh.as_imported(req["env"], warm.environ, warm.preload_environ, warm.preload_signals)
-        _fresh.fresh_multiprocessing(req["cwd"])
+        _set_environ(req["env"])
+        if warm.preload_environ or warm.preload_signals or req["env"].get("TZ") != warm.environ.get("TZ"):
+            _fresh.as_imported(req["env"], warm.environ, warm.preload_environ, warm.preload_signals)
+        else:  # (as in a fresh interpreter)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if "multiprocessing.process" in sys.modules:
+            _fresh.fresh_multiprocessing(req["cwd"])
         entries = [p for p in req["path"] if p]
         # the runner puts the cwd first (see function_runner._setup_path)
         for name in _shadowed(warm.origins, [req["cwd"], *entries, *warm.base_path], warm.entries_then):

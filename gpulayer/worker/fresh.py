@@ -1,6 +1,6 @@
 """What a child of the fork server needs to be what a fresh interpreter running its task
-would be (:mod:`gpulayer.worker.fork_server`): the task's environment, what the worker's
-preloads set as they were imported, a ``multiprocessing`` of its own, standard streams,
+would be (:mod:`gpulayer.worker.fork_server`): what the worker's preloads set as they were
+imported, a ``multiprocessing`` of its own, standard streams,
 the exit handlers of its own, and an interpreter's exit. Loaded from its file by the fork
 server, in the job's Python: the standard library only.
 """
@@ -16,18 +16,7 @@ import time
 import traceback
 from typing import Any
 
-__all__ = ["as_imported", "fresh_multiprocessing", "own_exit_handlers", "set_environ", "shut_down", "streams"]
-
-
-def set_environ(env: dict[str, str]) -> None:
-    """``os.environ`` (and so the C environment the task's own processes inherit) becomes
-    ``env``; only what differs is changed (a task's environment is mostly the server's, and
-    replacing it whole cost 0.2 ms a task)."""
-    for key in [k for k in os.environ if k not in env]:
-        del os.environ[key]
-    for key, value in env.items():
-        if os.environ.get(key) != value:
-            os.environ[key] = value
+__all__ = ["as_imported", "fresh_multiprocessing", "own_exit_handlers", "shut_down", "streams"]
 
 
 def as_imported(env: dict[str, str], environ: dict[str, str], preload_environ: dict[str, str | None],

@@ -342,10 +342,10 @@ def test_the_fork_server_is_the_subreaper_of_its_tasks_and_reaps_their_strays(bu
 
 ENVIRON = """
 import os, subprocess
-from gpulayer.worker import fresh
+from gpulayer.worker import fork_server
 os.environ.update({"KEPT": "1", "CHANGED": "old", "GONE": "x"})
 env = {k: v for k, v in os.environ.items() if k != "GONE"}
-fresh.set_environ({**env, "CHANGED": "new", "ADDED": "2"})
+fork_server._set_environ({**env, "CHANGED": "new", "ADDED": "2"})
 print(os.environ.get("GONE"), os.environ["KEPT"], os.environ["CHANGED"], os.environ["ADDED"])
 # what the task's own processes inherit: the C environment
 print(subprocess.run(["sh", "-c", 'echo "${GONE-unset}" "$KEPT" "$CHANGED" "$ADDED"'], env=None,
