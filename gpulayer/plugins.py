@@ -148,8 +148,10 @@ class PluginManager:
         self.unknown_disabled: list[str] = []
         #: one line per entry-point name claimed by two distributions
         self.clashes: list[str] = []
-        #: record hooks two plugins offered one name in: hook -> the error (see _collect)
+        #: record hooks two plugins offered one name in: hook -> the error (see _collect),
+        #: and the plugins marked failed for it (loaded again once the records are forgotten)
         self.conflicts: dict[str, PluginError] = {}
+        self._conflicted: dict[str, str] = {}
         #: hard errors met while loading, raised by every strict :meth:`load`
         self.fatal: list[tuple[str, BaseException]] = []
         self._load_entry_points = load_entry_points
@@ -338,6 +340,11 @@ class PluginManager:
         self._cache.clear()
         self._owners.clear()
         self.conflicts.clear()
+        for name, error in self._conflicted.items():  # (collected again: a conflict left is found again)
+            info = self.infos.get(name)
+            if info is not None and info.error == error:
+                info.status, info.error = "loaded", None
+        self._conflicted.clear()
         self._replaced.clear()
 
     # ------------------------------------------------------------------ results
@@ -396,15 +403,19 @@ class PluginManager:
                 records, owners = groups[stand_in]
                 if rec.name in records:
                     first = owners[rec.name]
-                    error = PluginError(
-                        f"Conflicting plugins found for {what} {rec.name!r}: {first!r} and {plugin_name!r} "
-                        f"(to use one of them: {DISABLE_ENV}={first} or {DISABLE_ENV}={plugin_name})",
-                        hook=hook_name)
+                    if first == plugin_name:
+                        error = PluginError(f"plugin {first!r} offers two {what}s named {rec.name!r}", hook=hook_name)
+                    else:
+                        error = PluginError(
+                            f"Conflicting plugins found for {what} {rec.name!r}: {first!r} and {plugin_name!r} "
+                            f"(to use one of them: {DISABLE_ENV}={first} or {DISABLE_ENV}={plugin_name})",
+                            hook=hook_name)
                     self.conflicts[hook_name] = error
                     for name in (first, plugin_name):  # (what plugins list shows of them)
                         info = self.infos.get(name)
-                        if info is not None:
+                        if info is not None and info.status == "loaded":
                             info.status, info.error = "failed", f"{hook_name}: {error}"
+                            self._conflicted[name] = info.error
                     raise error
                 records[rec.name] = rec
                 owners[rec.name] = plugin_name
@@ -478,7 +489,7 @@ class PluginManager:
     def list_plugins(self) -> list[PluginInfo]:
         """Every plugin found, broken and failed ones included: listing never raises for a
         plugin. Every record hook is collected (no detector runs), so a hook that raises
-        shows as ``failed``; a conflict between two plugins becomes a warning here."""
+        shows as ``failed``; so do two plugins in conflict (:attr:`conflicts`), without a warning."""
         self.load(strict=False)
         for hook_name in hookspecs.RECORD_HOOKS:
             try:

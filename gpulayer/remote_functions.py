@@ -146,15 +146,15 @@ class RemoteFunction(Generic[T]):
 
     def remote(self, *args: Any, **kwargs: Any) -> JobHandle:
         """Submit ``fn(*args, **kwargs)`` as a FunctionJob; returns its handle at once."""
-        from gpulayer.sdk import submit_as
+        from gpulayer.sdk import _submit
 
-        return submit_as(self._spec(list(args), dict(kwargs)), None, f"{self.function.partition(':')[2]}.remote()")
+        return _submit(self._spec(list(args), dict(kwargs)), None, f"{self.function.partition(':')[2]}.remote()")
 
     def map(self, *iterables: Iterable[Any]) -> list[JobHandle]:
         """Submit ``fn(x)`` for each ``x`` of one iterable (``fn(x, y)`` for each pair of two
         iterables of the same length, and so on) as FunctionJobs at once
         (:func:`gpulayer.submit_many`); returns their handles, in order."""
-        from gpulayer.sdk import submit_many_as
+        from gpulayer.sdk import _submit_many
 
         if not iterables:
             raise InvalidArgument(f"{self.function}.map(): give at least one iterable of arguments, "
@@ -168,7 +168,7 @@ class RemoteFunction(Generic[T]):
         except ValueError as exc:  # (zip names the argument that ran out first)
             raise InvalidArgument(f"{self.function}.map(): the iterables differ in length ({exc}); "
                                   "give one argument of each per call") from None
-        return submit_many_as([self._spec(list(args), {}) for args in calls], None, f"{self.function.partition(':')[2]}.map()")
+        return _submit_many([self._spec(list(args), {}) for args in calls], None, f"{self.function.partition(':')[2]}.map()")
 
     def spec(self, *args: Any, **kwargs: Any) -> FunctionJob:
         """The FunctionJob ``.remote()`` would submit (for inspection and dry runs)."""

@@ -122,7 +122,7 @@ def result_of(job: JobRecord) -> Any:
 _OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
-def _note_unsent(specs: Iterable[CommandJob | FunctionJob | DistributedJob], who: str) -> None:
+def _note_unsent(specs: Iterable[CommandJob | FunctionJob | DistributedJob], who: str, client: Client) -> None:
     """Warn (:class:`~gpulayer.unsent.UnsentFileWarning`), at the user's line, where a spec
     names a file of the current folder and sends no bundle: the job runs in a folder of its
     own. Specs that name the same thing are looked at once (a ``.map()`` of 10,000 calls)."""
@@ -134,7 +134,7 @@ def _note_unsent(specs: Iterable[CommandJob | FunctionJob | DistributedJob], who
         if what in seen:
             continue
         seen.add(what)
-        unsent = unsent_in_spec(spec)
+        unsent = unsent_in_spec(spec, client.default_target)
         if unsent is None:
             continue
         frame, level = sys._getframe(0), 1
@@ -153,13 +153,13 @@ def submit(spec: CommandJob | FunctionJob | DistributedJob, *, client: Client | 
     With ``on_unschedulable="fail"`` (the default) a job no registered worker could ever
     run raises :class:`Unschedulable` with the scheduler's per-worker reasons.
     """
-    return submit_as(spec, client, "gl.submit")
+    return _submit(spec, client, "gl.submit")
 
 
-def submit_as(spec: CommandJob | FunctionJob | DistributedJob, client: Client | None, who: str) -> JobHandle:
+def _submit(spec: CommandJob | FunctionJob | DistributedJob, client: Client | None, who: str) -> JobHandle:
     """:func:`submit`, its warnings saying ``who`` submitted (``train.remote()``)."""
-    _note_unsent([spec], who)
     client = client or connect()
+    _note_unsent([spec], who, client)
     job = client.submit(spec, arguments=False)  # (the handle needs the id and the state)
     if job.state is JobState.UNSCHEDULABLE:
         # the stored error: the scheduler's lines, then the nearest miss and what to run
@@ -179,11 +179,11 @@ def submit_many(specs: Iterable[CommandJob | FunctionJob | DistributedJob], *,
     registered worker could ever run raises :class:`Unschedulable` (the first such job's
     report); the other jobs were submitted and run (``gpulayer jobs list`` shows them).
     """
-    return submit_many_as(specs, client, "gl.submit_many")
+    return _submit_many(specs, client, "gl.submit_many")
 
 
-def submit_many_as(specs: Iterable[CommandJob | FunctionJob | DistributedJob], client: Client | None,
-                   who: str) -> list[JobHandle]:
+def _submit_many(specs: Iterable[CommandJob | FunctionJob | DistributedJob], client: Client | None,
+                 who: str) -> list[JobHandle]:
     """:func:`submit_many`, its warnings saying ``who`` submitted (``train.map()``)."""
     if isinstance(specs, (CommandJob, FunctionJob, DistributedJob)):
         raise InvalidArgument("gl.submit_many: specs is one job spec; pass a list of them (or use gl.submit)")
@@ -194,8 +194,8 @@ def submit_many_as(specs: Iterable[CommandJob | FunctionJob | DistributedJob], c
                                   "FunctionJob, DistributedJob")
     if not items:
         return []
-    _note_unsent(items, who)
     client = client or connect()
+    _note_unsent(items, who, client)
     jobs = client.submit_many(items, arguments=False)
     for job in jobs:
         if job.state is JobState.UNSCHEDULABLE:

@@ -92,10 +92,18 @@ def installed(top: str, *, here_too: bool = False) -> bool:
     ``here_too``, an editable install of the current folder counts (the job runs on this
     machine, with this Python's packages)."""
     here = os.path.realpath(os.getcwd())
-    if here_too:  # (not the script's own folder, sys.path[0], which a job's Python has not)
-        path = [p for i, p in enumerate(sys.path) if p and (i or os.path.realpath(p) != here)]
-    else:
-        path = [p for p in sys.path if p and os.path.realpath(p) != here]
+
+    def elsewhere(i: int, entry: str) -> bool:
+        if not entry:
+            return False
+        if os.path.realpath(entry) != here:
+            return True
+        # this folder, as a job on this machine would have it too: an absolute entry that
+        # is not the script's own folder (sys.path[0]), such as an editable install's .pth
+        # adds (a relative one, PYTHONPATH=., is the job's own folder there)
+        return here_too and i > 0 and os.path.isabs(entry)
+
+    path = [p for i, p in enumerate(sys.path) if elsewhere(i, p)]
     for finder in sys.meta_path:
         try:
             if finder is importlib.machinery.PathFinder:
@@ -114,12 +122,14 @@ def installed(top: str, *, here_too: bool = False) -> bool:
     return False
 
 
-def unsent_in_spec(spec: Any) -> str | None:
+def unsent_in_spec(spec: Any, default_target: str = "local") -> str | None:
     """:func:`unsent_file` for a job spec that sends no bundle: a CommandJob's command, a
-    DistributedJob's entry, a FunctionJob's module."""
+    DistributedJob's entry, a FunctionJob's module. ``default_target``: the target of a spec
+    that names none (the client's: ``remote`` for a self-hosted control plane)."""
     if spec.bundle is not None or spec.bundle_digest is not None:
         return None
-    local = spec.placement.targets == ["local"]
+    target = spec.placement.target if "target" in spec.placement.model_fields_set else default_target
+    local = [target, *spec.placement.fallback_targets] == ["local"]
     try:
         if spec.kind == "function":
             return unsent_file([spec.function], distributed=True, env=spec.env, local=local)

@@ -174,7 +174,10 @@ def submit_cmd(
     from gpulayer.records import JobState
 
     spec = spec_from_flags(dict(locals()))
-    unsent = unsent_in_spec(spec)
+    from gpulayer import config
+
+    # (a spec that names no target goes where the client sends it: remote for a server)
+    unsent = unsent_in_spec(spec, "remote" if config.settings().url else "local")
     if unsent is not None:
         typer.echo(f"gpulayer: {note(unsent, cli=True)}", err=True)
     if dry_run:

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel
 
 from gpulayer import provisioning
-from gpulayer.errors import ProviderAuthFailed, ProviderError, ProviderTransient
+from gpulayer.errors import ProviderAuthFailed, ProviderError, ProviderTransient, one_line
 from gpulayer.hookrecords import LaunchedMachine, LiveMachine, MachineOffer
 from gpulayer.provider_config import ConfiguredProvider
 from gpulayer.specs import Requirements
@@ -74,7 +74,7 @@ def _json_data(record: Any) -> None:
     try:
         json.dumps(record.data)
     except (TypeError, ValueError) as exc:
-        raise _Refused(f"a {type(record).__name__} whose data is not JSON ({type(exc).__name__}: {exc})") from None
+        raise _Refused(f"a {type(record).__name__} whose data is not JSON ({one_line(exc)})") from None
 
 
 def _one(kind: type[BaseModel], *, json_data: bool = False) -> Callable[[Any], Any]:
@@ -107,7 +107,7 @@ def _many(kind: type[BaseModel], *, json_data: bool = False) -> Callable[[Any], 
 
 
 def _raised(method: str, exc: ProviderError) -> str:
-    return f"{method}() failed: {type(exc).__name__}: {exc}"
+    return f"{method}() failed: {one_line(exc)}"
 
 
 class Answer(NamedTuple):
@@ -211,7 +211,7 @@ class ProviderSet:
                 self.disable(name, str(exc))
             raise
         except Exception as exc:
-            raise self._failed(name, method, f"{method}() raised {type(exc).__name__}: {exc}") from exc
+            raise self._failed(name, method, f"{method}() raised {one_line(exc)}") from exc
         st = self.status[name]
         if st.error_of == method:
             st.last_error = st.error_of = None

@@ -509,8 +509,11 @@ class Agent:
         digest = a.spec.bundle_digest
         workdir = self._bundle_cache / digest if digest else None
         if workdir is None or not workdir.is_dir():
+            # a bundle to fetch first: what may take long comes after the start, but where
+            # the server has preloads, which server forks the task depends on the bundle's
+            # files (_own_copies): it is marked started once they are there
             if digest and (fork is None or not fork.tops):
-                started()  # a bundle to fetch first: what may take long comes after the start
+                started()
             try:
                 workdir = self._workdir(a)
             except (GpulayerError, OSError) as exc:

@@ -17,13 +17,15 @@ A task is spawned when forking is not safe or not possible:
   other than ``PYTHONPATH``, ``LD_*``, ``MALLOC_*``, the locale's ``LC_*`` and ``LANG``): a
   forked child would not see it.
 
-A bundle with its own copy of a preloaded module is no reason: the child drops that module
-and imports the bundle's. Each task keeps its own process; only start-up is shared.
+A bundle with its own copy of ``gpulayer`` is no reason: the child drops that module and
+imports the bundle's. Each task keeps its own process; only start-up is shared.
 
 The worker's own preloads (``gpulayer worker start --preload``, ``GPULAYER_PRELOAD``) are
 imported by the server once, with the worker's environment, so a task whose module imports
-them (``torch``) finds them loaded. A task whose job sets an environment variable is forked
-from a server without them (a module may read a variable as it is imported), a module that
+them (``torch``) finds them loaded. A task whose job sets an environment variable, or whose
+worker's environment changed since (:meth:`ForkServers.follow_environ`), is forked from a
+server without them (a module may read a variable as it is imported), and so is one with its
+own copy of a module they imported (:meth:`ForkServer.shadowed`); a module that
 leaves the server unsafe to fork is dropped from the list, and a server whose preloaded
 modules changed on disk is replaced (see :meth:`ForkServer.stale`); the old one ends once
 its tasks have.
@@ -395,7 +397,7 @@ class ForkServer:
             here = os.path.abspath(entry)
             try:
                 with os.scandir(here) as listing:
-                    names = {name: e.is_dir() for e in listing if (name := _module_name(e.name)) in tops}
+                    names = {name: e.is_dir() for e in listing if (name := _module_name(e.name, e.is_dir())) in tops}
             except OSError:
                 continue
             for name, folder in names.items():
@@ -466,12 +468,12 @@ class ForkServer:
                 sock.shutdown(socket.SHUT_RDWR)
 
 
-def _module_name(file: str) -> str:
+def _module_name(name: str, folder: bool) -> str:
     """The module a file or folder of a ``sys.path`` folder would be imported as (``x.py``,
     ``x.cpython-311-x86_64-linux-gnu.so``, a package ``x``), or ''."""
-    if file.endswith(".py") or file.endswith(".so") or "." not in file:
-        return file.partition(".")[0]
-    return ""
+    if folder:
+        return name if "." not in name else ""
+    return name.partition(".")[0] if name.endswith((".py", ".so")) else ""
 
 
 def _environ_now(*, copy: bool = True) -> dict[Any, Any]:
@@ -483,15 +485,18 @@ def _environ_now(*, copy: bool = True) -> dict[Any, Any]:
     return dict(data) if copy else data
 
 
-#: seconds between two replacements of a worker's server with preloads for a change of its
-#: environment (see ForkServers.follow_environ)
+#: a worker's server with preloads is replaced for a change of its environment once that
+#: has held this many seconds (a variable set before each job never does), and not more
+#: often than every FOLLOW_EVERY seconds (see ForkServers.follow_environ)
+FOLLOW_SETTLE = 5.0
 FOLLOW_EVERY = 30.0
 
 
 class ForkServers:
     """A worker's fork servers, started on first use, for its job Python: one with the
-    worker's preloads, and one without them for the tasks whose job sets an environment
-    variable (started when the first such task comes)."""
+    worker's preloads, and one without them for the tasks those would not fit (a job that
+    sets an environment variable, a worker's environment changed since, a task with its own
+    copy of what they imported), started when the first such task comes."""
 
     def __init__(self, python: str, env: dict[str, str], preload: tuple[str, ...] = (), *,
                  follow: frozenset[str] | None = None) -> None:
@@ -504,8 +509,10 @@ class ForkServers:
         self._environ_seen = _environ_now() if follow is not None else None
         #: the environment a task inherits now (see :meth:`follow_environ`)
         self._environ = env
-        #: when the servers were last replaced for a change of the environment
+        #: when the servers were last replaced for a change of the environment, and when
+        #: the environment last changed
         self._followed = -math.inf
+        self._changed = -math.inf
         #: the worker's preloads (``--preload``), in order
         self.preload = tuple(preload)
         #: preloads left out from now on, and why (one that made a server unsafe to fork)
@@ -525,10 +532,12 @@ class ForkServers:
         started (``os.environ["HF_HOME"] = ...`` in a cell), and its tasks get the new one.
         A change of a variable an interpreter reads as it starts replaces every server (once
         its tasks end); of another, the server with the preloads (which saw the old value as
-        it imported them), at most every :data:`FOLLOW_EVERY` seconds (a variable set before
-        each job: meanwhile the tasks go to the server without the preloads, see
-        :meth:`choose`); the one without them takes a task's environment after the fork and
-        goes on. One comparison of two dicts while nothing changed."""
+        it imported them), once the environment has held for :data:`FOLLOW_SETTLE` seconds
+        and not more often than every :data:`FOLLOW_EVERY` (a variable set before each job
+        replaces nothing: the next job would find the new server stale already); meanwhile
+        the tasks go to the server without the preloads (see :meth:`choose`), which takes a
+        task's environment after the fork and goes on. One comparison of two dicts while
+        nothing changed."""
         if self._follow is None:
             return self.env
         if _environ_now(copy=False) != self._environ_seen:
@@ -537,6 +546,7 @@ class ForkServers:
             with self._lock:
                 self._environ_seen = now
                 self._environ = {k: v for k, v in decoded.items() if k not in self._follow}
+                self._changed = time.monotonic()
         env = self._environ
         if env is self.env:
             return env
@@ -548,7 +558,9 @@ class ForkServers:
             changed = sorted({*env, *self.env} - {k for k in env if self.env.get(k) == env[k]})
             starting = start_variables(env, locale=True) != start_variables(self.env, locale=True)
             preloaded = [key for key in self._servers if key]
-            if not starting and preloaded and time.monotonic() - self._followed < FOLLOW_EVERY:
+            moment = time.monotonic()
+            if not starting and preloaded and (moment - self._changed < FOLLOW_SETTLE
+                                               or moment - self._followed < FOLLOW_EVERY):
                 return env
             gone = list(self._servers) if starting else preloaded
             servers = [self._servers.pop(key) for key in gone]
@@ -557,7 +569,7 @@ class ForkServers:
             self._retired = [s for s in self._retired if not s.failed] + servers
             self.env = env
             if servers:
-                self._followed = time.monotonic()
+                self._followed = moment
         if servers:
             log.info("fork server: the worker's environment changed (%s): starting a new one", ", ".join(changed))
         for server in servers:

@@ -64,7 +64,8 @@ def streams() -> None:
 
 
 def own_exit_handlers() -> None:
-    """In a spare, before any task code: the exit callbacks this server's own imports
+    """In a spare, before any task code: ``multiprocessing``'s after-fork calls run (as in a
+    process it forks itself), and the exit callbacks this server's own imports
     registered are dropped (a preload's: importing torch registers six ``atexit`` callbacks
     and 134 ``weakref.finalize`` finalizers; those stay registered, and are passed over at
     the task's exit). They are the server's: one that cleans up

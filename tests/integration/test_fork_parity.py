@@ -185,16 +185,22 @@ def test_a_change_the_server_need_not_see_replaces_nothing(start, bundle, monkey
 
 def test_a_worker_whose_environment_keeps_changing_replaces_its_preloads_at_most_so_often(
         start, bundle, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A change replaces the server with preloads once it has held a while (a variable set
+    before each job never does), and not more often than every FOLLOW_EVERY seconds;
+    meanwhile tasks are forked without the preloads, and see the new value."""
     monkeypatch.delenv("LATE_VARIABLE", raising=False)
     run = start("lateenv")
-    assert run("seen_at_import") == (None, f"{FORKED} (preloaded: lateenv)")
+    preloaded = f"{FORKED} (preloaded: lateenv)"
+    changed = f"{FORKED} (not preloaded: the worker's environment changed since: LATE_VARIABLE)"
+    assert run("seen_at_import") == (None, preloaded)
     monkeypatch.setenv("LATE_VARIABLE", "first")
-    assert run("seen_at_import") == ("first", f"{FORKED} (preloaded: lateenv)")  # (a new server)
-    monkeypatch.setenv("LATE_VARIABLE", "second")  # (soon after: the task imports it itself)
-    assert run("seen_at_import") == (
-        "second", f"{FORKED} (not preloaded: the worker's environment changed since: LATE_VARIABLE)")
+    assert run("seen_at_import") == ("first", changed)  # (just changed: not replaced yet)
+    monkeypatch.setattr("gpulayer.worker.forking.FOLLOW_SETTLE", 0.0)
+    assert run("seen_at_import") == ("first", preloaded)  # (held: a new server)
+    monkeypatch.setenv("LATE_VARIABLE", "second")
+    assert run("seen_at_import") == ("second", changed)  # (replaced too recently)
     monkeypatch.setattr("gpulayer.worker.forking.FOLLOW_EVERY", 0.0)
-    assert run("seen_at_import") == ("second", f"{FORKED} (preloaded: lateenv)")
+    assert run("seen_at_import") == ("second", preloaded)
 
 
 def test_a_server_replaced_or_closed_as_it_starts_ends_once_it_answers(home, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -215,7 +221,8 @@ def test_a_server_replaced_or_closed_as_it_starts_ends_once_it_answers(home, tmp
     server.release()
     closed = ForkServer(sys.executable, dict(os.environ), ("slowpre",))
     closed.close()
-    assert closed.ready(60) is None  # (it answered: it ends now)
+    closed.ready(60)  # (it answered, and ends: ready() may already say it exited)
+    assert closed._ready.is_set()
     until(lambda: len(children_running(me, SERVER_PATH)) == 1, timeout=60, what="the closed one to end")
     forks.close()
 
@@ -282,6 +289,7 @@ def test_a_task_of_a_worker_started_without_stdout_has_its_own(home, tmp_path) -
     ("prelo.py", "prelo"),  # the preload itself
     ("helperdep/__init__.py", "helperdep"),  # a package
     ("helperdep/part.py", None),  # a namespace package's part: the installed module comes first
+    ("helperdep", None),  # a file of that name that is no module (data)
 ])
 def test_a_bundle_with_its_own_copy_of_what_the_preloads_imported_gets_its_own(start, bundle, copy, own) -> None:  # type: ignore[no-untyped-def]
     """A fresh interpreter imports the bundle's copy (its folder comes first on its path), and

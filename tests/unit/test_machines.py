@@ -435,6 +435,27 @@ def test_every_answer_is_checked_once_where_the_call_is_made(rec_plugin: str, me
         ps.close()
 
 
+class BuildsBadRecords(Answers):
+    def launch(self, request: LaunchRequest) -> Any:
+        return LaunchedMachine(provider_id="i-1", adress="10.0.0.1")  # (a misspelt field)
+
+
+def test_an_adapter_that_raises_pydantics_error_is_told_on_one_line(rec_plugin: str) -> None:
+    """Its several lines, with links, would go into the log, providers list and a machine's reason."""
+    adapter = ProviderAdapter(name="bad-records", config=Cfg, create=BuildsBadRecords)
+    [c] = parse('[bad]\ntype = "bad-records"\n', adapters={"bad-records": adapter})
+    c.plugin = rec_plugin
+    ps = ProviderSet([c])
+    try:
+        with pytest.raises(ProviderCallFailed) as caught:
+            ps.call("bad", "launch", None)
+        assert str(caught.value) == (f"{WHO}: launch() raised ValidationError for LaunchedMachine: adress: "
+                                     "Extra inputs are not permitted")
+        assert ps.status["bad"].last_error == str(caught.value).removeprefix(f"{WHO}: ")
+    finally:
+        ps.close()
+
+
 def test_a_list_may_be_any_iterable_of_records(rec_plugin: str) -> None:
     adapter = ProviderAdapter(name="answers", config=Cfg, create=Answers)
     [c] = parse('[ok]\ntype = "answers"\n', adapters={"answers": adapter})

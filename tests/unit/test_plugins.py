@@ -181,6 +181,30 @@ def test_conflicting_detectors_name_both_plugins(plugin_manager):
                               "(to use one of them: GPULAYER_DISABLE_PLUGINS=acme or GPULAYER_DISABLE_PLUGINS=initech)")
 
 
+def test_a_plugin_that_offers_one_name_twice_is_told_so(plugin_manager):
+    class Twice:
+        @hookimpl
+        def gpulayer_accelerator_detectors(self):
+            yield from (AcceleratorDetector(name="npu", detect=lambda t: DetectionResult()) for _ in range(2))
+
+    plugin_manager.register(Twice(), name="acme")
+    with pytest.raises(PluginError) as err:
+        plugins.detectors()
+    assert str(err.value) == "plugin 'acme' offers two accelerator detectors named 'npu'"
+
+
+def test_a_plugin_in_conflict_is_loaded_again_once_the_other_is_gone(plugin_manager):
+    plugin_manager.register(Detectors("npu"), name="acme")
+    plugin_manager.register(Detectors("npu"), name="initech")
+    with pytest.raises(PluginError):
+        plugins.detectors()
+    assert {i.name: i.status for i in plugin_manager.list_plugins()}["acme"] == "failed"
+    plugin_manager.unregister("initech")
+    assert "npu" in plugins.detectors()
+    info = {i.name: i for i in plugin_manager.list_plugins()}["acme"]
+    assert (info.status, info.error) == ("loaded", None)
+
+
 def test_two_fakes_of_one_kind_conflict_too(plugin_manager):
     plugin_manager.register(FakeAcceleratorPlugin("npu"), name="fake-a")
     plugin_manager.register(FakeAcceleratorPlugin("npu"), name="fake-b")

@@ -140,6 +140,15 @@ def test_a_module_only_this_folder_provides_is_named_for_another_machine(here: P
     remote = Placement(target="remote")
     assert unsent_in_spec(FunctionJob(function="mymod:f", placement=remote)) == "mymod.py"
     assert unsent_in_spec(FunctionJob(function="mymod:f")) is None
+    # (no target named: a self-hosted server's client sends it to a remote worker)
+    assert unsent_in_spec(FunctionJob(function="mymod:f"), "remote") == "mymod.py"
+    assert unsent_in_spec(FunctionJob(function="mymod:f", placement=Placement(target="local")), "remote") is None
+
+
+def test_a_relative_entry_for_this_folder_is_not_the_jobs(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PYTHONPATH=. finds the module here; in the job, '.' is the job's own folder."""
+    monkeypatch.setattr(sys, "path", [*sys.path, "."])
+    assert unsent_file(["mymod:f"], distributed=True, local=True) == "mymod.py"
 
 
 def test_many_specs_naming_one_file_warn_once(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
