@@ -99,6 +99,9 @@ def worker_start(
     finally:
         if cli_server is not None:
             _stop_cli_server(cli_server)
+    if agent.refused is not None:  # (its token revoked: the server let it go)
+        typer.echo(f"worker: stopped: the control plane refused its token ({agent.refused})", err=True)
+        raise typer.Exit(1)
     typer.echo("worker: stopped", err=True)
 
 

@@ -30,19 +30,18 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gpulayer import bundles, config, plugins
 from gpulayer.api import TaskAssignment, WorkerAPI
-from gpulayer.errors import AuthError, Conflict, ConnectionFailed, Forbidden, GpulayerError, InvalidInput, NotFound, PluginError
+from gpulayer.errors import AuthError, Conflict, ConnectionFailed, GpulayerError, InvalidInput, NotFound, PluginError
 from gpulayer.hookrecords import Capabilities
 from gpulayer.records import JobError, TaskState, WorkerRecord
 from gpulayer.worker.cache_keeper import CacheKeeper
 from gpulayer.worker.forking import RUNNER_PATH, ForkServer, ForkServers
 from gpulayer.worker.logbuffer import LogBuffer
-from gpulayer.worker.outcome import TaskOutcome, function_outcome
+from gpulayer.worker.outcome import NotStarted, StartMark, TaskOutcome, function_outcome
 from gpulayer.worker.process import Cancel, Started, Starter, StartFailed
 from gpulayer.worker.task_files import INLINE_SPEC_MAX, TaskFiles
 from gpulayer.worker.threads import WORKER_THREADS
@@ -67,29 +66,6 @@ def default_cpu_slots(capabilities: Capabilities) -> int:
 #: child first, the shell exits with that code before its own signal is delivered)
 _STOPPING = (signal.SIGHUP, signal.SIGINT, signal.SIGKILL, signal.SIGTERM)
 _STOP_SIGNALS = frozenset([*(-int(s) for s in _STOPPING), *(128 + int(s) for s in _STOPPING)])
-
-
-class _NotStarted(Exception):
-    """The control plane refused the task's start (cancelled, reassigned, unknown)."""
-
-
-class _Started:
-    """Marks one task started in the control plane, once, saying ``how`` it started (the
-    ``task_started`` event's message); a refusal raises :class:`_NotStarted`."""
-
-    def __init__(self, write: Callable[[str], None], how: str = "spawned") -> None:
-        self._write = write
-        self.how = how
-        self._done = False
-
-    def __call__(self) -> None:
-        if self._done:
-            return
-        try:
-            self._write(self.how)
-        except (Conflict, NotFound, Forbidden) as exc:
-            raise _NotStarted(str(exc)) from exc
-        self._done = True
 
 
 class Agent:
@@ -133,6 +109,8 @@ class Agent:
         self.worker_id: str | None = registered.id if registered is not None else None
         self._stopping = threading.Event()
         self._signalled = threading.Event()
+        #: why the control plane refused this worker's credentials (its token revoked): it stops
+        self.refused: str | None = None
         self._stopped = threading.Event()
         self._running: dict[str, Cancel] = {}
         #: running tasks already told to end, or whose process ended (they are reporting)
@@ -204,7 +182,7 @@ class Agent:
         """Stop taking work; give running tasks ``grace`` seconds, then end them; report all."""
         grace = self.grace if grace is None else grace
         self._stopping.set()
-        if self.worker_id is not None:
+        if self.worker_id is not None and self.refused is None:
             try:
                 self.api.drain_worker(self.worker_id)
             except GpulayerError as exc:
@@ -247,6 +225,11 @@ class Agent:
             try:
                 reply = self.api.heartbeat(self.worker_id, running=self.running_tasks)
                 backoff = self.heartbeat_interval
+            except AuthError as exc:  # (its token revoked: no later beat would be heard)
+                log.error("the control plane refused this worker's token (%s): stopping", exc)
+                self.refused = str(exc)
+                self._stopping.set()
+                return
             except Exception as exc:  # whatever went wrong, this thread must keep beating
                 # capped well below any heartbeat timeout: a server that comes back hears
                 # from this worker within moments
@@ -316,7 +299,7 @@ class Agent:
     def _run_task(self, a: TaskAssignment, done: threading.Event) -> None:
         worker_id = self._own_id()
         cancel = self._running[a.task_id]
-        started = _Started(lambda how: self._start_task(a.task_id, worker_id, how))
+        started = StartMark(lambda how: self._start_task(a.task_id, worker_id, how))
         fork: ForkServer | None = None
         try:
             if a.spec.kind == "function":
@@ -332,7 +315,7 @@ class Agent:
                     fork = None
                     leased.release()
                 started()  # (a forked task that ended before its child was started: its bundle failed)
-            except _NotStarted as exc:
+            except NotStarted as exc:
                 log.info("not starting %s: %s", a.task_id, exc)
                 return
             with self._lock:  # ended: a poll need not ask about it any more
@@ -346,7 +329,7 @@ class Agent:
             log.exception("task %s crashed in the worker", a.task_id)
             try:
                 started()  # (started before it is reported, as a task that ran is)
-            except _NotStarted:
+            except NotStarted:
                 return
             except Exception:
                 pass  # (the report says why; its retries face the same control plane)
@@ -405,7 +388,7 @@ class Agent:
             try:
                 more = self.api.finish_task(task_id, worker_id=worker_id, state=outcome.state,
                                             exit_code=outcome.exit_code, result=outcome.result, error=outcome.error)
-            except (Conflict, NotFound, Forbidden) as exc:
+            except (Conflict, NotFound, AuthError) as exc:
                 log.info("report for %s refused: %s", task_id, exc)
                 return
             except InvalidInput as exc:
@@ -464,7 +447,7 @@ class Agent:
         return env
 
     def _execute(self, a: TaskAssignment, cancel: threading.Event, fork: ForkServer | None,
-                 started: _Started) -> TaskOutcome:
+                 started: StartMark) -> TaskOutcome:
         worker_id = self._own_id()
         logbuf = LogBuffer(lambda chunks: self.api.append_logs(a.task_id, worker_id=worker_id, chunks=chunks))
         scratch = config.home() / "tasks" / a.task_id
@@ -482,7 +465,7 @@ class Agent:
             if a.spec.kind == "function":
                 self.task_files.remove(a.task_id)
 
-    def _own_copies(self, a: TaskAssignment, fork: ForkServer, search: list[str], started: _Started,
+    def _own_copies(self, a: TaskAssignment, fork: ForkServer, search: list[str], started: StartMark,
                     swapped: list[ForkServer]) -> ForkServer | None:
         """``fork``, or where the task's own path (``search``: its bundle, its ``PYTHONPATH``)
         has a copy of a module the preloads imported, which a fresh interpreter would import
@@ -499,7 +482,7 @@ class Agent:
         return other
 
     def _run(self, a: TaskAssignment, cancel: threading.Event, logbuf: LogBuffer, fork: ForkServer | None,
-             started: _Started, swapped: list[ForkServer]) -> TaskOutcome:
+             started: StartMark, swapped: list[ForkServer]) -> TaskOutcome:
         """Prepare the task's directory, environment and command; run it; read its outcome.
         ``started`` marks the task started (once): a forked child is sent its task first and
         told to go after it (it gets ready meanwhile); a bundle to fetch is fetched after it

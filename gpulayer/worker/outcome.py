@@ -1,14 +1,17 @@
 """How a task ended, as its worker reports it: :class:`TaskOutcome`, and for a FunctionJob
-the result or error its function runner wrote (:func:`function_outcome`)."""
+the result or error its function runner wrote (:func:`function_outcome`); and the mark of its
+start (:class:`StartMark`)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpulayer.api import ResultJSON
+from gpulayer.errors import AuthError, Conflict, NotFound
 from gpulayer.records import JobError, TaskState
 from gpulayer.worker.function_runner import RESULT_PREFIX
 
@@ -46,3 +49,26 @@ def function_outcome(report: TaskOutcome, result_path: Path) -> TaskOutcome:
         report.state = TaskState.FAILED
         report.error = JobError(type="runner", message="the function runner wrote no result")
     return report
+
+
+class NotStarted(Exception):
+    """The control plane refused the task's start (cancelled, reassigned, unknown)."""
+
+
+class StartMark:
+    """Marks one task started in the control plane, once, saying ``how`` it started (the
+    ``task_started`` event's message); a refusal raises :class:`NotStarted`."""
+
+    def __init__(self, write: Callable[[str], None], how: str = "spawned") -> None:
+        self._write = write
+        self.how = how
+        self._done = False
+
+    def __call__(self) -> None:
+        if self._done:
+            return
+        try:
+            self._write(self.how)
+        except (Conflict, NotFound, AuthError) as exc:
+            raise NotStarted(str(exc)) from exc
+        self._done = True
