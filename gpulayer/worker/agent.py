@@ -39,7 +39,8 @@ from gpulayer.errors import AuthError, Conflict, ConnectionFailed, GpulayerError
 from gpulayer.hookrecords import Capabilities
 from gpulayer.records import JobError, TaskState, WorkerRecord
 from gpulayer.worker.cache_keeper import CacheKeeper
-from gpulayer.worker.forking import RUNNER_PATH, ForkServer, ForkServers
+from gpulayer.worker.fork_servers import ForkServers
+from gpulayer.worker.forking import RUNNER_PATH, ForkServer
 from gpulayer.worker.logbuffer import LogBuffer
 from gpulayer.worker.outcome import NotStarted, StartMark, TaskOutcome, function_outcome
 from gpulayer.worker.process import Cancel, Started, Starter, StartFailed

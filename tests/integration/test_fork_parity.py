@@ -21,7 +21,8 @@ from gpulayer.records import JobState
 from gpulayer.specs import FunctionJob
 from gpulayer.store import Store
 from gpulayer.worker.agent import Agent
-from gpulayer.worker.forking import FORKED, SERVER_PATH, ForkServer, ForkServers, unsupported
+from gpulayer.worker.fork_servers import ForkServers
+from gpulayer.worker.forking import FORKED, SERVER_PATH, ForkServer, unsupported
 from tests.factories import make_capabilities
 from tests.server_support import until
 from tests.support import children_running
@@ -195,11 +196,11 @@ def test_a_worker_whose_environment_keeps_changing_replaces_its_preloads_at_most
     assert run("seen_at_import") == (None, preloaded)
     monkeypatch.setenv("LATE_VARIABLE", "first")
     assert run("seen_at_import") == ("first", changed)  # (just changed: not replaced yet)
-    monkeypatch.setattr("gpulayer.worker.forking.FOLLOW_SETTLE", 0.0)
+    monkeypatch.setattr("gpulayer.worker.fork_servers.FOLLOW_SETTLE", 0.0)
     assert run("seen_at_import") == ("first", preloaded)  # (held: a new server)
     monkeypatch.setenv("LATE_VARIABLE", "second")
     assert run("seen_at_import") == ("second", changed)  # (replaced too recently)
-    monkeypatch.setattr("gpulayer.worker.forking.FOLLOW_EVERY", 0.0)
+    monkeypatch.setattr("gpulayer.worker.fork_servers.FOLLOW_EVERY", 0.0)
     assert run("seen_at_import") == ("second", preloaded)
 
 

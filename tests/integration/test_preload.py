@@ -24,7 +24,8 @@ from gpulayer.records import JobRecord, JobState
 from gpulayer.specs import FunctionJob
 from gpulayer.store import Store
 from gpulayer.worker.agent import Agent
-from gpulayer.worker.forking import FORKED, SERVER_PATH, ForkServers, unsupported
+from gpulayer.worker.fork_servers import ForkServers
+from gpulayer.worker.forking import FORKED, SERVER_PATH, unsupported
 from tests.factories import make_capabilities
 from tests.server_support import until
 from tests.support import children_running, start_worker
