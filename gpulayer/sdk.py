@@ -41,7 +41,7 @@ from gpulayer.specs import (
     FunctionJob,
     Spelling,
 )
-from gpulayer.unsent import UnsentFileWarning, note, unsent_in_spec
+from gpulayer.unsent import UnsentFileWarning, note, unsent_in_specs
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -125,18 +125,8 @@ _OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
 def _note_unsent(specs: Iterable[CommandJob | FunctionJob | DistributedJob], who: str, client: Client) -> None:
     """Warn (:class:`~gpulayer.unsent.UnsentFileWarning`), at the user's line, where a spec
     names a file of the current folder and sends no bundle: the job runs in a folder of its
-    own. Specs that name the same thing are looked at once (a ``.map()`` of 10,000 calls)."""
-    seen: set[tuple[Any, ...]] = set()
-    for spec in specs:
-        what = (spec.kind, getattr(spec, "function", None), tuple(getattr(spec, "command", ())),
-                getattr(spec, "entry", None), tuple(getattr(spec, "args", ())) if spec.kind == "distributed" else (),
-                "PYTHONPATH" in spec.env, tuple(spec.placement.targets), spec.bundle, spec.bundle_digest)
-        if what in seen:
-            continue
-        seen.add(what)
-        unsent = unsent_in_spec(spec, client.default_target)
-        if unsent is None:
-            continue
+    own. Each file is named once (:func:`~gpulayer.unsent.unsent_in_specs`)."""
+    for unsent in unsent_in_specs(specs, client.default_target):
         frame, level = sys._getframe(0), 1
         while frame.f_back is not None and frame.f_code.co_filename.startswith(_OURS):
             frame, level = frame.f_back, level + 1

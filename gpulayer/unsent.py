@@ -83,8 +83,6 @@ def unsent_file(command: list[str], *, distributed: bool = False, env: dict[str,
     return None
 
 
-
-
 def installed(top: str, *, here_too: bool = False) -> bool:
     """Would this Python import the top-level module ``top`` (a module or a regular package:
     a namespace package's part is not the module) from somewhere other than the current
@@ -120,6 +118,25 @@ def installed(top: str, *, here_too: bool = False) -> bool:
         if not os.path.realpath(spec.origin).startswith(here + os.sep):
             return True
     return False
+
+
+def unsent_in_specs(specs: Any, default_target: str = "local") -> list[str]:
+    """:func:`unsent_in_spec` for many specs, each name once; specs that name the same thing
+    are looked at once (the 10,000 calls of a ``.map()``: ~110 us each where the file is here)."""
+    seen: set[tuple[Any, ...]] = set()
+    found: list[str] = []
+    for spec in specs:
+        what = (spec.kind, getattr(spec, "function", None), tuple(getattr(spec, "command", ())),
+                getattr(spec, "entry", None), tuple(getattr(spec, "args", ())) if spec.kind == "distributed" else (),
+                "PYTHONPATH" in spec.env, "target" in spec.placement.model_fields_set, tuple(spec.placement.targets),
+                spec.bundle, spec.bundle_digest)
+        if what in seen:
+            continue
+        seen.add(what)
+        name = unsent_in_spec(spec, default_target)
+        if name is not None and name not in found:
+            found.append(name)
+    return found
 
 
 def unsent_in_spec(spec: Any, default_target: str = "local") -> str | None:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
+from gpulayer import config
 from gpulayer.cli import light
 from gpulayer.cli.commands import help_of
 from gpulayer.cli.conventions import (
@@ -174,8 +175,6 @@ def submit_cmd(
     from gpulayer.records import JobState
 
     spec = spec_from_flags(dict(locals()))
-    from gpulayer import config
-
     # (a spec that names no target goes where the client sends it: remote for a server)
     unsent = unsent_in_spec(spec, "remote" if config.settings().url else "local")
     if unsent is not None:
