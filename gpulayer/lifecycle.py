@@ -12,8 +12,8 @@ A job's state is derived from its current attempt's tasks (one task per node)::
 Rules:
 
 * One group, one fate: the job's end is decided only once no node of the attempt still
-  runs, from the root cause (the first node that did not succeed and was not cancelled
-  because of another).
+  runs, from the root cause: the node that ended badly first and was not cancelled because
+  of another (its error is the job's, and so is its exit code when the job ends with it).
 * A failed or lost attempt is retried while the job has attempts left (``attempt <
   max_attempts``); a timed-out or cancelled one is not. A cancel request always wins, and
   its reason (stored with the request) is the job's error.
@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 
 from gpulayer.records import JobError, JobState, TaskState
 
-__all__ = ["JobView", "Settlement", "TaskView", "late_report_accepted", "must_end", "release_unstarted", "settle"]
+__all__ = ["JobView", "Settlement", "TaskView", "ended_with_its_group", "late_report_accepted", "must_end",
+           "release_unstarted", "root_cause", "settle"]
 
 ENDED_BADLY = frozenset({TaskState.FAILED, TaskState.TIMED_OUT, TaskState.LOST, TaskState.CANCELLED})
 #: what a job becomes when its root-cause task ended this way and no retry applies
@@ -60,6 +61,8 @@ class TaskView:
     id: str
     state: TaskState
     error: JobError | None = None
+    #: when it ended (None: it has not, or the record does not say); orders the root cause
+    ended_at: float | None = None
 
 
 @dataclass
@@ -74,18 +77,16 @@ class Settlement:
     #: the job goes back to the queue for a new attempt; ``note`` says why
     retry: bool = False
     note: str = ""
+    #: the task whose end decided a bad end (its exit code is the job's when the job ends)
+    root: str | None = None
 
 
 #: why the unstarted nodes of a group that ended badly are cancelled
 OTHER_NODE_ENDED = "another node of the job ended"
 
 
-def settle(job: JobView, tasks: Sequence[TaskView], *, reported: JobError | None = None) -> Settlement:
-    """The job's state from its current attempt's ``tasks``.
-
-    ``reported``: the error a worker just reported for one of them (it wins over what is
-    stored, which may be only a summary).
-    """
+def settle(job: JobView, tasks: Sequence[TaskView]) -> Settlement:
+    """The job's state from its current attempt's ``tasks`` (in node order)."""
     if job.state.terminal or job.state is JobState.QUEUED or not tasks:
         return Settlement()
     bad = [t for t in tasks if t.state in ENDED_BADLY]
@@ -100,8 +101,8 @@ def settle(job: JobView, tasks: Sequence[TaskView], *, reported: JobError | None
     if any(t.state is TaskState.RUNNING for t in tasks):
         out.state = JobState.RUNNING  # the rest of the group is being ended by its workers
         return out
-    root = next((t for t in bad if t.state is not TaskState.CANCELLED), bad[0])
-    error = reported or root.error
+    root = root_cause(bad)
+    out.root, error = root.id, root.error
     if job.cancel_requested:
         # the reason the cancel request stored, if it gave one
         reason = job.error if job.error is not None and job.error.type == "cancelled" else None
@@ -115,6 +116,25 @@ def settle(job: JobView, tasks: Sequence[TaskView], *, reported: JobError | None
             error = JobError.lost(error.message if error and error.message else "worker lost")
         out.error = error
     return out
+
+
+def root_cause(bad: Sequence[TaskView]) -> TaskView:
+    """Of the tasks of an attempt that ended badly (in node order), the one the attempt
+    ended because of: the first to end that was not cancelled (a node cancelled with its
+    group ended because of another; a node whose peer died may fail a moment after it, so
+    time, not node order, names the cause). All cancelled: the first of them."""
+    causes = [t for t in bad if t.state is not TaskState.CANCELLED]
+    if not causes:
+        return bad[0]
+    return min(causes, key=lambda t: float("inf") if t.ended_at is None else t.ended_at)
+
+
+def ended_with_its_group(job: JobView, attempt: int, others: Sequence[TaskState]) -> bool:
+    """Whether a node its worker ended (reported cancelled) was ended because another node
+    of its attempt, in ``others``, ended badly, and not because the job was cancelled or
+    moved on to a newer attempt."""
+    return (not job.cancel_requested and attempt == job.attempt
+            and any(st in ENDED_BADLY and st is not TaskState.CANCELLED for st in others))
 
 
 def late_report_accepted(job: JobView, task_attempt: int) -> bool:

@@ -245,17 +245,16 @@ class Core:
         if unstarted:
             self._event(s, "task_released", job_id=t.job_id, task_id=t.id, worker_id=t.worker_id, message=why)
 
-    def _settle(self, s: Session, job: JobRow | plain.Job, now: float, reported: JobError | None = None,
-                also: dict[str, Any] | None = None) -> str:
+    def _settle(self, s: Session, job: JobRow | plain.Job, now: float, also: dict[str, Any] | None = None) -> str:
         """Apply :func:`lifecycle.settle` to the job's current attempt; the job's state after.
 
         A row of the session (:class:`JobRow`) is changed in the session; a plain row
         (:class:`plain.Job`, the hot path) is written with one UPDATE, together with the
         columns in ``also``, which the caller changed before (``job`` already holds them)."""
         tasks = plain.tasks_of(s, job.id, job.attempt)
-        views = [lifecycle.TaskView(id=t.id, state=TaskState(t.state), error=mapping.error_of(t.error))
-                 for t in tasks]
-        out = lifecycle.settle(_view(job), views, reported=reported)
+        views = [lifecycle.TaskView(id=t.id, state=TaskState(t.state), error=mapping.error_of(t.error),
+                                    ended_at=t.ended_at) for t in tasks]
+        out = lifecycle.settle(_view(job), views)
         if out.cancel:  # the other nodes of a group end: their workers' polls hear it
             self._work_changed()
         for task_id in out.cancel:
@@ -265,6 +264,10 @@ class Core:
         if out.state is not None:
             if out.state.terminal or out.retry:  # a running or assigned job keeps its last error
                 values["error"] = out.error.model_dump_json() if out.error else None
+            if out.state in (JobState.FAILED, JobState.TIMED_OUT) and out.root is not None:
+                # the exit code of the node it ended because of, not node 0's (which may be
+                # the signal that ended it with its group)
+                values["exit_code"] = next(t.exit_code for t in tasks if t.id == out.root)
             values["state"] = out.state.value
             values["updated_at"] = now
         if isinstance(job, JobRow):

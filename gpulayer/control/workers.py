@@ -496,6 +496,9 @@ class WorkerOps(Core):
             # the bare spec (no arguments needed), parsed only when there is a result to check
             stored_result = None if result is None else _result_json(result, mapping.spec(job.spec))
             changes: dict[str, Any] = {}
+            if state is TaskState.CANCELLED and lifecycle.ended_with_its_group(_view(job), task.attempt, [
+                    TaskState(t.state) for t in plain.tasks_of(s, job.id, task.attempt) if t.id != task_id]):
+                error = JobError.cancelled(lifecycle.OTHER_NODE_ENDED)  # its worker knew only "cancelled"
             if not queries.transition_task(s, task_id, state, ended_at=now, exit_code=exit_code, error=error):
                 revived = (task.state == TaskState.LOST.value
                            and lifecycle.late_report_accepted(_view(job), task.attempt)
@@ -512,7 +515,7 @@ class WorkerOps(Core):
                 if state is TaskState.SUCCEEDED and stored_result is not None:
                     changes["result"] = stored_result
                 changes["exit_code"] = exit_code
-            job_state = self._settle(s, job._replace(**changes), now, reported=error, also=changes)
+            job_state = self._settle(s, job._replace(**changes), now, also=changes)
             self._event(s, "task_finished", job_id=task.job_id, task_id=task_id, worker_id=worker_id,
                         message=f"{state.value} {error.message if error else ''}".strip())
             # what the task held is free: placed in the same transaction (one commit per report)

@@ -257,6 +257,14 @@ def test_a_failing_rank_ends_the_group_and_fails_the_job(cluster: Cluster) -> No
     assert states == {0: TaskState.CANCELLED, 1: TaskState.FAILED}
     failed = next(t for t in job.tasks if t.node_rank == 1)
     assert failed.exit_code not in (None, 0)
+    # the job ended because of node 1: its error and exit code, not those of node 0, which
+    # its worker ended with the group (and reported last)
+    assert (job.error, job.exit_code) == (failed.error, failed.exit_code), job
+    ended = next(t for t in job.tasks if t.node_rank == 0)
+    assert ended.error is not None and ended.error.message == "another node of the job ended"
+    shown = cli("jobs", "show", h.id, check=True).stdout
+    [line] = [ln for ln in shown.splitlines() if ln.startswith("task") and " node=0 " in ln]
+    assert line.endswith("(another node of the job ended)"), shown
     assert "rank 1 failing" in h.logs(node=1)
     with pytest.raises(JobFailed):
         h.result()

@@ -12,7 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from gpulayer.control import ControlPlane, placement
 from gpulayer.errors import Conflict, InvalidInput, NotFound
-from gpulayer.records import JobState, TaskState
+from gpulayer.records import JobError, JobState, TaskState
 from gpulayer.specs import CommandJob, FunctionJob, Placement, Requirements
 from gpulayer.store import Store
 from tests.factories import Clock, cuda_caps, gpu_job, make_capabilities
@@ -342,15 +342,22 @@ def test_a_failed_node_keeps_its_siblings_devices_busy_until_they_have_ended(cp:
     waiting = cp.submit(gpu_job(placement=Placement(on_unschedulable="wait")))
     failed_node = next(w for w, a in tasks.items() if a.node_rank == 1)
     other = w1.id if failed_node == w2.id else w2.id
-    cp.finish_task(tasks[failed_node].task_id, worker_id=failed_node, state=TaskState.FAILED, exit_code=1)
+    raised = JobError.raised_by("RuntimeError", "rank 1 failing", "Traceback ...")
+    cp.finish_task(tasks[failed_node].task_id, worker_id=failed_node, state=TaskState.FAILED, exit_code=3,
+                   error=raised)
     # the other node still runs: its GPU is not handed out, and the job is not decided yet
     assert cp.get_job(gang.id).state is JobState.RUNNING
     assert [a.job_id for a in cp.poll_tasks(other)] == []
     assert cp.heartbeat(other, running=[tasks[other].task_id]).cancel == [tasks[other].task_id]
-    cp.finish_task(tasks[other].task_id, worker_id=other, state=TaskState.CANCELLED, exit_code=-15)
+    # its worker ended it (SIGTERM) and knows only that it was told to
+    cp.finish_task(tasks[other].task_id, worker_id=other, state=TaskState.CANCELLED, exit_code=-15,
+                   error=JobError.cancelled())
     done = cp.get_job(gang.id)
-    assert done.state is JobState.FAILED  # the root cause, not the cancelled sibling
+    # the root cause's state, error and exit code, not those of the sibling that reported last
+    assert (done.state, done.error, done.exit_code) == (JobState.FAILED, raised, 3)
     assert sorted(t.state.value for t in done.tasks) == ["cancelled", "failed"]
+    sibling = next(t for t in done.tasks if t.node_rank == 0)
+    assert sibling.error == JobError.cancelled("another node of the job ended")
     assert cp.get_job(waiting.id).state is JobState.ASSIGNED
 
 

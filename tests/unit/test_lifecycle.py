@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from gpulayer.lifecycle import OTHER_NODE_ENDED, JobView, TaskView, must_end, release_unstarted, settle
+from gpulayer.lifecycle import (
+    OTHER_NODE_ENDED,
+    JobView,
+    TaskView,
+    ended_with_its_group,
+    must_end,
+    release_unstarted,
+    settle,
+)
 from gpulayer.records import JobError, JobState, TaskState
 
 A, R, S, F, C, T, L = (TaskState.ASSIGNED, TaskState.RUNNING, TaskState.SUCCEEDED, TaskState.FAILED,
@@ -82,10 +90,36 @@ def test_a_cancel_request_wins_over_retries() -> None:
     assert out.state is JobState.CANCELLED and out.error == JobError.cancelled()
 
 
-def test_a_reported_error_wins_over_the_stored_one() -> None:
-    reported = JobError.raised_by("ValueError", "bad", "Traceback ...")
-    out = settle(job(), tasks(F, error=JobError(type="failed", message="exit code 1")), reported=reported)
-    assert out.error == reported and out.error.raised
+def test_the_root_cause_is_the_node_that_ended_badly_first_whatever_the_order_of_reports() -> None:
+    # node 1 failed; node 0 was ended with its group (its worker reports only "cancelled", and
+    # reports last); or node 0's launcher saw its peer go and failed a moment later
+    raised = JobError.raised_by("ValueError", "bad", "Traceback ...")
+    peer_gone = JobError(type="failed", message="exit code 1")
+    for node0 in (TaskView("t0", C, JobError.cancelled(), ended_at=12.0),
+                  TaskView("t0", F, peer_gone, ended_at=10.5)):
+        out = settle(job(), [node0, TaskView("t1", F, raised, ended_at=10.0)])
+        assert (out.state, out.error, out.root) == (JobState.FAILED, raised, "t1")
+    # the same end time (or none recorded): node order
+    out = settle(job(), [TaskView("t0", F, peer_gone, ended_at=3.0), TaskView("t1", F, raised, ended_at=3.0)])
+    assert out.root == "t0"
+    out = settle(job(), [TaskView("t0", L, JobError.lost("worker w0 is gone")), TaskView("t1", F, raised)])
+    assert out.root == "t0" and out.error == JobError.lost("worker w0 is gone")
+
+
+def test_a_retry_keeps_the_root_cause_as_the_job_s_error() -> None:
+    raised = JobError.raised_by("ValueError", "bad", "Traceback ...")
+    out = settle(job(max_attempts=2), [TaskView("t0", C, JobError.cancelled(), ended_at=2.0),
+                                       TaskView("t1", F, raised, ended_at=1.0)])
+    assert out.retry and out.state is JobState.QUEUED and out.error == raised
+
+
+def test_a_node_reported_cancelled_ended_with_its_group_only_if_another_ended_badly() -> None:
+    assert ended_with_its_group(job(), 1, [F]) and ended_with_its_group(job(), 1, [S, L])
+    assert ended_with_its_group(job(), 1, [T])
+    assert not ended_with_its_group(job(), 1, [R])  # a cancel of the one node: not the group's
+    assert not ended_with_its_group(job(), 1, [C])
+    assert not ended_with_its_group(job(cancel=True), 1, [F])  # the user's cancel
+    assert not ended_with_its_group(job(attempt=2), 1, [F])  # a superseded attempt's node
 
 
 @pytest.mark.parametrize("state", [JobState.QUEUED, JobState.SUCCEEDED, JobState.CANCELLED, JobState.UNSCHEDULABLE])
