@@ -91,8 +91,12 @@ def test_snippet_runs_as_written(snippet: Snippet, where: tuple[Path, dict[str, 
         argv = _argv(snippet, command, cwd)
         if "until" in snippet.options:
             out = _run_until(argv, cwd, env, snippet.options["until"], snippet.timeout)
+            # (the snippets start servers on the documented ports, 8765 and the dashboard's:
+            # one a developer runs on this machine takes the port first)
+            busy = ("\nanother process on this machine listens on the port the snippet uses (your own "
+                    "gpulayer server?): stop it and run the test again" if "address already in use" in out else "")
             assert snippet.options["until"] in out, f"{snippet.id}: {command!r} never printed " \
-                f"{snippet.options['until']!r}:\n{out}"
+                f"{snippet.options['until']!r}:\n{out}{busy}"
             continue
         proc = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, timeout=snippet.timeout)
