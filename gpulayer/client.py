@@ -38,6 +38,7 @@ from gpulayer.api import MAX_BATCH, MAX_LOG_CHUNKS, MAX_LONG_POLL, ControlAPI, L
 from gpulayer.errors import GpulayerError, InvalidInput, MethodNotAllowed, NotFound, SubmitWhileImporting
 from gpulayer.records import Explanation, JobRecord, JobState, WorkerRecord
 from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, JobSpec
+from gpulayer.unsent import entry_not_sent
 from gpulayer.worker.function_runner import IMPORTING_ENV
 
 if TYPE_CHECKING:
@@ -102,6 +103,9 @@ class Client:
         spec = self.resolve(spec)
         if spec.bundle is not None:
             bundle = bundles.build_bundle(spec.bundle)
+            missing = entry_not_sent(spec, bundle.files)
+            if missing is not None:
+                raise InvalidInput(missing)
             if bundle.digest not in self._bundles_held:
                 if not self.api.has_bundle(bundle.digest):
                     self.api.put_bundle(bundle.digest, bundle.data)

@@ -397,10 +397,15 @@ class DistributedLauncher(HookRecord):
     """Turns a distributed job plus rendezvous facts into one node's command.
 
     ``build(job, rendezvous, node_rank, python)`` returns a :class:`LaunchCommand`.
+    ``check(job)``, optional, runs where the job is submitted, wherever the launcher is
+    installed (the embedded control plane, a server, the SDK and CLI): raise
+    :class:`ValueError` with a message that names the input to refuse a job the launcher could
+    never run (an entry it cannot start), before any node is placed.
     """
 
     description: str = ""
     build: Callable[[DistributedJob, Rendezvous, int, str], LaunchCommand]
+    check: Callable[[DistributedJob], None] | None = None
 
 
 ProviderAdapter.model_rebuild()

@@ -32,6 +32,7 @@ from typing import Any, TypedDict, TypeVar
 
 from gpulayer import plugins
 from gpulayer.errors import InvalidArgument, InvalidInput, InvalidRequirement
+from gpulayer.launchers import check_launch
 from gpulayer.profiles import check_implied_accelerator
 from gpulayer.specs import (
     CHECKED,
@@ -206,8 +207,10 @@ def distributed_job(entry: str, args: Sequence[str], options: JobOptions, spelli
         if value is not None:
             data[key] = value
     job = build(DistributedJob, data, spelling)
-    if launcher is not None and check_installed:
-        check_launcher(launcher, spelling)
+    if check_installed:
+        if launcher is not None:
+            check_launcher(launcher, spelling)
+        check_launch(job)  # (the control plane checks again: a spec may come from anywhere)
     return _finish(job, options, spelling, check_installed)
 
 

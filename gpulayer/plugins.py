@@ -56,14 +56,12 @@ from gpulayer.hookrecords import (
     DistributedLauncher,
     FrameworkProbe,
     HookRecord,
-    LaunchCommand,
     ProviderAdapter,
-    Rendezvous,
     RuntimeProfile,
 )
 
 if TYPE_CHECKING:
-    from gpulayer.specs import DistributedJob
+    pass
 
 ENTRY_POINT_GROUP = "gpulayer"
 DISABLE_ENV = "GPULAYER_DISABLE_PLUGINS"
@@ -550,27 +548,6 @@ def providers() -> dict[str, ProviderAdapter]:
 
 def launchers() -> dict[str, DistributedLauncher]:
     return get_manager().collect("gpulayer_distributed_launchers", DistributedLauncher)
-
-
-def launch_command(job: DistributedJob, rendezvous: Rendezvous, node_rank: int, python: str) -> LaunchCommand:
-    """One node's command, from the launcher ``job`` names; a :class:`PluginError` that
-    names the launcher and its plugin where it is not installed, or its ``build`` raised or
-    returned something else than a :class:`LaunchCommand`."""
-    hook = "gpulayer_distributed_launchers"
-    found = launchers()
-    launcher = found.get(job.launcher)
-    if launcher is None:
-        raise PluginError(f"launcher {job.launcher!r} is not installed on this worker "
-                          f"(installed: {', '.join(sorted(found)) or 'none'})", hook=hook)
-    where = f"launcher {job.launcher!r} (plugin {get_manager().owner(hook, job.launcher)!r})"
-    try:
-        command = launcher.build(job, rendezvous, node_rank, python)
-    except Exception as exc:
-        raise PluginError(f"{where}: build() raised {one_line(exc)}", hook=hook) from exc
-    if not isinstance(command, LaunchCommand):
-        raise PluginError(f"{where}: build() returned {type(command).__name__}; accepted: a LaunchCommand "
-                          "(gpulayer.hookrecords.LaunchCommand(argv=[...], env={...}))", hook=hook)
-    return command
 
 
 def records(record_type: type[R]) -> dict[str, R]:

@@ -162,3 +162,24 @@ def note(name: str, *, cli: bool) -> str:
     sends, here = ("--bundle DIR", "--bundle .") if cli else ("bundle=DIR", "bundle='.'")
     return (f"{name} is in this folder, and the job will not find it: a job runs in a folder of its "
             f"own, with only the files {sends} sends ({here} sends this one)")
+
+
+def entry_not_sent(spec: Any, sent: Any) -> str | None:
+    """Why a distributed job's script entry (``train.py``, ``src/train.py``) will not be
+    found on its nodes although it sends a bundle: the bundle's files (``sent``, their
+    ``/``-separated paths) do not hold it. None when they do, or when the entry is no script
+    of the bundle's folder (a module, a function, an absolute path). Every node would fail
+    with python's "can't open file" once the whole group was placed."""
+    if spec.kind != "distributed":
+        return None
+    entry = spec.entry.replace(os.sep, "/")
+    if not entry.endswith(".py") or ":" in entry or entry.startswith("/"):
+        return None
+    path = os.path.normpath(entry).replace(os.sep, "/")
+    if path.startswith("../") or path in {f.path for f in sent}:
+        return None
+    here = os.path.isfile(os.path.join(spec.bundle, path))
+    why = ("the folder has it, but its ignore rules (.gitignore, .gpulayerignore) leave it out" if here
+           else "no such file there")
+    return (f"entry {spec.entry!r}: not in the bundle of {spec.bundle!r}: {why}; a script entry is "
+            "a path relative to the bundle's folder")

@@ -18,6 +18,7 @@ N      the job ran: its own exit code (0 on success)
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 import time
@@ -212,6 +213,18 @@ def submit_cmd(
     raise typer.Exit(exit_code_for(final))
 
 
+def _entry_words(command: list[str]) -> tuple[str, list[str]]:
+    """A distributed job's entry and its arguments, from the words after ``--``: ``python
+    train.py ...`` and ``python -m pkg.train ...`` are written as a one-process command would
+    be, and every rank runs the entry with the job's Python anyway."""
+    if len(command) > 1 and re.fullmatch(r"(python|pypy)[0-9.]*", command[0].rpartition("/")[2]):
+        if command[1] == "-m" and len(command) > 2:
+            return command[2], command[3:]
+        if not command[1].startswith("-"):
+            return command[1], command[2:]
+    return command[0], command[1:]
+
+
 #: ``gpulayer submit``'s flags that say what to do with the job rather than describe it
 ACTION_FLAGS = ("detach", "dry_run")
 
@@ -235,7 +248,8 @@ def spec_from_flags(flags: dict[str, Any]) -> CommandJob | DistributedJob:
     }
     spec: CommandJob | DistributedJob
     if nproc_per_node is not None or (nodes is not None and nodes != 1):
-        spec = joboptions.distributed_job(command[0], command[1:], options, spelling, nodes=nodes,
+        entry, args = _entry_words(command)
+        spec = joboptions.distributed_job(entry, args, options, spelling, nodes=nodes,
                                           nproc_per_node=nproc_per_node, launcher=launcher)
     else:
         spec = joboptions.command_job(command, options, spelling)

@@ -25,6 +25,7 @@ from gpulayer.api import (
 )
 from gpulayer.control.core import Core, Look
 from gpulayer.errors import Conflict, InvalidArgument, InvalidInput, NotFound
+from gpulayer.launchers import check_launch
 from gpulayer.records import JobError, JobRecord, JobState, TaskState, new_id
 from gpulayer.specs import JobSpec
 from gpulayer.store import BundleRow, JobRow, mapping, plain, queries
@@ -129,6 +130,8 @@ class JobOps(Core):
             )
         if not self.serving and spec.placement.targets == ["cloud"]:
             raise InvalidInput(CLOUD_NEEDS_SERVER)
+        if spec.kind == "distributed":
+            check_launch(spec)  # an entry its launcher could never start fails here, not on every node
         if spec.kind == "function" and (spec.args or spec.kwargs):
             if not self.serving:
                 # an in-process caller's spec may have changed since it was built (its

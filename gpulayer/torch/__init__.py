@@ -127,6 +127,8 @@ def _check_entry(entry: str, bundle: str | None) -> None:
     if not isinstance(entry, str) or not entry.strip():
         raise InvalidArgument("entry: expected a script ('train.py') or a function ('pkg.train:main')")
     is_function = ":" in entry and not entry.endswith(".py")
+    if bundle is not None and not Path(bundle).is_dir():
+        raise InvalidArgument(f"bundle={bundle!r}: no such directory; accepted: the folder of the job's code")
     if bundle is not None and not is_function and entry.endswith(".py") and not Path(entry).is_absolute():
         if not (Path(bundle) / entry).is_file():
             raise InvalidArgument(

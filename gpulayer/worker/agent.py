@@ -33,10 +33,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpulayer import bundles, config, plugins
+from gpulayer import bundles, config
 from gpulayer.api import TaskAssignment, WorkerAPI
 from gpulayer.errors import AuthError, Conflict, ConnectionFailed, GpulayerError, InvalidInput, NotFound, PluginError
 from gpulayer.hookrecords import Capabilities
+from gpulayer.launchers import launch_command
 from gpulayer.records import JobError, TaskState, WorkerRecord
 from gpulayer.worker.cache_keeper import CacheKeeper
 from gpulayer.worker.fork_servers import ForkServers
@@ -558,7 +559,7 @@ class Agent:
             try:
                 if a.rendezvous is None:  # (the control plane gives one to every node)
                     raise PluginError(f"no rendezvous for launcher {spec.launcher!r}")
-                cmd = plugins.launch_command(spec, a.rendezvous, a.node_rank, self.python)
+                cmd = launch_command(spec, a.rendezvous, a.node_rank, self.python)
             except PluginError as exc:
                 logbuf.add("stderr", f"gpulayer: {exc}\n")
                 return TaskOutcome(TaskState.FAILED, error=JobError.launcher(str(exc)))

@@ -50,22 +50,35 @@ PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 PREFIX_TEMPLATE = "[rank${rank}]:"
 
 _MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+#: an entry that names the interpreter: every rank runs the entry with the job's Python already
+_INTERPRETER_RE = re.compile(r"^(python|pypy)[0-9.]*$")
+_ACCEPTED = "accepted: a script ('train.py'), a module ('pkg.train') or a function ('pkg.train:main')"
 
-__all__ = ["ENTRY_SHIM", "NAME", "build", "entry_argv", "gpulayer_distributed_launchers"]
+__all__ = ["ENTRY_SHIM", "NAME", "build", "check", "entry_argv", "gpulayer_distributed_launchers"]
 
 
 def entry_argv(entry: str, args: list[str]) -> list[str]:
-    """The part of torchrun's command line after its own options: what each rank runs."""
+    """The part of torchrun's command line after its own options: what each rank runs
+    (a :class:`ValueError` for an entry no rank could start)."""
     if ":" in entry and not entry.endswith(".py"):
+        module, _, function = entry.partition(":")
+        if not (_MODULE_RE.match(module) and _MODULE_RE.match(function)):
+            raise ValueError(f"entry {entry!r}: a function is written 'package.module:function'; {_ACCEPTED}")
         return [ENTRY_SHIM, entry, *args]
     if entry.endswith(".py") or "/" in entry or os.sep in entry:
         return [entry, *args]
+    if _INTERPRETER_RE.match(entry):
+        script = next((a for a in args if not a.startswith("-")), "train.py")
+        raise ValueError(f"entry {entry!r}: every rank runs the entry with the job's Python; give "
+                         f"{script!r} (or a module or function), not {entry!r} before it")
     if _MODULE_RE.match(entry):
         return ["--module", entry, *args]
-    raise ValueError(
-        f"entry {entry!r}: expected a script ('train.py'), a module ('pkg.train') "
-        "or a function ('pkg.train:main')"
-    )
+    raise ValueError(f"entry {entry!r}: {_ACCEPTED}")
+
+
+def check(job: plugin.DistributedJob) -> None:
+    """Refuse, where the job is submitted, an entry that no rank could start."""
+    entry_argv(job.entry, list(job.args))
 
 
 def log_dir(rdzv: plugin.Rendezvous, node_rank: int) -> str:
@@ -110,4 +123,5 @@ def gpulayer_distributed_launchers() -> Iterator[plugin.DistributedLauncher]:
         name=NAME,
         description="PyTorch's torchrun (torch.distributed.run), static rendezvous at node 0",
         build=build,
+        check=check,
     )

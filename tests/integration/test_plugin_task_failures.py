@@ -13,6 +13,7 @@ import pytest
 from gpulayer import plugin, plugins
 from gpulayer.client import Client
 from gpulayer.control import ControlPlane
+from gpulayer.errors import InvalidInput
 from gpulayer.hookrecords import DeviceEnvironment, DistributedLauncher
 from gpulayer.records import JobRecord, JobState
 from gpulayer.specs import CommandJob, DistributedJob, Requirements
@@ -27,8 +28,17 @@ class BadLaunchers:
         def raises(job, rendezvous, node_rank, python):  # type: ignore[no-untyped-def]
             raise RuntimeError("launcher exploded")
 
+        def picky(job):  # type: ignore[no-untyped-def]
+            if job.args:
+                raise ValueError(f"args {job.args!r}: this launcher takes none")
+
+        def broken_check(job):  # type: ignore[no-untyped-def]
+            raise TypeError("check exploded")
+
         return [DistributedLauncher(name="raises", build=raises),
-                DistributedLauncher(name="garbage", build=lambda *_: "torchrun train.py")]
+                DistributedLauncher(name="garbage", build=lambda *_: "torchrun train.py"),
+                DistributedLauncher(name="picky", build=raises, check=picky),
+                DistributedLauncher(name="unchecked", build=raises, check=broken_check)]
 
 
 class BadEnvironment:
@@ -75,7 +85,7 @@ def test_a_launcher_not_installed_says_which_are(plane) -> None:  # type: ignore
     cp, client = plane
     job, _ = _run(cp, client, DistributedJob(entry="train.py", launcher="nosuch"))
     assert job.error is not None and job.error.message.startswith(
-        "launcher 'nosuch' is not installed on this worker (installed: garbage, raises, torchrun")
+        "launcher 'nosuch' is not installed on this worker (installed: garbage, picky, raises, torchrun")
 
 
 def test_a_device_environment_that_fails_fails_the_task_naming_the_plugin(plane, caplog) -> None:  # type: ignore[no-untyped-def]
@@ -87,3 +97,13 @@ def test_a_device_environment_that_fails_fails_the_task_naming_the_plugin(plane,
     assert "no environment for the granted npu device(s)" in job.error.message and "'bad-env'" in job.error.message
     assert f"gpulayer: {job.error.message}" in output
     assert "crashed in the worker" not in caplog.text
+
+
+def test_a_launchers_check_refuses_at_submit_and_a_check_that_fails_is_the_plugins_fault(plane) -> None:  # type: ignore[no-untyped-def]
+    cp, client = plane
+    with pytest.raises(InvalidInput, match=r"^launcher 'picky' cannot run this job: args \['x'\]: this launcher takes none$"):
+        cp.submit(client.prepare(DistributedJob(entry="train.py", args=["x"], launcher="picky")))
+    with pytest.warns(plugins.PluginWarning, match=r"launcher 'unchecked' \(plugin 'bad-launchers'\): check\(\) raised "
+                                                  r"TypeError: check exploded; the job was not checked"):
+        job, _ = _run(cp, client, DistributedJob(entry="train.py", launcher="unchecked"))
+    assert job.error is not None and "build() raised RuntimeError: launcher exploded" in job.error.message

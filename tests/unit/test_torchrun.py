@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from gpulayer import plugins, scheduling
-from gpulayer.errors import InvalidArgument, InvalidRequirement
+from gpulayer import launchers, plugins, scheduling
+from gpulayer.control import ControlPlane
+from gpulayer.errors import InvalidArgument, InvalidInput, InvalidRequirement
 from gpulayer.hookrecords import Capabilities, Device, HostInfo, Rendezvous, SupportLevel
 from gpulayer.records import WorkerRecord
 from gpulayer.specs import DistributedJob, Requirements
@@ -140,6 +142,8 @@ def test_trainer_refuses_a_missing_script_and_gpus_without_an_accelerator(tmp_pa
 
     with pytest.raises(InvalidArgument, match="no such file in the bundle"):
         Trainer("missing.py", bundle=tmp_path)
+    with pytest.raises(InvalidArgument, match=r"^bundle='/nonexistent': no such directory"):
+        Trainer("train.py", bundle="/nonexistent")  # (the bundle is wrong, not the entry)
     with pytest.raises(InvalidRequirement, match=r"Trainer\(gpus_per_node=2\): devices need an accelerator"):
         Trainer("train:main", gpus_per_node=2, bundle=None)
 
@@ -183,3 +187,48 @@ def test_distributed_work_on_a_device_without_distributed_support_is_refused() -
     single = DistributedJob(nodes=1, nproc_per_node=1, entry="train.py",
                             requirements=Requirements(accelerator="mps"))
     assert scheduling.check(single, worker) == []
+
+
+@pytest.mark.parametrize(("entry", "args", "says"), [
+    ("my-train", [], "entry 'my-train': accepted: a script ('train.py'), a module ('pkg.train') or a function"),
+    ("trf:", [], "entry 'trf:': a function is written 'package.module:function'"),
+    (":main", [], "entry ':main': a function is written 'package.module:function'"),
+    ("pkg.train:", [], "entry 'pkg.train:': a function is written"),
+    ("python", ["-u", "train.py", "--lr", "1"],
+     "entry 'python': every rank runs the entry with the job's Python; give 'train.py' (or a module or "
+     "function), not 'python' before it"),
+    ("python3.11", ["-m", "pkg.train"], "entry 'python3.11': every rank runs the entry with the job's Python"),
+])
+def test_an_entry_no_rank_could_start_is_refused_where_it_is_submitted(
+        entry: str, args: list[str], says: str, cp: ControlPlane) -> None:
+    """The launcher's check runs in the control plane's submit (every path: SDK, CLI, a
+    server's API) and in the SDK's and CLI's own building of the spec, before any node is placed."""
+    from gpulayer.torch import launch
+
+    job = DistributedJob(nodes=2, entry=entry, args=args)
+    with pytest.raises(InvalidInput) as refused:
+        cp.submit(job)
+    assert str(refused.value).startswith(f"launcher 'torchrun' cannot run this job: {says}")
+    assert cp.list_jobs() == []
+    with pytest.raises(InvalidInput, match=re.escape(says)):
+        launch(entry, nodes=2, args=args, bundle=None)
+
+
+@pytest.mark.parametrize("entry", ["train.py", "src/train.py", "pkg.train", "pkg.train:main", "pkg:Trainer.run"])
+def test_entries_a_rank_can_start_pass_the_check(entry: str) -> None:
+    launchers.check_launch(DistributedJob(nodes=2, entry=entry))
+
+
+@pytest.mark.parametrize(("words", "entry", "args"), [
+    (["python", "train.py", "--lr", "1"], "train.py", ["--lr", "1"]),
+    (["/usr/bin/python3.11", "train.py"], "train.py", []),
+    (["python", "-m", "pkg.train", "-x"], "pkg.train", ["-x"]),
+    (["python", "-u", "train.py"], "python", ["-u", "train.py"]),  # (refused by the launcher's check)
+    (["train.py", "python"], "train.py", ["python"]),
+    (["python"], "python", []),
+])
+def test_the_cli_takes_python_before_a_distributed_entry_as_written_for_one_process(
+        words: list[str], entry: str, args: list[str]) -> None:
+    from gpulayer.cli.jobs import _entry_words
+
+    assert _entry_words(words) == (entry, args)

@@ -175,3 +175,24 @@ def test_a_remote_functions_warning_names_it_and_points_at_the_users_line(here: 
     assert {w.filename for w in caught} == {__file__}
     gl.cancel(handles)
     monkeypatch.delitem(sys.modules, "mymod2")
+
+
+def test_a_distributed_script_entry_its_bundle_does_not_hold_is_refused(here: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every node would fail with python's "can't open file" once the whole group was placed."""
+    monkeypatch.setenv("GPULAYER_HOME", str(here / ".home"))
+    wait = Placement(on_unschedulable="wait", target="remote")  # (no worker: it stays queued)
+    with pytest.raises(gl.InvalidInput) as missing:
+        gl.submit(DistributedJob(nodes=2, entry="nope.py", bundle=".", placement=wait))
+    assert str(missing.value) == ("entry 'nope.py': not in the bundle of '.': no such file there; a script entry is "
+                                  "a path relative to the bundle's folder")
+    (here / ".gpulayerignore").write_text("train.py\n")
+    with pytest.raises(gl.InvalidInput, match=r"entry './train.py': not in the bundle of '.': the folder has it, but "
+                                              r"its ignore rules \(.gitignore, .gpulayerignore\) leave it out"):
+        gl.submit(DistributedJob(nodes=2, entry="./train.py", bundle=".", placement=wait))
+    (here / ".gpulayerignore").unlink()
+    # what the bundle holds, and entries that are no script of its folder, go through
+    handles = [gl.submit(DistributedJob(nodes=2, entry=entry, bundle=".", placement=wait))
+               for entry in ("train.py", "./train.py", "pkg.main:fn", "mymod", "/opt/train.py")]
+    assert {h.status() for h in handles} == {"queued"}
+    gl.cancel(handles)
