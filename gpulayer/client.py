@@ -35,7 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 from gpulayer import bundles, config, logtext
 from gpulayer.api import MAX_BATCH, MAX_LOG_CHUNKS, MAX_LONG_POLL, ControlAPI, LogChunk, log_page_cut
-from gpulayer.errors import GpulayerError, InvalidInput, MethodNotAllowed, NotFound, SubmitWhileImporting
+from gpulayer.errors import (
+    GpulayerError,
+    InvalidArgument,
+    InvalidInput,
+    MethodNotAllowed,
+    NotFound,
+    SubmitWhileImporting,
+)
 from gpulayer.records import Explanation, JobRecord, JobState, WorkerRecord
 from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, JobSpec
 from gpulayer.unsent import entry_not_sent
@@ -514,10 +521,15 @@ def _refuse_while_importing(spec: JobSpec) -> None:
         f'    if __name__ == "__main__":\n        ...  # .remote(...), gl.submit(...)\n')
 
 
-def prefixes_nodes(spec: JobSpec, node: int | None = None) -> bool:
+def prefixes_nodes(spec: JobSpec, node: int | None = None, *, spelled: str | None = None) -> bool:
     """Whether the job's output is shown with ``[node R]`` line prefixes: a job of several
-    nodes, all of them shown."""
-    return logtext.prefixes_nodes(spec.kind, spec.nodes if spec.kind == "distributed" else 1, node)
+    nodes, all of them shown. A ``node`` the job does not have is refused, named as
+    ``spelled`` (``--node 5``; default ``node=5``)."""
+    nodes = spec.nodes if spec.kind == "distributed" else 1
+    why = logtext.node_refused(spec.kind, nodes, node)
+    if why is not None:
+        raise InvalidArgument(f"{spelled or f'node={node!r}'}: {why}")
+    return logtext.prefixes_nodes(spec.kind, nodes, node)
 
 
 def chunk_text(chunk: LogChunk, *, prefix: bool) -> str:

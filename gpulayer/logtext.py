@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 
-__all__ = ["QUOTED", "log_text", "prefixes_nodes", "shown_text", "stored_log_text"]
+__all__ = ["QUOTED", "log_text", "node_refused", "prefixes_nodes", "shown_text", "stored_log_text"]
 
 #: marks a stored chunk whose text is JSON-quoted (a private-use character that output
 #: essentially never starts with)
@@ -44,6 +44,15 @@ def log_text(stored: str) -> str:
         except ValueError:
             return stored
     return stored
+
+
+def node_refused(kind: str, nodes: int, node: object) -> str | None:
+    """Why a job of ``kind`` with ``nodes`` nodes has no node ``node`` to show the output of
+    (None: it has, or no node was asked for)."""
+    count = nodes if kind == "distributed" else 1
+    if node is None or (type(node) is int and 0 <= node < count):
+        return None
+    return f"the job has {'one node, 0' if count == 1 else f'nodes 0 to {count - 1}'}"
 
 
 def prefixes_nodes(kind: str, nodes: int, node: int | None = None) -> bool:

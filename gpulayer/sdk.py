@@ -9,6 +9,7 @@ submits it and returns a :class:`JobHandle`. Arguments and the result are JSON
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -71,7 +72,7 @@ class JobHandle:
         return self._client.job(self.id, brief=True).state.terminal
 
     def wait(self, timeout: float | None = None) -> JobRecord:
-        return self._ended(timeout, arguments=True)
+        return self._ended(wait_limit(timeout, "handle.wait"), arguments=True)
 
     def _ended(self, timeout: float | None, *, arguments: bool) -> JobRecord:
         job = self._client.wait(self.id, timeout, arguments=arguments)
@@ -85,18 +86,18 @@ class JobHandle:
         A function that raised comes back as :class:`RemoteError` with the remote type,
         message and traceback; any other unsuccessful end as :class:`JobFailed`.
         """
-        return result_of(self._ended(timeout, arguments=False))  # (its outcome: not the arguments)
+        return result_of(self._ended(wait_limit(timeout, "handle.result"), arguments=False))  # (not the arguments)
 
     def logs(self, node: int | None = None) -> str:
         """The output so far; lines of a job of several nodes are prefixed ``[node R]``, as
         ``gpulayer jobs logs`` shows them."""
         job = self._client.job(self.id, brief=True)  # (its spec's nodes: not its result and arguments)
-        prefix = prefixes_nodes(job.spec, node)
+        prefix = prefixes_nodes(job.spec, node, spelled=f"handle.logs(node={node!r})")
         return "".join(chunk_text(c, prefix=prefix) for c in self._client.log_chunks(self.id, node=node))
 
     def follow(self, node: int | None = None) -> Iterator[str]:
         """The output as it arrives, until the job ends (prefixed as :meth:`logs`)."""
-        prefix = prefixes_nodes(self._client.job(self.id, brief=True).spec, node)
+        prefix = prefixes_nodes(self._client.job(self.id, brief=True).spec, node, spelled=f"handle.follow(node={node!r})")
         for chunk in self._client.follow(self.id, node=node):
             yield chunk_text(chunk, prefix=prefix)
 
@@ -148,7 +149,10 @@ def submit(spec: CommandJob | FunctionJob | DistributedJob, *, client: Client | 
 
 def _submit(spec: CommandJob | FunctionJob | DistributedJob, client: Client | None, who: str) -> JobHandle:
     """:func:`submit`, its warnings saying ``who`` submitted (``train.remote()``)."""
-    client = client or connect()
+    if not isinstance(spec, (CommandJob, FunctionJob, DistributedJob)):
+        raise InvalidArgument(f"{who}: the spec is {type(spec).__name__}; accepted: CommandJob, FunctionJob, "
+                              "DistributedJob")
+    client = client_for(client, who)
     _note_unsent([spec], who, client)
     job = client.submit(spec, arguments=False)  # (the handle needs the id and the state)
     if job.state is JobState.UNSCHEDULABLE:
@@ -184,7 +188,7 @@ def _submit_many(specs: Iterable[CommandJob | FunctionJob | DistributedJob], cli
                                   "FunctionJob, DistributedJob")
     if not items:
         return []
-    client = client or connect()
+    client = client_for(client, who)
     _note_unsent(items, who, client)
     jobs = client.submit_many(items, arguments=False)
     for job in jobs:
@@ -201,7 +205,7 @@ def explain(what: Any, *, client: Client | None = None, **options: Unpack[JobOpt
     a job spec, or a submitted job (its handle or id). ``print()`` the record for the text
     ``gpulayer explain`` prints; its fields are documented in docs/explain.md.
     """
-    client = client or connect()
+    client = client_for(client, "gl.explain")
     if isinstance(what, (str, JobHandle)):
         if options:
             raise InvalidArgument("gl.explain: options apply to a function or a spec, not to a submitted job")
@@ -235,6 +239,7 @@ def wait(handles: Iterable[JobHandle], timeout: float | None = None) -> list[Job
     a call), not one after another: one read looks at all of them, and a server answers
     one long poll for all of them."""
     hs = _listed(handles, "gl.wait")
+    timeout = wait_limit(timeout, "gl.wait")
     deadline = None if timeout is None else time.monotonic() + timeout
     records: dict[str, JobRecord] = {}
     for client, ids in _groups(hs):
@@ -275,6 +280,7 @@ def as_completed(handles: Iterable[JobHandle], timeout: float | None = None) -> 
     looks in the order given). One look at up to :data:`~gpulayer.api.MAX_BATCH` jobs waits
     for the first of them to end (``wait_jobs``)."""
     pending = _listed(handles, "gl.as_completed")
+    timeout = wait_limit(timeout, "gl.as_completed")
     deadline = None if timeout is None else time.monotonic() + timeout
     while pending:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -284,6 +290,28 @@ def as_completed(handles: Iterable[JobHandle], timeout: float | None = None) -> 
             yield h
         if pending and not ended and deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"{len(pending)} job(s) still running after {timeout} s")
+
+
+def wait_limit(timeout: Any, who: str) -> float | None:
+    """A wait's ``timeout`` as seconds (None, or an infinite one: no limit); anything but a
+    number of seconds, 0 or more, is refused naming ``who`` was called."""
+    if timeout is None or timeout == math.inf:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise InvalidArgument(f"{who}(timeout={timeout!r}): accepted: a number of seconds, 0 or more, or None to "
+                              "wait until the job ends")
+    return timeout  # (as given: a message says "after 5 s", not "after 5.0 s")
+
+
+def client_for(client: Any, who: str) -> Client:
+    """``client``, or the default one (:func:`connect`) for None; anything else is refused
+    naming ``who`` was called."""
+    if client is None:
+        return connect()
+    if not isinstance(client, Client):
+        raise InvalidArgument(f"{who}(client={client!r}): not a client; accepted: what gl.connect() returns, or None "
+                              "for the default")
+    return client
 
 
 def _listed(handles: Iterable[JobHandle], what: str) -> list[JobHandle]:

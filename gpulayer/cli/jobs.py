@@ -110,7 +110,7 @@ def follow_job(client: Client, job_id: str, *, node: int | None = None, progress
             show.update(job)
         last[:] = [job]
         if prefix is None:
-            prefix = prefixes_nodes(job.spec, node)
+            prefix = prefixes_nodes(job.spec, node, spelled=f"--node {node}")
 
     try:
         for c in client.follow(job_id, node=node, on_update=seen):
@@ -427,8 +427,8 @@ def jobs_logs(
         if final.state.value != "succeeded":
             typer.echo(f"gpulayer: {outcome_text(final)}", err=True)
         raise typer.Exit(exit_code_for(final))
-    job = client.api.get_job(job_id)
-    prefix = prefixes_nodes(job.spec, node)
+    job = client.job(job_id, brief=True)  # (its spec's nodes: not its result and arguments)
+    prefix = prefixes_nodes(job.spec, node, spelled=f"--node {node}")
     for c in client.log_chunks(job_id, node=node):
         out = sys.stderr if c.stream == "stderr" else sys.stdout
         out.write(chunk_text(c, prefix=prefix))

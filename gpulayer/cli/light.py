@@ -165,6 +165,8 @@ def _logs(request: dict[str, Any]) -> bool:
     try:
         with embedded_reads.reading(embedded_reads.database()) as conn:
             (kind, nodes), chunks = embedded_reads.job_logs(conn, request["job"], node)
+            if logtext.node_refused(kind, nodes, node) is not None:
+                return False  # the full path says so
             prefix = logtext.prefixes_nodes(kind, nodes, node)
             try:
                 for node_rank, stream, data in chunks:

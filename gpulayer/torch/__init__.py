@@ -178,15 +178,22 @@ class Trainer:
         spelling = joboptions.keyword_spelling(call, gpus="gpus_per_node")
         opts: dict[str, Any] = dict(options)
         self._client = opts.pop("client", None)
+        if self._client is not None:
+            from gpulayer.sdk import client_for
+
+            client_for(self._client, call)  # (a client given is checked here; the default one is made at submit)
         self.handle: Any = None
         nodes = opts.pop("nodes", 1)
         nproc_per_node = opts.pop("nproc_per_node", None)
         gpus = opts.pop("gpus_per_node", None)
         launcher = opts.pop("launcher", None)
-        args = opts.pop("args", ())
-        if isinstance(args, str):
-            raise InvalidArgument(f"{call}(args={args!r}): a string, not a list; accepted: a list of "
-                                  "arguments such as ['--epochs', '3']")
+        args = opts.pop("args", None) or ()
+        if not isinstance(args, (list, tuple)):
+            raise InvalidArgument(f"{call}(args={args!r}): {'a string' if isinstance(args, str) else 'not a list'}; "
+                                  "accepted: a list of arguments such as ['--epochs', '3']")
+        for i, a in enumerate(args):
+            if isinstance(a, bool) or not isinstance(a, (str, int, float)):
+                raise InvalidArgument(f"{call}(args[{i}]={a!r}): accepted: text or a number, as on a command line")
         self.args = [str(a) for a in args]
         opts.setdefault("bundle", ".")
         accelerator = opts.get("accelerator")
@@ -236,8 +243,9 @@ class Trainer:
         import time
 
         from gpulayer.client import chunk_text, prefixes_nodes
-        from gpulayer.sdk import result_of
+        from gpulayer.sdk import result_of, wait_limit
 
+        timeout = wait_limit(timeout, "Trainer.fit")  # (checked before anything is submitted)
         handle = self.submit() if self.handle is None else self.handle
         client = self._client
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -95,6 +95,18 @@ def test_logs_follow_exits_with_the_jobs_outcome() -> None:
     assert proc.stderr == f"gpulayer: job {job} failed: exit code 7\n"
     good = detach("echo", "fine")
     assert cli("jobs", "logs", good, "-f", timeout=60).returncode == 0
+    # a node the job does not have: said, exit 2 (not an empty output and exit 0)
+    assert cli("jobs", "logs", good, "--node", "0", check=True).stdout == "fine\n"
+    for follow in ((), ("--follow",)):
+        proc = cli("jobs", "logs", good, "--node", "1", *follow, timeout=60)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", "error: --node 1: the job has one node, 0\n")
+    import gpulayer as gl
+    from gpulayer.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match=r"^handle.logs\(node=1\): the job has one node, 0$"):
+        gl.get_job(good).logs(node=1)
+    with pytest.raises(InvalidArgument, match=r"^handle.follow\(node=-1\): the job has one node, 0$"):
+        next(gl.get_job(good).follow(node=-1))
 
 
 @pytest.mark.usefixtures("worker")

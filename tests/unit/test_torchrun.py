@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -232,3 +233,42 @@ def test_the_cli_takes_python_before_a_distributed_entry_as_written_for_one_proc
     from gpulayer.cli.jobs import _entry_words
 
     assert _entry_words(words) == (entry, args)
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    ({"args": 5}, "Trainer(args=5): not a list; accepted: a list of arguments such as ['--epochs', '3']"),
+    ({"args": "--epochs 3"}, "Trainer(args='--epochs 3'): a string; accepted: a list of arguments"),
+    ({"args": ["--lr", None]}, "Trainer(args[1]=None): accepted: text or a number, as on a command line"),
+    ({"args": [True]}, "Trainer(args[0]=True): accepted: text or a number"),
+    ({"client": "x"}, "Trainer(client='x'): not a client; accepted: what gl.connect() returns"),
+    ({"bundle": "/nonexistent"}, "bundle='/nonexistent': no such directory"),
+])
+def test_a_trainer_s_bad_option_is_refused_as_it_is_described(options: dict[str, Any], says: str,
+                                                              tmp_path: Path) -> None:
+    from gpulayer.torch import Trainer
+
+    (tmp_path / "train.py").write_text("")
+    options = {"bundle": tmp_path, **options}
+    with pytest.raises(InvalidArgument) as refused:
+        Trainer("train.py", nodes=2, **options)
+    assert str(refused.value).startswith(says)
+
+
+def test_a_trainer_takes_numbers_and_no_args_as_a_command_line_would(tmp_path: Path) -> None:
+    from gpulayer.torch import Trainer
+
+    (tmp_path / "train.py").write_text("")
+    assert Trainer("train.py", nodes=2, args=["--lr", 0.1, 3], bundle=tmp_path).args == ["--lr", "0.1", "3"]
+    assert Trainer("train.py", nodes=2, args=None, bundle=tmp_path).args == []
+
+
+def test_fit_checks_its_timeout_before_it_submits(tmp_path: Path, gpulayer_isolated: None) -> None:
+    from gpulayer.client import connect
+    from gpulayer.torch import Trainer
+
+    (tmp_path / "train.py").write_text("")
+    trainer = Trainer("train.py", nodes=2, bundle=tmp_path)
+    for timeout in ("5", -1, float("nan")):
+        with pytest.raises(InvalidArgument, match=re.escape(f"Trainer.fit(timeout={timeout!r}): accepted: a number")):
+            trainer.fit(timeout=timeout)  # type: ignore[arg-type]
+    assert trainer.handle is None and connect().api.list_jobs() == []

@@ -22,7 +22,7 @@ import gpulayer as gl
 from gpulayer import client as client_mod
 from gpulayer.control import ControlPlane
 from gpulayer.control import jobs as control_jobs
-from gpulayer.errors import InvalidInput, NotFound
+from gpulayer.errors import InvalidArgument, InvalidInput, NotFound
 from gpulayer.records import JobState, TaskState
 from gpulayer.specs import CommandJob, Placement, Requirements
 from gpulayer.store import Store, plain
@@ -589,3 +589,33 @@ def test_as_completed_asks_for_brief_records_and_falls_back_where_they_are_not_k
             list(gl.as_completed([waiting], timeout=0))
     finally:
         end(waiting)
+
+
+@pytest.mark.parametrize("timeout", ["5", -1, float("nan"), True, [1]])
+def test_a_wait_s_timeout_that_is_no_number_of_seconds_is_refused_naming_the_call(
+        timeout: Any, gpulayer_isolated: None) -> None:
+    queued = never_runs()
+    calls = {"handle.wait": lambda: queued.wait(timeout), "handle.result": lambda: queued.result(timeout=timeout),
+             "gl.wait": lambda: gl.wait([queued], timeout=timeout),
+             "gl.as_completed": lambda: list(gl.as_completed([queued], timeout=timeout))}
+    for who, call in calls.items():
+        with pytest.raises(InvalidArgument, match=re.escape(f"{who}(timeout={timeout!r}): accepted: a number of "
+                                                               "seconds, 0 or more, or None")):
+            call()
+    with pytest.raises(TimeoutError):
+        queued.wait(0)  # (0 looks once; an infinite one is no limit, as None)
+    queued.cancel()
+    assert queued.wait(float("inf")).state is JobState.CANCELLED
+
+
+def test_a_spec_or_client_of_the_wrong_kind_is_refused_naming_the_call(gpulayer_isolated: None) -> None:
+    with pytest.raises(InvalidArgument, match=r"^gl.submit: the spec is dict; accepted: CommandJob, FunctionJob"):
+        gl.submit({"kind": "command", "command": ["true"]})  # type: ignore[arg-type]
+    job = CommandJob(command=["true"], placement=REMOTE_WAIT)
+    for who, call in {"gl.submit": lambda: gl.submit(job, client="x"),  # type: ignore[arg-type]
+                      "gl.submit_many": lambda: gl.submit_many([job], client="x"),  # type: ignore[arg-type]
+                      "gl.explain": lambda: gl.explain(job, client="x")}.items():  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument, match=re.escape(f"{who}(client='x'): not a client; accepted: what "
+                                                               "gl.connect() returns")):
+            call()
+    assert client_mod.connect().api.list_jobs() == []
