@@ -120,13 +120,19 @@ class JobLine(NamedTuple):
     created_at: float
 
 
+def shown_command(command: list[str]) -> str:
+    """A command as a job's summary shows it: its words, a word of several lines (a program
+    given inline: ``python -c CODE``, ``bash -c SCRIPT``) as its first line and ``...``."""
+    return " ".join(w.partition("\n")[0] + "..." if "\n" in w else w for w in command)
+
+
 def _what(spec: dict[str, Any]) -> tuple[str, str]:
     """``(kind, what)`` of a stored spec, as the summary of its record says them."""
     kind = spec.get("kind")
     if kind == "command":
         command = spec.get("command")
         if isinstance(command, list) and command and all(isinstance(w, str) for w in command):
-            return kind, " ".join(command)
+            return kind, shown_command(command)
     elif kind == "function":
         function = spec.get("function")
         if isinstance(function, str):

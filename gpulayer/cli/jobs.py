@@ -329,8 +329,10 @@ def _dry_run(spec: CommandJob | DistributedJob, as_json: bool) -> None:
 
 
 def _job_summary(job: JobRecord) -> dict[str, Any]:
+    from gpulayer.embedded_reads import shown_command
+
     spec = job.spec
-    what = " ".join(spec.command) if spec.kind == "command" else (
+    what = shown_command(spec.command) if spec.kind == "command" else (
         spec.function if spec.kind == "function" else f"{spec.entry} x{spec.nodes}")
     return light.job_summary(job.id, job.state.value, spec.kind, spec.name or "", what, job.attempt,
                              job.created_at)

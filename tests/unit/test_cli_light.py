@@ -60,7 +60,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cp.submit(gl.DistributedJob(entry="train.py", nodes=2, placement=wait)).id,
         cp.submit(gl.CommandJob(command=["sleep", "9"])).id,  # unschedulable: no worker
         cp.cancel(cp.submit(gl.CommandJob(command=["x" * 80], placement=wait)).id).id,
-        cp.submit(gl.CommandJob(command=["true"], placement=wait)).id,
+        cp.submit(gl.CommandJob(command=["python", "-c", "import sys\nsys.exit(0)", "one.py"], placement=wait)).id,
         cp.submit(gl.CommandJob(command=["false"], placement=wait)).id,
         cp.submit(gl.CommandJob(command=["tie", "a"], placement=wait)).id,
         cp.submit(gl.CommandJob(command=["tie", "b"], placement=wait)).id,
@@ -121,6 +121,8 @@ def test_the_table_shows_every_state_and_escapes_what_a_terminal_would_obey(home
     rows = json.loads(run(["jobs", "list", "--json"], home)[1])
     assert [r["created_at"] for r in rows] == sorted((r["created_at"] for r in rows), reverse=True)
     assert {r["kind"] for r in rows} == {"command", "function", "distributed"}
+    # a program given inline on several lines: its first line (as the full path shows it too)
+    assert "python -c import sys... one.py" in {r["what"] for r in rows}
 
 
 def test_the_global_options_before_the_command_are_read(home: Path, tmp_path: Path) -> None:
@@ -269,7 +271,7 @@ def logs_home(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 
 @pytest.mark.parametrize(("job", "args"), [
     ("command", []), ("distributed", []), ("distributed", ["--node", "1"]), ("distributed", ["--node=0"]),
-    ("silent", []), ("command", ["--node", "0"]), ("distributed", ["--node", "7"]),
+    ("silent", []), ("command", ["--node", "0"]),
 ])
 @pytest.mark.parametrize("where", ["after", "before"])
 def test_jobs_logs_prints_what_the_full_path_prints(logs_home: tuple[Path, dict[str, str]], job: str,
@@ -281,6 +283,14 @@ def test_jobs_logs_prints_what_the_full_path_prints(logs_home: tuple[Path, dict[
     assert (light[3], full[3]) == ("light", "full"), light
     assert light[:3] == full[:3]
     assert light[0] == 0
+
+
+@pytest.mark.parametrize(("job", "node", "says"), [("distributed", "7", "nodes 0 to 1"), ("command", "1", "one node, 0")])
+def test_jobs_logs_of_a_node_the_job_does_not_have_is_refused_by_the_full_path(
+        logs_home: tuple[Path, dict[str, str]], job: str, node: str, says: str) -> None:
+    home, jobs = logs_home
+    code, out, err, path = run(["jobs", "logs", jobs[job], "--node", node], home)
+    assert (code, out, err, path) == (2, b"", f"error: --node {node}: the job has {says}\n", "full")
 
 
 def test_jobs_logs_on_the_light_path_keeps_streams_apart_and_text_as_written(
