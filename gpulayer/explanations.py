@@ -132,7 +132,8 @@ def render(e: Explanation, spelling: Spelling | None = None, *, command: str | N
             price = "owned capacity" if o.price_per_hour is None else f"${o.price_per_hour:.2f}/h"
             spot = ", spot" if o.spot else ""
             region = f" in {o.region}" if o.region else ""
-            out.append(f"offer {o.provider}:{o.shape}{region}: {price}{spot}, availability {o.availability}")
+            never = f"; never launched: {o.never_launched}" if o.never_launched else ""
+            out.append(f"offer {o.provider}:{o.shape}{region}: {price}{spot}, availability {o.availability}{never}")
     line = e.closest_line()
     if line:
         out.append("")

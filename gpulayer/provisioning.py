@@ -79,6 +79,16 @@ def within_price(offer: MachineOffer, limits: Limits) -> bool:
     return cap is None or offer.price_per_hour is None or offer.price_per_hour <= cap
 
 
+def never_launched(offer: MachineOffer, limits: Limits) -> str | None:
+    """Why the offer is never launched whatever the demand (its section's limits rule it
+    out), or None. Such an offer is no offer to wait for: a job only it fits is unschedulable."""
+    if not within_price(offer, limits):
+        return f"priced over its section's max_price_per_hour (${limits.max_price_per_hour:.2f}/h)"
+    if limits.max_machines <= 0:
+        return "its section's max_machines is 0"
+    return None
+
+
 def fitting(spec: JobSpec, offers: Sequence[MachineOffer]) -> list[MachineOffer]:
     """The offers a job could run on once booted (the scheduler's ``check``)."""
     return [o for o in offers if not scheduling.check(spec, offer_record(o))]
@@ -287,5 +297,5 @@ class Blocks:
 __all__ = [
     "BLOCK_SECONDS", "JOINED_STATES", "LIVE_STATES", "OFFER_TTL", "PENDING_STATES", "Action", "Blocks",
     "DemandJob", "Launch", "MachineView", "ProviderView", "QueuedCloudJob", "demand", "fitting", "history",
-    "housekeeping", "order_offers", "orphans", "plan", "within_price",
+    "housekeeping", "never_launched", "order_offers", "orphans", "plan", "within_price",
 ]

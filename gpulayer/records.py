@@ -358,6 +358,8 @@ class OfferFit(Record):
     price_per_hour: float | None = None  # None: capacity you own
     spot: bool = False
     availability: str = "unknown"
+    #: why it is never launched for this job (its section's limits), or None
+    never_launched: str | None = None
 
 
 class Explanation(Record):

@@ -54,9 +54,10 @@ def explain(plane: ControlPlane, spec: JobSpec | None, *, job_id: str | None = N
     offers = provider_offers(plane, spec)
     fitting = [o for o in offers or [] if not scheduling.check(spec, offer_record(o))]
     fitting.sort(key=lambda o: (o.price_per_hour is None, o.price_per_hour or 0.0, o.boot_seconds or 0.0))
+    barred = {id(o): plane.providers.barred(o) for o in fitting} if plane.providers is not None else {}
     job_id = job.id if job is not None else EXPLAINED
     result = scheduling.place([scheduling.QueuedJob(id=job_id, spec=spec, seq=0, queued_at=now)], fleet, now,
-                              reserve_after=None, offers=fitting)
+                              reserve_after=None, offers=[o for o in fitting if barred.get(id(o)) is None])
     survey = nearest.survey(spec, fleet)
     by_worker: dict[str, list[TaskRow]] = {}
     for t in tasks:
@@ -76,7 +77,7 @@ def explain(plane: ControlPlane, spec: JobSpec | None, *, job_id: str | None = N
         stored_decision=mapping.decision_of(job.decision) if job is not None else None,
         queue_position=queue_position(queue, spec, job),
         workers=survey.workers,
-        offers=None if offers is None else [_fit(o) for o in fitting],
+        offers=None if offers is None else [_fit(o, barred.get(id(o))) for o in fitting],
         closest=survey.closest,
         relaxations=survey.relaxations,
         at=now,
@@ -88,12 +89,12 @@ def provider_offers(plane: ControlPlane, spec: JobSpec) -> list[MachineOffer] | 
     this control plane has no providers to ask."""
     if plane.providers is None:
         return None
-    return list(plane.offers(spec.requirements))
+    return list(plane.offers(spec.requirements, barred=True))
 
 
-def _fit(o: MachineOffer) -> OfferFit:
+def _fit(o: MachineOffer, never: str | None) -> OfferFit:
     return OfferFit(provider=o.provider, shape=o.shape, region=o.region, price_per_hour=o.price_per_hour,
-                    spot=o.spot, availability=o.availability)
+                    spot=o.spot, availability=o.availability, never_launched=never)
 
 
 def _running(t: TaskRow, job: JobRow | None, owner: str | None) -> RunningTask:

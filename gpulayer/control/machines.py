@@ -93,13 +93,14 @@ class MachineOps(WorkerOps):
                     join_timeout=lim.join_timeout))
         return out
 
-    def offers(self, requirements: Requirements) -> list[MachineOffer]:
-        """Every cached offer that fits ``requirements``, cheapest first (capacity you own,
-        priced None, after the priced ones), then fastest to boot. Never calls a provider."""
+    def offers(self, requirements: Requirements, *, barred: bool = False) -> list[MachineOffer]:
+        """Every cached offer that fits ``requirements`` and its section's limits let be
+        launched (``barred``: also those they never let be), cheapest first (capacity you
+        own, priced None, after the priced ones), then fastest to boot. Never calls a provider."""
         if self.providers is None:
             return []
         spec = CommandJob(command=["true"], requirements=requirements, placement=Placement(target="cloud"))
-        fits = provisioning.fitting(spec, self.providers.cached_offers())
+        fits = provisioning.fitting(spec, self.providers.cached_offers(barred=barred))
         return sorted(fits, key=offer_sort_key)
 
     def list_machines(self) -> list[MachineRecord]:

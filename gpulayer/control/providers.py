@@ -276,9 +276,16 @@ class ProviderSet:
         st.offers = [o.model_copy(update={"provider": name}) for o in found]
         st.offers_at = now
 
-    def cached_offers(self) -> list[MachineOffer]:
-        """The offers of every enabled provider, as last fetched."""
-        return [o for n in self.enabled() for o in self.status[n].offers]
+    def cached_offers(self, *, barred: bool = False) -> list[MachineOffer]:
+        """The offers of every enabled provider, as last fetched, that its section's limits
+        let be launched (with ``barred``: those that they never let be, too)."""
+        return [o for n in self.enabled() for o in self.status[n].offers
+                if barred or provisioning.never_launched(o, self.configured[n].limits) is None]
+
+    def barred(self, offer: MachineOffer) -> str | None:
+        """Why ``offer`` is never launched (:func:`provisioning.never_launched`), or None."""
+        configured = self.configured.get(offer.provider)
+        return None if configured is None else provisioning.never_launched(offer, configured.limits)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

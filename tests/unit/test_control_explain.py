@@ -141,7 +141,7 @@ def test_workers_a_caller_would_start_count_as_workers(cp: ControlPlane) -> None
 class WithProviders(ControlPlane):
     """A control plane with providers whose cached offers are these (two shapes)."""
 
-    def offers(self, requirements: Requirements) -> list[MachineOffer]:
+    def offers(self, requirements: Requirements, *, barred: bool = False) -> list[MachineOffer]:
         return [
             MachineOffer(provider="aws", shape="g5.2xlarge", region="us-east-1", capabilities=cuda(1),
                          price_per_hour=1.21),

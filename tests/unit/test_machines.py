@@ -147,6 +147,24 @@ def test_a_job_that_fits_an_offer_waits_for_its_machine_and_one_that_fits_none_i
     assert cp.offers(Requirements(accelerator="cuda", gpus=2)) == []
 
 
+@pytest.mark.parametrize(("limit", "why"), [
+    ("max_price_per_hour = 0.5", "priced over its section's max_price_per_hour ($0.50/h)"),
+    ("max_machines = 0", "its section's max_machines is 0"),
+])
+def test_an_offer_its_section_never_lets_launch_is_no_offer_to_wait_for(store: Store, limit: str, why: str) -> None:
+    """The docs: an offer over the cap is never launched. A job only it fits waited for ever,
+    saying a machine was coming; it is unschedulable, and explain says why the offer is out."""
+    cp, rec = plane(store, f'[p]\ntype = "rec"\n{limit}\n')
+    job = cp.submit(CLOUD)
+    assert job.state is JobState.UNSCHEDULABLE, job.decision
+    cp.provision()
+    assert rec.count("launch") == 0
+    assert cp.offers(Requirements(accelerator="cuda", gpus=1)) == []
+    [offer] = cp.explain_job(job.id).offers or []
+    assert (offer.shape, offer.never_launched) == ("a", why)
+    assert cp.explain_job(job.id).render().count(f"; never launched: {why}") == 1
+
+
 def test_a_failed_launch_fails_over_in_the_same_pass_and_blocks_the_scope(store: Store) -> None:
     cp, rec = plane(store, '[p]\ntype = "rec"\nshapes = ["a", "b"]\n')
     rec.fail["a"] = NoCapacity("sold out")
