@@ -67,7 +67,10 @@ class ControlPlane(JobOps, MachineOps):
         return self.tokens.list()
 
     def revoke_token(self, token_id: str) -> TokenInfo:
-        return self.tokens.revoke(token_id)
+        info = self.tokens.revoke(token_id)
+        if info.scope == "worker" and info.worker_id is not None:
+            self.worker_credential_revoked(info.worker_id)  # (else it stays eligible until it goes silent)
+        return info
 
     # ------------------------------------------------------------------ housekeeping (admin)
 

@@ -272,15 +272,28 @@ class WorkerOps(Core):
     def deregister_worker(self, worker_id: str) -> None:
         """A worker leaving on purpose: offline now, its unfinished tasks lost, its
         credential revoked."""
+        self._take_offline(worker_id, "worker stopped", "worker_left", online_only=False)
+
+    def worker_credential_revoked(self, worker_id: str) -> None:
+        """An admin revoked the worker's credential: it can no longer report, so it is
+        offline now (no job is placed on it meanwhile) and its unfinished tasks are lost
+        (one it had not started yet goes back to the queue at no cost to its job)."""
+        self._take_offline(worker_id, "its credential was revoked", "worker_revoked", online_only=True)
+
+    def _take_offline(self, worker_id: str, why: str, event: str, *, online_only: bool) -> None:
+        """Offline now, its unfinished tasks lost (``why``), its credentials revoked; with
+        ``online_only`` a worker already offline (or gone) is left as it is."""
         now = self.clock()
         with self.store.write() as s:
-            row = queries.worker(s, worker_id)
+            row = queries.find_worker(s, worker_id) if online_only else queries.worker(s, worker_id)
+            if row is None or (online_only and not row.online):
+                return
             row.online = False
             row.draining = True
             s.add(row)
             for t in queries.active_tasks_of_worker(s, worker_id):
-                self._lose(s, t, now, "worker stopped")
-            self._event(s, "worker_left", worker_id=worker_id)
+                self._lose(s, t, now, why)
+            self._event(s, event, worker_id=worker_id)
             queries.revoke_worker_tokens(s, worker_id)
         self.tokens.forget(worker_id=worker_id)
         self.schedule_queue()

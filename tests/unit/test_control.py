@@ -455,6 +455,25 @@ def test_prune_forgets_offline_workers_and_revokes_their_credentials(cp: Control
     assert next(t for t in cp.list_tokens() if t.id == gone.token_id).revoked
 
 
+def test_a_worker_whose_credential_is_revoked_is_offline_at_once_and_its_work_goes_elsewhere(cp: ControlPlane) -> None:
+    """It can no longer report: left online, it got new jobs until it went silent for the
+    heartbeat timeout, and each waited that long to be placed again."""
+    join = cp.create_token(scope="join", ttl=3600)
+    revoked = cp.join_worker(make_capabilities(), join_token=join.token, cpu_slots=1)
+    job = cp.submit(CommandJob(command=["x"], placement=Placement(target="remote", on_unschedulable="wait")))
+    assert [a.job_id for a in cp.poll_tasks(revoked.worker_id)] == [job.id]  # handed out, not started
+    cp.revoke_token(revoked.token_id)
+    [w] = [w for w in cp.list_workers() if w.id == revoked.worker_id]
+    assert not w.online
+    again = cp.get_job(job.id)
+    assert again.state is JobState.QUEUED and again.attempt == 1 and again.tasks[0].state is TaskState.LOST
+    assert again.tasks[0].error is not None and again.tasks[0].error.message == (
+        "its credential was revoked (never started)")
+    other = cp.join_worker(make_capabilities(), join_token=join.token, cpu_slots=1)
+    assert [a.job_id for a in cp.poll_tasks(other.worker_id)] == [job.id]  # at once, on the worker left
+    assert cp.revoke_token(revoked.token_id).revoked  # (again: nothing more to do)
+
+
 def test_a_dead_in_process_worker_leaves_no_row(cp: ControlPlane) -> None:
     import socket
     import subprocess
