@@ -51,6 +51,57 @@ def _text(name: str, raw: str) -> str | None:
     return raw.strip() or None
 
 
+def _control_url(name: str, raw: str) -> str | None:
+    """A control plane's URL: ``http(s)://HOST[:PORT]``, nothing more (a user name and
+    password in it would replace the token's header; a query or a path reach no route)."""
+    from urllib.parse import urlsplit
+
+    text = raw.strip()
+    if not text:
+        return None
+    accepted = "expected http://HOST:PORT or https://HOST:PORT"
+    try:
+        parts = urlsplit(text)
+        port = parts.port  # (ValueError for a port that is no number 0-65535)
+    except ValueError as exc:
+        raise InvalidInput(f"{name}={raw!r}: {exc}; {accepted}") from None
+    why = ("not http:// or https://" if parts.scheme not in ("http", "https") else
+           "no host" if not parts.hostname else
+           "a user name or password in it (give the token with --token / GPULAYER_TOKEN)"
+           if parts.username is not None or parts.password is not None else
+           "a path, query or fragment after the address" if parts.path not in ("", "/") or parts.query
+           or parts.fragment else "port 0" if port == 0 else None)
+    if why is not None:
+        raise InvalidInput(f"{name}={raw!r}: {why}; {accepted}")
+    return text
+
+
+def _api_token(name: str, raw: str) -> str | None:
+    text = raw.strip()
+    if text and not (text.isascii() and text.isprintable() and " " not in text):
+        raise InvalidInput(f"{name}: not an API token (it holds a space, a control character or a character "
+                           "that is not ASCII); expected the glt_... text that gpulayer token create printed")
+    return text or None
+
+
+def _ca(name: str, raw: str) -> str | None:
+    text = raw.strip()
+    if text.lower().startswith("sha256:"):
+        digits = text[len("sha256:"):].replace(":", "")
+        if len(digits) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digits):
+            raise InvalidInput(f"{name}={raw!r}: not a SHA-256 fingerprint; expected sha256: and 64 hex digits "
+                               "(colons between pairs allowed), as gpulayer server start prints it, or a CA file")
+    return text or None
+
+
+def check_connection_flags(url: str | None, token: str | None, ca: str | None) -> None:
+    """The CLI's ``--url``, ``--token`` and ``--ca`` checked as their variables are, each
+    refused naming the flag (they become the variables, which would be named otherwise)."""
+    for flag, value, parse in (("--url", url, _control_url), ("--token", token, _api_token), ("--ca", ca, _ca)):
+        if value is not None:
+            parse(flag, value)
+
+
 def _names(name: str, raw: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in raw.split(",") if p.strip())
 
@@ -183,10 +234,10 @@ _level = _one_of("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 SETTINGS: tuple[Setting, ...] = (
     Setting("GPULAYER_HOME", "home", _text, None, "`~/.gpulayer`",
             "state directory: the embedded SQLite database, bundle cache, worker scratch space, tokens"),
-    Setting("GPULAYER_URL", "url", _text, None, "unset (embedded)",
+    Setting("GPULAYER_URL", "url", _control_url, None, "unset (embedded)",
             "a self-hosted control plane (`http(s)://HOST:PORT`); unset means embedded"),
-    Setting("GPULAYER_TOKEN", "token", _text, None, "unset", "the API token for `GPULAYER_URL`"),
-    Setting("GPULAYER_CA", "ca", _text, None, "unset (system trust store)",
+    Setting("GPULAYER_TOKEN", "token", _api_token, None, "unset", "the API token for `GPULAYER_URL`"),
+    Setting("GPULAYER_CA", "ca", _ca, None, "unset (system trust store)",
             "CA bundle or certificate file to trust for `GPULAYER_URL`, or a pin `sha256:AB:CD:...`"),
     Setting("GPULAYER_DATABASE_URL", "database_url", _text, None, "SQLite in `GPULAYER_HOME`",
             "the database of the embedded control plane and of `gpulayer server start` "

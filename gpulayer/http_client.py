@@ -67,7 +67,9 @@ def _norm_url(url: str) -> str:
 
 
 def server_info(url: str) -> dict[str, Any] | None:
-    """What a local ``gpulayer server start`` recorded for ``url``, if it was this URL."""
+    """What a local ``gpulayer server start`` recorded for ``url``, if it was this URL and
+    that server still runs: once it has stopped, whatever listens there next is not sent its
+    admin token (the process is told by its pid and its start time)."""
     path = config.home() / "server.json"
     try:
         info = json.loads(path.read_text())
@@ -75,7 +77,21 @@ def server_info(url: str) -> dict[str, Any] | None:
         return None
     if not isinstance(info, dict) or _norm_url(str(info.get("url", ""))) != _norm_url(url):
         return None
+    pid, started = info.get("pid"), info.get("started")
+    if type(pid) is not int or not _runs(pid, started):
+        return None
     return info
+
+
+def _runs(pid: int, started: Any) -> bool:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        alive = proc.status() != psutil.STATUS_ZOMBIE
+        return alive and (not isinstance(started, (int, float)) or abs(proc.create_time() - started) < 1.0)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
 
 
 def fingerprint_of_der(der: bytes) -> str:
@@ -291,7 +307,9 @@ def connect_http(url: str, *, token: str | None = None, ca: str | None = None, r
     """
     info = server_info(url)
     if token is None and info is not None:
-        path = config.home() / "admin.token"
+        path = Path(info.get("admin_token") or config.home() / "admin.token")
+        if not path.is_file():  # (recorded by an older server: the home's one file)
+            path = config.home() / "admin.token"
         if path.is_file():
             token = path.read_text().strip() or None
     if ca is None and info is not None:

@@ -84,7 +84,15 @@ class ServerProc:
 
     @property
     def admin_token(self) -> str:
-        return (self.home / "admin.token").read_text().strip()
+        return self.admin_token_file.read_text().strip()
+
+    @property
+    def admin_token_file(self) -> Path:
+        """Where its first admin token was written (``admin.token`` for the home's own
+        database, a file named after any other)."""
+        from gpulayer.cli.server import admin_token_file
+
+        return admin_token_file(self.home, self.database or self.extra_env.get("GPULAYER_DATABASE_URL"))
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc is not None and self.proc.poll() is None:

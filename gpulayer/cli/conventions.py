@@ -21,6 +21,7 @@ This module imports nothing heavy (only Typer and the standard library): every c
 
 from __future__ import annotations
 
+import socket
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -170,3 +171,25 @@ def prepare(command: Any) -> Any:
 
     walk(command)
     return command
+
+
+def listening_socket(host: str, port: int, *, flag: str = "--port") -> socket.socket:
+    """A socket bound to ``host:port`` and listening, made here rather than by uvicorn so
+    that the address printed is the one listening (``--port 0`` works) and a port in use is
+    said plainly (exit 2) before anything is created."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    except socket.gaierror as exc:
+        typer.echo(f"error: --host {host}: not an address of this machine ({exc.strerror})", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        shown = f"[{host}]" if ":" in host else host
+        typer.echo(f"error: cannot listen on {shown}:{port}: {exc.strerror}; pick another with {flag}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    sock.listen(4096)
+    return sock

@@ -14,7 +14,7 @@ import typer
 
 from gpulayer import config
 from gpulayer.cli.commands import help_of
-from gpulayer.cli.conventions import EXIT_BAD_INPUT, echo_json, json_option
+from gpulayer.cli.conventions import EXIT_BAD_INPUT, echo_json, json_option, listening_socket
 
 #: the dashboard's default port (the server's is 8765)
 DEFAULT_PORT = 8766
@@ -40,7 +40,6 @@ def dashboard(
 ) -> None:
     # its help: help_of("dashboard") and _MORE
     import logging
-    import socket
 
     import uvicorn
 
@@ -57,16 +56,7 @@ def dashboard(
                    "shows the embedded control plane; unset GPULAYER_URL (or drop --url) for it.", err=True)
         raise typer.Exit(EXIT_BAD_INPUT)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    # bound here, not by uvicorn, so the address printed is the one listening (and --port 0 works)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(("127.0.0.1", port))
-    except OSError as exc:
-        sock.close()
-        typer.echo(f"error: cannot listen on 127.0.0.1:{port}: {exc.strerror}; pick another with --port", err=True)
-        raise typer.Exit(EXIT_BAD_INPUT) from None
-    sock.listen(128)
+    sock = listening_socket("127.0.0.1", port)
     bound = sock.getsockname()[1]
     store = Store(settings.database_url)
     token = new_run_token()

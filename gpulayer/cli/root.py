@@ -13,6 +13,7 @@ from typing import Any, Optional
 import typer
 import typer.core
 
+from gpulayer import config
 from gpulayer.cli import commands, conventions
 
 
@@ -75,6 +76,7 @@ def _global(
     home: Optional[str] = typer.Option(None, "--home", help="state directory (default: $GPULAYER_HOME, ~/.gpulayer)"),
 ) -> None:
     # Options become the environment so that every layer (client, worker, SDK) agrees.
+    config.check_connection_flags(url, token, ca)
     if url is not None:
         os.environ["GPULAYER_URL"] = url
     if token is not None:

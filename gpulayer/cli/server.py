@@ -13,7 +13,7 @@ import typer
 
 from gpulayer import config
 from gpulayer.cli.commands import help_of
-from gpulayer.cli.conventions import EXIT_BAD_INPUT, echo_json, json_option
+from gpulayer.cli.conventions import EXIT_BAD_INPUT, echo_json, json_option, listening_socket
 
 server_app = typer.Typer(help=help_of("server"), no_args_is_help=True, rich_markup_mode=None)
 
@@ -103,13 +103,14 @@ def server_start(
     import uvicorn
 
     from gpulayer.control import ControlPlane
-    from gpulayer.http_client import fingerprint_of_pem
     from gpulayer.server.app import create_app, default_threads
-    from gpulayer.store import Store
     from gpulayer.tokens import TokenStore
 
     logging.basicConfig(level=config.settings().log_level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if log_level.lower() not in uvicorn.config.LOG_LEVELS:
+        raise typer.BadParameter(f"{log_level!r}: accepted: {', '.join(uvicorn.config.LOG_LEVELS)}",
+                                 param_hint="--log-level")
     if (tls_cert is None) != (tls_key is None):
         raise typer.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert/--tls-key")
     if self_signed_flag and tls_cert is not None:
@@ -127,21 +128,23 @@ def server_start(
     if self_signed_flag:
         tls_cert, tls_key = self_signed(host, home / "tls")
         ca_path = str(tls_cert)
-    if tls_cert is not None:
+    if tls_cert is not None and tls_key is not None:
         for p in (tls_cert, tls_key):
             if p is None or not p.is_file():
                 raise typer.BadParameter(f"{p}: no such file", param_hint="--tls-cert/--tls-key")
-        fingerprint = fingerprint_of_pem(tls_cert.read_text())
+        fingerprint = _check_tls(tls_cert, tls_key)
     from gpulayer import provider_config
     from gpulayer.control.providers import ProviderSet
 
     configured = provider_config.load(providers)  # a bad file stops the start here (exit 2)
-    store = Store(database)
+    # (bound before the database and the admin token are made: a port in use is said plainly)
+    sock = listening_socket(host, port)
+    store = _open_store(database)
     control = ControlPlane(store, results_as_text=True)  # (written into answers as stored)
     if configured:
         control.providers = ProviderSet(configured, ca=fingerprint)
     tokens = TokenStore(store)
-    token_file = home / "admin.token"
+    token_file = admin_token_file(home, database)
     if not tokens.has_admin():
         _info, secret = tokens.create("admin", description="first admin token (server start)")
         _write_private(token_file, secret + "\n")
@@ -152,10 +155,10 @@ def server_start(
     if ":" in shown_host:
         shown_host = f"[{shown_host}]"
     app = create_app(control, threads=default_threads())
-    config_kw: dict[str, Any] = {"host": host, "port": port, "log_level": log_level, "access_log": False,
+    config_kw: dict[str, Any] = {"log_level": log_level.lower(), "access_log": False,
                                  "timeout_graceful_shutdown": 5, "lifespan": "on",
                                  # workers keep connections open between heartbeats and long polls
-                                 "timeout_keep_alive": 75, "backlog": 4096}
+                                 "timeout_keep_alive": 75}
     if tls:
         config_kw.update(ssl_certfile=str(tls_cert), ssl_keyfile=str(tls_key))
     uv = uvicorn.Server(uvicorn.Config(app, **config_kw))
@@ -176,7 +179,10 @@ def server_start(
                        err=True)
         ready = {"url": url, "ca": ca_path, "fingerprint": fingerprint, "pid": os.getpid(),
                  "database": store.url.split("@")[-1] if "@" in store.url else store.url}
-        _write_private(home / "server.json", json.dumps(ready, indent=2) + "\n")
+        # (what a local client needs besides: which admin token goes to this URL, and which
+        # process it goes to: http_client.server_info)
+        _write_private(home / "server.json", json.dumps(
+            {**ready, "admin_token": str(token_file), "started": process_started()}, indent=2) + "\n")
         typer.echo(f"gpulayer server listening on {url} (database {_redact(store.url)})", err=True)
         if fingerprint:
             typer.echo(f"TLS certificate fingerprint: {fingerprint}", err=True)
@@ -196,12 +202,79 @@ def server_start(
 
     async def shutdown(sockets: Any = None) -> None:
         await orig_shutdown(sockets=sockets)
+        _forget_server_json(home / "server.json")  # (no admin token goes to whatever listens there next)
         # said here: after a signal, uvicorn raises it again once serving ends, so the
         # process may end before uv.run() returns
         typer.echo("gpulayer server stopped", err=True)
 
     uv.shutdown = shutdown  # type: ignore[method-assign]
-    uv.run()
+    try:
+        uv.run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def _check_tls(cert: Path, key: Path) -> str:
+    """The certificate's fingerprint, once a TLS context has loaded the pair (a file that is
+    no PEM certificate, or a key of another certificate, is said here, exit 2)."""
+    import ssl
+
+    from gpulayer.http_client import fingerprint_of_pem
+
+    try:
+        fingerprint = fingerprint_of_pem(cert.read_text())
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (OSError, ValueError, ssl.SSLError) as exc:  # (UnicodeDecodeError is a ValueError)
+        raise typer.BadParameter(f"{cert}, {key}: cannot serve TLS with them: {' '.join(str(exc).split())}",
+                                 param_hint="--tls-cert/--tls-key") from None
+    return fingerprint
+
+
+def _open_store(database: str | None) -> Any:
+    """The server's store; a database that cannot be opened is said naming where it came
+    from (exit 2), before anything is served."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from gpulayer.store import Store
+
+    try:
+        return Store(database)
+    except SQLAlchemyError as exc:
+        where = "GPULAYER_DATABASE_URL" if database is not None and os.environ.get("GPULAYER_DATABASE_URL") == database \
+            else "--database"
+        why = " ".join(str(getattr(exc, "orig", None) or exc).split())
+        typer.echo(f"error: {where} {_redact(database or '') if database else '(the default SQLite)'}: cannot open "
+                   f"the database: {why}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+
+
+def admin_token_file(home: Path, database: str | None) -> Path:
+    """Where the first admin token of ``database`` is written: ``admin.token`` for the home's
+    own SQLite, ``admin-HASH.token`` for any other database, so that starting on another
+    database never overwrites the only copy of one's admin token."""
+    if database is None:
+        return home / "admin.token"
+    import hashlib
+
+    return home / f"admin-{hashlib.sha256(_redact(database).encode()).hexdigest()[:12]}.token"
+
+
+def process_started() -> float:
+    """This process's start time (psutil's), which a client compares to tell it from another
+    process given the same pid later."""
+    import psutil
+
+    return float(psutil.Process().create_time())
+
+
+def _forget_server_json(path: Path) -> None:
+    """Remove ``server.json`` if this process wrote it (another server may have started on
+    the home since)."""
+    try:
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def _redact(url: str) -> str:

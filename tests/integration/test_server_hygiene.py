@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import stat
+import threading
 from pathlib import Path
 
 import pytest
 
-from tests.server_support import Api, ServerProc
+from tests.server_support import Api, ServerProc, base_env
+from tests.support import cli
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,3 +40,79 @@ def test_the_server_logs_no_secret_keeps_its_files_private_and_says_it_stopped(t
     log = srv.log()
     assert log.rstrip().endswith("gpulayer server stopped"), log
     assert srv.admin_token not in log
+
+
+def test_another_database_gets_its_own_admin_token_file_and_a_stopped_server_is_sent_none(tmp_path: Path) -> None:
+    """Starting on another database once overwrote admin.token, the only copy of the first
+    database's admin token; and after a stop the CLI still sent the admin token to whatever
+    listened at the recorded URL next."""
+    home = tmp_path / "home"
+    first = ServerProc(home).start()
+    token = first.admin_token
+    first.stop()
+    assert not (home / "server.json").exists()
+    other = ServerProc(home, port=first.port, database=f"sqlite:///{tmp_path / 'other.db'}").start()
+    try:
+        assert other.admin_token_file != home / "admin.token" and other.admin_token != token
+        assert f"admin token created in {other.admin_token_file.resolve()} (mode 0600" in other.log()
+        listed = cli("--url", other.url, "token", "list", env=base_env(home))
+        assert listed.returncode == 0 and "first admin token" in listed.stdout, listed.stderr
+    finally:
+        other.stop()
+    again = ServerProc(home, port=first.port).start()
+    try:
+        assert again.admin_token == token  # its own, kept
+        assert cli("--url", again.url, "jobs", "list", env=base_env(home)).returncode == 0
+    finally:
+        again.kill()  # (SIGKILL: its server.json stays behind, naming a process that is gone)
+    assert (home / "server.json").exists()
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", again.port))
+    listener.listen(1)
+    heard: list[bytes] = []
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            heard.append(conn.recv(65536))
+            conn.sendall(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    try:
+        cli("--url", again.url, "jobs", "list", env={**base_env(home), "GPULAYER_HTTP_RETRY_SECONDS": "0"})
+        t.join(30)
+    finally:
+        listener.close()
+    assert heard and b"GET /v1/jobs" in heard[0]
+    assert token.encode() not in heard[0] and b"authorization" not in heard[0].lower()
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--log-level", "nonsense"], "Invalid value for --log-level: 'nonsense': accepted: critical, error, warning"),
+    (["--tls-cert", "{bad}", "--tls-key", "{bad}"], "cannot serve TLS with them: Invalid PEM encoding"),
+    (["--database", "postgresql://postgres@127.0.0.1:1/test"], "error: --database postgresql://postgres@127.0.0.1:1/test: "
+                                                               "cannot open the database:"),
+    (["--port", "{busy}"], "error: cannot listen on 127.0.0.1:{busy}: Address already in use; pick another with --port"),
+])
+def test_a_start_it_cannot_make_says_why_exit_2_and_leaves_nothing_behind(tmp_path: Path, args: list[str],
+                                                                           says: str) -> None:
+    home = tmp_path / "home"
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate\n")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        port = str(busy.getsockname()[1])
+        words = [a.format(bad=bad, busy=port) for a in args]
+        if "--port" not in words:
+            words += ["--port", "0"]
+        proc = cli("server", "start", *words, env=base_env(home), timeout=60)
+    finally:
+        busy.close()
+    assert proc.returncode == 2, proc.stderr
+    assert says.format(busy=port) in " ".join(proc.stderr.split()), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not home.exists() or not any(p.name.startswith(("gpulayer.db", "admin")) for p in home.iterdir())

@@ -44,7 +44,7 @@ def test_two_servers_on_one_database_never_assign_a_task_twice(postgres_url: str
     s1 = ServerProc(tmp_path / "s1", database=postgres_url).start()
     s2 = ServerProc(tmp_path / "s2", database=postgres_url).start()  # finds the admin token: makes none
     token = s1.admin_token
-    assert not (tmp_path / "s2" / "admin.token").exists()
+    assert not s2.admin_token_file.exists() and s1.admin_token_file.name.startswith("admin-")
     a1, a2 = Api(s1.url, token), Api(s2.url, token)
     workers = [start_remote_worker(s1.url, a1.token_for("join")["token"], tmp_path / "w1", cpu_slots=4),
                start_remote_worker(s2.url, a2.token_for("join")["token"], tmp_path / "w2", cpu_slots=4)]

@@ -72,6 +72,16 @@ def test_the_settings_follow_every_change_of_the_environment(monkeypatch: pytest
     ("GPULAYER_SQLITE_SYNC", "off", "expected one of full, normal"),
     ("GPULAYER_PRELOAD", "torch,1x", "'1x' is not a module name; expected Python module names, comma separated"),
     ("GPULAYER_PRELOAD", "numpy..linalg", "'numpy..linalg' is not a module name"),
+    ("GPULAYER_URL", "127.0.0.1:8765", "not http:// or https://; expected http://HOST:PORT or https://HOST:PORT"),
+    ("GPULAYER_URL", "http://127.0.0.1:notaport", "Port could not be cast to integer value"),
+    ("GPULAYER_URL", "http://[::1:8765", "Invalid IPv6 URL"),
+    ("GPULAYER_URL", "http://127.0.0.1:99999", "Port out of range 0-65535"),
+    ("GPULAYER_URL", "http://", "no host"),
+    ("GPULAYER_URL", "http://u:p@127.0.0.1:8765", "a user name or password in it"),
+    ("GPULAYER_URL", "http://127.0.0.1:8765?x=1", "a path, query or fragment after the address"),
+    ("GPULAYER_URL", "https://h:8765/api", "a path, query or fragment after the address"),
+    ("GPULAYER_CA", "sha256:zz", "not a SHA-256 fingerprint; expected sha256: and 64 hex digits"),
+    ("GPULAYER_CA", "sha256:" + "0" * 62, "not a SHA-256 fingerprint"),
 ])
 def test_a_bad_value_names_the_variable_and_what_is_accepted(monkeypatch: pytest.MonkeyPatch, name: str,
                                                               value: str, accepted: str) -> None:
@@ -86,6 +96,30 @@ def test_the_cli_exits_2_with_the_variable_named(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert "error: GPULAYER_HEARTBEAT_TIMEOUT='abc': expected a number of seconds > 0" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_good_addresses_tokens_and_pins_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    pin = "sha256:" + ":".join(["Ab"] * 32)
+    for url in ("http://127.0.0.1:8765", "https://gpu-box:8765/", "http://[::1]:8765", "https://h"):
+        monkeypatch.setenv("GPULAYER_URL", url)
+        monkeypatch.setenv("GPULAYER_TOKEN", "glt_g0o3MMvPSNZ1TSR315tIpHMZufZlNwCR-x_y")
+        monkeypatch.setenv("GPULAYER_CA", pin)
+        assert (config.settings().url, config.settings().ca) == (url, pin)
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--url", "http://127.0.0.1:notaport"], "error: --url='http://127.0.0.1:notaport': Port could not be cast"),
+    (["--url", "https://127.0.0.1:1", "--ca", "sha256:00:11"], "error: --ca='sha256:00:11': not a SHA-256 fingerprint"),
+    (["--url", "http://127.0.0.1:1", "--token", "glt_\u00e9"], "error: --token: not an API token (it holds a space, a "
+                                                             "control character or a character that is not ASCII)"),
+    (["--url", "http://127.0.0.1:1", "--token", "glt_\x01"], "error: --token: not an API token"),
+])
+def test_the_connection_flags_are_refused_naming_the_flag(tmp_path: Path, flags: list[str], says: str) -> None:
+    """A bad --url ended in httpx's InvalidURL traceback, a non-ASCII token in a UnicodeEncodeError."""
+    r = cli(*flags, "jobs", "list", env={"GPULAYER_HOME": str(tmp_path)})
+    assert (r.returncode, "Traceback" in r.stderr) == (2, False), r.stderr
+    assert r.stderr.startswith(says), r.stderr
+    assert "glt_\\" not in r.stderr and "glt_\u00e9" not in r.stderr  # (a token is not echoed, even a bad one)
 
 
 def test_worker_start_refuses_a_bad_preload_naming_the_flag(tmp_path: Path) -> None:
