@@ -22,6 +22,7 @@ from typing import Any, Literal, TypeVar
 import paramiko
 
 from gpulayer import plugin
+from gpulayer_ssh import known_hosts
 from gpulayer_ssh.config import HostConfig, SshPoolConfig
 
 log = logging.getLogger("gpulayer.ssh")
@@ -59,6 +60,19 @@ class _RejectUnknown(paramiko.MissingHostKeyPolicy):
 class _AcceptSilently(paramiko.MissingHostKeyPolicy):
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         log.warning("ssh: not checking the host key of %s (strict_host_key_checking = \"no\")", hostname)
+
+
+class _AcceptNew(paramiko.MissingHostKeyPolicy):
+    """``accept-new``: a host with no key in known_hosts is accepted, and its key appended
+    there as one line when the host names its ``known_hosts`` (OpenSSH's way; the file is
+    never rewritten)."""
+
+    def __init__(self, provider: SshProvider, host: HostConfig) -> None:
+        self.provider, self.host = provider, host
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        if self.host.known_hosts:
+            self.provider._remember(self.host, hostname, key)
 
 
 class _Remote(Exception):
@@ -109,7 +123,7 @@ class SshProvider:
             if os.path.exists(known):
                 client.load_host_keys(known)
             client.set_missing_host_key_policy(
-                paramiko.AutoAddPolicy() if host.strict_host_key_checking == "accept-new" else _RejectUnknown())
+                _AcceptNew(self, host) if host.strict_host_key_checking == "accept-new" else _RejectUnknown())
         t = self.config.connect_timeout
         try:
             client.connect(host.host, port=host.port, username=host.user, pkey=key, timeout=t, banner_timeout=t,
@@ -134,10 +148,21 @@ class SshProvider:
         except (OSError, EOFError, paramiko.SSHException) as exc:  # refused, unreachable, timed out
             client.close()
             raise plugin.ProviderTransient(f"{self._what(host)}: cannot connect: {exc or type(exc).__name__}") from None
-        if host.strict_host_key_checking == "accept-new" and host.known_hosts:
-            with self._known_hosts_lock:  # remember a newly accepted key, as OpenSSH does
-                client.save_host_keys(known)
         return client
+
+    def _remember(self, host: HostConfig, hostname: str, key: paramiko.PKey) -> None:
+        """Append a newly accepted host key to the host's known_hosts, once: hosts connected
+        to at once may both find it missing, so the file is read again under the lock."""
+        known = self._known_hosts_file(host)
+        with self._known_hosts_lock:
+            try:
+                if os.path.exists(known) and paramiko.HostKeys(known).check(hostname, key):
+                    return
+                known_hosts.append(known, hostname, key)
+            except OSError as exc:  # OpenSSH too goes on without writing it
+                log.warning("%s: cannot add its host key to %s: %s", self._what(host), known, exc)
+                return
+        log.info("ssh: added the host key of %s (%s) to %s", hostname, fingerprint(key), known)
 
     def _run(self, client: paramiko.SSHClient, host: HostConfig, request: dict[str, Any],
              timeout: float) -> dict[str, Any]:

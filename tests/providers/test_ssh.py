@@ -144,6 +144,30 @@ def test_an_unknown_host_key_is_refused_unless_accept_new(local_sshd: LocalSshd,
     provider(local_sshd, tmp_path / "remote", known_hosts=str(known)).check()
 
 
+def test_accept_new_appends_one_line_once_and_never_rewrites_the_file(local_sshd: LocalSshd, tmp_path: Path) -> None:
+    other = " ".join(Path(f"{ssh_keygen(tmp_path / 'other_host_key')}.pub").read_text().split()[:2])
+    known = tmp_path / "known_hosts"
+    # what a user's file holds: comments, blank lines, a line for several names, no newline at the end
+    before = f"# the lab's hosts\n\nbox-a,box-b,10.0.0.9 {other}\n# end"
+    known.write_text(before)
+    pool = provider(local_sshd, tmp_path / "remote", known_hosts=str(known), strict_host_key_checking="accept-new")
+    pool.check()
+    host_key = " ".join((local_sshd.state / "host_ed25519_key.pub").read_text().split()[:2])
+    assert known.read_text() == before + f"\n[127.0.0.1]:{local_sshd.port} {host_key}\n"  # one line, as OpenSSH adds
+    after = known.read_text()
+    stamp = known.stat().st_mtime_ns
+    time.sleep(0.05)
+    pool.check()
+    pool.offers(plugin.Requirements())
+    assert (known.read_text(), known.stat().st_mtime_ns) == (after, stamp)  # a known host writes nothing
+    # what OpenSSH makes of the file: both hosts known, the names of the shared line kept together
+    found = subprocess.run(["ssh-keygen", "-F", "box-b", "-f", str(known)], capture_output=True, text=True, timeout=30)
+    assert f"box-a,box-b,10.0.0.9 {other}" in found.stdout
+    found = subprocess.run(["ssh-keygen", "-F", f"[127.0.0.1]:{local_sshd.port}", "-f", str(known)],
+                           capture_output=True, text=True, timeout=30)
+    assert host_key in found.stdout
+
+
 def test_a_changed_host_key_is_auth_failed(local_sshd: LocalSshd, tmp_path: Path) -> None:
     wrong = ssh_keygen(tmp_path / "not_the_host_key")
     known = tmp_path / "known_hosts"
