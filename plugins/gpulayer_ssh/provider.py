@@ -52,26 +52,28 @@ class _UnknownHostKey(paramiko.SSHException):
     pass
 
 
-class _RejectUnknown(paramiko.MissingHostKeyPolicy):
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        raise _UnknownHostKey(fingerprint(key))
+class _RevokedHostKey(paramiko.SSHException):
+    pass
 
 
-class _AcceptSilently(paramiko.MissingHostKeyPolicy):
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        log.warning("ssh: not checking the host key of %s (strict_host_key_checking = \"no\")", hostname)
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """What to do with a host for which known_hosts lists no key (with ``"no"``, every host):
+    a key listed ``@revoked`` is refused in every mode, as OpenSSH does; then ``"yes"``
+    refuses, ``"accept-new"`` accepts and appends the key to the host's ``known_hosts`` as one
+    line when the host names that file, ``"no"`` accepts with a warning."""
 
-
-class _AcceptNew(paramiko.MissingHostKeyPolicy):
-    """``accept-new``: a host with no key in known_hosts is accepted, and its key appended
-    there as one line when the host names its ``known_hosts`` (OpenSSH's way; the file is
-    never rewritten)."""
-
-    def __init__(self, provider: SshProvider, host: HostConfig) -> None:
-        self.provider, self.host = provider, host
+    def __init__(self, provider: SshProvider, host: HostConfig, known: known_hosts.KnownHosts) -> None:
+        self.provider, self.host, self.known = provider, host, known
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        if self.host.known_hosts:
+        if self.known.is_revoked(key):
+            raise _RevokedHostKey(fingerprint(key))
+        mode = self.host.strict_host_key_checking
+        if mode == "yes":
+            raise _UnknownHostKey(fingerprint(key))
+        if mode == "no":
+            log.warning("ssh: not checking the host key of %s (strict_host_key_checking = \"no\")", hostname)
+        elif self.host.known_hosts:
             self.provider._remember(self.host, hostname, key)
 
 
@@ -92,6 +94,9 @@ class SshProvider:
         self.hosts = {h.label: h for h in config.hosts}
         self._probed: dict[str, plugin.Capabilities] = {}
         self._known_hosts_lock = threading.Lock()
+        #: problems already logged (each is logged once, not at every connection or pass)
+        self._reported: set[str] = set()
+        self._reported_lock = threading.Lock()
 
     # ------------------------------------------------------------------ connections
 
@@ -112,18 +117,37 @@ class SshProvider:
     def _known_hosts_file(self, host: HostConfig) -> str:
         return os.path.expanduser(host.known_hosts or "~/.ssh/known_hosts")
 
+    def _report_once(self, message: str) -> None:
+        with self._reported_lock:
+            if message in self._reported:
+                return
+            self._reported.add(message)
+        log.warning("%s", message)
+
+    def _known_hosts(self, host: HostConfig) -> known_hosts.KnownHosts:
+        """The host's known_hosts as paramiko can use it; a line that cannot be read is
+        skipped and logged once (OpenSSH skips such lines too)."""
+        path = self._known_hosts_file(host)
+        try:
+            known = known_hosts.read(path)
+        except OSError as exc:
+            if host.strict_host_key_checking == "no":  # read for its @revoked keys only
+                self._report_once(f"{self._what(host)}: known_hosts {path} cannot be read ({exc}); no key is refused")
+                return known_hosts.KnownHosts(path)
+            raise plugin.ProviderAuthFailed(f"{self._what(host)}: known_hosts {path} cannot be read: {exc}") from None
+        for problem in known.problems:
+            self._report_once(f"ssh provider {self.name!r}: known_hosts {problem}: the line is skipped; fix or remove it")
+        return known
+
     def connect(self, host: HostConfig) -> paramiko.SSHClient:
         """An authenticated connection to ``host``, its host key checked as configured."""
         key = self._key(host)
+        keys = self._known_hosts(host)
+        known = keys.path
         client = paramiko.SSHClient()
-        known = self._known_hosts_file(host)
-        if host.strict_host_key_checking == "no":
-            client.set_missing_host_key_policy(_AcceptSilently())
-        else:
-            if os.path.exists(known):
-                client.load_host_keys(known)
-            client.set_missing_host_key_policy(
-                _AcceptNew(self, host) if host.strict_host_key_checking == "accept-new" else _RejectUnknown())
+        if host.strict_host_key_checking != "no":
+            keys.fill(client.get_host_keys())
+        client.set_missing_host_key_policy(_HostKeyPolicy(self, host, keys))
         t = self.config.connect_timeout
         try:
             client.connect(host.host, port=host.port, username=host.user, pkey=key, timeout=t, banner_timeout=t,
@@ -135,20 +159,33 @@ class SshProvider:
                 f"{host.key_file!r} ({exc})") from None
         except paramiko.BadHostKeyException as exc:
             client.close()
+            if keys.is_revoked(exc.key):
+                raise self._revoked(host, known, fingerprint(exc.key)) from None
             raise plugin.ProviderAuthFailed(
                 f"{self._what(host)}: the host key is not the one in {known} (expected "
                 f"{fingerprint(exc.expected_key)}, got {fingerprint(exc.key)}); "
                 f"if the host was reinstalled, remove its line from that file") from None
+        except _RevokedHostKey as exc:
+            client.close()
+            raise self._revoked(host, known, str(exc)) from None
         except _UnknownHostKey as exc:
             client.close()
+            # paramiko checks no host certificate: a host trusted through its CA only is unknown here
+            ca = (f"; its {keys.cert_authorities} @cert-authority line(s) are not used (paramiko does not check "
+                  f"host certificates), so list the host's own key") if keys.cert_authorities else ""
             raise plugin.ProviderAuthFailed(
                 f"{self._what(host)}: its host key ({exc}) is not in {known}; add it "
                 f"(ssh-keyscan -p {host.port} {host.host} >> {known}, after checking its fingerprint) or set "
-                f"strict_host_key_checking = \"accept-new\"") from None
+                f"strict_host_key_checking = \"accept-new\"{ca}") from None
         except (OSError, EOFError, paramiko.SSHException) as exc:  # refused, unreachable, timed out
             client.close()
             raise plugin.ProviderTransient(f"{self._what(host)}: cannot connect: {exc or type(exc).__name__}") from None
         return client
+
+    def _revoked(self, host: HostConfig, known: str, shown: str) -> plugin.ProviderAuthFailed:
+        return plugin.ProviderAuthFailed(
+            f"{self._what(host)}: its host key ({shown}) is listed @revoked in {known}; refused (a host with a "
+            f"new key: check its fingerprint and list that one)")
 
     def _remember(self, host: HostConfig, hostname: str, key: paramiko.PKey) -> None:
         """Append a newly accepted host key to the host's known_hosts, once: hosts connected
@@ -156,7 +193,7 @@ class SshProvider:
         known = self._known_hosts_file(host)
         with self._known_hosts_lock:
             try:
-                if os.path.exists(known) and paramiko.HostKeys(known).check(hostname, key):
+                if known_hosts.read(known).knows(hostname, key):
                     return
                 known_hosts.append(known, hostname, key)
             except OSError as exc:  # OpenSSH too goes on without writing it

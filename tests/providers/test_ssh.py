@@ -6,6 +6,7 @@ SSH joins a real ``gpulayer server start`` on loopback with a real bootstrap tok
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import threading
@@ -166,6 +167,52 @@ def test_accept_new_appends_one_line_once_and_never_rewrites_the_file(local_sshd
     found = subprocess.run(["ssh-keygen", "-F", f"[127.0.0.1]:{local_sshd.port}", "-f", str(known)],
                            capture_output=True, text=True, timeout=30)
     assert host_key in found.stdout
+
+
+def public_key(path: Path) -> str:
+    """``keytype base64`` of the public key beside the private key ``path``."""
+    return " ".join(Path(f"{path}.pub").read_text().split()[:2])
+
+
+def test_marker_lines_are_set_aside_and_a_malformed_line_is_reported_once(
+        local_sshd: LocalSshd, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    ca, old = public_key(ssh_keygen(tmp_path / "ca")), public_key(ssh_keygen(tmp_path / "old"))
+    host_key = public_key(local_sshd.state / "host_ed25519_key")
+    known = tmp_path / "known_hosts"
+    # a file OpenSSH reads: marker lines (paramiko stopped at them), then two lines that are broken
+    known.write_text(f"@cert-authority *.example.com {ca}\n@revoked old.example.com {old}\n"
+                     f"garbage\nbox-c ssh-ed25519 AAAAnot-base64!\n[127.0.0.1]:{local_sshd.port} {host_key}\n")
+    pool = provider(local_sshd, tmp_path / "remote", known_hosts=str(known))
+    with caplog.at_level(logging.WARNING, logger="gpulayer.ssh"):
+        pool.check()
+        pool.offers(plugin.Requirements())
+        pool.check()
+    skipped = [r.getMessage() for r in caplog.records if "the line is skipped" in r.getMessage()]
+    assert len(skipped) == 2, skipped  # once each, however many connections
+    assert f"{known} line 3: expected HOSTS KEYTYPE KEY (garbage)" in skipped[0]
+    assert f"{known} line 4: its key does not decode" in skipped[1]
+    # a host trusted only through a CA is unknown to paramiko, which checks no host certificate
+    known.write_text(f"@cert-authority * {ca}\n")
+    with pytest.raises(plugin.ProviderAuthFailed, match=r"is not in .*@cert-authority line.* not used"):
+        provider(local_sshd, tmp_path / "remote", known_hosts=str(known)).check()
+
+
+@pytest.mark.parametrize("mode", ["yes", "accept-new", "no"])
+def test_a_host_key_listed_revoked_is_refused(local_sshd: LocalSshd, tmp_path: Path, mode: str) -> None:
+    host_key = public_key(local_sshd.state / "host_ed25519_key")
+    known = tmp_path / "known_hosts"
+    # revoked, though a line lists it for the host too: OpenSSH refuses it all the same
+    text = f"@revoked * {host_key}\n[127.0.0.1]:{local_sshd.port} {host_key}\n"
+    known.write_text(text)
+    pool = provider(local_sshd, tmp_path / "remote", known_hosts=str(known), strict_host_key_checking=mode)
+    with pytest.raises(plugin.ProviderAuthFailed, match=r"its host key \(ssh-ed25519 SHA256:.*\) is listed @revoked in"):
+        pool.check()
+    assert known.read_text() == text  # accept-new does not take it for a new key
+    # revoked while the host is listed with another key of its type: revoked, not "changed"
+    other = public_key(ssh_keygen(tmp_path / "other"))
+    known.write_text(f"@revoked * {host_key}\n[127.0.0.1]:{local_sshd.port} {other}\n")
+    with pytest.raises(plugin.ProviderAuthFailed, match="is listed @revoked in"):
+        pool.check()
 
 
 def test_a_changed_host_key_is_auth_failed(local_sshd: LocalSshd, tmp_path: Path) -> None:
