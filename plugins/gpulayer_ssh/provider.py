@@ -97,6 +97,8 @@ class SshProvider:
         #: problems already logged (each is logged once, not at every connection or pass)
         self._reported: set[str] = set()
         self._reported_lock = threading.Lock()
+        #: what was logged last for a host that list() leaves out, by its label
+        self._host_problems: dict[str, str] = {}
 
     # ------------------------------------------------------------------ connections
 
@@ -207,15 +209,7 @@ class SshProvider:
         command = f"exec {remote_path(host.python)} -c {shlex.quote(REMOTE_SOURCE)}"
         body = json.dumps({**request, "state_dir": host.state_dir, "env": host.environment})
         try:
-            stdin, stdout, stderr = client.exec_command(command, timeout=timeout)
-            stdin.write(body)
-            stdin.flush()
-            stdin.channel.shutdown_write()
-            out = stdout.read().decode("utf-8", "replace")
-            err = stderr.read().decode("utf-8", "replace")
-            if not stdout.channel.status_event.wait(timeout):
-                raise TimeoutError(f"no exit status within {timeout:g} s")
-            status = stdout.channel.recv_exit_status()
+            status, out, err = execute(client, command, body, timeout)
         except (OSError, EOFError, paramiko.SSHException) as exc:  # socket.timeout is an OSError
             raise plugin.ProviderTransient(
                 f"{self._what(host)}: the remote step {request['op']!r} did not finish: "
@@ -345,21 +339,91 @@ class SshProvider:
                                       data={"host": host.label, "pid": pid})
 
     def list(self, label: str) -> list[plugin.LiveMachine]:
+        """The live machines with ``label`` on every host. A host that cannot be reached
+        fails the whole list (ProviderTransient): ``list`` cannot say "unknown on host X",
+        and the core's reconciliation after a start ends a half-way launch it does not see
+        listed. A host that answers but whose remote step fails (no such ``python``) is left
+        out, logged once per cause, when the shell alone shows it holds no marker with
+        ``label``: its part of the list is then known to be empty, and the other hosts are
+        still listed (their orphans terminated). Where it does hold one, or its markers
+        cannot be read, the list fails as for an unreachable host."""
+        timeout = self.config.command_timeout
+
+        def status(host: HostConfig) -> tuple[dict[str, Any] | None, str, set[str] | None]:
+            client = self.connect(host)
+            try:
+                return self._run(client, host, {"op": "status"}, timeout), "", None
+            except _Remote as exc:
+                return None, (f"{self._what(host)}: the remote step 'status' failed (exit {exc.status}): "
+                              f"{exc}"), self._marker_labels(client, host, timeout)
+            finally:
+                client.close()
+
         found, problems = [], []
-        for host, answer, problem in self._each(list(self.hosts.values()), lambda h: self.call(h, {"op": "status"})):
-            if answer is None:
+        for host, result, problem in self._each(list(self.hosts.values()), status):
+            if result is None:  # not reached
                 problems.append(problem)
                 continue
+            answer, failed, labels = result
+            if answer is None:
+                if labels is not None and label not in labels:
+                    self._report_host(host, f"{failed}; its machines are left out of the list (it holds no "
+                                            f"marker of this server's: {host.state_dir}/machines)")
+                elif labels is None:
+                    problems.append(f"{failed}; its machine markers cannot be read either, so the list is not "
+                                    f"complete without it")
+                else:
+                    problems.append(f"{failed}; it holds a marker of this server's machines "
+                                    f"({host.state_dir}/machines), so the list is not complete without it")
+                continue
+            self._report_host(host, None)
             for marker in answer.get("markers", []):
                 if marker.get("label") == label and marker.get("alive"):
                     found.append(plugin.LiveMachine(
                         machine_id=str(marker["machine_id"]), provider_id=f"{host.label}:{marker['pid']}",
                         state="running", data={"host": host.label, "pid": marker["pid"]}))
         if problems:
-            # a partial list would make the core take the machines on a host it could not
-            # reach for gone; say so instead
+            # a partial list would make the core take a half-way launch on a host it could
+            # not see for gone; say so instead
             raise plugin.ProviderTransient("; ".join(problems))
         return found
+
+    def _marker_labels(self, client: paramiko.SSHClient, host: HostConfig, timeout: float) -> set[str] | None:
+        """The labels of the machine markers on ``host``, read with ``sh`` and ``cat`` alone
+        (for a host whose Python cannot run the remote script); None when they cannot be read."""
+        markers = f"{remote_path(host.state_dir)}/machines/*/marker.json"
+        script = f'for f in {markers}; do [ -e "$f" ] || continue; cat "$f" || exit 1; echo; done'
+        try:
+            status, out, _ = execute(client, f"sh -c {shlex.quote(script)}", "", timeout)
+        except (OSError, EOFError, paramiko.SSHException):
+            return None
+        if status != 0:
+            return None
+        labels = set()
+        for line in out.splitlines():
+            try:
+                marker = json.loads(line) if line.strip() else {}
+            except ValueError:
+                return None
+            if not isinstance(marker, dict):
+                return None
+            if marker:
+                labels.add(str(marker.get("label")))
+        return labels
+
+    def _report_host(self, host: HostConfig, problem: str | None) -> None:
+        """Log ``problem`` of ``host`` once, until it changes or the host is well again (None)."""
+        with self._reported_lock:
+            if self._host_problems.get(host.label) == problem:
+                return
+            if problem is None:
+                del self._host_problems[host.label]
+            else:
+                self._host_problems[host.label] = problem
+        if problem is not None:
+            log.warning("%s", problem)
+        else:
+            log.info("%s answers again", self._what(host))
 
     def terminate(self, machine_id: str, provider_id: str | None) -> None:
         label = provider_id.rsplit(":", 1)[0] if provider_id else None
@@ -375,6 +439,20 @@ class SshProvider:
         problems = [problem for _, _, problem in results if problem]
         if problems and not found:  # it may be on a host that did not answer
             raise plugin.ProviderTransient("; ".join(problems))
+
+
+def execute(client: paramiko.SSHClient, command: str, stdin_text: str, timeout: float) -> tuple[int, str, str]:
+    """Run ``command`` on the host with ``stdin_text`` on its stdin: its exit status, stdout
+    and stderr. Transport trouble raises (``OSError``, ``EOFError``, ``paramiko.SSHException``)."""
+    stdin, stdout, stderr = client.exec_command(command, timeout=timeout)
+    stdin.write(stdin_text)
+    stdin.flush()
+    stdin.channel.shutdown_write()
+    out = stdout.read().decode("utf-8", "replace")
+    err = stderr.read().decode("utf-8", "replace")
+    if not stdout.channel.status_event.wait(timeout):
+        raise TimeoutError(f"no exit status within {timeout:g} s")
+    return stdout.channel.recv_exit_status(), out, err
 
 
 def remote_path(path: str) -> str:

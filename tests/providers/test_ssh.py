@@ -6,6 +6,7 @@ SSH joins a real ``gpulayer server start`` on loopback with a real bootstrap tok
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -383,6 +384,45 @@ def test_a_host_that_does_not_answer_costs_its_offer_only(local_sshd: LocalSshd,
     with pytest.raises(plugin.ProviderTransient, match="cannot connect"):
         pool.terminate("m-nowhere", None)
     pool.terminate("m-nowhere", "local:1")  # the host is known and answered: gone is success
+
+
+def write_marker(state: Path, machine_id: str, label: str, pid: int) -> None:
+    """A machine marker as remote.launch writes it, for process ``pid``."""
+    folder = state / "machines" / machine_id
+    folder.mkdir(parents=True)
+    (folder / "marker.json").write_text(json.dumps({
+        "machine_id": machine_id, "label": label, "pid": pid, "create_time": psutil.Process(pid).create_time(),
+        "started_at": time.time()}))
+
+
+def test_a_host_whose_python_fails_leaves_the_others_listed(
+        local_sshd: LocalSshd, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    good_state, bad_state = tmp_path / "good", tmp_path / "bad"
+    good = local_sshd.host_config(good_state)
+    bad = {**local_sshd.host_config(bad_state), "name": "bad", "python": "/nonexistent/python3"}
+    pool = SshProvider("pool", SshPoolConfig.model_validate({"hosts": [good, bad], "connect_timeout": 5}))
+    _made.append(pool)
+    # a machine of this server on the healthy host (an orphan, say): a process with its marker
+    orphan = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        write_marker(good_state, "m-orphan", LABEL, orphan.pid)
+        with caplog.at_level(logging.WARNING, logger="gpulayer.ssh"):
+            for _ in range(2):
+                (live,) = pool.list(LABEL)  # the bad host answers with exit 127: it holds nothing of ours
+                assert (live.machine_id, live.provider_id) == ("m-orphan", f"local:{orphan.pid}")
+        told = [r.getMessage() for r in caplog.records if "ssh host 'bad'" in r.getMessage()]
+        assert len(told) == 1, told  # named once, not at every sweep
+        assert "'/nonexistent/python3' not found on the host" in told[0] and "left out of the list" in told[0]
+        # another server's marker there changes nothing; one of this server's makes the list
+        # fail, as for an unreachable host: the core must not take that machine for gone
+        write_marker(bad_state, "m-theirs", "gl-another-server", orphan.pid)
+        assert [m.machine_id for m in pool.list(LABEL)] == ["m-orphan"]
+        write_marker(bad_state, "m-ours", LABEL, orphan.pid)
+        with pytest.raises(plugin.ProviderTransient, match=r"ssh host 'bad'.*not found.*holds a marker of this server"):
+            pool.list(LABEL)
+    finally:
+        orphan.kill()
+        orphan.wait()
 
 
 def test_a_python_under_the_home_folder_is_left_for_the_host_to_expand() -> None:
