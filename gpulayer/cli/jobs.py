@@ -384,7 +384,8 @@ def jobs_show(job_id: str = typer.Argument(..., metavar="JOB"), as_json: bool = 
         return
     s = _job_summary(job)
     typer.echo(f"job       {job.id}")
-    typer.echo(f"state     {job.state.value}" + (f" (exit code {job.exit_code})" if job.exit_code is not None else ""))
+    code = job.exit_code if job.state.terminal else None  # (an attempt's, before a retry: on its task line)
+    typer.echo(f"state     {job.state.value}" + (f" (exit code {code})" if code is not None else ""))
     typer.echo(f"kind      {s['kind']}: {printable(s['what'])}")
     typer.echo(f"needs     {requirements_text(job.spec.requirements) or 'nothing special (CPU)'}")
     typer.echo(f"placement target={job.spec.placement.target} fallback={job.spec.placement.fallback_targets} "

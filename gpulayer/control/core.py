@@ -268,6 +268,8 @@ class Core:
                 # the exit code of the node it ended because of, not node 0's (which may be
                 # the signal that ended it with its group)
                 values["exit_code"] = next(t.exit_code for t in tasks if t.id == out.root)
+            elif out.retry:  # the job's exit code is its outcome's: the attempt's stays with its tasks
+                values["exit_code"] = None
             values["state"] = out.state.value
             values["updated_at"] = now
         if isinstance(job, JobRow):

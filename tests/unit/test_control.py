@@ -440,6 +440,17 @@ def test_a_retry_whose_only_worker_died_waits_for_a_worker_instead_of_failing(cp
     assert b.job_id == job.id and b.attempt == 2
 
 
+def test_a_job_back_in_the_queue_has_no_exit_code_its_failed_attempt_s_task_keeps_it(cp: ControlPlane) -> None:
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    job = cp.submit(gpu_job(retries=1))
+    [a] = cp.poll_tasks(w.id)
+    cp.start_task(a.task_id, worker_id=w.id)
+    cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.FAILED, exit_code=-15)
+    again = cp.get_job(job.id)
+    assert again.attempt == 2 and again.state is JobState.ASSIGNED  # (placed again at once)
+    assert (again.exit_code, again.tasks[0].exit_code) == (None, -15)  # ('queued (exit code -15)' read as the job's)
+
+
 def test_prune_forgets_offline_workers_and_revokes_their_credentials(cp: ControlPlane) -> None:
     clock: Clock = cp.clock  # type: ignore[assignment]
     join = cp.create_token(scope="join")
