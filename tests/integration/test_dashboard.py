@@ -162,7 +162,7 @@ def test_login_refuses_unusable_tokens_and_other_scopes_with_a_clear_error(serve
     join2 = admin.token_for("join", uses=1)
     cases = [
         ("", 400, "Enter an admin or a client token"),
-        ("glt_not-a-real-token", 401, "no such token"),
+        ("glt_not-a-real-token", 401, "invalid token: no such token; paste an admin or a client token"),
         (revoked["token"], 401, "was revoked"),
         (worker.json()["token"], 403, "has scope 'worker'; the dashboard takes an admin or a client token"),
         (join2["token"], 403, "has scope 'join'"),
@@ -174,6 +174,7 @@ def test_login_refuses_unusable_tokens_and_other_scopes_with_a_clear_error(serve
         assert r.status_code == status, (token, r.status_code)
         assert words in r.text.replace("&#39;", "'"), (token, r.text[:500])
         assert 'role="alert"' in r.text and "set-cookie" not in r.headers
+        assert "GPULAYER_TOKEN" not in r.text  # (the CLI's settings: nothing a browser has)
     assert _token_uses(admin, join2["id"]) == 1  # looking at a join token does not spend it
     # (the worker leaves: the tests after this one on the module's server count its workers)
     assert admin("DELETE", f"/v1/workers/{worker.json()['worker_id']}").status_code == 204

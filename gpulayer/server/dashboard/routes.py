@@ -227,7 +227,9 @@ class Dashboard:
         try:
             who = await run_in_threadpool(self.login.verify, secret)
         except AuthError as exc:  # Forbidden too: a worker, join or bootstrap token
-            return self._login_page(request, target, str(exc), exc.status_code)
+            # (the API's hint names the CLI's settings: nothing a browser has)
+            said = str(exc).replace(" (check GPULAYER_TOKEN / --token)", "; paste an admin or a client token")
+            return self._login_page(request, target, said, exc.status_code)
         old = request.cookies.get(COOKIE)
         if old:
             self.sessions.drop(old)  # a login always starts a new session (no fixation)
