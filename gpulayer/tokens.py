@@ -58,6 +58,10 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+#: the longest duration :func:`parse_duration` takes (the API's bound on a token's ttl)
+MAX_DURATION = 10 * 365 * 86400.0
+
+
 def parse_duration(text: str) -> float:
     """``90``, ``90s``, ``15m``, ``24h``, ``7d`` -> seconds."""
     raw = text.strip().lower()
@@ -69,8 +73,8 @@ def parse_duration(text: str) -> float:
         value = float(raw) * mult
     except ValueError:
         raise InvalidInput(f"duration {text!r}: expected a number with an optional unit s, m, h or d (e.g. 24h)") from None
-    if not value > 0 or value == float("inf"):
-        raise InvalidInput(f"duration {text!r}: expected more than 0 seconds")
+    if not 0 < value <= MAX_DURATION:  # (nan and inf too)
+        raise InvalidInput(f"duration {text!r}: expected more than 0 seconds and at most 10 years (3650d)")
     return value
 
 

@@ -341,7 +341,7 @@ def _job_summary(job: JobRecord) -> dict[str, Any]:
 @jobs_app.command("list")
 def jobs_list(
     state: Optional[str] = typer.Option(None, "--state", help="only jobs in this state"),
-    limit: int = typer.Option(50, "--limit", min=1, metavar="N"),
+    limit: int = typer.Option(50, "--limit", min=1, max=1000, metavar="N"),  # (the API's bound, embedded too)
     as_json: bool = json_option(),
 ) -> None:
     """List recent jobs, newest first."""
@@ -468,7 +468,9 @@ def jobs_cancel(
 
 def _check_wait_timeout(timeout: float | None) -> None:
     if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
-        raise InvalidInput(f"--timeout {timeout:g}: not a number of seconds; accepted: a number >= 0 "
+        written = next((a.partition("=")[2] or b for a, b in zip(sys.argv, [*sys.argv[1:], ""], strict=True)
+                        if a == "--timeout" or a.startswith("--timeout=")), f"{timeout:g}")
+        raise InvalidInput(f"--timeout {written}: not a number of seconds; accepted: a number >= 0 "
                            "(leave it out to wait as long as it takes)")
 
 

@@ -76,7 +76,7 @@ def _jobs_list(argv: Sequence[str]) -> dict[str, Any] | None:
         return None
     opts = parsed[0]
     limit = opts.get("--limit", "50")
-    if not (limit.isascii() and limit.isdigit() and int(limit) >= 1):
+    if not (limit.isascii() and limit.isdigit() and 1 <= int(limit) <= 1000):
         return None  # the full path says what --limit accepts
     if "--url" in glob:
         return None

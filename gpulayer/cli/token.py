@@ -51,7 +51,11 @@ def token_create(
     scope = chosen[0]
     if uses is not None and scope not in ("join",):
         raise typer.BadParameter("--uses applies to --join tokens", param_hint="--uses")
-    new = _admin().create_token(scope=scope, ttl=parse_duration(ttl) if ttl else None, uses=uses,
+    try:
+        seconds = parse_duration(ttl) if ttl else None
+    except InvalidInput as exc:
+        raise InvalidInput(f"--ttl {ttl}: {str(exc).split(': ', 1)[-1]}") from None
+    new = _admin().create_token(scope=scope, ttl=seconds, uses=uses,
                                 description=description)
     if as_json:
         typer.echo(new.model_dump_json(indent=2))

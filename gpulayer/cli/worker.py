@@ -23,7 +23,8 @@ def register(app: typer.Typer) -> None:
 
 @worker_app.command("start")
 def worker_start(
-    cpu_slots: Optional[int] = typer.Option(None, "--cpu-slots", min=0, metavar="N", help="CPU-only tasks at once (default: min(4, CPUs))"),
+    cpu_slots: Optional[int] = typer.Option(None, "--cpu-slots", min=0, max=100_000, metavar="N",
+                                            help="CPU-only tasks at once (default: min(4, CPUs))"),
     name: Optional[str] = typer.Option(None, "--name", help="a name to show (default: host name)"),
     python: Optional[str] = typer.Option(None, "--python", metavar="PATH", help="the Python that runs jobs (default: this one)"),
     label: list[str] = typer.Option([], "--label", metavar="K=V", help="KEY=VALUE label jobs can require (repeatable)"),

@@ -90,13 +90,24 @@ def test_version() -> None:
         assert result.output == f"gpulayer {__version__}\n"
 
 
-def test_bad_input_names_the_flag_and_exits_2(tmp_path: Any) -> None:
+@pytest.mark.parametrize(("words", "says"), [
+    (["jobs", "wait", "--timeout", "inf", "job-x"],
+     "error: --timeout inf: not a number of seconds; accepted: a number >= 0 (leave it out to wait as long as it takes)"),
+    (["jobs", "wait", "--timeout=1e400", "job-x"], "error: --timeout 1e400: not a number of seconds"),  # (as written)
+    # the API's bounds, said by the CLI with the flag, embedded too (an embedded list took 5000)
+    (["jobs", "list", "--limit", "5000"], "Invalid value for '--limit'"),
+    (["worker", "start", "--cpu-slots", "100001"], "Invalid value for '--cpu-slots'"),
+    (["--url", "http://127.0.0.1:1", "token", "create", "--join", "--ttl", "1e400h"],
+     "error: --ttl 1e400h: expected more than 0 seconds and at most 10 years (3650d)"),
+    (["--url", "http://127.0.0.1:1", "token", "create", "--join", "--ttl", "nan"], "error: --ttl nan: expected more"),
+])
+def test_bad_input_names_the_flag_and_exits_2(tmp_path: Any, words: list[str], says: str) -> None:
     from tests.support import cli
 
-    proc = cli("jobs", "wait", "--timeout", "inf", "job-x", env={"GPULAYER_HOME": str(tmp_path)}, timeout=60)
-    assert proc.returncode == 2
-    assert proc.stderr == ("error: --timeout inf: not a number of seconds; accepted: a number >= 0 "
-                           "(leave it out to wait as long as it takes)\n")
+    for warm in ("0", "1"):  # (the light path and the full path alike)
+        proc = cli(*words, env={"GPULAYER_HOME": str(tmp_path), "GPULAYER_WARM_CLI": warm}, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert says in " ".join(proc.stderr.split()), proc.stderr
 
 
 # --------------------------------------------------------------------------- outcomes
