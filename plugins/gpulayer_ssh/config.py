@@ -9,11 +9,17 @@
     user = "ml"                 # defaults for every host; a host may set its own
     key_file = "~/.ssh/gpulayer_ed25519"
     python = "/opt/gpulayer/bin/python"
-    hosts = [
-      { host = "10.0.0.5" },
-      { host = "10.0.0.6", port = 2222, name = "box-b", cpus = 32, memory_gb = 256,
-        devices = [{ kind = "cuda", count = 4, memory_gb = 80, name = "NVIDIA A100-SXM4-80GB" }] },
-    ]
+
+    [[gpu-boxes.hosts]]
+    host = "10.0.0.5"
+
+    [[gpu-boxes.hosts]]
+    host = "10.0.0.6"
+    port = 2222
+    name = "box-b"
+    cpus = 32
+    memory_gb = 256
+    devices = [{ kind = "cuda", count = 4, memory_gb = 80, name = "NVIDIA A100-SXM4-80GB" }]
 """
 
 from __future__ import annotations
