@@ -66,15 +66,16 @@ class ConfiguredProvider:
     plugin: str = ""
 
 
-def providers_file(explicit: str | Path | None = None) -> tuple[Path | None, bool]:
-    """The file to read and whether the user named it (a named file must exist)."""
+def providers_file(explicit: str | Path | None = None) -> tuple[Path | None, str | None]:
+    """The file to read and how the user named it, for errors (``--providers FILE``,
+    ``GPULAYER_PROVIDERS='FILE'``; None for the default file). A named file must exist."""
     if explicit:
-        return Path(explicit).expanduser(), True
+        return Path(explicit).expanduser(), f"--providers {explicit}"
     named = config.settings().providers
     if named:
-        return Path(named).expanduser(), True
+        return Path(named).expanduser(), f"GPULAYER_PROVIDERS={named!r}"
     default = config.home() / "providers.toml"
-    return (default, False) if default.is_file() else (None, False)
+    return (default, None) if default.is_file() else (None, None)
 
 
 def load(explicit: str | Path | None = None) -> list[ConfiguredProvider]:
@@ -82,11 +83,26 @@ def load(explicit: str | Path | None = None) -> list[ConfiguredProvider]:
     path, named = providers_file(explicit)
     if path is None:
         return []
-    if not path.is_file():
+    if not path.exists():
         if named:
-            raise InvalidInput(f"--providers {path}: no such file")
+            raise InvalidInput(f"{named}: no such file")
         return []
-    return parse(path.read_text(), str(path))
+    return parse(read(path, named), str(path))
+
+
+def read(path: Path, named: str | None = None) -> str:
+    """The text of a providers file; InvalidInput naming it when it cannot be read or is
+    not UTF-8 (as TOML must be)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InvalidInput(f"{named or path}: cannot read it: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise InvalidInput(f"{path}: line {line}: not UTF-8 text (byte {data[exc.start]:#04x}); "
+                           f"a TOML file is UTF-8: save it as UTF-8") from None
 
 
 def parse(text: str, where: str = "providers.toml",
@@ -179,4 +195,4 @@ def _duration(body: dict[str, Any], key: str, default: float, bad: Any) -> float
     raise bad(key, f"expected seconds > 0 or a duration such as 90s, 15m, 1h; got {value!r}")
 
 
-__all__ = ["CORE_KEYS", "ConfiguredProvider", "Limits", "load", "parse", "providers_file"]
+__all__ = ["CORE_KEYS", "ConfiguredProvider", "Limits", "load", "parse", "providers_file", "read"]

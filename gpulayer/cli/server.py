@@ -94,8 +94,10 @@ def server_start(
     log_level: str = typer.Option("warning", "--log-level", metavar="LEVEL", help="uvicorn log level"),
     as_json: bool = json_option("once listening, print url, ca, fingerprint, pid and database as one line "
                                 "of JSON on stdout"),
-    providers: Optional[Path] = typer.Option(None, "--providers", envvar="GPULAYER_PROVIDERS", metavar="FILE",
-                                             help="providers file (default: $GPULAYER_HOME/providers.toml if it exists)"),
+    # GPULAYER_PROVIDERS is read by provider_config, which names it (not --providers) in errors
+    providers: Optional[Path] = typer.Option(None, "--providers", metavar="FILE",
+                                             help="providers file (default: GPULAYER_PROVIDERS, else "
+                                                  "$GPULAYER_HOME/providers.toml if it exists)"),
 ) -> None:
     """Serve the control plane over HTTP(S). Every API route needs a token."""
     import logging
