@@ -4,10 +4,14 @@ A section names an adapter (the ``type`` key: the ``name`` of a
 :class:`~gpulayer.hookrecords.ProviderAdapter` from the ``gpulayer_provider_adapters`` hook)
 and holds the core's own keys (:data:`CORE_KEYS`: caps and timeouts); everything else is
 validated by the adapter's ``config`` model. Every error names the file, the section and
-the key as the user wrote them::
+the key as the user wrote them (a key of a nested table or list by its dotted path from the
+section, ``hosts.0.port``, ``regions.us-east-1.ami``), says what is accepted there, and
+shows a value only when it is the one scalar at that key (never a table, which may hold
+secrets)::
 
     providers.toml: [gpu-a100] max_machines: expected a whole number >= 0, got 'many'
     providers.toml: [ec2] type: 'ec3' is not an installed provider adapter; installed: ec2, slurm, ssh
+    providers.toml: [aws] regions.us-east-1.amii: not a setting of regions.us-east-1 (did you mean ami?); accepted: ami, ...
 
 The file is ``--providers FILE`` of ``gpulayer server start``, else ``GPULAYER_PROVIDERS``,
 else ``$GPULAYER_HOME/providers.toml`` when it exists (no file: no providers).
@@ -15,13 +19,17 @@ else ``$GPULAYER_HOME/providers.toml`` when it exists (no file: no providers).
 
 from __future__ import annotations
 
+import difflib
 import math
 import sys
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from gpulayer import config, plugins
 from gpulayer.errors import InvalidInput
@@ -145,15 +153,7 @@ def _section(where: str, section: str, body: dict[str, Any],
     try:
         settings = adapter.config.model_validate(rest)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        key = ".".join(str(p) for p in err["loc"]) or "(section)"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            known = sorted([*CORE_KEYS, *adapter.config.model_fields])
-            msg = f"not a setting of {kind} providers; accepted: {', '.join(known)}"
-        elif "input" in err and err["type"] != "missing":
-            msg = f"{msg}, got {err['input']!r}"
-        raise bad(key, msg) from None
+        raise InvalidInput(f"{where}: [{section}] {explain(exc, adapter.config, kind)}") from None
     try:
         provider = adapter.create(section, settings)
     except InvalidInput as exc:
@@ -193,6 +193,109 @@ def _duration(body: dict[str, Any], key: str, default: float, bad: Any) -> float
     elif not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
         return float(value)
     raise bad(key, f"expected seconds > 0 or a duration such as 90s, 15m, 1h; got {value!r}")
+
+
+# --------------------------------------------------------------------------- adapters' errors
+
+#: pydantic's error types, said in GPUlayer's words (``{ctx}`` filled from the error's context)
+_WORDS = {
+    "missing": "missing; it is required",
+    "int_type": "expected a whole number", "int_parsing": "expected a whole number",
+    "int_from_float": "expected a whole number",
+    "float_type": "expected a number", "float_parsing": "expected a number",
+    "finite_number": "expected a finite number",
+    "bool_type": "expected true or false", "bool_parsing": "expected true or false",
+    "string_type": "expected a string (in quotes)",
+    "list_type": "expected a list [...]",
+    "dict_type": "expected a table", "model_type": "expected a table", "model_attributes_type": "expected a table",
+    "greater_than": "expected a number > {gt}", "greater_than_equal": "expected a number >= {ge}",
+    "less_than": "expected a number < {lt}", "less_than_equal": "expected a number <= {le}",
+    "literal_error": "expected {expected}",
+    "string_too_short": "expected at least {min_length} character(s)",
+    "string_too_long": "expected at most {max_length} character(s)",
+    "too_short": "expected at least {min_length} item(s)",
+    "too_long": "expected at most {max_length} item(s)",
+}
+
+
+def explain(exc: ValidationError, model: type[BaseModel], kind: str) -> str:
+    """``KEY: what is wrong`` for the error of ``exc`` most worth telling: a key that is not
+    a setting first (a misspelt key also makes the key meant go missing)."""
+    errors = exc.errors()
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    loc = [str(p) for p in err["loc"]]
+    key = ".".join(loc)
+    if err["type"] == "extra_forbidden":
+        known = _fields_at(model, err["loc"][:-1])
+        if not err["loc"][:-1]:
+            known = sorted({*known, *CORE_KEYS})
+        meant = difflib.get_close_matches(loc[-1], known, n=1)
+        hint = f" (did you mean {meant[0]}?)" if meant else ""
+        where = f"{kind} providers" if len(loc) == 1 else ".".join(loc[:-1])
+        accepted = f"; accepted: {', '.join(known)}" if known else ""
+        return f"{key}: not a setting of {where}{hint}{accepted}"
+    msg = _WORDS.get(err["type"], "")
+    if err["type"] in ("value_error", "assertion_error") and "error" in err.get("ctx", {}):
+        msg = str(err["ctx"]["error"])  # the validator's own words, without pydantic's prefix
+    elif msg:
+        # bounds as written (ge=0 on a float field is 0.0 in the context)
+        ctx = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in err.get("ctx", {}).items()}
+        try:
+            msg = msg.format(**ctx)
+        except (KeyError, IndexError):
+            msg = err["msg"]
+    else:
+        msg = err["msg"]
+    if _echoable(err) and repr(err["input"]) not in msg:  # (a validator's words may show it already)
+        msg = f"{msg}, got {err['input']!r}"
+    return f"{key}: {msg}" if key else msg
+
+
+def _echoable(err: ErrorDetails) -> bool:
+    """Whether the value is worth showing: one scalar the user wrote at that key (a table
+    or a list is named by its key instead: it may hold secrets, and is long)."""
+    value = err.get("input")
+    return (err["type"] not in ("missing", "extra_forbidden") and err["loc"] != ()
+            and isinstance(value, (str, int, float, bool)) and len(repr(value)) <= 80)
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The keys accepted at ``loc`` under ``model`` (a path of fields, list indexes and
+    table keys); empty when that is not a model's table."""
+    tp: Any = model
+    for part in loc:
+        tp = _step(tp, part)
+        if tp is None:
+            return []
+    tp = _step(tp, None)
+    return sorted(tp.model_fields) if isinstance(tp, type) and issubclass(tp, BaseModel) else []
+
+
+def _step(tp: Any, part: int | str | None) -> Any:
+    """The type one step into ``tp``: a model's field, a list's item, a table's value;
+    ``part`` None unwraps Optional and Annotated only."""
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is typing.Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin is typing.Union or origin is types.UnionType:
+            inner = [a for a in typing.get_args(tp) if a is not type(None)]
+            if len(inner) != 1:
+                return None
+            tp = inner[0]
+        else:
+            break
+    if part is None:
+        return tp
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        field = tp.model_fields.get(str(part))
+        return None if field is None else field.annotation
+    args = typing.get_args(tp)
+    if origin in (list, tuple, set, frozenset) and args and isinstance(part, int):
+        return args[0]
+    if origin is dict and len(args) == 2:
+        return args[1]
+    return None
 
 
 __all__ = ["CORE_KEYS", "ConfiguredProvider", "Limits", "load", "parse", "providers_file", "read"]

@@ -20,19 +20,38 @@
     cpus = 32
     memory_gb = 256
     devices = [{ kind = "cuda", count = 4, memory_gb = 80, name = "NVIDIA A100-SXM4-80GB" }]
+
+A key of :data:`SHARED_KEYS` given in the section is validated there (an error names it
+where it was written, ``port``, not ``hosts.0.port``) and then copied into every host that
+does not set its own.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 #: keys a host section may set for every host at once (the pool level)
 SHARED_KEYS = ("port", "user", "key_file", "python", "known_hosts", "strict_host_key_checking", "state_dir",
                "environment")
 #: what the adapter itself puts in the worker's environment
 RESERVED_ENV = ("GPULAYER_URL", "GPULAYER_TOKEN", "GPULAYER_CA", "GPULAYER_MACHINE_ID")
+
+
+def _no_reserved(environment: dict[str, str]) -> dict[str, str]:
+    reserved = sorted(set(environment) & set(RESERVED_ENV))
+    if reserved:
+        raise ValueError(f"{', '.join(reserved)} is set by GPUlayer itself for each machine; "
+                         f"leave it out")
+    return environment
+
+
+# the types of the keys a host and the pool both accept (the same checks at either level)
+Port = Annotated[int, Field(ge=1, le=65535)]
+Text = Annotated[str, Field(min_length=1)]
+HostKeyChecking = Literal["yes", "accept-new", "no"]
+Environment = Annotated[dict[str, str], AfterValidator(_no_reserved)]
 
 
 class DeclaredDevices(BaseModel):
@@ -52,20 +71,21 @@ class HostConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    host: str = Field(min_length=1, description="address or DNS name sshd listens on")
-    port: int = Field(default=22, ge=1, le=65535)
-    user: str = Field(min_length=1)
-    key_file: str = Field(min_length=1, description="private key (OpenSSH format, no passphrase); ~ is expanded")
-    python: str = Field(default="python3", min_length=1,
-                        description="the host's Python with GPUlayer installed: runs the worker and its jobs")
+    host: Text = Field(description="address or DNS name sshd listens on")
+    port: Port = 22
+    user: Text = Field(description="the user the worker runs as (here or in the section)")
+    key_file: Text = Field(description="private key (OpenSSH format, no passphrase); ~ is expanded "
+                                       "(here or in the section)")
+    python: Text = Field(default="python3",
+                         description="the host's Python with GPUlayer installed: runs the worker and its jobs")
     name: str | None = Field(default=None, min_length=1, description="what offers and machines call the host")
     known_hosts: str | None = Field(default=None, description="known_hosts file to check the host key against "
                                                               "(default ~/.ssh/known_hosts)")
-    strict_host_key_checking: Literal["yes", "accept-new", "no"] = "yes"
-    state_dir: str = Field(default="~/.gpulayer/ssh-provider", min_length=1,
-                           description="folder on the host for markers, logs and the worker's home")
-    environment: dict[str, str] = Field(default_factory=dict,
-                                        description="extra variables for the worker (PATH, CUDA_HOME, ...)")
+    strict_host_key_checking: HostKeyChecking = "yes"
+    state_dir: Text = Field(default="~/.gpulayer/ssh-provider",
+                            description="folder on the host for markers, logs and the worker's home")
+    environment: Environment = Field(default_factory=dict,
+                                     description="extra variables for the worker (PATH, CUDA_HOME, ...)")
     cpus: int | None = Field(default=None, ge=1)
     memory_gb: float | None = Field(default=None, gt=0)
     devices: list[DeclaredDevices] = Field(default_factory=list)
@@ -73,12 +93,14 @@ class HostConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> HostConfig:
-        reserved = sorted(set(self.environment) & set(RESERVED_ENV))
-        if reserved:
-            raise ValueError(f"environment: {', '.join(reserved)} is set by GPUlayer itself for each machine")
+        # devices and frameworks are what a declared host has; a probed host reports its own
         if (self.cpus is None) != (self.memory_gb is None) or (self.devices and self.cpus is None):
             raise ValueError("declare cpus and memory_gb together (devices and frameworks optional), "
                              "or none of them to have the host probed over SSH")
+        if self.frameworks and self.cpus is None:
+            raise ValueError("frameworks are declared with the host's cpus and memory_gb (a host that declares "
+                             "nothing is probed over SSH, its frameworks too): declare cpus and memory_gb, "
+                             "or leave frameworks out")
         return self
 
     @property
@@ -101,6 +123,16 @@ class SshPoolConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    # defaults for every host (None: not given); validated here so that an error names the
+    # key where it was written, then copied into each host that does not set its own
+    port: Port | None = None
+    user: Text | None = None
+    key_file: Text | None = None
+    python: Text | None = None
+    known_hosts: str | None = None
+    strict_host_key_checking: HostKeyChecking | None = None
+    state_dir: Text | None = None
+    environment: Environment | None = None
     hosts: list[HostConfig] = Field(min_length=1)
     connect_timeout: float = Field(default=10.0, gt=0, description="seconds for TCP connect, banner and auth")
     command_timeout: float = Field(default=60.0, gt=0, description="seconds for one remote step")
@@ -114,13 +146,10 @@ class SshPoolConfig(BaseModel):
         if not isinstance(data, dict):
             return data
         shared = {k: data[k] for k in SHARED_KEYS if k in data}
-        if not shared:
+        hosts = data.get("hosts")
+        if not shared or not isinstance(hosts, list):
             return data
-        rest = {k: v for k, v in data.items() if k not in SHARED_KEYS}
-        hosts = rest.get("hosts")
-        if isinstance(hosts, list):
-            rest["hosts"] = [{**shared, **h} if isinstance(h, dict) else h for h in hosts]
-        return rest
+        return {**data, "hosts": [{**shared, **h} if isinstance(h, dict) else h for h in hosts]}
 
     @model_validator(mode="after")
     def _unique_names(self) -> SshPoolConfig:

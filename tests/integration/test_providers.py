@@ -232,7 +232,7 @@ def test_a_provider_whose_credentials_fail_is_disabled_with_the_reason(servers: 
     ('[a]\ntype = "local-process"\nidle_timeout = "soon"\n',
      "providers.toml: [a] idle_timeout: expected seconds > 0 or a duration such as 90s, 15m, 1h; got 'soon'"),
     ('[a]\ntype = "local-process"\nshapes = [{ name = "x", cpus = 0 }]\n',
-     "providers.toml: [a] shapes.0.cpus: Input should be greater than or equal to 1, got 0"),
+     "providers.toml: [a] shapes.0.cpus: expected a number >= 1, got 0"),
     ('[a]\ntype = "local-process"\nhome_template = "/no/such/folder"\n',
      "providers.toml: [a] home_template: Path does not point to a directory, got '/no/such/folder'"),
     ('[a]\ntype = "local-process"\ncolour = "red"\n',

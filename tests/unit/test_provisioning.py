@@ -181,11 +181,12 @@ def test_a_section_gives_the_core_keys_and_the_adapters_settings() -> None:
 
 @pytest.mark.parametrize(("text", "message"), [
     ('[east]\nregion = "x"\n', "f.toml: [east] type: missing; name a provider adapter (installed: acme)"),
-    ('[east]\ntype = "acme"\n', "f.toml: [east] region: Field required"),
+    ('[east]\ntype = "acme"\n', "f.toml: [east] region: missing; it is required"),
     ('[east]\ntype = "acme"\nregion = "x"\nzones = "two"\n',
-     "f.toml: [east] zones: Input should be a valid integer, unable to parse string as an integer, got 'two'"),
+     "f.toml: [east] zones: expected a whole number, got 'two'"),
     ('[east]\ntype = "acme"\nregion = "x"\nzone = 2\n',
-     "f.toml: [east] zone: not a setting of acme providers; accepted: idle_timeout, join_timeout, max_machines, "
+     "f.toml: [east] zone: not a setting of acme providers (did you mean zones?); accepted: idle_timeout, "
+     "join_timeout, max_machines, "
      "max_price_per_hour, region, type, zones"),
     ('[east]\ntype = "acme"\nregion = "x"\nmax_price_per_hour = -1\n',
      "f.toml: [east] max_price_per_hour: expected a number >= 0, got -1"),
