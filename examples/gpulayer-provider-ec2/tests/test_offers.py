@@ -62,9 +62,22 @@ def test_allowed_types_and_own_prices(make_provider):
     ({"regions": {"mars-1": {"ami": "ami-0123456789abcdef0"}}}, "region 'mars-1' has no prices"),
     ({"regions": {}}, "regions"),
     ({"zones": ["a"]}, "zones"),
+    ({"instance_types": []}, "an empty list allows no instance type, so nothing would ever be offered; leave "
+                             "instance_types out to allow every type"),
+    ({"prices": {"g5.xlarge": {"us-east-1": -1.0}}}, "greater than or equal to 0"),
+    ({"prices": {"g5.xlarge": {"us-east-1": float("nan")}}}, "finite number"),
+    ({"regions": {"eu-west-1": {"ami": "ami-0123456789abcdef0"}}, "instance_types": ["t3.large", "p5.48xlarge"]},
+     "instance_types: 'p5.48xlarge' has no price in eu-west-1, so it would never be offered"),
 ])
 def test_config_errors_name_the_key(adapter, section, message):
     section = {"regions": {"us-east-1": {"ami": "ami-0123456789abcdef0"}}, **section}
     with pytest.raises(ValidationError) as err:
         adapter.config.model_validate(section)
     assert message in str(err.value)
+
+
+def test_an_allowed_type_priced_by_the_section_alone_is_accepted(adapter):
+    config = adapter.config.model_validate({"regions": {"eu-west-1": {"ami": "ami-0123456789abcdef0"}},
+                                            "instance_types": ["p5.48xlarge"],
+                                            "prices": {"p5.48xlarge": {"eu-west-1": 0.0}}})
+    assert (config.allowed(), config.price("p5.48xlarge", "eu-west-1")) == (["p5.48xlarge"], 0.0)

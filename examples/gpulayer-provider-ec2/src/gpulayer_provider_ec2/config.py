@@ -5,7 +5,7 @@
     [aws]
     type = "ec2"                      # GPUlayer's own keys (type, max_machines, ...) are
     max_machines = 4                  # taken out before this model sees the section
-    instance_types = ["g5.xlarge", "g5.12xlarge"]
+    instance_types = ["g5.xlarge", "g5.12xlarge"]   # default (left out): every type in the table
 
     [aws.regions.us-east-1]
     ami = "ami-0123456789abcdef0"     # an image with Python and gpulayer installed
@@ -14,15 +14,24 @@
 
 Credentials come from boto3's usual chain (environment, ``~/.aws``, an instance role);
 ``profile`` picks a named profile. None of them are written in providers.toml.
+
+What would give no offers, or wrong ones, is refused when the file is loaded: an empty
+``instance_types`` (leave the key out to allow every type), a price below 0 (or not a
+finite number), and a type in ``instance_types`` that has a price in none of the configured
+regions (it could never be offered).
 """
 
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpulayer_provider_ec2.catalog import CATALOG
+
+#: a price per hour, US dollars
+Price = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class RegionConfig(BaseModel):
@@ -48,7 +57,7 @@ class Ec2Config(BaseModel):
     regions: dict[str, RegionConfig] = Field(min_length=1, description="region name -> its image and network")
     instance_types: list[str] | None = Field(default=None, description="types that may be launched (default: all)")
     #: type -> region -> price per hour, over the built-in table
-    prices: dict[str, dict[str, float]] = Field(default_factory=dict)
+    prices: dict[str, dict[str, Price]] = Field(default_factory=dict)
     key_name: str | None = Field(default=None, description="an EC2 key pair for SSH access (default: none)")
     profile: str | None = Field(default=None, description="a named AWS profile (default: boto3's chain)")
     endpoint_url: str | None = Field(default=None, description="another EC2 endpoint (moto in tests)")
@@ -64,12 +73,25 @@ class Ec2Config(BaseModel):
             raise ValueError(f"unknown instance type {unknown[0]!r}; accepted: {', '.join(CATALOG)}")
         return v
 
+    @field_validator("instance_types")
+    @classmethod
+    def _some_types(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:
+            raise ValueError("an empty list allows no instance type, so nothing would ever be offered; "
+                             "leave instance_types out to allow every type, or name the types")
+        return v
+
     @model_validator(mode="after")
     def _priced(self) -> Ec2Config:
         for region in self.regions:
-            if not any(region in self.prices.get(t.name, t.prices) for t in CATALOG.values()):
+            if not any(self.price(t, region) is not None for t in CATALOG):
                 raise ValueError(f"region {region!r} has no prices; give them with prices.<type>.{region} "
                                  f"or use one of {', '.join(sorted({r for t in CATALOG.values() for r in t.prices}))}")
+        for name in self.instance_types or ():
+            if all(self.price(name, region) is None for region in self.regions):
+                raise ValueError(f"instance_types: {name!r} has no price in {', '.join(self.regions)}, so it "
+                                 f"would never be offered; give one with prices.\"{name}\".REGION = PRICE, "
+                                 f"or leave it out")
         return self
 
     def allowed(self) -> list[str]:
