@@ -46,7 +46,7 @@ from gpulayer.worker.logbuffer import LogBuffer
 from gpulayer.worker.outcome import NotStarted, StartMark, TaskOutcome, function_outcome
 from gpulayer.worker.process import Cancel, Started, Starter, StartFailed
 from gpulayer.worker.task_files import INLINE_SPEC_MAX, TaskFiles
-from gpulayer.worker.threads import WORKER_THREADS
+from gpulayer.worker.threads import WORKER_THREADS, waited_briefly
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -185,10 +185,7 @@ class Agent:
         grace = self.grace if grace is None else grace
         self._stopping.set()
         if self.worker_id is not None and self.refused is None:
-            try:
-                self.api.drain_worker(self.worker_id)
-            except GpulayerError as exc:
-                log.warning("could not mark worker draining: %s", exc)
+            waited_briefly("mark the worker draining", self._drain_call)
         deadline = time.monotonic() + grace
         for done in list(self._done.values()):
             done.wait(max(0.0, deadline - time.monotonic()))
@@ -205,12 +202,21 @@ class Agent:
         self.forks.close()
         self.task_files.close()
         if self.worker_id is not None:
-            try:
-                self.api.deregister_worker(self.worker_id)
-            except AuthError as exc:  # (its token revoked: the server let it go, an idle machine ended)
-                log.info("not deregistered: %s; the server no longer counts this worker", exc)
-            except GpulayerError as exc:
-                log.warning("could not deregister worker: %s", exc)
+            waited_briefly("deregister the worker", self._leave_call)
+
+    def _drain_call(self) -> None:
+        try:
+            self.api.drain_worker(str(self.worker_id))
+        except GpulayerError as exc:
+            log.warning("could not mark worker draining: %s", exc)
+
+    def _leave_call(self) -> None:
+        try:
+            self.api.deregister_worker(str(self.worker_id))
+        except AuthError as exc:  # (its token revoked: the server let it go, an idle machine ended)
+            log.info("not deregistered: %s; the server no longer counts this worker", exc)
+        except GpulayerError as exc:
+            log.warning("could not deregister worker: %s", exc)
 
     @property
     def running_tasks(self) -> list[str]:

@@ -69,3 +69,22 @@ class Threads:
 
 #: the threads of this process's workers (their tasks, and the readers of their output)
 WORKER_THREADS = Threads("gpulayer-worker")
+
+
+#: how long a stopping worker waits for the control plane to hear that it drains, and that
+#: it leaves, before it goes on without (seconds)
+LEAVING_WAIT = 5.0
+
+
+def waited_briefly(what: str, call: Callable[[], None], wait: float = LEAVING_WAIT) -> None:
+    """``call()`` in a daemon thread, waited for ``wait`` seconds at most: a stopping worker
+    whose control plane is down would otherwise retry each call for
+    ``GPULAYER_HTTP_RETRY_SECONDS`` (its grace growing by that much, saying nothing) before
+    it drains and before it exits. The call goes on in its thread meanwhile; its own errors
+    are its to say."""
+    thread = threading.Thread(target=call, name=f"gpulayer-{what.replace(' ', '-')}", daemon=True)
+    thread.start()
+    thread.join(wait)
+    if thread.is_alive():
+        log.warning("%s: no answer from the control plane within %g s; going on without it "
+                    "(a worker it does not hear from is written off when its heartbeats stop)", what, wait)

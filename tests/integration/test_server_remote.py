@@ -199,6 +199,27 @@ def test_a_server_down_for_longer_than_the_heartbeat_timeout_loses_nothing(tmp_p
         srv.stop()
 
 
+def test_a_worker_stopped_while_its_server_is_down_stops_without_retrying_for_the_retry_period(
+        tmp_path: Path) -> None:
+    """Its drain and its deregistration each retried for GPULAYER_HTTP_RETRY_SECONDS, saying
+    nothing, before it even began its grace and before it exited."""
+    srv = ServerProc(tmp_path / "server").start()
+    admin = Api(srv.url, srv.admin_token)
+    worker = start_remote_worker(srv.url, admin.token_for("join")["token"], tmp_path / "w", cpu_slots=1,
+                                 env={"GPULAYER_HTTP_RETRY_SECONDS": "600"})
+    try:
+        wait_workers(admin, 1)
+        srv.kill(signal.SIGKILL)
+        worker.send_signal(signal.SIGTERM)
+        # (a hang check, not a measure: each call would retry for 600 s)
+        assert worker.wait(timeout=120) == 0
+        log = (tmp_path / "w" / "worker.log").read_text()
+        assert "mark the worker draining: no answer from the control plane within 5 s" in log, log
+        assert "deregister the worker: no answer from the control plane within 5 s" in log, log
+    finally:
+        stop_proc(worker, signal.SIGKILL)
+
+
 def test_tls_self_signed_with_pinned_fingerprint(tmp_path: Path) -> None:
     srv = ServerProc(tmp_path / "server", args=("--self-signed",)).start()
     try:
