@@ -247,15 +247,13 @@ def spec_from_flags(flags: dict[str, Any]) -> CommandJob | DistributedJob:
         "name": f["name"], "bundle": f["bundle"],
     }
     spec: CommandJob | DistributedJob
-    if nproc_per_node is not None or (nodes is not None and nodes != 1):
+    if nproc_per_node is not None or (nodes is not None and nodes != 1) or launcher is not None:
+        # (a launcher named is a launcher wanted, for one process too)
         entry, args = _entry_words(command)
         spec = joboptions.distributed_job(entry, args, options, spelling, nodes=nodes,
                                           nproc_per_node=nproc_per_node, launcher=launcher)
     else:
         spec = joboptions.command_job(command, options, spelling)
-        if launcher is not None:
-            # no launcher runs a one-process job, but a misspelt name is still a mistake
-            joboptions.check_launcher(launcher, spelling)
     return spec
 
 

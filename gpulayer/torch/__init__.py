@@ -213,7 +213,7 @@ class Trainer:
         self.nodes = job.nodes
         self.nproc_per_node = job.nproc_per_node
         self.job: CommandJob | DistributedJob = job
-        if job.nodes == 1 and job.nproc_per_node == 1:
+        if job.nodes == 1 and job.nproc_per_node == 1 and launcher is None:  # (a launcher named is wanted)
             # the same checked fields (the placement record as is: its target may be unset)
             fields = {name: getattr(job, name) for name in CommandJob.model_fields if name not in ("kind", "command")}
             self.job = CommandJob(command=["python", "-c", SINGLE_PROCESS_SHIM, entry, *self.args], **fields)

@@ -272,3 +272,22 @@ def test_fit_checks_its_timeout_before_it_submits(tmp_path: Path, gpulayer_isola
         with pytest.raises(InvalidArgument, match=re.escape(f"Trainer.fit(timeout={timeout!r}): accepted: a number")):
             trainer.fit(timeout=timeout)  # type: ignore[arg-type]
     assert trainer.handle is None and connect().api.list_jobs() == []
+
+
+def test_a_launcher_named_makes_a_distributed_job_of_one_process_too(tmp_path: Path) -> None:
+    """`gpulayer submit --launcher torchrun -- train.py` validated the launcher, then ran
+    `train.py` as a plain command (not found: it is no program)."""
+    from gpulayer.cli.jobs import spec_from_flags
+    from gpulayer.torch import Trainer
+
+    (tmp_path / "train.py").write_text("")
+    trainer = Trainer("train.py", launcher="torchrun", bundle=tmp_path)
+    assert trainer.distributed and (trainer.job.nodes, trainer.job.nproc_per_node) == (1, 1)
+    assert not Trainer("train.py", bundle=tmp_path).distributed  # (no launcher named: one plain process)
+    flags: dict[str, Any] = {name: None for name in (
+        "accelerator", "allow_unknown_accelerator", "gpus", "min_gpu_memory", "compute_capability", "python_version",
+        "os_name", "cpus", "memory", "profile", "target", "fallback", "on_unschedulable", "timeout", "retries",
+        "priority", "name", "bundle", "nodes", "nproc_per_node")}
+    flags.update(framework=[], label=[], prefer=[], env=[], launcher="torchrun", command=["python", "train.py", "-x"])
+    spec = spec_from_flags(flags)
+    assert isinstance(spec, DistributedJob) and (spec.entry, spec.args, spec.launcher) == ("train.py", ["-x"], "torchrun")
