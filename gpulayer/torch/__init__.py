@@ -189,7 +189,7 @@ class Trainer:
         launcher = opts.pop("launcher", None)
         args = opts.pop("args", None) or ()
         if not isinstance(args, (list, tuple)):
-            raise InvalidArgument(f"{call}(args={args!r}): {'a string' if isinstance(args, str) else 'not a list'}; "
+            raise InvalidArgument(f"{call}(args={args!r}): {'a string, not a list' if isinstance(args, str) else 'not a list'}; "
                                   "accepted: a list of arguments such as ['--epochs', '3']")
         for i, a in enumerate(args):
             if isinstance(a, bool) or not isinstance(a, (str, int, float)):
