@@ -102,6 +102,27 @@ def check_connection_flags(url: str | None, token: str | None, ca: str | None) -
             parse(flag, value)
 
 
+def _address(name: str, raw: str) -> str | None:
+    """An address peers reach: an IP address or a host name (labels of letters, digits and
+    hyphens, dot-separated): what torchrun's rendezvous endpoint accepts."""
+    import ipaddress
+    import re
+
+    text = raw.strip()
+    if not text:
+        return None
+    try:
+        ipaddress.ip_address(text)
+        return text
+    except ValueError:
+        pass
+    label = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
+    if len(text) > 253 or not re.fullmatch(rf"{label}(\.{label})*\.?", text) or re.fullmatch(r"[0-9.]+", text):
+        raise InvalidInput(f"{name}={raw!r}: not an address; expected an IP address (10.0.0.5, fd00::5) or a "
+                           "host name (gpu-box.example.com)")
+    return text
+
+
 def _names(name: str, raw: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in raw.split(",") if p.strip())
 
@@ -290,7 +311,7 @@ SETTINGS: tuple[Setting, ...] = (
             "in-process worker of the SDK and CLI reads (docs/concepts.md#preloaded-modules)"),
     Setting("GPULAYER_EXIT_GRACE", "exit_grace", _seconds(0, inclusive=True), 2.0, "`2`",
             "seconds the in-process worker gives running tasks when its process exits"),
-    Setting("GPULAYER_ADVERTISE_ADDRESS", "advertise_address", _text, None, "the default route's address",
+    Setting("GPULAYER_ADVERTISE_ADDRESS", "advertise_address", _address, None, "the default route's address",
             "the address a worker reports for peers to reach it (distributed jobs' rendezvous)"),
     Setting("GPULAYER_RENDEZVOUS_PORTS", "rendezvous_ports", _port_range, (20000, 32767), "`20000-32767`",
             "ports the control plane draws a distributed job's rendezvous port from"),

@@ -82,6 +82,10 @@ def test_the_settings_follow_every_change_of_the_environment(monkeypatch: pytest
     ("GPULAYER_URL", "https://h:8765/api", "a path, query or fragment after the address"),
     ("GPULAYER_CA", "sha256:zz", "not a SHA-256 fingerprint; expected sha256: and 64 hex digits"),
     ("GPULAYER_CA", "sha256:" + "0" * 62, "not a SHA-256 fingerprint"),
+    # (torchrun refused these on every node, after the whole group was placed)
+    ("GPULAYER_ADVERTISE_ADDRESS", "not an address", "not an address; expected an IP address"),
+    ("GPULAYER_ADVERTISE_ADDRESS", "300.1.1.1", "not an address"),
+    ("GPULAYER_ADVERTISE_ADDRESS", "-box", "not an address"),
 ])
 def test_a_bad_value_names_the_variable_and_what_is_accepted(monkeypatch: pytest.MonkeyPatch, name: str,
                                                               value: str, accepted: str) -> None:
@@ -99,6 +103,9 @@ def test_the_cli_exits_2_with_the_variable_named(tmp_path: Path) -> None:
 
 
 def test_good_addresses_tokens_and_pins_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    for address in ("10.0.0.5", "fd00::5", "gpu-box", "gpu-box.example.com"):
+        monkeypatch.setenv("GPULAYER_ADVERTISE_ADDRESS", address)
+        assert config.settings().advertise_address == address
     pin = "sha256:" + ":".join(["Ab"] * 32)
     for url in ("http://127.0.0.1:8765", "https://gpu-box:8765/", "http://[::1]:8765", "https://h"):
         monkeypatch.setenv("GPULAYER_URL", url)
