@@ -173,14 +173,14 @@ class Requirements(_UserRecord):
     accelerator: str | None = Field(
         default=None, description="accelerator kind (cuda, rocm, mps, ...); None or 'cpu' = none"
     )
-    gpus: int | None = Field(default=None, ge=0, description="devices per node; default 1 with an accelerator")
-    min_gpu_memory_gb: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    gpus: int | None = Field(default=None, ge=0, strict=True, description="devices per node; default 1 with an accelerator")
+    min_gpu_memory_gb: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
     compute_capability: Text | None = Field(default=None, description="specifier, e.g. '>=8.0'")
     frameworks: dict[str, str] = Field(default_factory=dict)
     python: Text | None = Field(default=None, description="specifier, e.g. '>=3.10'")
     os: Text | None = None
-    cpus: int | None = Field(default=None, ge=0)
-    memory_gb: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    cpus: int | None = Field(default=None, ge=0, strict=True)
+    memory_gb: float | None = Field(default=None, ge=0, allow_inf_nan=False, strict=True)
     labels: dict[Text, Text] = Field(default_factory=dict)
     profile: Text | None = Field(default=None, description="runtime profile applied at submit time")
 
@@ -315,9 +315,9 @@ class _JobBase(_UserRecord):
     name: Text | None = Field(default=None, max_length=200)
     requirements: Requirements = Field(default_factory=Requirements)
     placement: Placement = Field(default_factory=Placement)
-    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="seconds per attempt")
-    retries: int = Field(default=0, ge=0, le=100, description="extra attempts after a failure or loss")
-    priority: int = Field(default=0, ge=-1000, le=1000, description="higher runs first")
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True, description="seconds per attempt")
+    retries: int = Field(default=0, ge=0, le=100, strict=True, description="extra attempts after a failure or loss")
+    priority: int = Field(default=0, ge=-1000, le=1000, strict=True, description="higher runs first")
     env: dict[EnvName, Text] = Field(default_factory=dict)
     bundle: Text | None = Field(
         default=None,
@@ -372,8 +372,8 @@ class DistributedJob(_JobBase):
     """One coordinated workload over ``nodes`` workers, launched by a launcher plugin."""
 
     kind: Literal["distributed"] = "distributed"
-    nodes: int = Field(default=1, ge=1, le=1024)
-    nproc_per_node: int = Field(default=1, ge=1, le=1024)
+    nodes: int = Field(default=1, ge=1, le=1024, strict=True)
+    nproc_per_node: int = Field(default=1, ge=1, le=1024, strict=True)
     entry: Text = Field(min_length=1, description="'train.py' or 'package.module:function'")
     args: list[Text] = Field(default_factory=list)
     launcher: str = "torchrun"

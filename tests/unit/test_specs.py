@@ -81,6 +81,17 @@ HAND_BUILT: list[tuple[Callable[[], object], type[Exception], str]] = [
      "target, each listed once"),
     (lambda: gl.DistributedJob(entry="train.py", nodes=0), InvalidInput,
      "DistributedJob(nodes=0): must be at least 1; accepted: a whole number from 1 to 1024"),
+    # no silent conversions: True was a one-second timeout, "2" two nodes
+    (lambda: gl.DistributedJob(entry="train.py", nodes="2"), InvalidInput,
+     "DistributedJob(nodes='2'): not a whole number; accepted: a whole number from 1 to 1024"),
+    (lambda: gl.DistributedJob(entry="train.py", nproc_per_node=True), InvalidInput,
+     "DistributedJob(nproc_per_node=True): not a whole number; accepted: a whole number from 1 to 1024"),
+    (lambda: CommandJob(command=["true"], timeout=True), InvalidInput,
+     "CommandJob(timeout=True): not a number; accepted: a number of seconds > 0 (leave it out for no limit)"),
+    (lambda: CommandJob(command=["true"], retries="1"), InvalidInput,
+     "CommandJob(retries='1'): not a whole number; accepted: a whole number from 0 to 100"),
+    (lambda: Requirements(gpus=True), InvalidRequirement,
+     "Requirements(gpus=True): not a whole number; accepted: a whole number >= 0 (devices per node)"),
 ]
 
 
