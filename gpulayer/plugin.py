@@ -20,7 +20,7 @@ in the CLI's own process.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from gpulayer import devices as _devices
 from gpulayer import plugins as _plugins
@@ -103,6 +103,7 @@ __all__ = [
     "fake_devices_env",
     "hookimpl",
     "no_real_devices_env",
+    "provider_settings",
     "read_text",
     "records",
     "run_tool",
@@ -123,3 +124,15 @@ def records(record_type: type[_R]) -> dict[str, _R]:
     """Every record of ``record_type`` the loaded plugins offer, by name
     (``records(plugin.RuntimeProfile)["acme-npu"]``)."""
     return _plugins.records(record_type)
+
+
+def provider_settings(text: str, adapter: ProviderAdapter, *, where: str = "providers.toml") -> dict[str, Any]:
+    """The settings (``adapter.config`` records) that each section of the providers.toml
+    ``text`` gives ``adapter``, read as ``gpulayer server start`` reads the file, core keys
+    included, without creating a provider (nothing is called). A bad file raises
+    :class:`ValueError` with the message a user sees, naming ``where``, the section and the key.
+    For a provider package's own tests of its documented examples and its errors."""
+    from gpulayer import provider_config
+
+    reading = adapter.model_copy(update={"create": lambda name, settings: object()})
+    return {c.name: c.settings for c in provider_config.parse(text, where, adapters={adapter.name: reading})}

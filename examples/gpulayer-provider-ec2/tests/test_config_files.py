@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 
 from gpulayer import plugin
-from gpulayer.errors import InvalidInput
-from gpulayer.provider_config import parse
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,21 +34,16 @@ def ec2_blocks() -> list[tuple[str, str]]:
     return found
 
 
-@pytest.fixture
-def adapters(adapter: plugin.ProviderAdapter) -> dict[str, plugin.ProviderAdapter]:
-    return {"ec2": plugin.ProviderAdapter(name="ec2", config=adapter.config, create=lambda name, cfg: object())}
-
-
 def test_the_examples_are_found() -> None:
     names = [name for name, _ in ec2_blocks()]
     assert any(n.startswith("README.md") for n in names) and "config.py docstring" in names
 
 
 @pytest.mark.parametrize(("where", "text"), ec2_blocks(), ids=[name for name, _ in ec2_blocks()])
-def test_every_example_loads(adapters: dict[str, plugin.ProviderAdapter], where: str, text: str) -> None:
+def test_every_example_loads(adapter: plugin.ProviderAdapter, where: str, text: str) -> None:
     tomllib.loads(text)
-    [configured] = parse(text, where, adapters=adapters)
-    assert configured.type == "ec2" and configured.settings.regions
+    [settings] = plugin.provider_settings(text, adapter, where=where).values()
+    assert settings.regions
 
 
 @pytest.mark.parametrize(("body", "message"), [
@@ -66,8 +59,8 @@ def test_every_example_loads(adapters: dict[str, plugin.ProviderAdapter], where:
      "f.toml: [aws] regions.us-east-1.ami: 'ubuntu' is not an image id; accepted: ami- followed by 8 to 17 hex "
      "digits"),
 ])
-def test_a_bad_section_is_told_by_the_key_as_written(adapters: dict[str, plugin.ProviderAdapter], body: str,
+def test_a_bad_section_is_told_by_the_key_as_written(adapter: plugin.ProviderAdapter, body: str,
                                                      message: str) -> None:
-    with pytest.raises(InvalidInput) as err:
-        parse('[aws]\ntype = "ec2"\n' + body, "f.toml", adapters=adapters)
+    with pytest.raises(ValueError) as err:
+        plugin.provider_settings('[aws]\ntype = "ec2"\n' + body, adapter, where="f.toml")
     assert str(err.value) == message
