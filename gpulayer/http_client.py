@@ -47,7 +47,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from gpulayer import api, config, progress
 from gpulayer.api import ResultJSON
-from gpulayer.errors import AuthError, ConnectionFailed, GpulayerError, InvalidInput, error_from_wire
+from gpulayer.errors import AuthError, ConnectionFailed, GpulayerError, InvalidInput, NotFound, error_from_wire
 from gpulayer.specs import CHECKED
 from gpulayer.wire import Splice
 
@@ -254,6 +254,10 @@ def _operation(route: api.Route) -> Callable[..., Any]:
             value = values.pop(name)
             if value is None:
                 raise InvalidInput(f"{name}: required for {route.op} over HTTP")
+            if str(value) in ("", ".", "..") or "/" in str(value):
+                # (the server decodes the path before routing: it would reach another route)
+                what = name.removesuffix("_id") if name != "digest" else "bundle"
+                raise NotFound(f"{what} {str(value)!r}: no such {what}")
             path = path.replace("{" + name + "}", quote(str(value), safe=""))
         # a body field given as its JSON text goes into the body as it is, not parsed and
         # written again (a worker's report of a function's result: api.ResultJSON)

@@ -278,6 +278,14 @@ def test_http_client_errors(server: ServerProc, tokens: dict[str, Any]) -> None:
     assert f.value.status_code == 403
     with pytest.raises(NotFound):
         http_client(server.url, token=tokens["client"], retry_for=1).api.get_job("job-nope")
+    # an id the server would route elsewhere once it decodes the path: no such job, as embedded
+    # (an opaque 'HTTP 307', 'GET is not allowed here', 'no such route' before)
+    c = http_client(server.url, token=tokens["client"], retry_for=1)
+    for job_id in ("", "job-3d7c690c6297/cancel", "../workers", ".."):
+        with pytest.raises(NotFound, match=re.escape(f"job {job_id!r}: no such job")):
+            c.api.get_job(job_id)
+    with pytest.raises(NotFound, match="worker '': no such worker"):
+        http_client(server.url, token=server.admin_token, retry_for=1).api.drain_worker("")
 
 
 def test_submit_is_idempotent_through_http_client(server: ServerProc, tokens: dict[str, Any]) -> None:
