@@ -216,25 +216,78 @@ def _problem(err: Mapping[str, Any]) -> str:
     return simple.get(kind, "not accepted")
 
 
+def _records(tp: Any) -> dict[str, type[BaseModel]]:
+    """The records a field of type ``tp`` holds, by the tag pydantic puts in an error's
+    location for each (a union of records tagged by a ``Literal`` field: ``{"command":
+    CommandJob, ...}``; one record: ``{"": it}``); empty when it holds no records."""
+    while typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
+    kinds = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    kinds = tuple(k for k in kinds if k is not type(None))
+    if not kinds or not all(isinstance(k, type) and issubclass(k, BaseModel) for k in kinds):
+        return {}
+    if len(kinds) == 1:
+        return {"": kinds[0]}
+    tags: dict[str, type[BaseModel]] = {}
+    for k in kinds:
+        for info in k.model_fields.values():
+            if typing.get_origin(info.annotation) is typing.Literal and isinstance(info.default, str):
+                tags[info.default] = k
+                break
+    return tags
+
+
+def _field_type(owner: type[BaseModel], name: str) -> Any:
+    """The type of ``owner``'s field ``name``, a list's or a mapping's items for one of those."""
+    info = owner.model_fields.get(name)
+    tp = info.annotation if info is not None else None
+    if typing.get_origin(tp) in (list, tuple):
+        return typing.get_args(tp)[0]
+    if typing.get_origin(tp) is dict:
+        return typing.get_args(tp)[1]
+    return tp
+
+
 def _resolve(model: type[BaseModel], loc: Loc) -> tuple[type[BaseModel], str, str, Loc, type[BaseModel] | None]:
     """Split ``loc`` into the field it names and what lies inside that field's value.
 
-    Returns (the record owning the field, the field's name, its dotted path from ``model``,
-    the rest of ``loc``, the record type the rest applies to, if it is one).
+    Returns (the record owning the field, the field's name, its path from ``model`` as the
+    user writes it, the rest of ``loc``, the record type the rest applies to, if it is one).
+    The walk goes into records nested in records, and in lists and mappings of records (a
+    batch's ``specs.0.retries``), where pydantic's location names the tag of a union member
+    (``specs.0.command.retries``): the tag is not part of the path as written.
     """
     owner, name = model, ""
     parts: list[str] = []
+    holds: dict[str, type[BaseModel]] = {"": model}
     at: type[BaseModel] | None = model
     i = 0
-    while i < len(loc) and at is not None:
+    while i < len(loc):
         part = loc[i]
-        if not isinstance(part, str) or part not in at.model_fields:
-            break
-        owner, name = at, part
-        parts.append(part)
-        annotation = at.model_fields[part].annotation
-        at = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-        i += 1
+        if at is None and isinstance(part, str) and part in holds:  # a union member's tag
+            at = holds[part]
+            i += 1
+            continue
+        if at is not None and isinstance(part, str) and part in at.model_fields:
+            owner, name = at, part
+            parts.append(part)
+            annotation = at.model_fields[part].annotation
+            holds, at = _records(annotation), None
+            if "" in holds:
+                at = holds[""]
+            elif not holds:  # a list or a mapping of records: one step in
+                origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+                if origin in (list, tuple) and args and i + 1 < len(loc) and isinstance(loc[i + 1], int):
+                    holds = _records(args[0])
+                elif origin is dict and len(args) == 2 and i + 1 < len(loc) and isinstance(loc[i + 1], str):
+                    holds = _records(args[1])
+                if holds:
+                    parts.append(str(loc[i + 1]))
+                    i += 1
+                    at = holds.get("")
+            i += 1
+            continue
+        break
     return owner, name, ".".join(parts), tuple(loc[i:]), at
 
 
@@ -286,6 +339,14 @@ def invalid_input(exc: ValidationError, model: type[BaseModel], spelling: Spelli
             rest = rest[:-1]
             value = _lookup(data, loc[:-1])
         where = spelling.input(path, value, rest) if path else (spelling.call or spelling.where or model.__name__)
+        if err["type"] in ("union_tag_invalid", "union_tag_not_found"):  # (which kind of record)
+            ctx = err.get("ctx") or {}
+            key = str(ctx.get("discriminator", "kind")).strip("'")
+            known = ctx.get("expected_tags") or ", ".join(repr(t) for t in _records(_field_type(owner, name)))
+            said = f"{key} {ctx['tag']!r} is not one of the choices" if "tag" in ctx else f"no {key}"
+            lines.append(f"{spelling.input(path, _MISSING, rest) if path else where}: {said}; accepted: a "
+                         f"record whose {key} is one of {known}")
+            continue
         if original is not None:
             lines.append(f"{where}: {original}")
         else:

@@ -236,7 +236,18 @@ def test_bad_query_and_path_values_name_the_parameter(served: tuple[ControlPlane
             ("/v1/jobs/wait", {"job_ids": "job-x"}, "body.job_ids='job-x': not a list; accepted: a list of 1 to 1000 "
                                                     "text values"),
             ("/v1/tokens", {"scope": "root"}, "body.scope='root': not one of the choices; accepted: one of admin, "
-                                              "client, join, bootstrap")):
+                                              "client, join, bootstrap"),
+            # a field of a spec, in a batch too: its own bounds (it said "accepted: a list of 1 to
+            # 1000 records" or "a value of the documented type"), its path without the union's tag
+            ("/v1/jobs/batch", {"specs": [{"kind": "command", "command": ["true"], "retries": 500}]},
+             "body.specs.0.retries=500: must be at most 100; accepted: a whole number from 0 to 100"),
+            ("/v1/jobs/batch", {"specs": [{"kind": "nope"}]},
+             "body.specs.0: kind 'nope' is not one of the choices; accepted: a record whose kind is one of "
+             "'command', 'function', 'distributed'"),
+            ("/v1/jobs", {"spec": {"kind": "command", "command": []}},
+             "body.spec.command: must not be empty; accepted: a list of arguments such as ['python', 'train.py']"),
+            ("/v1/jobs", {"spec": {"kind": "distributed", "entry": "x.py", "nodes": 0}},
+             "body.spec.nodes=0: must be at least 1; accepted: a whole number from 1 to 1024")):
         r = tc.post(path, headers=headers, json=body)
         assert r.status_code == 422 and r.json()["error"]["message"] == said, r.text
     r = tc.head("/v1/bundles/not-hex", headers=headers)
