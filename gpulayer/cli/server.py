@@ -41,18 +41,28 @@ def _write_private(path: Path, text: str) -> None:
 
 def self_signed(host: str, directory: Path) -> tuple[Path, Path]:
     """A certificate + key in ``directory`` (made once, reused), valid for localhost,
-    127.0.0.1, ::1 and ``host``."""
+    127.0.0.1, ::1 and ``host``. One made for other hosts, or expired, is made again, for
+    its names too, and the start says that its fingerprint changed (pinned clients and
+    workers must be given the new one)."""
     cert_path, key_path = directory / "server.crt", directory / "server.key"
     names = {"localhost", "127.0.0.1", "::1", host}
     if cert_path.is_file() and key_path.is_file():
         from cryptography import x509
+        from cryptography.hazmat.primitives import hashes
 
         cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         have = {str(v) for v in san.get_values_for_type(x509.DNSName)} | \
                {str(v) for v in san.get_values_for_type(x509.IPAddress)}
-        if names <= have and cert.not_valid_after_utc > datetime.datetime.now(datetime.timezone.utc):
+        expired = cert.not_valid_after_utc <= datetime.datetime.now(datetime.timezone.utc)
+        if names <= have and not expired:
             return cert_path, key_path
+        old = cert.fingerprint(hashes.SHA256()).hex().upper()
+        why = "it had expired" if expired else f"it did not name {host}"
+        names |= have
+        typer.echo(f"note: made a new self-signed certificate in {directory} ({why}); its fingerprint changed "
+                   f"from sha256:{':'.join(old[i:i + 2] for i in range(0, len(old), 2))}, so clients and workers "
+                   "pinned to that one must be given the new one (below)", err=True)
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec

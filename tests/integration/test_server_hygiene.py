@@ -116,3 +116,26 @@ def test_a_start_it_cannot_make_says_why_exit_2_and_leaves_nothing_behind(tmp_pa
     assert says.format(busy=port) in " ".join(proc.stderr.split()), proc.stderr
     assert "Traceback" not in proc.stderr
     assert not home.exists() or not any(p.name.startswith(("gpulayer.db", "admin")) for p in home.iterdir())
+
+
+def test_a_self_signed_certificate_made_again_for_another_host_says_its_fingerprint_changed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A restart with another --host made a new certificate without a word, and a worker
+    pinned to the old one failed with 'certificate verify failed'."""
+    from cryptography import x509
+
+    from gpulayer.cli.server import self_signed
+    from gpulayer.http_client import fingerprint_of_pem
+
+    cert, _ = self_signed("127.0.0.1", tmp_path)
+    first = fingerprint_of_pem(cert.read_text())
+    assert self_signed("127.0.0.1", tmp_path)[0] == cert and "note:" not in capsys.readouterr().err  # reused
+    self_signed("gpu-box.example.com", tmp_path)
+    said = capsys.readouterr().err
+    assert f"(it did not name gpu-box.example.com); its fingerprint changed from {first}" in " ".join(said.split())
+    assert fingerprint_of_pem(cert.read_text()) != first
+    san = x509.load_pem_x509_certificate(cert.read_bytes()).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    assert "gpu-box.example.com" in san.get_values_for_type(x509.DNSName)
+    self_signed("127.0.0.1", tmp_path)  # (its names kept: the first host is still named, nothing made)
+    assert "note:" not in capsys.readouterr().err
