@@ -316,8 +316,10 @@ class MachineOps(WorkerOps):
         now = self.clock()
         scope = launch.offer.scope
         failover = isinstance(exc, (NoCapacity, QuotaExceeded, SkipOffer))
-        ps.blocks.block(scope, now, provisioning.BLOCK_SECONDS if failover else TRANSIENT_BLOCK)
+        blocked = provisioning.BLOCK_SECONDS if failover else TRANSIENT_BLOCK
+        ps.blocks.block(scope, now, blocked)
         reason = _words(exc)
+        log.warning("%s; %s is skipped for %g s", ps.describe(launch.offer.provider, "launch", exc), scope, blocked)
         with self.store.write() as s:
             for mid in gang:
                 if mid in launched:

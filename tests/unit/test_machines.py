@@ -370,11 +370,16 @@ def test_offers_that_are_not_offers_are_refused_naming_the_plugin_and_asked_agai
 
 
 def test_a_launch_answer_that_is_not_a_launched_machine_fails_over_like_a_raise(
-        store: Store, rec_plugin: str) -> None:
+        store: Store, rec_plugin: str, caplog: pytest.LogCaptureFixture) -> None:
     cp, bad = plane(store, '[bad]\ntype = "rec"\ngarbage = ["launch"]\n[good]\ntype = "rec"\n')
     good = cast(Recorder, cp.providers.configured["good"].provider)  # type: ignore[union-attr]
     job = cp.submit(CLOUD.model_copy(update={"placement": Placement(target="cloud", prefer=["bad", "good"])}))
-    cp.provision()
+    with caplog.at_level(logging.WARNING, logger="gpulayer"):
+        cp.provision()
+    # the server's log names the provider, its plugin, the call, what it returned (as the docs say)
+    assert [r.getMessage() for r in caplog.records if "launch()" in r.getMessage()] == [
+        f"{WHO}: launch() returned a str; accepted: a gpulayer.plugin.LaunchedMachine record; bad/r/a is skipped "
+        "for 30 s"]
     [(_, req)] = [c for c in bad.calls if c[0] == "launch"]
     refused = f"{WHO}: launch() returned a str; accepted: a gpulayer.plugin.LaunchedMachine record"
     m = cp.get_machine(req.machine_id)
