@@ -91,7 +91,8 @@ def offer_record(offer: Offer) -> WorkerRecord:
     """A provider offer as a worker-to-be of origin ``provider`` (the cloud target)."""
     caps_like: Any
     if isinstance(offer, MachineOffer):
-        oid, caps_like = f"{offer.provider}:{offer.shape}", offer
+        # (its region too: a shape offered in two regions is two offers, and each is told apart)
+        oid, caps_like = f"{offer.provider}:{offer.shape}" + (f" in {offer.region}" if offer.region else ""), offer
     else:
         oid, caps_like = offer
     if isinstance(caps_like, (MachineOffer, WorkerRecord)):

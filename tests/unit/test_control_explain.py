@@ -163,6 +163,6 @@ def test_offers_that_fit_are_listed_cheapest_first_when_the_control_plane_has_pr
         e = cp.explain(cloud)
         assert [(o.provider, o.shape, o.price_per_hour, o.spot) for o in e.offers or []] == [
             ("aws", "g5.xlarge", 1.01, True), ("aws", "g5.2xlarge", 1.21, False), ("slurm", "gpu", None, False)]
-        assert e.decision.outcome == "waiting" and "offer aws:g5.xlarge could run it once booted" in e.decision.summary
+        assert e.decision.outcome == "waiting" and "offer aws:g5.xlarge in us-east-1 could run it once booted" in e.decision.summary
     finally:
         store.dispose()

@@ -143,6 +143,8 @@ def test_a_job_that_fits_an_offer_waits_for_its_machine_and_one_that_fits_none_i
     big = cp.submit(make_job(target="cloud", accelerator="cuda", gpus=4))
     assert big.state is JobState.UNSCHEDULABLE
     assert big.error is not None and "cloud: no cloud worker registered" in big.error.message
+    # each offer by its region too (two regions' offers of a shape were two identical lines)
+    assert "\np:a in r: needs 4 usable cuda device(s), worker has 1\n" in big.error.message
     assert [o.shape for o in cp.offers(Requirements(accelerator="cuda", gpus=1))] == ["a"]
     assert cp.offers(Requirements(accelerator="cuda", gpus=2)) == []
 
