@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic import SecretStr
+from sqlmodel import Session
 
 from gpulayer import provisioning, tokens
 from gpulayer.control.providers import ProviderSet
@@ -343,6 +344,24 @@ class MachineOps(WorkerOps):
 
     # ------------------------------------------------------------------ ending machines
 
+    def _ended_elsewhere(self, s: Session, machine_id: str, by: str) -> str | None:
+        """A machine recorded under a provider section no longer configured (renamed,
+        removed) that provider ``by`` listed and terminated as an orphan: its record ends
+        too, instead of showing it alive for ever (no section could end it). Its worker's
+        id, to be taken offline."""
+        assert self.providers is not None
+        row = s.get(MachineRow, machine_id)
+        if (row is None or row.provider == by or row.state not in provisioning.LIVE_STATES
+                or row.provider in self.providers.configured):  # (its own provider ends it, as usual)
+            return None
+        now = self.clock()
+        row.state, row.ended_at, row.updated_at = "terminated", now, now
+        row.reason = f"its provider {row.provider!r} is no longer configured; provider {by!r} terminated it"
+        s.add(row)
+        if row.token_id:
+            queries.revoke_token(s, row.token_id)
+        return row.worker_id
+
     def _end_machine(self, machine_id: str, reason: str, *, drain_first: bool = False,
                      failed: bool | None = None) -> None:
         """terminating (written first) -> the provider's terminate -> terminated, or failed
@@ -412,6 +431,9 @@ class MachineOps(WorkerOps):
                     with self.store.write() as s:
                         self._event(s, "machine_orphan", message=f"{name}: terminated orphan {m.machine_id} "
                                                                  f"({m.provider_id})")
+                        gone = self._ended_elsewhere(s, m.machine_id, name)
+                    if gone is not None:
+                        self.deregister_worker(gone)  # (offline now, its tasks lost: it no longer runs)
                 except ProviderError as exc:
                     log.warning("terminate orphan %s failed (%s)", m.machine_id, ps.describe(name, "terminate", exc))
             if after_start:

@@ -273,6 +273,27 @@ def test_after_a_restart_orphans_are_terminated_and_half_done_launches_settled(s
     assert rec2.count("list") == 1  # the sweep runs once a minute, not every pass
 
 
+def test_a_machine_of_a_renamed_section_that_the_new_one_ends_as_an_orphan_ends_in_the_records(
+        store: Store) -> None:
+    """It stayed 'idle' for ever, its idle time counting, and 'machines terminate' said its
+    provider was not configured: no section could end its record."""
+    cp, rec = plane(store)
+    job = cp.submit(CLOUD)
+    cp.provision()
+    [(_, req)] = [c for c in rec.calls if c[0] == "launch"]
+    reply = cp.join_worker(make_capabilities(devices=make_cuda_devices(1)), machine_id=req.machine_id,
+                           join_token=req.bootstrap_token.get_secret_value())
+    cp.cancel(job.id)
+    renamed, rec2 = plane(store, '[q]\ntype = "rec"\nmax_machines = 4\n')  # [p] is [q] now: same hosts
+    rec2.live = dict(rec.live)
+    renamed.provision()
+    assert ("terminate", req.machine_id) in rec2.calls  # an orphan to [q], as before
+    m = renamed.get_machine(req.machine_id)
+    assert (m.state, m.reason) == ("terminated", "its provider 'p' is no longer configured; provider 'q' "
+                                                 "terminated it")
+    assert not renamed.get_worker(reply.worker_id).online
+
+
 def test_terminate_machine_and_list_providers(store: Store) -> None:
     cp, _ = plane(store)
     job = cp.submit(CLOUD)
