@@ -267,6 +267,10 @@ class MachineOffer(Record):
     availability: Availability = "unknown"
     #: expected seconds from launch to the worker joining (orders offers of equal price)
     boot_seconds: float | None = Field(default=None, ge=0)
+    #: machines of this offer that can run at once (a host of an SSH pool: 1); None: as many
+    #: as the section's max_machines. A distributed job that no one offer can hold gets its
+    #: machines from several offers of the provider.
+    capacity: int | None = Field(default=None, ge=1)
     #: the adapter's own facts about the offer (JSON), handed back in the launch request
     data: dict[str, Any] = Field(default_factory=dict)
 

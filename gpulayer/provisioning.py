@@ -16,10 +16,12 @@ Rules
   of provider names or scopes); then available before limited before unknown, then cheapest
   (capacity you own, priced None, first), then fastest to boot.
 * Launches (:func:`plan`): one machine per unit of demand, in queue order, never more than a
-  provider's ``max_machines`` (machines not yet ended count) and never an offer priced above
-  its ``max_price_per_hour``. A distributed job gets all of its N machines from one offer or
-  none, under one join deadline. An offer whose scope (``provider/region/shape``) is blocked
-  is skipped, as is a provider that is disabled.
+  provider's ``max_machines`` (machines not yet ended count), never more of one offer than its
+  ``capacity`` (machines not ended in its scope count), and never an offer priced above its
+  ``max_price_per_hour``. A distributed job gets all of its N machines at once, under one
+  join deadline: from one offer that can hold them, else from several offers of one provider
+  (the hosts of a pool, one machine each), else none. An offer whose scope
+  (``provider/region/shape``) is blocked is skipped, as is a provider that is disabled.
 * Failover: a launch that fails with ``NoCapacity``, ``QuotaExceeded`` or ``SkipOffer``, and
   a machine that does not join before its deadline, block their scope for
   :data:`BLOCK_SECONDS` for every job; the next pass (or the same one, for a failed launch)
@@ -140,11 +142,18 @@ def demand(queue: Sequence[QueuedCloudJob], offers: Sequence[MachineOffer],
 
 @dataclass(frozen=True)
 class Launch:
-    """Bring up ``count`` machines of ``offer`` for ``job_id`` (count > 1: a gang, together)."""
+    """Bring up ``count`` machines of ``offer`` for ``job_id`` (count > 1: a gang, together);
+    ``parts``, for a gang from several offers of one provider: ``(offer, machines)`` each."""
 
     job_id: str
     offer: MachineOffer
     count: int
+    parts: tuple[tuple[MachineOffer, int], ...] = ()
+
+    @property
+    def pieces(self) -> tuple[tuple[MachineOffer, int], ...]:
+        """Each offer of the launch with its number of machines."""
+        return self.parts or ((self.offer, self.count),)
 
 
 @dataclass
@@ -155,10 +164,22 @@ class ProviderView:
     #: machines not ended (they count against ``max_machines``)
     live: int = 0
     enabled: bool = True
+    #: machines not ended, by scope (they count against their offer's ``capacity``)
+    in_scope: dict[str, int] = field(default_factory=dict)
 
     @property
     def room(self) -> int:
         return max(0, self.limits.max_machines - self.live)
+
+    def free(self, offer: MachineOffer) -> int:
+        """Machines of ``offer`` this provider may still bring up now."""
+        if offer.capacity is None:
+            return self.room
+        return max(0, min(self.room, offer.capacity - self.in_scope.get(offer.scope, 0)))
+
+    def take(self, offer: MachineOffer, count: int) -> None:
+        self.live += count
+        self.in_scope[offer.scope] = self.in_scope.get(offer.scope, 0) + count
 
 
 def plan(jobs: Sequence[DemandJob], providers: Mapping[str, ProviderView], blocked: Mapping[str, float],
@@ -171,16 +192,45 @@ def plan(jobs: Sequence[DemandJob], providers: Mapping[str, ProviderView], block
     for job in jobs:
         if job.pending > 0:
             continue
+        usable = []
         for offer in job.offers:
             p = providers.get(offer.provider)
             if (p is None or not p.enabled or offer.availability == "unavailable"
                     or blocked.get(offer.scope, 0.0) > now or (job.job_id, offer.scope) in skip
-                    or not within_price(offer, p.limits) or p.room < job.nodes):
+                    or not within_price(offer, p.limits)):
                 continue
-            p.live += job.nodes
+            usable.append((offer, p))
+        whole = next(((o, p) for o, p in usable if p.free(o) >= job.nodes), None)
+        if whole is not None:
+            offer, p = whole
+            p.take(offer, job.nodes)
             out.append(Launch(job_id=job.job_id, offer=offer, count=job.nodes))
-            break
+            continue
+        parts = _gang_of_offers(job.nodes, usable) if job.nodes > 1 else None
+        if parts:
+            for offer, n in parts:
+                providers[offer.provider].take(offer, n)
+            out.append(Launch(job_id=job.job_id, offer=parts[0][0], count=job.nodes, parts=tuple(parts)))
     return out
+
+
+def _gang_of_offers(nodes: int, usable: Sequence[tuple[MachineOffer, ProviderView]]
+                    ) -> list[tuple[MachineOffer, int]] | None:
+    """``nodes`` machines from several offers of one provider, in the order they are tried
+    (the first provider that can give them all), or None."""
+    for provider in dict.fromkeys(o.provider for o, _ in usable):
+        picked: list[tuple[MachineOffer, int]] = []
+        need = nodes
+        for offer, p in usable:
+            if offer.provider != provider or need == 0:
+                continue
+            n = min(need, p.free(offer), p.room - (nodes - need))
+            if n > 0:
+                picked.append((offer, n))
+                need -= n
+        if need == 0:
+            return picked
+    return None
 
 
 # --------------------------------------------------------------------------- machines already there

@@ -218,10 +218,11 @@ class MachineOps(WorkerOps):
         while todo:
             retry = []
             for launch, requests in todo:
-                tried.add((launch.job_id, launch.offer.scope))
+                tried.update((launch.job_id, offer.scope) for offer, _ in launch.pieces)
                 if self._launch(launch, requests):
                     continue
-                views[launch.offer.provider].live -= launch.count
+                for offer, n in launch.pieces:
+                    views[offer.provider].take(offer, -n)
                 # failover: the job's next offer, in this same pass
                 retry.extend(provisioning.plan([by_id[launch.job_id]], views, ps.blocks.active(self.clock()),
                                                self.clock(), tried=tried))
@@ -243,14 +244,15 @@ class MachineOps(WorkerOps):
         queue = [provisioning.QueuedCloudJob(job_id=jid, spec=spec, preference=tuple(spec.placement.prefer))
                  for jid, spec in specs.items()]
         pending: dict[str, int] = {}
-        counts: dict[str, int] = {}
+        views = {n: provisioning.ProviderView(limits=c.limits, enabled=ps.status[n].disabled is None)
+                 for n, c in ps.configured.items()}
         for r in live:
-            counts[r.provider] = counts.get(r.provider, 0) + 1
+            view = views.get(r.provider)
+            if view is not None:
+                view.live += 1
+                view.in_scope[_scope(r)] = view.in_scope.get(_scope(r), 0) + 1
             if r.state in provisioning.PENDING_STATES and r.job_id:
                 pending[r.job_id] = pending.get(r.job_id, 0) + 1
-        views = {n: provisioning.ProviderView(limits=c.limits, live=counts.get(n, 0),
-                                              enabled=ps.status[n].disabled is None)
-                 for n, c in ps.configured.items()}
         jobs = provisioning.demand(queue, ps.cached_offers(), pending)
         return jobs, views, provisioning.plan(jobs, views, ps.blocks.active(now), now)
 
@@ -259,13 +261,12 @@ class MachineOps(WorkerOps):
         in ``s``'s transaction; returns what the provider is to be given."""
         ps = self.providers
         assert ps is not None and ps.control_url is not None
-        offer = launch.offer
-        limits = ps.configured[offer.provider].limits
+        limits = ps.configured[launch.offer.provider].limits
         deadline = now + limits.join_timeout
         gang = new_id("gang") if launch.count > 1 else None
         label = self.machine_label()
         requests: list[LaunchRequest] = []
-        for _ in range(launch.count):
+        for offer in (o for o, n in launch.pieces for _ in range(n)):
             mid = new_id("m")
             info, secret = tokens.new_token(s, "bootstrap", now=now, ttl=limits.join_timeout,
                                             description=f"bootstrap token of machine {mid}")
@@ -283,17 +284,17 @@ class MachineOps(WorkerOps):
         gang: all or none); False when it failed."""
         ps = self.providers
         assert ps is not None
-        offer = launch.offer
         now = self.clock()
         launched: list[str] = []
         for req in requests:
+            offer = req.offer
             with self.store.write() as s:
                 self._set_state(s, req.machine_id, "launching", from_=("requested",))
             started = time.perf_counter()
             try:
                 answer: LaunchedMachine = ps.call(offer.provider, "launch", req, timeout=ps.launch_timeout)
             except ProviderError as exc:
-                self._launch_failed(launch, req.machine_id, exc, [r.machine_id for r in requests], launched)
+                self._launch_failed(launch, offer, req.machine_id, exc, [r.machine_id for r in requests], launched)
                 return False
             took = time.perf_counter() - started
             with self.store.write() as s:
@@ -310,17 +311,19 @@ class MachineOps(WorkerOps):
             launched.append(req.machine_id)
         return True
 
-    def _launch_failed(self, launch: provisioning.Launch, machine_id: str, exc: ProviderError,
+    def _launch_failed(self, launch: provisioning.Launch, offer: MachineOffer, machine_id: str, exc: ProviderError,
                        gang: Sequence[str], launched: Sequence[str]) -> None:
+        """``offer``'s launch of ``machine_id`` failed: its scope is blocked, the machines of
+        ``gang`` not ``launched`` fail, and those launched are ended (a gang is all or none)."""
         ps = self.providers
         assert ps is not None
         now = self.clock()
-        scope = launch.offer.scope
+        scope = offer.scope
         failover = isinstance(exc, (NoCapacity, QuotaExceeded, SkipOffer))
         blocked = provisioning.BLOCK_SECONDS if failover else TRANSIENT_BLOCK
         ps.blocks.block(scope, now, blocked)
         reason = _words(exc)
-        log.warning("%s; %s is skipped for %g s", ps.describe(launch.offer.provider, "launch", exc), scope, blocked)
+        log.warning("%s; %s is skipped for %g s", ps.describe(offer.provider, "launch", exc), scope, blocked)
         with self.store.write() as s:
             for mid in gang:
                 if mid in launched:
@@ -334,10 +337,10 @@ class MachineOps(WorkerOps):
         if not failover:
             # the launch may have gone through before the error: make sure nothing is left
             try:
-                ps.call(launch.offer.provider, "terminate", machine_id, None)
+                ps.call(offer.provider, "terminate", machine_id, None)
             except ProviderError as texc:
                 log.warning("terminate %s after a failed launch: %s", machine_id,
-                            ps.describe(launch.offer.provider, "terminate", texc))
+                            ps.describe(offer.provider, "terminate", texc))
         for mid in launched:  # a gang is all or nothing
             self._end_machine(mid, f"another machine of its group failed to launch ({reason})", failed=True)
         self.tokens.forget()

@@ -314,8 +314,10 @@ class SshProvider:
         return offers
 
     def _offer(self, host: HostConfig, caps: plugin.Capabilities, availability: Availability) -> plugin.MachineOffer:
+        # (one machine a host: a distributed job gets its machines from several hosts)
         return plugin.MachineOffer(shape=host.label, region=None, capabilities=caps, price_per_hour=None,
-                                   availability=availability, boot_seconds=BOOT_SECONDS, data={"host": host.label})
+                                   availability=availability, boot_seconds=BOOT_SECONDS, data={"host": host.label},
+                                   capacity=1)
 
     def launch(self, request: plugin.LaunchRequest) -> plugin.LaunchedMachine:
         label = str(request.offer.data.get("host") or request.offer.shape)

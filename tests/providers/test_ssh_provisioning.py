@@ -136,6 +136,24 @@ def two_host_section(sshd: LocalSshd, remote: Path, remote2: Path) -> str:
                       f"hosts = [{toml_value(first)}, {toml_value(second)}]", ""])
 
 
+def test_a_distributed_cloud_job_gets_a_machine_on_each_of_two_hosts(
+        local_sshd: LocalSshd, servers: list[ServerProc], tmp_path: Path) -> None:
+    """A gang took all its machines from one offer, and a host offers one machine: a two-node
+    job launched one, failed the other (no capacity), ended the first, and began again five
+    minutes later, for ever."""
+    remote, remote2 = tmp_path / "remote", tmp_path / "remote" / "second-host"
+    section = two_host_section(local_sshd, remote, remote2).replace("max_machines = 1", "max_machines = 2")
+    _, api = start(servers, tmp_path / "srv", section)
+    job = submit(api, {"kind": "distributed", "entry": "platform", "nodes": 2, "nproc_per_node": 1,
+                       "requirements": {"accelerator": "cuda", "gpus": 1}, "placement": {"target": "cloud"}})
+    done = wait_job(api, job, timeout=240)
+    assert done["state"] == "succeeded", done
+    ms = api("GET", "/v1/machines").json()
+    assert sorted(m["shape"] for m in ms) == ["local", "local2"], ms  # no machine failed on the way
+    assert sorted(t["node_rank"] for t in done["tasks"]) == [0, 1]
+    assert len({t["worker_id"] for t in done["tasks"]}) == 2
+
+
 def test_a_restarted_server_keeps_its_machine_and_stops_an_orphan_found_over_ssh(
         local_sshd: LocalSshd, servers: list[ServerProc], tmp_path: Path) -> None:
     from gpulayer_ssh import SshPoolConfig
@@ -191,9 +209,9 @@ def test_a_pool_whose_key_is_refused_is_disabled_naming_the_host(
 
 
 def test_two_cloud_jobs_at_once_get_a_host_each(local_sshd: LocalSshd, servers: list[ServerProc], tmp_path: Path) -> None:
-    """One machine per host: both jobs run, on different hosts. (The core may plan both on the
-    first host from its cached offers; the second launch then answers NoCapacity and the job
-    fails over to the other host in the same pass, which `jobs show` tells.)"""
+    """One machine per host (each offer's capacity is 1): both jobs run, on different hosts.
+    (A launch on a host that runs one anyway, started meanwhile by someone else, answers
+    NoCapacity and the job fails over to the other host in the same pass.)"""
     remote, remote2 = tmp_path / "remote", tmp_path / "remote" / "second-host"
     section = two_host_section(local_sshd, remote, remote2).replace("max_machines = 1", "max_machines = 2")
     _, api = start(servers, tmp_path / "srv", section)

@@ -31,6 +31,8 @@ class Cfg(BaseModel):
     #: bringing the machine up) its provider id as a bare string, list a dict
     garbage: list[str] = []
     check_fails: bool = False
+    #: machines of each offer at once (None: no bound), as a host of an SSH pool holds one
+    capacity: int | None = None
 
 
 class Recorder:
@@ -55,7 +57,8 @@ class Recorder:
         if "offers" in self.cfg.garbage:
             return cast("list[MachineOffer]", list(self.cfg.shapes))
         return [MachineOffer(shape=s, region="r", capabilities=make_capabilities(devices=make_cuda_devices(1)),
-                             price_per_hour=float(i + 1)) for i, s in enumerate(self.cfg.shapes)]
+                             price_per_hour=float(i + 1), capacity=self.cfg.capacity)
+                for i, s in enumerate(self.cfg.shapes)]
 
     def launch(self, request: LaunchRequest) -> LaunchedMachine:
         self.calls.append(("launch", request))
@@ -203,6 +206,27 @@ def test_a_gang_launches_all_its_machines_or_none(store: Store) -> None:
     machines = [m for m in cp2.list_machines() if m.provider == "q"]
     assert len(machines) == 3 and {m.job_id for m in machines} == {gang.id}
     assert len({m.join_deadline for m in machines}) == 1
+
+
+def test_a_gang_no_one_offer_holds_takes_a_machine_of_each_of_several(store: Store) -> None:
+    """A pool of hosts of one machine each: a two-node job launched a machine on the first
+    host, failed the second with no capacity there, ended the first, and began again five
+    minutes later, for ever."""
+    cp, rec = plane(store, '[p]\ntype = "rec"\nshapes = ["a", "b", "c"]\ncapacity = 1\n')
+    gang = cp.submit(make_distributed_job(2, target="cloud", accelerator="cuda", gpus=1))
+    cp.provision()
+    shapes = [req.offer.shape for m, req in rec.calls if m == "launch"]
+    assert shapes == ["a", "b"]
+    machines = cp.list_machines()
+    assert {(m.shape, m.state, m.job_id) for m in machines} == {("a", "booting", gang.id), ("b", "booting", gang.id)}
+    assert len({m.join_deadline for m in machines}) == 1
+    single = cp.submit(CLOUD)
+    cp.provision()
+    assert [req.offer.shape for m, req in rec.calls if m == "launch"][2:] == ["c"]  # not a or b: they hold one
+    cp.submit(CLOUD)
+    cp.provision()
+    assert rec.count("launch") == 3  # every host holds one
+    assert single.id in {m.job_id for m in cp.list_machines()}
 
 
 def test_the_join_deadline_terminates_the_machine_revokes_its_token_and_blocks_the_scope(store: Store) -> None:

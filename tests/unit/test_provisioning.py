@@ -16,10 +16,10 @@ from tests.factories import make_capabilities, make_cuda_devices, make_distribut
 
 
 def offer(shape: str, *, provider: str = "p", region: str | None = "r", gpus: int = 1, price: float | None = 1.0,
-          availability: Any = "available", boot: float | None = None) -> MachineOffer:
+          availability: Any = "available", boot: float | None = None, capacity: int | None = None) -> MachineOffer:
     return MachineOffer(provider=provider, shape=shape, region=region, price_per_hour=price,
                         capabilities=make_capabilities(devices=make_cuda_devices(gpus)),
-                        availability=availability, boot_seconds=boot)
+                        availability=availability, boot_seconds=boot, capacity=capacity)
 
 
 def q(job_id: str, spec: Any, preference: tuple[str, ...] = ()) -> pv.QueuedCloudJob:
@@ -97,6 +97,28 @@ def test_blocked_scopes_price_caps_disabled_providers_and_tried_offers_are_skipp
     assert launch.offer.scope == "p/north/a"  # east blocked, west over the price cap
     assert [lc.offer.scope for lc in pv.plan([job], providers, blocked, now=150.0)] == ["p/east/a"]  # unblocked
     assert pv.plan([job], providers, {}, now=0.0, tried=[("j", "p/east/a"), ("j", "p/north/a")]) == []
+
+
+def test_an_offer_of_one_machine_at_a_time_holds_one_and_a_gang_takes_several_such_offers() -> None:
+    """An SSH pool offers each host once (capacity 1): a two-node job launched one machine on
+    host a, failed the second with NoCapacity, ended the first and began again five minutes
+    later, for ever; and a second one-node job was sent to a host already running one."""
+    hosts = [offer("a", capacity=1), offer("b", capacity=1), offer("c", capacity=1)]
+    providers = views(p=10)
+    gang = pv.DemandJob(job_id="g", nodes=2, offers=hosts)
+    [launch] = pv.plan([gang], providers, {}, now=0.0)
+    assert [(o.shape, n) for o, n in launch.pieces] == [("a", 1), ("b", 1)] and launch.count == 2
+    assert providers["p"].live == 2 and providers["p"].in_scope == {"p/r/a": 1, "p/r/b": 1}
+    singles = [pv.DemandJob(job_id=f"j{i}", nodes=1, offers=hosts) for i in range(2)]
+    assert [(lc.job_id, lc.offer.shape) for lc in pv.plan(singles, providers, {}, now=0.0)] == [("j0", "c")]
+    # no three hosts free: no part of a gang is launched
+    assert pv.plan([pv.DemandJob(job_id="g3", nodes=3, offers=hosts)], views(p=10), {"p/r/c": 9.0}, now=0.0) == []
+    # one offer that holds the whole gang is preferred to several
+    roomy = offer("big")
+    [launch] = pv.plan([pv.DemandJob(job_id="g", nodes=2, offers=[*hosts, roomy])], views(p=10), {}, now=0.0)
+    assert (launch.offer.shape, launch.parts) == ("big", ())
+    # the provider's max_machines bounds a gang of several offers too
+    assert pv.plan([gang], views(p=1), {}, now=0.0) == []
 
 
 def test_an_unavailable_offer_is_not_launched() -> None:
