@@ -183,6 +183,8 @@ class HttpAPI:
             raise InvalidInput(f"url {url!r}: expected http://HOST:PORT or https://HOST:PORT")
         self.url = _norm_url(url)
         self.token = token
+        #: the file the token was read from, where it came from none of the settings
+        self.token_from: str | None = None
         self.retry_for = retry_for
         verify = True if transport is not None else tls_verify(self.url, ca)
         self.http = httpx.Client(base_url=self.url, verify=verify, transport=transport,
@@ -222,7 +224,12 @@ class HttpAPI:
                 if resp.status_code in ok:
                     return resp
                 if not (route.safe and resp.status_code in RETRY_STATUSES and time.monotonic() + delay <= deadline):
-                    raise error_from_response(resp)
+                    error = error_from_response(resp)
+                    if isinstance(error, AuthError) and self.token_from is not None and token == self.token:
+                        # (the hint names the settings; this token came from neither)
+                        error.args = (str(error).replace("check GPULAYER_TOKEN / --token",
+                                                         f"the admin token read from {self.token_from}"),)
+                    raise error
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
 
@@ -310,15 +317,19 @@ def connect_http(url: str, *, token: str | None = None, ca: str | None = None, r
     recorded in ``$GPULAYER_HOME/server.json`` uses the admin token and CA recorded there.
     """
     info = server_info(url)
+    token_from = None
     if token is None and info is not None:
         path = Path(info.get("admin_token") or config.home() / "admin.token")
         if not path.is_file():  # (recorded by an older server: the home's one file)
             path = config.home() / "admin.token"
         if path.is_file():
             token = path.read_text().strip() or None
+            token_from = str(path) if token else None
     if ca is None and info is not None:
         ca = info.get("ca") or info.get("fingerprint") or None
     if retry_for is None:
         retry_for = config.settings().http_retry_seconds
-    return cast(RemoteAPI, HttpAPI(url, token=token, ca=ca, retry_for=retry_for, transport=transport))
+    api = HttpAPI(url, token=token, ca=ca, retry_for=retry_for, transport=transport)
+    api.token_from = token_from
+    return cast(RemoteAPI, api)
 

@@ -63,6 +63,12 @@ def test_another_database_gets_its_own_admin_token_file_and_a_stopped_server_is_
     try:
         assert again.admin_token == token  # its own, kept
         assert cli("--url", again.url, "jobs", "list", env=base_env(home)).returncode == 0
+        # a token read from the file is not blamed on settings the user never set
+        (home / "admin.token").write_text("glt_not-this-one\n")
+        refused = cli("--url", again.url, "jobs", "list", env=base_env(home))
+        assert refused.returncode == 2 and "GPULAYER_TOKEN" not in refused.stderr, refused.stderr
+        assert f"invalid token: no such token (the admin token read from {home / 'admin.token'})" in refused.stderr
+        (home / "admin.token").write_text(token + "\n")
     finally:
         again.kill()  # (SIGKILL: its server.json stays behind, naming a process that is gone)
     assert (home / "server.json").exists()
