@@ -57,7 +57,8 @@ def explain(plane: ControlPlane, spec: JobSpec | None, *, job_id: str | None = N
     barred = {id(o): plane.providers.barred(o) for o in fitting} if plane.providers is not None else {}
     job_id = job.id if job is not None else EXPLAINED
     result = scheduling.place([scheduling.QueuedJob(id=job_id, spec=spec, seq=0, queued_at=now)], fleet, now,
-                              reserve_after=None, offers=[o for o in fitting if barred.get(id(o)) is None])
+                              reserve_after=None, offers=[o for o in fitting if barred.get(id(o)) is None],
+                              offer_rooms=plane.providers.offer_rooms() if plane.providers is not None else None)
     survey = nearest.survey(spec, fleet)
     by_worker: dict[str, list[TaskRow]] = {}
     for t in tasks:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from sqlmodel import Session
 
@@ -92,7 +92,8 @@ class Cache:
 
 def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
         cache: Cache | None = None, new_job: str | None = None,
-        offers: Sequence[MachineOffer] = (), until_full: bool = False) -> scheduling.PlacementResult | None:
+        offers: Sequence[MachineOffer] = (), offer_rooms: Mapping[str, float] | None = None,
+        until_full: bool = False) -> scheduling.PlacementResult | None:
     """One pass over the whole queue; None when nothing is queued.
 
     Only the jobs it changes are loaded as rows (those assigned, and those whose decision
@@ -107,14 +108,15 @@ def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
     The fleet is read only when the database's change marks say it changed
     (:mod:`gpulayer.control.fleetcache`).
 
-    ``offers``: the providers' cached offers (a cloud job that fits one waits for its machine)."""
+    ``offers``: the providers' cached offers (a cloud job that fits one waits for its machine),
+    ``offer_rooms`` the most machines each provider brings up for one job."""
     cache = cache if cache is not None else Cache()
     if until_full and new_job is None:
         head = queries.queue_head(s, HEAD)
         if not head:
             return None
         workers, room = cache.fleet(s)
-        keys, specs, result = _until_full(s, cache, workers, now, reserve_after, offers, head)
+        keys, specs, result = _until_full(s, cache, workers, now, reserve_after, offers, offer_rooms, head)
     else:
         if new_job is None and not queries.has_queued_jobs(s):
             return None
@@ -124,7 +126,7 @@ def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
             return None
         specs = cache.load(s, [k[0] for k in keys], keep_others=len(keys) == 1 and new_job is not None)
         result = scheduling.place(_queue(keys, specs), workers, now, reserve_after=reserve_after, offers=offers,
-                                  until_full=until_full)
+                                  offer_rooms=offer_rooms, until_full=until_full)
     assigned = {a.job_id for a in result.assignments}
     waiting = [(job_id, attempt, stored) for job_id, _, _, attempt, stored in keys
                if job_id not in assigned and job_id in result.decisions]
@@ -165,7 +167,8 @@ def _queue(keys: Sequence[tuple[str, float, float | None, int, str | None]],
 
 
 def _until_full(s: Session, cache: Cache, workers: list[scheduling.WorkerState], now: float, reserve_after: float,
-                offers: Sequence[MachineOffer], head: list[tuple[str, float, float | None, int, str | None]]
+                offers: Sequence[MachineOffer], offer_rooms: Mapping[str, float] | None,
+                head: list[tuple[str, float, float | None, int, str | None]]
                 ) -> tuple[list[tuple[str, float, float | None, int, str | None]], dict[str, JobSpec],
                            scheduling.PlacementResult]:
     """A pass that stops once the fleet is full, over the head of the queue only.
@@ -180,7 +183,7 @@ def _until_full(s: Session, cache: Cache, workers: list[scheduling.WorkerState],
     while True:
         specs = cache.load(s, [k[0] for k in keys], keep_others=True)
         result = scheduling.place(_queue(keys, specs), workers, now, reserve_after=reserve_after, offers=offers,
-                                  until_full=True)
+                                  offer_rooms=offer_rooms, until_full=True)
         if len(keys) < limit or len(result.decisions) < len(keys):  # the whole queue, or it filled up
             return keys, specs, result
         limit *= 16

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -281,6 +282,18 @@ class ProviderSet:
         let be launched (with ``barred``: those that they never let be, too)."""
         return [o for n in self.enabled() for o in self.status[n].offers
                 if barred or provisioning.never_launched(o, self.configured[n].limits) is None]
+
+    def offer_rooms(self) -> dict[str, float]:
+        """The most machines each enabled provider brings up for one job: its
+        ``max_machines``, or fewer where its offers' capacities add up to fewer (a pool of
+        hosts of one machine each)."""
+        rooms = {}
+        for name in self.enabled():
+            capacities = [o.capacity for o in self.status[name].offers
+                          if provisioning.never_launched(o, self.configured[name].limits) is None]
+            total = math.inf if not capacities or None in capacities else float(sum(c for c in capacities if c))
+            rooms[name] = min(float(self.configured[name].limits.max_machines), total)
+        return rooms
 
     def barred(self, offer: MachineOffer) -> str | None:
         """Why ``offer`` is never launched (:func:`provisioning.never_launched`), or None."""

@@ -39,6 +39,7 @@ class ShapeState:
         "n_in_target",
         "offer",
         "offer_reasons",
+        "offers_fit",
         "per_target",
         "pools",
         "reserve_fail_n",
@@ -58,9 +59,16 @@ class ShapeState:
         self.max_in_target = 0  # the most of them on one target (the largest gang that fits)
         self.offer: str | None = None  # id of the first provider offer that fits
         self.offer_reasons: list[Reason] = []  # why each other offer does not fit
+        #: (id, the most machines its provider brings up for one job) of each offer that fits
+        self.offers_fit: list[tuple[str, float]] = []
         self.pools = {}  # target -> max-heap of (-free units, pos, worker) for reservations
         self.reserve_fail_n = math.inf  # fewest nodes a reservation failed for in this pass
         self._compatible: list[Worker] | None = None
+
+    def offer_for(self, nodes: int) -> str | None:
+        """The first offer that fits whose provider brings up ``nodes`` machines for one job
+        (a gang bigger than a pool of hosts waits for no offer: none could ever hold it)."""
+        return next((oid for oid, room in self.offers_fit if nodes <= room), None)
 
     def compatible_workers(self) -> list[Worker]:
         """The compatible active workers on listed targets, in fleet order."""
@@ -81,8 +89,11 @@ def _smallest_first(kind: str | None, cands: list[Candidate]) -> None:
         cands.sort(key=lambda c: (len(c.eligible), c.cls.n_devices, c.cls.first_pos))
 
 
-def build_shape_state(shape: Shape, classes: list[WorkerClass], offers: list[WorkerRecord]) -> ShapeState:
-    """Run ``check`` once per class (once per blanked class key) and once per offer."""
+def build_shape_state(shape: Shape, classes: list[WorkerClass], offers: list[WorkerRecord],
+                      rooms: dict[str, float] | None = None) -> ShapeState:
+    """Run ``check`` once per class (once per blanked class key) and once per offer;
+    ``rooms``: offer id -> the most machines its provider brings up for one job (none
+    given: no bound)."""
     st = ShapeState(shape)
     by_target: dict[str, list[Candidate]] = {t: [] for t in shape.targets}
     seen: dict[BlankedKey, Compat] = {}
@@ -112,6 +123,7 @@ def build_shape_state(shape: Shape, classes: list[WorkerClass], offers: list[Wor
         if not reasons:
             if st.offer is None:
                 st.offer = orec.id
+            st.offers_fit.append((orec.id, math.inf if rooms is None else rooms.get(orec.id, math.inf)))
         else:
             st.offer_reasons.extend(bind(orec.id, reasons))
     return st
@@ -121,11 +133,12 @@ class ShapeStates(dict[Shape, ShapeState]):
     """The :class:`ShapeState` of every shape seen so far in a pass, built on first lookup
     (``states[shape]``; a dict, so that a hit costs no Python-level call)."""
 
-    def __init__(self, fleet: Fleet, offers: list[WorkerRecord]) -> None:
+    def __init__(self, fleet: Fleet, offers: list[WorkerRecord], rooms: dict[str, float] | None = None) -> None:
         super().__init__()
         self._classes = fleet.classes
         self._offers = offers
+        self._rooms = rooms
 
     def __missing__(self, shape: Shape) -> ShapeState:
-        st = self[shape] = build_shape_state(shape, self._classes, self._offers)
+        st = self[shape] = build_shape_state(shape, self._classes, self._offers, self._rooms)
         return st

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from operator import attrgetter
 
+from gpulayer.hookrecords import MachineOffer
 from gpulayer.records import PlacementDecision, Reason
 from gpulayer.scheduling.candidates import ShapeState, ShapeStates
 from gpulayer.scheduling.capacity import grant, pick, reserve
@@ -31,6 +32,7 @@ def place(
     *,
     reserve_after: float | None = 60.0,
     offers: Sequence[Offer] = (),
+    offer_rooms: Mapping[str, float] | None = None,
     reason_limit: int = 50,
     until_full: bool = False,
 ) -> PlacementResult:
@@ -39,6 +41,9 @@ def place(
     ``reserve_after``: seconds a blocked multi-unit job waits before it reserves workers
     (``None`` or ``math.inf``: never). ``offers``: provider machines that could be booted;
     a job that fits one and is not assigned waits (``offer_requests`` names the offer).
+    ``offer_rooms``: provider -> the most machines it brings up for one job (its
+    ``max_machines``, or what the capacities of its offers add up to): a distributed job of
+    more nodes waits for none of its offers.
     ``reason_limit``: most workers listed in one decision's reasons.
     ``until_full``: stop once no active worker has a free CPU slot or device left (the
     jobs not reached get no decision: the caller keeps their last one). Right after a task
@@ -52,18 +57,22 @@ def place(
     (:mod:`gpulayer.scheduling.collector`).
     """
     with collection_paused():
-        return _place(queue, fleet, now, reserve_after=reserve_after, offers=offers,
+        return _place(queue, fleet, now, reserve_after=reserve_after, offers=offers, offer_rooms=offer_rooms,
                       reason_limit=reason_limit, until_full=until_full)
 
 
 def _place(queue: list[QueuedJob], fleet: list[WorkerState], now: float, *, reserve_after: float | None,
-           offers: Sequence[Offer], reason_limit: int, until_full: bool) -> PlacementResult:
+           offers: Sequence[Offer], offer_rooms: Mapping[str, float] | None, reason_limit: int,
+           until_full: bool) -> PlacementResult:
     if reserve_after is None:
         reserve_after = math.inf
     limit = max(1, reason_limit)
     workers = Fleet(fleet)
     offer_records = [offer_record(o) for o in offers]
-    shapes = ShapeStates(workers, offer_records)
+    rooms = None if offer_rooms is None else {
+        r.id: offer_rooms.get(o.provider, math.inf) for o, r in zip(offers, offer_records, strict=True)
+        if isinstance(o, MachineOffer)}
+    shapes = ShapeStates(workers, offer_records, rooms)
     unschedulable = UnschedulableReasons(workers, has_offers=bool(offer_records), limit=limit)
     waiting = WaitingReasons(limit=limit)
     shared = SharedDecisions(now)
@@ -104,8 +113,9 @@ def _place(queue: list[QueuedJob], fleet: list[WorkerState], now: float, *, rese
                 decisions[qj.id] = waiting_decision(st, nodes, best_partial, reasons, held, reserve_after, now)
             else:
                 decisions[qj.id] = shared.waiting(st, nodes, best_partial, reasons)
-        if st.offer is not None:  # not assigned, and an offer fits: the job waits for it
-            result.offer_requests[qj.id] = st.offer
+        offer = st.offer_for(nodes)
+        if offer is not None:  # not assigned, and an offer fits: the job waits for it
+            result.offer_requests[qj.id] = offer
     return result
 
 
@@ -216,18 +226,23 @@ def unplaceable_decision(st: ShapeState, nodes: int, now: float,
                          unschedulable: UnschedulableReasons) -> PlacementDecision:
     """No target has ``nodes`` compatible workers: waiting for an offer that fits, or
     unschedulable (the reason lists are built once per shape)."""
-    if st.offer is not None:
+    offer = st.offer_for(nodes)
+    if offer is not None:
         return PlacementDecision(
             outcome="waiting", at=now,
-            summary=f"waiting: no compatible worker registered yet; offer {st.offer} could run it once booted",
+            summary=f"waiting: no compatible worker registered yet; offer {offer} could run it once booted",
         )
     if st.n_compat == 0:
         summary = NO_ELIGIBLE_WORKER
-        reasons = unschedulable.of(st)
+        reasons = list(unschedulable.of(st))
     else:
         summary = f"scheduling: needs {nodes} eligible workers on one target, found {st.max_in_target}"
         reasons = too_few_workers(st, nodes)
         reasons.extend(unschedulable.of(st))
+    # offers that fit, whose providers never bring up so many machines for one job
+    reasons.extend(Reason(worker=oid, code="machines", wanted=str(nodes), have=f"{room:g}",
+                          message=f"needs {nodes} machines at once, its provider brings up {room:g} at most")
+                   for oid, room in st.offers_fit)
     return PlacementDecision(outcome="unschedulable", summary=summary, reasons=reasons, at=now)
 
 
@@ -242,6 +257,7 @@ def waiting_decision(st: ShapeState, nodes: int, best_partial: int, reasons: lis
     if held:
         names = ", ".join(held[:5]) + (f" +{len(held) - 5} more" if len(held) > 5 else "")
         summary += f"; reserved {names} for it (queued longer than reserve_after={reserve_after:g}s)"
-    if st.offer is not None:
-        summary += f"; offer {st.offer} could run it once booted"
+    offer = st.offer_for(nodes)
+    if offer is not None:
+        summary += f"; offer {offer} could run it once booted"
     return PlacementDecision(outcome="waiting", summary=summary, reasons=reasons, at=now)

@@ -198,14 +198,33 @@ def test_a_transient_error_is_not_retried_at_every_pass(store: Store) -> None:
 
 def test_a_gang_launches_all_its_machines_or_none(store: Store) -> None:
     cp, rec = plane(store, '[p]\ntype = "rec"\nmax_machines = 2\n')
-    gang = cp.submit(make_distributed_job(3, target="cloud", accelerator="cuda", gpus=1))
+    spec = make_distributed_job(3, target="cloud", accelerator="cuda", gpus=1)
+    # 3 machines do not fit a cap of 2: no offer to wait for (it failed at once, or waits
+    # for a worker to join, saying why)
+    refused = cp.submit(spec)
+    assert refused.state is JobState.UNSCHEDULABLE and refused.error is not None
+    assert "p:a in r: needs 3 machines at once, its provider brings up 2 at most" in refused.error.message
+    gang = cp.submit(spec.model_copy(update={"placement": Placement(target="cloud", on_unschedulable="wait")}))
     cp.provision()
-    assert rec.count("launch") == 0  # 3 machines do not fit a cap of 2
+    assert rec.count("launch") == 0
     cp2, _ = plane(store, '[q]\ntype = "rec"\nmax_machines = 3\n')
+    cp2.schedule_queue()  # (a pass as the server's loop runs them: the job waits for [q]'s offer now)
     cp2.provision()
     machines = [m for m in cp2.list_machines() if m.provider == "q"]
     assert len(machines) == 3 and {m.job_id for m in machines} == {gang.id}
     assert len({m.join_deadline for m in machines}) == 1
+
+
+def test_a_gang_bigger_than_what_the_offers_hold_together_is_unschedulable(store: Store) -> None:
+    """Three nodes on a pool of two hosts of one machine each waited for ever, saying a
+    machine was coming."""
+    cp, rec = plane(store, '[p]\ntype = "rec"\nshapes = ["a", "b"]\ncapacity = 1\n')
+    job = cp.submit(make_distributed_job(3, target="cloud", accelerator="cuda", gpus=1))
+    assert job.state is JobState.UNSCHEDULABLE and job.error is not None
+    assert "p:a in r: needs 3 machines at once, its provider brings up 2 at most" in job.error.message
+    cp.provision()
+    assert rec.count("launch") == 0
+    assert cp.submit(make_distributed_job(2, target="cloud", accelerator="cuda", gpus=1)).state is JobState.QUEUED
 
 
 def test_a_gang_no_one_offer_holds_takes_a_machine_of_each_of_several(store: Store) -> None:
