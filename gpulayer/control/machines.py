@@ -436,7 +436,7 @@ class MachineOps(WorkerOps):
                                                                  f"({m.provider_id})")
                         gone = self._ended_elsewhere(s, m.machine_id, name)
                     if gone is not None:
-                        self.deregister_worker(gone)  # (offline now, its tasks lost: it no longer runs)
+                        self.worker_gone(gone, "its machine was terminated as an orphan")
                 except ProviderError as exc:
                     log.warning("terminate orphan %s failed (%s)", m.machine_id, ps.describe(name, "terminate", exc))
             if after_start:

@@ -280,6 +280,11 @@ class WorkerOps(Core):
         (one it had not started yet goes back to the queue at no cost to its job)."""
         self._take_offline(worker_id, "its credential was revoked", "worker_revoked", online_only=True)
 
+    def worker_gone(self, worker_id: str, why: str) -> None:
+        """The worker no longer runs (its machine ended): offline now, its unfinished tasks
+        lost (``why``); one already offline, or pruned, is left as it is."""
+        self._take_offline(worker_id, why, "worker_gone", online_only=True)
+
     def _take_offline(self, worker_id: str, why: str, event: str, *, online_only: bool) -> None:
         """Offline now, its unfinished tasks lost (``why``), its credentials revoked; with
         ``online_only`` a worker already offline (or gone) is left as it is."""

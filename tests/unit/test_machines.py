@@ -335,6 +335,18 @@ def test_a_machine_of_a_renamed_section_that_the_new_one_ends_as_an_orphan_ends_
     assert (m.state, m.reason) == ("terminated", "its provider 'p' is no longer configured; provider 'q' "
                                                  "terminated it")
     assert not renamed.get_worker(reply.worker_id).online
+    # a worker pruned meanwhile is no error of the sweep's (it stopped the sweep with NotFound)
+    again, rec3 = plane(store, '[r]\ntype = "rec"\n')
+    with store.write() as s:
+        from gpulayer.store import queries
+
+        row = queries.machine(s, req.machine_id)
+        row.provider, row.state, row.ended_at = "gone", "idle", None
+        s.add(row)
+    renamed.prune_workers(worker_ids=[reply.worker_id])
+    rec3.live = {**dict(rec.live), "m-other": LiveMachine(machine_id="m-other", provider_id="i-o")}
+    assert sorted(again.sweep_orphans()) == sorted([req.machine_id, "m-other"])
+    assert again.get_machine(req.machine_id).state == "terminated"
 
 
 def test_terminate_machine_and_list_providers(store: Store) -> None:
