@@ -178,7 +178,8 @@ def listening_socket(host: str, port: int, *, flag: str = "--port") -> socket.so
     that the address printed is the one listening (``--port 0`` works) and a port in use is
     said plainly (exit 2) before anything is created."""
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        family = socket.AF_INET if host == "" else (  # ("": every IPv4 address, as uvicorn took it)
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0])
     except socket.gaierror as exc:
         typer.echo(f"error: --host {host}: not an address of this machine ({exc.strerror})", err=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None

@@ -134,6 +134,9 @@ def server_start(
                    "tokens would cross the network in the clear. Use --tls-cert/--tls-key or --self-signed, "
                    "or --insecure-http if a proxy in front terminates TLS.", err=True)
         raise typer.Exit(EXIT_BAD_INPUT)
+    # bound first: a port in use is said plainly before a certificate, a database or an admin
+    # token is made (a failed start must not replace the certificate of a server running there)
+    sock = listening_socket(host, port)
     home = config.home()
     fingerprint = None
     ca_path: str | None = None
@@ -149,8 +152,6 @@ def server_start(
     from gpulayer.control.providers import ProviderSet
 
     configured = provider_config.load(providers)  # a bad file stops the start here (exit 2)
-    # (bound before the database and the admin token are made: a port in use is said plainly)
-    sock = listening_socket(host, port)
     store = _open_store(database)
     control = ControlPlane(store, results_as_text=True)  # (written into answers as stored)
     if configured:

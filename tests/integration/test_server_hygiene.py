@@ -101,6 +101,8 @@ def test_another_database_gets_its_own_admin_token_file_and_a_stopped_server_is_
     (["--database", "postgresql://postgres@127.0.0.1:1/test"], "error: --database postgresql://postgres@127.0.0.1:1/test: "
                                                                "cannot open the database:"),
     (["--port", "{busy}"], "error: cannot listen on 127.0.0.1:{busy}: Address already in use; pick another with --port"),
+    # (a --self-signed start for another host made a new certificate before it found the port taken)
+    (["--port", "{busy}", "--self-signed"], "error: cannot listen on 127.0.0.1:{busy}"),
 ])
 def test_a_start_it_cannot_make_says_why_exit_2_and_leaves_nothing_behind(tmp_path: Path, args: list[str],
                                                                            says: str) -> None:
@@ -121,7 +123,7 @@ def test_a_start_it_cannot_make_says_why_exit_2_and_leaves_nothing_behind(tmp_pa
     assert proc.returncode == 2, proc.stderr
     assert says.format(busy=port) in " ".join(proc.stderr.split()), proc.stderr
     assert "Traceback" not in proc.stderr
-    assert not home.exists() or not any(p.name.startswith(("gpulayer.db", "admin")) for p in home.iterdir())
+    assert not home.exists() or not any(p.name.startswith(("gpulayer.db", "admin", "tls")) for p in home.iterdir())
 
 
 def test_a_self_signed_certificate_made_again_for_another_host_says_its_fingerprint_changed(
