@@ -52,14 +52,15 @@ def _text(name: str, raw: str) -> str | None:
 
 
 def _control_url(name: str, raw: str) -> str | None:
-    """A control plane's URL: ``http(s)://HOST[:PORT]``, nothing more (a user name and
-    password in it would replace the token's header; a query or a path reach no route)."""
+    """A control plane's URL: ``http(s)://HOST[:PORT]``, with a path where a proxy serves it
+    under one (``https://proxy/gpulayer``: the API's paths follow it); no user name and
+    password (they would replace the token's header), no query or fragment (no route has one)."""
     from urllib.parse import urlsplit
 
     text = raw.strip()
     if not text:
         return None
-    accepted = "expected http://HOST:PORT or https://HOST:PORT"
+    accepted = "expected http://HOST:PORT or https://HOST:PORT (a proxy's path may follow)"
     try:
         parts = urlsplit(text)
         port = parts.port  # (ValueError for a port that is no number 0-65535)
@@ -69,8 +70,8 @@ def _control_url(name: str, raw: str) -> str | None:
            "no host" if not parts.hostname else
            "a user name or password in it (give the token with --token / GPULAYER_TOKEN)"
            if parts.username is not None or parts.password is not None else
-           "a path, query or fragment after the address" if parts.path not in ("", "/") or parts.query
-           or parts.fragment else "port 0" if port == 0 else None)
+           "a query or fragment after the address" if parts.query or parts.fragment
+           else "port 0" if port == 0 else None)
     if why is not None:
         raise InvalidInput(f"{name}={raw!r}: {why}; {accepted}")
     return text
@@ -319,7 +320,7 @@ SETTINGS: tuple[Setting, ...] = (
             "threads of `gpulayer server start` for database calls"),
     Setting("GPULAYER_PROVIDERS", "providers", _text, None, "`$GPULAYER_HOME/providers.toml` if it exists",
             "the providers file of `gpulayer server start` (what `--providers FILE` sets): docs/providers.md"),
-    Setting("GPULAYER_PUBLIC_URL", "public_url", _text, None, "the URL the server listens on",
+    Setting("GPULAYER_PUBLIC_URL", "public_url", _control_url, None, "the URL the server listens on",
             "the URL machines booted by providers reach `gpulayer server start` at"),
     Setting("GPULAYER_MACHINE_ID", "machine_id", _text, None, "unset",
             "set by a provider on a machine it boots: `gpulayer worker start` joins as that machine"),

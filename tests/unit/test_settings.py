@@ -78,8 +78,10 @@ def test_the_settings_follow_every_change_of_the_environment(monkeypatch: pytest
     ("GPULAYER_URL", "http://127.0.0.1:99999", "Port out of range 0-65535"),
     ("GPULAYER_URL", "http://", "no host"),
     ("GPULAYER_URL", "http://u:p@127.0.0.1:8765", "a user name or password in it"),
-    ("GPULAYER_URL", "http://127.0.0.1:8765?x=1", "a path, query or fragment after the address"),
-    ("GPULAYER_URL", "https://h:8765/api", "a path, query or fragment after the address"),
+    ("GPULAYER_URL", "http://127.0.0.1:8765?x=1", "a query or fragment after the address"),
+    ("GPULAYER_URL", "https://h:8765/api#top", "a query or fragment after the address"),
+    # (it becomes the GPULAYER_URL of the machines providers boot: checked the same)
+    ("GPULAYER_PUBLIC_URL", "https://proxy.example/gpulayer?x=1", "a query or fragment after the address"),
     ("GPULAYER_CA", "sha256:zz", "not a SHA-256 fingerprint; expected sha256: and 64 hex digits"),
     ("GPULAYER_CA", "sha256:" + "0" * 62, "not a SHA-256 fingerprint"),
     # (torchrun refused these on every node, after the whole group was placed)
@@ -107,7 +109,8 @@ def test_good_addresses_tokens_and_pins_pass(monkeypatch: pytest.MonkeyPatch) ->
         monkeypatch.setenv("GPULAYER_ADVERTISE_ADDRESS", address)
         assert config.settings().advertise_address == address
     pin = "sha256:" + ":".join(["Ab"] * 32)
-    for url in ("http://127.0.0.1:8765", "https://gpu-box:8765/", "http://[::1]:8765", "https://h"):
+    for url in ("http://127.0.0.1:8765", "https://gpu-box:8765/", "http://[::1]:8765", "https://h",
+                "https://proxy.example/gpulayer"):  # (a proxy's path: the API's paths follow it)
         monkeypatch.setenv("GPULAYER_URL", url)
         monkeypatch.setenv("GPULAYER_TOKEN", "glt_g0o3MMvPSNZ1TSR315tIpHMZufZlNwCR-x_y")
         monkeypatch.setenv("GPULAYER_CA", pin)
