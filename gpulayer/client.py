@@ -105,11 +105,14 @@ class Client:
             update["placement"] = spec.placement.model_copy(update={"target": self.default_target})
         return spec.model_copy(update=update)
 
-    def prepare(self, spec: JobSpec) -> JobSpec:
-        """:meth:`resolve`, then upload the bundle; returns the spec the control plane stores."""
+    def prepare(self, spec: JobSpec, *, files: dict[str, Any] | None = None) -> JobSpec:
+        """:meth:`resolve`, then upload the bundle; returns the spec the control plane stores
+        (``files``: where the bundle's files are noted, by its folder, for specs that reuse it)."""
         spec = self.resolve(spec)
         if spec.bundle is not None:
             bundle = bundles.build_bundle(spec.bundle)
+            if files is not None:
+                files[spec.bundle] = bundle.files
             missing = entry_not_sent(spec, bundle.files)
             if missing is not None:
                 raise InvalidInput(missing)
@@ -146,13 +149,17 @@ class Client:
         for spec in specs:
             _refuse_while_importing(spec)
         digests: dict[str, str | None] = {}  # bundle -> its address (a .map()'s jobs share one)
+        files: dict[str, Any] = {}  # bundle -> its files
         prepared = []
         for spec in specs:
             if spec.bundle is not None and spec.bundle in digests:
+                missing = entry_not_sent(spec, files[spec.bundle])
+                if missing is not None:
+                    raise InvalidInput(missing)
                 spec = spec.model_copy(update={"bundle": None, "bundle_digest": digests[spec.bundle]})
                 prepared.append(self.resolve(spec))
                 continue
-            ready = self.prepare(spec)
+            ready = self.prepare(spec, files=files)
             if spec.bundle is not None:
                 digests[spec.bundle] = ready.bundle_digest
             prepared.append(ready)

@@ -187,7 +187,8 @@ class Trainer:
         nproc_per_node = opts.pop("nproc_per_node", None)
         gpus = opts.pop("gpus_per_node", None)
         launcher = opts.pop("launcher", None)
-        args = opts.pop("args", None) or ()
+        args = opts.pop("args", None)
+        args = () if args is None else args
         if not isinstance(args, (list, tuple)):
             raise InvalidArgument(f"{call}(args={args!r}): {'a string, not a list' if isinstance(args, str) else 'not a list'}; "
                                   "accepted: a list of arguments such as ['--epochs', '3']")

@@ -238,6 +238,8 @@ def test_the_cli_takes_python_before_a_distributed_entry_as_written_for_one_proc
 @pytest.mark.parametrize(("options", "says"), [
     ({"args": 5}, "Trainer(args=5): not a list; accepted: a list of arguments such as ['--epochs', '3']"),
     ({"args": "--epochs 3"}, "Trainer(args='--epochs 3'): a string, not a list; accepted: a list of arguments"),
+    ({"args": ""}, "Trainer(args=''): a string, not a list"),
+    ({"args": False}, "Trainer(args=False): not a list"),
     ({"args": ["--lr", None]}, "Trainer(args[1]=None): accepted: text or a number, as on a command line"),
     ({"args": [True]}, "Trainer(args[0]=True): accepted: text or a number"),
     ({"client": "x"}, "Trainer(client='x'): not a client; accepted: what gl.connect() returns"),

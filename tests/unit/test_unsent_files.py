@@ -191,6 +191,9 @@ def test_a_distributed_script_entry_its_bundle_does_not_hold_is_refused(here: Pa
                                               r"its ignore rules \(.gitignore, .gpulayerignore\) leave it out"):
         gl.submit(DistributedJob(nodes=2, entry="./train.py", bundle=".", placement=wait))
     (here / ".gpulayerignore").unlink()
+    # in a batch too, where the specs after the first that send this folder reuse its upload
+    with pytest.raises(gl.InvalidInput, match=r"^entry 'nope.py': not in the bundle of '.'"):
+        gl.submit_many([DistributedJob(nodes=2, entry=e, bundle=".", placement=wait) for e in ("train.py", "nope.py")])
     # what the bundle holds, and entries that are no script of its folder, go through
     handles = [gl.submit(DistributedJob(nodes=2, entry=entry, bundle=".", placement=wait))
                for entry in ("train.py", "./train.py", "pkg.main:fn", "mymod", "/opt/train.py")]
