@@ -220,13 +220,15 @@ def _gang_of_offers(nodes: int, usable: Sequence[tuple[MachineOffer, ProviderVie
     (the first provider that can give them all), or None."""
     for provider in dict.fromkeys(o.provider for o, _ in usable):
         picked: list[tuple[MachineOffer, int]] = []
+        in_scope: dict[str, int] = {}  # (two offers of one scope, spot and not, share its capacity)
         need = nodes
         for offer, p in usable:
             if offer.provider != provider or need == 0:
                 continue
-            n = min(need, p.free(offer), p.room - (nodes - need))
+            n = min(need, p.free(offer) - in_scope.get(offer.scope, 0), p.room - (nodes - need))
             if n > 0:
                 picked.append((offer, n))
+                in_scope[offer.scope] = in_scope.get(offer.scope, 0) + n
                 need -= n
         if need == 0:
             return picked

@@ -119,6 +119,10 @@ def test_an_offer_of_one_machine_at_a_time_holds_one_and_a_gang_takes_several_su
     assert (launch.offer.shape, launch.parts) == ("big", ())
     # the provider's max_machines bounds a gang of several offers too
     assert pv.plan([gang], views(p=1), {}, now=0.0) == []
+    # two offers of one scope (spot and not) share its capacity
+    twins = [offer("a", capacity=1), offer("a", capacity=1, price=2.0), offer("b", capacity=1)]
+    [launch] = pv.plan([pv.DemandJob(job_id="g", nodes=2, offers=twins)], views(p=10), {}, now=0.0)
+    assert [(o.shape, n) for o, n in launch.pieces] == [("a", 1), ("b", 1)]
 
 
 def test_an_unavailable_offer_is_not_launched() -> None:
