@@ -339,7 +339,7 @@ SETTINGS: tuple[Setting, ...] = (
             "the RAM a worker reports, in GB (2^30 bytes); resources.toml `memory_gb`"),
     Setting("GPULAYER_OVERRIDE_DISK_FREE_GB", "override_disk_free_gb", _nonnegative, None, "detected",
             "the free disk a worker reports, in GB; resources.toml `disk_free_gb`"),
-    Setting("GPULAYER_OVERRIDE_ADDRESS", "override_address", _text, None, "detected",
+    Setting("GPULAYER_OVERRIDE_ADDRESS", "override_address", _address, None, "detected",
             "the address a worker reports for peers (behind NAT); resources.toml `address`"),
     Setting("GPULAYER_OVERRIDE_HIDE_DEVICES", "override_hide_devices", _device_refs, None, "none",
             "devices a worker does not offer, comma separated: `cuda:1`, or `cuda` for all of a kind; "
@@ -448,7 +448,12 @@ def home() -> Path:
     if known is not None and known.is_dir():  # (looked at several times per job: one stat)
         return known
     path = Path(raw).expanduser().resolve()
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:  # (a file of that name, a folder it may not write in)
+        source = "GPULAYER_HOME" if settings().home else "the default home (~/.gpulayer)"
+        raise InvalidInput(f"{source}={raw!r}: cannot be the state directory: {exc.strerror}; expected a folder "
+                           "this user may create or write in") from None
     st = path.stat()
     if st.st_uid == os.getuid() and st.st_mode & 0o077:  # made before, or by something else
         os.chmod(path, 0o700)

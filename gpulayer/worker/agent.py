@@ -104,6 +104,7 @@ class Agent:
         # a long poll answers as soon as a task is assigned, so it can wait long
         self.poll_wait = poll_wait if poll_wait is not None else getattr(api, "poll_wait", 1.0)
         self.grace = grace
+        self._stop_grace = grace
         self.kill_grace = kill_grace
         self.idle_exit = idle_exit
         #: set when a join already registered this worker (a server's join token)
@@ -183,6 +184,7 @@ class Agent:
     def stop(self, grace: float | None = None) -> None:
         """Stop taking work; give running tasks ``grace`` seconds, then end them; report all."""
         grace = self.grace if grace is None else grace
+        self._stop_grace = grace  # (what a task ended by the stop says it was given)
         self._stopping.set()
         if self.worker_id is not None and self.refused is None:
             waited_briefly("mark the worker draining", self._drain_call)
@@ -580,7 +582,7 @@ class Agent:
             # ended because this worker is stopping, not because anyone cancelled the job:
             # a failure the job may retry elsewhere
             state = TaskState.FAILED
-            outcome.error = f"the worker stopped before the task finished (grace {self.grace:g} s)"
+            outcome.error = f"the worker stopped before the task finished (grace {self._stop_grace:g} s)"
         report = TaskOutcome(state, exit_code=outcome.exit_code)
         if outcome.error and state is not TaskState.SUCCEEDED:
             report.error = JobError.ended(state, outcome.error)

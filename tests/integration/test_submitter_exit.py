@@ -31,12 +31,14 @@ def run_script(home: Path, script: Path, **kw: object) -> subprocess.Popen[str]:
 
 
 def jobs_in(home: Path) -> list[object]:
+    """The home's jobs, each with its tasks."""
     from gpulayer.control import ControlPlane
     from gpulayer.store import Store
 
     store = Store(f"sqlite:///{home / 'gpulayer.db'}")
     try:
-        return list(ControlPlane(store).list_jobs(limit=1000))
+        plane = ControlPlane(store)
+        return [plane.get_job(j.id) for j in plane.list_jobs(limit=1000)]
     finally:
         store.dispose()
 
@@ -128,4 +130,8 @@ def test_sigterm_to_the_script_ends_its_jobs_and_their_processes(home: Path, tmp
     [job] = jobs_in(home)
     assert job.state.value == "cancelled"  # type: ignore[attr-defined]
     assert job.error.message == "the process that submitted it received SIGTERM"  # type: ignore[attr-defined]
+    [task] = job.tasks  # type: ignore[attr-defined]
+    # the grace the stop gave it (the in-process worker's is GPULAYER_EXIT_GRACE's 2 s at most), not
+    # the worker's default of 10 s
+    assert task.error is None or "(grace 10 s)" not in task.error.message, task.error
     assert not any((home / "tasks").glob("*")), "task directories are removed"

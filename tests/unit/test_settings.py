@@ -88,6 +88,7 @@ def test_the_settings_follow_every_change_of_the_environment(monkeypatch: pytest
     ("GPULAYER_ADVERTISE_ADDRESS", "not an address", "not an address; expected an IP address"),
     ("GPULAYER_ADVERTISE_ADDRESS", "300.1.1.1", "not an address"),
     ("GPULAYER_ADVERTISE_ADDRESS", "-box", "not an address"),
+    ("GPULAYER_OVERRIDE_ADDRESS", "not an ip", "not an address"),  # (resources.toml's address refused it)
 ])
 def test_a_bad_value_names_the_variable_and_what_is_accepted(monkeypatch: pytest.MonkeyPatch, name: str,
                                                               value: str, accepted: str) -> None:
@@ -137,3 +138,13 @@ def test_worker_start_refuses_a_bad_preload_naming_the_flag(tmp_path: Path) -> N
     assert r.returncode == 2
     assert r.stderr.strip() == ("error: --preload 'torch,numpy, 2d': '2d' is not a module name; expected Python "
                                 "module names, comma separated (torch,numpy.linalg)")
+
+
+def test_a_home_that_cannot_be_a_folder_is_refused_naming_the_variable(tmp_path: Path) -> None:
+    """A file named by GPULAYER_HOME was a FileExistsError traceback, exit 1."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for words in (["jobs", "list"], ["resources", "detect"]):
+        r = cli(*words, env={"GPULAYER_HOME": str(afile), "GPULAYER_WARM_CLI": "0"})
+        assert (r.returncode, "Traceback" in r.stderr) == (2, False), r.stderr
+        assert f"error: GPULAYER_HOME='{afile}': cannot be the state directory: File exists" in r.stderr
