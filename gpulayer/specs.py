@@ -195,6 +195,15 @@ class Requirements(_UserRecord):
                                      "or 'cpu' for none")
         return None if v == "cpu" else v
 
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not key.strip() or "=" in key:
+                raise InvalidRequirement(f"label key {key!r}: {'empty' if not key.strip() else 'holds an ='}; "
+                                         "accepted: KEY=VALUE pairs with a KEY of text, not empty")
+        return v
+
     @field_validator("frameworks", mode="before")
     @classmethod
     def _frameworks(cls, v: Any) -> Any:
@@ -338,6 +347,9 @@ class CommandJob(_JobBase):
         if isinstance(v, str):
             raise InvalidInput("a string, not a list of arguments; accepted: a list of arguments such as "
                                "['python', 'train.py']")
+        if isinstance(v, (list, tuple)) and v and isinstance(v[0], str) and not v[0].strip():
+            raise InvalidInput("the program to run is empty; accepted: a list of arguments whose first names the "
+                               "program, such as ['python', 'train.py']")
         return v
 
 

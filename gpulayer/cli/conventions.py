@@ -194,3 +194,15 @@ def listening_socket(host: str, port: int, *, flag: str = "--port") -> socket.so
         raise typer.Exit(EXIT_BAD_INPUT) from None
     sock.listen(4096)
     return sock
+
+
+def existing_program(value: str | None, flag: str = "--python") -> str | None:
+    """``value`` of ``flag`` (the Python that runs jobs) if it names a program: a path, or a
+    name on ``PATH``; else said, exit 2 (it was taken, and every job failed to start)."""
+    import shutil
+
+    if value is not None and shutil.which(value) is None:
+        typer.echo(f"error: {flag} {value}: no such program; accepted: the path of a Python, or its name on PATH",
+                   err=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    return value

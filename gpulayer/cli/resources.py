@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from gpulayer.cli.commands import help_of
+from gpulayer.cli.conventions import existing_program
 from gpulayer.units import format_gb
 
 if TYPE_CHECKING:  # pydantic records and pluggy: loaded by the commands, not by --help
@@ -140,7 +141,7 @@ def detect(
     from gpulayer.resources import detect_stored
 
     _load_plugins()
-    python = python or sys.executable
+    python = existing_program(python) or sys.executable
     caps, entry_id = detect_stored(python=python, timeout=timeout, use_cache=not refresh)
     if as_json:
         typer.echo(caps.model_dump_json(indent=2))

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 
 from gpulayer.cli.commands import help_of
-from gpulayer.cli.conventions import EXIT_BAD_INPUT, echo_json, json_option
+from gpulayer.cli.conventions import EXIT_BAD_INPUT, echo_json, existing_program, json_option
 from gpulayer.cli.display import printable
 from gpulayer.errors import InvalidInput
 from gpulayer.units import format_gb
@@ -52,11 +52,12 @@ def worker_start(
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     labels = {}
     for item in label:
-        if "=" not in item:
-            raise typer.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--label")
+        if "=" not in item or not item.split("=", 1)[0].strip():
+            raise typer.BadParameter(f"{item!r}: expected KEY=VALUE, with a KEY", param_hint="--label")
         k, v = item.split("=", 1)
         labels[k] = v
     preloads = config.module_names("--preload", ",".join(preload)) if preload else None
+    python = existing_program(python)
     caps = detect_capabilities(python=python, resources_file=resources)
     if labels:
         caps = caps.model_copy(update={"labels": {**caps.labels, **labels}})

@@ -100,6 +100,12 @@ def test_version() -> None:
     (["--url", "http://127.0.0.1:1", "token", "create", "--join", "--ttl", "1e400h"],
      "error: --ttl 1e400h: expected more than 0 seconds and at most 10 years (3650d)"),
     (["--url", "http://127.0.0.1:1", "token", "create", "--join", "--ttl", "nan"], "error: --ttl nan: expected more"),
+    # taken before, failing later: every job at its start, a label no worker could have
+    (["resources", "detect", "--python", "/nonexistent"], "error: --python /nonexistent: no such program"),
+    (["worker", "start", "--python", "/nonexistent"], "error: --python /nonexistent: no such program"),
+    (["submit", "--", ""], "error: the command after --: the program to run is empty"),
+    (["submit", "--label", "=v", "--", "true"], "error: --label =v: label key '': empty"),
+    (["worker", "start", "--label", "=v"], "Invalid value for --label: '=v': expected KEY=VALUE, with a KEY"),
 ])
 def test_bad_input_names_the_flag_and_exits_2(tmp_path: Any, words: list[str], says: str) -> None:
     from tests.support import cli

@@ -46,6 +46,11 @@ HAND_BUILT: list[tuple[Callable[[], object], type[Exception], str]] = [
     (lambda: CommandJob(command="ls -l"), InvalidInput,
      "CommandJob(command='ls -l'): a string, not a list of arguments; accepted: a list of arguments such as "
      "['python', 'train.py']"),
+    (lambda: CommandJob(command=["", "x"]), InvalidInput,
+     "CommandJob(command=['', 'x']): the program to run is empty; accepted: a list of arguments whose first names "
+     "the program, such as ['python', 'train.py']"),
+    (lambda: Requirements(labels={"": "v"}), InvalidRequirement,
+     "Requirements(labels={'': 'v'}): label key '': empty; accepted: KEY=VALUE pairs with a KEY of text, not empty"),
     (lambda: CommandJob(), InvalidInput,
      "CommandJob(command): missing; accepted: a list of arguments such as ['python', 'train.py']"),
     (lambda: CommandJob(command=["true"], timeout=math.inf), InvalidInput,
