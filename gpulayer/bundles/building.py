@@ -127,6 +127,15 @@ class Bundle:
         return len(self.data)
 
 
+class BundleRefused(BundleError):
+    """The bundle would be refused by every receiver (too many files, too much unpacked,
+    too compressible); ``reason`` says which, without the advice the message adds."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class BundleTooLarge(BundleError):
     """The bundle would be larger than the limit. Carries the numbers the message names."""
 
@@ -559,10 +568,10 @@ def build_from_inspection(inspection: Inspection, *, max_bytes: int | None = Non
     try:  # what every receiver would refuse (too many files, too much, too compressible)
         check_archive(data)
     except BundleError as exc:
-        raise BundleError(
+        raise BundleRefused(
             f"source bundle of {inspection.root} would be refused: {exc}. Exclude what the job does "
-            f"not need with a .gpulayerignore file, and check with `gpulayer bundle inspect {inspection.root}`."
-        ) from None
+            f"not need with a .gpulayerignore file, and check with `gpulayer bundle inspect {inspection.root}`.",
+            reason=f"source bundle of {inspection.root} would be refused: {exc}") from None
     return Bundle(digest=compute_digest(data), data=data, files=list(inspection.included), entries=entries)
 
 

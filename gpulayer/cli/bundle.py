@@ -42,8 +42,9 @@ def inspect_cmd(
     Given a zip file instead, check it as a worker would before extracting it (entry names,
     kinds, number, sizes, compression ratio; see docs/bundles.md) and list its files.
 
-    Exits 1 when the bundle is over the size limit (GPULAYER_MAX_BUNDLE_MB), 2 on bad input
-    (an unsafe archive included).
+    Exits 1 when the bundle is over the size limit (GPULAYER_MAX_BUNDLE_MB) or would be refused
+    (too many files, too much unpacked, too compressible), the listing printed all the same;
+    2 on bad input (an unsafe archive included).
     """
     from gpulayer import bundles
 
@@ -59,11 +60,15 @@ def inspect_cmd(
     digest: str | None = None
     bundle_size: int | None = None
     problem: str | None = None
+    refused = False
     try:
         bundle = bundles.build_from_inspection(inspection, max_bytes=limit)
         digest, bundle_size = bundle.digest, bundle.size
     except bundles.BundleTooLarge as exc:
         problem = str(exc)
+    except bundles.BundleRefused as exc:  # (listed as for one too large: what to leave out)
+        problem = f"{exc.reason}; exclude what the job does not need with a .gpulayerignore file"
+        refused = True
     except BundleError as exc:
         raise _fail(str(exc)) from None
 
@@ -85,7 +90,7 @@ def inspect_cmd(
         }
         typer.echo(json.dumps(doc, indent=2))
     else:
-        _print_text(inspection, largest, digest, bundle_size, limit)
+        _print_text(inspection, largest, digest, bundle_size, limit, refused=refused)
     if problem:
         raise _fail(problem, code=1)
 
@@ -118,7 +123,7 @@ def _inspect_archive(path: Path, as_json: bool) -> None:
 
 def _print_text(
     inspection: bundles.Inspection, largest: list[bundles.BundleFile], digest: str | None,
-    bundle_size: int | None, limit: int,
+    bundle_size: int | None, limit: int, *, refused: bool = False,
 ) -> None:
     from gpulayer import bundles
 
@@ -152,6 +157,8 @@ def _print_text(
     if bundle_size is not None:
         echo(f"Bundle:  {size(bundle_size)} ({bundle_size} bytes), limit {size(limit)}")
         echo(f"Digest:  sha256:{digest}")
+    elif refused:
+        echo("Bundle:  it would be refused (below); no digest")
     else:
         echo(f"Bundle:  over the limit of {size(limit)}; no digest")
 

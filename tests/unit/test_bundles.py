@@ -775,6 +775,19 @@ def test_cli_inspect_over_limit(cli: typer.Typer, project: Path,
     assert "over the limit" in result.output
 
 
+def test_cli_inspect_of_a_bundle_every_receiver_would_refuse_lists_it_and_says_why(
+        cli: typer.Typer, project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It printed nothing, exit 2, and told the user to run `gpulayer bundle inspect`."""
+    write(project, "zeros.dat", bytes(3_000_000))  # a compression ratio far over 200:1
+    result = CliRunner().invoke(cli, ["bundle", "inspect", str(project)])
+    assert result.exit_code == 1, result.output
+    assert "zeros.dat" in result.output and "Bundle:  it would be refused (below); no digest" in result.output
+    assert "compression ratio" in result.output and "check with `gpulayer bundle inspect" not in result.output
+    monkeypatch.setenv("GPULAYER_MAX_BUNDLE_FILES", "1")
+    doc, _ = json.JSONDecoder().raw_decode(CliRunner().invoke(cli, ["bundle", "inspect", str(project), "--json"]).output)
+    assert doc["digest"] is None and "would be refused" in doc["error"] and doc["file_count"] > 1
+
+
 def test_cli_registered_in_main_app(project: Path) -> None:
     from gpulayer.cli import app
 
