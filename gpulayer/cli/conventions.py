@@ -158,6 +158,7 @@ def prepare(command: Any) -> Any:
         for p in cmd.params:
             if p.param_type_name == "option" and (getattr(p, "is_flag", False) or getattr(p, "count", False)):
                 continue
+            _say_numbers_plainly(p)
             if p.metavar is None:
                 p.metavar = _metavar(p)
             if p.param_type_name == "argument" and hasattr(p, "display_type_rich"):
@@ -171,6 +172,37 @@ def prepare(command: Any) -> Any:
 
     walk(command)
     return command
+
+
+def _say_numbers_plainly(param: Any) -> None:
+    """A number option's bad value said as our other inputs are: the value as typed and
+    what is accepted (Typer's own words were pydantic's: 'Input should be a valid number,
+    unable to parse string as a number'). Typer's conversion runs as before."""
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    kind = {int: int, float: float}.get(annotation) if isinstance(annotation, type) else None
+    if kind is None or getattr(param, "_plain_numbers", False) or getattr(param, "multiple", False):
+        return
+    what = "a whole number" if kind is int else "a number"
+    low, high = getattr(param, "min", None), getattr(param, "max", None)
+    accepted = what + (f" from {low}" if low is not None else "") + (f" to {high}" if high is not None else "")
+    convert = param.process_value
+
+    def process_value(ctx: Any, value: Any) -> Any:
+        try:
+            return convert(ctx, value)
+        except Exception as exc:
+            if type(exc).__name__ != "BadParameter" or not isinstance(value, str):
+                raise
+            try:
+                kind(value)
+                problem = "out of range"
+            except ValueError:
+                problem = f"not {what}"
+            said: Any = type(exc)
+            raise said(f"{value!r}: {problem}; accepted: {accepted}", ctx=ctx, param=param) from None
+
+    param.process_value = process_value
+    param._plain_numbers = True
 
 
 def listening_socket(host: str, port: int, *, flag: str = "--port") -> socket.socket:

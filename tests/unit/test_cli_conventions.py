@@ -95,7 +95,12 @@ def test_version() -> None:
      "error: --timeout inf: not a number of seconds; accepted: a number >= 0 (leave it out to wait as long as it takes)"),
     (["jobs", "wait", "--timeout=1e400", "job-x"], "error: --timeout 1e400: not a number of seconds"),  # (as written)
     # the API's bounds, said by the CLI with the flag, embedded too (an embedded list took 5000)
-    (["jobs", "list", "--limit", "5000"], "Invalid value for '--limit'"),
+    (["jobs", "list", "--limit", "5000"], "Invalid value for '--limit': '5000': out of range; accepted: a whole number "
+                                          "from 1 to 1000"),
+    # a number option's value said as typed, with what is accepted (pydantic's words were shown)
+    (["submit", "--timeout", "abc", "--", "true"], "Invalid value for '--timeout': 'abc': not a number; accepted: "
+                                                   "a number"),
+    (["explain", "--priority", "1.5", "--", "true"], "Invalid value for '--priority': '1.5': not a whole number"),
     (["worker", "start", "--cpu-slots", "100001"], "Invalid value for '--cpu-slots'"),
     (["--url", "http://127.0.0.1:1", "token", "create", "--join", "--ttl", "1e400h"],
      "error: --ttl 1e400h: expected more than 0 seconds and at most 10 years (3650d)"),
