@@ -25,9 +25,13 @@ def _workers(n: int) -> str:
     return f"{n} worker fits" if n == 1 else f"{n} workers fit"
 
 
-def relaxation_text(r: Relaxation, spelling: Spelling) -> str:
+def relaxation_text(r: Relaxation, spelling: Spelling, profile: str | None = None,
+                    profile_frameworks: dict[str, str] | None = None) -> str:
     """``relax --gpus to 1 and 3 workers fit``, ``drop --framework jax and 2 workers fit``,
-    ``add --fallback remote and 1 worker fits``: in ``spelling``'s words."""
+    ``add --fallback remote and 1 worker fits``: in ``spelling``'s words. A framework the
+    job's runtime ``profile`` asks for (``profile_frameworks``), and the job does not name
+    itself, is the profile's to change: ``change --profile pytorch-cuda (it asks for
+    torch.cuda) and 1 worker fits``."""
     flags = spelling.call is None
     field, key = r.field, ""
     for group in ("requirements.frameworks", "requirements.labels"):
@@ -35,6 +39,11 @@ def relaxation_text(r: Relaxation, spelling: Spelling) -> str:
             field, key = group, r.field[len(group) + 1:]
     name = spelling.name(field)
     fits = _workers(r.fits)
+    if profile and field == "requirements.frameworks" and key and profile_frameworks is not None \
+            and key in profile_frameworks:
+        written = (spelling.input("requirements.profile", profile) if flags
+                   else f"{spelling.name('requirements.profile')}={profile!r}")
+        return f"change {written} (it asks for {key}) and {fits}"
     if r.action == "add":  # a fallback target
         what = spelling.input(field, r.value, (0,)) if flags else f"{r.value!r} to {name}"
         return f"add {what} and {fits}"
@@ -50,6 +59,22 @@ def relaxation_text(r: Relaxation, spelling: Spelling) -> str:
         spec = (r.was or "")[len(key):]
         return f"relax {name}[{key!r}] from {spec!r} to any version and {fits}"
     return f"relax {name} to {r.value} and {fits}"
+
+
+def _profile_frameworks(e: Explanation) -> tuple[str | None, dict[str, str] | None]:
+    """The job's runtime profile and the frameworks it asks for that the job keeps as the
+    profile has them (so the job did not name them itself); (None, None) without a profile."""
+    name = e.spec.requirements.profile if e.spec is not None else None
+    if not name:
+        return None, None
+    from gpulayer.profiles import get_profile
+
+    try:
+        wanted = get_profile(name).frameworks
+    except Exception:  # (a profile no longer installed: the relaxations say what they say)
+        return None, None
+    have = e.spec.requirements.frameworks if e.spec is not None else {}
+    return name, {k: v for k, v in wanted.items() if have.get(k) == v}
 
 
 def verdict_text(e: Explanation) -> str:
@@ -138,8 +163,9 @@ def render(e: Explanation, spelling: Spelling | None = None, *, command: str | N
     if line:
         out.append("")
         out.append(line)
+    profile, implied = _profile_frameworks(e)
     for r in e.relaxations:
-        out.append(relaxation_text(r, spelling))
+        out.append(relaxation_text(r, spelling, profile, implied))
     if e.closest and not e.relaxations and e.decision.outcome == "unschedulable":
         out.append("no single change to the job makes a worker fit")
     return "\n".join(out)

@@ -113,3 +113,21 @@ def test_a_free_worker_is_eligible() -> None:
 @pytest.mark.parametrize(("seconds", "text"), [(4.21, "4.2s"), (187, "3m07s"), (7500, "2h05m")])
 def test_elapsed_text(seconds: float, text: str) -> None:
     assert elapsed_text(seconds) == text
+
+
+def test_a_framework_the_jobs_profile_asks_for_is_the_profiles_to_change() -> None:
+    """`explain --profile pytorch-cuda` said 'drop --framework torch.cuda', a flag the user
+    never gave."""
+    from gpulayer.profiles import get_profile, resolve_requirements
+    from gpulayer.specs import CommandJob, Requirements
+
+    assert "torch.cuda" in get_profile("pytorch-cuda").frameworks
+    job = CommandJob(command=["true"], requirements=resolve_requirements(Requirements(profile="pytorch-cuda")))
+    worker = make_state(make_worker("wkr-1", devices=make_cuda_devices(1), frameworks={"torch": "2.3"}))
+    said = render(explanation(job, worker), SUBMIT_SPELLING)
+    assert "change --profile pytorch-cuda (it asks for torch.cuda) and 1 worker fits" in said, said
+    assert "drop --framework" not in said
+    assert "change profile='pytorch-cuda' (it asks for torch.cuda)" in render(explanation(job, worker), REMOTE_SPELLING)
+    # without a profile, the job's own framework is the job's to drop
+    own = CommandJob(command=["true"], requirements=Requirements(accelerator="cuda", frameworks=["torch.cuda"]))
+    assert "drop --framework torch.cuda and 1 worker fits" in render(explanation(own, worker), SUBMIT_SPELLING)
