@@ -10,6 +10,8 @@ one when a local job needs it) does not drop the jobs it submitted when it ends:
   their processes and exits with status 143 ("cancelled: the process that submitted it
   received SIGTERM").
 
+A job's own process cancels the jobs it submitted when its job is ended (:mod:`gpulayer.leaving`).
+
 :func:`connect` picks the control plane: ``GPULAYER_URL`` (and ``GPULAYER_TOKEN``) select a
 server, reached through :func:`gpulayer.http_client.connect_http`; otherwise the control
 plane runs embedded (:class:`~gpulayer.control.ControlPlane` on SQLite in
@@ -25,15 +27,13 @@ from __future__ import annotations
 import atexit
 import os
 import re
-import signal
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpulayer import bundles, config, logtext
+from gpulayer import bundles, config, leaving, logtext
 from gpulayer.api import MAX_BATCH, MAX_LOG_CHUNKS, MAX_LONG_POLL, ControlAPI, LogChunk, log_page_cut
 from gpulayer.errors import (
     GpulayerError,
@@ -74,8 +74,10 @@ class Client:
         self.control = control
         self._agent: Any = None
         self._agent_lock = threading.Lock()
-        #: local jobs this process submitted (it waits for them at exit)
+        #: local jobs this process submitted (it waits for them at exit; a task, for any
+        #: job: it cancels them when it is ended: gpulayer.leaving)
         self._submitted: list[str] = []
+        self._task_exit_set = False
         self._terminating = False
         #: bundles the control plane holds and lets this client read (stored bundles and
         #: their readers are never removed), so a loop of submits asks once per bundle
@@ -134,8 +136,8 @@ class Client:
             self.ensure_local_worker()
         job = self.api.submit(prepared, idempotency_key=idempotency_key or uuid.uuid4().hex,
                               **_arguments(arguments))
-        if self.control is not None and "local" in prepared.placement.targets:
-            self._submitted.append(job.id)
+        if (self.control is not None and "local" in prepared.placement.targets) or leaving.in_task():
+            leaving.submitted(self, [job.id])
         return job
 
     def submit_many(self, specs: Sequence[CommandJob | FunctionJob | DistributedJob], *,
@@ -172,8 +174,9 @@ class Client:
                 records += self.api.submit_many(chunk, idempotency_key=f"{key}/{n}", **_arguments(arguments))
             except InvalidInput as exc:  # named by its place in the whole list, not in its call's
                 raise type(exc)(_renumbered(str(exc), len(records))) from None
-        if self.control is not None:
-            self._submitted += [r.id for r, p in zip(records, prepared, strict=True) if "local" in p.placement.targets]
+        if self.control is not None or leaving.in_task():
+            leaving.submitted(self, [r.id for r, p in zip(records, prepared, strict=True)
+                                     if "local" in p.placement.targets or leaving.in_task()])
         return records
 
     # ------------------------------------------------------------------ explaining
@@ -377,68 +380,10 @@ class Client:
                                 cpu_slots=config.settings().cpu_slots)
             self._agent.start()
             atexit.register(self._at_exit)
-            _end_on_sigterm(self)
-
-    def _unfinished(self) -> list[JobRecord]:
-        """The jobs this process submitted that have not ended (brief records: a state, an
-        id), read a batch at a time."""
-        if self.control is None:
-            return []
-        ids = list(self._submitted)
-        jobs: list[JobRecord] = []
-        for i in range(0, len(ids), MAX_BATCH):
-            chunk = ids[i:i + MAX_BATCH]
-            try:
-                records = self.control.records_of(chunk, brief=True)
-            except GpulayerError:  # one is gone (a home wiped meanwhile): the others, one by one
-                records = []
-                for job_id in chunk:
-                    try:
-                        records.append(self.control.get_job(job_id, brief=True))
-                    except GpulayerError:
-                        continue
-            jobs += [job for job in records if not job.state.terminal]
-        return jobs
+            leaving.end_on_sigterm(self)
 
     def _at_exit(self) -> None:
-        """The process is ending: wait for (or, after SIGTERM, cancel) the local jobs it
-        submitted, then stop its worker."""
-        if self._agent is None:
-            return
-        pending = self._unfinished()
-        if pending and self._terminating:
-            self._cancel_all(pending, "the process that submitted it received SIGTERM")
-        elif pending:
-            shown = ", ".join(f"{j.id} ({j.state.value})" for j in pending[:5])
-            more = f" and {len(pending) - 5} more" if len(pending) > 5 else ""
-            sys.stderr.write(f"gpulayer: waiting for {len(pending)} job(s) this process submitted to end: "
-                             f"{shown}{more}; press Ctrl-C to cancel them\n")
-            sys.stderr.flush()
-            try:
-                for job in pending:
-                    self.wait(job.id)
-            except KeyboardInterrupt:
-                self._cancel_all(self._unfinished(),
-                                 "the process that submitted it was interrupted while waiting for it at exit")
-            except SystemExit as exc:  # SIGTERM while waiting here (see _end_on_sigterm)
-                self._cancel_all(self._unfinished(), "the process that submitted it received SIGTERM")
-                self._stop_agent()
-                sys.stderr.flush()
-                # atexit cannot change the exit status by raising: end with SIGTERM's as the
-                # default handler would have (other atexit handlers are skipped, as they are then)
-                os._exit(exc.code if isinstance(exc.code, int) else 143)
-        self._stop_agent()
-
-    def _cancel_all(self, jobs: list[JobRecord], reason: str) -> None:
-        if self.control is None or not jobs:
-            return
-        ids = [job.id for job in jobs]
-        for i in range(0, len(ids), MAX_BATCH):  # (one transaction a batch: see cancel_jobs)
-            # one placement pass, after the last: a pass between two would start the jobs
-            # of the next batch on this process's worker, to end them at once
-            self.control.cancel_many(ids[i:i + MAX_BATCH], reason=reason, place=i + MAX_BATCH >= len(ids))
-        sys.stderr.write(f"gpulayer: cancelled {len(jobs)} job(s): {reason}\n")
-        sys.stderr.flush()
+        leaving.at_exit(self)
 
     def _stop_agent(self) -> None:
         agent, self._agent = self._agent, None
@@ -459,23 +404,6 @@ class Client:
             close = getattr(self.api, "close", None)
             if close is not None:
                 close()
-
-
-def _end_on_sigterm(client: Client) -> None:
-    """SIGTERM (by default: die at once, skipping atexit) ends this process's jobs first.
-
-    Only when the program has not chosen a SIGTERM handler of its own, and only from the
-    main thread (where Python delivers signals)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        client._terminating = True
-        raise SystemExit(128 + signum)  # unwinds, runs atexit: _at_exit cancels and ends the tasks
-
-    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 #: the most JSON of specs one ``submit_many`` request carries (a server takes at least 16 MiB,

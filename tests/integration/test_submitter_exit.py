@@ -135,3 +135,52 @@ def test_sigterm_to_the_script_ends_its_jobs_and_their_processes(home: Path, tmp
     # the worker's default of 10 s
     assert task.error is None or "(grace 10 s)" not in task.error.message, task.error
     assert not any((home / "tasks").glob("*")), "task directories are removed"
+
+
+NESTED = """\
+    import gpulayer as gl
+
+
+    @gl.remote
+    def inner(x):
+        return x + 1
+
+
+    @gl.remote
+    def outer(x):
+        return inner.remote(x).result() * 10
+"""
+
+NESTED_RUN = """\
+    import time
+    import gpulayer as gl
+    from nest import outer
+
+    if __name__ == "__main__":
+        outers = outer.map([1, 2])
+        c = gl.connect()
+        deadline = time.monotonic() + 90
+        while len([j for j in c.api.list_jobs() if j.spec.kind == "function" and j.spec.function == "nest:inner"]) < 2:
+            assert time.monotonic() < deadline, "the inner jobs were never submitted"
+            time.sleep(0.1)
+        gl.cancel(outers)
+        gl.wait(outers, timeout=60)
+"""
+
+
+def test_a_cancelled_job_cancels_the_jobs_it_submitted(home: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two jobs that each wait for a job of their own on a worker of two slots: cancelled,
+    their jobs ran later, unasked (or stayed queued for the next worker)."""
+    write(tmp_path / "nest.py", NESTED)
+    script = write(tmp_path / "run.py", NESTED_RUN)
+    monkeypatch.setenv("GPULAYER_CPU_SLOTS", "2")
+    proc = run_script(home, script)
+    _, err = proc.communicate(timeout=150)
+    assert proc.returncode == 0, err
+    jobs = {j.id: j for j in jobs_in(home)}  # type: ignore[attr-defined]
+    inner = [j for j in jobs.values() if j.spec.function == "nest:inner"]  # type: ignore[attr-defined]
+    assert len(inner) == 2 and {j.state.value for j in inner} == {"cancelled"}, [  # type: ignore[attr-defined]
+        (j.state, j.error) for j in inner]  # type: ignore[attr-defined]
+    said = [j.error.message for j in inner]  # type: ignore[attr-defined]
+    assert said == ["the job that submitted it was ended (before it started)"] * 2, said

@@ -15,6 +15,7 @@ from starlette.testclient import TestClient
 import gpulayer as gl
 from gpulayer import api as api_mod
 from gpulayer import client as client_mod
+from gpulayer import leaving
 from gpulayer.api import MAX_BATCH
 from gpulayer.client import Client
 from gpulayer.control import ControlPlane
@@ -177,7 +178,7 @@ def test_a_script_cancels_its_batches_with_one_pass_after_the_last(
     spec = gpu_job(placement=Placement(target="remote", on_unschedulable="wait"))
     jobs = client.submit_many([spec] * (MAX_BATCH + 5))
     counted = passes(client.control, monkeypatch)
-    client._cancel_all(jobs, "the test stopped it")
+    leaving.cancel_all(client, [j.id for j in jobs], "the test stopped it")
     assert len(counted) == 1
     assert {j.state for j in client.control.records_of([j.id for j in jobs[-10:]], brief=True)} == {JobState.CANCELLED}
 
