@@ -197,7 +197,9 @@ class Requirements(_UserRecord):
 
     @field_validator("labels")
     @classmethod
-    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+    def _labels(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if checked_before(info):  # (a stored spec: taken when it was submitted, read as it is)
+            return v
         for key in v:
             if not key.strip() or "=" in key:
                 raise InvalidRequirement(f"label key {key!r}: {'empty' if not key.strip() else 'holds an ='}; "
@@ -343,11 +345,12 @@ class CommandJob(_JobBase):
 
     @field_validator("command", mode="before")
     @classmethod
-    def _command(cls, v: Any) -> Any:
+    def _command(cls, v: Any, info: ValidationInfo) -> Any:
         if isinstance(v, str):
             raise InvalidInput("a string, not a list of arguments; accepted: a list of arguments such as "
                                "['python', 'train.py']")
-        if isinstance(v, (list, tuple)) and v and isinstance(v[0], str) and not v[0].strip():
+        if isinstance(v, (list, tuple)) and v and isinstance(v[0], str) and not v[0].strip() \
+                and not checked_before(info):  # (a stored spec: taken when it was submitted, read as it is)
             raise InvalidInput("the program to run is empty; accepted: a list of arguments whose first names the "
                                "program, such as ['python', 'train.py']")
         return v

@@ -701,3 +701,20 @@ def test_log_chunks_reach_the_observers_but_wake_no_wait_for_a_job(cp: ControlPl
     # each of the 200 chunks woke it to look before
     assert len(looks) < 50, len(looks)
     assert "".join(c.data for c in cp.logs(job.id)) == "".join(f"{i}\n" for i in range(200))
+
+
+def test_a_spec_stored_before_a_check_was_added_is_still_read(cp: ControlPlane) -> None:
+    """Checks added to the specs (a label key with '=', an empty program) ran on every stored
+    spec read too: one job stored before them broke every list and placement pass for good."""
+    job = cp.submit(CommandJob(command=["true"], requirements=Requirements(labels={"zone": "a"}),
+                               placement=Placement(target="remote", on_unschedulable="wait")))
+    with cp.store.write() as s:
+        from gpulayer.store import plain
+
+        spec = json.loads(plain.job(s, job.id).spec)
+        spec["requirements"]["labels"] = {"zone=a": "1"}
+        spec["command"] = ["", "x"]
+        plain.update_job(s, job.id, spec=json.dumps(spec))
+    assert [j.id for j in cp.list_jobs()] == [job.id]
+    cp.schedule_queue()
+    assert cp.get_job(job.id).spec.command == ["", "x"]  # type: ignore[union-attr]
