@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import time
 from collections import Counter
@@ -284,16 +283,9 @@ class ProviderSet:
                 if barred or provisioning.never_launched(o, self.configured[n].limits) is None]
 
     def offer_rooms(self) -> dict[str, float]:
-        """The most machines each enabled provider brings up for one job: its
-        ``max_machines``, or fewer where its offers' capacities add up to fewer (a pool of
-        hosts of one machine each)."""
-        rooms = {}
-        for name in self.enabled():
-            capacities = [o.capacity for o in self.status[name].offers
-                          if provisioning.never_launched(o, self.configured[name].limits) is None]
-            total = math.inf if not capacities or None in capacities else float(sum(c for c in capacities if c))
-            rooms[name] = min(float(self.configured[name].limits.max_machines), total)
-        return rooms
+        """The most machines each enabled provider brings up at once (its ``max_machines``);
+        placement bounds it further by the capacities of the offers that fit a job."""
+        return {name: float(self.configured[name].limits.max_machines) for name in self.enabled()}
 
     def barred(self, offer: MachineOffer) -> str | None:
         """Why ``offer`` is never launched (:func:`provisioning.never_launched`), or None."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from operator import attrgetter
 
 from gpulayer.records import Reason, WorkerRecord
@@ -89,11 +90,31 @@ def _smallest_first(kind: str | None, cands: list[Candidate]) -> None:
         cands.sort(key=lambda c: (len(c.eligible), c.cls.n_devices, c.cls.first_pos))
 
 
+class OfferRooms:
+    """How many machines the offers that fit a job can give it at once, by provider: at
+    most the provider's ``max_machines`` (``limits``), and at most what the capacities of
+    those offers add up to, each scope once (``offers``: id, provider, scope, capacity; a
+    capacity of None has no bound)."""
+
+    def __init__(self, limits: Mapping[str, float], offers: list[tuple[str, str, str, int | None]]) -> None:
+        self.limits = limits
+        self.of = {oid: (provider, scope, capacity) for oid, provider, scope, capacity in offers}
+
+    def rooms(self, fitting: list[str]) -> dict[str, float]:
+        """Offer id -> the machines its provider can give a job that ``fitting`` fit."""
+        scopes: dict[str, dict[str, float]] = {}
+        for oid in fitting:
+            provider, scope, capacity = self.of.get(oid, ("", oid, None))
+            held = scopes.setdefault(provider, {})
+            held[scope] = max(held.get(scope, 0.0), math.inf if capacity is None else float(capacity))
+        room = {p: min(self.limits.get(p, math.inf), sum(held.values())) for p, held in scopes.items()}
+        return {oid: room[self.of.get(oid, ("",))[0]] for oid in fitting}
+
+
 def build_shape_state(shape: Shape, classes: list[WorkerClass], offers: list[WorkerRecord],
-                      rooms: dict[str, float] | None = None) -> ShapeState:
+                      rooms: OfferRooms | None = None) -> ShapeState:
     """Run ``check`` once per class (once per blanked class key) and once per offer;
-    ``rooms``: offer id -> the most machines its provider brings up for one job (none
-    given: no bound)."""
+    ``rooms``: what the offers that fit can give one job (none given: no bound)."""
     st = ShapeState(shape)
     by_target: dict[str, list[Candidate]] = {t: [] for t in shape.targets}
     seen: dict[BlankedKey, Compat] = {}
@@ -123,9 +144,12 @@ def build_shape_state(shape: Shape, classes: list[WorkerClass], offers: list[Wor
         if not reasons:
             if st.offer is None:
                 st.offer = orec.id
-            st.offers_fit.append((orec.id, math.inf if rooms is None else rooms.get(orec.id, math.inf)))
+            st.offers_fit.append((orec.id, math.inf))
         else:
             st.offer_reasons.extend(bind(orec.id, reasons))
+    if rooms is not None and st.offers_fit:
+        room = rooms.rooms([oid for oid, _ in st.offers_fit])
+        st.offers_fit = [(oid, room[oid]) for oid, _ in st.offers_fit]
     return st
 
 
@@ -133,7 +157,7 @@ class ShapeStates(dict[Shape, ShapeState]):
     """The :class:`ShapeState` of every shape seen so far in a pass, built on first lookup
     (``states[shape]``; a dict, so that a hit costs no Python-level call)."""
 
-    def __init__(self, fleet: Fleet, offers: list[WorkerRecord], rooms: dict[str, float] | None = None) -> None:
+    def __init__(self, fleet: Fleet, offers: list[WorkerRecord], rooms: OfferRooms | None = None) -> None:
         super().__init__()
         self._classes = fleet.classes
         self._offers = offers

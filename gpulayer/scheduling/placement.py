@@ -8,7 +8,7 @@ from operator import attrgetter
 
 from gpulayer.hookrecords import MachineOffer
 from gpulayer.records import PlacementDecision, Reason
-from gpulayer.scheduling.candidates import ShapeState, ShapeStates
+from gpulayer.scheduling.candidates import OfferRooms, ShapeState, ShapeStates
 from gpulayer.scheduling.capacity import grant, pick, reserve
 from gpulayer.scheduling.collector import collection_paused
 from gpulayer.scheduling.fleet import Fleet, offer_record
@@ -41,9 +41,9 @@ def place(
     ``reserve_after``: seconds a blocked multi-unit job waits before it reserves workers
     (``None`` or ``math.inf``: never). ``offers``: provider machines that could be booted;
     a job that fits one and is not assigned waits (``offer_requests`` names the offer).
-    ``offer_rooms``: provider -> the most machines it brings up for one job (its
-    ``max_machines``, or what the capacities of its offers add up to): a distributed job of
-    more nodes waits for none of its offers.
+    ``offer_rooms``: provider -> the most machines it brings up at once (its
+    ``max_machines``): a distributed job of more nodes than that, or than the capacities of
+    the provider's offers that fit it add up to (each scope once), waits for none of them.
     ``reason_limit``: most workers listed in one decision's reasons.
     ``until_full``: stop once no active worker has a free CPU slot or device left (the
     jobs not reached get no decision: the caller keeps their last one). Right after a task
@@ -69,9 +69,9 @@ def _place(queue: list[QueuedJob], fleet: list[WorkerState], now: float, *, rese
     limit = max(1, reason_limit)
     workers = Fleet(fleet)
     offer_records = [offer_record(o) for o in offers]
-    rooms = None if offer_rooms is None else {
-        r.id: offer_rooms.get(o.provider, math.inf) for o, r in zip(offers, offer_records, strict=True)
-        if isinstance(o, MachineOffer)}
+    rooms = None if offer_rooms is None else OfferRooms(offer_rooms, [
+        (r.id, o.provider, o.scope, o.capacity) for o, r in zip(offers, offer_records, strict=True)
+        if isinstance(o, MachineOffer)])
     shapes = ShapeStates(workers, offer_records, rooms)
     unschedulable = UnschedulableReasons(workers, has_offers=bool(offer_records), limit=limit)
     waiting = WaitingReasons(limit=limit)

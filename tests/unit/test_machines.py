@@ -225,6 +225,11 @@ def test_a_gang_bigger_than_what_the_offers_hold_together_is_unschedulable(store
     cp.provision()
     assert rec.count("launch") == 0
     assert cp.submit(make_distributed_job(2, target="cloud", accelerator="cuda", gpus=1)).state is JobState.QUEUED
+    # two offers of one scope (spot and not) hold its capacity once: no room for two
+    twins, _ = plane(store, '[t]\ntype = "rec"\nshapes = ["x", "x"]\ncapacity = 1\n')
+    job = twins.submit(make_distributed_job(2, target="cloud", accelerator="cuda", gpus=1))
+    assert job.state is JobState.UNSCHEDULABLE and job.error is not None, job.decision
+    assert "needs 2 machines at once, its provider brings up 1 at most" in job.error.message
 
 
 def test_a_gang_no_one_offer_holds_takes_a_machine_of_each_of_several(store: Store) -> None:
