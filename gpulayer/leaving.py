@@ -3,9 +3,12 @@
 * A process that runs a worker of its own (embedded) waits for its local jobs at a normal
   exit (Ctrl-C during the wait cancels them) and cancels them on SIGTERM.
 * A job's own process (a task: ``GPULAYER_TASK_ID`` is set) that submitted jobs cancels
-  them when it is ended by SIGTERM, which is how its job's cancel, timeout or group's end
-  reaches it: the jobs it started do not run on for a job that is gone ("cancelled: the job
-  that submitted it was ended"). At a normal end (its function returned) they go on.
+  them when SIGTERM ends it because its job was cancelled: the jobs it started do not run on
+  for a job that is gone ("cancelled: the job that submitted it was cancelled"), newest first,
+  in the signal's handler (not at exit, which would wait for the task's other threads while
+  the worker's grace runs out). A task ended for another reason (its timeout, its group's
+  end, its worker stopping: a job that may run again) and one whose function returned leave
+  them running.
 
 Only where the program has no SIGTERM handler of its own, and only from the main thread
 (where Python delivers signals).
@@ -30,8 +33,15 @@ if TYPE_CHECKING:
 
 __all__ = ["at_exit", "end_on_sigterm", "in_task", "submitted"]
 
-#: why a task's jobs are cancelled when it is ended
-TASK_ENDED = "the job that submitted it was ended"
+#: why a task's jobs are cancelled when its job was
+TASK_ENDED = "the job that submitted it was cancelled"
+#: how long the SIGTERM handler of a task waits for their cancel (a cancel's grace is 1 s)
+TASK_CANCEL_WAIT = 0.7
+
+#: the clients that want to hear of SIGTERM: those running a worker in this process, and
+#: those that submitted jobs from a task
+_clients: list[Client] = []
+_handler: list[Any] = []  # the handler, once installed
 
 
 def in_task() -> bool:
@@ -40,18 +50,40 @@ def in_task() -> bool:
 
 
 def submitted(client: Client, job_ids: Sequence[str]) -> None:
-    """Note jobs ``client`` submitted; in a task, the first time, arrange for them to be
-    cancelled if the task is ended."""
+    """Note jobs ``client`` submitted; in a task, arrange for them to be cancelled with its
+    job (the handler is installed from the main thread, at the first submit made there)."""
     client._submitted += job_ids
-    if in_task() and not client._task_exit_set and job_ids:
+    if in_task() and job_ids:
         client._task_exit_set = True
-        atexit.register(_task_exit, client)
         end_on_sigterm(client)
 
 
-def _task_exit(client: Client) -> None:
-    if client._terminating and client._submitted:
-        cancel_all(client, list(dict.fromkeys(client._submitted)), TASK_ENDED)
+#: whether the jobs of a cancelled task were looked at (in the handler, else at exit)
+_task_done = threading.Event()
+
+
+def _cancel_in_task() -> None:
+    """SIGTERM in a task: if its job was cancelled, cancel the jobs this process submitted."""
+    job_id = os.environ.get("GPULAYER_JOB_ID")
+    tasked = [c for c in _clients if c._task_exit_set and c._submitted]
+    if _task_done.is_set() or not job_id or not tasked:
+        return
+    try:
+        cancelled = tasked[0].job(job_id, brief=True).cancel_requested
+    except GpulayerError:
+        return
+    if cancelled:
+        for client in tasked:
+            cancel_all(client, list(dict.fromkeys(reversed(client._submitted))), TASK_ENDED)
+    _task_done.set()
+
+
+def _cancel_in_task_now() -> None:
+    """In the handler: at once, in a thread of its own (the main thread may hold what the
+    calls need), waited for a moment; what it did not finish is done at exit."""
+    thread = threading.Thread(target=_cancel_in_task, name="gpulayer-task-ended", daemon=True)
+    thread.start()
+    thread.join(TASK_CANCEL_WAIT)
 
 
 def unfinished(client: Client) -> list[JobRecord]:
@@ -131,15 +163,24 @@ def end_on_sigterm(client: Client) -> None:
     """SIGTERM (by default: die at once, skipping atexit) ends this process's jobs first.
 
     Only when the program has not chosen a SIGTERM handler of its own, and only from the
-    main thread (where Python delivers signals)."""
-    if threading.current_thread() is not threading.main_thread():
+    main thread (where Python delivers signals): from another, the handler is installed at
+    a later call from the main thread."""
+    if client not in _clients:
+        _clients.append(client)
+    if _handler or threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return
 
     def on_sigterm(signum: int, frame: Any) -> None:
-        client._terminating = True
-        raise SystemExit(128 + signum)  # unwinds, runs atexit: the jobs are cancelled, the tasks ended
+        if in_task():
+            _cancel_in_task_now()
+        for c in _clients:
+            c._terminating = True
+        raise SystemExit(128 + signum)  # unwinds, runs atexit: a script's local jobs are cancelled
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    _handler.append(on_sigterm)
+    if in_task():
+        atexit.register(_cancel_in_task)  # (what the handler's moment did not finish)
 

@@ -183,4 +183,40 @@ def test_a_cancelled_job_cancels_the_jobs_it_submitted(home: Path, tmp_path: Pat
     assert len(inner) == 2 and {j.state.value for j in inner} == {"cancelled"}, [  # type: ignore[attr-defined]
         (j.state, j.error) for j in inner]  # type: ignore[attr-defined]
     said = [j.error.message for j in inner]  # type: ignore[attr-defined]
-    assert said == ["the job that submitted it was ended (before it started)"] * 2, said
+    assert said == ["the job that submitted it was cancelled (before it started)"] * 2, said
+
+
+NESTED_TIMEOUT_RUN = """\
+    import gpulayer as gl
+    from nest import inner
+
+    @gl.remote(timeout=3)
+    def outer(x):
+        return inner.remote(x).result() * 10
+"""
+
+
+def test_a_job_ended_by_its_timeout_leaves_the_jobs_it_submitted(home: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a cancel reaches them: a job ended by its timeout, its group's end or its worker
+    stopping may run again, and its next attempt may want what the first started."""
+    write(tmp_path / "nest.py", NESTED)
+    write(tmp_path / "nest_timeout.py", NESTED_TIMEOUT_RUN)
+    script = write(tmp_path / "run.py", """\
+        import gpulayer as gl
+        from nest_timeout import outer
+
+        if __name__ == "__main__":
+            outers = outer.map([1, 2])
+            gl.wait(outers, timeout=60)
+            c = gl.connect()
+            inner = [j for j in c.api.list_jobs() if j.spec.function == "nest:inner"]
+            gl.wait([gl.get_job(j.id) for j in inner], timeout=60)
+    """)
+    monkeypatch.setenv("GPULAYER_CPU_SLOTS", "2")
+    proc = run_script(home, script)
+    _, err = proc.communicate(timeout=150)
+    assert proc.returncode == 0, err
+    jobs = jobs_in(home)
+    assert sorted(j.state.value for j in jobs) == ["succeeded", "succeeded", "timed_out", "timed_out"], [  # type: ignore[attr-defined]
+        (j.spec.function, j.state, j.error) for j in jobs]  # type: ignore[attr-defined]
