@@ -194,8 +194,9 @@ def _say_numbers_plainly(param: Any) -> None:
             if type(exc).__name__ != "BadParameter" or not isinstance(value, str):
                 raise
             try:
-                kind(value)
-                problem = "out of range"
+                number = kind(value)
+                out = (low is not None and number < low) or (high is not None and number > high)
+                problem = "out of range" if out else f"not {what}"  # (nan, '٣': Python's yes, pydantic's no)
             except ValueError:
                 problem = f"not {what}"
             said: Any = type(exc)
