@@ -75,6 +75,21 @@ def _providers_tomls() -> list[TomlBlock]:
     return [b for b in toml_blocks() if b.fragment is None and re.search(r"^type\s*=", b.body, re.M)]
 
 
+#: the adapters GPUlayer ships (this suite loads their examples); a third party's examples
+#: are loaded by its own package's tests (examples/gpulayer-provider-ec2/tests/test_config_files.py
+#: reads GPUlayer's docs too), where its adapter is installed
+BUNDLED = {"ssh", "slurm", "local-process"}
+THIRD_PARTY = {"ec2": "examples/gpulayer-provider-ec2/tests/test_config_files.py"}
+
+
+def _kinds(block: TomlBlock) -> set[str]:
+    return set(re.findall(r'^type\s*=\s*"([^"]*)"', block.body, re.M))
+
+
+def _bundled_providers_tomls() -> list[TomlBlock]:
+    return [b for b in _providers_tomls() if _kinds(b) <= BUNDLED]
+
+
 def test_the_docs_have_toml_examples_and_heredocs() -> None:
     found = toml_blocks()
     assert {b.page for b in found} >= {"docs/providers.md", "docs/plugins.md", "examples/gpulayer-provider-ec2/README.md"}
@@ -94,13 +109,19 @@ def test_every_toml_example_is_valid_toml(block: TomlBlock) -> None:
         pytest.fail(f"{block.id}: not valid TOML ({exc}); mark a fragment with <!-- toml fragment: REASON -->")
 
 
-@pytest.mark.parametrize("block", _providers_tomls(), ids=lambda b: b.id)
+def test_every_providers_toml_example_is_loaded_by_one_suite_or_another() -> None:
+    others = [b for b in _providers_tomls() if not _kinds(b) <= BUNDLED]
+    assert others, "the EC2 example's blocks are found"
+    for block in others:
+        assert _kinds(block) - BUNDLED <= set(THIRD_PARTY), f"{block.id}: no suite loads {_kinds(block) - BUNDLED}"
+    for suite in THIRD_PARTY.values():
+        assert "docs" in (ROOT / suite).read_text()  # (it reads GPUlayer's docs, not only its README)
+
+
+@pytest.mark.parametrize("block", _bundled_providers_tomls(), ids=lambda b: b.id)
 def test_every_providers_toml_example_loads(block: TomlBlock) -> None:
     installed = plugins.providers()
-    kinds = set(re.findall(r'^type\s*=\s*"([^"]*)"', block.body, re.M))
-    missing = sorted(kinds - set(installed))
-    if missing:  # a third-party example's adapter: its own tests load its examples
-        pytest.skip(f"adapter {', '.join(missing)} not installed here")
+    kinds = _kinds(block)
     adapters = {name: ProviderAdapter(name=name, config=a.config, create=lambda name, config: object())
                 for name, a in installed.items()}
     configured = provider_config.parse(block.body, block.id, adapters=adapters)
