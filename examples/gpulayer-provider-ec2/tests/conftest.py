@@ -75,6 +75,9 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV and not k.startswith("AWS_")}
     env.update(plugin.no_real_devices_env())
     env.update(FAKE_AWS)
+    # a command line starts its home's warm CLI server, which waits ten minutes for the next:
+    # the tests' homes are thrown away, so it leaves after each (no process left behind)
+    env["GPULAYER_CLI_SERVER_IDLE"] = "0"
     env.update(extra)
     return env
 
