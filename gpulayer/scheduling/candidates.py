@@ -38,7 +38,6 @@ class ShapeState:
         "max_in_target",
         "n_compat",
         "n_in_target",
-        "offer",
         "offer_reasons",
         "offers_fit",
         "per_target",
@@ -58,13 +57,17 @@ class ShapeState:
         self.n_in_target: dict[str, int] = {}  # target -> compatible active workers
         self.n_compat = 0  # compatible active workers on all listed targets
         self.max_in_target = 0  # the most of them on one target (the largest gang that fits)
-        self.offer: str | None = None  # id of the first provider offer that fits
         self.offer_reasons: list[Reason] = []  # why each other offer does not fit
         #: (id, the most machines its provider brings up for one job) of each offer that fits
         self.offers_fit: list[tuple[str, float]] = []
         self.pools = {}  # target -> max-heap of (-free units, pos, worker) for reservations
         self.reserve_fail_n = math.inf  # fewest nodes a reservation failed for in this pass
         self._compatible: list[Worker] | None = None
+
+    @property
+    def offer(self) -> str | None:
+        """The id of the first provider offer that fits."""
+        return self.offers_fit[0][0] if self.offers_fit else None
 
     def offer_for(self, nodes: int) -> str | None:
         """The first offer that fits whose provider brings up ``nodes`` machines for one job
@@ -142,8 +145,6 @@ def build_shape_state(shape: Shape, classes: list[WorkerClass], offers: list[Wor
     for orec in offers:
         reasons = compat(shape, orec).reasons
         if not reasons:
-            if st.offer is None:
-                st.offer = orec.id
             st.offers_fit.append((orec.id, math.inf))
         else:
             st.offer_reasons.extend(bind(orec.id, reasons))

@@ -119,7 +119,7 @@ def test_waiting_decision_summaries():
     assert waiting_decision(st, 1, 0, [], held, 90.5, 0.0).summary == (
         "waiting: 3 compatible worker(s) busy; reserved w0, w1, w2, w3, w4 +2 more for it "
         "(queued longer than reserve_after=90.5s)")
-    st.offer, st.offers_fit = "p:gpu", [("p:gpu", math.inf)]
+    st.offers_fit = [("p:gpu", math.inf)]
     assert waiting_decision(st, 1, 0, [], ["w0"], 60.0, 0.0).summary == (
         "waiting: 3 compatible worker(s) busy; reserved w0 for it (queued longer than reserve_after=60s)"
         "; offer p:gpu could run it once booted")
