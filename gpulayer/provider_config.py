@@ -22,8 +22,6 @@ from __future__ import annotations
 import difflib
 import math
 import sys
-import types
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ from pydantic_core import ErrorDetails
 from gpulayer import config, plugins
 from gpulayer.errors import InvalidInput
 from gpulayer.hookrecords import Provider, ProviderAdapter
+from gpulayer.wording import fields_at
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -226,7 +225,7 @@ def explain(exc: ValidationError, model: type[BaseModel], kind: str) -> str:
     loc = [str(p) for p in err["loc"]]
     key = ".".join(loc)
     if err["type"] == "extra_forbidden":
-        known = _fields_at(model, err["loc"][:-1])
+        known = fields_at(model, tuple(err["loc"][:-1]))
         if not err["loc"][:-1]:
             known = sorted({*known, *CORE_KEYS})
         meant = difflib.get_close_matches(loc[-1], known, n=1)
@@ -257,45 +256,6 @@ def _echoable(err: ErrorDetails) -> bool:
     value = err.get("input")
     return (err["type"] not in ("missing", "extra_forbidden") and err["loc"] != ()
             and isinstance(value, (str, int, float, bool)) and len(repr(value)) <= 80)
-
-
-def _fields_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
-    """The keys accepted at ``loc`` under ``model`` (a path of fields, list indexes and
-    table keys); empty when that is not a model's table."""
-    tp: Any = model
-    for part in loc:
-        tp = _step(tp, part)
-        if tp is None:
-            return []
-    tp = _step(tp, None)
-    return sorted(tp.model_fields) if isinstance(tp, type) and issubclass(tp, BaseModel) else []
-
-
-def _step(tp: Any, part: int | str | None) -> Any:
-    """The type one step into ``tp``: a model's field, a list's item, a table's value;
-    ``part`` None unwraps Optional and Annotated only."""
-    while True:
-        origin = typing.get_origin(tp)
-        if origin is typing.Annotated:
-            tp = typing.get_args(tp)[0]
-        elif origin is typing.Union or origin is types.UnionType:
-            inner = [a for a in typing.get_args(tp) if a is not type(None)]
-            if len(inner) != 1:
-                return None
-            tp = inner[0]
-        else:
-            break
-    if part is None:
-        return tp
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        field = tp.model_fields.get(str(part))
-        return None if field is None else field.annotation
-    args = typing.get_args(tp)
-    if origin in (list, tuple, set, frozenset) and args and isinstance(part, int):
-        return args[0]
-    if origin is dict and len(args) == 2:
-        return args[1]
-    return None
 
 
 __all__ = ["CORE_KEYS", "ConfiguredProvider", "Limits", "load", "parse", "providers_file", "read"]

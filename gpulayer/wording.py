@@ -248,6 +248,13 @@ def _field_type(owner: type[BaseModel], name: str) -> Any:
     return tp
 
 
+def fields_at(model: type[BaseModel], loc: Loc) -> list[str]:
+    """The fields of the record that a key at ``loc + (key,)`` would be one of (``hosts.0``
+    of a pool: a host's), sorted; empty where ``loc`` leads to no record."""
+    _, _, _, rest, record = _resolve(model, (*loc, "\0"))
+    return sorted(record.model_fields) if record is not None and rest == ("\0",) else []
+
+
 def _resolve(model: type[BaseModel], loc: Loc) -> tuple[type[BaseModel], str, str, Loc, type[BaseModel] | None]:
     """Split ``loc`` into the field it names and what lies inside that field's value.
 
