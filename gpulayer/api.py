@@ -56,6 +56,7 @@ from gpulayer.wire import (  # (re-exported: what goes over the wire is part of 
     HeartbeatBody,
     JobQuery,
     JoinBody,
+    LendBody,
     ListJobsQuery,
     LogsBody,
     LogsQuery,
@@ -65,6 +66,7 @@ from gpulayer.wire import (  # (re-exported: what goes over the wire is part of 
     PruneQuery,
     RegisterBody,
     ResultJSON,
+    SlotLent,
     StartQuery,
     SubmitBody,
     SubmitManyBody,
@@ -98,6 +100,7 @@ __all__ = [
     "JobQuery",
     "JoinBody",
     "JoinReply",
+    "LendBody",
     "ListJobsQuery",
     "LogChunk",
     "LogStream",
@@ -110,6 +113,7 @@ __all__ = [
     "RegisterBody",
     "ResultJSON",
     "Route",
+    "SlotLent",
     "StartQuery",
     "SubmitBody",
     "SubmitManyBody",
@@ -302,6 +306,10 @@ class ClientAPI(Protocol):
         unlike :meth:`explain_job`: what a waiting ``gpulayer submit`` polls."""
         ...
 
+    def lend_slot(self, job_id: str, *, task_id: str, lent: bool) -> SlotLent:
+        """A task of the job lends its CPU slot while it waits (:mod:`gpulayer.control.lending`)."""
+        ...
+
     def has_bundle(self, digest: str) -> bool: ...
 
     def put_bundle(self, digest: str, data: bytes) -> BundleStored: ...
@@ -491,6 +499,9 @@ ROUTES: tuple[Route, ...] = (
           f"Cancel up to {MAX_BATCH} jobs at once: the records (without tasks, results and arguments) of "
           "those that exist and are yours, in the order given; other ids are left out",
           response=list[JobRecord], body=CancelManyBody, context={"owner": "owner"}),
+    Route("lend_slot", "POST", "/v1/jobs/{job_id}/lend", READERS,
+          "A running task of the job lends its CPU slot to the queue while it waits, or takes it back",
+          response=SlotLent, body=LendBody, own_job=True, errors=(404,)),
     Route("logs", "GET", "/v1/jobs/{job_id}/logs", READERS,
           "Log chunks after an id, oldest first: a page of at most limit chunks, ending with the one "
           f"that brings its text to {LOG_PAGE_TEXT // 2**20} Mi characters",

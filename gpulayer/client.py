@@ -43,6 +43,7 @@ from gpulayer.errors import (
     NotFound,
     SubmitWhileImporting,
 )
+from gpulayer.lending import lent_while_waiting
 from gpulayer.records import Explanation, JobRecord, JobState, WorkerRecord
 from gpulayer.specs import CommandJob, DistributedJob, FunctionJob, JobSpec
 from gpulayer.unsent import entry_not_sent
@@ -244,26 +245,29 @@ class Client:
         """The ids of those of these jobs that have ended, once one has or after ``timeout``
         seconds (one ``wait_jobs``, its records brief: no tasks, results or arguments are read,
         parsed and sent for a caller that only asks which ended)."""
-        if self._brief_waits:
-            try:
-                return {j.id for j in self.api.wait_jobs(job_ids, count=1, timeout=timeout, brief=True)}
-            except InvalidInput as exc:
-                if "brief" not in str(exc):
-                    raise
-                self._brief_waits = False  # (a control plane from before brief: "no such field")
-        return {j.id for j in self.api.wait_jobs(job_ids, count=1, timeout=timeout)}
+        with lent_while_waiting(self, timeout):
+            if self._brief_waits:
+                try:
+                    return {j.id for j in self.api.wait_jobs(job_ids, count=1, timeout=timeout, brief=True)}
+                except InvalidInput as exc:
+                    if "brief" not in str(exc):
+                        raise
+                    self._brief_waits = False  # (a control plane from before brief: "no such field")
+            return {j.id for j in self.api.wait_jobs(job_ids, count=1, timeout=timeout)}
 
     def wait(self, job_id: str, timeout: float | None = None, *, arguments: bool = True) -> JobRecord:
         """The job once it is terminal, or as it is after ``timeout`` seconds (None: no limit),
         however many bounded long polls that takes; ``arguments=False``: its record without a
         function's arguments (:meth:`job`), for a caller that wants its outcome."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            remaining = MAX_LONG_POLL if deadline is None else max(0.0, min(MAX_LONG_POLL, deadline - time.monotonic()))
-            job = (self.api.wait_job(job_id, timeout=remaining) if arguments
-                   else self._lean(self.api.wait_job, job_id, timeout=remaining))
-            if job.state.terminal or (deadline is not None and time.monotonic() >= deadline):
-                return job
+        with lent_while_waiting(self, timeout):  # (in a task: its slot is lent meanwhile)
+            while True:
+                remaining = (MAX_LONG_POLL if deadline is None
+                             else max(0.0, min(MAX_LONG_POLL, deadline - time.monotonic())))
+                job = (self.api.wait_job(job_id, timeout=remaining) if arguments
+                       else self._lean(self.api.wait_job, job_id, timeout=remaining))
+                if job.state.terminal or (deadline is not None and time.monotonic() >= deadline):
+                    return job
 
     def job(self, job_id: str, *, arguments: bool = True, brief: bool = False) -> JobRecord:
         """The job's record; ``arguments=False``: without a function's arguments (``args``

@@ -26,6 +26,7 @@ from gpulayer.errors import (
     Unschedulable,
 )
 from gpulayer.joboptions import JobOptions
+from gpulayer.lending import lent_while_waiting
 from gpulayer.records import Explanation, JobRecord, JobState
 from gpulayer.remote_functions import (
     RemoteFunction,
@@ -243,19 +244,25 @@ def wait(handles: Iterable[JobHandle], timeout: float | None = None) -> list[Job
     deadline = None if timeout is None else time.monotonic() + timeout
     records: dict[str, JobRecord] = {}
     for client, ids in _groups(hs):
-        pending = ids
-        while pending:
-            remaining = MAX_LONG_POLL if deadline is None else max(0.0, min(MAX_LONG_POLL, deadline - time.monotonic()))
-            for job in client.api.wait_jobs(pending, count=len(pending), timeout=remaining):
-                records[job.id] = job
-            pending = [j for j in pending if j not in records]
-            if pending and deadline is not None and time.monotonic() >= deadline:
-                job = client.api.get_job(pending[0])
-                if job.state.terminal:  # (it ended since the look: look once more)
-                    continue
-                raise TimeoutError(f"job {job.id} is still {job.state.value} after {timeout} s"
-                                   + (f" ({len(pending) - 1} more not ended)" if len(pending) > 1 else ""))
+        with lent_while_waiting(client, timeout):  # (in a task: its slot is lent meanwhile)
+            _wait_for(client, ids, records, deadline, timeout)
     return [records[h.id] for h in hs]
+
+
+def _wait_for(client: Client, pending: list[str], records: dict[str, JobRecord], deadline: float | None,
+              timeout: float | None) -> None:
+    """:func:`wait` for the jobs ``pending`` of one client, their records put in ``records``."""
+    while pending:
+        remaining = MAX_LONG_POLL if deadline is None else max(0.0, min(MAX_LONG_POLL, deadline - time.monotonic()))
+        for job in client.api.wait_jobs(pending, count=len(pending), timeout=remaining):
+            records[job.id] = job
+        pending = [j for j in pending if j not in records]
+        if pending and deadline is not None and time.monotonic() >= deadline:
+            job = client.api.get_job(pending[0])
+            if job.state.terminal:  # (it ended since the look: look once more)
+                continue
+            raise TimeoutError(f"job {job.id} is still {job.state.value} after {timeout} s"
+                               + (f" ({len(pending) - 1} more not ended)" if len(pending) > 1 else ""))
 
 
 def cancel(handles: Iterable[JobHandle]) -> list[JobRecord]:

@@ -257,6 +257,17 @@ class CancelManyBody(Wire):
     job_ids: list[str] = Field(min_length=1, max_length=MAX_BATCH)
 
 
+class LendBody(Wire):
+    task_id: str = Field(min_length=1, max_length=200, description="a task of the job (its GPULAYER_TASK_ID)")
+    lent: bool = Field(strict=True, description="true: the task waits, its CPU slot goes to the queue; false: it takes it back")
+
+
+class SlotLent(Wire):
+    #: whether the task's CPU slot is lent to the queue now (a task that holds devices, or
+    #: has ended, lends nothing)
+    lent: bool
+
+
 class PollQuery(Wire):
     wait: float = Field(default=0.0, ge=0, le=MAX_LONG_POLL,
                         description=f"seconds to wait for work, at most {MAX_LONG_POLL:g}")

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpulayer.api import NewToken, TaskAssignment, TokenInfo
-from gpulayer.control import explaining
+from gpulayer.api import NewToken, SlotLent, TaskAssignment, TokenInfo
+from gpulayer.control import explaining, lending
 from gpulayer.control.core import ControlObserver
 from gpulayer.control.jobs import JobOps
 from gpulayer.control.machines import MachineOps
@@ -55,6 +55,13 @@ class ControlPlane(JobOps, MachineOps):
 
     def queue_position(self, job_id: str) -> int | None:
         return explaining.position_of(self, job_id)
+
+    # ------------------------------------------------------------------ a waiting task's slot
+
+    def lend_slot(self, job_id: str, *, task_id: str, lent: bool) -> SlotLent:
+        """A task of the job that waits lends its CPU slot to the queue, or takes it back
+        (:mod:`.lending`)."""
+        return lending.lend_slot(self, job_id, task_id, lent)
 
     # ------------------------------------------------------------------ tokens (admin)
 

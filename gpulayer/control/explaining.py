@@ -62,7 +62,8 @@ def explain(plane: ControlPlane, spec: JobSpec | None, *, job_id: str | None = N
     survey = nearest.survey(spec, fleet)
     by_worker: dict[str, list[TaskRow]] = {}
     for t in tasks:
-        by_worker.setdefault(t.worker_id, []).append(t)
+        if not t.lent:  # (a task that waits lent its slot: it holds nothing, see .lending)
+            by_worker.setdefault(t.worker_id, []).append(t)
     states = {w.record.id: w for w in fleet}
     for view in survey.workers:
         held = by_worker.get(view.worker, [])

@@ -5,8 +5,9 @@
   column a pass reads (:data:`WORKER_COLUMNS`: not the heartbeat's time, so a heartbeat
   changes it only when it brings a worker back online);
 * ``tasks`` changes with every task that starts or stops holding devices or a CPU slot
-  (inserted, deleted or updated into or out of ``assigned``/``running``; ``assigned`` to
-  ``running`` changes nothing a pass reads, so it does not count). A change of what an
+  (inserted, deleted or updated into or out of ``assigned``/``running``, or lent: a task
+  that waits for jobs lends its CPU slot to the queue and holds nothing meanwhile, schema 9;
+  ``assigned`` to ``running`` changes nothing a pass reads, so it does not count). A change of what an
   active task holds (its worker, accelerator or devices: the control plane makes none)
   moves ``workers`` instead, so that a reader may follow ``tasks`` by the set of active
   task ids alone (:func:`active_task_ids`).
@@ -41,6 +42,14 @@ ACTIVE = queries.ACTIVE_TASK_STATES
 _ACTIVE_SQL = "(" + ", ".join(f"'{state}'" for state in ACTIVE) + ")"
 
 
+def _holds(row: str, lent: bool = True) -> str:
+    """SQL: the task ``row`` (OLD, NEW or none) holds room on its worker: active, not lent
+    (``lent``: the column is there, schema 9 on; the triggers of schemas 7 and 8 have no
+    such test). Bare: a caller puts it in parentheses where it needs them."""
+    prefix = f"{row}." if row else ""
+    return f"{prefix}state IN {_ACTIVE_SQL}" + (f" AND NOT {prefix}lent" if lent else "")
+
+
 class Mark(NamedTuple):
     n: int
     salt: str
@@ -62,17 +71,17 @@ def read(s: Session) -> Marks | None:
 
 def active_holdings(s: Session, task_ids: list[str] | None = None) -> list[tuple[str, str, str | None, str]]:
     """What the active tasks (or those of ``task_ids`` that are active) hold, as plain
-    tuples ``(task id, worker id, accelerator, devices JSON)``."""
-    sql = f"SELECT id, worker_id, accelerator, devices FROM gl_tasks WHERE state IN {_ACTIVE_SQL}"
+    tuples ``(task id, worker id, accelerator, devices JSON)``; a lent task holds nothing."""
+    sql = f"SELECT id, worker_id, accelerator, devices FROM gl_tasks WHERE {_holds('')}"
     if task_ids is None:
         return plain.fetch(s, sql)
     return plain.fetch_in(s, sql + " AND id IN ({})", task_ids)
 
 
 def active_task_ids(s: Session) -> set[str]:
-    """The ids of the active tasks: what a pass reads when only ``tasks`` moved (then the
-    holdings of the ids it did not know)."""
-    return {r[0] for r in plain.fetch(s, f"SELECT id FROM gl_tasks WHERE state IN {_ACTIVE_SQL}")}
+    """The ids of the active tasks that hold room (not lent): what a pass reads when only
+    ``tasks`` moved (then the holdings of the ids it did not know)."""
+    return {r[0] for r in plain.fetch(s, f"SELECT id FROM gl_tasks WHERE {_holds('')}")}
 
 
 # --------------------------------------------------------------------------- the DDL
@@ -81,16 +90,16 @@ def _worker_changed(differs: str) -> str:
     return " OR ".join(f"OLD.{c} {differs} NEW.{c}" for c in WORKER_COLUMNS)
 
 
-def _task_changed() -> str:
-    return f"(OLD.state IN {_ACTIVE_SQL}) <> (NEW.state IN {_ACTIVE_SQL})"
+def _task_changed(lent: bool) -> str:
+    return f"({_holds('OLD', lent)}) <> ({_holds('NEW', lent)})"
 
 
-def _task_held_changed(differs: str) -> str:
+def _task_held_changed(differs: str, lent: bool) -> str:
     held = " OR ".join(f"OLD.{c} {differs} NEW.{c}" for c in ("worker_id", "accelerator", "devices"))
-    return f"OLD.state IN {_ACTIVE_SQL} AND NEW.state IN {_ACTIVE_SQL} AND ({held})"
+    return f"{_holds('OLD', lent)} AND {_holds('NEW', lent)} AND ({held})"
 
 
-def _sqlite_ddl() -> list[str]:
+def _sqlite_ddl(lent: bool = True) -> list[str]:
     def bump(name: str) -> str:
         return f"UPDATE gl_marks SET n = n + 1, salt = hex(randomblob(8)) WHERE name = '{name}';"
 
@@ -99,18 +108,18 @@ def _sqlite_ddl() -> list[str]:
         f"CREATE TRIGGER gl_mark_workers_delete AFTER DELETE ON gl_workers BEGIN {bump('workers')} END",
         f"CREATE TRIGGER gl_mark_workers_update AFTER UPDATE ON gl_workers WHEN {_worker_changed('IS NOT')} "
         f"BEGIN {bump('workers')} END",
-        f"CREATE TRIGGER gl_mark_tasks_insert AFTER INSERT ON gl_tasks WHEN NEW.state IN {_ACTIVE_SQL} "
+        f"CREATE TRIGGER gl_mark_tasks_insert AFTER INSERT ON gl_tasks WHEN {_holds('NEW', lent)} "
         f"BEGIN {bump('tasks')} END",
-        f"CREATE TRIGGER gl_mark_tasks_delete AFTER DELETE ON gl_tasks WHEN OLD.state IN {_ACTIVE_SQL} "
+        f"CREATE TRIGGER gl_mark_tasks_delete AFTER DELETE ON gl_tasks WHEN {_holds('OLD', lent)} "
         f"BEGIN {bump('tasks')} END",
-        f"CREATE TRIGGER gl_mark_tasks_update AFTER UPDATE ON gl_tasks WHEN {_task_changed()} "
+        f"CREATE TRIGGER gl_mark_tasks_update AFTER UPDATE ON gl_tasks WHEN {_task_changed(lent)} "
         f"BEGIN {bump('tasks')} END",
-        f"CREATE TRIGGER gl_mark_tasks_held AFTER UPDATE ON gl_tasks WHEN {_task_held_changed('IS NOT')} "
+        f"CREATE TRIGGER gl_mark_tasks_held AFTER UPDATE ON gl_tasks WHEN {_task_held_changed('IS NOT', lent)} "
         f"BEGIN {bump('workers')} END",
     ]
 
 
-def _postgres_ddl() -> list[str]:
+def _postgres_ddl(lent: bool = True) -> list[str]:
     out = []
     for name in ("workers", "tasks"):
         out.append(
@@ -124,24 +133,25 @@ def _postgres_ddl() -> list[str]:
         f"CREATE TRIGGER gl_mark_workers_update AFTER UPDATE ON gl_workers FOR EACH ROW "
         f"WHEN ({_worker_changed('IS DISTINCT FROM')}) EXECUTE FUNCTION gl_mark_workers()",
         f"CREATE TRIGGER gl_mark_tasks_insert AFTER INSERT ON gl_tasks FOR EACH ROW "
-        f"WHEN (NEW.state IN {_ACTIVE_SQL}) EXECUTE FUNCTION gl_mark_tasks()",
+        f"WHEN ({_holds('NEW', lent)}) EXECUTE FUNCTION gl_mark_tasks()",
         f"CREATE TRIGGER gl_mark_tasks_delete AFTER DELETE ON gl_tasks FOR EACH ROW "
-        f"WHEN (OLD.state IN {_ACTIVE_SQL}) EXECUTE FUNCTION gl_mark_tasks()",
+        f"WHEN ({_holds('OLD', lent)}) EXECUTE FUNCTION gl_mark_tasks()",
         f"CREATE TRIGGER gl_mark_tasks_update AFTER UPDATE ON gl_tasks FOR EACH ROW "
-        f"WHEN ({_task_changed()}) EXECUTE FUNCTION gl_mark_tasks()",
+        f"WHEN ({_task_changed(lent)}) EXECUTE FUNCTION gl_mark_tasks()",
         f"CREATE TRIGGER gl_mark_tasks_held AFTER UPDATE ON gl_tasks FOR EACH ROW "
-        f"WHEN ({_task_held_changed('IS DISTINCT FROM')}) EXECUTE FUNCTION gl_mark_workers()",
+        f"WHEN ({_task_held_changed('IS DISTINCT FROM', lent)}) EXECUTE FUNCTION gl_mark_workers()",
     ]
 
 
-def install(conn: Connection) -> None:
+def install(conn: Connection, *, lent: bool = True) -> None:
     """The two marks and the triggers that keep them (``gl_marks`` exists already). Safe to
-    run again: a mark that exists is kept, the triggers are made anew."""
+    run again: a mark that exists is kept, the triggers are made anew. ``lent=False``: as
+    schema 7 made them, before ``gl_tasks.lent`` (a migration from 6 runs before that column)."""
     for name in ("workers", "tasks"):
         conn.execute(text("INSERT INTO gl_marks (name, n, salt) VALUES (:name, 0, '') ON CONFLICT (name) DO NOTHING"),
                      {"name": name})
     sqlite = conn.dialect.name == "sqlite"
-    for statement in _sqlite_ddl() if sqlite else _postgres_ddl():
+    for statement in _sqlite_ddl(lent) if sqlite else _postgres_ddl(lent):
         if statement.startswith("CREATE TRIGGER"):
             trigger = statement.split()[2]
             conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {trigger}" + ("" if sqlite else f" ON {_table(statement)}"))

@@ -302,6 +302,12 @@ def set_task_state(s: Session, task_id: str, to: str, allowed_from: tuple[str, .
     return changed == 1
 
 
+def set_task_lent(s: Session, task_id: str, lent: bool) -> bool:
+    """Whether the task's CPU slot is lent to the queue (:mod:`gpulayer.control.lending`);
+    whether that changed."""
+    return execute(s, f"UPDATE {_TASK_TABLE} SET lent = ? WHERE id = ? AND lent <> ?", (lent, task_id, lent)) == 1
+
+
 # ---------------------------------------------------------------- workers
 
 

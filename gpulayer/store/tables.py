@@ -7,7 +7,7 @@ holds something the code cannot read back.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, Integer, LargeBinary, Text
+from sqlalchemy import BigInteger, Column, Index, Integer, LargeBinary, Text, false
 from sqlmodel import Field, SQLModel, col
 
 
@@ -86,6 +86,9 @@ class TaskRow(SQLModel, table=True):
     exit_code: int | None = None
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     rendezvous: str | None = None
+    #: a CPU-slot task whose process waits for jobs (schema 9): its slot is lent to the queue
+    #: until the wait ends (it holds nothing a placement pass counts meanwhile)
+    lent: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
 
 
 class BundleRow(SQLModel, table=True):

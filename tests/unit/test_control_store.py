@@ -32,7 +32,7 @@ def test_migration_from_the_previous_schema_keeps_stored_jobs(tmp_path: Path) ->
     db.commit()
     db.close()
     store = Store(f"sqlite:///{path}")
-    assert store.schema_version() == migrations.SCHEMA_VERSION == 8
+    assert store.schema_version() == migrations.SCHEMA_VERSION == 9
     cp = ControlPlane(store)
     job = cp.get_job("job-000000000001")
     assert job.state is JobState.SUCCEEDED
@@ -68,7 +68,7 @@ def test_schema_8_gives_a_database_of_schema_7_the_indexes_of_a_new_one(store_ur
             conn.execute(text(statement))
     store.dispose()
     migrated = Store(store_url)
-    assert migrated.schema_version() == 8 and _job_indexes(migrated) == new
+    assert migrated.schema_version() == migrations.SCHEMA_VERSION and _job_indexes(migrated) == new
     migrated.dispose()
 
 

@@ -44,11 +44,13 @@ def in_another_process(url: str, *statements: tuple[str, dict[str, Any]]) -> Non
     assert p.exitcode == 0
 
 
-#: the triggers' text as schema 7 installs them (schema 8 kept them). Databases keep the triggers they were
-#: given: a change here (the columns a pass reads, the active states) needs a schema version
-#: whose migration installs them again; then record the new digest with the new version.
+#: the triggers' text as each schema installs them (schema 8 kept 7's; 9 made them anew, a lent
+#: task holding nothing). Databases keep the triggers they were given: a change here (the
+#: columns a pass reads, the active states) needs a schema version whose migration installs
+#: them again; then record the new digest with the new version.
 TRIGGERS = {7: "3d4aecd4ab38f690ccbd42f80a37f214719b78361571b892e76c41dae4840bb5",
-            8: "3d4aecd4ab38f690ccbd42f80a37f214719b78361571b892e76c41dae4840bb5"}
+            8: "3d4aecd4ab38f690ccbd42f80a37f214719b78361571b892e76c41dae4840bb5",
+            9: "c12b1ae289a0be1198e10b7eb4ff0cc5092078fdfda30e5db5de188577a84fd5"}
 
 
 def test_the_triggers_change_only_with_the_schema() -> None:
@@ -57,6 +59,9 @@ def test_the_triggers_change_only_with_the_schema() -> None:
     ddl = "\n".join(marks._sqlite_ddl() + marks._postgres_ddl())
     assert TRIGGERS.get(migrations.SCHEMA_VERSION) == hashlib.sha256(ddl.encode()).hexdigest(), (
         "the change marks' triggers changed: add a schema version whose migration installs them again")
+    # the migration from schema 6 installs schema 7's, before the column schema 9 tests
+    v7 = "\n".join(marks._sqlite_ddl(lent=False) + marks._postgres_ddl(lent=False))
+    assert hashlib.sha256(v7.encode()).hexdigest() == TRIGGERS[7]
     assert marks.WORKER_COLUMNS == queries.WORKER_COLUMNS and marks.ACTIVE == queries.ACTIVE_TASK_STATES
 
 
@@ -199,10 +204,11 @@ def test_the_marks_are_installed_by_the_migration_from_schema_6(store_url: str) 
         if not sqlite:
             conn.execute(text("DROP FUNCTION gl_mark_workers(), gl_mark_tasks()"))
         conn.execute(text("DROP TABLE gl_marks"))
+        conn.execute(text("ALTER TABLE gl_tasks DROP COLUMN lent"))  # (schema 9's)
         conn.execute(text("UPDATE gl_schema SET version = 6"))
     store.dispose()
     cp = ControlPlane(Store(store_url))
-    assert cp.store.schema_version() == migrations.SCHEMA_VERSION  # (7, then 8: indexes alone)
+    assert cp.store.schema_version() == migrations.SCHEMA_VERSION  # (7, 8: indexes alone, 9: a column)
     before = current(cp)
     assert before is not None
     cp.register_worker(cuda_caps(1), cpu_slots=0)
