@@ -6,8 +6,10 @@ every 600 s on their own, so anything a test reads came from a wake."""
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import queue
+import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from gpulayer.control import ControlPlane
+from gpulayer.records import TaskState
 from gpulayer.server.app import create_app
 from gpulayer.server.dashboard import DashboardOptions, views
 from gpulayer.specs import CommandJob
@@ -90,3 +93,36 @@ def test_a_job_page_wakes_for_its_own_output_and_a_list_page_for_a_start_not_for
             control.start_task(tasks[later.id], worker_id=w.id)
             name, data = list_events()
             assert name == "regions" and looks == ["jobs", "jobs"]
+
+
+def test_an_ended_jobs_page_gets_the_rest_of_a_log_longer_than_one_page(tmp_path: Path) -> None:
+    """A job's page shows the first page of its log (4 Mi characters) and says that the live
+    stream adds the rest: so a job that has ended has a stream too while its log goes on past
+    the page, which sends the rest and ends."""
+    control = ControlPlane(Store(f"sqlite:///{tmp_path / 'server.db'}"), heartbeat_timeout=30, results_as_text=True)
+    with TestClient(create_app(control, background=False, dashboard=DashboardOptions(recheck=600))) as tc:
+        assert tc.post("/login", data={"token": control.create_token(scope="admin").token},
+                       follow_redirects=False).status_code == 303
+        w = control.register_worker(make_capabilities(), cpu_slots=1)
+        job = control.submit(CommandJob(command=["yes"]))
+        (task,) = control.poll_tasks(w.id)
+        control.start_task(task.task_id, worker_id=w.id)
+        chunk = 512 * 1024  # what a worker ships at most in one chunk
+        lines = [f"{n:07d}" + "x" * (chunk - 8) + "\n" for n in range(9)]  # 4.5 Mi characters
+        for line in lines:
+            control.append_logs(task.task_id, worker_id=w.id, chunks=[("stdout", line)])
+        control.finish_task(task.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0)
+
+        page = tc.get(f"/jobs/{job.id}").text
+        assert "the live stream adds the rest" in page
+        shown = [line[:7] for line in lines if line[:7] in page]
+        assert shown == [f"{n:07d}" for n in range(8)]  # the first page: 4 Mi characters
+        live = re.search(r'data-live="([^"]+)"', page)
+        assert live, "the page of an ended job with more log than it shows has no live stream"
+        got: list[str] = []
+        with tc.stream("GET", html.unescape(live.group(1))) as stream:
+            events = _events(stream.iter_lines())
+            while (event := events())[0] != "end":
+                if event[0] == "log":
+                    got.extend(text for _, text in event[1])
+        assert "".join(got) == lines[8]

@@ -274,7 +274,10 @@ class Dashboard:
 
         def load() -> dict[str, Any]:
             data = views.job(self.control, session.identity, job_id)
-            live_url = None if data["job"].state.terminal else f"/live/jobs/{job_id}?after={data['log_after']}"
+            # an ended job's page streams too while its log goes on past what the page shows
+            # (the stream sends the rest and ends)
+            done = data["job"].state.terminal and not data["log_more"]
+            live_url = None if done else f"/live/jobs/{job_id}?after={data['log_after']}"
             return {**data, "live": live_url}
 
         return await self._page("job.html", self._base(session, "jobs"), load)
