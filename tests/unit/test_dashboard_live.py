@@ -126,3 +126,21 @@ def test_an_ended_jobs_page_gets_the_rest_of_a_log_longer_than_one_page(tmp_path
                 if event[0] == "log":
                     got.extend(text for _, text in event[1])
         assert "".join(got) == lines[8]
+
+
+@pytest.mark.parametrize("after", ["²", "1²", "-1", "x", "4611686018427387905", "9" * 5000])
+def test_a_live_streams_after_that_is_not_a_log_chunk_id_is_a_clear_error(tmp_path: Path, after: str) -> None:
+    """``?after=`` is refused naming itself and what it takes (``²`` is a digit to
+    ``str.isdigit`` but not to ``int``: it was an internal error); a ``Last-Event-ID`` header
+    that is no chunk id is ignored (the browser sends back what it got)."""
+    control = ControlPlane(Store(f"sqlite:///{tmp_path / 'server.db'}"), heartbeat_timeout=30, results_as_text=True)
+    with TestClient(create_app(control, background=False, dashboard=DashboardOptions(recheck=600))) as tc:
+        assert tc.post("/login", data={"token": control.create_token(scope="admin").token},
+                       follow_redirects=False).status_code == 303
+        job = control.submit(CommandJob(command=["true"]))
+        control.cancel(job.id)
+        r = tc.get(f"/live/jobs/{job.id}", params={"after": after})
+        assert r.status_code == 422, r.text
+        assert r.text.startswith("query.after=") and "expected a whole number from 0 to 4611686018427387904" in r.text
+        r = tc.get(f"/live/jobs/{job.id}", headers=[(b"last-event-id", after.encode("utf-8"))])
+        assert r.status_code == 200 and "event: end" in r.text, r.text

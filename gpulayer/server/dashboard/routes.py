@@ -373,9 +373,20 @@ class Dashboard:
 
 def _after(request: Request) -> int:
     """The last log chunk the page has: ``?after=`` or, when the browser reconnects, the id
-    of the last ``log`` event it received."""
-    values = [request.query_params.get("after", ""), request.headers.get("last-event-id", "")]
-    numbers = [int(v) for v in values if v.isdigit() and len(v) < 19]
-    if request.query_params.get("after") and not request.query_params["after"].isdigit():
-        raise InvalidInput(f"query.after={request.query_params['after']!r}: expected a whole number 0 or more")
-    return max(numbers, default=0)
+    of the last ``log`` event it received (a header the browser sends back as it got it: one
+    that is not such an id is ignored)."""
+    after = request.query_params.get("after", "")
+    if after and not _chunk_id(after):
+        raise InvalidInput(f"query.after={after!r}: expected a whole number from 0 to {MAX_CHUNK_ID}")
+    values = [after, request.headers.get("last-event-id", "")]
+    return max((int(v) for v in values if _chunk_id(v)), default=0)
+
+
+#: the largest log chunk id (the API's ``after`` takes no more)
+MAX_CHUNK_ID = 2**62
+
+
+def _chunk_id(text: str) -> bool:
+    """Whether ``text`` is a log chunk id: ASCII digits (``str.isdigit`` also takes ``²``,
+    which ``int`` refuses), at most :data:`MAX_CHUNK_ID` (19 digits)."""
+    return text.isascii() and text.isdigit() and len(text) <= 19 and int(text) <= MAX_CHUNK_ID
