@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import html
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -131,3 +133,17 @@ def test_a_job_page_leaves_large_arguments_out_of_the_spec_and_says_where_they_a
                      "args": f"({size:,} characters of JSON, not shown: gpulayer jobs show job-000000000001 --json)"}
     small = record.model_copy(update={"spec": FunctionJob(function="m:f", args=[1])})
     assert json.loads(views.spec_json(small)) == {"function": "m:f", "args": [1]}
+
+
+def test_the_workers_page_gives_memory_sizes_with_their_unit(tmp_path: Path) -> None:
+    from gpulayer.control import ControlPlane
+    from gpulayer.store import Store
+    from tests.factories import make_device
+
+    control = ControlPlane(Store(f"sqlite:///{tmp_path / 'db.sqlite'}"))
+    control.register_worker(make_capabilities(devices=[make_device(memory_gb=80)], memory_gb=23.5), cpu_slots=1)
+    context = {"who": Identity("admin", None), "csrf": "", "notice": None, "current": "workers", "static": "/static",
+               "live": None, "machines_nav": False, **views.workers(control, Identity("admin", None))}
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", views.render("workers.html", context)))
+    assert "23.5 GB memory" in text
+    assert "cuda:0 " in text and " 80.0 GB free" in text

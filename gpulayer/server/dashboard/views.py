@@ -274,7 +274,7 @@ def _worker_views(control: ControlPlane) -> list[WorkerView]:
     for w in records:
         u = usage.get(w.id)
         busy = set(u.busy_devices) if u else set()
-        devices = [DeviceView(d.kind, d.index, d.name, format_gb(d.memory_bytes) if d.memory_bytes else "",
+        devices = [DeviceView(d.kind, d.index, d.name, f"{format_gb(d.memory_bytes)} GB" if d.memory_bytes else "",
                               d.usable, d.unusable_reason or "", f"{d.kind}:{d.index}" in busy)
                    for d in w.capabilities.devices]
         views.append(WorkerView(w, _status(w), devices, u.busy_cpu_slots if u else 0))
