@@ -147,3 +147,22 @@ def test_the_workers_page_gives_memory_sizes_with_their_unit(tmp_path: Path) -> 
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", views.render("workers.html", context)))
     assert "23.5 GB memory" in text
     assert "cuda:0 " in text and " 80.0 GB free" in text
+
+
+def test_the_workers_page_reads_running_jobs_without_their_arguments(tmp_path: Path) -> None:
+    """The page lists the tasks each worker runs, and its live stream looks again at every
+    change: a function's arguments (up to a megabyte a job) are not read for it."""
+    from gpulayer.control import ControlPlane
+    from gpulayer.specs import FunctionJob
+    from gpulayer.store import Store
+
+    control = ControlPlane(Store(f"sqlite:///{tmp_path / 'db.sqlite'}"))
+    worker = control.register_worker(make_capabilities(), cpu_slots=1)
+    job = control.submit(FunctionJob(function="m:f", args=["x" * 100_000], kwargs={"k": "y" * 100_000}))
+    (task,) = control.poll_tasks(worker.id)
+    control.start_task(task.task_id, worker_id=worker.id)
+    (view,) = views.workers(control, Identity("admin", None))["workers"]
+    ((shown_task, shown_job),) = view.tasks
+    assert shown_job.id == job.id and shown_task.id == task.task_id
+    assert shown_job.spec.function == "m:f"  # what the page shows of it
+    assert shown_job.spec.args == [] and shown_job.spec.kwargs == {}
