@@ -144,3 +144,31 @@ def test_a_live_streams_after_that_is_not_a_log_chunk_id_is_a_clear_error(tmp_pa
         assert r.text.startswith("query.after=") and "expected a whole number from 0 to 4611686018427387904" in r.text
         r = tc.get(f"/live/jobs/{job.id}", headers=[(b"last-event-id", after.encode("utf-8"))])
         assert r.status_code == 200 and "event: end" in r.text, r.text
+
+
+def test_the_jobs_page_says_when_it_shows_only_the_newest_and_keeps_its_limit(tmp_path: Path) -> None:
+    """``limit`` (default 100) cuts the list: the page says so, links to a longer one, and its
+    state filter keeps the limit it was given."""
+    control = ControlPlane(Store(f"sqlite:///{tmp_path / 'server.db'}"), heartbeat_timeout=30, results_as_text=True)
+    with TestClient(create_app(control, background=False, dashboard=DashboardOptions(recheck=600))) as tc:
+        assert tc.post("/login", data={"token": control.create_token(scope="admin").token},
+                       follow_redirects=False).status_code == 303
+        ids = [control.submit(CommandJob(command=["true"])).id for _ in range(3)]
+
+        def rows(page: str) -> list[str]:
+            return re.findall(r'<th scope="row"><a href="/jobs/([^"]+)"', page)
+
+        page = tc.get("/jobs", params={"limit": "2"}).text
+        assert rows(page) == ids[:0:-1]  # the two newest
+        assert "Only the 2 newest are shown" in page
+        assert '<a href="/jobs?state=&amp;limit=1000">show the 1,000 newest</a>' in page
+        assert '<input type="hidden" name="limit" value="2">' in page  # the filter keeps it
+        state = control.get_job(ids[0]).state.value  # (all three are in the same one)
+        filtered = tc.get("/jobs", params={"state": state, "limit": "2"}).text
+        assert f'<a href="/jobs?state={state}&amp;limit=1000">' in filtered
+        for whole in (tc.get("/jobs").text, tc.get("/jobs", params={"limit": "3"}).text):
+            assert rows(whole) == ids[::-1] and "newest are shown" not in whole
+        assert 'name="limit"' not in tc.get("/jobs").text  # the default needs none
+        with tc.stream("GET", "/live/jobs?limit=2") as stream:
+            name, regions = _events(stream.iter_lines())()
+            assert name == "regions" and "Only the 2 newest are shown" in regions["live_jobs_more"]

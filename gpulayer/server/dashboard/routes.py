@@ -47,6 +47,11 @@ HEADERS = {"content-security-policy": CSP, "x-content-type-options": "nosniff", 
 
 Access = Literal["open", "page", "form", "live"]
 
+#: the jobs page's ``limit``: its default, and the most it takes (the API's)
+DEFAULT_LIMIT: int = ListJobsQuery.model_fields["limit"].default
+MAX_LIMIT: int = next(m.le for m in ListJobsQuery.model_fields["limit"].metadata if hasattr(m, "le"))
+_LIMITS = {"default_limit": DEFAULT_LIMIT, "max_limit": MAX_LIMIT}
+
 
 @dataclass(frozen=True)
 class DashboardRoute:
@@ -257,15 +262,15 @@ class Dashboard:
         return build(ListJobsQuery, params, Spelling(where="query"))
 
     async def jobs(self, request: Request, session: Session) -> Response:
-        context = self._base(session, "jobs")
+        context = {**self._base(session, "jobs"), **_LIMITS}
         try:
             query = self._jobs_query(request)
         except InvalidInput as exc:
-            context.update(error=str(exc), state="", jobs=[], now=time.time())
+            context.update(error=str(exc), state="", jobs=[], now=time.time(), more=False, limit=DEFAULT_LIMIT)
             return html(await run_in_threadpool(views.render, "jobs.html", context), exc.status_code)
         state = query.state.value if query.state else ""
         live_query = urllib.parse.urlencode({"state": state, "limit": query.limit} if state else {"limit": query.limit})
-        context.update(error=None, state=state, live=f"/live/jobs?{live_query}")
+        context.update(error=None, state=state, live=f"/live/jobs?{live_query}", **_LIMITS)
         return await self._page("jobs.html", context, lambda: views.jobs(
             self.control, session.identity, state=query.state, limit=query.limit))
 
@@ -333,7 +338,7 @@ class Dashboard:
 
     async def live_jobs(self, request: Request, session: Session) -> Response:
         query = self._jobs_query(request)
-        extra = {"error": None, "state": query.state.value if query.state else ""}
+        extra = {"error": None, "state": query.state.value if query.state else "", **_LIMITS}
         return self._stream(session, self._regions(session, "jobs.html", "jobs", lambda: {
             **extra, **views.jobs(self.control, session.identity, state=query.state, limit=query.limit)}))
 

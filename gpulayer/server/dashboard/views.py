@@ -169,7 +169,10 @@ def visible_job(control: ControlPlane, who: Identity, job_id: str, *, arguments:
 
 
 def jobs(control: ControlPlane, who: Identity, *, state: JobState | None, limit: int) -> dict[str, Any]:
-    return {"jobs": control.list_jobs(state=state, limit=limit, owner=who.owner), "now": time.time()}
+    """The ``limit`` newest jobs, and whether there are more (one more is read to know: the
+    page says that the list is cut, and how to see more of it)."""
+    listed = control.list_jobs(state=state, limit=limit + 1, owner=who.owner)
+    return {"jobs": listed[:limit], "more": len(listed) > limit, "limit": limit, "now": time.time()}
 
 
 @dataclass
