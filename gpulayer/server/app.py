@@ -37,7 +37,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -566,14 +566,21 @@ def create_app(control: ControlPlane | None = None, *, database_url: str | None 
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
-        error = NotFound(f"{request.method} {request.url.path}: no such route") if status == 404 else \
-            GpulayerError(f"{request.method} {request.url.path}: HTTP {status}")
         headers = exc.headers if isinstance(exc, HTTPException) else None
+        where = f"{request.method} {request.url.path}"
+        error = NotFound(f"{where}: no such route") if status == 404 else \
+            MethodNotAllowed(f"{where}: not allowed here; allowed: {_allow(headers)}") \
+            if status == 405 else GpulayerError(f"{where}: HTTP {status}")
         return JSONResponse({"error": error.to_dict()}, status_code=status, headers=headers)
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.server = server
     return app
+
+
+def _allow(headers: Mapping[str, str] | None) -> str:
+    """The methods a 405's ``Allow`` header lists (Starlette spells it ``Allow``)."""
+    return next((v for k, v in (headers or {}).items() if k.lower() == "allow"), "none")
 
 
 class _AnyMethod:

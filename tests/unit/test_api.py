@@ -273,6 +273,29 @@ def test_a_method_a_path_does_not_serve_is_405_with_that_paths_allow(
             assert r.json()["error"]["code"] == "method_not_allowed"
 
 
+
+def test_a_method_a_dashboard_path_does_not_serve_is_405_like_the_apis(
+        served: tuple[ControlPlane, TestClient]) -> None:
+    """``GET /logout`` (a link typed or bookmarked) or ``PUT /jobs/x``: the API's 405, its code
+    and its Allow header, not a bare ``HTTP 405`` with the code ``error``."""
+    from gpulayer.server.dashboard import ROUTES as DASHBOARD
+
+    _, tc = served
+    served_methods: dict[str, set[str]] = {}
+    for d in DASHBOARD:
+        served_methods.setdefault(d.path, set()).add(d.method)
+    for path, methods in served_methods.items():
+        allowed = methods | ({"HEAD"} if "GET" in methods else set())
+        url = path.replace("{job_id}", "job-000000000001")
+        for method in sorted({"GET", "POST", "PUT", "DELETE"} - methods):
+            r = tc.request(method, url)
+            assert r.status_code == 405, (method, path, r.status_code)
+            assert set(r.headers["allow"].split(", ")) == allowed, (method, path, r.headers.get("allow"))
+            error = r.json()["error"]
+            assert error["code"] == "method_not_allowed", (method, path, error)
+            assert error["message"] == f"{method} {url}: not allowed here; allowed: {r.headers['allow']}"
+
+
 # ---------------------------------------------------------------------------------- OpenAPI
 
 

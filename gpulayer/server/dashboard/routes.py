@@ -364,14 +364,24 @@ class Dashboard:
     # ------------------------------------------------------------------ the route table
 
     def routes(self) -> list[BaseRoute]:
-        out: list[BaseRoute] = []
+        """One Starlette route per path, for all its methods: a method the path does not
+        serve is a 405 whose Allow header lists every one it does (a route per method would
+        name those of the first route alone: ``DELETE /login`` said "GET, HEAD")."""
+        by_path: dict[str, dict[str, Callable[[Request], Awaitable[Response]]]] = {}
         for r in ROUTES:
             endpoint: Callable[[Request], Awaitable[Response]]
             if r.access == "open":
                 endpoint = self.login_form if r.method == "GET" else self.login_submit
             else:
                 endpoint = self._guarded(r, getattr(self, r.name))
-            out.append(Route(r.path, endpoint, methods=[r.method], name=f"dashboard_{r.name}"))
+            by_path.setdefault(r.path, {})[r.method] = endpoint
+        out: list[BaseRoute] = []
+        for path, handlers in by_path.items():
+            async def dispatch(request: Request, handlers: dict[str, Any] = handlers) -> Response:
+                response: Response = await handlers["GET" if request.method == "HEAD" else request.method](request)
+                return response
+
+            out.append(Route(path, dispatch, methods=list(handlers), name=f"dashboard {path}"))
         out.append(Mount(STATIC, StaticFiles(packages=[("gpulayer.server.dashboard", "static")]), name="static"))
         return out
 
