@@ -166,3 +166,17 @@ def test_the_workers_page_reads_running_jobs_without_their_arguments(tmp_path: P
     assert shown_job.id == job.id and shown_task.id == task.task_id
     assert shown_job.spec.function == "m:f"  # what the page shows of it
     assert shown_job.spec.args == [] and shown_job.spec.kwargs == {}
+
+
+def test_one_tokens_logins_do_not_push_out_other_sessions() -> None:
+    """Each login adds a session and the oldest go past MAX_SESSIONS: a client token logging in
+    10,000 times logged every admin out. One token keeps its MAX_SESSIONS_PER_TOKEN newest."""
+    from gpulayer.server.dashboard.sessions import MAX_SESSIONS, MAX_SESSIONS_PER_TOKEN
+
+    sessions = Sessions()
+    admin = sessions.create(Identity("admin", "tok-admin"))
+    client = [sessions.create(Identity("client", "tok-client")) for _ in range(MAX_SESSIONS + 1)]
+    assert sessions.get(admin.id) is admin
+    assert len(sessions) == 1 + MAX_SESSIONS_PER_TOKEN
+    assert all(sessions.get(s.id) is s for s in client[-MAX_SESSIONS_PER_TOKEN:])
+    assert sessions.get(client[-MAX_SESSIONS_PER_TOKEN - 1].id) is None

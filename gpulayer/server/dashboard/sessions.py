@@ -33,6 +33,9 @@ LIFETIME = 8 * 3600.0
 RECHECK_TOKEN = 5.0
 #: sessions kept at most; the oldest go first (each login adds one)
 MAX_SESSIONS = 10_000
+#: sessions of one token kept at most; its own oldest go first (so that the logins of one
+#: token, a client's, cannot push everybody else's sessions out of :data:`MAX_SESSIONS`)
+MAX_SESSIONS_PER_TOKEN = 100
 LOGIN_SCOPES = ("admin", "client")
 #: the prefix of ``gpulayer dashboard``'s own login tokens (API tokens start ``glt_``)
 RUN_TOKEN_PREFIX = "gld_"
@@ -95,6 +98,9 @@ class Sessions:
     def create(self, identity: Identity) -> Session:
         now = self.clock()
         self._sweep(now)
+        same = [sid for sid, s in self._by_id.items() if s.identity.token_id == identity.token_id]
+        for sid in same[:max(0, len(same) - MAX_SESSIONS_PER_TOKEN + 1)]:  # (in login order: the oldest)
+            del self._by_id[sid]
         expires = now + self.lifetime
         if identity.expires_at is not None:
             expires = min(expires, identity.expires_at)
