@@ -248,6 +248,7 @@ def module_names(name: str, raw: str) -> tuple[str, ...]:
 
 
 _sqlite_sync = _one_of("full", "normal")
+_on_off = _one_of("on", "off")
 _level = _one_of("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -270,6 +271,10 @@ SETTINGS: tuple[Setting, ...] = (
             "change; `normal` leaves that to SQLite's checkpoints: fewer disk syncs, and the last changes "
             "before such a crash may be lost (a crash of GPUlayer's own processes loses nothing either way). "
             "Each process that writes (a worker, a server, your program) follows its own: set it alike"),
+    Setting("GPULAYER_SLOT_LENDING", "slot_lending", _on_off, "on", "`on`",
+            "whether a task that waits for jobs may lend its CPU slot to the queue meanwhile (docs/concepts.md, "
+            "Jobs that submit jobs); read by the control plane (a server's, or each process's embedded): `off` "
+            "keeps every task's slot for its whole run, so no owner's jobs can run past the workers' slots"),
     Setting("GPULAYER_PLUGINS", "plugins", _names, (), "none",
             "extra plugin modules to load, comma separated (a plugin under development, tests)"),
     Setting("GPULAYER_DISABLE_PLUGINS", "disable_plugins", _names, (), "none",
@@ -359,6 +364,7 @@ class Settings(NamedTuple):
     ca: str | None
     database_url: str | None
     sqlite_sync: str
+    slot_lending: str
     plugins: tuple[str, ...]
     disable_plugins: tuple[str, ...]
     detectors: tuple[str, ...]

@@ -8,7 +8,11 @@ it: :mod:`gpulayer.lending`) and takes it back when the wait ends. A lent task h
 placement pass counts (``gl_tasks.lent``, schema 9; the change marks follow it), so the
 pass that lends the slot may place a queued job there; taking it back may leave the worker
 over its slots until a task ends, and no new CPU job is placed there until then. A task
-that holds devices keeps them and lends nothing.
+that holds devices keeps them and lends nothing; with ``GPULAYER_SLOT_LENDING=off`` (where
+the control plane runs) no task lends anything.
+
+A lending is trusted as a slot is: nothing checks that the task waits (its process says
+so), just as nothing checks that a task uses one CPU.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import json
 import time
 from typing import TYPE_CHECKING
 
+from gpulayer import config
 from gpulayer.api import SlotLent
 from gpulayer.store import plain, queries
 
@@ -34,12 +39,16 @@ def lend_slot(plane: ControlPlane, job_id: str, task_id: str, lent: bool) -> Slo
         task = plain.find_task(s, task_id)
         if task is None or task.job_id != job_id:
             raise plain.not_found("task", task_id)
-        can = task.state in queries.ACTIVE_TASK_STATES and not json.loads(task.devices)
+        can = (task.state in queries.ACTIVE_TASK_STATES and not json.loads(task.devices)
+               and config.settings().slot_lending == "on")
         now = lent and can
-        if plain.set_task_lent(s, task_id, now) and now:
-            result = plane._place_too(s)
+        changed = plain.set_task_lent(s, task_id, now)
+        if changed and now:  # (room came: the head of the queue, as after a task's end)
+            result = plane._place_too(s, until_full=True)
     if result is not None:
         plane._placed(result, started)
+    elif changed:
+        plane._changed()  # (what a worker's slots hold changed: its pages, its waits)
     return SlotLent(lent=now)
 
 

@@ -63,6 +63,7 @@ class Task(NamedTuple):
     exit_code: int | None
     error: str | None
     rendezvous: str | None
+    lent: bool = False  # (SQLite reads it as 0 or 1)
 
 
 JOB_COLUMNS = ", ".join(Job._fields)

@@ -67,6 +67,17 @@ def test_a_task_that_holds_devices_or_has_ended_lends_nothing(cp: ControlPlane) 
     assert cp.lend_slot(done.id, task_id=done_task, lent=True).lent is False
 
 
+def test_with_lending_off_where_the_control_plane_runs_nothing_is_lent(cp: ControlPlane,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    w = cp.register_worker(make_capabilities(), cpu_slots=1).id
+    outer = cp.submit(cpu_job())
+    outer_task = started(cp, w, outer.id)
+    inner = cp.submit(cpu_job())
+    monkeypatch.setenv("GPULAYER_SLOT_LENDING", "off")
+    assert cp.lend_slot(outer.id, task_id=outer_task, lent=True).lent is False
+    assert cp.get_job(inner.id).state is JobState.QUEUED
+
+
 def test_another_job_s_task_or_an_unknown_one_is_not_found(cp: ControlPlane) -> None:
     w = cp.register_worker(make_capabilities(), cpu_slots=2).id
     a, b = cp.submit(cpu_job()), cp.submit(cpu_job())
