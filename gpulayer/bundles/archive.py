@@ -6,8 +6,9 @@ stored; ``gpulayer bundle inspect`` of an archive) or :func:`extract_bundle` (a 
 it writes anything), so each refuses the same archives with the same message. The limits
 (:class:`Limits`) come from the settings ``GPULAYER_MAX_BUNDLE_UNPACKED_MB``,
 ``GPULAYER_MAX_BUNDLE_RATIO`` and ``GPULAYER_MAX_BUNDLE_FILES``. The number of entries is read
-from the archive's end record before ``zipfile`` reads its directory, so an archive of a
-million empty entries costs no memory to refuse.
+from the archive's end record, and counted in its directory (the end record may understate
+it), before ``zipfile`` reads that directory, so an archive of a million empty entries costs
+no memory to refuse.
 
 The cache (``$GPULAYER_HOME/bundles``) keeps one folder per digest, extracted once under a
 lock (:class:`_DigestLock`).
@@ -161,10 +162,52 @@ def _declared_entries(data: bytes) -> int | None:
     return count
 
 
+#: zipfile's own reading of the end record (where the central directory starts, and its
+#: size), so that the directory counted is the one zipfile reads; absent from a Python that
+#: no longer has it, where only the count the end record declares is checked first
+_END_RECORD = getattr(zipfile, "_EndRecData", None)
+#: a central directory record's fixed part; its name's, extra field's and comment's lengths
+#: are three 16-bit numbers at byte 28 (PKWARE's APPNOTE 4.3.12)
+_CENTRAL_SIZE = 46
+
+
+def _directory_entries(data: bytes, stop: int) -> int | None:
+    """The entries of the central directory that ``zipfile`` would read, counted (not read)
+    up to ``stop``: the end record's count may lie, and ``zipfile`` reads the directory's
+    bytes whatever it says. None where ``zipfile`` would find no directory (it says why)."""
+    if _END_RECORD is None:
+        return None
+    try:
+        end = _END_RECORD(io.BytesIO(data))
+    except (OSError, zipfile.BadZipFile, struct.error):
+        return None
+    if not end:
+        return None
+    size, location = end[5], end[9]
+    # where zipfile starts reading it (an archive may follow other bytes; zip64 records)
+    start = location - size - (56 + 20 if end[0] == b"PK\x06\x06" else 0)
+    if start < 0:
+        return None
+    at, last, count = start, min(start + size, len(data)), 0
+    while at < start + size and count < stop:
+        if at + _CENTRAL_SIZE > last:
+            return None
+        names, extra, comment = struct.unpack_from("<3H", data, at + 28)
+        at += _CENTRAL_SIZE + names + extra + comment
+        count += 1
+    return count
+
+
 def _open_checked(data: bytes, digest: str, limits: Limits) -> tuple[zipfile.ZipFile, list[_Member]]:
     declared = _declared_entries(data)
     if declared is not None:
         _check_count(declared, limits)  # before zipfile holds a record per entry in memory
+    found = _directory_entries(data, limits.max_entries + 1)
+    if found is not None and found > limits.max_entries:  # (an end record that understates)
+        raise BundleError(
+            f"bundle has more than {limits.max_entries} entries, the most allowed "
+            "(GPULAYER_MAX_BUNDLE_FILES)"
+        )
     try:
         zf = zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError) as exc:

@@ -80,6 +80,26 @@ def test_an_entry_count_is_refused_from_the_end_record_before_the_directory_is_r
         bundles.check_archive(bytes(data))
 
 
+def test_an_end_record_that_understates_the_entries_does_not_get_them_read() -> None:
+    # zipfile reads every record of the central directory whatever the end record says:
+    # one that claims 1 entry must not get 20,000 records held in memory to be counted
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for i in range(20_000):
+            zf.writestr(zipfile.ZipInfo(f"f{i}", date_time=(1980, 1, 1, 0, 0, 0)), b"")
+    data = bytearray(buf.getvalue())
+    end = data.rfind(b"PK\x05\x06")
+    struct.pack_into("<HH", data, end + 8, 1, 1)  # claims 1 entry
+    tracemalloc.start()
+    try:
+        with pytest.raises(BundleError, match="more than 1000 entries"):
+            bundles.check_archive(bytes(data))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 1024 * 1024, peak  # (20,000 records read: about 10 MB)
+
+
 def test_the_limits_are_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = attacks(Path("/x"))["ratio bomb"][0]()
     monkeypatch.setenv("GPULAYER_MAX_BUNDLE_RATIO", "5000")
