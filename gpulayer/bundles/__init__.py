@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from gpulayer.bundles.archive import (
     DEFAULT_MAX_ENTRIES,
+    MAX_DEPTH,
     RATIO_FLOOR,
     Limits,
     check_archive,
@@ -78,6 +79,7 @@ __all__ = [
     "DEFAULT_EXCLUDES",
     "DEFAULT_MAX_ENTRIES",
     "IGNORE_FILES",
+    "MAX_DEPTH",
     "RATIO_FLOOR",
     "Bundle",
     "BundleFile",

@@ -29,13 +29,14 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from gpulayer import config
 from gpulayer.errors import BundleError
 
 __all__ = [
     "DEFAULT_MAX_ENTRIES",
+    "MAX_DEPTH",
     "RATIO_FLOOR",
     "Limits",
     "check_archive",
@@ -48,6 +49,10 @@ __all__ = [
 
 #: Most entries an archive may hold by default (``GPULAYER_MAX_BUNDLE_FILES``).
 DEFAULT_MAX_ENTRIES = 100_000
+#: Most folders an entry may lie in: far more than any source tree, and few enough for the
+#: tools that walk a tree by recursion (``shutil.rmtree`` as a worker evicts the bundle,
+#: ``os.walk``) to handle it
+MAX_DEPTH = 256
 #: a file smaller than this is not held to the compression ratio (a few KB of zeros or a
 #: repetitive small file compresses far better than any code, harmlessly)
 RATIO_FLOOR = 1024 * 1024
@@ -246,7 +251,7 @@ def _check_members(zf: zipfile.ZipFile, limits: Limits, archive_size: int) -> li
     max_total = limits.max_unpacked
     members: list[_Member] = []
     seen: set[tuple[str, ...]] = set()
-    files: set[tuple[str, ...]] = set()
+    files = 0
     declared = 0
     for info in infos:
         name = info.filename
@@ -261,6 +266,11 @@ def _check_members(zf: zipfile.ZipFile, limits: Limits, archive_size: int) -> li
             raise BundleError(f"bundle entry {shown} starts with a drive letter")
         is_dir = name.endswith("/")
         parts = tuple(name.rstrip("/").split("/")) if is_dir else tuple(name.split("/"))
+        if len(parts) > MAX_DEPTH + 1:
+            short = "/".join(parts[:3]) + "/.../" + parts[-1]
+            raise BundleError(
+                f"bundle entry {short!r} lies {len(parts) - 1} folders deep, more than the {MAX_DEPTH} allowed"
+            )
         for part in parts:
             if part in ("", ".", ".."):
                 raise BundleError(
@@ -281,27 +291,55 @@ def _check_members(zf: zipfile.ZipFile, limits: Limits, archive_size: int) -> li
         elif kind not in (0, stat.S_IFREG):
             raise BundleError(f"bundle entry {shown} is not a regular file (mode {oct(mode)})")
         if not is_dir:
-            files.add(parts)
+            files += 1
             declared += info.file_size
             if declared > max_total:
                 raise BundleError(
                     f"bundle would extract to more than {format_size(max_total)} "
                     f"({max_total} bytes; {declared} bytes declared by the first "
-                    f"{len(files)} files); refusing a possible compression bomb "
+                    f"{files} files); refusing a possible compression bomb "
                     "(GPULAYER_MAX_BUNDLE_UNPACKED_MB)"
                 )
             _check_ratio(f"bundle entry {shown}", info.file_size, info.compress_size, limits)
         members.append(_Member(info, parts, is_dir, bool(mode & 0o111)))
-    # a file may not also be a folder of another entry
-    for parts in seen:
-        for i in range(1, len(parts)):
-            if parts[:i] in files:
-                raise BundleError(
-                    f"bundle entry {'/'.join(parts)!r} lies under {'/'.join(parts[:i])!r}, "
-                    "which is a file"
-                )
+    _check_no_file_is_a_folder(members)
     _check_ratio("bundle", declared, archive_size, limits)
     return members
+
+
+def _check_no_file_is_a_folder(members: list[_Member]) -> None:
+    """Refuse an entry that lies under another entry that is a file. One step per path
+    component (a tree of the folders the entries make), so that an archive of deep paths
+    costs no more than it takes to read their names."""
+    root: dict[str, Any] = {}
+    for member in members:
+        node = root
+        for i, part in enumerate(member.parts):
+            last = i == len(member.parts) - 1
+            child = node.get(part)
+            if child is _A_FILE or (last and not member.is_dir and child is not None):
+                under, above = (member.parts, member.parts[:i + 1]) if child is _A_FILE else \
+                    (_an_entry_in(child, member.parts), member.parts)
+                raise BundleError(
+                    f"bundle entry {'/'.join(under)!r} lies under {'/'.join(above)!r}, which is a file"
+                )
+            if last and not member.is_dir:
+                node[part] = _A_FILE
+            else:
+                node = node.setdefault(part, {})
+
+
+#: a file's place in :func:`_check_no_file_is_a_folder`'s tree (a folder's is a dict)
+_A_FILE = object()
+
+
+def _an_entry_in(node: Any, prefix: tuple[str, ...]) -> tuple[str, ...]:
+    """The path of an entry in a folder of :func:`_check_no_file_is_a_folder`'s tree."""
+    path = list(prefix)
+    while isinstance(node, dict) and node:
+        name, node = next(iter(node.items()))
+        path.append(name)
+    return tuple(path)
 
 
 def _extract_members(
@@ -312,18 +350,20 @@ def _extract_members(
     made = {dest_str}  # (folders made, or there: each is made once, not once a file)
 
     def folder(path: str) -> None:
-        if path in made:
-            return
-        folder(os.path.dirname(path))
-        try:
-            os.mkdir(path)
-        except FileExistsError:
-            if not os.path.isdir(path):  # (a file of the same name on this file system)
-                raise BundleError(
-                    f"bundle folder {os.path.relpath(path, dest_str)!r} collides with a file on this "
-                    "file system (names that differ only in case or Unicode normalisation?)"
-                ) from None
-        made.add(path)
+        missing = []  # (from the deepest up: one step per folder, however deep the path)
+        while path not in made:
+            missing.append(path)
+            path = os.path.dirname(path)
+        for path in reversed(missing):
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                if not os.path.isdir(path):  # (a file of the same name on this file system)
+                    raise BundleError(
+                        f"bundle folder {os.path.relpath(path, dest_str)!r} collides with a file on this "
+                        "file system (names that differ only in case or Unicode normalisation?)"
+                    ) from None
+            made.add(path)
 
     for member in members:
         target = os.path.join(dest_str, *member.parts)

@@ -436,7 +436,9 @@ def inspect_directory(directory: str | os.PathLike[str]) -> Inspection:
         return listing, (files, folders)
 
     def walk(folder: str, rel_dir: str, layers: list[_Layer], context: tuple[Any, ...],
-             st: os.stat_result, settled: bool) -> None:
+             st: os.stat_result, settled: bool) -> list[tuple[Any, ...]]:
+        """One folder's files and what it leaves out; returns its subfolders' walks, to be
+        made (a loop, not a recursion: a tree may be deeper than Python's stack)."""
         own = _ignore_stamps(folder)
         context = (*context, own)
         settled = settled and _settled(own, started)
@@ -462,18 +464,22 @@ def inspect_directory(directory: str | os.PathLike[str]) -> Inspection:
             if kind == _FILE and what is not None:  # (a symlink's target)
                 inspection.links[rel_dir + name] = Path(what)
         rules = layers + listing.layers
+        below = []
         for name, kind, what, _ in listing.entries:
             if kind == _OUT:
                 assert what is not None
                 inspection.excluded.append(Excluded(rel_dir + name, what))
             elif kind == _DIR:
-                walk(prefix + name, rel_dir + name + "/", rules, context, folders[name], settled)
+                below.append((prefix + name, rel_dir + name + "/", rules, context, folders[name], settled))
+        return below
 
     try:
         root_st = os.stat(root_str)
     except OSError as exc:
         raise BundleError(f"cannot read source directory {str(directory)!r}: {exc.strerror or exc}") from None
-    walk(root_str, "", [_default_layer()], (home,), root_st, True)
+    walks: list[tuple[Any, ...]] = [(root_str, "", [_default_layer()], (home,), root_st, True)]
+    while walks:
+        walks.extend(walk(*walks.pop()))
     with _listings_lock:
         _listings[root_str] = fresh
         _listings.move_to_end(root_str)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulayer.bundles import compute_digest, extract_bundle
+from gpulayer.bundles import MAX_DEPTH, compute_digest, extract_bundle
 from gpulayer.errors import BundleError
 from tests.bundle_attacks import LINK, REG, cache_is_clean, make_zip
 
@@ -25,6 +25,7 @@ MALICIOUS = {
     "relative symlink outside": ([("link", b"../../../../etc", LINK)], "symlink"),
     "duplicate names": ([("a.txt", b"1", REG), ("a.txt", b"2", REG)], "more than once"),
     "file is also a folder": ([("a", b"1", REG), ("a/b", b"2", REG)], "which is a file"),
+    "folder is also a file": ([("a/b/c", b"1", REG), ("a/b", b"2", REG)], "'a/b/c' lies under 'a/b', which is a file"),
     "empty component": ([("a//b", b"1", REG)], "'empty'"),
     "device node": ([("dev", b"", stat.S_IFCHR | 0o644)], "not a regular file"),
 }
@@ -39,6 +40,19 @@ def test_malicious_archives_are_refused(tmp_path: Path, case: str) -> None:
         extract_bundle(data, compute_digest(data), cache)
     assert cache_is_clean(cache)
     assert not (tmp_path / "evil.txt").exists()
+
+
+def test_deep_paths_are_checked_one_folder_at_a_time_and_refused_past_the_depth_allowed(tmp_path: Path) -> None:
+    # (checking that no entry lies under a file took a slice of every prefix of every path:
+    # 3.6 s an entry 32,000 folders deep, and a 100 MB upload holds hundreds of them)
+    deep = "d/" * MAX_DEPTH + "f.txt"
+    data = make_zip([("ok.py", b"print('ok')\n", REG), (deep, b"deep", REG)])
+    folder = extract_bundle(data, compute_digest(data), tmp_path / "cache")
+    assert (folder / deep).read_bytes() == b"deep"
+    data = make_zip([("ok.py", b"print('ok')\n", REG), ("d/" * (MAX_DEPTH + 1) + "f.txt", b"deep", REG)])
+    with pytest.raises(BundleError, match=rf"entry 'd/d/d/.../f.txt' lies {MAX_DEPTH + 1} folders deep, more than "
+                                          rf"the {MAX_DEPTH} allowed"):
+        extract_bundle(data, compute_digest(data), tmp_path / "cache")
 
 
 def test_too_many_entries(tmp_path: Path) -> None:

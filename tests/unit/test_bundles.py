@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import io
 import json
 import os
@@ -540,6 +541,24 @@ def test_symlinks(project: Path, tmp_path: Path) -> None:
         assert zf.read("link_in.py") == (project / "main.py").read_bytes()
         assert zf.getinfo("tool").external_attr >> 16 == stat.S_IFREG | 0o755
         assert not any(b"do not ship" in zf.read(n) for n in zf.namelist())
+
+
+def test_a_tree_too_deep_to_send_is_refused_naming_it_however_deep_it_is(tmp_path: Path) -> None:
+    root = tmp_path / "deep"
+    folder = root
+    for _ in range(bundles.MAX_DEPTH + 1):
+        folder = folder / "d"
+        folder.mkdir(parents=folder.parent == root)
+    (folder / "f.txt").write_text("deep")
+    write(root, "main.py", "print(1)\n")
+    # deeper than Python's stack allows here: the walk is a loop, not a recursion
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack()) + 100)
+    try:
+        with pytest.raises(bundles.BundleRefused, match=r"'d/d/d/.../f.txt' lies 257 folders deep, more than the 256"):
+            build_bundle(root)
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def test_inspection_largest_and_total(project: Path) -> None:
