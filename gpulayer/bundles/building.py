@@ -167,7 +167,7 @@ class _Layer:
         self.lines = lines
         self.numbered = numbered
         # blank lines give no pattern in pathspec; a comment keeps indexes equal to lines
-        self.spec = pathspec.GitIgnoreSpec.from_lines([ln if ln else "#" for ln in lines])
+        self.spec = _compile([ln if ln else "#" for ln in lines])
         if len(self.spec.patterns) != len(lines):  # pragma: no cover - pathspec changed
             raise BundleError(f"cannot read ignore rules from {label}")
 
@@ -182,6 +182,23 @@ class _Layer:
         where = f"{self.label}:{result.index + 1}" if self.numbered else self.label
         rule = f"{where}: {line}"
         return bool(result.include), rule
+
+
+def _compile(lines: list[str]) -> pathspec.GitIgnoreSpec:
+    """The rules of these lines. A line that is no pattern (a lone ``!``, a trailing
+    backslash) is ignored, as git ignores it: the rest of the file still applies."""
+    try:
+        return pathspec.GitIgnoreSpec.from_lines(lines)
+    except ValueError:  # (pathspec's GitIgnorePatternError: find the lines it refused)
+        return pathspec.GitIgnoreSpec.from_lines([ln if _is_pattern(ln) else "#" for ln in lines])
+
+
+def _is_pattern(line: str) -> bool:
+    try:
+        pathspec.GitIgnoreSpec.from_lines([line])
+    except ValueError:
+        return False
+    return True
 
 
 #: why GPULAYER_HOME is left out of a bundle of a directory that holds it
@@ -256,7 +273,8 @@ def _read_layers(folder: str, base: str, stamps: tuple[Any, ...]) -> list[_Layer
         path = os.path.join(folder, name)
         try:
             with open(path, "rb") as f:
-                text = f.read().decode("utf-8", errors="surrogateescape")
+                # (a byte order mark first is skipped, as git skips it)
+                text = f.read().removeprefix(b"\xef\xbb\xbf").decode("utf-8", errors="surrogateescape")
         except OSError as exc:
             raise BundleError(f"cannot read ignore file {path}: {exc.strerror or exc}") from None
         layers.append(_Layer(base, base + name, text.splitlines(), numbered=True))

@@ -489,6 +489,19 @@ def test_gitignore_rules_are_named(project: Path) -> None:
     assert {"pkg/build/kept.py", ".gitignore", "main.py"} <= included
 
 
+def test_ignore_files_are_read_as_git_reads_them(project: Path) -> None:
+    # a line git cannot read as a pattern (a lone "!", a trailing backslash) is ignored, the
+    # rest still applies; a byte order mark (Windows editors write one) is skipped
+    write(project, ".gitignore", "!\n*.log\nweights\\\n")
+    write(project, ".gpulayerignore", b"\xef\xbb\xbfdata.csv\n")
+    write(project, "app.log", "l")
+    write(project, "data.csv", "d")
+    excluded = dict(inspect_directory(project).excluded)
+    assert excluded["app.log"] == ".gitignore:2: *.log"
+    assert excluded["data.csv"] == ".gpulayerignore:1: data.csv"
+    assert "app.log" not in {f.path for f in build_bundle(project).files}
+
+
 def test_nested_gitignore_applies_below_its_folder(project: Path) -> None:
     write(project, "sub/.gitignore", "*.tmp\n/local.txt\n")
     write(project, "sub/a.tmp", "t")
