@@ -40,8 +40,9 @@ Checking and extraction
     worker extracts once per cache directory, atomically, under a lock, and
     :func:`evict_cache` keeps that cache within its size and age limits.
 
-The code lives in four modules: :mod:`gpulayer.bundles.building` (what goes in, and a
-build), :mod:`gpulayer.bundles.zipping` (the zip itself), :mod:`gpulayer.bundles.archive`
+The code lives in five modules: :mod:`gpulayer.bundles.building` (what goes in, and a
+build), :mod:`gpulayer.bundles.ignoring` (the ignore rules, read as git reads them),
+:mod:`gpulayer.bundles.zipping` (the zip itself), :mod:`gpulayer.bundles.archive`
 (addresses, limits, checking, extraction) and :mod:`gpulayer.bundles.cache` (a worker's
 extracted bundles: held while in use, evicted).
 """

@@ -6,7 +6,6 @@ See :mod:`gpulayer.bundles` for the rules (what goes in, symlinks, the zip's for
 from __future__ import annotations
 
 import errno
-import functools
 import io
 import os
 import stat
@@ -18,10 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import pathspec
-
 from gpulayer import config
 from gpulayer.bundles.archive import _within, check_archive, compute_digest, format_size
+from gpulayer.bundles.ignoring import DEFAULT_EXCLUDES, IGNORE_FILES, _default_layer, _Layer, _verdict
 from gpulayer.bundles.zipping import _Entry, _write_deflated, _write_zipfile, deflated_fits
 from gpulayer.errors import BundleError
 
@@ -37,21 +35,6 @@ __all__ = [
     "build_from_inspection",
     "inspect_directory",
 ]
-
-#: Excluded from every bundle (gitignore syntax); a ``!pattern`` in an ignore file re-includes.
-DEFAULT_EXCLUDES: tuple[str, ...] = (
-    ".git",
-    ".venv/",
-    "venv/",
-    "__pycache__/",
-    "*.pyc",
-    "node_modules/",
-)
-
-#: Ignore files read in every directory, in this order (a later one overrides an earlier one).
-IGNORE_FILES: tuple[str, ...] = (".gitignore", ".gpulayerignore")
-
-
 
 # --------------------------------------------------------------------------------------------
 # records
@@ -158,49 +141,6 @@ class BundleTooLarge(BundleError):
 # inspection: what goes in
 
 
-class _Layer:
-    """The rules of one ignore source, anchored at a folder (``base``, "" or ``"a/b/"``)."""
-
-    def __init__(self, base: str, label: str, lines: list[str], *, numbered: bool) -> None:
-        self.base = base
-        self.label = label
-        self.lines = lines
-        self.numbered = numbered
-        # blank lines give no pattern in pathspec; a comment keeps indexes equal to lines
-        self.spec = _compile([ln if ln else "#" for ln in lines])
-        if len(self.spec.patterns) != len(lines):  # pragma: no cover - pathspec changed
-            raise BundleError(f"cannot read ignore rules from {label}")
-
-    def check(self, rel: str) -> tuple[bool, str] | None:
-        """``(excluded, rule)`` when a rule of this layer matches ``rel``, else None."""
-        if not rel.startswith(self.base):
-            return None
-        result = self.spec.check_file(rel[len(self.base):])
-        if result.include is None or result.index is None:
-            return None
-        line = self.lines[result.index].strip()
-        where = f"{self.label}:{result.index + 1}" if self.numbered else self.label
-        rule = f"{where}: {line}"
-        return bool(result.include), rule
-
-
-def _compile(lines: list[str]) -> pathspec.GitIgnoreSpec:
-    """The rules of these lines. A line that is no pattern (a lone ``!``, a trailing
-    backslash) is ignored, as git ignores it: the rest of the file still applies."""
-    try:
-        return pathspec.GitIgnoreSpec.from_lines(lines)
-    except ValueError:  # (pathspec's GitIgnorePatternError: find the lines it refused)
-        return pathspec.GitIgnoreSpec.from_lines([ln if _is_pattern(ln) else "#" for ln in lines])
-
-
-def _is_pattern(line: str) -> bool:
-    try:
-        pathspec.GitIgnoreSpec.from_lines([line])
-    except ValueError:
-        return False
-    return True
-
-
 #: why GPULAYER_HOME is left out of a bundle of a directory that holds it
 HOME_EXCLUDED = "GPULAYER_HOME: this machine's GPUlayer state (its database, bundles, caches)"
 
@@ -214,24 +154,6 @@ def _state_directory() -> tuple[int, int] | None:
     except (OSError, RuntimeError):
         return None
     return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
-
-
-@functools.cache
-def _default_layer() -> _Layer:
-    """The built-in rules, compiled once (a layer is not changed after it is made; compiling
-    these was most of a ``.remote()``'s walk of an unchanged directory)."""
-    return _Layer("", "default", list(DEFAULT_EXCLUDES), numbered=False)
-
-
-def _verdict(layers: list[_Layer], rel: str) -> str | None:
-    """The rule that excludes ``rel`` (a directory ends in ``/``), or None if it is included."""
-    excluded_by: str | None = None
-    for layer in layers:
-        hit = layer.check(rel)
-        if hit is not None:
-            excluded, rule = hit
-            excluded_by = rule if excluded else None
-    return excluded_by
 
 
 def _resolve_root(directory: str | os.PathLike[str]) -> Path:

@@ -502,6 +502,24 @@ def test_ignore_files_are_read_as_git_reads_them(project: Path) -> None:
     assert "app.log" not in {f.path for f in build_bundle(project).files}
 
 
+def test_a_folder_pattern_ending_in_double_star_matches_what_is_inside_as_in_git(project: Path) -> None:
+    # git's data/** matches what is inside data/, not data/ itself: data/ is entered and a
+    # later !data/keep.txt re-includes; logs/**/ matches the folders inside logs/ only
+    write(project, ".gpulayerignore", "data/**\n!data/keep.txt\nlogs/**/\n")
+    write(project, "data/keep.txt", "k")
+    write(project, "data/big.bin", "b")
+    write(project, "data/raw/part.bin", "r")
+    write(project, "logs/summary.txt", "s")
+    write(project, "logs/run1/out.txt", "o")
+    inspection = inspect_directory(project)
+    included = {f.path for f in inspection.included}
+    excluded = dict(inspection.excluded)
+    assert {"data/keep.txt", "logs/summary.txt"} <= included
+    assert excluded["data/big.bin"] == excluded["data/raw/"] == ".gpulayerignore:1: data/**"
+    assert excluded["logs/run1/"] == ".gpulayerignore:3: logs/**/"
+    assert "data/" not in excluded and "logs/" not in excluded
+
+
 def test_nested_gitignore_applies_below_its_folder(project: Path) -> None:
     write(project, "sub/.gitignore", "*.tmp\n/local.txt\n")
     write(project, "sub/a.tmp", "t")
