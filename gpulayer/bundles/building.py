@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from gpulayer import config
-from gpulayer.bundles.archive import _within, check_archive, compute_digest, format_size
+from gpulayer.bundles.archive import Limits, _within, check_archive, compute_digest, format_size
 from gpulayer.bundles.ignoring import DEFAULT_EXCLUDES, IGNORE_FILES, _default_layer, _Layer, _verdict
 from gpulayer.bundles.zipping import _Entry, _write_deflated, _write_zipfile, deflated_fits
 from gpulayer.errors import BundleError
@@ -501,6 +501,7 @@ def build_from_inspection(inspection: Inspection, *, max_bytes: int | None = Non
     the same tree built earlier in this process, whose files' compressed bytes are reused
     where they did not change."""
     limit = config.max_bundle_bytes() if max_bytes is None else int(max_bytes)
+    _refuse_what_the_sizes_say(inspection)
     buf = io.BytesIO()
     entries: dict[str, _Entry] = {}
     if deflated_fits(inspection, limit):
@@ -514,10 +515,30 @@ def build_from_inspection(inspection: Inspection, *, max_bytes: int | None = Non
     try:  # what every receiver would refuse (too many files, too much, too compressible)
         check_archive(data)
     except BundleError as exc:
-        raise BundleRefused(
-            f"source bundle of {inspection.root} would be refused: {exc}. Exclude what the job does "
-            f"not need with a .gpulayerignore file, and check with `gpulayer bundle inspect {inspection.root}`.",
-            reason=f"source bundle of {inspection.root} would be refused: {exc}") from None
+        raise _refused(inspection.root, str(exc)) from None
     return Bundle(digest=compute_digest(data), data=data, files=list(inspection.included), entries=entries)
+
+
+def _refused(root: Path, why: str) -> BundleRefused:
+    return BundleRefused(
+        f"source bundle of {root} would be refused: {why}. Exclude what the job does not need with a "
+        f".gpulayerignore file, and check with `gpulayer bundle inspect {root}`.",
+        reason=f"source bundle of {root} would be refused: {why}")
+
+
+def _refuse_what_the_sizes_say(inspection: Inspection) -> None:
+    """Refuse, before a file is read, a bundle whose files' number or sizes (their stat)
+    are more than every receiver allows: a large file of zeros, which compresses 1000:1, is
+    not read and compressed to the compressed limit (100 GB) to learn it."""
+    limits = Limits.from_settings()
+    count, total = len(inspection.included), inspection.total_size
+    if count > limits.max_entries:
+        raise _refused(inspection.root, f"it has {count} files, more than the {limits.max_entries} entries allowed "
+                                        "(GPULAYER_MAX_BUNDLE_FILES)")
+    if total > limits.max_unpacked:
+        largest = ", ".join(f"{f.path} ({format_size(f.size)})" for f in inspection.largest(5))
+        raise _refused(inspection.root, f"its files come to {format_size(total)} ({total} bytes), more than the "
+                                        f"{format_size(limits.max_unpacked)} a bundle may extract to "
+                                        f"(GPULAYER_MAX_BUNDLE_UNPACKED_MB); largest files: {largest}")
 
 

@@ -123,6 +123,26 @@ def test_building_a_bundle_that_receivers_would_refuse_fails_first(tmp_path: Pat
     assert [f.path for f in bundles.build_bundle(proj).files] == [".gpulayerignore", "main.py"]
 
 
+def test_a_bundle_its_files_sizes_say_would_be_refused_is_refused_before_a_file_is_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a 3 GB file of zeros was read and compressed (17 s) before the receivers' limit on what
+    # a bundle extracts to refused it, without naming it; its size says so at once
+    monkeypatch.setenv("GPULAYER_MAX_BUNDLE_UNPACKED_MB", "1")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "main.py").write_text("print(1)\n")
+    (proj / "data.bin").write_bytes(os.urandom(2 << 20))
+    inspection = bundles.inspect_directory(proj)
+    (proj / "data.bin").unlink()  # (a read of it would fail: "cannot read")
+    with pytest.raises(bundles.BundleRefused, match=r"its files come to 2.0 MB \(\d+ bytes\), more than the 1.0 MB a "
+                                                    r"bundle may extract to .*largest files: data.bin \(2.0 MB\)"):
+        bundles.build_from_inspection(inspection)
+    monkeypatch.setenv("GPULAYER_MAX_BUNDLE_UNPACKED_MB", "1000")
+    monkeypatch.setenv("GPULAYER_MAX_BUNDLE_FILES", "1")
+    with pytest.raises(bundles.BundleRefused, match=r"it has 2 files, more than the 1 entries allowed"):
+        bundles.build_from_inspection(inspection)
+
+
 # ---------------------------------------------------------------------------------- the server
 
 
