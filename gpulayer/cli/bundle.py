@@ -25,7 +25,7 @@ bundle_app = typer.Typer(
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"error: {printable(message)}", err=True)
     return typer.Exit(code)
 
 
@@ -129,28 +129,32 @@ def _print_text(
 
     echo = typer.echo
     size = bundles.format_size
-    echo(f"Bundle of {inspection.root}")
+    # (names as the directory has them: a control character in one, an escape sequence,
+    # would rewrite the terminal that shows what is about to be sent)
+    included = [(printable(f.path), f) for f in inspection.included]
+    echo(f"Bundle of {printable(str(inspection.root))}")
     echo("")
     echo(f"Included ({len(inspection.included)} files, {size(inspection.total_size)}):")
-    width = max((len(f.path) for f in inspection.included), default=0)
-    for f in inspection.included:
+    width = max((len(shown) for shown, _ in included), default=0)
+    for shown, f in included:
         flag = "  (executable)" if f.executable else ""
-        echo(f"  {f.path:<{width}}  {size(f.size):>10}{flag}")
+        echo(f"  {shown:<{width}}  {size(f.size):>10}{flag}")
     if not inspection.included:
         echo("  (nothing)")
     echo("")
     echo(f"Excluded ({len(inspection.excluded)}):")
-    width = max((len(e.path) for e in inspection.excluded), default=0)
-    for e in inspection.excluded:
-        echo(f"  {e.path:<{width}}  {e.rule}")
+    excluded = [(printable(e.path), printable(e.rule)) for e in inspection.excluded]
+    width = max((len(shown) for shown, _ in excluded), default=0)
+    for shown, rule in excluded:
+        echo(f"  {shown:<{width}}  {rule}")
     if not inspection.excluded:
         echo("  (nothing)")
     if largest:
         echo("")
         echo(f"Largest files (top {len(largest)}):")
-        width = max(len(f.path) for f in largest)
+        width = max(len(printable(f.path)) for f in largest)
         for f in largest:
-            echo(f"  {f.path:<{width}}  {size(f.size):>10}")
+            echo(f"  {printable(f.path):<{width}}  {size(f.size):>10}")
     echo("")
     total = size(inspection.total_size)
     echo(f"Total:   {len(inspection.included)} files, {total} before compression")

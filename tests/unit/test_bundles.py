@@ -793,6 +793,18 @@ def test_cli_inspect_text(cli: typer.Typer, project: Path) -> None:
     assert "Total:" in out
 
 
+def test_cli_inspect_text_shows_control_characters_in_names_escaped(cli: typer.Typer, project: Path) -> None:
+    # a name of a cloned project must not rewrite the terminal that lists what will be sent
+    write(project, "evil\x1b[2K\rmain.py", "e")
+    write(project, "skip\x1b]0;title\x07.log", "l")
+    write(project, ".gitignore", "*.log\n")
+    result = CliRunner().invoke(cli, ["bundle", "inspect", str(project)])
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.output and "\r" not in result.output and "\x07" not in result.output
+    assert "evil\\x1b[2K\\rmain.py" in result.output
+    assert "skip\\x1b]0;title\\x07.log  .gitignore:1: *.log" in result.output
+
+
 def test_cli_inspect_json(cli: typer.Typer, project: Path) -> None:
     write(project, "x.pyc", "c")
     result = CliRunner().invoke(cli, ["bundle", "inspect", str(project), "--json", "--top", "1"])
