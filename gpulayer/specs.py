@@ -331,7 +331,7 @@ class _JobBase(_UserRecord):
     priority: int = Field(default=0, ge=-1000, le=1000, strict=True, description="higher runs first")
     env: dict[EnvName, Text] = Field(default_factory=dict)
     bundle: Text | None = Field(
-        default=None,
+        default=None, min_length=1,
         description="directory to send as a source bundle (a path on the submitting machine)",
     )
     bundle_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")

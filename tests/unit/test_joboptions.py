@@ -141,6 +141,13 @@ PYTHON_BAD: list[tuple[Callable[[], object], type[Exception], str]] = [
      "@gl.remote(frameworks={'to rch': '>2'}): not a framework name; accepted: a name such as 'torch' or 'torch.cuda'"),
     (lambda: gl.remote(env={"PATH": "a\x00b"})(double), InvalidInput,
      f"@gl.remote(env={{'PATH': 'a\\x00b'}}): contains a NUL byte at index 1; accepted: {TEXT}"),
+    # (an empty path would send the current folder: a `--bundle "$DIR"` with DIR unset)
+    (lambda: gl.remote(bundle="")(double), InvalidInput,
+     "@gl.remote(bundle=''): must not be empty; accepted: the path of a directory"),
+    (lambda: Trainer("train.py", bundle=""), InvalidInput,
+     "Trainer(bundle=''): must not be empty; accepted: the path of a directory"),
+    (lambda: CommandJob(command=["python", "train.py"], bundle=""), InvalidInput,
+     "CommandJob(bundle=''): must not be empty; accepted: the path of a directory"),
     (lambda: gl.remote(fallback_targets=["moon"])(double), InvalidInput,
      "@gl.remote(fallback_targets[0]='moon'): not one of the choices; accepted: local, remote or cloud, each listed once"),
     (lambda: gl.remote(on_unschedulable="sometimes")(double), InvalidInput,
