@@ -40,7 +40,7 @@ from gpulayer.hookrecords import Capabilities
 from gpulayer.launchers import launch_command
 from gpulayer.records import JobError, TaskState, WorkerRecord
 from gpulayer.worker.cache_keeper import CacheKeeper
-from gpulayer.worker.fork_servers import ForkServers
+from gpulayer.worker.fork_servers import ForkServers, site_hook
 from gpulayer.worker.forking import RUNNER_PATH, ForkServer
 from gpulayer.worker.logbuffer import LogBuffer
 from gpulayer.worker.outcome import NotStarted, StartMark, TaskOutcome, function_outcome
@@ -502,10 +502,10 @@ class Agent:
         digest = a.spec.bundle_digest
         workdir = self._bundle_cache / digest if digest else None
         if workdir is None or not workdir.is_dir():
-            # a bundle to fetch first: what may take long comes after the start, but where
-            # the server has preloads, which server forks the task depends on the bundle's
-            # files (_own_copies): it is marked started once they are there
-            if digest and (fork is None or not fork.tops):
+            # a bundle to fetch first: what may take long comes after the start, but a task
+            # to fork is marked started once the bundle's files are there: whether it is
+            # forked, and from which server, depends on them (site_hook, _own_copies)
+            if digest and fork is None:
                 started()
             try:
                 workdir = self._workdir(a)
@@ -517,6 +517,10 @@ class Agent:
         except PluginError as exc:  # (the granted devices' environment: the plugin is named)
             logbuf.add("stderr", f"gpulayer: {exc}\n")
             return TaskOutcome(TaskState.FAILED, error=JobError.plugin(str(exc)))
+        if fork is not None and (hook := site_hook([str(workdir), *a.spec.env.get("PYTHONPATH", "").split(os.pathsep)])):
+            fork = None  # (its server ran site's hooks as it started, from the worker's own path)
+            started.how = f"spawned: {hook} would not run in a forked process"
+            started()
         if fork is not None and fork.tops:
             fork = self._own_copies(a, fork, [str(workdir), *env.get("PYTHONPATH", "").split(os.pathsep)],
                                     started, swapped)

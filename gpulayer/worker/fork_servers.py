@@ -28,6 +28,25 @@ def _environ_now(*, copy: bool = True) -> dict[Any, Any]:
     return dict(data) if copy else data
 
 
+#: the modules ``site`` imports as an interpreter starts, if it finds them on its path
+SITE_HOOKS = ("sitecustomize", "usercustomize")
+
+
+def site_hook(folders: list[str]) -> str | None:
+    """A start-up hook of ``site`` (``sitecustomize.py`` or ``usercustomize.py``, a module or
+    a package) in one of a job's own folders (its bundle, its ``PYTHONPATH``): a spawned
+    interpreter runs it, a forked child does not (its server ran ``site`` as it started, from
+    the worker's path), so the job is spawned. Its path as the event says it, or None."""
+    for folder in folders:
+        if not folder:
+            continue
+        for name in SITE_HOOKS:
+            for candidate in (os.path.join(folder, f"{name}.py"), os.path.join(folder, name, "__init__.py")):
+                if os.path.isfile(candidate):
+                    return f"{candidate.removesuffix(os.sep + '__init__.py')}"
+    return None
+
+
 #: a worker's server with preloads is replaced for a change of its environment once that
 #: has held this many seconds (a variable set before each job never does), and not more
 #: often than every FOLLOW_EVERY seconds (see ForkServers.follow_environ)

@@ -309,3 +309,21 @@ def test_a_bundle_with_its_own_copy_of_what_the_preloads_imported_gets_its_own(s
         assert how == f"{FORKED} (preloaded: prelo)" and forked == ["the worker's copy"] * 2
     else:
         assert how == f"{FORKED} (not preloaded: the job has its own {own})"
+
+
+def test_a_bundle_with_a_sitecustomize_is_spawned_so_that_it_runs(start, bundle) -> None:  # type: ignore[no-untyped-def]
+    """``site`` imports a ``sitecustomize`` it finds on the path as an interpreter starts; a
+    forked child's server did that long before, from the worker's path: the job spawns."""
+    (bundle / "sitecustomize.py").write_text("import os\nos.environ['SITE_HOOK_RAN'] = 'yes'\n")
+    (bundle / "jobmod.py").write_text(JOBMOD + "\ndef hooked():\n    return os.environ.get('SITE_HOOK_RAN')\n")
+    run = start()
+    result, how = run("hooked")
+    assert result == "yes"
+    assert how.startswith("spawned: ") and how.endswith("/sitecustomize.py would not run in a forked process"), how
+    # (a package of that name too, and in a folder of the job's PYTHONPATH)
+    (bundle / "sitecustomize.py").unlink()
+    hooks = bundle.parent / "hooks" / "usercustomize"
+    hooks.mkdir(parents=True)
+    (hooks / "__init__.py").write_text("")
+    assert run("server", env={"PYTHONPATH": str(hooks.parent)})[1] == \
+        f"spawned: {hooks} would not run in a forked process"
