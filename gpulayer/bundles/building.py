@@ -159,9 +159,9 @@ def _state_directory() -> tuple[int, int] | None:
 def _resolve_root(directory: str | os.PathLike[str]) -> Path:
     given = Path(directory).expanduser()
     if not given.exists():
-        raise BundleError(f"source directory {str(directory)!r} does not exist")
+        raise BundleError(f"bundle directory {str(directory)!r} does not exist; accepted: the path of a directory")
     if not given.is_dir():
-        raise BundleError(f"source directory {str(directory)!r} is not a directory")
+        raise BundleError(f"bundle directory {str(directory)!r} is not a directory; accepted: the path of a directory")
     return given.resolve()
 
 
