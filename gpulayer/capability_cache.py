@@ -13,7 +13,7 @@ real paths), this interpreter's ``sys.path`` (less its first entry, the script's
 the working directory), the host name, ``PATH``, ``PYTHONPATH`` and the ``GPULAYER_*``
 variables that change what detectors see (the plugin and detector choices, plugins' own
 switches). An entry is also dropped when the Python executable, a folder on either
-``sys.path`` or a plugin's module changed (installing a package touches its
+``sys.path`` or a plugin's module (or a module of a plugin package) changed (installing a package touches its
 ``site-packages``), and, here, when the installed plugins (name, distribution, version,
 module, status; an object registered in-process counts by identity) are not the ones it
 records.
@@ -71,13 +71,21 @@ def _plugin_ids(manager: plugins.PluginManager) -> list[list[Any]]:
 
 
 def _plugin_files(manager: plugins.PluginManager) -> list[str]:
-    """The files of the plugins' modules (imported by now): an edit to one is a new entry."""
-    files = []
+    """The files of the plugins' modules (imported by now), and of a plugin package's
+    submodules (its detector may live in one): an edit to one is a new entry."""
+    files: set[str] = set()
     for info in manager.infos.values():
-        module = sys.modules.get((info.module or "").partition(":")[0])
-        file = getattr(module, "__file__", None)
-        if isinstance(file, str):
-            files.append(file)
+        name = (info.module or "").partition(":")[0]
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        found = [module]
+        if hasattr(module, "__path__"):  # a package: the submodules it imported, at any depth
+            found += [m for n, m in list(sys.modules.items()) if n.startswith(name + ".") and m is not None]
+        for m in found:
+            file = getattr(m, "__file__", None)
+            if isinstance(file, str):
+                files.add(file)
     return sorted(files)
 
 

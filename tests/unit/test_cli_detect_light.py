@@ -181,6 +181,34 @@ def test_a_changed_plugin_is_detected_again(home: Path, tmp_path: Path) -> None:
     assert run(["resources", "detect"], home, env={**env, "GPULAYER_DISABLE_PLUGINS": "gl_test_xpu"})[3] == "full"
 
 
+def test_a_changed_module_of_a_plugin_package_is_detected_again(home: Path, tmp_path: Path) -> None:
+    """A plugin package whose detector lives in a submodule: an edit there is a change of
+    the plugin as much as one of the module its entry point names (docs/plugins.md: "when
+    your plugin's files change")."""
+    package = tmp_path / "plugins" / "gl_test_pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(textwrap.dedent("""\
+        from gpulayer import plugin
+        from gl_test_pkg.detection import detect
+
+        @plugin.hookimpl
+        def gpulayer_accelerator_detectors():
+            yield plugin.AcceleratorDetector(name="xpu", detect=detect)
+        """))
+    detection = package / "detection.py"
+    body = textwrap.dedent(PLUGIN).partition("@plugin.hookimpl")[0]
+    detection.write_text(body.replace("{VERSION}", "1"))
+    env = {"PYTHONPATH": os.pathsep.join([str(package.parent), *filter(None, os.environ.get("PYTHONPATH", "").split(
+        os.pathsep))]), "GPULAYER_PLUGINS": "gpulayer.fakes,gl_test_pkg", "GPULAYER_DETECTORS": "xpu"}
+    _, light = full_then_light(["resources", "detect"], home, env=env)
+    assert b"[0] xpu Test XPU 1" in light[1]
+    detection.write_text(body.replace("{VERSION}", "2"))  # edited in place: the package's folder is as it was
+    later = time.time_ns() + 10**9
+    os.utime(detection, ns=(later, later))
+    code, out, err, path = run(["resources", "detect"], home, env=env)
+    assert (code, path) == (0, "full") and b"[0] xpu Test XPU 2" in out, err
+
+
 def test_a_change_of_what_a_detector_reads_is_detected_again(home: Path, tmp_path: Path) -> None:
     """A detector that declares the variables it reads (``inputs``): the light path does not
     answer from an entry detected with another value of one, and the full path detects again."""
