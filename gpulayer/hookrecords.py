@@ -11,10 +11,11 @@ returns records derived from :class:`HookRecord`, each with a ``name``:
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from gpulayer._base import Record
 from gpulayer.specs import DistributedJob, Requirements
@@ -140,6 +141,8 @@ class Capabilities(Record):
 # --------------------------------------------------------------------------- hook records
 
 DetectFn = Callable[[float], DetectionResult]
+#: an accelerator kind, as a job names it (Requirements.accelerator lowercases what it is given)
+_KIND_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 
 class HookRecord(BaseModel):
@@ -178,6 +181,18 @@ class AcceleratorDetector(HookRecord):
     #: detects again (``GPULAYER_*``, ``PATH`` and ``PYTHONPATH`` always do)
     inputs: list[str] = Field(default_factory=list)
     stand_in: bool = False
+
+    @field_validator("name")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        # a job names its accelerator in lowercase (Requirements.accelerator), and ``cpu``
+        # means none: a kind spelt otherwise could never be asked for
+        if not _KIND_RE.match(v) or v in ("cpu", "none"):
+            raise ValueError(
+                f"accelerator kind {v!r}: accepted: lowercase letters, digits, '.', '_' and '-', starting with a "
+                f"letter or digit, other than 'cpu' and 'none' (jobs ask for a kind in lowercase: "
+                f"--accelerator {v.lower() or 'npu'})")
+        return v
 
     def standing_in_for(self, real: AcceleratorDetector) -> AcceleratorDetector:
         """``real`` with this stand-in's detection in its place."""

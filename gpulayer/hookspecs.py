@@ -47,7 +47,8 @@ def gpulayer_accelerator_detectors() -> Iterable[AcceleratorDetector]:
 
     Called when a worker builds its capabilities and by ``gpulayer resources detect``.
     The record's ``name`` is the accelerator kind (``cuda``, ``rocm``, ``mps``, or your
-    own); its ``detect(timeout)`` returns a :class:`~gpulayer.plugin.DetectionResult`.
+    own, in lowercase: jobs name kinds in lowercase); its ``detect(timeout)`` returns a
+    :class:`~gpulayer.plugin.DetectionResult`.
     ``detect`` runs in the CLI's process: never import a framework there, and run anything
     that can hang (a vendor tool, a driver call) with the given timeout. Report trouble
     as a diagnostic line, not an exception; GPUlayer also guards against both.

@@ -312,6 +312,20 @@ def test_a_single_record_instead_of_an_iterable_fails_only_that_plugin(plugin_ma
         assert "alone" not in plugins.profiles()
 
 
+@pytest.mark.parametrize("kind", ["XPU", "Acme NPU", "cpu", "none"])
+def test_an_accelerator_kind_no_job_could_ask_for_fails_that_plugin(plugin_manager, kind):
+    """A job names its accelerator in lowercase (``--accelerator XPU`` asks for ``xpu``), and
+    ``cpu`` is no accelerator: a detector of such a kind would find devices no job could use."""
+    plugin_manager.register(Detectors(kind), name="odd-kind")
+    with pytest.warns(plugins.PluginWarning) as caught:
+        assert kind not in plugins.detectors() and "cuda" in plugins.detectors()
+    [message] = [str(w.message) for w in caught]
+    assert message.startswith(
+        f"gpulayer plugin 'odd-kind' failed in gpulayer_accelerator_detectors, which leaves it out: "
+        f"ValidationError for AcceleratorDetector: name: Value error, accelerator kind {kind!r}: accepted: "
+        "lowercase letters, digits, '.', '_' and '-', starting with a letter or digit, other than 'cpu' and 'none'"), message
+
+
 def test_a_hook_that_raises_is_reported_once_and_the_others_keep_working(plugin_manager):
     class Raising:
         @hookimpl
