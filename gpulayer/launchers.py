@@ -54,5 +54,5 @@ def launch_command(job: DistributedJob, rendezvous: Rendezvous, node_rank: int, 
         raise PluginError(f"{_where(job)}: build() raised {one_line(exc)}", hook=HOOK) from exc
     if not isinstance(command, LaunchCommand):
         raise PluginError(f"{_where(job)}: build() returned {type(command).__name__}; accepted: a LaunchCommand "
-                          "(gpulayer.hookrecords.LaunchCommand(argv=[...], env={...}))", hook=HOOK)
+                          "(gpulayer.plugin.LaunchCommand(argv=[...], env={...}))", hook=HOOK)
     return command

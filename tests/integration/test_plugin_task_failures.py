@@ -69,7 +69,7 @@ def _run(cp: ControlPlane, client: Client, spec: CommandJob | DistributedJob) ->
 
 @pytest.mark.parametrize(("launcher", "says"), [
     ("raises", "build() raised RuntimeError: launcher exploded"),
-    ("garbage", "build() returned str; accepted: a LaunchCommand"),
+    ("garbage", "build() returned str; accepted: a LaunchCommand (gpulayer.plugin.LaunchCommand("),
 ])
 def test_a_launcher_that_fails_is_named_in_the_jobs_error(plane, caplog, launcher, says) -> None:  # type: ignore[no-untyped-def]
     cp, client = plane
