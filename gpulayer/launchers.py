@@ -25,7 +25,7 @@ def check_launch(job: DistributedJob) -> None:
     """Refuse, with :class:`InvalidInput`, a job its launcher's ``check`` says it could
     never run. A launcher not installed here is left to the workers, which have it or say
     so; a ``check`` that raises anything but :class:`ValueError` is the plugin's fault: a
-    :class:`~gpulayer.plugins.PluginWarning`, and the job goes on."""
+    :class:`~gpulayer.plugins.PluginWarning` (once per launcher in a process), and the job goes on."""
     launcher = plugins.launchers().get(job.launcher)
     if launcher is None or launcher.check is None:
         return
@@ -35,8 +35,12 @@ def check_launch(job: DistributedJob) -> None:
         why = " ".join(str(exc).split()) or "refused by its check()"
         raise InvalidInput(f"launcher {job.launcher!r} cannot run this job: {why}") from None
     except Exception as exc:
-        warnings.warn(f"{_where(job)}: check() raised {one_line(exc)}; the job was not checked",
-                      plugins.PluginWarning, stacklevel=2)
+        manager = plugins.get_manager()
+        owner = manager.owner(HOOK, job.launcher) or "?"
+        # (a submit checks twice, where the spec is built and in the control plane: one warning)
+        if manager.first_report(owner, f"{HOOK} {job.launcher!r} check()"):
+            warnings.warn(f"{_where(job)}: check() raised {one_line(exc)}; the job was not checked",
+                          plugins.PluginWarning, stacklevel=2)
 
 
 def launch_command(job: DistributedJob, rendezvous: Rendezvous, node_rank: int, python: str) -> LaunchCommand:

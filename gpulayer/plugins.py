@@ -330,6 +330,16 @@ class PluginManager:
             PluginWarning, stacklevel=stacklevel,
         )
 
+    def first_report(self, plugin_name: str, what: str) -> bool:
+        """True the first time a failure ``what`` of ``plugin_name`` is reported by this
+        manager (each is reported once, as :meth:`_fail` reports a hook's)."""
+        key = (plugin_name, what)
+        with self._lock:
+            if key in self._reported:
+                return False
+            self._reported.add(key)
+            return True
+
     def failures(self) -> list[PluginInfo]:
         """The plugins that imported but misbehaved (status ``failed``)."""
         return [i for i in self.infos.values() if i.status == "failed"]

@@ -107,3 +107,14 @@ def test_a_launchers_check_refuses_at_submit_and_a_check_that_fails_is_the_plugi
                                                   r"TypeError: check exploded; the job was not checked"):
         job, _ = _run(cp, client, DistributedJob(entry="train.py", launcher="unchecked"))
     assert job.error is not None and "build() raised RuntimeError: launcher exploded" in job.error.message
+
+
+def test_a_check_that_fails_is_reported_once_though_a_submit_checks_twice(plane) -> None:  # type: ignore[no-untyped-def]
+    """``client.prepare`` and the control plane both run the launcher's ``check``: one warning
+    (docs/plugins.md: each failure is reported once per plugin and hook)."""
+    cp, client = plane
+    with pytest.warns(plugins.PluginWarning) as caught:
+        for _ in range(2):
+            _run(cp, client, DistributedJob(entry="train.py", launcher="unchecked"))
+    assert [str(w.message) for w in caught if "check()" in str(w.message)] == [
+        "launcher 'unchecked' (plugin 'bad-launchers'): check() raised TypeError: check exploded; the job was not checked"]
