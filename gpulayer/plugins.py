@@ -316,8 +316,12 @@ class PluginManager:
         ``hook_name`` None: the plugin could not be registered at all."""
         info = self.infos.get(plugin_name)
         if info is not None:
+            line = error if hook_name is None else f"{hook_name}: {error}"
+            if info.status == "failed" and info.error and hook_name is not None and line not in info.error:
+                info.error = f"{info.error}; {line}"  # another hook failed too: both are told
+            else:
+                info.error = line
             info.status = "failed"
-            info.error = error if hook_name is None else f"{hook_name}: {error}"
         key = (plugin_name, hook_name or "")
         if key in self._reported:
             return

@@ -349,6 +349,26 @@ def test_a_hook_that_raises_is_reported_once_and_the_others_keep_working(plugin_
     assert (info.status, info.error) == ("failed", "gpulayer_accelerator_detectors: RuntimeError: driver table missing")
 
 
+def test_a_plugin_that_fails_in_two_hooks_is_listed_with_both(plugin_manager):
+    class TwiceWrong:
+        @hookimpl
+        def gpulayer_runtime_profiles(self):
+            return [{"name": "a-dict"}]
+
+        @hookimpl
+        def gpulayer_distributed_launchers(self):
+            raise RuntimeError("no mpirun")
+
+    plugin_manager.register(TwiceWrong(), name="twice")
+    with pytest.warns(plugins.PluginWarning):
+        info = {i.name: i for i in plugin_manager.list_plugins()}["twice"]
+        plugin_manager._forget_records()  # collected again: each said once
+        info = {i.name: i for i in plugin_manager.list_plugins()}["twice"]
+    assert info.status == "failed"
+    assert info.error == ("gpulayer_runtime_profiles: returned dict, expected runtime profile records "
+                          "(RuntimeProfile); gpulayer_distributed_launchers: RuntimeError: no mpirun")
+
+
 def test_a_device_environment_hook_that_raises_is_named_and_passed_over(plugin_manager):
     class Raising:
         @hookimpl
