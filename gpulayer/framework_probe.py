@@ -95,6 +95,7 @@ for p in found:
             r = run(sp["name"], sp["code"])
         except Exception as exc:
             out["errors"].append("%s: %s: %s" % (sp["name"], type(exc).__name__, exc))
+            step(error=out["errors"][-1])
             step(done=sp["name"])
             continue
         if r:
@@ -109,8 +110,10 @@ for p in found:
                 if b not in out["backends"]:
                     out["backends"].append(str(b))
                     out["sources"]["backend " + str(b)] = "%s backends check" % p["name"]
+                    step(backend=str(b), source=out["sources"]["backend " + str(b)])
         except Exception as exc:
             out["errors"].append("%s backends: %s: %s" % (p["name"], type(exc).__name__, exc))
+            step(error=out["errors"][-1])
         step(done=p["name"] + " backends")
 sys.stdout.flush()
 print("\n" + SENTINEL + json.dumps(out))
@@ -195,12 +198,15 @@ def _metadata_only(probes: Mapping[str, FrameworkProbe]) -> tuple[dict[str, str]
     return found, sources
 
 
-def _steps(out: str) -> tuple[dict[str, str], dict[str, str], str | None]:
-    """What a probe killed part-way had written: versions, their sources, and the sub-probe
-    it was running (None when it was between steps)."""
+def _steps(out: str) -> tuple[dict[str, str], dict[str, str], str | None, list[str], list[str]]:
+    """What a probe killed part-way had written: versions, their sources (and the
+    backends'), the sub-probe it was running (None when it was between steps), the errors
+    of the sub-probes that raised before it, and the backends it had read."""
     versions: dict[str, str] = {}
     sources: dict[str, str] = {}
     running: str | None = None
+    errors: list[str] = []
+    backends: list[str] = []
     for ln in out.splitlines():
         if not ln.startswith(_STEP):
             continue
@@ -212,11 +218,16 @@ def _steps(out: str) -> tuple[dict[str, str], dict[str, str], str | None]:
             versions[st["framework"]] = st["version"]
             sources[st["framework"]] = (f"sub-probe {st['framework']}" if st.get("subprobe")
                                         else f"package metadata ({st.get('distribution')})")
+        elif "backend" in st:
+            backends.append(st["backend"])
+            sources["backend " + st["backend"]] = st.get("source", "backends check")
+        elif "error" in st:
+            errors.append(st["error"])
         elif "start" in st:
             running = st["start"]
         elif "done" in st:
             running = None
-    return versions, sources, running
+    return versions, sources, running, errors, backends
 
 
 def _probe_one(
@@ -258,14 +269,17 @@ def _probe_one(
         except OSError:
             pass
         out, _ = proc.communicate()
-        got, got_sources, running = _steps(out or "")
+        got, got_sources, running, errors, backends = _steps(out or "")
         fallback["frameworks"] = {**fallback["frameworks"], **got}
         fallback["sources"] = {**fallback["sources"], **got_sources}
+        fallback["backends"] = backends
         if running:
             what = f"sub-probe {running!r} ({who}) gave no answer within {timeout:g}s (killed)"
         else:
             what = f"{python} gave no answer within {timeout:g}s (killed) probing for {who}"
-        return fallback, [f"framework probe: {what}; the sub-probes after it are not reported"], False
+        # (what raised before the hang is told too, as an answer would have told it)
+        return fallback, [*(_raised(e, who) for e in errors),
+                          f"framework probe: {what}; the sub-probes after it are not reported"], False
     line = next((ln for ln in reversed(out.splitlines()) if ln.startswith(_SENTINEL)), None)
     if proc.returncode != 0 or line is None:
         tail = (err.strip().splitlines() or ["no output"])[-1][:300]

@@ -132,6 +132,30 @@ def test_a_sub_probe_that_raises_is_named_with_its_plugin(plugin_manager):
             "framework probe: the backends check of 'pytest' (plugin 'raising-probes') raised OSError: no fabric"]
 
 
+def test_what_a_probe_told_before_it_hung_is_kept_errors_and_backends_too(plugin_manager):
+    """A sub-probe that raised, and the backends a probe read, before another sub-probe of the
+    same plugin hung: both are told, as the versions read before it are."""
+    from gpulayer import hookimpl
+
+    class RaisesThenHangs:
+        @hookimpl
+        def gpulayer_framework_probes(self):
+            yield FrameworkProbe(name="pluggy", distributions=["pluggy"], backends_code="return ['zccl']")
+            yield FrameworkProbe(name="pytest", distributions=["pytest"], subprobes=[
+                SubProbe(name="pytest.boom", code="raise ValueError('probe blew up')"),
+                SubProbe(name="pytest.stuck", code="import time\ntime.sleep(60)\nreturn '1'")])
+
+    plugin_manager.register(RaisesThenHangs(), name="hangs")
+    probes = {n: p for n, p in plugin_manager.collect("gpulayer_framework_probes", FrameworkProbe).items()
+              if n in ("pytest", "pluggy")}
+    result, diagnostics = probe_frameworks(timeout=3, probes=probes, use_cache=False)
+    assert diagnostics == [
+        "framework probe: sub-probe 'pytest.boom' (plugin 'hangs') raised ValueError: probe blew up",
+        "framework probe: sub-probe 'pytest.stuck' (plugin 'hangs') gave no answer within 3s (killed); "
+        "the sub-probes after it are not reported"]
+    assert result["backends"] == ["zccl"] and result["sources"]["backend zccl"] == "pluggy backends check"
+
+
 # --------------------------------------------------------------------------- overrides
 
 
