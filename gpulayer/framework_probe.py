@@ -123,7 +123,8 @@ print("\n" + SENTINEL + json.dumps(out))
 class ProbeResult(dict):  # type: ignore[type-arg]
     """The framework probe's answer: python_version, python_path, sys_path, frameworks,
     backends, errors, sources (framework or ``backend NAME`` -> where it was read; plain
-    JSON, as cached), and ``plugins`` (framework -> the plugin whose probe read it)."""
+    JSON, as cached), and ``plugins`` (framework or ``backend NAME`` -> the plugin whose
+    probe read it)."""
 
 
 # --------------------------------------------------------------------------- frameworks
@@ -355,6 +356,7 @@ def probe_frameworks(
         for b in result.get("backends", []):
             if b not in merged["backends"]:
                 merged["backends"].append(b)
+                merged["plugins"]["backend " + b] = owner
         for fw in result.get("frameworks", {}):
             merged["plugins"][fw] = owner
     return merged, diagnostics

@@ -238,7 +238,11 @@ def assemble(raw: RawDetection, python: str, labels: Mapping[str, str] | None = 
     backends = list(result.get("backends", []))
     if backends:
         how = sorted({sources.get(f"backend {b}", "backends check") for b in backends})
-        owner = next((owners.get(n) for n in result.get("frameworks", {}) if owners.get(n)), None)
+        # the plugins whose probes read them (an entry cached before they were recorded: the
+        # first framework's)
+        who = list(dict.fromkeys(o for b in backends if (o := owners.get(f"backend {b}"))))
+        owner = (", ".join(who) if who else
+                 next((owners.get(n) for n in result.get("frameworks", {}) if owners.get(n)), None))
         provenance["backends"] = Provenance(plugin=owner, source="; ".join(how))
     probe_problems = [d for d in raw.probe_diagnostics if "no answer" in d or "exited with" in d
                       or "cannot run" in d or "probe failed" in d]

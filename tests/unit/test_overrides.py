@@ -156,6 +156,31 @@ def test_what_a_probe_told_before_it_hung_is_kept_errors_and_backends_too(plugin
     assert result["backends"] == ["zccl"] and result["sources"]["backend zccl"] == "pluggy backends check"
 
 
+def test_backends_are_told_with_the_plugins_that_read_them(plugin_manager):
+    from gpulayer import hookimpl
+    from gpulayer.resources import DeviceDetection, RawDetection, assemble
+
+    class Gloo:
+        @hookimpl
+        def gpulayer_framework_probes(self):
+            yield FrameworkProbe(name="pytest", distributions=["pytest"], backends_code="return ['gloo']")
+
+    class Zccl:
+        @hookimpl
+        def gpulayer_framework_probes(self):
+            yield FrameworkProbe(name="pluggy", distributions=["pluggy"], backends_code="return ['zccl']")
+
+    plugin_manager.register(Gloo(), name="gloo-probes")
+    plugin_manager.register(Zccl(), name="zccl-probes")
+    probes = {n: p for n, p in plugin_manager.collect("gpulayer_framework_probes", FrameworkProbe).items()
+              if n in ("pytest", "pluggy")}
+    result, _ = probe_frameworks(timeout=30, probes=probes, use_cache=False)
+    caps = assemble(RawDetection(DeviceDetection([], [], {}), result, []), sys.executable)
+    assert caps.distributed_backends == ["gloo", "zccl"]
+    assert caps.provenance["backends"].plugin == "gloo-probes, zccl-probes"
+    assert caps.provenance["backends"].source == "pluggy backends check; pytest backends check"
+
+
 # --------------------------------------------------------------------------- overrides
 
 
