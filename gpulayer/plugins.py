@@ -43,7 +43,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import pluggy
 
@@ -59,9 +59,6 @@ from gpulayer.hookrecords import (
     ProviderAdapter,
     RuntimeProfile,
 )
-
-if TYPE_CHECKING:
-    pass
 
 ENTRY_POINT_GROUP = "gpulayer"
 DISABLE_ENV = "GPULAYER_DISABLE_PLUGINS"
@@ -262,7 +259,9 @@ class PluginManager:
         (left unregistered) with a :class:`PluginError` naming it."""
         try:
             self.pm.register(obj, name=info.name)
-        except (ValueError, pluggy.PluginValidationError) as exc:
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(f"plugin {info.name!r}: {self._refusal(obj, exc)}") from exc
+        except ValueError as exc:
             raise PluginError(f"plugin {info.name!r}: {exc}") from exc
         try:
             self._validate(obj, info.name)
@@ -273,6 +272,19 @@ class PluginManager:
             name for name in dir(obj)
             if name.startswith("gpulayer_") and self.pm.parse_hookimpl_opts(obj, name) is not None
         )
+
+    def _refusal(self, obj: Any, exc: pluggy.PluginValidationError) -> str:
+        """Why pluggy refused ``obj``, on one line: for a hook implementation that takes an
+        argument its hook does not offer, which one and what the hook offers."""
+        for hook_name in hook_names():
+            if self.pm.parse_hookimpl_opts(obj, hook_name) is None:
+                continue
+            offered = list(getattr(self.pm.hook, hook_name).spec.argnames)
+            extra = [a for a in inspect.signature(getattr(obj, hook_name)).parameters if a not in offered]
+            if extra:
+                return (f"{hook_name} takes {', '.join(extra)}, which the hook does not offer; accepted: "
+                        f"{', '.join(offered) + ' (or fewer)' if offered else 'no arguments'}")
+        return " ".join(str(exc).split())
 
     def _validate(self, obj: Any, name: str) -> None:
         try:

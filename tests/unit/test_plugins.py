@@ -238,6 +238,29 @@ def test_unknown_hook_names_the_plugin(plugin_manager):
     assert "typo-plugin" not in {i.name for i in plugin_manager.list_plugins()}
 
 
+@pytest.mark.parametrize(("hook", "says"), [
+    ("gpulayer_device_environment(kind, devices, worker)",
+     "gpulayer_device_environment takes worker, which the hook does not offer; accepted: kind, devices (or fewer)"),
+    ("gpulayer_accelerator_detectors(timeout)",
+     "gpulayer_accelerator_detectors takes timeout, which the hook does not offer; accepted: no arguments"),
+])
+def test_a_hook_that_takes_an_argument_its_hook_does_not_offer_is_told_which(plugin_manager, monkeypatch, tmp_path,
+                                                                              hook, says):
+    module = "gl_test_extra_arg_" + hook.partition("(")[0]  # (one per case: a module is imported once)
+    write_module(tmp_path, module, f"""\
+        from gpulayer import plugin
+
+        @plugin.hookimpl
+        def {hook}:
+            return None
+        """, monkeypatch)
+    monkeypatch.setenv("GPULAYER_PLUGINS", module)
+    with pytest.warns(plugins.PluginWarning) as caught:
+        plugin_manager.load()
+    assert [str(w.message) for w in caught] == [
+        f"gpulayer plugin {module!r} was not registered: {says} (to stop loading it: GPULAYER_DISABLE_PLUGINS={module})"]
+
+
 @pytest.mark.parametrize("style", ["wrapper", "hookwrapper"])
 def test_a_wrapper_on_a_record_hook_is_refused(plugin_manager, style):
     class Wrapping:
