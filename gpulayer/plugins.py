@@ -40,7 +40,7 @@ import re
 import threading
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, TypeVar, cast
@@ -413,6 +413,9 @@ class PluginManager:
                 for result in only_this():
                     if isinstance(result, HookRecord):
                         raise TypeError(f"returned one {type(result).__name__}; return or yield an iterable of records")
+                    if isinstance(result, (str, bytes, Mapping)) or not isinstance(result, Iterable):
+                        # (a str or a dict would be read item by item: its characters, its keys)
+                        raise TypeError(f"returned {type(result).__name__}; return or yield an iterable of records")
                     items.extend(result)
             except Exception as exc:
                 self._fail(plugin_name, hook_name, one_line(exc))

@@ -349,6 +349,21 @@ def test_an_accelerator_kind_no_job_could_ask_for_fails_that_plugin(plugin_manag
         "lowercase letters, digits, '.', '_' and '-', starting with a letter or digit, other than 'cpu' and 'none'"), message
 
 
+@pytest.mark.parametrize(("answer", "says"), [(42, "int"), ("mpirun", "str"), ({"name": "a-dict"}, "dict")])
+def test_an_answer_that_is_no_iterable_of_records_is_told_by_its_type(plugin_manager, answer, says):
+    class Odd:
+        @hookimpl
+        def gpulayer_runtime_profiles(self):
+            return answer
+
+    plugin_manager.register(Odd(), name="odd")
+    with pytest.warns(plugins.PluginWarning) as caught:
+        assert "cpu" in plugins.profiles()
+    assert [str(w.message) for w in caught] == [
+        f"gpulayer plugin 'odd' failed in gpulayer_runtime_profiles, which leaves it out: TypeError: returned {says}; "
+        "return or yield an iterable of records (to stop loading it: GPULAYER_DISABLE_PLUGINS=odd)"]
+
+
 def test_a_hook_that_raises_is_reported_once_and_the_others_keep_working(plugin_manager):
     class Raising:
         @hookimpl
