@@ -34,7 +34,7 @@ def check_launch(job: DistributedJob) -> None:
     except ValueError as exc:
         why = " ".join(str(exc).split()) or "refused by its check()"
         raise InvalidInput(f"launcher {job.launcher!r} cannot run this job: {why}") from None
-    except Exception as exc:
+    except plugins.PLUGIN_FAULTS as exc:
         manager = plugins.get_manager()
         owner = manager.owner(HOOK, job.launcher) or "?"
         # (a submit checks twice, where the spec is built and in the control plane: one warning)
@@ -54,7 +54,7 @@ def launch_command(job: DistributedJob, rendezvous: Rendezvous, node_rank: int, 
                           f"(installed: {', '.join(sorted(found)) or 'none'})", hook=HOOK)
     try:
         command = launcher.build(job, rendezvous, node_rank, python)
-    except Exception as exc:
+    except plugins.PLUGIN_FAULTS as exc:
         raise PluginError(f"{_where(job)}: build() raised {one_line(exc)}", hook=HOOK) from exc
     if not isinstance(command, LaunchCommand):
         raise PluginError(f"{_where(job)}: build() returned {type(command).__name__}; accepted: a LaunchCommand "

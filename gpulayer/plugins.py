@@ -73,6 +73,8 @@ PROBES_HOOK = "gpulayer_framework_probes"
 DEVICE_ENVIRONMENT_HOOK = "gpulayer_device_environment"
 
 R = TypeVar("R", bound=HookRecord)
+#: what a plugin's code may raise that is its failure, reported naming it (sys.exit() too)
+PLUGIN_FAULTS = (Exception, SystemExit)
 
 
 class PluginWarning(UserWarning):
@@ -234,7 +236,7 @@ class PluginManager:
             return
         try:
             obj = loader()
-        except Exception as exc:  # any import-time failure
+        except PLUGIN_FAULTS as exc:  # any import-time failure, sys.exit() included
             info.status = "broken"
             info.error = _short_error(exc)
             info.traceback = _import_traceback(exc)
@@ -274,8 +276,7 @@ class PluginManager:
         )
 
     def _refusal(self, obj: Any, exc: pluggy.PluginValidationError) -> str:
-        """Why pluggy refused ``obj``, on one line: for a hook implementation that takes an
-        argument its hook does not offer, which one and what the hook offers."""
+        """Why pluggy refused ``obj``, on one line (an argument a hook does not offer: which)."""
         for hook_name in hook_names():
             if self.pm.parse_hookimpl_opts(obj, hook_name) is None:
                 continue
@@ -347,8 +348,7 @@ class PluginManager:
         )
 
     def first_report(self, plugin_name: str, what: str) -> bool:
-        """True the first time a failure ``what`` of ``plugin_name`` is reported by this
-        manager (each is reported once, as :meth:`_fail` reports a hook's)."""
+        """True the first time failure ``what`` of ``plugin_name`` is reported (as in :meth:`_fail`)."""
         key = (plugin_name, what)
         with self._lock:
             if key in self._reported:
@@ -417,7 +417,7 @@ class PluginManager:
                         # (a str or a dict would be read item by item: its characters, its keys)
                         raise TypeError(f"returned {type(result).__name__}; return or yield an iterable of records")
                     items.extend(result)
-            except Exception as exc:
+            except PLUGIN_FAULTS as exc:
                 self._fail(plugin_name, hook_name, one_line(exc))
                 continue
             wrong = next((rec for rec in items if not isinstance(rec, declared)), None)
@@ -495,7 +495,7 @@ class PluginManager:
                 DEVICE_ENVIRONMENT_HOOK, [o.plugin for o in every if o.plugin is not impl.plugin])
             try:
                 result = only_this(kind=kind, devices=list(devices))
-            except Exception as exc:
+            except PLUGIN_FAULTS as exc:
                 self._fail(impl.plugin_name, DEVICE_ENVIRONMENT_HOOK, one_line(exc))
                 failed.append(impl.plugin_name)
                 continue

@@ -33,6 +33,7 @@ from pydantic import BaseModel
 from gpulayer import provisioning
 from gpulayer.errors import ProviderAuthFailed, ProviderError, ProviderTransient, one_line
 from gpulayer.hookrecords import LaunchedMachine, LiveMachine, MachineOffer
+from gpulayer.plugins import PLUGIN_FAULTS
 from gpulayer.provider_config import ConfiguredProvider
 from gpulayer.specs import Requirements
 
@@ -210,7 +211,7 @@ class ProviderSet:
             if isinstance(exc, ProviderAuthFailed):
                 self.disable(name, str(exc))
             raise
-        except Exception as exc:
+        except PLUGIN_FAULTS as exc:  # (sys.exit() in an adapter too: it must not end the pass)
             raise self._failed(name, method, f"{method}() raised {one_line(exc)}") from exc
         st = self.status[name]
         if st.error_of == method:

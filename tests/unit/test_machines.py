@@ -31,6 +31,8 @@ class Cfg(BaseModel):
     #: bringing the machine up) its provider id as a bare string, list a dict
     garbage: list[str] = []
     check_fails: bool = False
+    #: check() calls sys.exit(), as an adapter whose SDK gives up might
+    check_exits: bool = False
     #: machines of each offer at once (None: no bound), as a host of an SSH pool holds one
     capacity: int | None = None
 
@@ -51,6 +53,8 @@ class Recorder:
         self.calls.append(("check", None))
         if self.cfg.check_fails:
             raise RuntimeError("boom")
+        if self.cfg.check_exits:
+            raise SystemExit("no credentials file")
 
     def offers(self, requirements: Requirements) -> list[MachineOffer]:
         self.calls.append(("offers", None))
@@ -486,6 +490,13 @@ def test_a_failing_check_is_logged_once_naming_the_provider_and_its_plugin(
     assert warnings_of(caplog) == [f"{WHO}: check() raised RuntimeError: boom; checking again in 30 s"]
     # shown until a check succeeds (the offers that answered since do not hide it)
     assert provider_info(cp, "bad").last_error == "check() raised RuntimeError: boom"
+
+
+def test_a_check_that_calls_sys_exit_is_the_providers_failure_not_the_servers_end(
+        store: Store, rec_plugin: str, caplog: pytest.LogCaptureFixture) -> None:
+    cp, _ = plane(store, '[bad]\ntype = "rec"\ncheck_exits = true\n')
+    assert warnings_of(caplog) == [f"{WHO}: check() raised SystemExit: no credentials file; checking again in 30 s"]
+    assert provider_info(cp, "bad").last_error == "check() raised SystemExit: no credentials file"
 
 
 class Answers:

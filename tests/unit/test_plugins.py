@@ -144,6 +144,56 @@ def test_broken_entry_point_names_its_distribution(tmp_path):
     assert any(ln.split()[:2] == ["cuda", "loaded"] for ln in proc.stdout.splitlines())
 
 
+def test_an_entry_point_that_calls_sys_exit_is_a_broken_plugin_not_the_end_of_the_command(tmp_path):
+    """sys.exit() at import (a vendor SDK that gives up) or in a hook would end every command
+    that loads plugins, with no word of the plugin: it is that plugin's failure instead."""
+    write_distribution(tmp_path, "gpulayer-quits", "1.0", "quits = gpulayer_quits\nquits-later = gpulayer_quits_later",
+                       {"gpulayer_quits": "import sys\nsys.exit('acme: driver not found')\n",
+                        "gpulayer_quits_later": """\
+                            import sys
+                            from gpulayer import plugin
+
+                            @plugin.hookimpl
+                            def gpulayer_runtime_profiles():
+                                sys.exit(3)
+                            """})
+    proc = gpulayer_cli("plugins", "list", pythonpath=[tmp_path])
+    assert proc.returncode == 0, proc.stderr
+    assert ("warning: gpulayer plugin 'quits' (distribution gpulayer-quits) failed to load and was skipped: "
+            "SystemExit: acme: driver not found") in proc.stderr
+    assert ("warning: gpulayer plugin 'quits-later' failed in gpulayer_runtime_profiles, which leaves it out: "
+            "SystemExit: 3 (to stop loading it: GPULAYER_DISABLE_PLUGINS=quits-later)") in proc.stderr
+    status = {ln.split()[0]: ln.split()[1] for ln in proc.stdout.splitlines() if not ln.startswith(" ")}
+    assert (status["quits"], status["quits-later"], status["cuda"]) == ("broken", "failed", "loaded")
+    assert gpulayer_cli("profiles", "list", pythonpath=[tmp_path]).returncode == 0
+
+
+def test_a_launcher_or_device_environment_that_calls_sys_exit_is_named(plugin_manager):
+    import sys as _sys
+
+    from gpulayer.launchers import launch_command
+    from gpulayer.specs import DistributedJob
+
+    class Quits:
+        @hookimpl
+        def gpulayer_distributed_launchers(self):
+            yield plugin.DistributedLauncher(name="quitter", build=lambda *_: _sys.exit(2))
+
+        @hookimpl
+        def gpulayer_device_environment(self, kind, devices):
+            _sys.exit(5)
+
+    plugin_manager.register(Quits(), name="quits")
+    rdzv = plugin.Rendezvous(master_addr="127.0.0.1", master_port=29500, nnodes=1, run_id="r-1")
+    with pytest.raises(PluginError, match=r"^launcher 'quitter' \(plugin 'quits'\): build\(\) raised SystemExit: 2$"):
+        launch_command(DistributedJob(entry="train.py", launcher="quitter"), rdzv, 0, _sys.executable)
+    npu = plugin.Device(kind="npu", index=0, name="NPU")
+    with pytest.warns(plugins.PluginWarning, match="'quits' failed in gpulayer_device_environment, which leaves it "
+                                                   "out: SystemExit: 5"), \
+            pytest.raises(PluginError, match="no environment for the granted npu device"):
+        plugin.device_environment("npu", [npu])
+
+
 def test_an_entry_point_name_claimed_by_two_distributions_is_reported_naming_both(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     source = """\
