@@ -30,7 +30,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from gpulayer import config, plugins
-from gpulayer.errors import InvalidInput
+from gpulayer.errors import InvalidInput, one_line
 from gpulayer.hookrecords import Provider, ProviderAdapter
 from gpulayer.wording import fields_at
 
@@ -153,11 +153,15 @@ def _section(where: str, section: str, body: dict[str, Any],
         settings = adapter.config.model_validate(rest)
     except ValidationError as exc:
         raise InvalidInput(f"{where}: [{section}] {explain(exc, adapter.config, kind)}") from None
+    owner = plugins.get_manager().owner("gpulayer_provider_adapters", kind) or ""
     try:
         provider = adapter.create(section, settings)
     except InvalidInput as exc:
         raise InvalidInput(f"{where}: [{section}] {exc}") from None
-    owner = plugins.get_manager().owner("gpulayer_provider_adapters", kind) or ""
+    except plugins.PLUGIN_FAULTS as exc:  # the adapter's own failure: said naming it, not as a traceback
+        who = f"provider adapter {kind!r}" + (f" (plugin {owner!r})" if owner else "")
+        raise InvalidInput(f"{where}: [{section}] {who} could not make this provider: create() raised "
+                           f"{one_line(exc)}") from None
     return ConfiguredProvider(name=section, type=kind, adapter=adapter, settings=settings, limits=limits,
                               provider=provider, plugin=owner)
 

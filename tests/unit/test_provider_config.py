@@ -148,6 +148,24 @@ def test_a_bad_value_is_told_in_gpulayers_words(body: str, message: str) -> None
     assert error(f'[aws]\ntype = "cloud"\n{body}\n', CLOUD) == message
 
 
+def _create_fails(exc: BaseException) -> ProviderAdapter:
+    def create(name: str, cfg: Cloud) -> object:
+        raise exc
+    return ProviderAdapter(name="cloud", config=Cloud, create=create)
+
+
+@pytest.mark.parametrize(("exc", "says"), [
+    (RuntimeError("registry unreadable"), "RuntimeError: registry unreadable"),
+    (ValueError("region us-east-1 has no endpoint"), "ValueError: region us-east-1 has no endpoint"),
+    (SystemExit("giving up"), "SystemExit: giving up"),
+])
+def test_an_adapter_whose_create_fails_is_told_naming_the_section_and_the_adapter(exc: BaseException, says: str) -> None:
+    """Not a traceback out of ``server start`` (nor its silent end, for sys.exit())."""
+    text = '[aws]\ntype = "cloud"\n[aws.regions.us-east-1]\nami = "ami-1"\n'
+    assert error(text, {"cloud": _create_fails(exc)}) == (
+        f"p.toml: [aws] provider adapter 'cloud' could not make this provider: create() raised {says}")
+
+
 # --------------------------------------------------------------------------- the file
 
 
