@@ -149,17 +149,20 @@ def _section(where: str, section: str, body: dict[str, Any],
     )
     adapter = adapters[kind]
     rest = {k: v for k, v in body.items() if k not in CORE_KEYS}
+    owner = plugins.get_manager().owner("gpulayer_provider_adapters", kind) or ""
+    who = f"provider adapter {kind!r}" + (f" (plugin {owner!r})" if owner else "")
     try:
         settings = adapter.config.model_validate(rest)
     except ValidationError as exc:
         raise InvalidInput(f"{where}: [{section}] {explain(exc, adapter.config, kind)}") from None
-    owner = plugins.get_manager().owner("gpulayer_provider_adapters", kind) or ""
+    except plugins.PLUGIN_FAULTS as exc:  # a validator's bug (pydantic passes on all but ValueError)
+        raise InvalidInput(f"{where}: [{section}] {who} could not read this section: its config model raised "
+                           f"{one_line(exc)}") from None
     try:
         provider = adapter.create(section, settings)
     except InvalidInput as exc:
         raise InvalidInput(f"{where}: [{section}] {exc}") from None
     except plugins.PLUGIN_FAULTS as exc:  # the adapter's own failure: said naming it, not as a traceback
-        who = f"provider adapter {kind!r}" + (f" (plugin {owner!r})" if owner else "")
         raise InvalidInput(f"{where}: [{section}] {who} could not make this provider: create() raised "
                            f"{one_line(exc)}") from None
     return ConfiguredProvider(name=section, type=kind, adapter=adapter, settings=settings, limits=limits,

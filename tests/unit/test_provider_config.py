@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from gpulayer_ssh import SshPoolConfig
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpulayer.errors import InvalidInput
 from gpulayer.hookrecords import ProviderAdapter
@@ -164,6 +164,21 @@ def test_an_adapter_whose_create_fails_is_told_naming_the_section_and_the_adapte
     text = '[aws]\ntype = "cloud"\n[aws.regions.us-east-1]\nami = "ami-1"\n'
     assert error(text, {"cloud": _create_fails(exc)}) == (
         f"p.toml: [aws] provider adapter 'cloud' could not make this provider: create() raised {says}")
+
+
+class Picky(BaseModel):
+    region: str
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str) -> str:
+        return {"us-east-1": v}[v]  # a KeyError: not a ValueError, so pydantic passes it on
+
+
+def test_a_config_model_that_raises_other_than_valueerror_is_told_naming_the_adapter() -> None:
+    adapters = {"picky": ProviderAdapter(name="picky", config=Picky, create=lambda name, cfg: object())}
+    assert error('[p]\ntype = "picky"\nregion = "mars"\n', adapters) == (
+        "p.toml: [p] provider adapter 'picky' could not read this section: its config model raised KeyError: 'mars'")
 
 
 # --------------------------------------------------------------------------- the file
