@@ -73,19 +73,19 @@ def _plugin_ids(manager: plugins.PluginManager) -> list[list[Any]]:
 def _plugin_files(manager: plugins.PluginManager) -> list[str]:
     """The files of the plugins' modules (imported by now), and of a plugin package's
     submodules (its detector may live in one): an edit to one is a new entry."""
-    files: set[str] = set()
+    found = []
+    packages = []
     for info in manager.infos.values():
         name = (info.module or "").partition(":")[0]
         module = sys.modules.get(name)
-        if module is None:
-            continue
-        found = [module]
-        if hasattr(module, "__path__"):  # a package: the submodules it imported, at any depth
-            found += [m for n, m in list(sys.modules.items()) if n.startswith(name + ".") and m is not None]
-        for m in found:
-            file = getattr(m, "__file__", None)
-            if isinstance(file, str):
-                files.add(file)
+        if module is not None:
+            found.append(module)
+            if hasattr(module, "__path__"):  # a package: the submodules it imported, at any depth
+                packages.append(name + ".")
+    if packages:  # (one pass over the imported modules for all of them)
+        prefixes = tuple(packages)
+        found += [m for n, m in list(sys.modules.items()) if n.startswith(prefixes) and m is not None]
+    files = {file for m in found if isinstance(file := getattr(m, "__file__", None), str)}
     return sorted(files)
 
 
