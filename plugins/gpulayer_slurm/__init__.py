@@ -238,6 +238,13 @@ class SlurmProvider:
         c = self.config
         lines = ["#!/bin/sh", f"# GPUlayer pilot job for machine {request.machine_id}: one worker, then exit."]
         lines += c.setup
+        # The worker reports what the allocation holds, not the whole node it runs on (which
+        # is what it would detect): a job is placed on it by the CPUs and memory sbatch asked
+        # for. A variable of the same name in ``env`` wins (it is exported after these).
+        data = request.offer.data
+        size = {"GPULAYER_OVERRIDE_CPU_COUNT": str(int(data.get("cpus") or c.cpus)),
+                "GPULAYER_OVERRIDE_MEMORY_GB": f"{int(data.get('memory_mb') or c.memory_gb * 1024) / 1024:g}"}
+        lines += [f"export {k}={v}" for k, v in size.items() if k not in c.env]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(c.env.items())]
         lines.append("exec " + shlex.join(request.worker_argv(c.python)))
         return "\n".join(lines) + "\n"

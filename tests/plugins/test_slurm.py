@@ -147,8 +147,23 @@ def test_launch_puts_the_token_in_the_environment_only() -> None:
     assert {"--job-name=gpulayer-m-1", "--comment=gpulayer:srv:m-1", "--partition=gpu", "--gres=gpu:1",
             "--mem=2048M", "--time=8:00:00", "--output=/scratch/logs/%x-%j.out"} <= set(argv)
     assert argv[-1] == "--account=ml"
-    assert script.splitlines()[2:] == ["module load cuda", "export HF_HOME='/scratch/hf cache'",
+    assert script.splitlines()[2:] == ["module load cuda", "export GPULAYER_OVERRIDE_CPU_COUNT=1",
+                                       "export GPULAYER_OVERRIDE_MEMORY_GB=2", "export HF_HOME='/scratch/hf cache'",
                                        "exec python3 -m gpulayer.cli worker start --name m-1"]
+
+
+def test_the_pilots_worker_reports_its_allocation_not_the_node() -> None:
+    """A worker detects the whole node; inside a 4-CPU, 6 GB allocation it must say 4 CPUs and
+    6 GB, or jobs needing more are placed on it (and killed by Slurm's memory limit)."""
+    request = _request("glb_x")
+    request = request.model_copy(update={"offer": request.offer.model_copy(
+        update={"data": {**request.offer.data, "cpus": 4, "memory_mb": 6144}})})
+    script = SlurmProvider("hpc", SlurmConfig()).job_script(request)
+    assert "export GPULAYER_OVERRIDE_CPU_COUNT=4\n" in script
+    assert "export GPULAYER_OVERRIDE_MEMORY_GB=6\n" in script
+    # a site that knows better says so in env, which wins
+    mine = SlurmProvider("hpc", SlurmConfig(env={"GPULAYER_OVERRIDE_MEMORY_GB": "5.5"})).job_script(request)
+    assert "GPULAYER_OVERRIDE_MEMORY_GB=6" not in mine and "export GPULAYER_OVERRIDE_MEMORY_GB=5.5\n" in mine
 
 
 def test_config_errors_name_the_key() -> None:

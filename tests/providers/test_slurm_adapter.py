@@ -171,6 +171,10 @@ def test_pilot_job_starts_a_worker_and_the_token_is_in_no_argv(slurm: LocalSlurm
     assert env["GPULAYER_MACHINE_ID"] == request.machine_id
     assert env["GPULAYER_URL"] == request.control_url
     assert env["CUDA_VISIBLE_DEVICES"] in ("0", "1", "2", "3")  # Slurm's GRES grant: one of the fake GPUs
+    # It reports the allocation's CPUs and memory (what sbatch asked for), not the node's.
+    assert env["GPULAYER_OVERRIDE_CPU_COUNT"] == str(request.offer.data["cpus"]) == env["SLURM_CPUS_PER_TASK"]
+    assert float(env["GPULAYER_OVERRIDE_MEMORY_GB"]) * 1024 == request.offer.data["memory_mb"] \
+        == int(env["SLURM_MEM_PER_NODE"])
 
     # Never an argv: not the worker's, not sbatch's, not slurmstepd's, not anybody's.
     leaks = [(p, a) for p, a, _ in _processes() if token in " ".join(a)]
