@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
+from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpulayer import plugin
@@ -60,6 +61,9 @@ class SlurmConfig(BaseModel):
     gpu_kind: str = Field(default="cuda", description="device kind the GRES gpu stands for")
     gpu_memory_gb: dict[str, float] = Field(
         default_factory=dict, description='memory of one GPU by GRES type, e.g. {a100 = 80}; "*" for any')
+    frameworks: dict[str, str] = Field(
+        default_factory=dict, description='framework versions the python has, e.g. {torch = "2.5.1"}: offers claim them')
+    python_version: str | None = Field(default=None, description="the version of that python, e.g. 3.11.9")
     time_limit: str | None = Field(default=None, description="sbatch --time of the pilot job, e.g. 8:00:00")
     sbatch_args: list[str] = Field(default_factory=list, description="more sbatch options, e.g. --account=x")
     setup: list[str] = Field(default_factory=list,
@@ -99,6 +103,20 @@ class SlurmConfig(BaseModel):
             raise ValueError("empty entries are not accepted")
         return v
 
+    @field_validator("frameworks")
+    @classmethod
+    def _framework_versions(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, version in v.items():
+            if not name.strip():
+                raise ValueError("a framework needs a name")
+            _version(version, f"{name}: ")
+        return v
+
+    @field_validator("python_version")
+    @classmethod
+    def _python_version(cls, v: str | None) -> str | None:
+        return None if v is None else _version(v, "")
+
     @field_validator("env")
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
@@ -108,6 +126,14 @@ class SlurmConfig(BaseModel):
             if name.startswith("GPULAYER_TOKEN"):
                 raise ValueError(f"{name} is set by GPULAYER itself (the bootstrap token)")
         return v
+
+
+def _version(text: str, what: str) -> str:
+    try:
+        Version(text)
+    except InvalidVersion:
+        raise ValueError(f"{what}{text!r} is not a version; accepted: a version such as 2.5.1") from None
+    return text
 
 
 def _gpu_request(requirements: plugin.Requirements, kind: str) -> int | None:
@@ -223,10 +249,11 @@ class SlurmProvider:
                                  memory_bytes=int(memory * 1024**3) if memory else None)
                    for i in range(gpus)]
         host = plugin.HostInfo(os="linux", arch="x86_64", hostname=fits[0].name, cpu_count=cpus,
-                               memory_bytes=memory_mb * 1024 * 1024, python_version="")
+                               memory_bytes=memory_mb * 1024 * 1024, python_version=self.config.python_version or "")
+        caps = plugin.Capabilities(host=host, devices=devices, frameworks=dict(self.config.frameworks))
         return plugin.MachineOffer(
             provider=self.name, shape=shape, region=partition, availability=availability,
-            capabilities=plugin.Capabilities(host=host, devices=devices), price_per_hour=None,
+            capabilities=caps, price_per_hour=None,
             data={"partition": partition, "cpus": cpus, "memory_mb": memory_mb,
                   "gres": gres if gpus else None, "nodes": [n.name for n in fits]},
         )

@@ -85,6 +85,28 @@ def test_every_shape_for_empty_requirements() -> None:
         plugin.Requirements(accelerator="cuda")) == []
 
 
+def test_declared_frameworks_and_python_let_jobs_that_need_them_fit() -> None:
+    """Nothing probes the compute nodes' Python: without a declaration no offer has torch, so
+    a job requiring it (every ``gpulayer.torch`` job does) could never get a pilot."""
+    from gpulayer.scheduling import check
+    from gpulayer.scheduling.fleet import offer_record
+    from gpulayer.specs import CommandJob, Placement, Requirements
+
+    job = CommandJob(command=["python", "train.py"], placement=Placement(target="cloud"), requirements=Requirements(
+        accelerator="cuda", gpus=1, frameworks={"torch": ">=2.2", "torch.cuda": ""}, python=">=3.10"))
+    runner = _Canned({"sinfo": (0, SINFO, "")})
+    bare = SlurmProvider("hpc", SlurmConfig(partitions=["gpu"]), runner=runner)
+    [offer] = bare.offers(plugin.Requirements(accelerator="cuda", gpus=1))
+    assert {r.code for r in check(job, offer_record(offer))} == {"framework_missing", "python"}
+    declared = SlurmProvider("hpc", SlurmConfig(partitions=["gpu"], python_version="3.11.9",
+                                                frameworks={"torch": "2.5.1", "torch.cuda": "12.4"}), runner=runner)
+    [offer] = declared.offers(plugin.Requirements(accelerator="cuda", gpus=1))
+    assert check(job, offer_record(offer)) == []
+    for bad in ({"frameworks": {"torch": "latest"}}, {"python_version": "3.x"}):
+        with pytest.raises(ValidationError, match=r"is not a version; accepted: a version such as 2\.5\.1"):
+            SlurmConfig.model_validate(bad)
+
+
 def test_squeue_json_of_both_eras_and_the_format_fallback() -> None:
     old = json.dumps({"jobs": [{"job_id": 7, "name": "gpulayer-m-1", "job_state": "RUNNING",
                                 "comment": "gpulayer:srv:m-1"}]})
