@@ -25,10 +25,11 @@ through paramiko (see :mod:`gpulayer_slurm._runner`). See docs/providers.md, "sl
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import time
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -42,6 +43,12 @@ NAME_PREFIX = "gpulayer-"
 COMMENT_PREFIX = "gpulayer:"
 Availability = Literal["available", "limited", "unavailable", "unknown"]
 #: the environment passed to the pilot job besides the worker's own (when set where sbatch runs)
+#: what the adapter itself puts in the worker's environment (refused in ``env``)
+RESERVED_ENV = ("GPULAYER_URL", "GPULAYER_CA", "GPULAYER_MACHINE_ID")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+#: days-hours:minutes, days-hours:minutes:seconds; UNLIMITED or INFINITE for none
+_TIME = re.compile(r"^(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|unlimited|infinite)$", re.IGNORECASE)
 DEFAULT_EXPORT = ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV"]
 
 
@@ -52,14 +59,14 @@ class SlurmConfig(BaseModel):
 
     partitions: list[str] = Field(default_factory=list,
                                   description="partitions to offer, in this order; empty: every partition")
-    python: str = Field(default="python3", description="the Python on the compute nodes that has gpulayer")
+    python: str = Field(default="python3", min_length=1, description="the Python on the compute nodes that has gpulayer")
     cpus: int = Field(default=1, ge=1, description="CPUs of a pilot job at least (the whole of one without GPUs)")
     memory_gb: float = Field(default=2.0, gt=0, description="memory of a pilot job at least")
     cpus_per_gpu: int | None = Field(default=None, ge=1, description="CPUs per GPU (default: the node's share)")
     memory_gb_per_gpu: float | None = Field(default=None, gt=0,
                                             description="memory per GPU (default: the node's share)")
     gpu_kind: str = Field(default="cuda", description="device kind the GRES gpu stands for")
-    gpu_memory_gb: dict[str, float] = Field(
+    gpu_memory_gb: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=dict, description='memory of one GPU by GRES type, e.g. {a100 = 80}; "*" for any')
     frameworks: dict[str, str] = Field(
         default_factory=dict, description='framework versions the python has, e.g. {torch = "2.5.1"}: offers claim them')
@@ -93,6 +100,10 @@ class SlurmConfig(BaseModel):
                 if "partitions" in data:
                     raise ValueError("partition and partitions: give one of them")
                 one = data.pop("partition")
+                if not (isinstance(one, str) or (isinstance(one, list) and all(isinstance(p, str) for p in one))):
+                    # (said here: moved to partitions, it would be named as a key not written)
+                    raise ValueError(f"partition: expected a partition name in quotes, or a list of them, "
+                                     f"got {one!r}")
                 data["partitions"] = [one] if isinstance(one, str) else one
         return data
 
@@ -101,6 +112,30 @@ class SlurmConfig(BaseModel):
     def _no_empty(cls, v: list[str]) -> list[str]:
         if any(not item.strip() for item in v):
             raise ValueError("empty entries are not accepted")
+        return v
+
+    @field_validator("gpu_kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9_]+", v):
+            raise ValueError(f"{v!r} is not a device kind; accepted: a kind such as cuda or rocm "
+                             "(lower-case letters, digits, _)")
+        return v
+
+    @field_validator("time_limit")
+    @classmethod
+    def _slurm_time(cls, v: str | None) -> str | None:
+        if v is not None and not _TIME.match(v.strip()):
+            raise ValueError(f"{v!r} is not a Slurm time; accepted: MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, "
+                             "DAYS-HOURS, DAYS-HOURS:MINUTES, DAYS-HOURS:MINUTES:SECONDS or UNLIMITED")
+        return v
+
+    @field_validator("export_env")
+    @classmethod
+    def _export_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name (letters, digits, _)")
         return v
 
     @field_validator("frameworks")
@@ -121,10 +156,15 @@ class SlurmConfig(BaseModel):
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
         for name in v:
-            if not name.replace("_", "a").isalnum() or name[:1].isdigit():
+            if not _ENV_NAME.match(name):
                 raise ValueError(f"{name!r} is not an environment variable name (letters, digits, _)")
             if name.startswith("GPULAYER_TOKEN"):
                 raise ValueError(f"{name} is set by GPULAYER itself (the bootstrap token)")
+            if name in RESERVED_ENV:
+                # exported after the worker's own environment, it would win: a join refused
+                # (GPULAYER_MACHINE_ID), or sent to another server (GPULAYER_URL)
+                raise ValueError(f"{name} is set by GPUlayer itself for each machine; leave it out "
+                                 "(GPULAYER_PUBLIC_URL on the server sets the URL machines join)")
         return v
 
 

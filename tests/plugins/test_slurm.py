@@ -203,6 +203,36 @@ def test_config_errors_name_the_key() -> None:
         SlurmConfig.model_validate({"sbatch_arg": []})
 
 
+@pytest.mark.parametrize(("line", "said"), [
+    # each of these was accepted, and failed only later: every sbatch refused (the job waited
+    # for ever), the pilot died before its worker joined, or its join was refused
+    ('time_limit = "forever"', "time_limit: 'forever' is not a Slurm time; accepted: MINUTES, "),
+    ('python = ""', "python: expected at least 1 character(s), got ''"),
+    ('gpu_kind = ""', "gpu_kind: '' is not a device kind; accepted: a kind such as cuda or rocm"),
+    ("gpu_memory_gb = { a100 = -80 }", "gpu_memory_gb.a100: expected a number > 0, got -80"),
+    ('env = { GPULAYER_MACHINE_ID = "m-1" }', "env: GPULAYER_MACHINE_ID is set by GPUlayer itself for each machine"),
+    ('env = { GPULAYER_URL = "http://x" }', "env: GPULAYER_URL is set by GPUlayer itself for each machine"),
+    ('export_env = ["PATH", "MY VAR"]', "export_env: 'MY VAR' is not an environment variable name"),
+    # named as written, not as the key it stands for
+    ("partition = 3", "partition: expected a partition name in quotes, or a list of them, got 3"),
+])
+def test_bad_values_stop_the_file_where_they_are_written(line: str, said: str) -> None:
+    from gpulayer_slurm import gpulayer_provider_adapters
+
+    from gpulayer.errors import InvalidInput
+    from gpulayer.provider_config import parse
+
+    adapters = {a.name: a for a in gpulayer_provider_adapters()}
+    with pytest.raises(InvalidInput) as caught:
+        parse(f'[hpc]\ntype = "slurm"\n{line}\n', "p.toml", adapters=adapters)
+    assert str(caught.value).startswith(f"p.toml: [hpc] {said}")
+
+
+def test_slurm_times_are_accepted_in_every_form_sbatch_takes() -> None:
+    for ok in ("30", "30:00", "12:00:00", "2-0", "2-12:00", "1-12:00:00", "UNLIMITED", "infinite"):
+        assert SlurmConfig(time_limit=ok).time_limit == ok
+
+
 def test_ssh_command_line_keeps_secrets_on_stdin() -> None:
     runner = SshRunner("login.example", python="/opt/py/bin/python3", slurm_conf="/etc/slurm/x.conf")
     line, payload = runner.command_line(["sbatch", "--parsable", "--export=GPULAYER_TOKEN"],
