@@ -227,6 +227,14 @@ class SlurmProvider:
             raise plugin.ProviderAuthFailed(
                 f"partitions = {missing}: not on this cluster (sinfo shows "
                 f"{sorted({n.partition for n in nodes}) or 'none'})")
+        for key, folder in (("log_dir", self.config.log_dir), ("workdir", self.config.workdir)):
+            # Slurm does not make them: a pilot without one fails to start (JobLaunchFailure),
+            # silently, and would be noticed only at its join deadline
+            there = (self._run(["test", "-d", folder])[0] == 0 if self.config.ssh_host
+                     else os.path.isdir(folder)) if folder else True
+            if not there:
+                raise plugin.ProviderAuthFailed(f"{key} = {folder!r}: no such folder on {self.runner.where} "
+                                                "(Slurm does not create it; a pilot job could not start)")
 
     # ----------------------------------------------------------------- offers
 

@@ -93,6 +93,15 @@ def test_check_passes_and_names_a_missing_partition(slurm: LocalSlurm, tmp_path:
         _provider(slurm, tmp_path, partitions=["nope"]).check()
 
 
+def test_check_names_a_log_dir_or_workdir_that_is_not_there(slurm: LocalSlurm, tmp_path: Path) -> None:
+    # sbatch accepts such a job, which then fails to start (JobLaunchFailure) with no output
+    # anywhere: the machine would wait for its join deadline, and the next, and the next
+    for key in ("log_dir", "workdir"):
+        with pytest.raises(plugin.ProviderAuthFailed, match=rf"{key} = '{tmp_path}/nope': no such folder on this machine"):
+            _provider(slurm, tmp_path, **{key: str(tmp_path / "nope")}).check()
+    _provider(slurm, tmp_path, workdir=str(tmp_path)).check()
+
+
 def test_offers_show_partitions_and_gres(provider: SlurmProvider) -> None:
     offers = provider.offers(plugin.Requirements(accelerator="cuda", gpus=2))
     assert {o.region for o in offers} == {"gpu", "debug", "short"}
