@@ -107,11 +107,15 @@ class MachineOps(WorkerOps):
     def list_machines(self) -> list[MachineRecord]:
         now = self.clock()
         with self.store.read() as s:
-            return [mapping.machine_record(r, now) for r in queries.machines(s)]
+            rows = queries.machines(s)
+            ended = queries.last_task_ends(s, {r.worker_id for r in rows if r.state == "idle" and r.worker_id})
+            return [mapping.machine_record(r, now, ended.get(r.worker_id or "")) for r in rows]
 
     def get_machine(self, machine_id: str) -> MachineRecord:
         with self.store.read() as s:
-            return mapping.machine_record(queries.machine(s, machine_id), self.clock())
+            row = queries.machine(s, machine_id)
+            ended = queries.last_task_ends(s, [row.worker_id] if row.state == "idle" and row.worker_id else [])
+            return mapping.machine_record(row, self.clock(), ended.get(row.worker_id or ""))
 
     def terminate_machine(self, machine_id: str) -> MachineRecord:
         """Drain the machine's worker and mark the machine ``terminating``: the next

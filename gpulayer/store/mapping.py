@@ -150,8 +150,14 @@ def token_info(row: TokenRow) -> TokenInfo:
                      description=row.description)
 
 
-def machine_record(row: MachineRow, now: float) -> MachineRecord:
-    """A machine, with what it cost from launch to its end (or ``now``)."""
+def machine_record(row: MachineRow, now: float, last_task_end: float | None = None) -> MachineRecord:
+    """A machine, with what it cost from launch to its end (or ``now``). An idle one is idle
+    since its worker's last task ended (``last_task_end``) when that is later than what its
+    row says: a task too short for a pass to see the machine busy leaves the row's time as
+    it was, and the idle timeout counts from the task's end (:mod:`gpulayer.provisioning`)."""
+    idle_since = row.idle_since
+    if row.state == "idle" and last_task_end is not None and last_task_end > (idle_since or 0.0):
+        idle_since = last_task_end
     cost = None
     if row.price_per_hour is not None and row.launched_at is not None:
         cost = row.price_per_hour * max(0.0, (row.ended_at or now) - row.launched_at) / 3600
@@ -159,6 +165,6 @@ def machine_record(row: MachineRow, now: float) -> MachineRecord:
         id=row.id, provider=row.provider, shape=row.shape, region=row.region, state=row.state,
         reason=row.reason, job_id=row.job_id, worker_id=row.worker_id, provider_id=row.provider_id,
         price_per_hour=row.price_per_hour, created_at=row.created_at, launched_at=row.launched_at,
-        joined_at=row.joined_at, join_deadline=row.join_deadline, idle_since=row.idle_since,
+        joined_at=row.joined_at, join_deadline=row.join_deadline, idle_since=idle_since,
         ended_at=row.ended_at, cost=cost,
     )

@@ -302,6 +302,37 @@ def test_an_idle_machine_is_drained_and_terminated_and_its_worker_leaves(store: 
     assert not cp.get_worker(reply.worker_id).online
 
 
+def test_an_idle_machine_says_it_is_idle_since_its_last_task_ended(store: Store) -> None:
+    """``machines list`` showed IDLE FOR 41s on a machine with idle_timeout 20 s that was not
+    terminated: it counted from the join, while the timeout counts from the last task's end."""
+    now = [1000.0]
+    cp, rec = plane(store, clock=now)
+    cp.submit(CLOUD)
+    cp.provision()
+    [(_, req)] = [c for c in rec.calls if c[0] == "launch"]
+    reply = cp.join_worker(make_capabilities(devices=make_cuda_devices(1)),
+                           join_token=req.bootstrap_token.get_secret_value())
+
+    def run_one() -> None:  # a task no pass sees running
+        [task] = cp.poll_tasks(reply.worker_id)
+        cp.start_task(task.task_id, worker_id=reply.worker_id)
+        cp.finish_task(task.task_id, worker_id=reply.worker_id, state="succeeded", exit_code=0)  # type: ignore[arg-type]
+
+    run_one()
+    cp.provision()
+    assert cp.get_machine(req.machine_id).idle_since == 1000.0
+    now[0] += 25
+    cp.submit(CLOUD)  # placed on the idle machine at once, and done before the next pass
+    now[0] += 1
+    run_one()
+    now[0] += 10
+    cp.heartbeat(reply.worker_id)
+    cp.provision()
+    [listed] = cp.list_machines()
+    assert (listed.state, listed.idle_since) == ("idle", 1026.0) == (cp.get_machine(req.machine_id).state,
+                                                                      cp.get_machine(req.machine_id).idle_since)
+
+
 def test_after_a_restart_orphans_are_terminated_and_half_done_launches_settled(store: Store) -> None:
     cp, rec = plane(store)
     cp.submit(CLOUD)
