@@ -289,8 +289,11 @@ def housekeeping(machines: Sequence[MachineView], limits: Mapping[str, Limits], 
         elif m.state == "terminating":
             out.append(Action(m.id, "terminate", "terminate again (the last call did not finish)"))
         elif m.state in JOINED_STATES:
-            if not m.worker_online and now - m.last_heartbeat > grace:
-                out.append(Action(m.id, "terminate", f"its worker {m.worker_id} stopped sending heartbeats"))
+            if not m.worker_online:
+                # a worker that is gone is not idle: a machine the provider ended under it
+                # (a cancelled or timed-out Slurm pilot) ends for that, after the grace
+                if now - m.last_heartbeat > grace:
+                    out.append(Action(m.id, "terminate", f"its worker {m.worker_id} stopped sending heartbeats"))
             elif m.busy and m.state == "idle":
                 out.append(Action(m.id, "busy"))
             elif not m.busy and m.state == "busy":

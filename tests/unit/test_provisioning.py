@@ -146,6 +146,8 @@ def test_housekeeping() -> None:
         machine("work-done", "busy", worker_id="w4"),
         machine("worker-gone", "busy", worker_id="w5", busy=True, worker_online=False, last_heartbeat=0.0),
         machine("worker-just-gone", "busy", worker_id="w6", busy=True, worker_online=False, last_heartbeat=90.0),
+        # its worker stopped (its Slurm pilot was cancelled) and its task is lost: not "idle for 60 s"
+        machine("stopped-idle", "idle", idle_since=0.0, worker_id="w7", worker_online=False, last_heartbeat=90.0),
         machine("stuck", "terminating"),
     ]
     out = {a.machine_id: a for a in pv.housekeeping(ms, limits, now=101.0, grace=30.0)}
