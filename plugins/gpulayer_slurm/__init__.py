@@ -239,8 +239,8 @@ class SlurmProvider:
     # ----------------------------------------------------------------- offers
 
     def offers(self, requirements: plugin.Requirements) -> list[plugin.MachineOffer]:
-        """Every shape for an empty ``requirements`` (what the core caches): per partition, one
-        without GPUs and one per GPU type and count up to a node's; for a job's requirements,
+        """Every shape for an empty ``requirements`` (what the core caches): per partition, the
+        sizes without GPUs (:meth:`_cpu_sizes`) and one per GPU type and count up to a node's; for a job's requirements,
         the shapes with exactly its GPUs, grown to its CPUs and memory."""
         c = self.config
         wanted = _gpu_request(requirements, c.gpu_kind)
@@ -254,18 +254,40 @@ class SlurmProvider:
         for partition in c.partitions or list(by_partition):
             nodes = by_partition.get(partition, [])
             types = sorted({t for n in nodes for t, count in n.gpus.items() if count})
-            sizes: list[tuple[str | None, int]] = [(None, 0)] if every or wanted == 0 else []
+            sizes: list[tuple[str | None, int, tuple[int, int] | None]] = []
+            if every:  # (what the core caches and matches every job against)
+                sizes += [(None, 0, size) for size in self._cpu_sizes(nodes)]
+            elif wanted == 0:
+                sizes.append((None, 0, None))
             for kind in types:
                 most = max(n.gpu_count(kind) for n in nodes)
-                sizes += [(kind, k) for k in (range(1, most + 1) if every else [wanted] if wanted else [])]
-            for gtype, count in sizes:
-                cpus, memory_mb = self._size(nodes, gtype, count)
+                sizes += [(kind, k, None) for k in (range(1, most + 1) if every else [wanted] if wanted else [])]
+            for gtype, count, cpu_size in sizes:
+                cpus, memory_mb = cpu_size or self._size(nodes, gtype, count)
                 cpus = max(cpus, requirements.cpus or 0)
                 memory_mb = max(memory_mb, int((requirements.memory_gb or 0.0) * 1024))
                 offer = self._offer(partition, nodes, gtype, count, cpus, memory_mb)
                 if offer is not None:
                     offers.append(offer)
         return offers
+
+    def _cpu_sizes(self, nodes: list[_parse.Node]) -> list[tuple[int, int]]:
+        """CPUs and memory (MB) of the pilots without GPUs: ``cpus`` and ``memory_gb``, then
+        twice the CPUs, and again, up to the biggest node's, each with that many CPUs' share
+        of a node's memory (the smallest node's share; never less than ``memory_gb``). A CPU job bigger than the first
+        gets a pilot of its own kind, not a GPU shape holding GPUs it does not use."""
+        c = self.config
+        least_mb = int(c.memory_gb * 1024)
+        sized = [n for n in nodes if n.cpus > 0]
+        if not sized:
+            return [(c.cpus, least_mb)]
+        most = max(n.cpus for n in sized)
+        per_cpu_mb = min(n.memory_mb // n.cpus for n in sized)
+        out, cpus = [(c.cpus, least_mb)], c.cpus
+        while cpus < most:
+            cpus = min(cpus * 2, most)
+            out.append((cpus, max(least_mb, per_cpu_mb * cpus)))
+        return out
 
     def _size(self, nodes: list[_parse.Node], gtype: str | None, count: int) -> tuple[int, int]:
         """CPUs and memory (MB) of a pilot with ``count`` GPUs: ``cpus_per_gpu`` and

@@ -78,9 +78,16 @@ def test_every_shape_for_empty_requirements() -> None:
     p = SlurmProvider("hpc", SlurmConfig(cpus_per_gpu=4, memory_gb_per_gpu=32),
                       runner=_Canned({"sinfo": (0, SINFO, "")}))
     shapes = [(o.region, o.shape) for o in p.offers(plugin.Requirements())]
-    assert shapes == [("gpu", "1cpu-2gb"), ("gpu", "4cpu-32gb-1xa100"), ("gpu", "8cpu-64gb-2xa100"),
-                      ("gpu", "12cpu-96gb-3xa100"), ("gpu", "16cpu-128gb-4xa100"), ("cpu", "1cpu-2gb"),
-                      ("old", "1cpu-2gb"), ("old", "4cpu-32gb-1xgpu")]  # old1's 64000 MB < 64 GB
+    # without GPUs: cpus and memory_gb, then twice the CPUs and again up to a node's, with
+    # their share of its memory (gpu1: 500 GB for 64 CPUs; cpu1 125 GB for 32; old1 62.5 for 16)
+    assert shapes == [("gpu", "1cpu-2gb"), ("gpu", "2cpu-15.625gb"), ("gpu", "4cpu-31.25gb"), ("gpu", "8cpu-62.5gb"),
+                      ("gpu", "16cpu-125gb"), ("gpu", "32cpu-250gb"), ("gpu", "64cpu-500gb"),
+                      ("gpu", "4cpu-32gb-1xa100"), ("gpu", "8cpu-64gb-2xa100"),
+                      ("gpu", "12cpu-96gb-3xa100"), ("gpu", "16cpu-128gb-4xa100"),
+                      ("cpu", "1cpu-2gb"), ("cpu", "2cpu-7.8125gb"), ("cpu", "4cpu-15.625gb"), ("cpu", "8cpu-31.25gb"),
+                      ("cpu", "16cpu-62.5gb"), ("cpu", "32cpu-125gb"),
+                      ("old", "1cpu-2gb"), ("old", "2cpu-7.8125gb"), ("old", "4cpu-15.625gb"), ("old", "8cpu-31.25gb"),
+                      ("old", "16cpu-62.5gb"), ("old", "4cpu-32gb-1xgpu")]  # old1's 64000 MB < 64 GB
     assert SlurmProvider("hpc", SlurmConfig(partitions=["cpu"]), runner=p.runner).offers(
         plugin.Requirements(accelerator="cuda")) == []
 
@@ -105,6 +112,21 @@ def test_declared_frameworks_and_python_let_jobs_that_need_them_fit() -> None:
     for bad in ({"frameworks": {"torch": "latest"}}, {"python_version": "3.x"}):
         with pytest.raises(ValidationError, match=r"is not a version; accepted: a version such as 2\.5\.1"):
             SlurmConfig.model_validate(bad)
+
+
+def test_a_cpu_job_bigger_than_the_smallest_pilot_gets_no_gpus() -> None:
+    """The core matches jobs against the shapes of ``offers(Requirements())``: with one CPU
+    shape of 1 CPU and 2 GB, ``--memory 10`` fitted only GPU shapes, and its pilot held
+    ``--gres=gpu:...`` GPUs it never used."""
+    from gpulayer.provisioning import fitting, order_offers
+    from gpulayer.specs import CommandJob, Placement, Requirements
+
+    p = SlurmProvider("hpc", SlurmConfig(partitions=["gpu"]), runner=_Canned({"sinfo": (0, SINFO, "")}))
+    every = p.offers(plugin.Requirements())
+    for needs in ({"memory_gb": 10}, {"cpus": 2}, {"cpus": 20, "memory_gb": 200}):
+        job = CommandJob(command=["true"], placement=Placement(target="cloud"), requirements=Requirements(**needs))
+        first = order_offers(fitting(job, every))[0]
+        assert first.data["gres"] is None and not first.capabilities.devices, (needs, first.shape)
 
 
 def test_squeue_json_of_both_eras_and_the_format_fallback() -> None:

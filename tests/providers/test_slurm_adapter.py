@@ -117,10 +117,12 @@ def test_offers_show_partitions_and_gres(provider: SlurmProvider) -> None:
     cpu_only = provider.offers(plugin.Requirements(cpus=2))
     assert cpu_only and all(o.capabilities.devices == [] and o.data["gres"] is None for o in cpu_only)
     assert all(o.capabilities.host.cpu_count == 2 for o in cpu_only)
-    # What the core caches: every shape, from none to all four GPUs, in every partition
+    # What the core caches: every shape, from none to all four GPUs, in every partition; the
+    # ones without GPUs from cpus/memory_gb up to the whole node (16 CPUs, 1 GB per CPU)
     every = provider.offers(plugin.Requirements())
     assert [o.shape for o in every if o.region == "gpu"] == [
-        "1cpu-0.25gb", "4cpu-4gb-1xfake", "8cpu-8gb-2xfake", "12cpu-12gb-3xfake", "16cpu-16gb-4xfake"]
+        "1cpu-0.25gb", "2cpu-2gb", "4cpu-4gb", "8cpu-8gb", "16cpu-16gb",
+        "4cpu-4gb-1xfake", "8cpu-8gb-2xfake", "12cpu-12gb-3xfake", "16cpu-16gb-4xfake"]
 
 
 def test_partitions_in_config_order(slurm: LocalSlurm, tmp_path: Path) -> None:
