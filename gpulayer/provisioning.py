@@ -26,8 +26,9 @@ Rules
   a machine that does not join before its deadline, block their scope for
   :data:`BLOCK_SECONDS` for every job; the next pass (or the same one, for a failed launch)
   tries the next offer.
-* Housekeeping (:func:`housekeeping`): a machine whose worker holds no task for its
-  provider's ``idle_timeout`` is drained and terminated; one whose worker stopped sending
+* Housekeeping (:func:`housekeeping`): a machine booting for a job that is no longer queued
+  (cancelled, or placed elsewhere) is withdrawn: terminated, no scope blocked; a machine
+  whose worker holds no task for its provider's ``idle_timeout`` is drained and terminated; one whose worker stopped sending
   heartbeats is terminated after ``grace`` seconds; one past its join deadline is terminated
   (and its scope blocked); one left ``terminating`` is terminated again (terminate is
   idempotent).
@@ -257,15 +258,18 @@ class MachineView:
     last_heartbeat: float = 0.0
     #: the machines of one gang share a group: one that fails ends them all
     gang: str | None = None
+    #: why the job it was launched for no longer wants it (None: it does, or it has none)
+    unwanted: str | None = None
 
 
-ActionKind = Literal["busy", "idle", "terminate", "fail"]
+ActionKind = Literal["busy", "idle", "terminate", "fail", "withdraw"]
 
 
 @dataclass(frozen=True)
 class Action:
     """What to do with one machine: mark it ``busy``/``idle``, ``terminate`` it (it served),
-    or ``fail`` it (terminate, and it counts as a failed attempt: its scope is blocked)."""
+    ``fail`` it (terminate, and it counts as a failed attempt: its scope is blocked), or
+    ``withdraw`` it (terminate one that has not joined and is no longer wanted: not a failure)."""
 
     machine_id: str
     kind: ActionKind
@@ -282,7 +286,9 @@ def housekeeping(machines: Sequence[MachineView], limits: Mapping[str, Limits], 
     failed_groups: set[str] = set()
     for m in machines:
         lim = limits.get(m.provider, Limits())
-        if m.state in PENDING_STATES and now > m.join_deadline:
+        if m.state == "booting" and m.unwanted:  # (requested and launching: a launch under way)
+            out.append(Action(m.id, "withdraw", m.unwanted))
+        elif m.state in PENDING_STATES and now > m.join_deadline:
             out.append(Action(m.id, "fail", f"did not join within {lim.join_timeout:g} s", block=m.scope))
             if m.gang:
                 failed_groups.add(m.gang)

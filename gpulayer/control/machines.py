@@ -32,9 +32,9 @@ from gpulayer.control.workers import WorkerOps
 from gpulayer.errors import InvalidInput, NoCapacity, ProviderAuthFailed, ProviderError, QuotaExceeded, SkipOffer
 from gpulayer.hookrecords import LaunchedMachine, LaunchRequest, LiveMachine, MachineOffer
 from gpulayer.provider_config import Limits
-from gpulayer.records import MachineRecord, ProviderInfo, new_id
+from gpulayer.records import JobState, MachineRecord, ProviderInfo, new_id
 from gpulayer.specs import CommandJob, Placement, Requirements
-from gpulayer.store import MachineRow, mapping, queries
+from gpulayer.store import JobRow, MachineRow, mapping, queries
 
 log = logging.getLogger("gpulayer.provisioning")
 
@@ -178,6 +178,7 @@ class MachineOps(WorkerOps):
             workers = {w.id: w for w in queries.workers(s) if w.id in {r.worker_id for r in rows}}
             busy = queries.busy_worker_ids(s, workers)
             ended = queries.last_task_ends(s, workers)
+            wanting = queries.jobs_by_id(s, {r.job_id for r in rows if r.job_id and r.state == "booting"}, light=True)
         views = []
         for r in rows:
             w = workers.get(r.worker_id or "")
@@ -188,7 +189,8 @@ class MachineOps(WorkerOps):
                 id=r.id, provider=r.provider, scope=_scope(r), state=r.state, join_deadline=r.join_deadline,
                 idle_since=idle_since, worker_id=r.worker_id, busy=(r.worker_id in busy),
                 worker_online=w.online if w is not None else r.worker_id is None,
-                last_heartbeat=w.last_heartbeat if w is not None else 0.0, gang=r.gang))
+                last_heartbeat=w.last_heartbeat if w is not None else 0.0, gang=r.gang,
+                unwanted=_unwanted(r.job_id, wanting)))
         limits = {n: c.limits for n, c in ps.configured.items()}
         grace = LOST_GRACE_TIMEOUTS * self.heartbeat_timeout
         for a in provisioning.housekeeping(views, limits, now, grace=grace):
@@ -201,7 +203,8 @@ class MachineOps(WorkerOps):
                 continue
             if a.block:
                 ps.blocks.block(a.block, now)
-            self._end_machine(a.machine_id, a.reason, drain_first=(a.kind == "terminate"))
+            self._end_machine(a.machine_id, a.reason, drain_first=(a.kind == "terminate"),
+                              failed=False if a.kind == "withdraw" else None)
 
     def _launch_for_demand(self) -> None:
         """Plan the launches and write their machines (``requested``) in one serialised
@@ -478,6 +481,14 @@ def offer_sort_key(o: MachineOffer) -> tuple[bool, float, float]:
 
 def cloud_only(targets: Sequence[str]) -> bool:
     return list(targets) == ["cloud"]
+
+
+def _unwanted(job_id: str | None, jobs: dict[str, JobRow]) -> str | None:
+    """Why the job a machine was launched for no longer wants it (None: it is queued still)."""
+    job = jobs.get(job_id or "")
+    if job is None or job.state == JobState.QUEUED.value:
+        return None
+    return f"withdrawn: its job {job.id} is {job.state} (before the machine joined)"
 
 
 __all__ = ["SWEEP_SECONDS", "MachineOps", "ProviderSet", "cloud_only", "offer_sort_key"]

@@ -275,6 +275,31 @@ def test_the_join_deadline_terminates_the_machine_revokes_its_token_and_blocks_t
     assert line[1] == f"p/r/a: {req.machine_id} did not join within 60 s; terminated"
 
 
+def test_a_machine_booting_for_a_job_that_was_cancelled_is_withdrawn_without_blocking_its_scope(
+        store: Store) -> None:
+    """A Slurm pilot still queued (or a VM booting) for a job cancelled meanwhile would join and
+    hold its devices until the idle timeout, or fail at its join deadline and block the scope
+    for every job: it is terminated at the next pass, as no failure."""
+    now = [1000.0]
+    cp, rec = plane(store, '[p]\ntype = "rec"\nshapes = ["a", "b"]\njoin_timeout = 60\n', clock=now)
+    job = cp.submit(CLOUD)
+    cp.provision()
+    [(_, req)] = [c for c in rec.calls if c[0] == "launch"]
+    assert cp.get_machine(req.machine_id).state == "booting"
+    cp.cancel(job.id)
+    now[0] += 1
+    cp.provision()
+    m = cp.get_machine(req.machine_id)
+    assert (m.state, m.reason) == ("terminated", f"withdrawn: its job {job.id} is cancelled (before the machine joined)")
+    assert ("terminate", req.machine_id) in rec.calls
+    with pytest.raises(AuthError):  # its token is revoked: a join on its way is refused
+        cp.join_worker(make_capabilities(), join_token=req.bootstrap_token.get_secret_value())
+    again = cp.submit(CLOUD)  # the scope is not blocked: the next job takes the same offer
+    cp.provision()
+    assert [r.offer.shape for c, r in rec.calls if c == "launch"] == ["a", "a"]
+    assert cp.get_job(again.id).state is JobState.QUEUED
+
+
 def test_an_idle_machine_is_drained_and_terminated_and_its_worker_leaves(store: Store) -> None:
     now = [1000.0]
     cp, rec = plane(store, clock=now)
