@@ -159,6 +159,13 @@ def render(e: Explanation, spelling: Spelling | None = None, *, command: str | N
             region = f" in {o.region}" if o.region else ""
             never = f"; never launched: {o.never_launched}" if o.never_launched else ""
             out.append(f"offer {o.provider}:{o.shape}{region}: {price}{spot}, availability {o.availability}{never}")
+        for o in e.unfit_offers[:LISTED]:
+            region = f" in {o.region}" if o.region else ""
+            out.append(f"offer {o.provider}:{o.shape}{region}: {o.unfit}")
+        if len(e.unfit_offers) > LISTED:
+            out.append(f"... and {len(e.unfit_offers) - LISTED} more offer(s) that do not fit; "
+                       f"{command + ' --json' if command else '--json'} lists every one")
+        out.extend(f"provider {down}" for down in e.providers_down)
     line = e.closest_line()
     if line:
         out.append("")

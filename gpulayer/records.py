@@ -360,6 +360,9 @@ class OfferFit(Record):
     availability: str = "unknown"
     #: why it is never launched for this job (its section's limits), or None
     never_launched: str | None = None
+    #: why it could never run the job (the first reason, as against a worker): an offer in
+    #: :attr:`Explanation.unfit_offers`; None in :attr:`Explanation.offers`
+    unfit: str | None = None
 
 
 class Explanation(Record):
@@ -377,6 +380,10 @@ class Explanation(Record):
     workers: list[WorkerExplanation] = Field(default_factory=list)
     #: provider offers that would fit, cheapest first; None: this control plane has no providers to ask
     offers: list[OfferFit] | None = None
+    #: the other offers of the providers, each with why it cannot run the job (``unfit``)
+    unfit_offers: list[OfferFit] = Field(default_factory=list)
+    #: providers that offer nothing now, and why (disabled, or their offers failing)
+    providers_down: list[str] = Field(default_factory=list)
     closest: list[Closest] = Field(default_factory=list)
     relaxations: list[Relaxation] = Field(default_factory=list)
     at: float = 0.0

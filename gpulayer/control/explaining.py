@@ -80,6 +80,7 @@ def explain(plane: ControlPlane, spec: JobSpec | None, *, job_id: str | None = N
         queue_position=queue_position(queue, spec, job),
         workers=survey.workers,
         offers=None if offers is None else [_fit(o, barred.get(id(o))) for o in fitting],
+        unfit_offers=_unfit(plane, spec, fitting), providers_down=_down(plane),
         closest=survey.closest,
         relaxations=survey.relaxations,
         at=now,
@@ -94,9 +95,38 @@ def provider_offers(plane: ControlPlane, spec: JobSpec) -> list[MachineOffer] | 
     return list(plane.offers(spec.requirements, barred=True))
 
 
-def _fit(o: MachineOffer, never: str | None) -> OfferFit:
+def _fit(o: MachineOffer, never: str | None, unfit: str | None = None) -> OfferFit:
     return OfferFit(provider=o.provider, shape=o.shape, region=o.region, price_per_hour=o.price_per_hour,
-                    spot=o.spot, availability=o.availability, never_launched=never)
+                    spot=o.spot, availability=o.availability, never_launched=never, unfit=unfit)
+
+
+def _unfit(plane: ControlPlane, spec: JobSpec, fitting: list[MachineOffer]) -> list[OfferFit]:
+    """Every cached offer that is not one of ``fitting``, with the first reason it could never
+    run the job (the reasons a placement pass gives against it)."""
+    if plane.providers is None:
+        return []
+    fit = {(o.provider, o.shape, o.region) for o in fitting}
+    out = []
+    for o in plane.providers.cached_offers(barred=True):
+        if (o.provider, o.shape, o.region) in fit:
+            continue
+        reasons = scheduling.check(spec, offer_record(o))
+        if reasons:
+            out.append(_fit(o, plane.providers.barred(o), unfit=reasons[0].message))
+    return out
+
+
+def _down(plane: ControlPlane) -> list[str]:
+    """The providers that offer nothing now, each with why."""
+    if plane.providers is None:
+        return []
+    out = []
+    for name, st in plane.providers.status.items():
+        if st.disabled:
+            out.append(f"{name}: {st.disabled}")
+        elif not st.offers and st.last_error:
+            out.append(f"{name}: {st.last_error}")
+    return out
 
 
 def _running(t: TaskRow, job: JobRow | None, owner: str | None) -> RunningTask:

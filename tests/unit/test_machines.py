@@ -174,6 +174,29 @@ def test_an_offer_its_section_never_lets_launch_is_no_offer_to_wait_for(store: S
     assert cp.explain_job(job.id).render().count(f"; never launched: {why}") == 1
 
 
+def test_explain_says_why_each_offer_cannot_run_the_job_and_which_providers_offer_nothing(store: Store) -> None:
+    """The docs: a job is matched against an offer as against a worker, with the same reasons
+    in explain. A job no offer fits read only 'no configured provider offers a machine that
+    fits'; a disabled provider was not named."""
+    cp, _ = plane(store, '[p]\ntype = "rec"\nshapes = ["a", "b"]\n[q]\ntype = "rec"\n')
+    assert cp.providers is not None
+    cp.providers.disable("q", "boom: no credentials")  # (what a check() that raises ProviderAuthFailed does)
+    job = cp.submit(make_job(target="cloud", accelerator="cuda", gpus=5))
+    assert job.state is JobState.UNSCHEDULABLE
+    e = cp.explain_job(job.id)
+    assert e.offers == []
+    assert [(o.provider, o.shape, o.unfit) for o in e.unfit_offers] == [
+        ("p", "a", "needs 5 usable cuda device(s), worker has 1"), ("p", "b", "needs 5 usable cuda device(s), worker has 1")]
+    [down] = e.providers_down
+    assert down.startswith("q: ") and "boom" in down
+    lines = e.render().splitlines()
+    assert "offer p:a in r: needs 5 usable cuda device(s), worker has 1" in lines
+    assert f"provider {down}" in lines
+    # an offer that fits is not listed again among those that do not
+    fits = cp.explain(make_job(target="cloud", accelerator="cuda", gpus=1))
+    assert [o.shape for o in fits.offers or []] == ["a", "b"] and fits.unfit_offers == []
+
+
 def test_a_failed_launch_fails_over_in_the_same_pass_and_blocks_the_scope(store: Store) -> None:
     cp, rec = plane(store, '[p]\ntype = "rec"\nshapes = ["a", "b"]\n')
     rec.fail["a"] = NoCapacity("sold out")
