@@ -235,6 +235,32 @@ class SlurmProvider:
             if not there:
                 raise plugin.ProviderAuthFailed(f"{key} = {folder!r}: no such folder on {self.runner.where} "
                                                 "(Slurm does not create it; a pilot job could not start)")
+        self._test_submit(nodes)
+
+    def _test_submit(self, nodes: list[_parse.Node]) -> None:
+        """``sbatch --test-only`` of the smallest pilot with the section's options, in each
+        partition it offers: an option every pilot would be refused for (a bad account, QOS or
+        constraint in ``sbatch_args``, a time over the partition's limit) disables the
+        provider now, naming it, rather than failing every launch in turn (each failure
+        skipped the shape for five minutes, and a job waited for ever). A busy cluster or
+        controller only delays the answer; its errors are left to the launches."""
+        c = self.config
+        for partition in c.partitions or sorted({n.partition for n in nodes})[:1]:
+            argv = ["sbatch", "--test-only", f"--partition={partition}", "--nodes=1", "--ntasks=1",
+                    f"--cpus-per-task={c.cpus}", f"--mem={int(c.memory_gb * 1024)}M"]
+            argv += [f"--time={c.time_limit}"] if c.time_limit else []
+            argv += [f"--output={c.log_dir.rstrip('/')}/%x-%j.out"] if c.log_dir else []
+            argv += [f"--chdir={c.workdir}"] if c.workdir else []
+            rc, _, err = self._run([*argv, *c.sbatch_args, "--wrap", "true"])
+            if rc == 0:
+                continue
+            refused = _parse.sbatch_error(err, partition)
+            if isinstance(refused, (plugin.ProviderTransient, plugin.NoCapacity, plugin.QuotaExceeded)):
+                continue  # (not the section's fault, or not for ever)
+            raise plugin.ProviderAuthFailed(
+                f"a pilot job with this section's options is refused in partition {partition} "
+                f"(sbatch --test-only: {' '.join(err.split()) or f'exit status {rc}'}); check sbatch_args, "
+                "time_limit, cpus and memory_gb")
 
     # ----------------------------------------------------------------- offers
 

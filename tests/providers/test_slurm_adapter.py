@@ -102,6 +102,15 @@ def test_check_names_a_log_dir_or_workdir_that_is_not_there(slurm: LocalSlurm, t
     _provider(slurm, tmp_path, workdir=str(tmp_path)).check()
 
 
+def test_check_refuses_options_every_pilot_would_be_refused_for(slurm: LocalSlurm, tmp_path: Path) -> None:
+    """A constraint no node has (or a bad account, QOS, time) in the section failed every
+    launch in turn, each skipping its shape for five minutes while the job waited for ever."""
+    with pytest.raises(plugin.ProviderAuthFailed, match=r"refused in partition debug \(sbatch --test-only: .*[Ff]eature.*"
+                                                        r"check sbatch_args"):
+        _provider(slurm, tmp_path, partitions=["debug"], sbatch_args=["--constraint=no-such-feature"]).check()
+    _provider(slurm, tmp_path, partitions=["debug"], sbatch_args=["--comment=fine"]).check()
+
+
 def test_offers_show_partitions_and_gres(provider: SlurmProvider) -> None:
     offers = provider.offers(plugin.Requirements(accelerator="cuda", gpus=2))
     assert {o.region for o in offers} == {"gpu", "debug", "short"}
