@@ -186,6 +186,9 @@ class TaskRecord(Record):
     exit_code: int | None = None
     error: JobError | None = None
     rendezvous: Rendezvous | None = None
+    #: it waits for jobs, its CPU slot lent to the queue meanwhile (docs/concepts.md, "Jobs
+    #: that submit jobs"); only while it runs
+    lent: bool = False
 
 
 class JobRecord(Record):

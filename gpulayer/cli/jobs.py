@@ -396,7 +396,7 @@ def jobs_show(job_id: str = typer.Argument(..., metavar="JOB"), as_json: bool = 
         why = t.error.message.partition("\n")[0] if t.error and t.error.message not in ("", t.state.value) else ""
         typer.echo(f"task      {t.id} attempt={t.attempt} node={t.node_rank} worker={t.worker_id}{devs} "
                    f"{t.state.value}" + (f" exit={t.exit_code}" if t.exit_code is not None else "")
-                   + (f" ({printable(why)})" if why else ""))
+                   + (f" ({printable(why)})" if why else "") + (" (waiting for jobs: its CPU slot lent)" if t.lent else ""))
     if job.decision:
         typer.echo("placement " + job.decision.render().replace("\n", "\n          "))
     if "cloud" in job.spec.placement.targets:

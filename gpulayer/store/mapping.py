@@ -91,6 +91,9 @@ def decision_of(raw: str | None) -> PlacementDecision | None:
         return None
 
 
+_ACTIVE = (TaskState.ASSIGNED.value, TaskState.RUNNING.value)
+
+
 def task_record(t: TaskRow | plain.Task) -> TaskRecord:
     return TaskRecord(
         id=t.id, job_id=t.job_id, attempt=t.attempt, node_rank=t.node_rank, worker_id=t.worker_id,
@@ -98,6 +101,7 @@ def task_record(t: TaskRow | plain.Task) -> TaskRecord:
         created_at=t.created_at, started_at=t.started_at, ended_at=t.ended_at, exit_code=t.exit_code,
         error=error_of(t.error),
         rendezvous=Rendezvous.model_validate_json(t.rendezvous) if t.rendezvous else None,
+        lent=bool(t.lent) and t.state in _ACTIVE,  # (an ended task holds nothing either way)
     )
 
 

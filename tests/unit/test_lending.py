@@ -38,11 +38,13 @@ def test_a_lent_slot_runs_the_queued_job_and_is_taken_back(cp: ControlPlane) -> 
 
     assert cp.lend_slot(outer.id, task_id=outer_task, lent=True).lent is True
     assert cp.get_job(inner.id).state is JobState.ASSIGNED  # placed by the lending's pass
+    assert [t.lent for t in cp.get_job(outer.id).tasks] == [True]  # (jobs show, the dashboard say so)
     assert cp.worker_usage()[w].busy_cpu_slots == 1  # the inner job's; the outer holds nothing
     inner_task = started(cp, w, inner.id)
     assert cp.lend_slot(outer.id, task_id=outer_task, lent=True).lent is True  # (again: no change)
 
     assert cp.lend_slot(outer.id, task_id=outer_task, lent=False).lent is False
+    assert [t.lent for t in cp.get_job(outer.id).tasks] == [False]
     assert cp.worker_usage()[w].busy_cpu_slots == 2  # over its one slot until a task ends
     third = cp.submit(cpu_job())
     finish(cp, w, inner_task)
