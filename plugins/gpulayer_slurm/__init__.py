@@ -238,14 +238,18 @@ class SlurmProvider:
         self._test_submit(nodes)
 
     def _test_submit(self, nodes: list[_parse.Node]) -> None:
-        """``sbatch --test-only`` of the smallest pilot with the section's options, in each
-        partition it offers: an option every pilot would be refused for (a bad account, QOS or
-        constraint in ``sbatch_args``, a time over the partition's limit) disables the
-        provider now, naming it, rather than failing every launch in turn (each failure
-        skipped the shape for five minutes, and a job waited for ever). A busy cluster or
-        controller only delays the answer; its errors are left to the launches."""
+        """``sbatch --test-only`` of the smallest pilot with the section's options, in the
+        partitions it offers (``partitions``, else every one), in turn until one would take
+        it: an option every pilot would be refused for (a bad account, QOS or constraint in
+        ``sbatch_args``) disables the provider now, naming it, rather than failing every
+        launch in turn (each failure skipped the shape for five minutes, and a job waited for
+        ever). A partition that refuses it while another takes it (one the account may not
+        use) is left to the launches, which skip its shapes, as before: it must not disable
+        the partitions that work. A busy cluster or controller only delays the answer; its
+        errors are left to the launches."""
         c = self.config
-        for partition in c.partitions or sorted({n.partition for n in nodes})[:1]:
+        refused: list[tuple[str, str]] = []
+        for partition in c.partitions or sorted({n.partition for n in nodes}):
             argv = ["sbatch", "--test-only", f"--partition={partition}", "--nodes=1", "--ntasks=1",
                     f"--cpus-per-task={c.cpus}", f"--mem={int(c.memory_gb * 1024)}M"]
             argv += [f"--time={c.time_limit}"] if c.time_limit else []
@@ -253,14 +257,17 @@ class SlurmProvider:
             argv += [f"--chdir={c.workdir}"] if c.workdir else []
             rc, _, err = self._run([*argv, *c.sbatch_args, "--wrap", "true"])
             if rc == 0:
-                continue
-            refused = _parse.sbatch_error(err, partition)
-            if isinstance(refused, (plugin.ProviderTransient, plugin.NoCapacity, plugin.QuotaExceeded)):
-                continue  # (not the section's fault, or not for ever)
+                return  # (a pilot can start somewhere: the partitions that refuse are the launches')
+            error = _parse.sbatch_error(err, partition)
+            if isinstance(error, (plugin.ProviderTransient, plugin.NoCapacity, plugin.QuotaExceeded)):
+                return  # (not the section's fault, or not for ever)
+            refused.append((partition, " ".join(err.split()) or f"exit status {rc}"))
+        if refused:
+            (first, why), others = refused[0], [p for p, _ in refused[1:]]
+            also = f", and in {', '.join(others)}" if others else ""
             raise plugin.ProviderAuthFailed(
-                f"a pilot job with this section's options is refused in partition {partition} "
-                f"(sbatch --test-only: {' '.join(err.split()) or f'exit status {rc}'}); check sbatch_args, "
-                "time_limit, cpus and memory_gb")
+                f"a pilot job with this section's options is refused in partition {first} "
+                f"(sbatch --test-only: {why}){also}; check sbatch_args, time_limit, cpus and memory_gb")
 
     # ----------------------------------------------------------------- offers
 

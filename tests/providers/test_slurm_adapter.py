@@ -7,7 +7,9 @@ only their own pilot jobs; each cancels what it launched.
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -109,6 +111,41 @@ def test_check_refuses_options_every_pilot_would_be_refused_for(slurm: LocalSlur
                                                         r"check sbatch_args"):
         _provider(slurm, tmp_path, partitions=["debug"], sbatch_args=["--constraint=no-such-feature"]).check()
     _provider(slurm, tmp_path, partitions=["debug"], sbatch_args=["--comment=fine"]).check()
+
+
+STUB_SBATCH = """\
+#!/bin/sh
+# Slurm's answer where the user's group may not use partition short (AllowGroups); the real
+# sbatch everywhere else
+case " $* " in
+  *" --partition=short "*)
+    echo "sbatch: error: Batch job submission failed: User's group not permitted to use this partition" >&2
+    exit 1;;
+esac
+exec {sbatch} "$@"
+"""
+
+
+def test_check_leaves_a_partition_that_alone_refuses_the_pilot_to_the_launches(
+        slurm: LocalSlurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partition the account may not use refuses every pilot there, not the section's: the
+    other partitions keep working (one such partition disabled the whole provider)."""
+    real = shutil.which("sbatch")
+    assert real is not None
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "sbatch").write_text(STUB_SBATCH.format(sbatch=real))
+    (stub / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stub}{os.pathsep}{os.environ['PATH']}")
+    _provider(slurm, tmp_path, partitions=["gpu", "short"]).check()
+    _provider(slurm, tmp_path, partitions=["short", "gpu"]).check()
+    _provider(slurm, tmp_path).check()  # (every partition: debug, gpu, short)
+    with pytest.raises(plugin.ProviderAuthFailed, match=r"refused in partition short \(sbatch --test-only: .*not permitted"):
+        _provider(slurm, tmp_path, partitions=["short"]).check()
+    # refused in every partition: the first one's words, the others named
+    with pytest.raises(plugin.ProviderAuthFailed, match=r"refused in partition debug \(sbatch --test-only: .*[Ff]eature.*\), "
+                                                        r"and in gpu, short; check sbatch_args"):
+        _provider(slurm, tmp_path, sbatch_args=["--constraint=no-such-feature"]).check()
 
 
 def test_offers_show_partitions_and_gres(provider: SlurmProvider) -> None:
