@@ -49,6 +49,8 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 #: days-hours:minutes, days-hours:minutes:seconds; UNLIMITED or INFINITE for none
 _TIME = re.compile(r"^(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|unlimited|infinite)$", re.IGNORECASE)
+#: a device kind as detectors name them and jobs ask for them (lowercase; cpu and none mean no device)
+_KIND = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 DEFAULT_EXPORT = ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV"]
 
 
@@ -117,9 +119,10 @@ class SlurmConfig(BaseModel):
     @field_validator("gpu_kind")
     @classmethod
     def _kind(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z0-9_]+", v):
+        # (as a detector names its kind, and a job asks for one: gpulayer.plugin.AcceleratorDetector)
+        if not _KIND.match(v) or v in ("cpu", "none"):
             raise ValueError(f"{v!r} is not a device kind; accepted: a kind such as cuda or rocm "
-                             "(lower-case letters, digits, _)")
+                             "(lower-case letters, digits, '.', '_' and '-', other than cpu and none)")
         return v
 
     @field_validator("time_limit")

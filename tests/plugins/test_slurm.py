@@ -250,6 +250,21 @@ def test_bad_values_stop_the_file_where_they_are_written(line: str, said: str) -
     assert str(caught.value).startswith(f"p.toml: [hpc] {said}")
 
 
+def test_gpu_kind_takes_every_kind_a_detector_may_name_and_a_job_ask_for() -> None:
+    # (a kind with a '-' or a '.' was refused here though a detector may name it and a job ask
+    # for it; cpu, which a job's accelerator reads as none, was taken)
+    from gpulayer.plugin import AcceleratorDetector, DetectionResult
+    from gpulayer.specs import Requirements
+
+    for kind in ("cuda", "rocm", "intel-gpu", "npu.v2", "my_npu"):
+        AcceleratorDetector(name=kind, description="", detect=lambda _t: DetectionResult())
+        assert Requirements(accelerator=kind).accelerator == kind
+        assert SlurmConfig(gpu_kind=kind).gpu_kind == kind
+    for bad in ("cpu", "none", "CUDA", "-x", ""):
+        with pytest.raises(ValidationError, match="is not a device kind"):
+            SlurmConfig(gpu_kind=bad)
+
+
 def test_slurm_times_are_accepted_in_every_form_sbatch_takes() -> None:
     for ok in ("30", "30:00", "12:00:00", "2-0", "2-12:00", "1-12:00:00", "UNLIMITED", "infinite"):
         assert SlurmConfig(time_limit=ok).time_limit == ok
