@@ -171,6 +171,17 @@ class SlurmConfig(BaseModel):
         return v
 
 
+def _unpatterned(folder: str) -> str | None:
+    """``folder`` up to its first part that holds a Slurm filename pattern (``%u``, ``%j``:
+    ``sbatch --output`` replaces them), which is there only once Slurm fills it in; None
+    where the first part does (relative: checked by sbatch itself)."""
+    if "%" not in folder:
+        return folder
+    parts = folder.split("/")
+    kept = parts[:next(i for i, part in enumerate(parts) if "%" in part)]
+    return "/".join(kept) or ("/" if folder.startswith("/") else None)
+
+
 def _version(text: str, what: str) -> str:
     try:
         Version(text)
@@ -230,13 +241,15 @@ class SlurmProvider:
             raise plugin.ProviderAuthFailed(
                 f"partitions = {missing}: not on this cluster (sinfo shows "
                 f"{sorted({n.partition for n in nodes}) or 'none'})")
-        for key, folder in (("log_dir", self.config.log_dir), ("workdir", self.config.workdir)):
+        for key, given in (("log_dir", self.config.log_dir), ("workdir", self.config.workdir)):
             # Slurm does not make them: a pilot without one fails to start (JobLaunchFailure),
-            # silently, and would be noticed only at its join deadline
+            # silently, and would be noticed only at its join deadline. A folder named by a
+            # Slurm pattern (/scratch/%u/logs: the job's user) is checked up to the pattern.
+            folder = _unpatterned(given) if given else None
             there = (self._run(["test", "-d", folder])[0] == 0 if self.config.ssh_host
                      else os.path.isdir(folder)) if folder else True
             if not there:
-                raise plugin.ProviderAuthFailed(f"{key} = {folder!r}: no such folder on {self.runner.where} "
+                raise plugin.ProviderAuthFailed(f"{key} = {given!r}: no such folder on {self.runner.where} "
                                                 "(Slurm does not create it; a pilot job could not start)")
         self._test_submit(nodes)
 

@@ -102,6 +102,10 @@ def test_check_names_a_log_dir_or_workdir_that_is_not_there(slurm: LocalSlurm, t
         with pytest.raises(plugin.ProviderAuthFailed, match=rf"{key} = '{tmp_path}/nope': no such folder on this machine"):
             _provider(slurm, tmp_path, **{key: str(tmp_path / "nope")}).check()
     _provider(slurm, tmp_path, workdir=str(tmp_path)).check()
+    # a Slurm pattern in the path (%u: the job's user) is filled in by sbatch: checked up to it
+    _provider(slurm, tmp_path, log_dir=f"{tmp_path}/%u").check()
+    with pytest.raises(plugin.ProviderAuthFailed, match=rf"log_dir = '{tmp_path}/nope/%u': no such folder"):
+        _provider(slurm, tmp_path, log_dir=f"{tmp_path}/nope/%u").check()
 
 
 def test_check_refuses_options_every_pilot_would_be_refused_for(slurm: LocalSlurm, tmp_path: Path) -> None:
