@@ -43,6 +43,7 @@ from gpulayer.hookrecords import (
     Device,
     DeviceEnvironment,
     SupportLevel,
+    is_kind,
 )
 from gpulayer.hookspecs import hookimpl
 from gpulayer.plugins import DETECTORS_ENV, DISABLE_ENV, EXTRA_ENV, NO_DETECTORS
@@ -97,6 +98,11 @@ def parse_fake_devices(spec: str) -> dict[str, list[Device]]:
                 f"{FAKE_DEVICES_ENV}: {item!r} is not KIND:COUNT[:MEMORY_GB[:CC]], "
                 "e.g. 'cuda:2:80:9.0'"
             ) from None
+        if not is_kind(kind):  # (said naming the variable, not as the fakes plugin's failure)
+            raise ValueError(
+                f"{FAKE_DEVICES_ENV}: {item!r}: {kind!r} is not an accelerator kind; accepted: lowercase letters, "
+                "digits, '.', '_' and '-', starting with a letter or digit, other than cpu and none, e.g. 'npu:1'"
+            )
         found[kind] = _make_devices(kind, count, memory, cc, usable=True)
     return found
 

@@ -145,6 +145,11 @@ DetectFn = Callable[[float], DetectionResult]
 _KIND_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 
+def is_kind(name: str) -> bool:
+    """Whether ``name`` is an accelerator kind a detector may name and a job ask for."""
+    return bool(_KIND_RE.match(name)) and name not in ("cpu", "none")
+
+
 class HookRecord(BaseModel):
     """Base of every record a hook returns: a ``name`` unique across all plugins."""
 
@@ -187,11 +192,12 @@ class AcceleratorDetector(HookRecord):
     def _kind(cls, v: str) -> str:
         # a job names its accelerator in lowercase (Requirements.accelerator), and ``cpu``
         # means none: a kind spelt otherwise could never be asked for
-        if not _KIND_RE.match(v) or v in ("cpu", "none"):
+        if not is_kind(v):
+            # (the spelling a job would ask for, where there is one: not for 'cpu', which is none)
+            hint = f" (jobs ask for a kind in lowercase: --accelerator {v.lower()})" if is_kind(v.lower()) else ""
             raise ValueError(
                 f"accelerator kind {v!r}: accepted: lowercase letters, digits, '.', '_' and '-', starting with a "
-                f"letter or digit, other than 'cpu' and 'none' (jobs ask for a kind in lowercase: "
-                f"--accelerator {v.lower() or 'npu'})")
+                f"letter or digit, other than 'cpu' and 'none'{hint}")
         return v
 
     def standing_in_for(self, real: AcceleratorDetector) -> AcceleratorDetector:

@@ -397,6 +397,9 @@ def test_an_accelerator_kind_no_job_could_ask_for_fails_that_plugin(plugin_manag
         f"gpulayer plugin 'odd-kind' failed in gpulayer_accelerator_detectors, which leaves it out: "
         f"ValidationError for AcceleratorDetector: name: Value error, accelerator kind {kind!r}: accepted: "
         "lowercase letters, digits, '.', '_' and '-', starting with a letter or digit, other than 'cpu' and 'none'"), message
+    # the spelling a job would ask for, where there is one ('cpu' and 'none' are no kind)
+    hint = {"XPU": " (jobs ask for a kind in lowercase: --accelerator xpu)"}.get(kind, "")
+    assert message.split("'cpu' and 'none'", 1)[1].startswith(f"{hint} (to stop loading it"), message
 
 
 @pytest.mark.parametrize(("answer", "says"), [(42, "int"), ("mpirun", "str"), ({"name": "a-dict"}, "dict")])

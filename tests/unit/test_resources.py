@@ -59,6 +59,13 @@ def test_fake_devices_spec():
     assert found["cuda"][0].compute_capability == "9.0" and found["npu"][0].memory_bytes is None
     with pytest.raises(ValueError, match="'cuda' is not KIND:COUNT"):
         parse_fake_devices("cuda")
+    # a kind no job could ask for is named in the variable, not blamed on the fakes plugin
+    # ("failed in gpulayer_accelerator_detectors ... --accelerator cpu", the fakes left out)
+    for spec, kind in (("cpu:2", "cpu"), ("none:1", "none"), ("my gpu:1", "my gpu"), ("_x:1", "_x")):
+        with pytest.raises(ValueError, match=rf"^GPULAYER_FAKE_DEVICES: '{spec}': '{kind}' is not an accelerator kind; "
+                                             "accepted: lowercase letters"):
+            parse_fake_devices(spec)
+    assert list(parse_fake_devices("NPU:1, intel-gpu:1")) == ["npu", "intel-gpu"]
 
 
 def test_run_tool_kills_the_whole_process_group(tmp_path):
