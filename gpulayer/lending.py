@@ -24,6 +24,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -51,12 +52,14 @@ class _Lender:
         self.cond = threading.Condition()
         self.wanted: dict[int, tuple[float, Client]] = {}  # wait -> (when it wants the slot lent, its client)
         self.lent: Client | None = None  # the client the slot is lent through, while it is
-        self.refused: set[int] = set()  # ids of the clients whose control plane said no (or: nothing to lend)
+        #: the clients whose control plane said no (or: nothing to lend); weakly, as a client
+        #: made later may have a dead one's id
+        self.refused: weakref.WeakSet[Client] = weakref.WeakSet()
         self.thread: threading.Thread | None = None
         self.next_wait = 0
 
     def begin(self, client: Client) -> int | None:
-        if id(client) in self.refused:
+        if client in self.refused:
             return None
         with self.cond:
             self.next_wait += 1
@@ -76,8 +79,8 @@ class _Lender:
 
     def _due(self, now: float) -> tuple[Client | None, float | None]:
         """The client of a wait whose grace is over (None: none), and when the next one's ends."""
-        due = [c for at, c in self.wanted.values() if at <= now and id(c) not in self.refused]
-        later = [at for at, c in self.wanted.values() if at > now and id(c) not in self.refused]
+        due = [c for at, c in self.wanted.values() if at <= now and c not in self.refused]
+        later = [at for at, c in self.wanted.values() if at > now and c not in self.refused]
         return (due[0] if due else None), (min(later) if later else None)
 
     def _run(self) -> None:
@@ -110,13 +113,13 @@ class _Lender:
             lent = client.api.lend_slot(task[0], task_id=task[1], lent=lend).lent
         except _REFUSALS as exc:  # (it will refuse again: not asked again through this client)
             log.debug("the control plane does not lend task %s's slot: %s", task[1], exc)
-            self.refused.add(id(client))
+            self.refused.add(client)
             return False
         except Exception as exc:  # (unreachable, a database error: tried again while it is wanted)
             log.debug("could not %s task %s's slot: %s", "lend" if lend else "take back", task[1], exc)
             return None
         if lend and not lent:  # (it holds devices, or has ended, or lending is off: nothing to lend)
-            self.refused.add(id(client))
+            self.refused.add(client)
         return lent
 
 

@@ -160,6 +160,7 @@ class PluginManager:
         self._replaced: dict[str, str] = {}
         #: (plugin, hook) pairs whose failure was reported: each is reported once
         self._reported: set[tuple[str, str]] = set()
+        self._hook_errors: dict[str, dict[str, str]] = {}  # plugin -> hook -> its latest failure
 
     # ------------------------------------------------------------------ loading
 
@@ -329,11 +330,10 @@ class PluginManager:
         ``hook_name`` None: the plugin could not be registered at all."""
         info = self.infos.get(plugin_name)
         if info is not None:
-            line = error if hook_name is None else f"{hook_name}: {error}"
-            if info.status == "failed" and info.error and hook_name is not None and line not in info.error:
-                info.error = f"{info.error}; {line}"  # another hook failed too: both are told
-            else:
-                info.error = line
+            # each hook's latest failure, once (one failing anew at every task must not grow it)
+            failed = self._hook_errors[plugin_name] = self._hook_errors.get(plugin_name, {}) if info.status == "failed" else {}
+            failed[hook_name or ""] = error if hook_name is None else f"{hook_name}: {error}"
+            info.error = "; ".join(failed.values())
             info.status = "failed"
         key = (plugin_name, hook_name or "")
         if key in self._reported:

@@ -204,7 +204,8 @@ class MachineOps(WorkerOps):
             if a.block:
                 ps.blocks.block(a.block, now)
             self._end_machine(a.machine_id, a.reason, drain_first=(a.kind == "terminate"),
-                              failed=False if a.kind == "withdraw" else None)
+                              failed=False if a.kind == "withdraw" else None,
+                              unjoined=a.kind in ("withdraw", "fail"))
 
     def _launch_for_demand(self) -> None:
         """Plan the launches and write their machines (``requested``) in one serialised
@@ -373,10 +374,11 @@ class MachineOps(WorkerOps):
         return row.worker_id
 
     def _end_machine(self, machine_id: str, reason: str, *, drain_first: bool = False,
-                     failed: bool | None = None) -> None:
+                     failed: bool | None = None, unjoined: bool = False) -> None:
         """terminating (written first) -> the provider's terminate -> terminated, or failed
         for a machine that never joined. A terminate that fails leaves it terminating: the
-        next pass tries again."""
+        next pass tries again. ``unjoined``: only if it has not joined since it was looked at
+        (its worker may have taken a task meanwhile)."""
         ps = self.providers
         assert ps is not None
         with self.store.read() as s:
@@ -390,6 +392,8 @@ class MachineOps(WorkerOps):
                     return  # a task started meanwhile: it is drained now and ends later
         with self.store.write() as s:
             row = queries.machine(s, machine_id)
+            if unjoined and row.state not in provisioning.PENDING_STATES:
+                return
             if row.state != "terminating":
                 row.state, row.reason, row.updated_at = "terminating", reason, self.clock()
                 s.add(row)

@@ -33,14 +33,18 @@ SITE_HOOKS = ("sitecustomize", "usercustomize")
 
 
 def site_hook(folders: list[str]) -> str | None:
-    """A start-up hook of ``site`` (``sitecustomize.py`` or ``usercustomize.py``, a module or
-    a package) in one of a job's own folders (its bundle, its ``PYTHONPATH``): a spawned
+    """A start-up hook of ``site`` (``sitecustomize.py``, or ``usercustomize.py`` where the user
+    site is on; a module or a package) in one of a job's own folders (its bundle, its ``PYTHONPATH``): a spawned
     interpreter runs it, a forked child does not (its server ran ``site`` as it started, from
     the worker's path), so the job is spawned. Its path as the event says it, or None."""
+    import site
+
+    # (site imports usercustomize only where the user site is on: not in a virtual environment)
+    names = SITE_HOOKS if site.ENABLE_USER_SITE else SITE_HOOKS[:1]
     for folder in folders:
         if not folder:
             continue
-        for name in SITE_HOOKS:
+        for name in names:
             for candidate in (os.path.join(folder, f"{name}.py"), os.path.join(folder, name, "__init__.py")):
                 if os.path.isfile(candidate):
                     return f"{candidate.removesuffix(os.sep + '__init__.py')}"

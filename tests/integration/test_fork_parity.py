@@ -322,8 +322,17 @@ def test_a_bundle_with_a_sitecustomize_is_spawned_so_that_it_runs(start, bundle)
     assert how.startswith("spawned: ") and how.endswith("/sitecustomize.py would not run in a forked process"), how
     # (a package of that name too, and in a folder of the job's PYTHONPATH)
     (bundle / "sitecustomize.py").unlink()
-    hooks = bundle.parent / "hooks" / "usercustomize"
+    hooks = bundle.parent / "hooks" / "sitecustomize"
     hooks.mkdir(parents=True)
     (hooks / "__init__.py").write_text("")
     assert run("server", env={"PYTHONPATH": str(hooks.parent)})[1] == \
         f"spawned: {hooks} would not run in a forked process"
+    # usercustomize: only where site imports it (not in a virtual environment, as here)
+    import shutil
+    import site
+
+    shutil.rmtree(hooks)
+    (hooks.parent / "usercustomize.py").write_text("")
+    assert run("server", env={"PYTHONPATH": str(hooks.parent)})[1] == (
+        f"spawned: {hooks.parent / 'usercustomize.py'} would not run in a forked process" if site.ENABLE_USER_SITE
+        else FORKED)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -34,8 +33,15 @@ class FakeAPI:
         return SlotLent(lent=lent and not self.holds_devices)
 
 
+class FakeClient:
+    """What the lender uses of a client: its ``api`` (hashable, weakly referable, as one is)."""
+
+    def __init__(self, api: FakeAPI) -> None:
+        self.api = api
+
+
 def client(api: FakeAPI) -> Any:
-    return SimpleNamespace(api=api)
+    return FakeClient(api)
 
 
 @pytest.fixture(autouse=True)

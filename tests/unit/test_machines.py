@@ -323,6 +323,19 @@ def test_a_machine_booting_for_a_job_that_was_cancelled_is_withdrawn_without_blo
     assert cp.get_job(again.id).state is JobState.QUEUED
 
 
+def test_a_machine_that_joined_since_housekeeping_looked_is_not_withdrawn_or_failed(store: Store) -> None:
+    """Housekeeping reads the machines, then ends each: one that joined in between (and may
+    have taken a task) is left alone."""
+    cp, rec = plane(store)
+    cp.submit(CLOUD)
+    cp.provision()
+    [(_, req)] = [c for c in rec.calls if c[0] == "launch"]
+    cp.join_worker(make_capabilities(devices=make_cuda_devices(1)), join_token=req.bootstrap_token.get_secret_value())
+    cp._end_machine(req.machine_id, "withdrawn: as housekeeping decided before the join", failed=False, unjoined=True)
+    assert cp.get_machine(req.machine_id).state == "idle"
+    assert ("terminate", req.machine_id) not in rec.calls
+
+
 def test_an_idle_machine_is_drained_and_terminated_and_its_worker_leaves(store: Store) -> None:
     now = [1000.0]
     cp, rec = plane(store, clock=now)

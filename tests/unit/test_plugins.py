@@ -460,6 +460,26 @@ def test_a_plugin_that_fails_in_two_hooks_is_listed_with_both(plugin_manager):
                           "(RuntimeProfile); gpulayer_distributed_launchers: RuntimeError: no mpirun")
 
 
+def test_a_hook_that_fails_anew_each_time_is_listed_with_its_latest_failure_alone(plugin_manager):
+    """A device-environment hook that fails at every task with another message must not
+    grow the plugin's error for the life of a worker."""
+    class Counting:
+        calls = 0
+
+        @hookimpl
+        def gpulayer_device_environment(self, kind, devices):
+            Counting.calls += 1
+            raise RuntimeError(f"failure {Counting.calls}")
+
+    plugin_manager.register(Counting(), name="counting")
+    dev = plugin.Device(kind="cuda", index=0, name="GPU")
+    with pytest.warns(plugins.PluginWarning):
+        for _ in range(5):
+            plugin_manager.device_environment("cuda", [dev])
+    info = {i.name: i for i in plugin_manager.list_plugins()}["counting"]
+    assert info.error == "gpulayer_device_environment: RuntimeError: failure 5"
+
+
 def test_a_device_environment_hook_that_raises_is_named_and_passed_over(plugin_manager):
     class Raising:
         @hookimpl
