@@ -1,7 +1,14 @@
 """A task's output on its way to the control plane: decoded as it arrives (a character cut
 between two reads waits for its other half) and shipped in chunks, at most every
 ``interval`` seconds and at once past :data:`SHIP_AT` characters, by the worker agent
-(:mod:`.agent`)."""
+(:mod:`.agent`).
+
+Shipments are made by a thread of the buffer's own, never by a write: a shipment may retry
+through an outage of the control plane, and meanwhile the task's output is read, and kept,
+up to :data:`HOLD_AT` characters. (A reader kept waiting by a shipment lost what the task
+wrote during the outage: once the task's process has exited, its worker reads the pipes for
+two seconds more at most.) A shipment that fails because the control plane cannot be
+reached is kept for the next one."""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from gpulayer.api import LogStream
+from gpulayer.errors import ConnectionFailed
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +28,10 @@ log = logging.getLogger(__name__)
 #: output were 3,200 of them). Its JSON stays far below a server's request limit (16 MB): at
 #: most 12 bytes a character, escaped.
 SHIP_AT = 512 * 1024
+#: while a shipment is on its way, writes keep what they read up to this many characters
+#: waiting; past it a write ships it itself, waiting for the shipment on its way (the task's
+#: pipe fills, and the task waits too)
+HOLD_AT = 32 * SHIP_AT
 
 
 class LogBuffer:
@@ -39,18 +51,23 @@ class LogBuffer:
         self._size = 0
         self._last = time.monotonic()
         self._closed = threading.Event()
-        # output that arrives in one burst and then nothing must still show up promptly:
-        # a ticker ships it, started with the first output (a silent task needs none)
+        # the shipper: it ships what is waiting every ``interval`` seconds (output that
+        # arrives in one burst and then nothing must still show up promptly), and at once when
+        # a write says it is due; started with the first output (a silent task needs none)
         self._ticker: threading.Thread | None = None
+        self._due = threading.Event()
 
     def _tick(self) -> None:
-        while not self._closed.wait(self._interval):
-            if self._pending:
+        while not self._closed.is_set():
+            self._due.wait(self._interval)
+            self._due.clear()
+            if self._pending and not self._closed.is_set():  # (once closed, close() ships the rest)
                 self.flush()
 
     def close(self) -> None:
         """Stop the ticker and ship everything, including a character cut off at the end."""
         self._closed.set()
+        self._due.set()
         with self._lock:
             ticker = self._ticker
         if ticker is not None:
@@ -61,6 +78,11 @@ class LogBuffer:
                 if tail:
                     self._append(stream, tail)
         self.flush()
+        with self._lock:  # (its last shipment failed: nothing ships after it)
+            if self._pending:
+                log.warning("could not ship %d log chunk(s): the control plane could not be reached",
+                            len(self._pending))
+            self._pending, self._size = [], 0
 
     def write(self, stream: str, data: bytes) -> None:
         with self._lock:
@@ -70,11 +92,14 @@ class LogBuffer:
             dec = self._decoders.setdefault(name, codecs.getincrementaldecoder("utf-8")("replace"))
             self._append(name, dec.decode(data))
             due = self._size > SHIP_AT or time.monotonic() - self._last >= self._interval
+            held = self._size > HOLD_AT
             if self._ticker is None and not self._closed.is_set():
                 self._ticker = threading.Thread(target=self._tick, name="gpulayer-logs", daemon=True)
                 self._ticker.start()
-        if due:
+        if held:
             self.flush()
+        elif due:  # (the ticker ships it: a shipment may wait through an outage, a write must not)
+            self._due.set()
 
     def add(self, stream: LogStream, text: str) -> None:
         with self._lock:
@@ -90,13 +115,52 @@ class LogBuffer:
         self._size += len(text)
 
     def flush(self) -> None:
+        """Ship what is waiting (after the shipment on its way, if one is), in shipments of
+        about :data:`SHIP_AT` characters (each a request, which the server bounds)."""
         with self._send_lock:
-            with self._lock:
-                runs, self._pending, self._size = self._pending, [], 0
-                self._last = time.monotonic()
-            chunks = [(stream, "".join(pieces)) for stream, pieces in runs]
-            if chunks:
+            while True:
+                with self._lock:
+                    runs = self._take(SHIP_AT)
+                    self._last = time.monotonic()
+                if not runs:
+                    return
+                chunks = [(stream, "".join(pieces)) for stream, pieces in runs]
                 try:
                     self._send(chunks)
+                except ConnectionFailed as exc:  # (its retries ran out) kept for the next shipment
+                    self._keep(runs, exc)
+                    return
                 except Exception as exc:  # logs are best effort; the result is what counts
                     log.warning("could not ship %d log chunk(s): %s", len(chunks), exc)
+
+    def _take(self, limit: int) -> list[tuple[LogStream, list[str]]]:
+        """The oldest pieces waiting, up to the one that brings them to ``limit`` characters,
+        taken out of the buffer (under ``_lock``)."""
+        taken: list[tuple[LogStream, list[str]]] = []
+        size = 0
+        while self._pending and size < limit:
+            stream, pieces = self._pending[0]
+            n = 0
+            while n < len(pieces) and size < limit:
+                size += len(pieces[n])
+                n += 1
+            taken.append((stream, pieces[:n]))
+            if n == len(pieces):
+                self._pending.pop(0)
+            else:
+                del pieces[:n]
+        self._size -= size
+        return taken
+
+    def _keep(self, runs: list[tuple[LogStream, list[str]]], exc: Exception) -> None:
+        """Put ``runs``, which could not be shipped, back before what came since, unless that
+        would hold more than :data:`HOLD_AT` (:meth:`close` gives up on what is left)."""
+        with self._lock:
+            size = sum(len(p) for _, pieces in runs for p in pieces)
+            if self._size + size > HOLD_AT:
+                log.warning("could not ship %d log chunk(s): %s", len(runs), exc)
+                return
+            if runs and self._pending and runs[-1][0] == self._pending[0][0]:
+                runs[-1][1].extend(self._pending.pop(0)[1])
+            self._pending[:0] = runs
+            self._size += size

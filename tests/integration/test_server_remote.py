@@ -199,6 +199,35 @@ def test_a_server_down_for_longer_than_the_heartbeat_timeout_loses_nothing(tmp_p
         srv.stop()
 
 
+def test_output_a_task_writes_while_its_server_is_down_is_stored_once_it_is_back(tmp_path: Path) -> None:
+    """The worker ships it when the server is back, though the task ended meanwhile: the
+    task's output went on being read while a shipment retried through the outage (a reader
+    kept waiting for it lost what the task wrote after it, the job still succeeding)."""
+    srv = ServerProc(tmp_path / "server", env={"GPULAYER_HEARTBEAT_TIMEOUT": "5"}).start()
+    admin = Api(srv.url, srv.admin_token)
+    done_mark = tmp_path / "done"
+    worker = start_remote_worker(srv.url, admin.token_for("join")["token"], tmp_path / "w", cpu_slots=1)
+    try:
+        wait_workers(admin, 1)
+        c = http_client(srv.url, token=srv.admin_token, retry_for=60)
+        script = (f"echo tick 0; while [ ! -e {done_mark}.go ]; do sleep 0.1; done; "
+                  f"for i in 1 2 3 4 5; do echo tick $i; sleep 0.2; done; touch {done_mark}")
+        job = c.submit(CommandJob(command=["sh", "-c", script], placement=REMOTE))
+        until(lambda: "tick 0" in "".join(ch.data for ch in c.api.logs(job.id)), 60, "the first output")
+        srv.kill(signal.SIGKILL)
+        (tmp_path / "done.go").touch()  # the task writes the rest while the server is down
+        until(done_mark.exists, 60, "the task to write the rest of its output")
+        time.sleep(3.0)  # (its process ended: the worker reads its pipes 2 s more at most)
+        srv.start()
+        done = c.wait(job.id, timeout=90)
+        assert done.state is JobState.SUCCEEDED, (done.state, done.error)
+        text = "".join(ch.data for ch in c.api.logs(job.id))
+        assert text == "".join(f"tick {i}\n" for i in range(6)), text
+    finally:
+        stop_proc(worker, signal.SIGKILL)
+        srv.stop()
+
+
 def test_a_worker_stopped_while_its_server_is_down_stops_without_retrying_for_the_retry_period(
         tmp_path: Path) -> None:
     """Its drain and its deregistration each retried for GPULAYER_HTTP_RETRY_SECONDS, saying

@@ -37,12 +37,19 @@ def test_output_is_shipped_at_once_past_ship_at_and_runs_of_a_stream_stay_whole_
     from gpulayer.worker.logbuffer import SHIP_AT
 
     sent: list[list[tuple[str, str]]] = []
-    buf = LogBuffer(sent.append, interval=3600.0)  # (no time-based shipping in this test)
+    shipped = threading.Event()
+
+    def send(chunks: list[tuple[str, str]]) -> None:
+        sent.append(chunks)
+        shipped.set()
+
+    buf = LogBuffer(send, interval=3600.0)  # (no time-based shipping in this test)
     piece = "x" * 1000 + "\n"
     buf.write("stderr", b"first\n")
     for _ in range(SHIP_AT // len(piece) + 1):  # one read more than SHIP_AT characters
         buf.write("stdout", piece.encode())
-    assert len(sent) == 1  # shipped as the run passed SHIP_AT, before the end
+    assert shipped.wait(60)  # shipped as the run passed SHIP_AT, before the end
+    assert len(sent) == 1
     assert sent[0] == [("stderr", "first\n"), ("stdout", piece * (SHIP_AT // len(piece) + 1))]
     buf.write("stdout", b"tail\n")
     buf.write("stderr", b"err\n")
@@ -58,6 +65,81 @@ def test_a_failing_send_does_not_break_the_task() -> None:
     buf = LogBuffer(send, interval=0.0)
     buf.write("stderr", b"lost but harmless\n")
     buf.close()  # no exception
+
+
+def test_a_write_does_not_wait_for_a_shipment_held_up_by_an_outage() -> None:
+    """The task's reader must go on reading while a shipment retries through an outage of the
+    control plane: once the task's process exits its pipes are read for two seconds more, and
+    a reader kept waiting lost what the task wrote meanwhile."""
+    held, release = threading.Event(), threading.Event()
+    sent: list[tuple[str, str]] = []
+
+    def send(chunks: list[tuple[str, str]]) -> None:
+        if not sent:  # the first shipment is held up: the control plane is away
+            held.set()
+            release.wait(60)
+        sent.extend(chunks)
+
+    buf = LogBuffer(send, interval=0.0)  # every write would ship
+    buf.write("stdout", b"one\n")
+    assert held.wait(60)
+    watchdog = threading.Timer(20.0, release.set)  # (a write that waits is released, to fail below)
+    watchdog.start()
+    try:
+        buf.write("stdout", b"two\n")
+        buf.write("stderr", b"three\n")
+        returned_while_held = not release.is_set()
+    finally:
+        watchdog.cancel()
+        release.set()
+    buf.close()
+    assert returned_while_held, "a write waited for the shipment on its way"
+    assert sent == [("stdout", "one\n"), ("stdout", "two\n"), ("stderr", "three\n")]
+
+
+def test_output_kept_during_an_outage_ships_in_shipments_a_server_takes() -> None:
+    """What piled up while a shipment was held up goes in shipments of about SHIP_AT
+    characters, not in one request past the server's limit."""
+    from gpulayer.worker.logbuffer import SHIP_AT
+
+    held, release = threading.Event(), threading.Event()
+    sent: list[list[tuple[str, str]]] = []
+
+    def send(chunks: list[tuple[str, str]]) -> None:
+        if not sent:
+            held.set()
+            release.wait(60)
+        sent.append(chunks)
+
+    buf = LogBuffer(send, interval=0.0)
+    buf.write("stdout", b"first\n")
+    assert held.wait(60)
+    read = b"y" * 65535 + b"\n"
+    for _ in range(3 * SHIP_AT // len(read)):
+        buf.write("stdout", read)
+    release.set()
+    buf.close()
+    assert "".join(t for chunks in sent for _, t in chunks) == "first\n" + read.decode() * (3 * SHIP_AT // len(read))
+    assert len(sent) >= 4 and max(sum(len(t) for _, t in chunks) for chunks in sent) <= SHIP_AT + len(read)
+
+
+def test_output_that_could_not_reach_the_control_plane_is_shipped_with_the_next_shipment() -> None:
+    from gpulayer.errors import ConnectionFailed
+
+    sent: list[list[tuple[str, str]]] = []
+
+    def send(chunks: list[tuple[str, str]]) -> None:
+        if not sent and chunks[0][1] == "one\n":
+            sent.append([])
+            raise ConnectionFailed("cannot reach the control plane")  # (its retries ran out)
+        sent.append(chunks)
+
+    buf = LogBuffer(send, interval=3600.0)  # (no time-based shipping in this test)
+    buf.write("stdout", b"one\n")
+    buf.flush()
+    buf.write("stdout", b"two\n")
+    buf.close()
+    assert [c for chunks in sent for c in chunks] == [("stdout", "one\ntwo\n")]
 
 
 def test_the_heartbeat_thread_survives_errors_of_any_kind() -> None:
