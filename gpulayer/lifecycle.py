@@ -22,7 +22,8 @@ Rules:
 * A task is lost when its worker went silent, but the worker may only have been cut off
   (a server restart, a network partition) and still finish it: its final report is accepted
   as long as no newer attempt superseded the lost one (:func:`late_report_accepted`), so a
-  command that ran once and exited 0 does not end ``lost`` or run twice.
+  command that ran once and exited 0 does not end ``lost`` or run twice; but not a report
+  that it was cancelled, which only says its worker ended it when told it was lost.
 * A task the job no longer wants (its job ended, was cancelled, moved to a newer attempt,
   or another node of its attempt ended badly) must be ended by its worker
   (:func:`must_end`).
@@ -137,11 +138,14 @@ def ended_with_its_group(job: JobView, attempt: int, others: Sequence[TaskState]
             and any(st in ENDED_BADLY and st is not TaskState.CANCELLED for st in others))
 
 
-def late_report_accepted(job: JobView, task_attempt: int) -> bool:
-    """Whether a final report for a task of ``task_attempt`` that was marked lost still
-    counts: the job has not moved on to a newer attempt (it waits to be placed again, or it
-    ended because of the loss)."""
-    if task_attempt != job.attempt:
+def late_report_accepted(job: JobView, task_attempt: int, reported: TaskState) -> bool:
+    """Whether a final report (``reported``) for a task of ``task_attempt`` that was marked
+    lost still counts: the job has not moved on to a newer attempt (it waits to be placed
+    again, or it ended because of the loss). A ``cancelled`` report never does: nobody
+    cancelled the task (a cancel of its job ends the job), its worker ended it because the
+    control plane said the job no longer wants it (:func:`must_end`: it is lost), and that is
+    no outcome of the task's: the loss stands, and the job is retried as it allows."""
+    if task_attempt != job.attempt or reported is TaskState.CANCELLED:
         return False
     if job.state is JobState.QUEUED:
         return True

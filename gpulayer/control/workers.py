@@ -519,7 +519,7 @@ class WorkerOps(Core):
                 error = JobError.cancelled(lifecycle.OTHER_NODE_ENDED)  # its worker knew only "cancelled"
             if not queries.transition_task(s, task_id, state, ended_at=now, exit_code=exit_code, error=error):
                 revived = (task.state == TaskState.LOST.value
-                           and lifecycle.late_report_accepted(_view(job), task.attempt)
+                           and lifecycle.late_report_accepted(_view(job), task.attempt, state)
                            and queries.revive_lost_task(s, task_id, state, ended_at=now, exit_code=exit_code,
                                                         error=error))
                 if not revived:

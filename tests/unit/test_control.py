@@ -556,6 +556,29 @@ def test_a_report_after_a_loss_is_accepted_until_a_newer_attempt_runs(cp: Contro
     assert "late_report_accepted" in [e.kind for e in cp.events(job.id)]
 
 
+@pytest.mark.parametrize("retries", [0, 1])
+def test_a_lost_task_its_worker_ended_when_told_does_not_cancel_the_job(cp: ControlPlane, retries: int) -> None:
+    """The worker was cut off and its task lost; back (and stopping, so no retry is placed on
+    it), it hears that the task must end, ends it and reports it cancelled. Nobody cancelled
+    the job: it is retried as it allows, or stays lost."""
+    clock: Clock = cp.clock  # type: ignore[assignment]
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0)
+    job = cp.submit(gpu_job(retries=retries))
+    [a] = cp.poll_tasks(w.id)
+    cp.start_task(a.task_id, worker_id=w.id)
+    clock.now += 11
+    cp.expire_workers()
+    cp.drain_worker(w.id)
+    assert cp.heartbeat(w.id, running=[a.task_id]).cancel == [a.task_id]
+    with pytest.raises(Conflict):
+        cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.CANCELLED, exit_code=-15,
+                       error=JobError.cancelled())
+    after = cp.get_job(job.id)
+    assert after.state is (JobState.QUEUED if retries else JobState.FAILED), after
+    assert after.error is not None and after.error.type == "lost"
+    assert [t.state for t in after.tasks] == [TaskState.LOST]
+
+
 def test_a_report_after_a_loss_is_refused_once_a_retry_was_placed(cp: ControlPlane) -> None:
     clock: Clock = cp.clock  # type: ignore[assignment]
     w1 = cp.register_worker(cuda_caps(1), cpu_slots=0)

@@ -169,4 +169,16 @@ def test_a_worker_must_end_a_task_its_job_no_longer_wants(change: dict[str, obje
 def test_a_late_report_of_a_lost_task_counts_until_a_newer_attempt(view: JobView, attempt: int, accepted: bool) -> None:
     from gpulayer.lifecycle import late_report_accepted
 
-    assert late_report_accepted(view, attempt) is accepted
+    assert late_report_accepted(view, attempt, S) is accepted
+
+
+@pytest.mark.parametrize("view", [
+    job(state=JobState.QUEUED, attempt=1),
+    JobView(JobState.FAILED, 1, 1, error=JobError.lost("worker silent")),
+])
+def test_a_late_report_that_a_lost_task_was_cancelled_never_counts(view: JobView) -> None:
+    """Its worker ended it because the control plane said it was lost: no outcome of its own."""
+    from gpulayer.lifecycle import late_report_accepted
+
+    assert late_report_accepted(view, 1, TaskState.CANCELLED) is False
+    assert late_report_accepted(view, 1, TaskState.FAILED) is True
