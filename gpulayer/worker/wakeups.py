@@ -12,6 +12,11 @@ from collections.abc import Callable
 
 __all__ = ["Cancel", "ExitWaiter"]
 
+#: the longest one wait sleeps; a caller with a later deadline waits again (a select's timeout
+#: is a C int of milliseconds: a task's ``timeout`` of 25 days or more overflowed it, and the
+#: task failed at once with "worker error: OverflowError: timeout is too large")
+MAX_WAIT = 3600.0
+
 
 class Cancel(threading.Event):
     """A cancel flag that also wakes a waiting :func:`~gpulayer.worker.process.run_process` at once.
@@ -100,6 +105,9 @@ class ExitWaiter:
                 os.close(fd)
 
     def wait(self, timeout: float | None) -> None:
+        """Sleep until the process exits, the cancel is set, or ``timeout`` seconds passed (at
+        most :data:`MAX_WAIT`: the caller looks at its deadline and waits again)."""
+        timeout = None if timeout is None else min(timeout, MAX_WAIT)
         if self._sel is not None:
             if self._plain_cancel:  # a plain Event: look again soon
                 timeout = 0.01 if timeout is None else min(timeout, 0.01)

@@ -94,6 +94,17 @@ def test_output_in_order_and_success(tmp_path: Path) -> None:
     assert out.text("stderr") == "to stderr\n"
 
 
+@pytest.mark.parametrize("timeout", [31 * 86400.0, 1e12])
+def test_a_timeout_of_a_month_or_more_runs_the_task(timeout: float) -> None:
+    """A wait's timeout is capped (a select takes a C int of milliseconds): a job's timeout of
+    25 days or more failed the task at once with "OverflowError: timeout is too large"."""
+    out = Output()
+    result = run_process([PY, "-c", "import time; time.sleep(0.2); print('done')"], env=env(), cwd=None,
+                         on_output=out, timeout=timeout)
+    assert result.state == "succeeded", result
+    assert out.text("stdout") == "done\n"
+
+
 def test_exit_code_3_fails(tmp_path: Path) -> None:
     out = Output()
     result = run_process(
