@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Optional
 
@@ -47,6 +48,9 @@ def worker_start(
     from gpulayer.resources import detect_capabilities
     from gpulayer.worker.agent import Agent
 
+    if not math.isfinite(grace):
+        raise typer.BadParameter(f"'{grace}': not a finite number; accepted: a number of seconds from 0",
+                                 param_hint="'--grace'")
     env = config.settings()
     logging.basicConfig(level=env.log_level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")

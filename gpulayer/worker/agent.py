@@ -190,7 +190,8 @@ class Agent:
             waited_briefly("mark the worker draining", self._drain_call)
         deadline = time.monotonic() + grace
         for done in list(self._done.values()):
-            done.wait(max(0.0, deadline - time.monotonic()))
+            # (a grace of years is "until they end": one wait can be no longer than TIMEOUT_MAX)
+            done.wait(min(max(0.0, deadline - time.monotonic()), threading.TIMEOUT_MAX))
         with self._lock:
             for task_id, event in self._running.items():
                 self._shutdown_ended.add(task_id)

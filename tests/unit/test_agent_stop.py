@@ -51,3 +51,24 @@ def test_the_deregistration_comes_after_a_heartbeat_in_flight(tmp_path: Path, mo
     wait_for(lambda: "heartbeat" in api.log, what="the heartbeat in flight to end")
     assert api.log[-1] == "deregister"
     assert not cp.get_worker(record.id).online
+
+
+def test_a_grace_of_centuries_lets_running_tasks_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Longer than one wait can be (threading.TIMEOUT_MAX): the stop raised OverflowError and
+    the worker died with its task, which was lost."""
+    import sys
+
+    from gpulayer.records import JobState
+    from gpulayer.specs import CommandJob
+
+    monkeypatch.setenv("GPULAYER_HOME", str(tmp_path / "home"))
+    cp = ControlPlane(Store())
+    worker = Agent(cp, capabilities=make_capabilities(), cpu_slots=1)
+    worker.start()
+    go = tmp_path / "go"
+    job = cp.submit(CommandJob(command=[sys.executable, "-c", f"import os, time\nwhile not os.path.exists({str(go)!r}): "
+                                                              "time.sleep(0.05)"]))
+    wait_for(lambda: cp.get_job(job.id).state is JobState.RUNNING, what="the job to run")
+    threading.Timer(0.5, go.touch).start()  # (the task ends during the grace)
+    worker.stop(grace=1e10)
+    assert cp.get_job(job.id).state is JobState.SUCCEEDED

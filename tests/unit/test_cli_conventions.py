@@ -102,6 +102,9 @@ def test_version() -> None:
                                                    "a number"),
     (["explain", "--priority", "1.5", "--", "true"], "Invalid value for '--priority': '1.5': not a whole number"),
     (["worker", "start", "--cpu-slots", "100001"], "Invalid value for '--cpu-slots'"),
+    # (taken, then a traceback as it stopped with a task running: its task lost)
+    (["worker", "start", "--grace", "inf"], "Invalid value for '--grace': 'inf': not a finite number; accepted: "
+                                            "a number of seconds from 0"),
     (["--url", "http://127.0.0.1:1", "token", "create", "--join", "--ttl", "1e400h"],
      "error: --ttl 1e400h: expected more than 0 seconds and at most 10 years (3650d)"),
     (["--url", "http://127.0.0.1:1", "token", "create", "--join", "--ttl", "nan"], "error: --ttl nan: expected more"),
