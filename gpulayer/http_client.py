@@ -66,21 +66,30 @@ def _norm_url(url: str) -> str:
     return url.rstrip("/")
 
 
+def server_record(home: Path, url: str) -> Path:
+    """Where a ``gpulayer server start`` on ``home`` records itself for ``url`` besides
+    ``server.json`` (which names the server that started last): ``servers/HASH.json``, named
+    after the URL, so that each of several servers on one home (one per database) is found."""
+    return home / "servers" / f"{hashlib.sha256(_norm_url(url).encode()).hexdigest()[:12]}.json"
+
+
 def server_info(url: str) -> dict[str, Any] | None:
     """What a local ``gpulayer server start`` recorded for ``url``, if it was this URL and
     that server still runs: once it has stopped, whatever listens there next is not sent its
     admin token (the process is told by its pid and its start time)."""
-    path = config.home() / "server.json"
-    try:
-        info = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(info, dict) or _norm_url(str(info.get("url", ""))) != _norm_url(url):
-        return None
-    pid, started = info.get("pid"), info.get("started")
-    if type(pid) is not int or not _runs(pid, started):
-        return None
-    return info
+    home = config.home()
+    for path in (home / "server.json", server_record(home, url)):
+        try:
+            info = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(info, dict) or _norm_url(str(info.get("url", ""))) != _norm_url(url):
+            continue
+        pid, started = info.get("pid"), info.get("started")
+        if type(pid) is not int or not _runs(pid, started):
+            continue
+        return info
+    return None
 
 
 def _runs(pid: int, started: Any) -> bool:

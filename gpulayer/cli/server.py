@@ -115,6 +115,7 @@ def server_start(
     import uvicorn
 
     from gpulayer.control import ControlPlane
+    from gpulayer.http_client import server_record
     from gpulayer.server.app import create_app, default_threads
     from gpulayer.tokens import TokenStore
 
@@ -177,6 +178,7 @@ def server_start(
     uv = uvicorn.Server(uvicorn.Config(app, **config_kw))
 
     orig_startup = uv.startup
+    records: list[Path] = []  # (its servers/HASH.json, once written)
 
     async def startup(sockets: Any = None) -> None:
         await orig_startup(sockets=sockets)
@@ -194,8 +196,13 @@ def server_start(
                  "database": store.url.split("@")[-1] if "@" in store.url else store.url}
         # (what a local client needs besides: which admin token goes to this URL, and which
         # process it goes to: http_client.server_info)
-        _write_private(home / "server.json", json.dumps(
-            {**ready, "admin_token": str(token_file), "started": process_started()}, indent=2) + "\n")
+        record = json.dumps({**ready, "admin_token": str(token_file), "started": process_started()}, indent=2) + "\n"
+        _write_private(home / "server.json", record)
+        # (server.json names the server that started last; this one, another server's start on
+        # the same home, for another database, does not take away)
+        (home / "servers").mkdir(mode=0o700, exist_ok=True)
+        _write_private(server_record(home, url), record)
+        records.append(server_record(home, url))
         typer.echo(f"gpulayer server listening on {url} (database {_redact(store.url)})", err=True)
         if fingerprint:
             typer.echo(f"TLS certificate fingerprint: {fingerprint}", err=True)
@@ -215,7 +222,8 @@ def server_start(
 
     async def shutdown(sockets: Any = None) -> None:
         await orig_shutdown(sockets=sockets)
-        _forget_server_json(home / "server.json")  # (no admin token goes to whatever listens there next)
+        for path in (home / "server.json", *records):  # (no admin token goes to whatever listens there next)
+            _forget_server_json(path)
         # said here: after a signal, uvicorn raises it again once serving ends, so the
         # process may end before uv.run() returns
         typer.echo("gpulayer server stopped", err=True)
@@ -281,8 +289,8 @@ def process_started() -> float:
 
 
 def _forget_server_json(path: Path) -> None:
-    """Remove ``server.json`` if this process wrote it (another server may have started on
-    the home since)."""
+    """Remove ``server.json`` (or this server's ``servers/HASH.json``) if this process wrote it
+    (another server may have started on the home since)."""
     try:
         if json.loads(path.read_text()).get("pid") == os.getpid():
             path.unlink()

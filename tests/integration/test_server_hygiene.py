@@ -95,6 +95,27 @@ def test_another_database_gets_its_own_admin_token_file_and_a_stopped_server_is_
     assert token.encode() not in heard[0] and b"authorization" not in heard[0].lower()
 
 
+def test_each_of_two_servers_on_one_home_is_found_by_its_url_while_it_runs(tmp_path: Path) -> None:
+    """One home serving two databases at once: the second start overwrote server.json, so the
+    CLI on that home sent the first server no token ("missing token"), and after the second
+    stopped neither was recorded."""
+    home = tmp_path / "home"
+    first = ServerProc(home).start()
+    other = ServerProc(home, database=f"sqlite:///{tmp_path / 'other.db'}")
+    try:
+        other.start()
+        for srv in (first, other):
+            listed = cli("--url", srv.url, "token", "list", env=base_env(home))
+            assert listed.returncode == 0 and "first admin token" in listed.stdout, (srv.url, listed.stderr)
+        other.stop()
+        assert cli("--url", first.url, "jobs", "list", env=base_env(home)).returncode == 0
+        assert len(list((home / "servers").iterdir())) == 1  # (the other's record went with it)
+    finally:
+        other.kill()
+        first.stop()
+    assert not (home / "server.json").exists() and not any((home / "servers").iterdir())
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (["--log-level", "nonsense"], "Invalid value for --log-level: 'nonsense': accepted: critical, error, warning"),
     (["--tls-cert", "{bad}", "--tls-key", "{bad}"], "cannot serve TLS with them: Invalid PEM encoding"),
