@@ -226,6 +226,8 @@ def _interpreter(env: dict[str, str], path: Sequence[str]) -> dict[str, Any]:
 
 #: set in a child of the server: the command it runs is not forwarded again
 _served = False
+#: the signals a command passes on to the child that runs it
+_PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _home_of(argv: Sequence[str], home: str | None) -> tuple[str, int] | None:
@@ -282,6 +284,10 @@ def forward(argv: Sequence[str]) -> int | None:
     if not env.warm_cli:
         return None
     path = socket_path(home)
+    # a signal this command was started ignoring (under nohup, or `gpulayer ... &` in a
+    # script) stays ignored, as in the command's own process: not passed on, and ignored by
+    # the child, and so by the jobs its in-process worker starts
+    ignored = [int(sig) for sig in _PASSED_ON if signal.getsignal(sig) == signal.SIG_IGN]
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         sock.settimeout(_HANDSHAKE)  # a server that does not answer: run as usual
@@ -298,7 +304,8 @@ def forward(argv: Sequence[str]) -> int | None:
         umask = os.umask(0o022)
         os.umask(umask)
         request = {"argv": list(argv), "cwd": os.getcwd(), "env": environ, "umask": umask,
-                   "path0": sys.path[0] if sys.path else "", **_interpreter(environ, sys.path[1:])}
+                   "ignored": ignored, "path0": sys.path[0] if sys.path else "",
+                   **_interpreter(environ, sys.path[1:])}
         socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
         reply = json.loads(sock.recv(_MAX_MESSAGE) or b"{}")
         sock.settimeout(None)
@@ -314,8 +321,9 @@ def forward(argv: Sequence[str]) -> int | None:
         with contextlib.suppress(OSError):
             os.kill(pid, signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, pass_on)
+    for sig in _PASSED_ON:
+        if int(sig) not in ignored:
+            signal.signal(sig, pass_on)
     try:
         while True:
             try:

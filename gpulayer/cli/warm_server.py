@@ -73,6 +73,8 @@ def _child(request: dict[str, Any], fds: list[int], conn: socket.socket) -> None
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig in request.get("ignored") or ():  # (what the command ignored: nohup's SIGHUP)
+            signal.signal(sig, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
         for target, fd in enumerate(fds):
             os.dup2(fd, target)

@@ -235,6 +235,31 @@ def test_ctrl_c_reaches_the_command_and_cancels_its_job(home, worker) -> None:  
     assert json.loads(shown.stdout)["state"] == "cancelled"
 
 
+def test_a_signal_the_command_was_started_ignoring_stays_ignored(home, worker) -> None:  # type: ignore[no-untyped-def]
+    """``nohup gpulayer submit ...`` (SIGHUP ignored from the start), or ``gpulayer submit ...
+    &`` in a script (SIGINT): in the command's own process such a signal does nothing;
+    answered by the server, the same (it was passed on to the child, which ended: a nohup'd
+    submit died with the terminal)."""
+    def ignoring() -> None:
+        for sig in (signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+
+    code = "import time; print('started', flush=True); time.sleep(2)"
+    proc = subprocess.Popen([sys.executable, "-c", FORWARD, "submit", "--", "python", "-c", code],
+                            env=_env(home), cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=ignoring)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "started\n"
+        proc.send_signal(signal.SIGHUP)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and out == "", err
+    assert err.endswith("FORWARDED=0"), err  # (answered by the server, and the job succeeded)
+    assert "succeeded" in err
+
+
 def test_a_command_killed_outright_leaves_no_child_behind(home, worker) -> None:  # type: ignore[no-untyped-def]
     server = _server(worker)
     proc, _job_id = _running(home, "import time; time.sleep(120)")
