@@ -151,7 +151,13 @@ def tls_verify(url: str, ca: str | None) -> ssl.SSLContext | bool:
     if ca:
         if not Path(ca).is_file():
             raise InvalidInput(f"--ca / GPULAYER_CA {ca!r}: no such file (or give a pin 'sha256:...')")
-        return ssl.create_default_context(cafile=ca)
+        try:
+            return ssl.create_default_context(cafile=ca)
+        except OSError as exc:  # (ssl.SSLError too: a file that holds no certificate)
+            why = getattr(exc, "reason", None) or exc.strerror or exc
+            raise InvalidInput(
+                f"--ca / GPULAYER_CA {ca!r}: not a CA bundle or certificate ({why}); accepted: a PEM file of "
+                "certificates, such as the server.crt of --self-signed, or a pin 'sha256:...'") from None
     return True
 
 

@@ -133,6 +133,17 @@ def test_the_connection_flags_are_refused_naming_the_flag(tmp_path: Path, flags:
     assert "glt_\\" not in r.stderr and "glt_\u00e9" not in r.stderr  # (a token is not echoed, even a bad one)
 
 
+def test_a_ca_file_that_holds_no_certificate_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    """A --ca file that is not PEM (a key, a token, the wrong file) was an ssl.SSLError traceback, exit 1."""
+    wrong = tmp_path / "token.txt"
+    wrong.write_text("glt_not-a-certificate\n")
+    r = cli("--url", "https://127.0.0.1:1", "--ca", str(wrong), "jobs", "list",
+            env={"GPULAYER_HOME": str(tmp_path / "home"), "GPULAYER_WARM_CLI": "0"})
+    assert (r.returncode, "Traceback" in r.stderr) == (2, False), r.stderr
+    assert r.stderr.startswith(f"error: --ca / GPULAYER_CA '{wrong}': not a CA bundle or certificate "), r.stderr
+    assert "accepted: a PEM file of certificates" in r.stderr
+
+
 def test_worker_start_refuses_a_bad_preload_naming_the_flag(tmp_path: Path) -> None:
     r = cli("worker", "start", "--preload", "torch", "--preload", "numpy, 2d", env={"GPULAYER_HOME": str(tmp_path)})
     assert r.returncode == 2
