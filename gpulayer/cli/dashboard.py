@@ -49,6 +49,9 @@ def dashboard(
     from gpulayer.server.dashboard.sessions import new_run_token
     from gpulayer.store import Store
 
+    if log_level.lower() not in uvicorn.config.LOG_LEVELS:  # (uvicorn's KeyError, once the token was out)
+        raise typer.BadParameter(f"{log_level!r}: accepted: {', '.join(uvicorn.config.LOG_LEVELS)}",
+                                 param_hint="--log-level")
     settings = config.settings()
     if settings.url:
         typer.echo(f"error: GPULAYER_URL is {settings.url}: that server serves its own dashboard at "
@@ -62,7 +65,7 @@ def dashboard(
     token = new_run_token()
     app = create_app(ControlPlane(store, results_as_text=True), background=False, threads=THREADS,
                      dashboard=DashboardOptions(run_token=token, recheck=RECHECK))
-    config_kw: dict[str, Any] = {"log_level": log_level, "access_log": False, "lifespan": "on",
+    config_kw: dict[str, Any] = {"log_level": log_level.lower(), "access_log": False, "lifespan": "on",
                                  "timeout_graceful_shutdown": 5}
     uv = uvicorn.Server(uvicorn.Config(app, **config_kw))
     orig_exit = uv.handle_exit

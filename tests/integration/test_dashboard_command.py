@@ -146,3 +146,11 @@ def test_gpulayer_dashboard_says_when_its_port_is_taken(home: Path, dashboard: D
     r = cli("dashboard", "--port", str(dashboard.port), env={"GPULAYER_HOME": str(home)})
     assert r.returncode == 2
     assert f"cannot listen on 127.0.0.1:{dashboard.port}" in r.stderr and "--port" in r.stderr
+
+
+def test_gpulayer_dashboard_refuses_a_bad_log_level_before_it_listens(home: Path) -> None:
+    """It was uvicorn's KeyError traceback, exit 1, after the URL and the login token were printed."""
+    r = cli("dashboard", "--port", "0", "--log-level", "bogus", env={"GPULAYER_HOME": str(home)})
+    assert (r.returncode, "Traceback" in r.stderr) == (2, False), r.stderr
+    assert "Invalid value for --log-level: 'bogus': accepted: critical, error, warning, info, debug, trace" in r.stderr
+    assert "log in with this token" not in r.stderr
