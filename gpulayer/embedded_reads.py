@@ -204,7 +204,9 @@ def job_logs(conn: sqlite3.Connection, job_id: str, node: int | None) -> tuple[t
         params = (job_id, after, node, LOG_PAGE) if node is not None else (job_id, after, LOG_PAGE)
         return conn.execute(sql, params).fetchall()
 
-    first = page(0)
+    # a node the job does not have reads nothing (the caller refuses it), and a huge one is
+    # never bound (past SQLite's 64 bits it was an OverflowError)
+    first = page(0) if node is None or 0 <= node < nodes else []
 
     def chunks() -> Iterator[tuple[int, str, str]]:
         rows = first

@@ -285,7 +285,11 @@ def test_jobs_logs_prints_what_the_full_path_prints(logs_home: tuple[Path, dict[
     assert light[0] == 0
 
 
-@pytest.mark.parametrize(("job", "node", "says"), [("distributed", "7", "nodes 0 to 1"), ("command", "1", "one node, 0")])
+@pytest.mark.parametrize(("job", "node", "says"), [
+    ("distributed", "7", "nodes 0 to 1"), ("command", "1", "one node, 0"),
+    # (past SQLite's 64-bit integers: it was an OverflowError traceback on the light path)
+    ("command", "99999999999999999999999", "one node, 0"), ("distributed", str(2 ** 63), "nodes 0 to 1"),
+])
 def test_jobs_logs_of_a_node_the_job_does_not_have_is_refused_by_the_full_path(
         logs_home: tuple[Path, dict[str, str]], job: str, node: str, says: str) -> None:
     home, jobs = logs_home
