@@ -246,6 +246,8 @@ def _finish(job: J, options: JobOptions, spelling: Spelling, check_installed: bo
     """The checks that need more than the spec: plugins, and fields that only mean
     something together."""
     given: Mapping[str, Any] = options
+    if job.bundle is not None and check_installed:  # (at submit, or explain: a decorator's folder may come later)
+        _check_bundle_directory(job.bundle, given.get("bundle"), spelling)
     req = job.requirements
     profile_accelerator: str | None = None
     if req.profile is not None and check_installed:
@@ -278,6 +280,18 @@ def _finish(job: J, options: JobOptions, spelling: Spelling, check_installed: bo
                 f"For a kind only the server's workers know, {verb} {spelling.switch(_SWITCH)}"
             )
     return job
+
+
+def _check_bundle_directory(path: str, given: Any, spelling: Spelling) -> None:
+    """Refuse a bundle that is no directory here, naming the option (the bundle builder said
+    ``bundle directory '...'``, at submit only: ``gpulayer explain`` took it)."""
+    import os
+
+    folder = os.path.expanduser(path)
+    if not os.path.isdir(folder):
+        why = "no such directory" if not os.path.exists(folder) else "not a directory"
+        raise InvalidArgument(f"{spelling.input(OPTION_FIELDS['bundle'], given if given is not None else path)}: "
+                           f"{why}; accepted: the path of a directory")
 
 
 def _refuse_devices_without_accelerator(profile: str | None, given: Mapping[str, Any], spelling: Spelling,

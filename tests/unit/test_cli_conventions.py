@@ -113,6 +113,12 @@ def test_version() -> None:
     (["worker", "start", "--python", "/nonexistent"], "error: --python /nonexistent: no such program"),
     (["submit", "--", ""], "error: the command after --: the program to run is empty"),
     (["submit", "--label", "=v", "--", "true"], "error: --label =v: label key '': empty"),
+    # a bundle that is no directory, named as the flag (it was "bundle directory ...", and
+    # explain, which builds no bundle, took it and exited 0)
+    (["submit", "--bundle", "/nonexistent/gl-bundle", "--", "true"],
+     "error: --bundle /nonexistent/gl-bundle: no such directory; accepted: the path of a directory"),
+    (["explain", "--bundle", "/nonexistent/gl-bundle", "--", "true"], "error: --bundle /nonexistent/gl-bundle: no such"),
+    (["explain", "--bundle", "/etc/hostname", "--", "true"], "error: --bundle /etc/hostname: not a directory"),
     (["worker", "start", "--label", "=v"], "Invalid value for --label: '=v': expected KEY=VALUE, with a KEY"),
 ])
 def test_bad_input_names_the_flag_and_exits_2(tmp_path: Any, words: list[str], says: str) -> None:

@@ -148,6 +148,9 @@ PYTHON_BAD: list[tuple[Callable[[], object], type[Exception], str]] = [
      "Trainer(bundle=''): must not be empty; accepted: the path of a directory"),
     (lambda: CommandJob(command=["python", "train.py"], bundle=""), InvalidInput,
      "CommandJob(bundle=''): must not be empty; accepted: the path of a directory"),
+    # (at submit: the bundle builder's "bundle directory '...' does not exist", naming no option)
+    (lambda: gl.remote(bundle="/nonexistent/gl-bundle")(double).spec(1), InvalidArgument,
+     "@gl.remote(bundle='/nonexistent/gl-bundle'): no such directory; accepted: the path of a directory"),
     (lambda: gl.remote(fallback_targets=["moon"])(double), InvalidInput,
      "@gl.remote(fallback_targets[0]='moon'): not one of the choices; accepted: local, remote or cloud, each listed once"),
     (lambda: gl.remote(on_unschedulable="sometimes")(double), InvalidInput,

@@ -143,7 +143,7 @@ def test_trainer_refuses_a_missing_script_and_gpus_without_an_accelerator(tmp_pa
 
     with pytest.raises(InvalidArgument, match="no such file in the bundle"):
         Trainer("missing.py", bundle=tmp_path)
-    with pytest.raises(InvalidArgument, match=r"^bundle='/nonexistent': no such directory"):
+    with pytest.raises(InvalidArgument, match=r"^Trainer\(bundle='/nonexistent'\): no such directory"):
         Trainer("train.py", bundle="/nonexistent")  # (the bundle is wrong, not the entry)
     with pytest.raises(InvalidRequirement, match=r"Trainer\(gpus_per_node=2\): devices need an accelerator"):
         Trainer("train:main", gpus_per_node=2, bundle=None)
@@ -243,7 +243,7 @@ def test_the_cli_takes_python_before_a_distributed_entry_as_written_for_one_proc
     ({"args": ["--lr", None]}, "Trainer(args[1]=None): accepted: text or a number, as on a command line"),
     ({"args": [True]}, "Trainer(args[0]=True): accepted: text or a number"),
     ({"client": "x"}, "Trainer(client='x'): not a client; accepted: what gl.connect() returns"),
-    ({"bundle": "/nonexistent"}, "bundle='/nonexistent': no such directory"),
+    ({"bundle": "/nonexistent"}, "Trainer(bundle='/nonexistent'): no such directory; accepted: the path of a directory"),
 ])
 def test_a_trainer_s_bad_option_is_refused_as_it_is_described(options: dict[str, Any], says: str,
                                                               tmp_path: Path) -> None:
