@@ -41,12 +41,19 @@ def _show(e: Explanation, as_json: bool, command: str | None) -> None:
 
 def command_line(argv: list[str] | None = None) -> str:
     """This command line as ``gpulayer explain`` would take it: ``submit`` -> ``explain``,
-    without ``--dry-run`` (for ``submit --dry-run`` to say what to run next)."""
+    without the flags explain does not take, ``--dry-run`` and ``--detach`` (for ``submit
+    --dry-run`` to say what to run next). The words after ``--`` are the job's, as given."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if "submit" in args:
-        args[args.index("submit")] = "explain"
-    args = [a for a in args if a != "--dry-run"]
-    return "gpulayer " + shlex.join(args)
+    end = args.index("--") if "--" in args else len(args)
+    head, tail = args[:end], args[end:]
+    if "submit" in head:
+        head[head.index("submit")] = "explain"
+    head = [a for a in head if a not in _NOT_EXPLAIN_S]
+    return "gpulayer " + shlex.join(head + tail)
+
+
+#: ``gpulayer submit``'s flags that ``gpulayer explain`` refuses (:data:`jobs.ACTION_FLAGS`)
+_NOT_EXPLAIN_S = frozenset({"--dry-run", "--detach", "-d"})
 
 
 def placement_check(client: Client, spec: JobSpec) -> tuple[dict[str, Any], list[str]]:

@@ -112,6 +112,22 @@ def test_dry_run_adds_the_placement_verdict(home: Path) -> None:
     assert json.loads(cli("jobs", "list", "--json", check=True).stdout) == []
 
 
+@pytest.mark.parametrize(("submit", "explain"), [
+    (["submit", "--dry-run", "--gpus", "1", "-a", "cuda", "--", "python", "train.py"],
+     "gpulayer explain --gpus 1 -a cuda -- python train.py"),
+    # explain takes no --detach ("No such option: --detach", exit 2)
+    (["--home", "h", "submit", "--detach", "--dry-run", "--json", "--", "true"], "gpulayer --home h explain --json -- true"),
+    (["submit", "-d", "--dry-run", "--", "true"], "gpulayer explain -- true"),
+    # the job's own words stay as given: a --dry-run of train.py's, a word 'submit'
+    (["submit", "--dry-run", "--", "python", "train.py", "--dry-run", "submit", "-d"],
+     "gpulayer explain -- python train.py --dry-run submit -d"),
+])
+def test_dry_run_names_an_explain_command_line_that_runs(submit: list[str], explain: str) -> None:
+    from gpulayer.cli.explain import command_line
+
+    assert command_line(submit) == explain
+
+
 def test_gl_explain_a_function_a_spec_and_a_job(plane: Plane) -> None:
     plane.ensure_worker()
     e = gl.explain(double, accelerator="cuda", gpus=2)
