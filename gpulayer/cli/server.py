@@ -112,6 +112,8 @@ def server_start(
     """Serve the control plane over HTTP(S). Every API route needs a token."""
     import logging
 
+    database = database or None  # (empty, as its variable: the home's SQLite, and its admin.token)
+
     import uvicorn
 
     from gpulayer.control import ControlPlane

@@ -42,6 +42,24 @@ def test_the_server_logs_no_secret_keeps_its_files_private_and_says_it_stopped(t
     assert srv.admin_token not in log
 
 
+def test_an_empty_database_is_the_home_s_own_with_its_admin_token_file(tmp_path: Path) -> None:
+    """``--database ''`` served the home's SQLite but wrote its admin token to admin-HASH.token,
+    while server.json (and so every later start's CLI) named admin.token: "missing token"."""
+    home = tmp_path / "home"
+    first = ServerProc(home, args=("--database", "")).start()
+    try:
+        assert "(database sqlite:///" in first.log() and (home / "gpulayer.db").exists()
+        assert [p.name for p in home.glob("admin*.token")] == ["admin.token"]
+    finally:
+        first.stop()
+    again = ServerProc(home, port=first.port).start()  # (the same database, named no way)
+    try:
+        listed = cli("--url", again.url, "token", "list", env=base_env(home))
+        assert listed.returncode == 0 and "first admin token" in listed.stdout, listed.stderr
+    finally:
+        again.stop()
+
+
 def test_another_database_gets_its_own_admin_token_file_and_a_stopped_server_is_sent_none(tmp_path: Path) -> None:
     """Starting on another database once overwrote admin.token, the only copy of the first
     database's admin token; and after a stop the CLI still sent the admin token to whatever
