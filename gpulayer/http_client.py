@@ -244,6 +244,10 @@ class HttpAPI:
                         # (the hint names the settings; this token came from neither)
                         error.args = (str(error).replace("check GPULAYER_TOKEN / --token",
                                                          f"the admin token read from {self.token_from}"),)
+                    elif isinstance(error, AuthError) and not token and str(error).startswith("missing token"):
+                        # (the server's words are for HTTP: a user of this client gave no setting)
+                        error.args = (f"missing token: {self.url} needs one; give --token TOKEN or set "
+                                      "GPULAYER_TOKEN (what gpulayer token create printed)",)
                     raise error
             time.sleep(delay)
             delay = min(delay * 2, 2.0)

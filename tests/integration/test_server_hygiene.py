@@ -186,3 +186,14 @@ def test_a_self_signed_certificate_made_again_for_another_host_says_its_fingerpr
     assert "gpu-box.example.com" in san.get_values_for_type(x509.DNSName)
     self_signed("127.0.0.1", tmp_path)  # (its names kept: the first host is still named, nothing made)
     assert "note:" not in capsys.readouterr().err
+
+
+def test_a_command_that_sends_no_token_is_told_how_to_give_one(tmp_path: Path) -> None:
+    """It said the server's words for HTTP clients: "send 'Authorization: Bearer <token>'"."""
+    srv = ServerProc(tmp_path / "server-home").start()
+    try:
+        r = cli("--url", srv.url, "jobs", "list", env=base_env(tmp_path / "another-home"))
+        assert (r.returncode, r.stderr) == (2, f"error: missing token: {srv.url} needs one; give --token TOKEN or "
+                                               "set GPULAYER_TOKEN (what gpulayer token create printed)\n")
+    finally:
+        srv.stop()
