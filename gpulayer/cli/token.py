@@ -16,6 +16,11 @@ token_app = typer.Typer(help=help_of("token"),
                         no_args_is_help=True, rich_markup_mode=None)
 
 
+#: what the API takes (:class:`gpulayer.wire.TokenBody`, not imported here: it loads pydantic)
+MAX_USES = 10**9
+MAX_DESCRIPTION = 500
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(token_app, name="token")
 
@@ -37,8 +42,9 @@ def token_create(
     bootstrap: bool = typer.Option(False, "--bootstrap", help="a single-use join token for a booted machine"),
     admin: bool = typer.Option(False, "--admin", help="another admin token"),
     ttl: Optional[str] = typer.Option(None, "--ttl", help="lifetime such as 30m, 24h, 7d (join default 24h)"),
-    uses: Optional[int] = typer.Option(None, "--uses", min=1, help="at most this many uses (join)"),
-    description: str = typer.Option("", "--description", "-d"),
+    uses: Optional[int] = typer.Option(None, "--uses", min=1, max=MAX_USES, help="at most this many uses (join)"),
+    description: str = typer.Option("", "--description", "-d", metavar="TEXT",
+                                    help=f"what the token is for (at most {MAX_DESCRIPTION} characters)"),
     as_json: bool = json_option("print the new token's record, secret included, as JSON"),
 ) -> None:
     """Create a token; its secret is printed once."""
@@ -51,6 +57,9 @@ def token_create(
     scope = chosen[0]
     if uses is not None and scope not in ("join",):
         raise typer.BadParameter("--uses applies to --join tokens", param_hint="--uses")
+    if len(description) > MAX_DESCRIPTION:  # (the server's words named create_token: description)
+        raise InvalidInput(f"--description: {len(description)} characters; accepted: text of at most "
+                           f"{MAX_DESCRIPTION} characters")
     try:
         seconds = parse_duration(ttl) if ttl else None
     except InvalidInput as exc:

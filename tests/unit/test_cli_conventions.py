@@ -108,6 +108,11 @@ def test_version() -> None:
     (["--url", "http://127.0.0.1:1", "token", "create", "--join", "--ttl", "1e400h"],
      "error: --ttl 1e400h: expected more than 0 seconds and at most 10 years (3650d)"),
     (["--url", "http://127.0.0.1:1", "token", "create", "--join", "--ttl", "nan"], "error: --ttl nan: expected more"),
+    # the API's bounds, said by the CLI with the flag (it said "create_token: uses: Input should be ...")
+    (["--url", "http://127.0.0.1:1", "token", "create", "--join", "--uses", "1000000001"],
+     "Invalid value for '--uses': '1000000001': out of range; accepted: a whole number from 1 to 1000000000"),
+    (["--url", "http://127.0.0.1:1", "token", "create", "--join", "-d", "x" * 501],
+     "error: --description: 501 characters; accepted: text of at most 500 characters"),
     # taken before, failing later: every job at its start, a label no worker could have
     (["resources", "detect", "--python", "/nonexistent"], "error: --python /nonexistent: no such program"),
     (["worker", "start", "--python", "/nonexistent"], "error: --python /nonexistent: no such program"),
@@ -167,3 +172,12 @@ def test_the_exit_code_table_is_documented() -> None:
     for code, meaning in conventions.EXIT_CODES:
         assert re.search(rf"^\| {re.escape(code)} \|", doc, flags=re.M), f"docs/cli.md has no row for exit code {code}"
         assert meaning
+
+
+def test_token_create_s_bounds_are_the_api_s() -> None:
+    from gpulayer.cli import token
+    from gpulayer.wire import TokenBody
+
+    limits = {f: {type(m).__name__: m for m in TokenBody.model_fields[f].metadata} for f in ("uses", "description")}
+    assert limits["uses"]["Le"].le == token.MAX_USES
+    assert limits["description"]["MaxLen"].max_length == token.MAX_DESCRIPTION
