@@ -442,6 +442,8 @@ def settings() -> Settings:
 
 
 _homes: dict[str, Path] = {}
+#: the CLI's ``--home`` as given (it becomes GPULAYER_HOME): an error names the flag, not the variable
+home_flag: str | None = None
 
 
 def home() -> Path:
@@ -457,8 +459,11 @@ def home() -> Path:
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:  # (a file of that name, a folder it may not write in)
-        source = "GPULAYER_HOME" if settings().home else "the default home (~/.gpulayer)"
-        raise InvalidInput(f"{source}={raw!r}: cannot be the state directory: {exc.strerror}; expected a folder "
+        if home_flag is not None and home_flag == settings().home:
+            given = f"--home {raw!r}"
+        else:
+            given = f"GPULAYER_HOME={raw!r}" if settings().home else f"the default home (~/.gpulayer)={raw!r}"
+        raise InvalidInput(f"{given}: cannot be the state directory: {exc.strerror}; expected a folder "
                            "this user may create or write in") from None
     st = path.stat()
     if st.st_uid == os.getuid() and st.st_mode & 0o077:  # made before, or by something else

@@ -85,6 +85,7 @@ def _global(
         os.environ["GPULAYER_CA"] = ca
     if home is not None:
         os.environ["GPULAYER_HOME"] = home
+        config.home_flag = home
 
 
 _command: Any = None

@@ -159,3 +159,13 @@ def test_a_home_that_cannot_be_a_folder_is_refused_naming_the_variable(tmp_path:
         r = cli(*words, env={"GPULAYER_HOME": str(afile), "GPULAYER_WARM_CLI": "0"})
         assert (r.returncode, "Traceback" in r.stderr) == (2, False), r.stderr
         assert f"error: GPULAYER_HOME='{afile}': cannot be the state directory: File exists" in r.stderr
+
+
+def test_a_home_flag_that_cannot_be_a_folder_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    """--home named a file: the error named GPULAYER_HOME, which the user had not set."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for words in (["jobs", "list"], ["submit", "--", "true"]):
+        r = cli("--home", str(afile), *words, env={"GPULAYER_HOME": str(tmp_path / "home"), "GPULAYER_WARM_CLI": "0"})
+        assert (r.returncode, "Traceback" in r.stderr) == (2, False), r.stderr
+        assert r.stderr.startswith(f"error: --home '{afile}': cannot be the state directory: File exists"), r.stderr
