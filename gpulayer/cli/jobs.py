@@ -203,14 +203,27 @@ def submit_cmd(
     except KeyboardInterrupt:
         client.api.cancel(job.id)
         typer.echo(f"\ngpulayer: cancelled {job.id}", err=True)
-        if as_json:
-            echo_json(outcome_record(client.api.get_job(job.id)))
+        if as_json:  # (read at once, it said "running" and code 75, and the command exited 130)
+            echo_json({**outcome_record(_cancelled(client, job.id)), "code": EXIT_CANCELLED})
         raise typer.Exit(EXIT_CANCELLED) from None
     if final.state is not JobState.SUCCEEDED:
         typer.echo(f"gpulayer: {outcome_text(final)}", err=True)
     if as_json:
         echo_json(outcome_record(final))
     raise typer.Exit(exit_code_for(final))
+
+
+#: seconds ``submit --json`` waits, after a Ctrl-C, for the cancel to end the job
+CANCEL_WAIT = 30.0
+
+
+def _cancelled(client: Client, job_id: str) -> JobRecord:
+    """The job once the cancel a Ctrl-C asked for has ended it, for its ``--json`` record
+    (:data:`CANCEL_WAIT` at most; a second Ctrl-C stops the wait)."""
+    try:
+        return client.wait(job_id, CANCEL_WAIT, arguments=False)
+    except KeyboardInterrupt:
+        return client.job(job_id, arguments=False)
 
 
 def _entry_words(command: list[str]) -> tuple[str, list[str]]:

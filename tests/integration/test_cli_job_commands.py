@@ -122,6 +122,25 @@ def test_attached_submit_json_prints_the_outcome_and_sends_output_to_stderr() ->
     assert json.loads(nowhere.stdout)["state"] == "unschedulable"
 
 
+@pytest.mark.usefixtures("worker")
+def test_attached_submit_json_after_ctrl_c_prints_the_cancelled_outcome_it_exits_with(home: Path) -> None:
+    """The record was read at once after the cancel: state running and code 75, while the
+    command exited 130."""
+    proc = subprocess.Popen([sys.executable, "-m", "gpulayer.cli", "submit", "--json", "--", "sleep", "600"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        assert proc.stderr is not None
+        while "running" not in (line := proc.stderr.readline()):
+            assert line, "the command ended before its job ran"
+        proc.send_signal(signal.SIGINT)
+        out, _err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    record = json.loads(out)
+    assert (record["state"], record["code"], record["error"]["type"]) == ("cancelled", 130, "cancelled")
+
+
 def test_show_writes_requirements_as_submit_flags(home: Path) -> None:
     proc = cli("submit", "--detach", "--on-unschedulable", "wait", "--framework", "torch>=2.2", "--cpus", "1",
                "--memory", "0.5", "--label", "zone=a", "--", "true", timeout=60)
