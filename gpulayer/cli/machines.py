@@ -62,11 +62,11 @@ def providers_list(as_json: bool = json_option()) -> None:
 
 @providers_app.command("offers")
 def providers_offers(
-    accelerator: Optional[str] = typer.Option(None, "--accelerator", help="cuda, rocm, mps, ... or cpu"),
-    gpus: Optional[int] = typer.Option(None, "--gpus", help="devices per machine"),
-    gpu_memory: Optional[float] = typer.Option(None, "--min-gpu-memory", help="GB per device, at least"),
-    cpus: Optional[int] = typer.Option(None, "--cpus"),
-    memory: Optional[float] = typer.Option(None, "--memory", help="GB of RAM, at least"),
+    accelerator: Optional[str] = typer.Option(None, "--accelerator", metavar="KIND", help="cuda, rocm, mps, ... or cpu"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", metavar="N", help="devices per machine"),
+    gpu_memory: Optional[float] = typer.Option(None, "--min-gpu-memory", metavar="GB", help="GB per device, at least"),
+    cpus: Optional[int] = typer.Option(None, "--cpus", metavar="N", help="CPUs, at least"),
+    memory: Optional[float] = typer.Option(None, "--memory", metavar="GB", help="GB of RAM, at least"),
     as_json: bool = json_option(),
 ) -> None:
     """Every provider offer that fits, cheapest first: provider, shape, region, price/h, availability."""

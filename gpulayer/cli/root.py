@@ -72,7 +72,9 @@ def _global(
                                  help="print the version and exit"),
     url: Optional[str] = typer.Option(None, "--url", help="control plane URL (default: $GPULAYER_URL, else embedded)"),
     token: Optional[str] = typer.Option(None, "--token", help="API token (default: $GPULAYER_TOKEN)"),
-    ca: Optional[str] = typer.Option(None, "--ca", help="CA bundle or certificate to trust (default: $GPULAYER_CA)"),
+    ca: Optional[str] = typer.Option(None, "--ca", metavar="FILE|sha256:PIN",
+                                     help="CA bundle or certificate to trust, or the server's certificate "
+                                          "fingerprint (default: $GPULAYER_CA)"),
     home: Optional[str] = typer.Option(None, "--home", help="state directory (default: $GPULAYER_HOME, ~/.gpulayer)"),
 ) -> None:
     # Options become the environment so that every layer (client, worker, SDK) agrees.

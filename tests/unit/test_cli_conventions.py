@@ -69,6 +69,18 @@ def test_every_option_that_takes_a_value_shows_a_metavar(path: str) -> None:
             assert (p.metavar and p.metavar == p.metavar.upper()) or "|" in p.metavar, (path, p.opts, p.metavar)
 
 
+def test_a_flag_shows_one_metavar_in_every_command() -> None:
+    """``providers offers`` showed ``--gpus GPUS``, ``--min-gpu-memory MIN_GPU_MEMORY`` where
+    ``submit`` shows ``--gpus N``, ``--min-gpu-memory GB``. (``--token`` is a join token in
+    ``worker start``.)"""
+    shown: dict[str, set[str]] = {}
+    for _path, cmd in commands():
+        for p in cmd.params:
+            if p.param_type_name == "option" and not (p.is_flag or p.count):
+                shown.setdefault(max(p.opts, key=len), set()).add(p.metavar)
+    assert {flag: m for flag, m in shown.items() if len(m) > 1} == {"--token": {"JOIN", "TOKEN"}}
+
+
 @pytest.mark.parametrize("path", LEAVES)
 def test_every_command_that_prints_a_result_takes_json(path: str) -> None:
     cmd = dict(commands())[path]
