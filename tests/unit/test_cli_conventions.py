@@ -128,6 +128,9 @@ def test_version() -> None:
     # taken before, failing later: every job at its start, a label no worker could have
     (["resources", "detect", "--python", "/nonexistent"], "error: --python /nonexistent: no such program"),
     (["worker", "start", "--python", "/nonexistent"], "error: --python /nonexistent: no such program"),
+    # a program that is no Python: the worker started, and every `python ...` job failed (exit code 1)
+    (["worker", "start", "--python", "/bin/false"], "error: --python /bin/false: not a Python (exit code 1, no "
+                                                   "version printed); accepted: the path of a Python"),
     (["submit", "--", ""], "error: the command after --: the program to run is empty"),
     (["submit", "--label", "=v", "--", "true"], "error: --label =v: label key '': empty"),
     # a bundle that is no directory, named as the flag (it was "bundle directory ...", and
