@@ -52,6 +52,10 @@ def worker_start(
         raise typer.BadParameter(f"'{grace}': not a finite number; accepted: a number of seconds from 0",
                                  param_hint="'--grace'")
     env = config.settings()
+    if token is not None and not env.url:  # (it would start an embedded worker, the token unused)
+        raise typer.BadParameter("a join token is for a server: give its address too (gpulayer --url URL worker "
+                                 "start --token TOKEN, or GPULAYER_URL); without one the worker serves this "
+                                 "machine's home and needs no token", param_hint="'--token'")
     logging.basicConfig(level=env.log_level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     labels = {}

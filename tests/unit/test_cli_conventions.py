@@ -140,6 +140,9 @@ def test_version() -> None:
     (["explain", "--bundle", "/nonexistent/gl-bundle", "--", "true"], "error: --bundle /nonexistent/gl-bundle: no such"),
     (["explain", "--bundle", "/etc/hostname", "--", "true"], "error: --bundle /etc/hostname: not a directory"),
     (["worker", "start", "--label", "=v"], "Invalid value for --label: '=v': expected KEY=VALUE, with a KEY"),
+    # a join token without a server: an embedded worker started, the token unused
+    (["worker", "start", "--token", "gljt_x"], "Invalid value for '--token': a join token is for a server: give its "
+                                               "address too"),
 ])
 def test_bad_input_names_the_flag_and_exits_2(tmp_path: Any, words: list[str], says: str) -> None:
     from tests.support import cli
