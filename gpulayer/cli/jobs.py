@@ -531,6 +531,9 @@ def jobs_result(
     Exits as gpulayer jobs wait does: 0, 75 when the job has not ended (--no-wait, or after
     --timeout), else the job's outcome."""
     _check_wait_timeout(timeout)
+    if timeout is not None and not wait:  # (the timeout of a wait it was told not to make)
+        raise typer.BadParameter("bounds a wait, and --no-wait makes none; accepted: one of them",
+                                 param_hint="'--timeout'")
     client = _client()
     job = client.wait(job_id, timeout, arguments=False) if wait else client.job(job_id, arguments=False)
     if as_json:

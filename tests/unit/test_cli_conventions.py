@@ -140,6 +140,9 @@ def test_version() -> None:
     (["explain", "--bundle", "/nonexistent/gl-bundle", "--", "true"], "error: --bundle /nonexistent/gl-bundle: no such"),
     (["explain", "--bundle", "/etc/hostname", "--", "true"], "error: --bundle /etc/hostname: not a directory"),
     (["worker", "start", "--label", "=v"], "Invalid value for --label: '=v': expected KEY=VALUE, with a KEY"),
+    # conflicting flags: the timeout of a wait it was told not to make was ignored
+    (["jobs", "result", "--no-wait", "--timeout", "5", "job-x"],
+     "Invalid value for '--timeout': bounds a wait, and --no-wait makes none"),
     # a join token without a server: an embedded worker started, the token unused
     (["worker", "start", "--token", "gljt_x"], "Invalid value for '--token': a join token is for a server: give its "
                                                "address too"),
