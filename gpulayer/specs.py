@@ -238,10 +238,15 @@ class Requirements(_UserRecord):
 
     @field_validator("os")
     @classmethod
-    def _os(cls, v: str | None) -> str | None:
+    def _os(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is None:
             return None
         v = v.strip().lower()
+        if not v:  # (it read as "any OS": a `--os "$OS"` with OS unset)
+            if checked_before(info):  # (a stored spec: taken when it was submitted, read as it is)
+                return None
+            raise InvalidRequirement("empty; accepted: an operating system such as linux or darwin (leave it out "
+                                     "for any)")
         aliases = {"macos": "darwin", "mac": "darwin", "osx": "darwin"}
         return aliases.get(v, v)
 

@@ -736,8 +736,10 @@ def test_a_spec_stored_before_a_check_was_added_is_still_read(cp: ControlPlane) 
 
         spec = json.loads(plain.job(s, job.id).spec)
         spec["requirements"]["labels"] = {"zone=a": "1"}
+        spec["requirements"]["os"] = ""  # (an empty OS, refused since: it read as any)
         spec["command"] = ["", "x"]
         plain.update_job(s, job.id, spec=json.dumps(spec))
     assert [j.id for j in cp.list_jobs()] == [job.id]
     cp.schedule_queue()
     assert cp.get_job(job.id).spec.command == ["", "x"]  # type: ignore[union-attr]
+    assert cp.get_job(job.id).spec.requirements.os is None
