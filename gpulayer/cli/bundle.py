@@ -31,8 +31,8 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 @bundle_app.command("inspect")
 def inspect_cmd(
-    directory: Path = typer.Argument(..., help="the directory to bundle, or a bundle (.zip) to check",
-                                     show_default=False),
+    given: str = typer.Argument(..., metavar="DIRECTORY", help="the directory to bundle, or a bundle (.zip) to check",
+                                show_default=False),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of text"),
     top: int = typer.Option(10, "--top", min=0, help="how many of the largest files to list"),
 ) -> None:
@@ -48,6 +48,9 @@ def inspect_cmd(
     """
     from gpulayer import bundles
 
+    if not given:  # (a Path of '' is '.': `bundle inspect "$DIR"` with DIR unset inspected the folder it ran in)
+        raise _fail("DIRECTORY '': empty; accepted: the path of a directory, or of a bundle (.zip)")
+    directory = Path(given)
     if directory.is_file():
         _inspect_archive(directory, as_json)
         return

@@ -235,7 +235,8 @@ def existing_program(value: str | None, flag: str = "--python") -> str | None:
     import shutil
 
     if value is not None and shutil.which(value) is None:
-        typer.echo(f"error: {flag} {value}: no such program; accepted: the path of a Python, or its name on PATH",
+        shown = value if value.strip() and value == " ".join(value.split()) else repr(value)  # ('' and spaces seen)
+        typer.echo(f"error: {flag} {shown}: no such program; accepted: the path of a Python, or its name on PATH",
                    err=True)
         raise typer.Exit(EXIT_BAD_INPUT)
     return value

@@ -140,6 +140,9 @@ def test_version() -> None:
     (["explain", "--bundle", "/nonexistent/gl-bundle", "--", "true"], "error: --bundle /nonexistent/gl-bundle: no such"),
     (["explain", "--bundle", "/etc/hostname", "--", "true"], "error: --bundle /etc/hostname: not a directory"),
     (["worker", "start", "--label", "=v"], "Invalid value for --label: '=v': expected KEY=VALUE, with a KEY"),
+    # empty values (a "$VAR" unset): inspected the folder it ran in; a program named as nothing
+    (["bundle", "inspect", ""], "error: DIRECTORY '': empty; accepted: the path of a directory"),
+    (["worker", "start", "--python", ""], "error: --python '': no such program"),
     # an empty OS read as "any" (a `--os "$OS"` with OS unset)
     (["submit", "--os", "", "--", "true"], "error: --os '': empty; accepted: an operating system such as linux"),
     # conflicting flags: the timeout of a wait it was told not to make was ignored
