@@ -116,18 +116,19 @@ def _check(where: str, key: str, value: Any) -> Any:
 
 
 def _from_file(path: Path, *, explicit: str | None) -> list[Override]:
+    named = f"{explicit} {str(path)!r}" if explicit else str(path)  # (the flag, where one gave it)
     try:
         text = path.read_text()
     except FileNotFoundError:
         if explicit:
-            raise InvalidInput(f"{explicit} {str(path)!r}: no such file") from None
+            raise InvalidInput(f"{named}: no such file") from None
         return []
     except OSError as exc:
-        raise InvalidInput(f"{explicit or path}: cannot read it: {exc.strerror or exc}") from None
+        raise InvalidInput(f"{named}: cannot read it: {exc.strerror or exc}") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise InvalidInput(f"{path}: not valid TOML: {exc}") from None
+        raise InvalidInput(f"{named}: not valid TOML: {exc}") from None
     out = []
     for key, value in data.items():
         if key not in KEYS:
@@ -140,6 +141,8 @@ def load(path: str | Path | None = None, *, option: str = "--resources") -> list
     """The overrides in effect: ``path`` (must exist) or ``$GPULAYER_HOME/resources.toml``
     (when it exists), then the ``GPULAYER_OVERRIDE_*`` variables over it."""
     explicit = option if path is not None else None
+    if path is not None and not str(path):  # (a Path of '' is the folder it runs in)
+        raise InvalidInput(f"{option} '': empty; accepted: the path of a resources file (TOML)")
     from_file = _from_file(Path(path) if path is not None else default_path(), explicit=explicit)
     env = config.settings()
     from_env = [Override(key, getattr(env, attr), variable(key))

@@ -143,6 +143,8 @@ def test_version() -> None:
     # empty values (a "$VAR" unset): inspected the folder it ran in; a program named as nothing
     (["bundle", "inspect", ""], "error: DIRECTORY '': empty; accepted: the path of a directory"),
     (["worker", "start", "--python", ""], "error: --python '': no such program"),
+    (["worker", "start", "--resources", ""], "error: --resources '': empty; accepted: the path of a resources file"),
+    (["worker", "start", "--resources", "/etc/passwd"], "error: --resources '/etc/passwd': not valid TOML"),
     # an empty OS read as "any" (a `--os "$OS"` with OS unset)
     (["submit", "--os", "", "--", "true"], "error: --os '': empty; accepted: an operating system such as linux"),
     # conflicting flags: the timeout of a wait it was told not to make was ignored
