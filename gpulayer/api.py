@@ -256,9 +256,9 @@ class ClientAPI(Protocol):
 
     def cancel(self, job_id: str) -> JobRecord: ...
 
-    def cancel_many(self, job_ids: list[str]) -> list[JobRecord]:
-        """:meth:`cancel` for many jobs (at most :data:`MAX_BATCH`) in one transaction and
-        one placement pass: the records of those that exist, in the order given, as
+    def cancel_many(self, job_ids: list[str], *, reason: str | None = None) -> list[JobRecord]:
+        """:meth:`cancel` for many jobs (at most :data:`MAX_BATCH`; ``reason``: their error's) in one
+        transaction and one placement pass: the records of those that exist, in the order given, as
         :meth:`list_jobs` gives them (no tasks, results or arguments); an id that names no
         job (or, on a server, not one of the caller's) is left out of the answer. What
         ``gpulayer jobs cancel`` with many ids, ``gl.cancel`` and a script's Ctrl-C at exit ask:

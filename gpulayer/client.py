@@ -85,6 +85,8 @@ class Client:
         self._bundles_held: set[str] = set()
         #: whether the control plane cancels a batch of jobs at once (False: one from before it)
         self._batch_cancels = True
+        #: whether the control plane takes cancel_many(reason=) (False: one from before it)
+        self._cancel_reasons = True
         #: whether the control plane takes wait_jobs(brief=) (False: one from before it)
         self._brief_waits = True
         #: whether it takes wait_job(arguments=False) (False: one from before it)
@@ -211,20 +213,21 @@ class Client:
         return [WorkerRecord(id=IN_PROCESS, name="the worker this process would start", origin="local",
                              capabilities=caps, cpu_slots=default_cpu_slots(caps) if slots is None else slots)]
 
-    def cancel_jobs(self, job_ids: Sequence[str]) -> dict[str, JobRecord | GpulayerError]:
+    def cancel_jobs(self, job_ids: Sequence[str], reason: str | None = None) -> dict[str, JobRecord | GpulayerError]:
         """Cancel these jobs: each id's record after its cancel (brief: no tasks, results or
         arguments), or the error that says why there is none (no such job). A batch of up to
         :data:`~gpulayer.api.MAX_BATCH` ids at a time: one request, one transaction and one
         placement pass each (one cancel at a time ran a pass over the whole queue each);
         one at a time against a server from before ``POST /v1/jobs/cancel`` (its records
-        then whole), which this client then asks no more."""
+        then whole), which this client then asks no more. ``reason``: the jobs' error says it
+        (``cancelled: REASON``), where the control plane takes one (not one from before it)."""
         ids = list(dict.fromkeys(job_ids))
         out: dict[str, JobRecord | GpulayerError] = {}
         for i in range(0, len(ids), MAX_BATCH):
             chunk = ids[i:i + MAX_BATCH]
             if self._batch_cancels:
                 try:
-                    out.update((job.id, job) for job in self.api.cancel_many(chunk))
+                    out.update((job.id, job) for job in self._cancel_many(chunk, reason))
                 except (MethodNotAllowed, NotFound):
                     # a server without the route: POST /v1/jobs/cancel is its GET /v1/jobs/{job_id}
                     # (405; the route itself never answers 404: it leaves unknown ids out)
@@ -238,6 +241,17 @@ class Client:
             for job_id in chunk:
                 out.setdefault(job_id, NotFound(f"job {job_id!r}: no such job"))
         return out
+
+    def _cancel_many(self, job_ids: list[str], reason: str | None) -> list[JobRecord]:
+        if reason is None or not self._cancel_reasons:
+            return self.api.cancel_many(job_ids)
+        try:
+            return self.api.cancel_many(job_ids, reason=reason)
+        except InvalidInput as exc:
+            if "reason" not in str(exc) or "no such field" not in str(exc):
+                raise
+            self._cancel_reasons = False  # (a server from before reasons: they read "cancelled")
+            return self.api.cancel_many(job_ids)
 
     # ------------------------------------------------------------------ following
 

@@ -262,6 +262,7 @@ def _operation(route: api.Route) -> Callable[..., Any]:
     proto = getattr(api.ControlAPI, route.op)
     sig = inspect.signature(proto)
     query, body = _fields(route.query), _fields(route.body)
+    unsent_when_none = [k for k, f in (route.body.model_fields.items() if route.body else ()) if f.default is None]
     adapter: list[TypeAdapter[Any]] = []  # built on first use: model schemas cost import time
     ok = (route.status, 404) if route.exists else (route.status, *route.also_ok)
 
@@ -294,6 +295,12 @@ def _operation(route: api.Route) -> Callable[..., Any]:
                 mode="json", exclude_none=True) if route.query else None
             json_body = route.body(**{k: values.pop(k) for k in body}).model_dump(
                 mode="json") if route.body else None
+            if json_body is not None and route.body is not None:
+                # (a field of the body left None, its default, is not sent: one added for a new
+                # use and left unused does not make a server from before it refuse the request)
+                for k in unsent_when_none:
+                    if json_body.get(k, ...) is None:
+                        del json_body[k]
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"])

@@ -151,7 +151,7 @@ def cancel_all(client: Client, job_ids: list[str], reason: str) -> None:
                                        place=i + MAX_BATCH >= len(job_ids))
     else:
         try:
-            client.cancel_jobs(job_ids)
+            client.cancel_jobs(job_ids, reason)
         except GpulayerError as exc:  # (the server unreachable: they run on, as said)
             sys.stderr.write(f"gpulayer: could not cancel {len(job_ids)} job(s) ({exc}): {reason}\n")
             return

@@ -255,6 +255,9 @@ class WaitJobsBody(Wire):
 
 class CancelManyBody(Wire):
     job_ids: list[str] = Field(min_length=1, max_length=MAX_BATCH)
+    reason: str | None = Field(default=None, min_length=1, max_length=500, description=(
+        "why, as the jobs' error says it (cancelled: REASON); what a task's process that was cancelled says of the "
+        "jobs it submitted"))
 
 
 class LendBody(Wire):

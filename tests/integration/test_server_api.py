@@ -300,6 +300,24 @@ def test_submit_is_idempotent_through_http_client(server: ServerProc, tokens: di
     c.api.cancel(a.id)
 
 
+def test_a_cancel_s_reason_reaches_the_jobs_through_a_server(server: ServerProc, tokens: dict[str, Any]) -> None:
+    """What a cancelled task's process says of the jobs it submitted: through a server they read
+    only 'cancelled' before; a request without a reason sends no such field (a server from
+    before reasons would refuse one)."""
+    c = http_client(server.url, token=tokens["client"], retry_for=2)
+    spec = CommandJob(command=["true"], requirements=Requirements(accelerator="cuda", gpus=1),
+                      placement=Placement(target="remote", on_unschedulable="wait"))
+    a, b = c.submit(spec), c.submit(spec)
+    done = c.cancel_jobs([a.id], reason="the job that submitted it was cancelled")
+    assert done[a.id].state.value == "cancelled"  # type: ignore[union-attr]
+    error = c.job(a.id).error
+    assert error is not None and error.message == "the job that submitted it was cancelled (before it started)"
+    c.cancel_jobs([b.id])
+    assert c.job(b.id).error.message == "cancelled before it started"  # type: ignore[union-attr]
+    r = Api(server.url, tokens["client"])("POST", "/v1/jobs/cancel", json={"job_ids": [a.id], "reason": ""})
+    assert r.status_code == 422 and "reason" in r.text, r.text
+
+
 def test_metrics(server: ServerProc, admin: Api) -> None:
     r = admin("GET", "/metrics")
     assert r.status_code == 200

@@ -54,3 +54,26 @@ def test_a_bundle_is_asked_for_and_uploaded_once_per_client(tmp_path: Path, monk
     (code / "job.py").write_text("print('two')\n")
     gl.submit(CommandJob(command=["python", "job.py"], bundle=str(code), placement=wait))
     assert len(asked) == 2 and len(uploaded) == 2 and uploaded[1] != uploaded[0]
+
+
+def test_a_cancel_reason_a_control_plane_from_before_refuses_is_dropped_and_not_sent_again() -> None:
+    """A server from before reasons refuses the field ('no such field'): the jobs are
+    cancelled without it, and later cancels do not send it."""
+    from types import SimpleNamespace
+
+    from gpulayer.errors import InvalidInput
+
+    calls: list[dict[str, object]] = []
+
+    def cancel_many(job_ids: list[str], **kw: object) -> list[object]:
+        calls.append(kw)
+        if "reason" in kw:
+            raise InvalidInput("body.reason: no such field")
+        return [SimpleNamespace(id=j) for j in job_ids]
+
+    client = client_mod.Client.__new__(client_mod.Client)
+    client._cancel_reasons = True
+    client.api = SimpleNamespace(cancel_many=cancel_many)  # type: ignore[assignment]
+    assert [r.id for r in client._cancel_many(["job-1"], "why")] == ["job-1"]  # type: ignore[attr-defined]
+    client._cancel_many(["job-2"], "why")
+    assert calls == [{"reason": "why"}, {}, {}]
