@@ -435,6 +435,12 @@ def checked_before(info: ValidationInfo) -> bool:
 #: how deep arguments and results may nest (JSON parsers and pydantic recurse per level)
 MAX_JSON_DEPTH = 100
 
+#: the most digits an int argument may have: Python's default limit on converting an int to
+#: and from text (``sys.int_info.default_max_str_digits``), which every reader (the control
+#: plane, the worker, the job's Python) parses the arguments under
+MAX_INT_DIGITS = 4300
+_TOO_BIG = 10**MAX_INT_DIGITS  # (the smallest int of MAX_INT_DIGITS + 1 digits)
+
 
 def check_json(value: Any, path: str) -> None:
     """Raise :class:`~gpulayer.errors.InvalidArgument` at the first value that is not JSON.
@@ -455,8 +461,13 @@ def check_json(value: Any, path: str) -> None:
 
 def _json_problem(value: Any, depth: int) -> tuple[list[str | int], str] | None:
     """``(steps from value to the bad part, in reverse, what is wrong)`` or None."""
-    if value is None or isinstance(value, (bool, int)):
+    if value is None or isinstance(value, bool):
         return None
+    if isinstance(value, int):
+        if -_TOO_BIG < value < _TOO_BIG:
+            return None
+        return [], (f"an int of more than {MAX_INT_DIGITS} digits; accepted: an int of at most "
+                    f"{MAX_INT_DIGITS} digits (send a larger one as a str)")
     if isinstance(value, str):
         if _SURROGATE.search(value):
             return [], f"{value!r} {text_problem(value)}; accepted: valid Unicode text"
@@ -469,8 +480,8 @@ def _json_problem(value: Any, depth: int) -> tuple[list[str | int], str] | None:
         return [], f"nested more than {MAX_JSON_DEPTH} levels deep; accepted: JSON nested at most {MAX_JSON_DEPTH} levels"
     if isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            if item is None or type(item) in (int, bool):  # the common case, without a call
-                continue
+            if item is None or type(item) is bool or (type(item) is int and -_TOO_BIG < item < _TOO_BIG):
+                continue  # the common case, without a call
             found = _json_problem(item, depth + 1)
             if found is not None:
                 found[0].append(i)

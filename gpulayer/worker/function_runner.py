@@ -49,6 +49,10 @@ RESULT_PREFIX = '{"ok": true, "result": '
 #: less the reader's own frames), and a result that a function raised the limit to write
 #: would be stored and then unreadable
 MAX_NESTING = 800
+#: the most digits an int in a result may have: Python's default limit on converting an int
+#: to text and back (``sys.int_info.default_max_str_digits``), under which json writes and
+#: reads it (gpulayer.specs.MAX_INT_DIGITS, for arguments)
+MAX_INT_DIGITS = 4300
 
 
 class _RunnerError(Exception):
@@ -201,7 +205,11 @@ def find_non_json(value: Any, path: str = "result") -> str | None:
         if where is leave:
             on_path.discard(item)
             continue
-        if item is None or isinstance(item, (bool, str, int)):
+        if item is None or isinstance(item, (bool, str)):
+            continue
+        if isinstance(item, int):
+            if item.bit_length() > 14_000 and abs(item) >= 10**MAX_INT_DIGITS:
+                return f"an int of more than {MAX_INT_DIGITS} digits at {where} (return it as a str)"
             continue
         if isinstance(item, float):
             if not math.isfinite(item):

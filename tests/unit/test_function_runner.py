@@ -358,6 +358,18 @@ def test_find_non_json_in_process() -> None:
     assert fr.find_non_json([1, {"k": [{2}]}]) == 'a set (return a list) at result[1]["k"][0]'
 
 
+def test_a_result_int_too_long_to_write_is_refused_naming_where() -> None:
+    """json.dumps refuses an int of more digits than Python converts to text: the error said
+    only json's message, without the function or where the int was."""
+    big = 10**fr.MAX_INT_DIGITS
+    assert fr.find_non_json([big - 1, -(big - 1)]) is None
+    with pytest.raises(fr._RunnerError) as exc:
+        fr._result_text("m:f", {"a": [1, -big]})
+    assert exc.value.message.startswith(
+        f'result of m:f is not JSON: an int of more than {fr.MAX_INT_DIGITS} digits at result["a"][1] '
+        "(return it as a str); accepted: ")
+
+
 def test_a_result_is_checked_by_json_dumps_and_a_walk_over_its_keys_in_process() -> None:
     """What json.dumps takes and changes (a key that is not a str) is refused as the slow
     walk words it, wherever it is; what both take is written as JSON after RESULT_PREFIX."""

@@ -155,3 +155,21 @@ def test_arguments_nested_too_deep_are_refused_naming_where() -> None:
     for _ in range(99):
         shallow = [shallow]
     gl.FunctionJob(function="m:f", args=shallow)  # type: ignore[arg-type]
+
+
+def test_an_int_argument_too_long_to_write_as_json_is_refused_naming_where() -> None:
+    """An int of more digits than Python converts to text by default was accepted and then
+    failed the submit with json's bare ValueError, naming no argument."""
+    import gpulayer as gl
+    from gpulayer.errors import InvalidArgument
+    from gpulayer.specs import MAX_INT_DIGITS
+
+    big = 10**MAX_INT_DIGITS  # MAX_INT_DIGITS + 1 digits
+    for args, kwargs, where in (([big], {}, "args[0]"), ([1, [2, -big]], {}, "args[1][1]"),
+                                ([], {"n": {"k": big}}, 'kwargs["n"]["k"]')):
+        with pytest.raises(InvalidArgument) as e:
+            gl.FunctionJob(function="m:f", args=args, kwargs=kwargs)
+        assert str(e.value) == (f"{where}: an int of more than {MAX_INT_DIGITS} digits; accepted: an int of "
+                                f"at most {MAX_INT_DIGITS} digits (send a larger one as a str)")
+    most = big - 1  # MAX_INT_DIGITS digits
+    assert gl.FunctionJob(function="m:f", args=[most, [-most]], kwargs={"n": most}).args[0] == most
