@@ -85,6 +85,12 @@ def function_reference(fn: Callable[..., Any]) -> tuple[str, str | None]:
     module = fn.__module__
     mod = sys.modules.get(module)
     file = getattr(mod, "__file__", None)
+    if module == "__main__" and file and _under_main_guard(file, fn.__code__.co_firstlineno):
+        raise InvalidArgument(
+            f"@gl.remote: {qualname} is defined under `if __name__ == \"__main__\":` in {file}; a worker "
+            f"imports that file by name, which does not run that block, so it could not find {qualname}. "
+            f"Define it above the guard, at the top level of the module (see {ADR})"
+        )
     spec = getattr(mod, "__spec__", None)
     if module == "__main__" and spec is not None and spec.name not in ("__main__", None):
         # run as `python -m pkg.mod` (or `-m pkg`, spec name `pkg.__main__`): the worker
@@ -110,6 +116,31 @@ def function_reference(fn: Callable[..., Any]) -> tuple[str, str | None]:
     for _ in range(depth - 1):
         root = root.parent
     return f"{module}:{qualname}", str(root)
+
+
+def _under_main_guard(file: str, line: int) -> bool:
+    """Whether line ``line`` of the script ``file`` is inside a top-level
+    ``if __name__ == "__main__":`` block (False where the file cannot be read as Python)."""
+    return any(first <= line <= last for first, last in _main_guards(file))
+
+
+@functools.cache
+def _main_guards(file: str) -> tuple[tuple[int, int], ...]:
+    """The line ranges of ``file``'s top-level ``if __name__ == "__main__":`` blocks."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(file).read_bytes(), file)
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    guards = []
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(test := node.test, ast.Compare) and len(test.ops) == 1 \
+                and isinstance(test.ops[0], ast.Eq):
+            sides = {ast.dump(test.left), ast.dump(test.comparators[0])}
+            if sides == {ast.dump(ast.Name("__name__", ast.Load())), ast.dump(ast.Constant("__main__"))}:
+                guards.append((node.lineno, node.end_lineno or node.lineno))
+    return tuple(guards)
 
 
 class RemoteFunction(Generic[T]):
