@@ -380,6 +380,16 @@ class FunctionJob(_JobBase):
             raise InvalidInput("not 'module:function'; accepted: e.g. 'train:main' or 'pkg.mod:fn'")
         return v
 
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v == "":  # (it ran the worker's own Python: a python=os.environ.get(...) with it unset)
+            if checked_before(info):  # (a stored spec: taken when it was submitted, read as it is)
+                return None
+            raise InvalidInput("empty; accepted: the path of a Python interpreter on the worker (leave it out "
+                               "for the worker's job Python)")
+        return v
+
     @model_validator(mode="after")
     def _json_args(self, info: ValidationInfo) -> FunctionJob:
         if not checked_before(info):

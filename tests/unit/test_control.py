@@ -743,3 +743,24 @@ def test_a_spec_stored_before_a_check_was_added_is_still_read(cp: ControlPlane) 
     cp.schedule_queue()
     assert cp.get_job(job.id).spec.command == ["", "x"]  # type: ignore[union-attr]
     assert cp.get_job(job.id).spec.requirements.os is None
+
+
+def test_an_empty_function_python_is_refused_and_a_stored_one_still_reads(cp: ControlPlane) -> None:
+    """FunctionJob(python='') was taken and ran the worker's own Python (a
+    python=os.environ.get(...) with the variable unset), saying nothing."""
+    from gpulayer.errors import InvalidInput
+
+    with pytest.raises(InvalidInput) as e:
+        FunctionJob(function="m:f", python="")
+    assert str(e.value) == ("FunctionJob(python=''): empty; accepted: the path of a Python interpreter on the "
+                            "worker (leave it out for the worker's job Python)")
+    job = cp.submit(FunctionJob(function="m:f", python="/usr/bin/python3",
+                                placement=Placement(target="remote", on_unschedulable="wait")))
+    with cp.store.write() as s:
+        from gpulayer.store import plain
+
+        spec = json.loads(plain.job(s, job.id).spec)
+        spec["python"] = ""  # (stored before the check)
+        plain.update_job(s, job.id, spec=json.dumps(spec))
+    assert [j.id for j in cp.list_jobs()] == [job.id]
+    assert cp.get_job(job.id).spec.python is None  # type: ignore[union-attr]
