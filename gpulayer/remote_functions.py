@@ -199,7 +199,14 @@ class RemoteFunction(Generic[T]):
         except ValueError as exc:  # (zip names the argument that ran out first)
             raise InvalidArgument(f"{self.function}.map(): the iterables differ in length ({exc}); "
                                   "give one argument of each per call") from None
-        return _submit_many([self._spec(list(args), {}) for args in calls], None, f"{self.function.partition(':')[2]}.map()")
+        specs = []
+        for i, args in enumerate(calls):
+            try:
+                specs.append(self._spec(list(args), {}))
+            except InvalidArgument as exc:  # (which call: "args[0]" alone is every call's first)
+                each = "its iterable" if len(iterables) == 1 else "each iterable"
+                raise InvalidArgument(f"{self.function}.map(): call {i} (item {i} of {each}): {exc}") from None
+        return _submit_many(specs, None, f"{self.function.partition(':')[2]}.map()")
 
     def spec(self, *args: Any, **kwargs: Any) -> FunctionJob:
         """The FunctionJob ``.remote()`` would submit (for inspection and dry runs)."""

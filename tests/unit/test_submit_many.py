@@ -290,6 +290,21 @@ def test_map_refuses_bad_iterables_naming_them(gpulayer_isolated: None, call: Ca
     assert client_mod.connect().api.list_jobs() == []
 
 
+def test_map_names_the_call_whose_argument_is_not_json(gpulayer_isolated: None) -> None:
+    """It said "args[0]: a set is not JSON", true of no call in particular: which item of a long
+    list was it?"""
+    f, g = gl.remote(double), gl.remote(add)
+    with pytest.raises(InvalidArgument) as info:
+        f.map([1, 2, {3}])
+    assert str(info.value) == (
+        f"{f.function}.map(): call 2 (item 2 of its iterable): args[0]: a set is not JSON; "
+        "accepted: None, bool, int, finite float, str, list, dict with str keys")
+    with pytest.raises(InvalidArgument) as info:
+        g.map([1, 2], [3, float("nan")])
+    assert str(info.value).startswith(f"{g.function}.map(): call 1 (item 1 of each iterable): args[1]: nan is not JSON")
+    assert client_mod.connect().api.list_jobs() == []
+
+
 def test_map_of_empty_iterables_submits_nothing(gpulayer_isolated: None) -> None:
     assert gl.remote(double).map([]) == []
     assert gl.remote(add).map([], ()) == []
