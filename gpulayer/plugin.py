@@ -48,6 +48,7 @@ from gpulayer.hookrecords import (
     RuntimeProfile,
     SubProbe,
     SupportLevel,
+    is_kind,
 )
 from gpulayer.hookspecs import hookimpl
 from gpulayer.probing import (
@@ -102,6 +103,7 @@ __all__ = [
     "env_flag",
     "fake_devices_env",
     "hookimpl",
+    "is_kind",
     "no_real_devices_env",
     "provider_settings",
     "read_text",

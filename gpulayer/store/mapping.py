@@ -29,6 +29,7 @@ from gpulayer.records import (
 )
 from gpulayer.specs import CHECKED, JobSpec
 from gpulayer.store import plain
+from gpulayer.store.queries import ACTIVE_TASK_STATES
 from gpulayer.store.tables import EventRow, JobRow, MachineRow, TaskRow, TokenRow, WorkerRow
 
 SPEC: TypeAdapter[Any] = TypeAdapter(JobSpec)
@@ -91,9 +92,6 @@ def decision_of(raw: str | None) -> PlacementDecision | None:
         return None
 
 
-_ACTIVE = (TaskState.ASSIGNED.value, TaskState.RUNNING.value)
-
-
 def task_record(t: TaskRow | plain.Task) -> TaskRecord:
     return TaskRecord(
         id=t.id, job_id=t.job_id, attempt=t.attempt, node_rank=t.node_rank, worker_id=t.worker_id,
@@ -101,7 +99,7 @@ def task_record(t: TaskRow | plain.Task) -> TaskRecord:
         created_at=t.created_at, started_at=t.started_at, ended_at=t.ended_at, exit_code=t.exit_code,
         error=error_of(t.error),
         rendezvous=Rendezvous.model_validate_json(t.rendezvous) if t.rendezvous else None,
-        lent=bool(t.lent) and t.state in _ACTIVE,  # (an ended task holds nothing either way)
+        lent=bool(t.lent) and t.state in ACTIVE_TASK_STATES,  # (an ended task holds nothing either way)
     )
 
 

@@ -49,8 +49,6 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 #: days-hours:minutes, days-hours:minutes:seconds; UNLIMITED or INFINITE for none
 _TIME = re.compile(r"^(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|unlimited|infinite)$", re.IGNORECASE)
-#: a device kind as detectors name them and jobs ask for them (lowercase; cpu and none mean no device)
-_KIND = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 DEFAULT_EXPORT = ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV"]
 
 
@@ -119,8 +117,7 @@ class SlurmConfig(BaseModel):
     @field_validator("gpu_kind")
     @classmethod
     def _kind(cls, v: str) -> str:
-        # (as a detector names its kind, and a job asks for one: gpulayer.plugin.AcceleratorDetector)
-        if not _KIND.match(v) or v in ("cpu", "none"):
+        if not plugin.is_kind(v):  # (as a detector names its kind, and a job asks for one)
             raise ValueError(f"{v!r} is not a device kind; accepted: a kind such as cuda or rocm "
                              "(lower-case letters, digits, '.', '_' and '-', other than cpu and none)")
         return v
@@ -268,10 +265,7 @@ class SlurmProvider:
         for partition in c.partitions or sorted({n.partition for n in nodes}):
             argv = ["sbatch", "--test-only", f"--partition={partition}", "--nodes=1", "--ntasks=1",
                     f"--cpus-per-task={c.cpus}", f"--mem={int(c.memory_gb * 1024)}M"]
-            argv += [f"--time={c.time_limit}"] if c.time_limit else []
-            argv += [f"--output={c.log_dir.rstrip('/')}/%x-%j.out"] if c.log_dir else []
-            argv += [f"--chdir={c.workdir}"] if c.workdir else []
-            rc, _, err = self._run([*argv, *c.sbatch_args, "--wrap", "true"])
+            rc, _, err = self._run([*argv, *self._section_options(), "--wrap", "true"])
             if rc == 0:
                 return  # (a pilot can start somewhere: the partitions that refuse are the launches')
             error = _parse.sbatch_error(err, partition)
@@ -406,13 +400,14 @@ class SlurmProvider:
                 f"--export={','.join(export)}"]
         if data.get("gres"):
             argv.append(f"--gres={data['gres']}")
-        if c.time_limit:
-            argv.append(f"--time={c.time_limit}")
-        if c.log_dir:
-            argv.append(f"--output={c.log_dir.rstrip('/')}/%x-%j.out")
-        if c.workdir:
-            argv.append(f"--chdir={c.workdir}")
-        return argv + c.sbatch_args
+        return argv + self._section_options()
+
+    def _section_options(self) -> list[str]:
+        """The sbatch options every pilot gets from the section (last: ``sbatch_args``)."""
+        c = self.config
+        return ([f"--time={c.time_limit}"] if c.time_limit else []) \
+            + ([f"--output={c.log_dir.rstrip('/')}/%x-%j.out"] if c.log_dir else []) \
+            + ([f"--chdir={c.workdir}"] if c.workdir else []) + c.sbatch_args
 
     def launch(self, request: plugin.LaunchRequest) -> plugin.LaunchedMachine:
         # Idempotent: a launch retried with the same machine id finds its first job.

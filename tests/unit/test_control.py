@@ -536,10 +536,8 @@ def test_live_local_workers_are_the_online_alive_undrained_local_ones(cp: Contro
     assert not cp.get_worker(silent.id).online
 
 
-@pytest.mark.parametrize("retries", [0, 1])
-def test_a_report_after_a_loss_is_accepted_until_a_newer_attempt_runs(cp: ControlPlane, retries: int) -> None:
-    """The worker was only cut off (a server restart, a partition): the command ran once and
-    exited 0, so the job succeeds instead of ending lost or running twice."""
+def _a_lost_task(cp: ControlPlane, retries: int) -> tuple[Any, Any, Any]:
+    """A worker with one GPU job's task started, then silent past its timeout: (worker, job, task)."""
     clock: Clock = cp.clock  # type: ignore[assignment]
     w = cp.register_worker(cuda_caps(1), cpu_slots=0)
     job = cp.submit(gpu_job(retries=retries))
@@ -547,6 +545,14 @@ def test_a_report_after_a_loss_is_accepted_until_a_newer_attempt_runs(cp: Contro
     cp.start_task(a.task_id, worker_id=w.id)
     clock.now += 11
     cp.expire_workers()
+    return w, job, a
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_a_report_after_a_loss_is_accepted_until_a_newer_attempt_runs(cp: ControlPlane, retries: int) -> None:
+    """The worker was only cut off (a server restart, a partition): the command ran once and
+    exited 0, so the job succeeds instead of ending lost or running twice."""
+    w, job, a = _a_lost_task(cp, retries)
     lost = cp.get_job(job.id)
     assert lost.state is (JobState.QUEUED if retries else JobState.FAILED)
     cp.finish_task(a.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0)
@@ -561,13 +567,7 @@ def test_a_lost_task_its_worker_ended_when_told_does_not_cancel_the_job(cp: Cont
     """The worker was cut off and its task lost; back (and stopping, so no retry is placed on
     it), it hears that the task must end, ends it and reports it cancelled. Nobody cancelled
     the job: it is retried as it allows, or stays lost."""
-    clock: Clock = cp.clock  # type: ignore[assignment]
-    w = cp.register_worker(cuda_caps(1), cpu_slots=0)
-    job = cp.submit(gpu_job(retries=retries))
-    [a] = cp.poll_tasks(w.id)
-    cp.start_task(a.task_id, worker_id=w.id)
-    clock.now += 11
-    cp.expire_workers()
+    w, job, a = _a_lost_task(cp, retries)
     cp.drain_worker(w.id)
     assert cp.heartbeat(w.id, running=[a.task_id]).cancel == [a.task_id]
     with pytest.raises(Conflict):
