@@ -322,8 +322,11 @@ def _operation(route: api.Route) -> Callable[..., Any]:
             return None
         if not adapter:
             adapter.append(TypeAdapter(route.response))
-        # (a control plane's answer: the specs in it were checked when their jobs were submitted)
-        return adapter[0].validate_json(resp.content, context=CHECKED)
+        # (a control plane's answer: the specs in it were checked when their jobs were submitted,
+        # and a field this client does not know, which a newer server sends, is left out: a
+        # client reads what it knows of a record, as Ray's and Kubernetes' clients do; what a
+        # user writes, and a request a server reads, still refuse an unknown field)
+        return adapter[0].validate_json(resp.content, context=CHECKED, extra="ignore")
 
     call.__name__ = call.__qualname__ = route.op
     call.__doc__ = proto.__doc__

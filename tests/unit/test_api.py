@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from starlette.testclient import TestClient
 
@@ -28,7 +29,7 @@ from gpulayer.server.openapi import openapi_document
 from gpulayer.specs import CommandJob, FunctionJob, Placement
 from gpulayer.store import Store
 from gpulayer.wire import ResultJSON
-from tests.factories import make_capabilities
+from tests.factories import make_capabilities, make_device
 
 PROTOCOL_METHODS = {name for name, _ in inspect.getmembers(api.ControlAPI, inspect.isfunction)
                     if not name.startswith("_")}
@@ -176,6 +177,80 @@ def test_one_job_through_every_layer_in_process(served: tuple[ControlPlane, Test
     worker.deregister_worker(reply.worker_id)
     with pytest.raises(errors.AuthError):  # leaving revokes the credential
         worker.heartbeat(reply.worker_id, running=[])
+
+
+#: a field no record of this version has
+NEWER_FIELD = "added_by_a_newer_server"
+
+
+class NewerServer(httpx.BaseTransport):
+    """The server's answers with a field its records do not have yet, in every record an
+    answer holds (a job, its spec, requirements, placement and tasks; a worker, its
+    capabilities and their devices; the records of a list): what a newer server sends."""
+
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self.inner = inner
+        self.grown = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.inner.handle_request(request)
+        if response.status_code >= 300 or "json" not in response.headers.get("content-type", ""):
+            return response
+        body = json.loads(response.read())
+        if isinstance(body, dict) and request.url.path.endswith("/usage"):
+            body = {worker: self.grow(usage) for worker, usage in body.items()}
+        elif isinstance(body, list):
+            body = [self.grow(record) for record in body]
+        else:
+            body = self.grow(body)
+        return httpx.Response(response.status_code, json=body)
+
+    def grow(self, record: Any) -> Any:
+        if not isinstance(record, dict):
+            return record
+        self.grown += 1
+        record = {**record, NEWER_FIELD: {"any": ["value"]}}
+        for key in ("spec", "requirements", "placement", "capabilities", "worker"):
+            if isinstance(record.get(key), dict):
+                record[key] = self.grow(record[key])
+        for key in ("tasks", "devices"):
+            if isinstance(record.get(key), list):
+                record[key] = [self.grow(item) for item in record[key]]
+        return record
+
+
+def test_a_client_reads_a_newer_servers_records_leaving_out_what_it_does_not_know(
+        served: tuple[ControlPlane, TestClient]) -> None:
+    """A server that is newer than its client sends fields the client's records lack: the
+    client reads what it knows, where it refused the whole answer; a request or a spec with
+    a field this version does not know is still refused (it is most often misspelt)."""
+    control, tc = served
+    newer = NewerServer(tc._transport)
+    admin = connect_http("http://testserver", token=control.create_token(scope="admin").token,
+                         retry_for=0.5, transport=newer)
+    client = connect_http("http://testserver", token=admin.create_token(scope="client").token,
+                          retry_for=0.5, transport=newer)
+    worker = connect_http("http://testserver", retry_for=0.5, transport=newer)
+    join = admin.create_token(scope="join", uses=1)
+    reply = worker.join_worker(make_capabilities(devices=[make_device()]), join_token=join.token, name="w", cpu_slots=1, pid=1)
+    assert reply.worker.capabilities.devices and NEWER_FIELD not in reply.worker.model_dump()
+    worker.token = reply.token
+    job = client.submit(CommandJob(command=["true"], placement=Placement(target="remote")))
+    [task] = worker.poll_tasks(reply.worker_id, wait=0)
+    worker.start_task(task.task_id, worker_id=reply.worker_id)
+    worker.finish_task(task.task_id, worker_id=reply.worker_id, state=TaskState.SUCCEEDED, exit_code=0)
+    done = client.wait_job(job.id, timeout=5)
+    assert done.state is JobState.SUCCEEDED and done.spec.command == ["true"] and done.tasks
+    assert [j.id for j in client.list_jobs()] == [job.id]
+    assert client.events(job.id) and admin.list_workers()[0].id == reply.worker_id
+    assert client.worker_usage()[reply.worker_id].busy_cpu_slots == 0
+    assert client.explain(CommandJob(command=["true"])).spec.command == ["true"]
+    assert newer.grown > 20
+    refused = tc.post("/v1/jobs", json={"spec": {"kind": "command", "command": ["true"], NEWER_FIELD: 1}},
+                      headers={"Authorization": f"Bearer {client.token}"})  # a request: still refused
+    assert refused.status_code == 422 and NEWER_FIELD in refused.text
+    with pytest.raises(errors.InvalidInput, match=NEWER_FIELD):  # what a user writes: still refused
+        CommandJob(command=["true"], **{NEWER_FIELD: 1})
 
 
 def test_a_join_that_fails_after_the_token_check_burns_no_use(served: tuple[ControlPlane, TestClient],
