@@ -341,6 +341,15 @@ class _JobBase(_UserRecord):
     )
     bundle_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and not v.strip():  # (it listed and showed as nothing at all)
+            if checked_before(info):  # (a stored spec: taken when it was submitted, read as it is)
+                return None
+            raise InvalidInput("empty; accepted: a name of text (leave it out for a job without a name)")
+        return v
+
 
 class CommandJob(_JobBase):
     """Run a command (an argv list), inside the source bundle when one is given."""

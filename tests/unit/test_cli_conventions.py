@@ -147,6 +147,7 @@ def test_version() -> None:
     (["worker", "start", "--resources", "/etc/passwd"], "error: --resources '/etc/passwd': not valid TOML"),
     # an empty OS read as "any" (a `--os "$OS"` with OS unset)
     (["submit", "--os", "", "--", "true"], "error: --os '': empty; accepted: an operating system such as linux"),
+    (["submit", "--name", "", "--", "true"], "error: --name '': empty; accepted: a name of text (leave it out"),
     # conflicting flags: the timeout of a wait it was told not to make was ignored
     (["jobs", "result", "--no-wait", "--timeout", "5", "job-x"],
      "Invalid value for '--timeout': bounds a wait, and --no-wait makes none"),

@@ -738,11 +738,24 @@ def test_a_spec_stored_before_a_check_was_added_is_still_read(cp: ControlPlane) 
         spec["requirements"]["labels"] = {"zone=a": "1"}
         spec["requirements"]["os"] = ""  # (an empty OS, refused since: it read as any)
         spec["command"] = ["", "x"]
+        spec["name"] = " "  # (an empty name, refused since: it listed as nothing)
         plain.update_job(s, job.id, spec=json.dumps(spec))
     assert [j.id for j in cp.list_jobs()] == [job.id]
     cp.schedule_queue()
     assert cp.get_job(job.id).spec.command == ["", "x"]  # type: ignore[union-attr]
     assert cp.get_job(job.id).spec.requirements.os is None
+    assert cp.get_job(job.id).spec.name is None
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_job_name_is_refused(name: str) -> None:
+    """A name of nothing was stored, and the job listed and showed with no name at all."""
+    from gpulayer.errors import InvalidInput
+
+    with pytest.raises(InvalidInput) as e:
+        CommandJob(command=["true"], name=name)
+    assert str(e.value) == (f"CommandJob(name={name!r}): empty; accepted: a name of text (leave it out for a job "
+                            "without a name)")
 
 
 def test_an_empty_function_python_is_refused_and_a_stored_one_still_reads(cp: ControlPlane) -> None:
