@@ -14,6 +14,7 @@ from gpulayer.api import ResultJSON
 from gpulayer.errors import AuthError, Conflict, NotFound
 from gpulayer.records import JobError, TaskState
 from gpulayer.worker.function_runner import RESULT_PREFIX
+from gpulayer.worker.process import exit_error
 
 
 @dataclass
@@ -26,9 +27,11 @@ class TaskOutcome:
     error: JobError | None = None
 
 
-def function_outcome(report: TaskOutcome, result_path: Path) -> TaskOutcome:
+def function_outcome(report: TaskOutcome, result_path: Path, python: str | None = None) -> TaskOutcome:
     """A function job's outcome: its process's, with the runner's result or error read in
-    (a result as the JSON text the runner wrote: :class:`~gpulayer.api.ResultJSON`)."""
+    (a result as the JSON text the runner wrote: :class:`~gpulayer.api.ResultJSON`). A
+    process that failed with no word from the runner is said to have, naming ``python`` (the
+    interpreter it ran), where its own exit says nothing more."""
     try:
         text = result_path.read_text()
         if text.startswith(RESULT_PREFIX) and text.endswith("}"):
@@ -48,6 +51,14 @@ def function_outcome(report: TaskOutcome, result_path: Path) -> TaskOutcome:
     elif report.state is TaskState.SUCCEEDED:
         report.state = TaskState.FAILED
         report.error = JobError(type="runner", message="the function runner wrote no result")
+    elif report.exit_code is not None and 0 < report.exit_code < 128 and (
+            report.error is None or report.error.message == exit_error(report.exit_code)):
+        # (an exit of its own, no signal: the runner never ran, as with python='/bin/false'
+        # or a Python too old to read it, or the function ended its process itself)
+        report.error = JobError(type="runner", message=(
+            f"exit code {report.exit_code} before the function runner wrote a result: "
+            f"{'the interpreter ' + repr(python) if python else 'its interpreter'} did not run it (is it a "
+            f"Python 3.10 or newer? its output may say why), or the function ended its process"))
     return report
 
 

@@ -349,7 +349,8 @@ class StartFailed(Exception):
     """A :data:`Starter` could not start the task; the message says why."""
 
 
-def _exit_error(code: int) -> str:
+def exit_error(code: int) -> str:
+    """How a process's end by ``code`` (Popen's: negative, killed by that signal) is worded."""
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -474,7 +475,7 @@ def run_process(
     if state is None:
         if code == 0:
             return ProcessOutcome("succeeded", 0, None)
-        return ProcessOutcome("failed", code, _exit_error(code))
+        return ProcessOutcome("failed", code, exit_error(code))
     return ProcessOutcome(state, code, error)
 
 

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
+from pathlib import Path
+
+import pytest
 
 from gpulayer.worker.logbuffer import LogBuffer
 
@@ -246,13 +252,9 @@ def test_a_task_handed_over_twice_runs_once(monkeypatch, tmp_path) -> None:  # t
     assert agent.running_tasks == []
 
 
-def test_a_functions_result_is_read_as_the_runners_json_text(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_functions_result_is_read_as_the_runners_json_text(tmp_path: Path) -> None:
     """The result file of a function that returned is passed on as its text (ResultJSON),
     not parsed; None as no result; an error, or a file that is not the runner's, as before."""
-    import json
-    import subprocess
-    import sys
-
     from gpulayer.api import ResultJSON
     from gpulayer.records import TaskState
     from gpulayer.worker.forking import RUNNER_PATH
@@ -283,3 +285,31 @@ def test_a_functions_result_is_read_as_the_runners_json_text(tmp_path) -> None: 
     got = _function_outcome(TaskOutcome(TaskState.SUCCEEDED, exit_code=0), path)
     assert got.state is TaskState.FAILED and got.error is not None
     assert got.error.message == "the function runner wrote no result"
+
+
+@pytest.mark.parametrize("python, function", [("/bin/false", "ok"), (sys.executable, "leave")])
+def test_a_function_process_that_failed_without_the_runners_word_says_so(
+        tmp_path: Path, python: str, function: str) -> None:
+    """python='/bin/false' (not a Python, or one too old to read the runner) failed with
+    only "exit code 1": now the error says the runner wrote nothing and names the
+    interpreter; as does a function that ends its own process."""
+    from gpulayer.records import JobError, TaskState
+    from gpulayer.worker.forking import RUNNER_PATH
+    from gpulayer.worker.outcome import TaskOutcome, function_outcome
+    from gpulayer.worker.process import exit_error
+
+    (tmp_path / "tasks.py").write_text("import os\n\ndef ok():\n    return 1\n\ndef leave():\n    os._exit(3)\n")
+    spec, path = tmp_path / "spec.json", tmp_path / "result.json"
+    spec.write_text(json.dumps({"function": f"tasks:{function}"}))
+    code = subprocess.run([python, RUNNER_PATH, str(spec), str(path)], cwd=tmp_path, timeout=60,
+                          capture_output=True).returncode
+    assert code == (1 if function == "ok" else 3)
+    got = function_outcome(TaskOutcome(TaskState.FAILED, exit_code=code,
+                                       error=JobError.ended(TaskState.FAILED, exit_error(code))), path, python)
+    assert got.state is TaskState.FAILED and got.error is not None and got.error.type == "runner"
+    assert got.error.message == (
+        f"exit code {code} before the function runner wrote a result: the interpreter {python!r} did not run it "
+        "(is it a Python 3.10 or newer? its output may say why), or the function ended its process")
+    killed = function_outcome(TaskOutcome(TaskState.FAILED, exit_code=-9, error=JobError.ended(
+        TaskState.FAILED, exit_error(-9))), path, python)  # a signal's end says it already
+    assert killed.error is not None and killed.error.message == "killed by signal SIGKILL"
