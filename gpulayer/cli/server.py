@@ -6,6 +6,7 @@ import datetime
 import ipaddress
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -104,6 +105,10 @@ def server_start(
     log_level: str = typer.Option("warning", "--log-level", metavar="LEVEL", help="uvicorn log level"),
     as_json: bool = json_option("once listening, print url, ca, fingerprint, pid and database as one line "
                                 "of JSON on stdout"),
+    root_path: str = typer.Option("", "--root-path", metavar="PATH",
+                                  help="the URL path a proxy in front serves this server under, which the "
+                                       "proxy strips (e.g. /gpulayer): the dashboard's links and cookies start "
+                                       "with it"),
     # GPULAYER_PROVIDERS is read by provider_config, which names it (not --providers) in errors
     providers: Optional[Path] = typer.Option(None, "--providers", metavar="FILE",
                                              help="providers file (default: GPULAYER_PROVIDERS, else "
@@ -126,6 +131,7 @@ def server_start(
     if log_level.lower() not in uvicorn.config.LOG_LEVELS:
         raise typer.BadParameter(f"{log_level!r}: accepted: {', '.join(uvicorn.config.LOG_LEVELS)}",
                                  param_hint="--log-level")
+    root_path = _root_path(root_path)
     if (tls_cert is None) != (tls_key is None):
         raise typer.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert/--tls-key")
     if self_signed_flag and tls_cert is not None:
@@ -177,6 +183,8 @@ def server_start(
                                  "timeout_keep_alive": 75}
     if tls:
         config_kw.update(ssl_certfile=str(tls_cert), ssl_keyfile=str(tls_key))
+    if root_path:
+        config_kw.update(root_path=root_path)
     uv = uvicorn.Server(uvicorn.Config(app, **config_kw))
 
     orig_startup = uv.startup
@@ -206,6 +214,9 @@ def server_start(
         _write_private(server_record(home, url), record)
         records.append(server_record(home, url))
         typer.echo(f"gpulayer server listening on {url} (database {_redact(store.url)})", err=True)
+        if root_path:
+            typer.echo(f"served under {root_path} by the proxy in front: the dashboard is at PROXY{root_path}/; "
+                       f"clients may use either URL", err=True)
         if fingerprint:
             typer.echo(f"TLS certificate fingerprint: {fingerprint}", err=True)
             typer.echo(f"  clients: GPULAYER_URL={url} GPULAYER_CA={fingerprint}", err=True)
@@ -235,6 +246,21 @@ def server_start(
         uv.run(sockets=[sock])
     finally:
         sock.close()
+
+
+#: a root path: segments of what a URL path holds unescaped (RFC 3986's pchar), or %XX
+_ROOT_PATH = re.compile(r"^(/(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})+)+$")
+
+
+def _root_path(given: str) -> str:
+    """``--root-path`` without its last ``/`` (``/`` alone: none), or exit 2 saying what is accepted."""
+    path = given.rstrip("/")
+    segments = path.split("/")[1:]
+    if given and path and (not _ROOT_PATH.match(path) or any(s in (".", "..") for s in segments)):
+        raise typer.BadParameter(f"{given!r}: accepted: a URL path such as /gpulayer (the prefix a proxy in front "
+                                 "serves this server under), without ?, #, spaces, empty, . or .. segments",
+                                 param_hint="--root-path")
+    return path
 
 
 def _check_tls(cert: Path, key: Path) -> str:

@@ -4,9 +4,11 @@ input, escaping, and the live stream of a job. (The browser tests are in tests/b
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,6 +17,7 @@ import pytest
 from gpulayer.server.dashboard import ROUTES
 from tests.factories import make_capabilities
 from tests.server_support import Api, ServerProc, until
+from tests.support import cli
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -319,3 +322,65 @@ def test_a_waiting_job_shows_its_nearest_miss(server: ServerProc, admin: Api) ->
     page = login(server, server.admin_token).get(f"/jobs/{job_id}").text
     section = page[page.index('id="placement-heading"'):page.index('id="tasks-heading"')]
     assert f"closest: {worker} has 2 of 4 CPUs" in section, section
+
+
+class StrippingProxy(httpx.BaseTransport):
+    """What a reverse proxy serving the server under ``prefix`` does to a request: it takes
+    the prefix off the path (nginx's ``location /gl/ { proxy_pass http://server/; }``)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix.encode()
+        self.inner = httpx.HTTPTransport(verify=False)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.raw_path
+        if not path.startswith(self.prefix + b"/"):
+            return httpx.Response(404, text=f"the proxy serves only {self.prefix.decode()}/")
+        request.url = request.url.copy_with(raw_path=path[len(self.prefix):])
+        return self.inner.handle_request(request)
+
+
+def test_the_dashboard_behind_a_proxy_under_a_root_path(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Behind a proxy that serves it under /gl, every link, form, redirect, stream and cookie
+    of the dashboard started with / and led out of the proxy's prefix (a 404 at the first
+    click); with --root-path /gl they stay under it, and the API is served there too."""
+    srv = ServerProc(tmp_path_factory.mktemp("root-path-home"), args=("--root-path", "/gl/")).start()
+    try:
+        admin = Api(srv.url, srv.admin_token)
+        job_id = submit(admin)
+        c = httpx.Client(base_url=srv.url, transport=StrippingProxy("/gl"), timeout=30, follow_redirects=False)
+        r = c.get(f"/gl/jobs/{job_id}")
+        assert r.status_code == 303 and r.headers["location"] == f"/gl/login?next=%2Fgl%2Fjobs%2F{job_id}"
+        r = c.post("/gl/login", data={"token": srv.admin_token, "next": f"/gl/jobs/{job_id}"})
+        assert r.status_code == 303 and r.headers["location"] == f"/gl/jobs/{job_id}"
+        assert "Path=/gl/" in r.headers["set-cookie"]
+        assert c.post("/gl/login", data={"token": srv.admin_token, "next": "/elsewhere"}).headers["location"] == "/gl/"
+        for page in ("/gl/", "/gl/jobs", f"/gl/jobs/{job_id}", "/gl/workers"):
+            text = c.get(page).text
+            links = re.findall(r'(?:href|action|src|data-live)="([^"]*)"', text)
+            assert links and 'data-root="/gl"' in text, page
+            for link in links:
+                if not link.startswith(("#", "data:")):
+                    assert link.startswith("/gl/"), (page, link)
+                    if not link.startswith("/gl/live/"):  # (a stream: it goes on)
+                        assert c.get(html.unescape(link).split("#")[0]).status_code in (200, 405), (page, link)
+        assert c.get("/gl/static/dashboard.js").status_code == 200
+        live = html.unescape(re.findall(r'data-live="([^"]*)"', c.get("/gl/jobs").text)[0])
+        with c.stream("GET", live) as stream:
+            assert stream.status_code == 200 and stream.headers["content-type"].startswith("text/event-stream")
+        r = c.post(f"/gl/jobs/{job_id}/cancel", data={"csrf": csrf_of(c, "/gl/jobs")}, headers={"origin": srv.url})
+        assert r.status_code == 303 and r.headers["location"] == f"/gl/jobs/{job_id}"
+        assert admin("GET", f"/v1/jobs/{job_id}").json()["state"] == "cancelled"
+        api = c.get("/gl/v1/jobs", headers={"authorization": f"Bearer {srv.admin_token}"})
+        assert api.status_code == 200 and [j["id"] for j in api.json()] == [job_id]
+        r = c.post("/gl/logout", data={"csrf": csrf_of(c, "/gl/jobs")})
+        assert r.status_code == 303 and r.headers["location"] == "/gl/login"
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("given", ["gl", "/a b", "/gl?x=1", "/gl/../x", "/gl#x"])
+def test_a_root_path_that_is_not_a_url_path_is_refused(given: str, tmp_path: Path) -> None:
+    out = cli("server", "start", "--port", "0", "--root-path", given, env={"GPULAYER_HOME": str(tmp_path)})
+    assert out.returncode == 2
+    assert f"Invalid value for --root-path: {given!r}: accepted: a URL path such as /gpulayer" in out.stderr

@@ -39,6 +39,14 @@ def test_a_login_goes_on_to_a_path_of_this_site_only(target: str | None, where: 
     assert safe_next(target) == where
 
 
+@pytest.mark.parametrize(("target", "where"), [
+    ("/gl/jobs?state=queued", "/gl/jobs?state=queued"), ("/gl", "/gl"), ("/gl/", "/gl/"), (None, "/gl/"),
+    ("/jobs", "/gl/"), ("/glx/jobs", "/gl/"), ("//evil.example", "/gl/"),
+])
+def test_under_a_root_path_a_login_goes_on_to_a_path_under_it(target: str | None, where: str) -> None:
+    assert safe_next(target, "/gl") == where
+
+
 def test_a_session_ends_at_its_lifetime_or_its_tokens_expiry() -> None:
     now = [1000.0]
     sessions = Sessions(clock=lambda: now[0], lifetime=100)
@@ -142,7 +150,8 @@ def test_the_workers_page_gives_memory_sizes_with_their_unit(tmp_path: Path) -> 
 
     control = ControlPlane(Store(f"sqlite:///{tmp_path / 'db.sqlite'}"))
     control.register_worker(make_capabilities(devices=[make_device(memory_gb=80)], memory_gb=23.5), cpu_slots=1)
-    context = {"who": Identity("admin", None), "csrf": "", "notice": None, "current": "workers", "static": "/static",
+    context = {"who": Identity("admin", None), "csrf": "", "notice": None, "current": "workers", "root": "",
+               "static": "/static",
                "live": None, "machines_nav": False, **views.workers(control, Identity("admin", None))}
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", views.render("workers.html", context)))
     assert "23.5 GB memory" in text

@@ -89,6 +89,19 @@ def html(body: str, status: int = 200) -> HTMLResponse:
     return HTMLResponse(body, status_code=status, headers=HEADERS)
 
 
+def root(request: Request) -> str:
+    """The path the dashboard is served under (``server start --root-path``, a proxy's
+    prefix), without its last ``/``: every link, redirect and cookie starts with it."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def route_path(request: Request) -> str:
+    """The request's path within the dashboard, without the root path (a proxy may pass
+    the prefix on or strip it; a server may be reached directly too)."""
+    path, prefix = request.url.path, root(request)
+    return path[len(prefix):] or "/" if prefix and (path == prefix or path.startswith(prefix + "/")) else path
+
+
 def _same_origin(request: Request) -> bool:
     """A form post names the page it came from in ``Origin`` (every current browser does);
     only the host is compared, since a proxy in front may terminate TLS."""
@@ -175,27 +188,30 @@ class Dashboard:
             response: Response = PlainTextResponse("not logged in (or the session ended): log in again",
                                                    status_code=401, headers=HEADERS)
         else:
-            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            home = root(request) + "/"
+            target = root(request) + route_path(request) + (f"?{request.url.query}" if request.url.query else "")
             if route.access == "form":
-                target = "/"  # never replay a form after the login
-            query = urllib.parse.urlencode({"next": target}) if target != "/" else ""
-            response = RedirectResponse("/login" + (f"?{query}" if query else ""), status_code=303, headers=HEADERS)
+                target = home  # never replay a form after the login
+            query = urllib.parse.urlencode({"next": target}) if target != home else ""
+            response = RedirectResponse(f"{root(request)}/login" + (f"?{query}" if query else ""), status_code=303,
+                                        headers=HEADERS)
         if COOKIE in request.cookies:
-            response.delete_cookie(COOKIE, path="/")
+            response.delete_cookie(COOKIE, path=root(request) + "/")
         return response
 
-    def _base(self, session: Session | None, current: str, *, stream: bool = False) -> dict[str, Any]:
-        """What every template is given. A page shows the session's notice once; a stream
-        leaves it for the page."""
+    def _base(self, request: Request, session: Session | None, current: str, *,
+              stream: bool = False) -> dict[str, Any]:
+        """What every template is given (``root``: what every link starts with). A page
+        shows the session's notice once; a stream leaves it for the page."""
         notice = session.take_notice() if session is not None and not stream else None
         return {"who": session.identity if session else None, "csrf": session.csrf if session else "",
-                "notice": notice, "current": current,
-                "static": STATIC, "live": None, "machines_nav": self.control.providers is not None}
+                "notice": notice, "current": current, "root": root(request),
+                "static": root(request) + STATIC, "live": None, "machines_nav": self.control.providers is not None}
 
     def _error(self, request: Request, session: Session | None, status: int, message: str) -> Response:
-        if request.url.path.startswith("/live/"):
+        if route_path(request).startswith("/live/"):
             return PlainTextResponse(message, status_code=status, headers=HEADERS)
-        context = {**self._base(session, ""), "status": status, "message": message}
+        context = {**self._base(request, session, ""), "status": status, "message": message}
         return html(views.render("error.html", context), status)
 
     async def _page(self, template: str, context: dict[str, Any], load: Callable[[], dict[str, Any]]) -> Response:
@@ -208,13 +224,13 @@ class Dashboard:
 
     async def login_form(self, request: Request) -> Response:
         session = await self.session(request)
-        target = safe_next(request.query_params.get("next"))
+        target = safe_next(request.query_params.get("next"), root(request))
         if session is not None:
             return RedirectResponse(target, status_code=303, headers=HEADERS)
         return self._login_page(request, target, None, 200)
 
     def _login_page(self, request: Request, target: str, error: str | None, status: int) -> Response:
-        context = {**self._base(None, "login"), "next": target, "error": error,
+        context = {**self._base(request, None, "login"), "next": target, "error": error,
                    "embedded": self.options.run_token is not None}
         return html(views.render("login.html", context), status)
 
@@ -222,8 +238,8 @@ class Dashboard:
         try:
             form = await _read_form(request)
         except GpulayerError as exc:
-            return self._login_page(request, "/", str(exc), exc.status_code)
-        target = safe_next(form.get("next"))
+            return self._login_page(request, root(request) + "/", str(exc), exc.status_code)
+        target = safe_next(form.get("next"), root(request))
         if not _same_origin(request):
             return self._login_page(request, target, "This login form came from another site; log in here.", 403)
         secret = form.get("token", "").strip()
@@ -240,21 +256,22 @@ class Dashboard:
             self.sessions.drop(old)  # a login always starts a new session (no fixation)
         session = self.sessions.create(who)
         response = RedirectResponse(target, status_code=303, headers=HEADERS)
-        response.set_cookie(COOKIE, session.id, max_age=max(1, int(session.expires_at - time.time())), path="/",
+        response.set_cookie(COOKIE, session.id, max_age=max(1, int(session.expires_at - time.time())),
+                            path=root(request) + "/",
                             httponly=True, samesite="strict", secure=request.url.scheme == "https")
         return response
 
     async def logout(self, request: Request, session: Session) -> Response:
         self.sessions.drop(session.id)
-        response = RedirectResponse("/login", status_code=303, headers=HEADERS)
-        response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict",
+        response = RedirectResponse(f"{root(request)}/login", status_code=303, headers=HEADERS)
+        response.delete_cookie(COOKIE, path=root(request) + "/", httponly=True, samesite="strict",
                                secure=request.url.scheme == "https")
         return response
 
     # ------------------------------------------------------------------ pages
 
     async def overview(self, request: Request, session: Session) -> Response:
-        context = {**self._base(session, "overview"), "live": "/live/overview"}
+        context = {**self._base(request, session, "overview"), "live": f"{root(request)}/live/overview"}
         return await self._page("overview.html", context, lambda: views.overview(self.control, session.identity))
 
     def _jobs_query(self, request: Request) -> ListJobsQuery:
@@ -262,7 +279,7 @@ class Dashboard:
         return build(ListJobsQuery, params, Spelling(where="query"))
 
     async def jobs(self, request: Request, session: Session) -> Response:
-        context = {**self._base(session, "jobs"), **_LIMITS}
+        context = {**self._base(request, session, "jobs"), **_LIMITS}
         try:
             query = self._jobs_query(request)
         except InvalidInput as exc:
@@ -270,7 +287,7 @@ class Dashboard:
             return html(await run_in_threadpool(views.render, "jobs.html", context), exc.status_code)
         state = query.state.value if query.state else ""
         live_query = urllib.parse.urlencode({"state": state, "limit": query.limit} if state else {"limit": query.limit})
-        context.update(error=None, state=state, live=f"/live/jobs?{live_query}", **_LIMITS)
+        context.update(error=None, state=state, live=f"{root(request)}/live/jobs?{live_query}", **_LIMITS)
         return await self._page("jobs.html", context, lambda: views.jobs(
             self.control, session.identity, state=query.state, limit=query.limit))
 
@@ -282,10 +299,10 @@ class Dashboard:
             # an ended job's page streams too while its log goes on past what the page shows
             # (the stream sends the rest and ends)
             done = data["job"].state.terminal and not data["log_more"]
-            live_url = None if done else f"/live/jobs/{job_id}?after={data['log_after']}"
+            live_url = None if done else f"{root(request)}/live/jobs/{urllib.parse.quote(job_id)}?after={data['log_after']}"
             return {**data, "live": live_url}
 
-        return await self._page("job.html", self._base(session, "jobs"), load)
+        return await self._page("job.html", self._base(request, session, "jobs"), load)
 
     async def cancel(self, request: Request, session: Session) -> Response:
         job_id = request.path_params["job_id"]
@@ -299,14 +316,14 @@ class Dashboard:
                 f"Cancel requested for job {job_id}: its worker ends it at its next heartbeat."
 
         session.notice = await run_in_threadpool(run)
-        return RedirectResponse(f"/jobs/{urllib.parse.quote(job_id)}", status_code=303, headers=HEADERS)
+        return RedirectResponse(f"{root(request)}/jobs/{urllib.parse.quote(job_id)}", status_code=303, headers=HEADERS)
 
     async def workers(self, request: Request, session: Session) -> Response:
-        context = {**self._base(session, "workers"), "live": "/live/workers"}
+        context = {**self._base(request, session, "workers"), "live": f"{root(request)}/live/workers"}
         return await self._page("workers.html", context, lambda: views.workers(self.control, session.identity))
 
     async def machines(self, request: Request, session: Session) -> Response:
-        return await self._page("machines.html", self._base(session, "machines"),
+        return await self._page("machines.html", self._base(request, session, "machines"),
                                 lambda: views.machines(self.control, session.identity))
 
     # ------------------------------------------------------------------ live streams
@@ -319,9 +336,9 @@ class Dashboard:
         return StreamingResponse(body, media_type="text/event-stream",
                                  headers={**HEADERS, "x-accel-buffering": "no"})
 
-    def _regions(self, session: Session, template: str, current: str,
+    def _regions(self, request: Request, session: Session, template: str, current: str,
                  load: Callable[[], dict[str, Any]]) -> Callable[[], live.Frame]:
-        base = self._base(session, current, stream=True)
+        base = self._base(request, session, current, stream=True)
 
         def look() -> live.Frame:
             return live.Frame(views.render_live(template, {**base, **load()}))
@@ -329,17 +346,17 @@ class Dashboard:
         return look
 
     async def live_overview(self, request: Request, session: Session) -> Response:
-        return self._stream(session, self._regions(session, "overview.html", "overview",
+        return self._stream(session, self._regions(request, session, "overview.html", "overview",
                                                    lambda: views.overview(self.control, session.identity)))
 
     async def live_workers(self, request: Request, session: Session) -> Response:
-        return self._stream(session, self._regions(session, "workers.html", "workers",
+        return self._stream(session, self._regions(request, session, "workers.html", "workers",
                                                    lambda: views.workers(self.control, session.identity)))
 
     async def live_jobs(self, request: Request, session: Session) -> Response:
         query = self._jobs_query(request)
         extra = {"error": None, "state": query.state.value if query.state else "", **_LIMITS}
-        return self._stream(session, self._regions(session, "jobs.html", "jobs", lambda: {
+        return self._stream(session, self._regions(request, session, "jobs.html", "jobs", lambda: {
             **extra, **views.jobs(self.control, session.identity, state=query.state, limit=query.limit)}))
 
     async def live_job(self, request: Request, session: Session) -> Response:
@@ -347,7 +364,7 @@ class Dashboard:
         after = _after(request)
         await run_in_threadpool(functools.partial(views.visible_job, self.control, session.identity, job_id,
                                                   arguments=False))  # 404 before streaming
-        base = self._base(session, "jobs", stream=True)
+        base = self._base(request, session, "jobs", stream=True)
 
         def look() -> live.Frame:
             nonlocal after

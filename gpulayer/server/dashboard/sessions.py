@@ -182,11 +182,15 @@ def new_run_token() -> str:
     return RUN_TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
-def safe_next(target: str | None) -> str:
+def safe_next(target: str | None, root: str = "") -> str:
     """Where to go after logging in: a path on this site only (never ``//host`` or a URL
-    with a scheme: an open redirect would make the login page a phishing tool)."""
+    with a scheme: an open redirect would make the login page a phishing tool), under the
+    dashboard's ``root`` path; else the overview."""
+    home = root + "/"
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
-        return "/"
+        return home
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in target):
-        return "/"
+        return home
+    if root and target != root and not target.startswith(home):
+        return home
     return target

@@ -67,6 +67,6 @@
   source.addEventListener("expired", function () {
     source.close();
     const here = location.pathname + location.search;
-    location.assign("/login?next=" + encodeURIComponent(here));
+    location.assign(document.body.dataset.root + "/login?next=" + encodeURIComponent(here));
   });
 })();
