@@ -87,8 +87,10 @@ Rules of a pass
 * Starvation: a job that is blocked (compatible, no room) and has been queued longer than
   ``reserve_after`` seconds (``now - queued_at > reserve_after``) *reserves* workers: the
   ``N`` compatible workers (one per node) of its first target that have the most free
-  eligible capacity, not already reserved by an earlier job. Later jobs in this pass's
-  order cannot be placed on a reserved worker, so it drains and the big job runs. Only
+  eligible capacity, not already reserved by an earlier job. A reservation holds the room
+  the job needs (the devices of its kind, or the CPU slots): later jobs in this pass's
+  order cannot take that room, so it drains and the big job runs; the rest of the worker
+  (CPU slots, other kinds) stays free for them. Only
   jobs needing more than one unit (``device_count > 1`` or ``nodes > 1``) reserve: a job
   that needs one device or one CPU slot always gets the first free one it can use, because
   it is placed before every later job in each pass, so it cannot be starved by them.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 
 from gpulayer.scheduling.candidates import Candidate, ShapeState
-from gpulayer.scheduling.fleet import Worker
+from gpulayer.scheduling.fleet import Worker, room_of
 from gpulayer.scheduling.model import NodeGrant
 
 #: A reservation pool entry: (-free units when pushed, fleet position, worker).
@@ -17,8 +17,9 @@ PoolEntry = tuple[int, int, Worker]
 
 
 def fits(w: Worker, cand: Candidate, kind: str | None, k: int) -> bool:
-    """``w`` (of ``cand``'s class) has room for one node now and is not reserved."""
-    if w.reserved_by is not None:
+    """``w`` (of ``cand``'s class) has room for one node now, and that room (the devices of
+    the kind, or its CPU slots) is not reserved."""
+    if w.reserved and room_of(kind, k) in w.reserved:
         return False
     if k == 0:
         return w.free_cpu > 0
@@ -99,15 +100,17 @@ def grant(picked: list[tuple[Worker, Candidate]], kind: str | None, k: int) -> l
 
 
 def take_most_free(heap: list[PoolEntry], st: ShapeState, kind: str | None, k: int, nodes: int) -> list[Worker] | None:
-    """Pop the ``nodes`` unreserved workers with the most free units, or None (heap unchanged).
+    """Pop the ``nodes`` workers whose room for the shape is not reserved with the most free
+    units, or None (heap unchanged).
 
     Free units only shrink during a pass, so a stale entry is re-pushed with its new key
-    (lazy decrease-key); reserved workers are dropped for good.
+    (lazy decrease-key); workers whose room is reserved are dropped for good.
     """
     out: list[PoolEntry] = []
+    room = room_of(kind, k)
     while heap and len(out) < nodes:
         neg, pos, w = heapq.heappop(heap)
-        if w.reserved_by is not None:
+        if w.reserved and room in w.reserved:
             continue
         units = free_units(w, st.eligible_of[w.cls], kind, k)
         if -neg != units:
@@ -123,8 +126,9 @@ def take_most_free(heap: list[PoolEntry], st: ShapeState, kind: str | None, k: i
 
 def reserve(st: ShapeState, nodes: int) -> list[Worker] | None:
     """The ``nodes`` workers a blocked job of ``st``'s shape should hold: on its first target
-    with enough unreserved compatible workers, those with the most free units (ties in fleet
-    order); None when no target has enough. Marking them reserved is the caller's business.
+    with enough compatible workers whose room for it is not reserved, those with the most free
+    units (ties in fleet order); None when no target has enough. Marking them reserved is the
+    caller's business.
 
     A failure is remembered (``st.reserve_fail_n``): workers only get reserved, never
     released, in a pass, so a later job of the shape needing as many nodes fails too.

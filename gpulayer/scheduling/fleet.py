@@ -30,7 +30,7 @@ class WorkerClass:
 class Worker:
     """One worker and what it has free; capacity only shrinks during a pass."""
 
-    __slots__ = ("cls", "free", "free_cpu", "id", "pos", "reserved_by", "state")
+    __slots__ = ("cls", "free", "free_cpu", "id", "pos", "reserved", "state")
 
     def __init__(self, ws: WorkerState, pos: int, cls: WorkerClass, state: str | None) -> None:
         rec = ws.record
@@ -38,7 +38,9 @@ class Worker:
         self.pos = pos  # position in the fleet
         self.cls = cls
         self.state = state  # None (active), "offline" or "draining"
-        self.reserved_by: str | None = None  # id of the job that reserved it in this pass
+        #: what is reserved on it in this pass: the room of one kind (a device kind, or None
+        #: for its CPU slots; :func:`room_of`) -> the id of the job that reserved it
+        self.reserved: dict[str | None, str] = {}
         busy = ws.busy_devices
         free: dict[str, set[int]] = {}
         for kind, index in cls.usable:
@@ -50,6 +52,12 @@ class Worker:
                     f.add(index)
         self.free = free  # kind -> free usable device indices
         self.free_cpu = max(0, rec.cpu_slots - ws.busy_cpu_slots)
+
+
+def room_of(kind: str | None, k: int) -> str | None:
+    """Which room of a worker a job needing ``k`` devices of ``kind`` per node takes: the
+    devices of that kind, or (``k == 0``) a CPU slot (None). A reservation holds one room."""
+    return kind if k else None
 
 
 class Fleet:

@@ -11,7 +11,7 @@ from gpulayer.records import PlacementDecision, Reason
 from gpulayer.scheduling.candidates import OfferRooms, ShapeState, ShapeStates
 from gpulayer.scheduling.capacity import grant, pick, reserve
 from gpulayer.scheduling.collector import collection_paused
-from gpulayer.scheduling.fleet import Fleet, offer_record
+from gpulayer.scheduling.fleet import Fleet, offer_record, room_of
 from gpulayer.scheduling.model import (
     NO_ELIGIBLE_WORKER,
     Assignment,
@@ -159,11 +159,13 @@ def wants_reservation(qj: QueuedJob, st: ShapeState, nodes: int, now: float, res
 
 def hold(st: ShapeState, nodes: int, job_id: str, waiting: WaitingReasons) -> list[str]:
     """Reserve workers for a blocked job (:func:`~gpulayer.scheduling.capacity.reserve`):
-    mark them, drop the cached waiting reasons that show them as busy, return their ids
-    (empty when too few could be had)."""
+    mark the room it needs on them (the devices of its kind, or the CPU slots: the rest of
+    the worker stays free for later jobs), drop the cached waiting reasons that show them as
+    busy, return their ids (empty when too few could be had)."""
     held = reserve(st, nodes) or []
+    room = room_of(st.shape.accelerator, st.shape.device_count)
     for w in held:
-        w.reserved_by = job_id
+        w.reserved[room] = job_id
         waiting.forget(w)
     return [w.id for w in held]
 

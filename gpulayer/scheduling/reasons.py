@@ -10,7 +10,7 @@ from gpulayer.records import Reason
 from gpulayer.scheduling.candidates import ShapeState
 from gpulayer.scheduling.capacity import fits
 from gpulayer.scheduling.compat import RawReason, bind
-from gpulayer.scheduling.fleet import Fleet, Worker
+from gpulayer.scheduling.fleet import Fleet, Worker, room_of
 
 
 def busy_message(kind: str | None, k: int) -> str:
@@ -137,12 +137,14 @@ class WaitingReasons:
                 return cached
         kind, k = st.shape.accelerator, st.shape.device_count
         busy_msg = busy_message(kind, k)
+        room = room_of(kind, k)
         limit = self._limit
         out: list[Reason] = []
         ws = st.compatible_workers()
         for w in ws[:limit]:
-            if w.reserved_by is not None and w.reserved_by != job_id:
-                out.append(self.worker_reason(w, "reserved", f"compatible but reserved for job {w.reserved_by}"))
+            by = w.reserved.get(room) if w.reserved else None
+            if by is not None and by != job_id:
+                out.append(self.worker_reason(w, "reserved", f"compatible but reserved for job {by}"))
             elif gang and fits(w, st.eligible_of[w.cls], kind, k):
                 out.append(self.worker_reason(w, "free", f"free, but the job needs {nodes} workers at once"))
             else:

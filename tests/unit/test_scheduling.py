@@ -384,6 +384,29 @@ def test_reservation_picks_the_most_free_worker_and_leaves_others():
     assert result.decisions["s3"].outcome == "waiting"
 
 
+def test_a_reservation_holds_only_the_room_the_big_job_needs():
+    """An 8-GPU job that reserved a worker holds its GPUs, not its CPU slots: a CPU job (or
+    a job on an accelerator with gpus=0) still runs there, and a CPU gang that reserved CPU
+    slots leaves the workers' GPUs to GPU jobs. Holding them would help nobody, and kept a
+    CPU job waiting next to idle slots until every GPU drained."""
+    h100 = make_state(make_worker("wkr-h100", devices=make_cuda_devices(8), cpu_slots=2), busy=[("cuda", 0)])
+    big = queued(make_job(accelerator="cuda", gpus=8), "big", seq=0, queued_at=0.0)
+    cpu = queued(make_job(), "cpu", seq=1, queued_at=100.0)
+    zero = queued(make_job(accelerator="cuda", gpus=0), "zero", seq=2, queued_at=100.0)
+    one = queued(make_job(accelerator="cuda"), "one", seq=3, queued_at=100.0)
+    result = place([big, cpu, zero, one], [h100], now=100.0)
+    assert result.reservations == {"big": ["wkr-h100"]}
+    assert grants(result) == {"cpu": [("wkr-h100", ())], "zero": [("wkr-h100", ())]}
+    assert result.decisions["one"].reasons[0].message == "compatible but reserved for job big"
+    gang_workers = [make_state(make_worker(f"wkr-{i}", devices=make_cuda_devices(2), cpu_slots=1), busy_cpu_slots=1)
+                    for i in range(2)]
+    gang = queued(make_distributed_job(2), "gang", seq=0, queued_at=0.0)
+    gpu = queued(make_job(accelerator="cuda"), "gpu", seq=1, queued_at=100.0)
+    result = place([gang, gpu], gang_workers, now=100.0)
+    assert result.reservations == {"gang": ["wkr-0", "wkr-1"]}
+    assert grants(result) == {"gpu": [("wkr-0", (0,))]}
+
+
 def test_gang_all_or_nothing_on_distinct_workers():
     w = [make_worker(f"wkr-{i}", devices=make_cuda_devices(8)) for i in range(3)]
     gang = make_distributed_job(3, accelerator="cuda", gpus=8)

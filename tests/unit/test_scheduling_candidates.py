@@ -35,7 +35,7 @@ def test_worker_free_capacity():
                                         make_device("rocm", 1, usable=False)], cpu_slots=4)
     (w,) = Fleet([make_state(rec, busy=[("cuda", 1)], busy_cpu_slots=1)]).workers
     assert w.free == {"cuda": {0, 2}, "rocm": {0}}
-    assert w.free_cpu == 3 and w.reserved_by is None and w.state is None
+    assert w.free_cpu == 3 and w.reserved == {} and w.state is None
     (w,) = Fleet([make_state(rec, busy_cpu_slots=9)]).workers
     assert w.free_cpu == 0
 

@@ -34,10 +34,12 @@ def test_fits_cpu_slots_and_reserved_workers():
     (w,) = fleet.workers
     cand = st.eligible_of[w.cls]
     assert fits(w, cand, None, 0) and free_units(w, cand, None, 0) == 1
-    w.reserved_by = "job-big"
+    w.reserved["cuda"] = "job-big"  # another room: its CPU slots stay free
+    assert fits(w, cand, None, 0)
+    w.reserved[None] = "job-big"
     assert not fits(w, cand, None, 0)
     assert free_units(w, cand, None, 0) == 1  # reserved workers still count their room
-    w.reserved_by, w.free_cpu = None, 0
+    w.reserved, w.free_cpu = {}, 0
     assert not fits(w, cand, None, 0)
 
 
@@ -92,7 +94,7 @@ def test_take_most_free_pops_the_most_free_and_repairs_stale_entries():
     fleet.workers[3].free["cuda"] -= {0, 1, 2, 3, 4}  # wkr-3 filled up since it was pushed
     taken = take_most_free(heap, st, "cuda", 8, 2)
     assert [w.id for w in taken or []] == ["wkr-1", "wkr-2"]  # ties in fleet order; wkr-3 now has 3
-    fleet.workers[3].reserved_by = "other"
+    fleet.workers[3].reserved["cuda"] = "other"
     before = sorted(heap)
     assert take_most_free(heap, st, "cuda", 8, 2) is None
     assert sorted(heap) == [e for e in before if e[2].id != "wkr-3"]  # reserved ones dropped, rest kept
@@ -107,10 +109,10 @@ def test_reserve_uses_the_first_target_with_enough_workers_and_remembers_failure
     assert [w.id for w in reserve(st, 1) or []] == ["wkr-local"]
     assert set(st.pools) == {"local"}
     assert st.reserve_fail_n == math.inf
-    fleet.workers[0].reserved_by = "job-a"
+    fleet.workers[0].reserved["cuda"] = "job-a"
     assert [w.id for w in reserve(st, 2) or []] == ["wkr-r0", "wkr-r1"]
     assert set(st.pools) == {"local", "remote"}
     for w in fleet.workers:
-        w.reserved_by = "job-a"
+        w.reserved["cuda"] = "job-a"
     assert reserve(st, 1) is None
     assert st.reserve_fail_n == 1

@@ -69,11 +69,11 @@ def test_hold_marks_the_reserved_workers_and_drops_stale_waiting_reasons():
     before = waiting.of(st, 1, "job-small")
     assert [r.code for r in before] == ["busy", "busy"]
     assert hold(st, 1, "job-big", waiting) == ["wkr-0"]  # most free, ties in fleet order
-    assert [w.reserved_by for w in fleet.workers] == ["job-big", None]
+    assert [w.reserved for w in fleet.workers] == [{"cuda": "job-big"}, {}]
     after = waiting.of(st, 1, "job-small")
     assert [r.code for r in after] == ["reserved", "busy"] and [r.code for r in before] == ["busy", "busy"]
     assert hold(st, 2, "job-gang", waiting) == []  # one unreserved worker left: nothing held
-    assert fleet.workers[1].reserved_by is None and st.reserve_fail_n == 2
+    assert fleet.workers[1].reserved == {} and st.reserve_fail_n == 2
 
 
 def test_assigned_decision_summaries():

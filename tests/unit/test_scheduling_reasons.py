@@ -100,10 +100,10 @@ def test_waiting_reasons_cache_is_dropped_when_a_listed_worker_is_reserved():
     assert out[-1].message == "and 1 more compatible worker(s)"
     assert waiting.of(st, 1, "job-1") is out
     unlisted = fleet.workers[2]
-    unlisted.reserved_by = "job-0"
+    unlisted.reserved["cuda"] = "job-0"
     waiting.forget(unlisted)
     assert waiting.of(st, 1, "job-1") is out  # wkr-2 is not listed: the cache stands
-    fleet.workers[1].reserved_by = "job-0"
+    fleet.workers[1].reserved["cuda"] = "job-0"
     waiting.forget(fleet.workers[1])
     out = waiting.of(st, 1, "job-1")
     assert [(r.worker, r.code, r.message) for r in out[:2]] == [
