@@ -124,6 +124,13 @@ def _worker_lines(w: WorkerExplanation, now: float) -> list[str]:
     return lines
 
 
+#: reasons of a decision about a target rather than a worker (a worker's own are in
+#: ``e.workers``), shown before the workers' lines; then those about offers that fit but
+#: that their provider never brings up so many of at once
+_TARGET_CODES = frozenset({"no_workers", "too_few_workers"})
+_OFFER_CODES = frozenset({"machines"})
+
+
 def render(e: Explanation, spelling: Spelling | None = None, *, command: str | None = None) -> str:
     """The explanation as ``gpulayer explain`` prints it. ``command``: how to ask again for
     every worker (shown when the list is cut)."""
@@ -143,10 +150,14 @@ def render(e: Explanation, spelling: Spelling | None = None, *, command: str | N
         if e.queue_position is not None and e.queue_position > 1:
             out.append(f"{e.queue_position - 1} queued job(s) would be placed before it")
     out.append("")
+    # what the decision says of a target, not of one worker (``no cloud worker registered
+    # ...``, ``2 compatible remote worker(s), the job needs 4 at once``), as submit prints it
+    out.extend(r.render() for r in e.decision.reasons if r.code in _TARGET_CODES)
     if not e.workers:
         out.append("workers: none registered (or online)")
     for w in e.workers[:LISTED]:
         out.extend(_worker_lines(w, now))
+    out.extend(r.render() for r in e.decision.reasons if r.code in _OFFER_CODES)
     if len(e.workers) > LISTED:
         more = len(e.workers) - LISTED
         out.append(f"... and {more} more worker(s); {command + ' --json' if command else '--json'} lists every one")

@@ -11,7 +11,7 @@ from gpulayer.joboptions import keyword_spelling
 from gpulayer.records import Explanation, Relaxation, RunningTask, TaskState
 from gpulayer.scheduling import nearest, place
 from gpulayer.sdk import REMOTE_SPELLING
-from tests.factories import make_cuda_devices, make_job, make_state, make_worker, queued
+from tests.factories import make_cuda_devices, make_distributed_job, make_job, make_state, make_worker, queued
 
 TRAINER = keyword_spelling("Trainer", gpus="gpus_per_node")
 
@@ -102,6 +102,23 @@ def test_another_owners_job_is_not_named() -> None:
     e.workers[0].running = [RunningTask(state=TaskState.ASSIGNED)]
     assert render(e, SUBMIT_SPELLING).splitlines()[-1] == (
         "wkr-busy: compatible but busy: no free CPU slot (running another user's job (not started yet))")
+
+
+def test_what_the_decision_says_of_a_target_is_shown_as_submit_shows_it() -> None:
+    """``no cloud worker registered ...`` and ``... the job needs 4 at once`` are reasons of
+    the decision that name a target, not a worker: explain printed only the workers' lines,
+    so it never said that the target had no worker at all, or too few for the gang."""
+    local = make_state(make_worker("wkr-a"))
+    e = explanation(make_job(target="cloud"), local)
+    assert render(e, SUBMIT_SPELLING).splitlines()[:4] == [
+        "would fail: scheduling: no eligible worker", "",
+        "cloud: no cloud worker registered and no provider offered a machine",
+        "wkr-a: serves local jobs (origin local), job allows cloud"]
+    e = explanation(make_distributed_job(4), local, make_state(make_worker("wkr-b")))
+    assert render(e, SUBMIT_SPELLING).splitlines()[:5] == [
+        "would fail: scheduling: needs 4 eligible workers on one target, found 2", "",
+        "local: 2 compatible local worker(s), the job needs 4 at once",
+        "wkr-a: eligible, free now", "wkr-b: eligible, free now"]
 
 
 def test_a_free_worker_is_eligible() -> None:
