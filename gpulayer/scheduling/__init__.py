@@ -65,6 +65,8 @@ reserved            ``compatible but reserved for job <job id>``
 free                ``free, but the job needs 4 workers at once`` (gang jobs only)
 too_few_workers     [target] ``1 compatible local worker(s), the job needs 2 at once``
                     (a gang larger than the compatible workers of every target)
+machines            [offer id] ``needs 4 machines at once, its provider brings up 2 at most``
+                    (an offer fits a gang, but its provider never brings up that many)
 more                [``...``] ``and 950 more worker(s), each with the same reasons as a
                     listed worker with the same capabilities`` (or ``... not listed``)
 ==================  ==================================================================
