@@ -11,6 +11,8 @@ decimal and compared unrounded, in the same unit: a card shown as "80.0 GB" with
 
 from __future__ import annotations
 
+import math
+
 GB = 1024**3
 
 
@@ -22,3 +24,19 @@ def gb(nbytes: float) -> float:
 def format_gb(nbytes: float, digits: int = 1) -> str:
     """``nbytes`` as GPUlayer shows a size, without the unit: ``format_gb(80 * GB) == "80.0"``."""
     return f"{nbytes / GB:.{digits}f}"
+
+
+def format_wanted_gb(value: float) -> str:
+    """A requirement in GB as reasons show it: one decimal (``"64.0"``), or as many as it
+    has (``"80.05"``), so that the number shown is the number compared."""
+    one = f"{value:.1f}"
+    return one if float(one) == value else f"{value:.10g}"
+
+
+def format_gb_below(nbytes: float, limit: float) -> str:
+    """``nbytes``, less than ``limit`` GB, as a reason shows it: one decimal, or three rounded
+    down where one decimal would read as ``limit`` or more (``"63.999"``, not ``"64.0"``)."""
+    shown = format_gb(nbytes)
+    if float(shown) < limit:
+        return shown
+    return f"{math.floor(nbytes / GB * 1000) / 1000:.3f}"

@@ -15,7 +15,7 @@ from gpulayer.hookrecords import Capabilities, SupportLevel
 from gpulayer.records import TARGET_FOR_ORIGIN, Reason, WorkerRecord
 from gpulayer.scheduling.shapes import Shape, shape_of
 from gpulayer.specs import JobSpec
-from gpulayer.units import GB, format_gb
+from gpulayer.units import GB, format_gb_below, format_wanted_gb
 
 
 class RawReason(NamedTuple):
@@ -85,10 +85,8 @@ def _worker_reasons(shape: Shape, rec: WorkerRecord, out: list[RawReason]) -> No
                              f"needs {shape.cpus} CPUs, worker has {host.cpu_count}"
                              f"{_by_override(caps, 'host.cpu_count')}"))
     if shape.memory_gb and host.memory_bytes < shape.memory_gb * GB:
-        want = f"{shape.memory_gb:.1f}"
-        have = format_gb(host.memory_bytes)
-        if have == want:  # 63.96 GB is not 64 GB: show enough digits to see why
-            have = format_gb(host.memory_bytes, 3)
+        want = format_wanted_gb(shape.memory_gb)
+        have = format_gb_below(host.memory_bytes, shape.memory_gb)  # 63.96 GB is not 64: "63.960"
         out.append(RawReason("memory", want, have, f"needs {want} GB RAM, worker has {have} GB"
                                                     f"{_by_override(caps, 'host.memory_bytes')}"))
     for key, value in shape.labels:
@@ -133,7 +131,7 @@ def _device_reasons(shape: Shape, caps: Capabilities, out: list[RawReason]) -> t
         return (), True
     ok = usable
     bad = False
-    want_mem = f">= {shape.min_gpu_memory_gb:.1f} GB" if shape.min_gpu_memory_gb else None
+    want_mem = f">= {format_wanted_gb(shape.min_gpu_memory_gb)} GB" if shape.min_gpu_memory_gb else None
     if shape.min_gpu_memory_gb:
         floor = shape.min_gpu_memory_gb * GB
         mem_ok = [d for d in usable if d.memory_bytes is not None and d.memory_bytes >= floor]

@@ -68,7 +68,7 @@ from gpulayer.scheduling.model import WorkerState
 from gpulayer.scheduling.reasons import busy_message, state_reason
 from gpulayer.scheduling.shapes import Shape, shape_of
 from gpulayer.specs import TARGETS, JobSpec
-from gpulayer.units import GB
+from gpulayer.units import GB, format_wanted_gb
 
 __all__ = ["FAR", "Survey", "closest", "misses_of", "relaxations", "survey"]
 
@@ -152,7 +152,7 @@ def misses_of(shape: Shape, rec: WorkerRecord, reasons: Sequence[RawReason]) -> 
             n = int(have or 0)
             what = []
             if code != "compute_capability":
-                what.append(f">= {shape.min_gpu_memory_gb:.1f} GB")
+                what.append(f">= {format_wanted_gb(shape.min_gpu_memory_gb or 0)} GB")
             if code != "gpu_memory":
                 what.append(f"compute capability {shape.compute_capability}")
             text = f"has {n} of {need} {kind} {_plural(need, 'device')} with {' and '.join(what)}"
