@@ -39,7 +39,8 @@ For each requirement the job sets, the least change that makes some worker compa
 counting active (online, not draining) workers on the job's targets, busy ones included:
 
 * ``gpus``, ``min_gpu_memory_gb``, ``compute_capability``, ``cpus``, ``memory_gb``: relaxed
-  to the largest value (the smallest change) that some worker meets;
+  to the largest value (the smallest change) that some worker meets (on as many devices
+  as pass the job's other device filter: memory and compute capability are met together);
 * a framework with a version specifier: relaxed to any version, and dropped when dropping
   it makes more workers fit; a framework without one, a label, ``python``, ``os``: dropped;
 * a target the job does not list: added as a fallback;
@@ -62,7 +63,7 @@ from packaging.version import InvalidVersion, Version
 from gpulayer.records import Closest, Miss, Reason, Relaxation, WorkerExplanation, WorkerRecord
 from gpulayer.scheduling.candidates import ShapeState, build_shape_state
 from gpulayer.scheduling.capacity import fits
-from gpulayer.scheduling.compat import RawReason, bind, compat
+from gpulayer.scheduling.compat import RawReason, bind, compat, satisfies
 from gpulayer.scheduling.fleet import Fleet, Worker, WorkerClass
 from gpulayer.scheduling.model import WorkerState
 from gpulayer.scheduling.reasons import busy_message, state_reason
@@ -338,6 +339,16 @@ def _usable(cls: WorkerClass, kind: str | None) -> list[tuple[int, str | None]]:
             if d.kind == kind and d.usable]
 
 
+def _cc_ok(shape: Shape, cc: str | None) -> bool:
+    """A device of this compute capability passes the shape's filter (or it has none)."""
+    return not shape.compute_capability or (cc is not None and satisfies(shape.compute_capability, cc))
+
+
+def _memory_ok(shape: Shape, memory_bytes: int) -> bool:
+    """A device of this memory passes the shape's filter (or it has none)."""
+    return not shape.min_gpu_memory_gb or memory_bytes >= shape.min_gpu_memory_gb * GB
+
+
 def _gpus_offer(shape: Shape) -> Callable[[WorkerClass], float | None]:
     def offer(cls: WorkerClass) -> float | None:
         # the most devices below the job's count that this class meets with every filter
@@ -362,7 +373,9 @@ def _relax(spec: JobSpec, shape: Shape, fleet: Fleet, current: int) -> list[Rela
                  lambda v: shape._replace(device_count=int(v)), lambda v: str(int(v)), out, current)
     if kind is not None and shape.min_gpu_memory_gb:
         _numbers(shape, counter, "requirements.min_gpu_memory_gb", shape.min_gpu_memory_gb,
-                 lambda c: _nth_best([_floor_gb(m) for m, _ in _usable(c, kind)], need),
+                 # (a device counts only if it passes the other filter: the devices with
+                 # enough memory and those with the compute capability may not be the same)
+                 lambda c: _nth_best([_floor_gb(m) for m, cc in _usable(c, kind) if _cc_ok(shape, cc)], need),
                  lambda v: shape._replace(min_gpu_memory_gb=v), lambda v: f"{v:g}", out, current)
     if kind is not None and shape.compute_capability:
         _compute_capability(shape, counter, need, out, current)
@@ -412,7 +425,9 @@ def _compute_capability(shape: Shape, counter: _Counter, need: int, out: list[Re
     per_class: dict[int, Version] = {}
     for cls in counter.classes:
         ccs = []
-        for _, cc in _usable(cls, shape.accelerator):
+        for memory, cc in _usable(cls, shape.accelerator):
+            if not _memory_ok(shape, memory):
+                continue
             try:
                 ccs.append(Version(cc or ""))
             except InvalidVersion:

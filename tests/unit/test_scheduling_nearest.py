@@ -211,6 +211,21 @@ def test_only_changes_that_let_in_more_workers_than_now_are_listed() -> None:
     assert relaxed(job) == [("placement.fallback_targets", "add", None, "remote", 1)]
 
 
+def test_a_device_filter_is_relaxed_over_the_devices_that_pass_the_other() -> None:
+    """A box whose 80 GB cards are cc 8.0 and whose cc 9.0 cards have 40 GB meets each filter
+    of an 8 x (>= 80 GB, >= 9.0) job alone, not both. Each relaxation used to look at every
+    card (the 8th best memory is 80, the 8th best cc 9.0: nothing to relax), so explain said
+    no single change helps, when --min-gpu-memory 40 or --compute-capability 8.0 does."""
+    mixed = make_worker("wkr-mixed", devices=[make_device("cuda", i, memory_gb=80, cc="8.0") for i in range(8)]
+                        + [make_device("cuda", 8 + i, memory_gb=40, cc="9.0") for i in range(8)])
+    job = make_job(accelerator="cuda", gpus=8, min_gpu_memory_gb=80, compute_capability=">=9.0")
+    assert [r.code for r in check(job, mixed)] == ["device_filters"]
+    relaxations = nearest.relaxations(job, fleet(mixed))
+    assert [(r.field, r.value, r.fits) for r in relaxations] == [
+        ("requirements.min_gpu_memory_gb", "40", 1), ("requirements.compute_capability", ">=8.0", 1)]
+    assert all(not check(_apply(job, r), mixed) for r in relaxations)
+
+
 def test_relaxations_count_active_workers_only() -> None:
     draining = make_worker("wkr-draining", devices=make_cuda_devices(8), draining=True)
     job = make_job(accelerator="cuda", gpus=16)
