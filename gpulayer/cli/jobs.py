@@ -481,7 +481,8 @@ def _check_wait_timeout(timeout: float | None) -> None:
     if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
         written = next((a.partition("=")[2] or b for a, b in zip(sys.argv, [*sys.argv[1:], ""], strict=True)
                         if a == "--timeout" or a.startswith("--timeout=")), f"{timeout:g}")
-        raise InvalidInput(f"--timeout {written}: not a number of seconds; accepted: a number >= 0 "
+        what = "must be at least 0" if math.isfinite(timeout) else "not a number of seconds"
+        raise InvalidInput(f"--timeout {written}: {what}; accepted: a number >= 0 "
                            "(leave it out to wait as long as it takes)")
 
 

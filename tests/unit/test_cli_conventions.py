@@ -106,6 +106,10 @@ def test_version() -> None:
     (["jobs", "wait", "--timeout", "inf", "job-x"],
      "error: --timeout inf: not a number of seconds; accepted: a number >= 0 (leave it out to wait as long as it takes)"),
     (["jobs", "wait", "--timeout=1e400", "job-x"], "error: --timeout 1e400: not a number of seconds"),  # (as written)
+    # a number, below the range: said so (it read "not a number of seconds")
+    (["jobs", "wait", "--timeout", "-1", "job-x"],
+     "error: --timeout -1: must be at least 0; accepted: a number >= 0 (leave it out to wait as long as it takes)"),
+    (["jobs", "result", "--timeout=-0.5", "job-x"], "error: --timeout -0.5: must be at least 0"),
     # the API's bounds, said by the CLI with the flag, embedded too (an embedded list took 5000)
     (["jobs", "list", "--limit", "5000"], "Invalid value for '--limit': '5000': out of range; accepted: a whole number "
                                           "from 1 to 1000"),
