@@ -239,7 +239,9 @@ class Trainer:
         Lines of a multi-node job are prefixed ``[node R]``. Raises
         :class:`~gpulayer.errors.JobFailed` when the job fails, times out, is cancelled or
         its worker is lost with no retry left; :class:`TimeoutError` when ``timeout``
-        seconds pass first.
+        seconds pass first (the job runs on: ``self.handle.cancel()`` ends it). A Ctrl-C
+        while it waits cancels the job, every node's processes with it, as ``gpulayer
+        submit`` does, and the :class:`KeyboardInterrupt` goes on.
         """
         import time
 
@@ -258,10 +260,19 @@ class Trainer:
                 if not job.state.terminal:
                     raise TimeoutError(f"job {handle.id} is still {job.state.value} after {timeout} s")
 
-        for c in client.follow(handle.id, stream=stream, on_update=check_deadline):
-            sink = (err or sys.stderr) if c.stream == "stderr" else (out or sys.stdout)
-            sink.write(chunk_text(c, prefix=prefix))
-            sink.flush()
+        try:
+            for c in client.follow(handle.id, stream=stream, on_update=check_deadline):
+                sink = (err or sys.stderr) if c.stream == "stderr" else (out or sys.stdout)
+                sink.write(chunk_text(c, prefix=prefix))
+                sink.flush()
+        except KeyboardInterrupt:
+            # as `gpulayer submit` does: a Ctrl-C while the run streams ends the run (every
+            # node's processes), not only this wait; left running, it held its workers
+            from gpulayer.leaving import cancel_all
+
+            cancel_all(client, [handle.id], "the process that submitted it was interrupted while Trainer.fit() "
+                       "waited for it")
+            raise
         job: JobRecord = client.api.get_job(handle.id)
         result_of(job)  # raises JobFailed / Unschedulable / RemoteError unless it succeeded
         return job

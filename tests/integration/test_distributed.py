@@ -349,6 +349,55 @@ def test_trainer_example_and_trainer_failure(cluster: Cluster) -> None:
     assert info.value.exit_code == 3
 
 
+FIT_AND_WAIT = """\
+import sys
+from gpulayer.torch import Trainer
+
+if __name__ == "__main__":
+    Trainer("fail_one_rank.py", nodes=2, args=["-1"], bundle=sys.argv[1], timeout=120).fit()
+"""
+
+
+def _ranks_running(needle: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(needle in part for part in (p.info["cmdline"] or [])):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_ctrl_c_in_trainer_fit_cancels_the_run_on_every_node(cluster: Cluster, tmp_path: Path) -> None:
+    # a Ctrl-C in fit() ended only the wait: the job ran on with both workers held (until its
+    # timeout), as `gpulayer submit` does not (its Ctrl-C cancels)
+    script = tmp_path / "fit_and_wait.py"
+    script.write_text(FIT_AND_WAIT)
+    proc = subprocess.Popen([sys.executable, str(script), str(cluster.project)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # (not ignored)
+    try:
+        def waiting() -> Any:
+            jobs = [j for j in gl.connect().api.list_jobs(limit=5) if j.spec.name == "fail_one_rank.py"
+                    and j.state is JobState.RUNNING]
+            return jobs and gl.JobHandle(jobs[0].id, gl.connect()).logs().count("waiting") >= 2 and jobs[0]
+
+        job = wait_for(waiting, 90, "both ranks to run")
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in stderr, stderr
+    assert "gpulayer: cancelled 1 job(s): the process that submitted it was interrupted while Trainer.fit()" in stderr
+    ended = gl.connect().wait(job.id, 60)
+    assert ended.state is JobState.CANCELLED, ended
+    assert ended.error is not None and "interrupted while Trainer.fit() waited" in ended.error.message
+    wait_for(lambda: not _ranks_running("fail_one_rank.py"), 20, "every rank's process to end")
+
+
 def test_distributed_work_on_a_device_without_distributed_support_is_refused(cluster: Cluster) -> None:
     from gpulayer.torch import launch
 
