@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 
-__all__ = ["QUOTED", "log_text", "node_refused", "prefixes_nodes", "shown_text", "stored_log_text"]
+__all__ = ["QUOTED", "NodeLines", "log_text", "node_refused", "prefixes_nodes", "shown_text", "stored_log_text"]
 
 #: marks a stored chunk whose text is JSON-quoted (a private-use character that output
 #: essentially never starts with)
@@ -66,3 +66,42 @@ def shown_text(data: str, node_rank: int, *, prefix: bool) -> str:
     if not prefix:
         return data
     return "".join(f"[node {node_rank}] {line}" for line in data.splitlines(keepends=True))
+
+
+#: the most of one node's unfinished line :class:`NodeLines` holds back (characters): past
+#: it, what it has is shown as a line of its own, and the line goes on after another prefix
+HOLD_LINE = 1024 * 1024
+
+
+class NodeLines:
+    """A job's chunks as shown one after another, each line prefixed ``[node R] `` when
+    ``prefix``, whole lines only: a chunk ends wherever its worker's read and shipping
+    interval cut the output, often inside a line, so the unfinished line a chunk ends with is
+    held until the chunk of that node and stream that ends it. Shown chunk by chunk, another
+    node's output landed inside that line, and a second prefix in the middle of it.
+    :meth:`rest` gives what is held once the output has ended. Without ``prefix`` the text
+    passes as it is."""
+
+    def __init__(self, prefix: bool) -> None:
+        self.prefix = prefix
+        self._held: dict[tuple[int, str], str] = {}
+
+    def text(self, data: str, node_rank: int, stream: str) -> str:
+        """What to show of this chunk now."""
+        if not self.prefix:
+            return data
+        key = (node_rank, stream)
+        lines = (self._held.pop(key, "") + data).splitlines(keepends=True)
+        if lines and lines[-1].splitlines()[0] == lines[-1]:  # (no line break at its end: the line goes on)
+            if len(lines[-1]) < HOLD_LINE:
+                self._held[key] = lines.pop()
+            else:
+                lines[-1] += "\n"
+        return "".join(f"[node {node_rank}] {line}" for line in lines)
+
+    def rest(self) -> list[tuple[str, str]]:
+        """The unfinished lines held, as ``(stream, text)``, each ended with a line break
+        (another node's may follow); none are held after."""
+        out = [(stream, f"[node {node_rank}] {line}\n") for (node_rank, stream), line in self._held.items()]
+        self._held.clear()
+        return out

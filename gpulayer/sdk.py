@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from gpulayer.api import MAX_BATCH, MAX_LONG_POLL
-from gpulayer.client import Client, chunk_text, connect, prefixes_nodes
+from gpulayer.client import Client, connect, prefixes_nodes
 from gpulayer.errors import (
     InvalidArgument,
     JobFailed,
@@ -27,6 +27,7 @@ from gpulayer.errors import (
 )
 from gpulayer.joboptions import JobOptions
 from gpulayer.lending import lent_while_waiting
+from gpulayer.logtext import NodeLines
 from gpulayer.records import Explanation, JobRecord, JobState
 from gpulayer.remote_functions import (
     RemoteFunction,
@@ -93,14 +94,20 @@ class JobHandle:
         """The output so far; lines of a job of several nodes are prefixed ``[node R]``, as
         ``gpulayer jobs logs`` shows them."""
         job = self._client.job(self.id, brief=True)  # (its spec's nodes: not its result and arguments)
-        prefix = prefixes_nodes(job.spec, node, spelled=f"handle.logs(node={node!r})")
-        return "".join(chunk_text(c, prefix=prefix) for c in self._client.log_chunks(self.id, node=node))
+        lines = NodeLines(prefixes_nodes(job.spec, node, spelled=f"handle.logs(node={node!r})"))
+        text = "".join(lines.text(c.data, c.node_rank, c.stream) for c in self._client.log_chunks(self.id, node=node))
+        return text + "".join(rest for _, rest in lines.rest())
 
     def follow(self, node: int | None = None) -> Iterator[str]:
         """The output as it arrives, until the job ends (prefixed as :meth:`logs`)."""
-        prefix = prefixes_nodes(self._client.job(self.id, brief=True).spec, node, spelled=f"handle.follow(node={node!r})")
+        lines = NodeLines(prefixes_nodes(self._client.job(self.id, brief=True).spec, node,
+                                         spelled=f"handle.follow(node={node!r})"))
         for chunk in self._client.follow(self.id, node=node):
-            yield chunk_text(chunk, prefix=prefix)
+            text = lines.text(chunk.data, chunk.node_rank, chunk.stream)
+            if text:
+                yield text
+        for _, rest in lines.rest():
+            yield rest
 
     def cancel(self) -> str:
         return self._client.api.cancel(self.id).state.value

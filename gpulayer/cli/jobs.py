@@ -98,30 +98,37 @@ def follow_job(client: Client, job_id: str, *, node: int | None = None, progress
     ``progress``: show the job's status on stderr as it goes (:mod:`gpulayer.cli.progress`);
     ``stdout_to_stderr``: the job's stdout too goes to stderr (stdout is for ``--json``)."""
     from gpulayer.cli.progress import status_for
-    from gpulayer.client import chunk_text, prefixes_nodes
+    from gpulayer.client import prefixes_nodes
+    from gpulayer.logtext import NodeLines
 
     show = status_for(client) if progress else None
-    prefix: bool | None = None
+    lines: NodeLines | None = None
     last: list[JobRecord] = []
 
     def seen(job: JobRecord) -> None:
-        nonlocal prefix
+        nonlocal lines
         if show is not None:
             show.update(job)
         last[:] = [job]
-        if prefix is None:
-            prefix = prefixes_nodes(job.spec, node, spelled=f"--node {node}")
+        if lines is None:
+            lines = NodeLines(prefixes_nodes(job.spec, node, spelled=f"--node {node}"))
+
+    def write(stream: str, text: str) -> None:
+        out = sys.stderr if stream == "stderr" or stdout_to_stderr else sys.stdout
+        if show is None:
+            out.write(text)
+            out.flush()
+            return
+        with show.paused():
+            out.write(text)
+            out.flush()
 
     try:
         for c in client.follow(job_id, node=node, on_update=seen):
-            out = sys.stderr if c.stream == "stderr" or stdout_to_stderr else sys.stdout
-            if show is None:
-                out.write(chunk_text(c, prefix=bool(prefix)))
-                out.flush()
-                continue
-            with show.paused():
-                out.write(chunk_text(c, prefix=bool(prefix)))
-                out.flush()
+            assert lines is not None  # (follow looks at the job before its first chunk)
+            write(c.stream, lines.text(c.data, c.node_rank, c.stream))
+        for stream, rest in lines.rest() if lines is not None else []:
+            write(stream, rest)
     finally:
         if show is not None:
             show.close()
@@ -432,7 +439,8 @@ def jobs_logs(
 
     With --follow it exits as gpulayer submit does: the job's exit code, 130 when it was
     cancelled, 124 when it timed out (see gpulayer jobs wait --help)."""
-    from gpulayer.client import chunk_text, prefixes_nodes
+    from gpulayer.client import prefixes_nodes
+    from gpulayer.logtext import NodeLines
 
     client = _client()
     if follow:
@@ -442,10 +450,12 @@ def jobs_logs(
             typer.echo(f"gpulayer: {outcome_text(final)}", err=True)
         raise typer.Exit(exit_code_for(final))
     job = client.job(job_id, brief=True)  # (its spec's nodes: not its result and arguments)
-    prefix = prefixes_nodes(job.spec, node, spelled=f"--node {node}")
+    lines = NodeLines(prefixes_nodes(job.spec, node, spelled=f"--node {node}"))
     for c in client.log_chunks(job_id, node=node):
         out = sys.stderr if c.stream == "stderr" else sys.stdout
-        out.write(chunk_text(c, prefix=prefix))
+        out.write(lines.text(c.data, c.node_rank, c.stream))
+    for stream, rest in lines.rest():
+        (sys.stderr if stream == "stderr" else sys.stdout).write(rest)
     sys.stdout.flush()
 
 

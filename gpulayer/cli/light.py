@@ -167,11 +167,13 @@ def _logs(request: dict[str, Any]) -> bool:
             (kind, nodes), chunks = embedded_reads.job_logs(conn, request["job"], node)
             if logtext.node_refused(kind, nodes, node) is not None:
                 return False  # the full path says so
-            prefix = logtext.prefixes_nodes(kind, nodes, node)
+            lines = logtext.NodeLines(logtext.prefixes_nodes(kind, nodes, node))
             try:
                 for node_rank, stream, data in chunks:
                     out = sys.stderr if stream == "stderr" else sys.stdout
-                    out.write(logtext.shown_text(logtext.log_text(data), node_rank, prefix=prefix))
+                    out.write(lines.text(logtext.log_text(data), node_rank, stream))
+                for stream, rest in lines.rest():
+                    (sys.stderr if stream == "stderr" else sys.stdout).write(rest)
             except sqlite3.Error as exc:  # after the first page: what it printed stays printed
                 sys.stdout.flush()
                 sys.stderr.write(f"error: could not read the rest of job {request['job']}'s output: {exc}\n")

@@ -245,14 +245,15 @@ class Trainer:
         """
         import time
 
-        from gpulayer.client import chunk_text, prefixes_nodes
+        from gpulayer.client import prefixes_nodes
+        from gpulayer.logtext import NodeLines
         from gpulayer.sdk import result_of, wait_limit
 
         timeout = wait_limit(timeout, "Trainer.fit")  # (checked before anything is submitted)
         handle = self.submit() if self.handle is None else self.handle
         client = self._client
         deadline = None if timeout is None else time.monotonic() + timeout
-        prefix = prefixes_nodes(self.job)
+        lines = NodeLines(prefixes_nodes(self.job))
 
         def check_deadline(job: JobRecord) -> None:
             if deadline is not None and time.monotonic() > deadline and not job.state.terminal:
@@ -260,11 +261,16 @@ class Trainer:
                 if not job.state.terminal:
                     raise TimeoutError(f"job {handle.id} is still {job.state.value} after {timeout} s")
 
+        def write(to: str, text: str) -> None:
+            sink = (err or sys.stderr) if to == "stderr" else (out or sys.stdout)
+            sink.write(text)
+            sink.flush()
+
         try:
             for c in client.follow(handle.id, stream=stream, on_update=check_deadline):
-                sink = (err or sys.stderr) if c.stream == "stderr" else (out or sys.stdout)
-                sink.write(chunk_text(c, prefix=prefix))
-                sink.flush()
+                write(c.stream, lines.text(c.data, c.node_rank, c.stream))
+            for to, rest in lines.rest():
+                write(to, rest)
         except KeyboardInterrupt:
             # as `gpulayer submit` does: a Ctrl-C while the run streams ends the run (every
             # node's processes), not only this wait; left running, it held its workers

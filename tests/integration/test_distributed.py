@@ -349,6 +349,34 @@ def test_trainer_example_and_trainer_failure(cluster: Cluster) -> None:
     assert info.value.exit_code == 3
 
 
+PIECES = """\
+import os, sys, time
+
+rank = os.environ["RANK"]
+print(f"rank {rank} ready", flush=True)
+sys.stdout.write(f"rank {rank} step 1 ")  # a line written in two pieces, the shipping interval apart
+sys.stdout.flush()
+time.sleep(1)
+print(f"loss 0.{rank}", flush=True)
+"""
+
+
+def test_a_line_shipped_in_two_chunks_is_shown_whole_after_one_node_prefix(cluster: Cluster) -> None:
+    # each chunk's lines were prefixed on their own: "[node 0] [rank0]:rank 0 step 1 [node 0]
+    # [rank0]:loss 0.0", and another node's output could land inside the line
+    from gpulayer.torch import Trainer
+
+    (cluster.project / "pieces.py").write_text(PIECES)
+    out = io.StringIO()
+    trainer = Trainer("pieces.py", nodes=2, bundle=cluster.project, timeout=120)
+    trainer.fit(out=out, err=io.StringIO())
+    h = trainer.handle
+    printed = [cli("jobs", "logs", h.id, *follow, check=True).stdout for follow in ((), ("--follow",))]
+    for shown in (out.getvalue(), h.logs(), "".join(h.follow()), *printed):
+        steps = [line for line in shown.splitlines() if "step 1" in line]
+        assert sorted(steps) == [f"[node {r}] [rank{r}]:rank {r} step 1 [rank{r}]:loss 0.{r}" for r in (0, 1)], shown
+
+
 FIT_AND_WAIT = """\
 import sys
 from gpulayer.torch import Trainer

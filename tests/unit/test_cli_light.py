@@ -307,8 +307,9 @@ def test_jobs_logs_on_the_light_path_keeps_streams_apart_and_text_as_written(
     assert len(re.findall(r"line \d+\n", text)) == embedded_reads.LOG_PAGE * 2 + 500  # every page
     assert err == "err 1\n\ue000looks quoted\n" * 2
     out = run(["jobs", "logs", jobs["distributed"]], home)[1].decode()
-    assert out == "[node 0] rank 0 a\n[node 0] rank 0 b\n[node 0] rank 0 end[node 1] rank 1 a\n[node 1] rank 1 b\n" \
-                  "[node 1] rank 1 end"
+    # (each node's last line has no line break: shown after the others, whole, each ended by one)
+    assert out == "[node 0] rank 0 a\n[node 0] rank 0 b\n[node 1] rank 1 a\n[node 1] rank 1 b\n" \
+                  "[node 0] rank 0 end\n[node 1] rank 1 end\n"
 
 
 @pytest.mark.parametrize("args", [

@@ -1,0 +1,49 @@
+"""How a job's output is shown: :class:`gpulayer.logtext.NodeLines`, the ``[node R]`` line
+prefixes of a job of several nodes, over chunks that end inside lines."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpulayer import logtext
+from gpulayer.logtext import NodeLines
+
+
+def shown(lines: NodeLines, chunks: list[tuple[int, str, str]]) -> str:
+    text = "".join(lines.text(data, node, stream) for node, stream, data in chunks)
+    return text + "".join(rest for _, rest in lines.rest())
+
+
+def test_a_line_cut_between_chunks_is_shown_whole_after_one_prefix() -> None:
+    # node 0's line "step 1 loss 0.5" came in two chunks with node 1's output between them:
+    # shown chunk by chunk, node 1's line landed inside it and the prefix came twice
+    chunks = [(0, "stdout", "ready\nstep 1 "), (1, "stdout", "ready\n"), (0, "stdout", "loss 0.5\n")]
+    assert shown(NodeLines(True), chunks) == "[node 0] ready\n[node 1] ready\n[node 0] step 1 loss 0.5\n"
+
+
+def test_streams_and_nodes_are_held_apart_and_what_never_ended_comes_last() -> None:
+    lines = NodeLines(True)
+    assert lines.text("a", 0, "stdout") == ""
+    assert lines.text("warn", 0, "stderr") == ""
+    assert lines.text("b\nc", 0, "stdout") == "[node 0] ab\n"
+    assert lines.text("ing\n", 0, "stderr") == "[node 0] warning\n"
+    assert lines.rest() == [("stdout", "[node 0] c\n")]
+    assert lines.rest() == []
+
+
+def test_a_carriage_return_ends_a_line_so_progress_bars_show_as_they_go() -> None:
+    assert NodeLines(True).text("10%\r", 1, "stderr") == "[node 1] 10%\r"
+
+
+def test_a_line_longer_than_the_hold_is_shown_in_lines_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logtext, "HOLD_LINE", 8)
+    lines = NodeLines(True)
+    assert lines.text("0123", 0, "stdout") == ""
+    assert lines.text("456789", 0, "stdout") == "[node 0] 0123456789\n"
+    assert lines.text("ab\n", 0, "stdout") == "[node 0] ab\n"
+
+
+def test_without_prefixes_the_text_passes_as_it_is() -> None:
+    lines = NodeLines(False)
+    assert lines.text("a", 0, "stdout") + lines.text("b\nc", 0, "stdout") == "ab\nc"
+    assert lines.rest() == []
