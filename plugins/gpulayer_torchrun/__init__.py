@@ -68,12 +68,34 @@ def entry_argv(entry: str, args: list[str]) -> list[str]:
     if entry.endswith(".py") or "/" in entry or os.sep in entry:
         return [entry, *args]
     if _INTERPRETER_RE.match(entry):
-        script = next((a for a in args if not a.startswith("-")), "train.py")
+        meant = _meant(args)
+        if meant is None:
+            raise ValueError(f"entry {entry!r}: every rank runs the entry with the job's Python, and -c code "
+                             "cannot be an entry; write it to a script in the bundle and give that ('train.py')")
         raise ValueError(f"entry {entry!r}: every rank runs the entry with the job's Python; give "
-                         f"{script!r} (or a module or function), not {entry!r} before it")
+                         f"{meant!r} (or a module or function), not {entry!r} before it")
     if _MODULE_RE.match(entry):
         return ["--module", entry, *args]
     raise ValueError(f"entry {entry!r}: {_ACCEPTED}")
+
+
+def _meant(args: list[str]) -> str | None:
+    """What ``python ARGS`` would run: the script, or the module after ``-m``, past the
+    interpreter's own options (read as Python reads them: ``-W ignore``, ``-X dev`` take a
+    value, ``-um pkg`` is ``-u -m pkg``); None for ``-c`` code, 'train.py' when it names nothing."""
+    words = iter(args)
+    for word in words:
+        if not word.startswith("-") or word == "-":
+            return word
+        for at, flag in enumerate(word[1:] if not word.startswith("--") else "", start=2):
+            if flag == "c":
+                return None
+            if flag in "mWX":
+                value = word[at:] or next(words, None)
+                if flag == "m":
+                    return value or "pkg.train"
+                break
+    return "train.py"
 
 
 def check(job: plugin.DistributedJob) -> None:

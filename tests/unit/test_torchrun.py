@@ -198,7 +198,16 @@ def test_distributed_work_on_a_device_without_distributed_support_is_refused() -
     ("python", ["-u", "train.py", "--lr", "1"],
      "entry 'python': every rank runs the entry with the job's Python; give 'train.py' (or a module or "
      "function), not 'python' before it"),
-    ("python3.11", ["-m", "pkg.train"], "entry 'python3.11': every rank runs the entry with the job's Python"),
+    ("python3.11", ["-m", "pkg.train"], "entry 'python3.11': every rank runs the entry with the job's Python; "
+     "give 'pkg.train'"),
+    # the value of an interpreter's option is not the script: it said "give 'ignore'", "give 'print(1)'"
+    ("python", ["-W", "ignore", "train.py"], "entry 'python': every rank runs the entry with the job's Python; "
+     "give 'train.py'"),
+    ("python", ["-X", "dev", "-um", "pkg.train"], "entry 'python': every rank runs the entry with the job's Python; "
+     "give 'pkg.train'"),
+    ("python", ["-uc", "print(1)"], "entry 'python': every rank runs the entry with the job's Python, and -c code "
+     "cannot be an entry; write it to a script in the bundle and give that ('train.py')"),
+    ("python", [], "entry 'python': every rank runs the entry with the job's Python; give 'train.py'"),
 ])
 def test_an_entry_no_rank_could_start_is_refused_where_it_is_submitted(
         entry: str, args: list[str], says: str, cp: ControlPlane) -> None:
