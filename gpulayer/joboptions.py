@@ -33,7 +33,7 @@ from typing import Any, TypedDict, TypeVar
 from gpulayer import plugins
 from gpulayer.errors import InvalidArgument, InvalidInput, InvalidRequirement
 from gpulayer.launchers import check_launch
-from gpulayer.profiles import check_implied_accelerator
+from gpulayer.profiles import check_implied_accelerator, refuse_devices_without_accelerator
 from gpulayer.specs import (
     CHECKED,
     CommandJob,
@@ -270,7 +270,7 @@ def _finish(job: J, options: JobOptions, spelling: Spelling, check_installed: bo
         implied = "?"
     if req.accelerator is None and implied is None and (
             req.profile is None or (check_installed and profile_accelerator is None)):
-        _refuse_devices_without_accelerator(req.profile, given, spelling, ", ".join(sorted(kinds)))
+        refuse_devices_without_accelerator(req.profile, given, spelling, ", ".join(sorted(kinds)))
     if req.accelerator is not None and check_installed and not given.get(_SWITCH):
         if req.accelerator not in kinds:
             verb = "add" if spelling.call is None else "pass"
@@ -292,30 +292,6 @@ def _check_bundle_directory(path: str, given: Any, spelling: Spelling) -> None:
         why = "no such directory" if not os.path.exists(folder) else "not a directory"
         raise InvalidArgument(f"{spelling.input(OPTION_FIELDS['bundle'], given if given is not None else path)}: "
                            f"{why}; accepted: the path of a directory")
-
-
-def _refuse_devices_without_accelerator(profile: str | None, given: Mapping[str, Any], spelling: Spelling,
-                                        kinds: str) -> None:
-    """Devices, GPU memory or a compute capability with no accelerator would be ignored:
-    the job would run on a CPU slot."""
-    for option in ("gpus", "min_gpu_memory_gb", "compute_capability"):
-        value = given.get(option)
-        if value is None or (option == "gpus" and value == 0):
-            continue
-        path = OPTION_FIELDS[option]
-        what = "devices need an accelerator" if option == "gpus" else "applies only to accelerator devices"
-        whose = f"the profile {profile!r} names none" if profile else "none is named"
-        flags = spelling.call is None
-        accelerator = spelling.option(OPTION_FIELDS["accelerator"], "KIND" if flags else "'KIND'")
-        with_profile = spelling.name(OPTION_FIELDS["profile"]) + ("" if flags else "=")
-        raise InvalidRequirement(
-            f"{spelling.input(path, value)}: {what}, and {whose}; accepted: {spelling.name(path)} together with "
-            f"{_accepted_kinds(accelerator, kinds)}, or with a {with_profile} that names one"
-        )
-
-
-def _accepted_kinds(accelerator: str, kinds: str) -> str:
-    return f"{accelerator} ({kinds})" if kinds else accelerator
 
 
 #: how the CLI (``gpulayer submit``, ``gpulayer explain``) writes each spec field, so that an

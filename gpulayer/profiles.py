@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from gpulayer import plugins
 from gpulayer.errors import InvalidRequirement
 from gpulayer.hookrecords import RuntimeProfile
 from gpulayer.specs import Requirements, Spelling
 
-__all__ = ["check_implied_accelerator", "get_profile", "implied_accelerator", "resolve_requirements"]
+__all__ = ["check_implied_accelerator", "get_profile", "implied_accelerator", "refuse_devices_without_accelerator",
+           "resolve_requirements"]
 
 #: how a requirement is named when no front end says otherwise (a spec built by hand)
-RECORD_SPELLING = Spelling(call="Requirements", names={"requirements.frameworks": "frameworks",
-                                                       "requirements.accelerator": "accelerator"})
+RECORD_SPELLING = Spelling(call="Requirements", names={
+    f"requirements.{field}": field for field in ("frameworks", "accelerator", "gpus", "min_gpu_memory_gb",
+                                                 "compute_capability", "profile")})
+
+#: the requirements that only an accelerator's devices have
+_DEVICE_FIELDS = ("gpus", "min_gpu_memory_gb", "compute_capability")
 
 
 def get_profile(name: str) -> RuntimeProfile:
@@ -89,4 +95,29 @@ def resolve_requirements(req: Requirements, spelling: Spelling = RECORD_SPELLING
     implied = check_implied_accelerator(req, req.accelerator, spelling)
     if implied is not None and req.accelerator is None:
         req = req.model_copy(update={"accelerator": implied})
+    if req.accelerator is None:  # (a spec built by hand: the front ends refuse it where it is written)
+        refuse_devices_without_accelerator(req.profile, {f: getattr(req, f) for f in _DEVICE_FIELDS}, spelling,
+                                           ", ".join(sorted(plugins.detectors())))
     return req
+
+
+def refuse_devices_without_accelerator(profile: str | None, given: Mapping[str, Any], spelling: Spelling,
+                                       kinds: str) -> None:
+    """Devices, GPU memory or a compute capability with no accelerator would be ignored:
+    the job would run on a CPU slot. ``given``: those of them the job asks for, by field
+    name, as its user gave them; ``kinds``: the accelerator kinds to offer."""
+    for option in _DEVICE_FIELDS:
+        value = given.get(option)
+        if value is None or (option == "gpus" and value == 0):
+            continue
+        path = f"requirements.{option}"
+        what = "devices need an accelerator" if option == "gpus" else "applies only to accelerator devices"
+        whose = f"the profile {profile!r} names none" if profile else "none is named"
+        flags = spelling.call is None
+        accelerator = spelling.option("requirements.accelerator", "KIND" if flags else "'KIND'")
+        with_profile = spelling.name("requirements.profile") + ("" if flags else "=")
+        kinds_shown = f"{accelerator} ({kinds})" if kinds else accelerator
+        raise InvalidRequirement(
+            f"{spelling.input(path, value)}: {what}, and {whose}; accepted: {spelling.name(path)} together with "
+            f"{kinds_shown}, or with a {with_profile} that names one"
+        )

@@ -73,3 +73,24 @@ def test_a_sub_probe_of_another_accelerator_is_refused_naming_the_input(make: Ca
     with pytest.raises(InvalidRequirement) as info:
         make()
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize(("req", "said"), [
+    (Requirements(gpus=1), "Requirements(gpus=1): devices need an accelerator, and none is named; accepted: gpus "
+                           "together with accelerator='KIND' (cuda, mps, rocm), or with a profile= that names one"),
+    (Requirements(compute_capability=">=8.0", profile="cpu"),
+     "Requirements(compute_capability='>=8.0'): applies only to accelerator devices, and the profile 'cpu' names "
+     "none; accepted: compute_capability together with accelerator='KIND' (cuda, mps, rocm), or with a profile= "
+     "that names one"),
+])
+def test_devices_asked_of_a_spec_built_by_hand_need_an_accelerator(req: Requirements, said: str) -> None:
+    """gl.submit(DistributedJob(..., requirements=Requirements(gpus=1))) was placed on a CPU
+    slot without a word (the front ends refuse it; a spec built by hand went through)."""
+    with pytest.raises(InvalidRequirement) as e:
+        resolve_requirements(req)
+    assert str(e.value) == said
+    with pytest.raises(InvalidRequirement) as submitted:
+        gl.submit(gl.DistributedJob(entry="train.py", requirements=req))
+    assert str(submitted.value) == said
+    assert resolve_requirements(Requirements(gpus=0)).accelerator is None
+    assert resolve_requirements(Requirements(gpus=2, frameworks={"torch.cuda": ""})).accelerator == "cuda"
