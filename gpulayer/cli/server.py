@@ -280,21 +280,13 @@ def _check_tls(cert: Path, key: Path) -> str:
 
 
 def _open_store(database: str | None) -> Any:
-    """The server's store; a database that cannot be opened is said naming where it came
-    from (exit 2), before anything is served."""
-    from sqlalchemy.exc import SQLAlchemyError
-
+    """The server's store. A URL it cannot use, or a database it cannot create or open, is
+    said naming where the URL came from (``--database``, or ``GPULAYER_DATABASE_URL`` when
+    it is that variable's), its password hidden, exit 2, before anything is served."""
     from gpulayer.store import Store
 
-    try:
-        return Store(database)
-    except SQLAlchemyError as exc:
-        where = "GPULAYER_DATABASE_URL" if database is not None and os.environ.get("GPULAYER_DATABASE_URL") == database \
-            else "--database"
-        why = " ".join(str(getattr(exc, "orig", None) or exc).split())
-        typer.echo(f"error: {where} {_redact(database or '') if database else '(the default SQLite)'}: cannot open "
-                   f"the database: {why}", err=True)
-        raise typer.Exit(EXIT_BAD_INPUT) from None
+    from_variable = database is not None and os.environ.get("GPULAYER_DATABASE_URL", "").strip() == database
+    return Store(database, where="GPULAYER_DATABASE_URL" if from_variable else "--database")
 
 
 def admin_token_file(home: Path, database: str | None) -> Path:

@@ -55,6 +55,7 @@ from gpulayer.store.tables import (
     TokenRow,
     WorkerRow,
 )
+from gpulayer.store.urls import given, normalise_url
 
 try:
     import fcntl
@@ -84,42 +85,31 @@ def default_url() -> str:
     return f"sqlite:///{config.home() / 'gpulayer.db'}"
 
 
-def normalise_url(url: str) -> str:
-    """Accept ``postgresql://`` as users write it; drive it with psycopg 3."""
-    if url.startswith("postgres://"):
-        url = "postgresql://" + url[len("postgres://"):]
-    if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://"):]
-    try:
-        parsed = make_url(url)
-    except Exception:
-        raise InvalidInput(
-            f"database URL {url!r} is not a URL; accepted: sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
-        ) from None
-    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
-        raise InvalidInput(
-            f"database URL {url!r}: backend {parsed.get_backend_name()!r} is not supported; "
-            "accepted: sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
-        )
-    return url
-
-
 class Store:
     """An open database with its schema checked and brought up to date."""
 
-    def __init__(self, url: str | None = None) -> None:
-        self.url = normalise_url(url or default_url())
+    def __init__(self, url: str | None = None, *, where: str | None = None) -> None:
+        """``where`` names the input the URL came from in errors (a flag such as
+        ``--database``; by default ``GPULAYER_DATABASE_URL`` when it is that variable's): a URL
+        GPUlayer cannot use, or a database it cannot create or open, is an
+        :class:`~gpulayer.errors.InvalidInput` naming it (see :mod:`gpulayer.store.urls`)."""
+        self.url = normalise_url(url or default_url(), where)
         self.is_sqlite = self.url.startswith("sqlite")
         #: SQLite: the connections' PRAGMA synchronous (GPULAYER_SQLITE_SYNC), and whether each
         #: commit is thereby synced to the disk (FULL, the default)
         self._sync = config.settings().sqlite_sync.upper()
         self.synced = self.is_sqlite and self._sync == "FULL"
-        self.engine = self._make_engine()
-        # SQLite: writers queue here instead of in SQLite's busy handler, which sleeps in
-        # growing steps (1, 2, 5, 10 ms...) and starves a busy server (see
-        # bench/server_heartbeats.py): those of this process on a lock, those of every
-        # process on the database's lock file (a worker process and the submitting one)
-        self._write_lock = _WriterLock.of(self._lock_path()) if self.is_sqlite else None
+        try:
+            self.engine = self._make_engine()
+            # SQLite: writers queue here instead of in SQLite's busy handler, which sleeps in
+            # growing steps (1, 2, 5, 10 ms...) and starves a busy server (see
+            # bench/server_heartbeats.py): those of this process on a lock, those of every
+            # process on the database's lock file (a worker process and the submitting one)
+            self._write_lock = _WriterLock.of(self._lock_path()) if self.is_sqlite else None
+        except OSError as error:  # (its folder, its file or its lock file cannot be made)
+            path, on = make_url(self.url).database, error.filename
+            raise InvalidInput(f"{given(url, where)}: cannot create the database file {path}: "
+                               f"{f'{on}: ' if on and on != path else ''}{error.strerror}") from None
         #: wake-ups between the processes that share this SQLite file (None: not shared, or
         #: not supported here)
         self.nudges = Nudges.of(make_url(self.url).database) if self.is_sqlite else None
@@ -127,7 +117,12 @@ class Store:
         self._ended = threading.local()
         #: SQLite: a connection each thread keeps between its transactions (see _Kept)
         self._kept = _Kept(self.engine) if self.is_sqlite else None
-        self._migrate()
+        try:
+            self._migrate()
+        except (exc.SQLAlchemyError, OSError) as error:  # (not a database, unreachable, refused)
+            self.dispose()
+            why = " ".join(str(getattr(error, "orig", None) or error).split())
+            raise InvalidInput(f"{given(url, where)}: cannot open the database: {why}") from None
 
     def _lock_path(self) -> str | None:
         path = make_url(self.url).database

@@ -139,6 +139,13 @@ def test_each_of_two_servers_on_one_home_is_found_by_its_url_while_it_runs(tmp_p
     (["--tls-cert", "{bad}", "--tls-key", "{bad}"], "cannot serve TLS with them: Invalid PEM encoding"),
     (["--database", "postgresql://postgres@127.0.0.1:1/test"], "error: --database postgresql://postgres@127.0.0.1:1/test: "
                                                                "cannot open the database:"),
+    # (these were tracebacks: a TypeError about pool arguments, a FileNotFoundError; the URL
+    # errors named no input and showed the password)
+    (["--database", "sqlite://"], "error: --database sqlite://: an in-memory SQLite database is not accepted"),
+    (["--database", "sqlite:////proc/no/x.db"], "error: --database sqlite:////proc/no/x.db: cannot create the "
+                                                "database file /proc/no/x.db"),
+    (["--database", "postgresql://u:s3cret@127.0.0.1:x/db"], "error: --database postgresql://u:***@127.0.0.1:x/db: "
+                                                             "its port is not a number from 1 to 65535; accepted: sqlite:///PATH"),
     (["--port", "{busy}"], "error: cannot listen on 127.0.0.1:{busy}: Address already in use; pick another with --port"),
     # (a --self-signed start for another host made a new certificate before it found the port taken)
     (["--port", "{busy}", "--self-signed"], "error: cannot listen on 127.0.0.1:{busy}"),

@@ -1,0 +1,77 @@
+"""Database URLs as users write them: checked, said back without their password, and named
+after the input they came from (``--database``, ``GPULAYER_DATABASE_URL``) in every error.
+
+A URL that cannot be used is an :class:`~gpulayer.errors.InvalidInput` saying which input,
+the URL as written (its password hidden: a server's output is its log) and what is accepted,
+never SQLAlchemy's or the driver's traceback: an unknown backend or driver, a malformed
+port, an in-memory SQLite database (each pooled connection would see its own, empty one),
+a file that cannot be created, or a database that cannot be opened.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from gpulayer.errors import InvalidInput
+
+ACCEPTED = "accepted: sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
+#: the drivers GPUlayer drives each backend with (postgresql:// and postgres:// become psycopg 3)
+DRIVERS = ("sqlite", "sqlite+pysqlite", "postgresql+psycopg")
+
+
+def redacted(url: str) -> str:
+    """``url`` as written, its password (if any) shown as ``***``."""
+    return re.sub(r"^([A-Za-z][\w+.-]*://[^/?#@:]*):[^/?#]*@", r"\1:***@", url)
+
+
+def given(url: str | None, where: str | None = None) -> str:
+    """How an error names the database: ``where`` (a flag such as ``--database``, or a
+    variable) with the URL as written; by default ``GPULAYER_DATABASE_URL`` when the URL is
+    that variable's, the home's database when there is no URL."""
+    if url is None:
+        return "the database in GPULAYER_HOME"
+    if where is None and os.environ.get("GPULAYER_DATABASE_URL", "").strip() == url:
+        where = "GPULAYER_DATABASE_URL"
+    shown = redacted(url)
+    if where is None:
+        return f"database URL {shown!r}"
+    return f"{where} {shown}" if where.startswith("-") else f"{where}={shown!r}"
+
+
+def normalise_url(url: str, where: str | None = None) -> str:
+    """Accept ``postgresql://`` as users write it and drive it with psycopg 3; refuse a URL
+    that GPUlayer cannot use (see the module doc), naming it as :func:`given` does."""
+    from urllib.parse import urlsplit
+
+    from sqlalchemy.engine import make_url
+
+    written = url
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://"):]
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+    name = given(written, where)
+    try:
+        urlsplit(url).port  # noqa: B018 - (a port that is no number 0-65535: ValueError)
+    except ValueError:
+        raise InvalidInput(f"{name}: its port is not a number from 1 to 65535; {ACCEPTED}") from None
+    try:
+        parsed = make_url(url)
+    except Exception:
+        raise InvalidInput(f"{name}: not a URL; {ACCEPTED}") from None
+    backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise InvalidInput(f"{name}: backend {backend!r} is not supported; {ACCEPTED}")
+    if parsed.drivername not in DRIVERS:
+        raise InvalidInput(f"{name}: driver {parsed.get_driver_name()!r} is not supported (GPUlayer drives "
+                           f"{backend} with {'its own sqlite3' if backend == 'sqlite' else 'psycopg 3'}); "
+                           f"{ACCEPTED}")
+    if backend == "sqlite":
+        if parsed.host or parsed.port or parsed.username:
+            raise InvalidInput(f"{name}: a SQLite URL names a file, not a host (sqlite:///relative/path.db, "
+                               f"sqlite:////absolute/path.db); {ACCEPTED}")
+        if parsed.database in (None, "", ":memory:") or parsed.query.get("mode") == "memory":
+            raise InvalidInput(f"{name}: an in-memory SQLite database is not accepted (each connection would "
+                               f"see its own, empty one, and no other process any); {ACCEPTED} (a file)")
+    return url
