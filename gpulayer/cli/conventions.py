@@ -21,6 +21,7 @@ This module imports nothing heavy (only Typer and the standard library): every c
 
 from __future__ import annotations
 
+import errno
 import socket
 from typing import TYPE_CHECKING, Any
 
@@ -223,7 +224,12 @@ def listening_socket(host: str, port: int, *, flag: str = "--port") -> socket.so
     except OSError as exc:
         sock.close()
         shown = f"[{host}]" if ":" in host else host
-        typer.echo(f"error: cannot listen on {shown}:{port}: {exc.strerror}; pick another with {flag}", err=True)
+        if exc.errno == errno.EADDRNOTAVAIL:  # (another port would not help: the address is not here)
+            typer.echo(f"error: --host {host}: not an address of this machine ({exc.strerror}); accepted: an "
+                       "address of one of its interfaces, 127.0.0.1 (the default), or 0.0.0.0 for all of them",
+                       err=True)
+        else:
+            typer.echo(f"error: cannot listen on {shown}:{port}: {exc.strerror}; pick another with {flag}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
     sock.listen(4096)
     return sock

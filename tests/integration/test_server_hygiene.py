@@ -146,6 +146,9 @@ def test_each_of_two_servers_on_one_home_is_found_by_its_url_while_it_runs(tmp_p
                                                 "database file /proc/no/x.db"),
     (["--database", "postgresql://u:s3cret@127.0.0.1:x/db"], "error: --database postgresql://u:***@127.0.0.1:x/db: "
                                                              "its port is not a number from 1 to 65535; accepted: sqlite:///PATH"),
+    # (an address of another machine was said as a port in use: "pick another with --port")
+    (["--host", "192.0.2.1", "--insecure-http"], "error: --host 192.0.2.1: not an address of this machine "
+                                                 "(Cannot assign requested address); accepted: an address of one"),
     (["--port", "{busy}"], "error: cannot listen on 127.0.0.1:{busy}: Address already in use; pick another with --port"),
     # (a --self-signed start for another host made a new certificate before it found the port taken)
     (["--port", "{busy}", "--self-signed"], "error: cannot listen on 127.0.0.1:{busy}"),
