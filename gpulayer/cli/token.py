@@ -101,6 +101,11 @@ def token_list(as_json: bool = json_option()) -> None:
 def token_revoke(token_id: str = typer.Argument(..., metavar="TOKEN", help="token id (tok-...)"),
                  as_json: bool = json_option("print the revoked token's record as JSON")) -> None:
     """Revoke a token: it is refused from now on."""
+    if token_id.strip().startswith("glt_"):
+        # (sent, the secret went into a URL, where proxies log paths, and the answer was "no
+        # such token": a leaked secret looked harmless while it still worked)
+        raise InvalidInput("TOKEN: that is a token's secret (glt_...), not its id; give its id (tok-...), as "
+                           "'gpulayer token list' shows it (the secret was not sent)")
     t = _admin().revoke_token(token_id)
     if as_json:
         echo_json(t)

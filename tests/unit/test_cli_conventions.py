@@ -129,6 +129,10 @@ def test_version() -> None:
      "Invalid value for '--uses': '1000000001': out of range; accepted: a whole number from 1 to 1000000000"),
     (["--url", "http://127.0.0.1:1", "token", "create", "--join", "-d", "x" * 501],
      "error: --description: 501 characters; accepted: text of at most 500 characters"),
+    # a secret where its id goes: sent in the URL's path (which proxies log), and answered "no
+    # such token", so a leaked secret looked harmless while it still worked
+    (["--url", "http://127.0.0.1:1", "token", "revoke", "glt_9XU3flj3CAzRaRqwcltY9HPiQ"],
+     "error: TOKEN: that is a token's secret (glt_...), not its id; give its id (tok-...)"),
     # taken before, failing later: every job at its start, a label no worker could have
     (["resources", "detect", "--python", "/nonexistent"], "error: --python /nonexistent: no such program"),
     (["worker", "start", "--python", "/nonexistent"], "error: --python /nonexistent: no such program"),
