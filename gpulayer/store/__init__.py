@@ -119,6 +119,9 @@ class Store:
         self._kept = _Kept(self.engine) if self.is_sqlite else None
         try:
             self._migrate()
+        except migrations.SchemaTooNew as error:  # (which database, of the several one may serve)
+            self.dispose()
+            raise migrations.SchemaTooNew(f"{given(url, where)}: {error}") from None
         except (exc.SQLAlchemyError, OSError) as error:  # (not a database, unreachable, refused)
             self.dispose()
             why = " ".join(str(getattr(error, "orig", None) or error).split())

@@ -110,6 +110,11 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     db.close()
     with pytest.raises(migrations.SchemaTooNew, match="schema version 99"):
         Store(f"sqlite:///{path}")
+    # which database is said (a server may be started on any of several; it was not)
+    with pytest.raises(migrations.SchemaTooNew, match=rf"^--database sqlite:///{path}: the database has schema "
+                                                      rf"version 99, newer than this GPUlayer understands "
+                                                      rf"\({migrations.SCHEMA_VERSION}\)"):
+        Store(f"sqlite:///{path}", where="--database")
 
 
 def test_a_new_database_another_process_holds_is_put_in_wal_mode_once_it_lets_go(tmp_path: Path) -> None:
