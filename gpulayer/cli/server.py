@@ -124,6 +124,7 @@ def server_start(
     from gpulayer.control import ControlPlane
     from gpulayer.http_client import server_record
     from gpulayer.server.app import create_app, default_threads
+    from gpulayer.store.urls import redacted
     from gpulayer.tokens import TokenStore
 
     logging.basicConfig(level=config.settings().log_level,
@@ -162,6 +163,8 @@ def server_start(
 
     configured = provider_config.load(providers)  # a bad file stops the start here (exit 2)
     store = _open_store(database)
+    # the database as it was given, its password hidden (a server's output is its log)
+    shown_db = redacted(database) if database else store.url
     control = ControlPlane(store, results_as_text=True)  # (written into answers as stored)
     if configured:
         control.providers = ProviderSet(configured, ca=fingerprint)
@@ -202,8 +205,7 @@ def server_start(
             control.providers.control_url = config.settings().public_url or url
             typer.echo(f"providers: {', '.join(control.providers.configured)} (machines join {control.providers.control_url})",
                        err=True)
-        ready = {"url": url, "ca": ca_path, "fingerprint": fingerprint, "pid": os.getpid(),
-                 "database": store.url.split("@")[-1] if "@" in store.url else store.url}
+        ready = {"url": url, "ca": ca_path, "fingerprint": fingerprint, "pid": os.getpid(), "database": shown_db}
         # (what a local client needs besides: which admin token goes to this URL, and which
         # process it goes to: http_client.server_info)
         record = json.dumps({**ready, "admin_token": str(token_file), "started": process_started()}, indent=2) + "\n"
@@ -213,7 +215,7 @@ def server_start(
         (home / "servers").mkdir(mode=0o700, exist_ok=True)
         _write_private(server_record(home, url), record)
         records.append(server_record(home, url))
-        typer.echo(f"gpulayer server listening on {url} (database {_redact(store.url)})", err=True)
+        typer.echo(f"gpulayer server listening on {url} (database {shown_db})", err=True)
         if root_path:
             typer.echo(f"served under {root_path} by the proxy in front: the dashboard is at PROXY{root_path}/; "
                        f"clients may use either URL", err=True)

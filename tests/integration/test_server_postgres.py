@@ -111,3 +111,23 @@ def test_a_single_use_token_joins_once_under_concurrent_joins(postgres_url: str,
     finally:
         s1.stop()
         s2.stop()
+
+
+def test_the_start_says_the_database_as_given_with_its_password_hidden(postgres_url: str, tmp_path: Path) -> None:
+    """``--json`` gave ``"database": "127.0.0.1:5432/test?..."`` (all before the ``@`` cut off,
+    the scheme too), and the log line ``postgresql+psycopg://`` where ``postgresql://`` was
+    written; the password was hidden in both, and still is."""
+    import json
+
+    with_password = postgres_url.replace("://postgres@", "://postgres:s3cret@", 1)
+    assert with_password != postgres_url  # (trust auth: the password is not checked)
+    srv = ServerProc(tmp_path / "s", database=with_password, args=("--json",)).start()
+    try:
+        log = srv.log()
+    finally:
+        srv.stop()
+    ready = json.loads(next(line for line in log.splitlines() if line.startswith("{")))
+    shown = with_password.replace(":s3cret@", ":***@")
+    assert ready["database"] == shown
+    assert f"(database {shown})" in log
+    assert "s3cret" not in log
