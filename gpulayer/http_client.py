@@ -33,6 +33,7 @@ import hashlib
 import inspect
 import json
 import logging
+import re
 import socket
 import ssl
 import sys
@@ -108,8 +109,20 @@ def fingerprint_of_der(der: bytes) -> str:
     return "sha256:" + ":".join(digest[i:i + 2] for i in range(0, len(digest), 2))
 
 
+#: one PEM certificate block (a file may hold a chain, and text around its blocks)
+_PEM_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----\s.*?-----END CERTIFICATE-----", re.S)
+
+
 def fingerprint_of_pem(pem: str) -> str:
-    return fingerprint_of_der(ssl.PEM_cert_to_DER_cert(pem))
+    """The fingerprint of the first certificate in ``pem``: the server's own in a chain file
+    (the one a TLS server presents, as ``load_cert_chain`` takes it); the text around the
+    blocks (``Bag Attributes`` of an exported PKCS#12, comments) is not part of it. The
+    whole file was decoded as one certificate: a chain gave the hash of none of them, and
+    every client pinned to it was refused."""
+    first = _PEM_CERTIFICATE.search(pem)
+    if first is None:
+        raise ValueError("no PEM certificate in it (-----BEGIN CERTIFICATE-----)")
+    return fingerprint_of_der(ssl.PEM_cert_to_DER_cert(first.group(0)))
 
 
 def _norm_pin(pin: str) -> str:
@@ -134,6 +147,10 @@ def _pinned_context(url: str, pin: str) -> ssl.SSLContext:
             f"{fingerprint_of_der(der or b'')}, not the pinned {pin}; refusing to talk to it")
     ctx = ssl.create_default_context(cadata=ssl.DER_cert_to_PEM_cert(der))
     ctx.check_hostname = False  # the pin names the exact certificate, which is stronger
+    # the pinned certificate is the trust anchor even where the server presents it with the
+    # chain of a CA this client does not trust (a server certificate of --tls-cert): OpenSSL
+    # would otherwise look past it for a self-signed root and refuse
+    ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
     return ctx
 
 

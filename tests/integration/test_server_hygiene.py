@@ -207,3 +207,63 @@ def test_a_command_that_sends_no_token_is_told_how_to_give_one(tmp_path: Path) -
                                                "set GPULAYER_TOKEN (what gpulayer token create printed)\n")
     finally:
         srv.stop()
+
+
+def _ca_and_server_certificate(directory: Path, *, expired: bool = False) -> tuple[Path, Path, Path, str]:
+    """A CA, and a server certificate it signed for 127.0.0.1, written as a chain file
+    (server first, with the text an export from PKCS#12 puts before each block); returns
+    the chain, the key, the CA and the server certificate's own fingerprint."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from gpulayer.http_client import fingerprint_of_der
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(1).not_valid_before(now - datetime.timedelta(days=30))
+          .not_valid_after(now + datetime.timedelta(days=30))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(ca_key, hashes.SHA256()))
+    until = now - datetime.timedelta(days=1) if expired else now + datetime.timedelta(days=30)
+    server = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "server")]))
+              .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
+              .not_valid_before(now - datetime.timedelta(days=20)).not_valid_after(until)
+              .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                             critical=False)
+              .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    chain, key_path, ca_path = directory / "chain.pem", directory / "server.key", directory / "ca.pem"
+    chain.write_bytes(b"Bag Attributes\n    friendlyName: server\n" + server.public_bytes(pem)
+                      + b"Bag Attributes\n    friendlyName: test CA\n" + ca.public_bytes(pem))
+    key_path.write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    ca_path.write_bytes(ca.public_bytes(pem))
+    return chain, key_path, ca_path, fingerprint_of_der(server.public_bytes(serialization.Encoding.DER))
+
+
+def test_a_certificate_chain_s_fingerprint_is_the_server_certificate_s_so_a_pinned_client_talks(
+        tmp_path: Path) -> None:
+    """--tls-cert takes a chain, but the whole file was decoded as one certificate: the
+    fingerprint printed (and recorded, and given to the machines providers boot) was the
+    hash of none, and every client pinned to it was refused; a file with text before its
+    first block (an export from PKCS#12) was refused as "Invalid PEM encoding"."""
+    import json
+
+    chain, key, ca, own = _ca_and_server_certificate(tmp_path)
+    home = tmp_path / "home"
+    srv = ServerProc(home, args=("--tls-cert", str(chain), "--tls-key", str(key), "--json")).start()
+    try:
+        ready = json.loads(next(line for line in srv.log().splitlines() if line.startswith("{")))
+        assert ready["fingerprint"] == own
+        assert f"GPULAYER_CA={own}" in srv.log()
+        elsewhere = base_env(tmp_path / "client-home")
+        for trust in (own, str(ca)):  # pinned to what the start printed, or the CA's file
+            listed = cli("--url", srv.url, "--token", srv.admin_token, "--ca", trust, "jobs", "list", env=elsewhere)
+            assert listed.returncode == 0, listed.stderr
+    finally:
+        srv.stop()
