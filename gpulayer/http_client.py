@@ -119,10 +119,15 @@ def fingerprint_of_pem(pem: str) -> str:
     blocks (``Bag Attributes`` of an exported PKCS#12, comments) is not part of it. The
     whole file was decoded as one certificate: a chain gave the hash of none of them, and
     every client pinned to it was refused."""
+    return fingerprint_of_der(ssl.PEM_cert_to_DER_cert(first_certificate(pem)))
+
+
+def first_certificate(pem: str) -> str:
+    """The first PEM certificate block of ``pem`` (ValueError where there is none)."""
     first = _PEM_CERTIFICATE.search(pem)
     if first is None:
         raise ValueError("no PEM certificate in it (-----BEGIN CERTIFICATE-----)")
-    return fingerprint_of_der(ssl.PEM_cert_to_DER_cert(first.group(0)))
+    return first.group(0)
 
 
 def _norm_pin(pin: str) -> str:

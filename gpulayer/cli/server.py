@@ -270,14 +270,28 @@ def _check_tls(cert: Path, key: Path) -> str:
     no PEM certificate, or a key of another certificate, is said here, exit 2)."""
     import ssl
 
-    from gpulayer.http_client import fingerprint_of_pem
+    from cryptography import x509
+
+    from gpulayer.http_client import fingerprint_of_pem, first_certificate
 
     try:
-        fingerprint = fingerprint_of_pem(cert.read_text())
+        text = cert.read_text()
+        fingerprint = fingerprint_of_pem(text)
         ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+        own = x509.load_pem_x509_certificate(first_certificate(text).encode())
     except (OSError, ValueError, ssl.SSLError) as exc:  # (UnicodeDecodeError is a ValueError)
         raise typer.BadParameter(f"{cert}, {key}: cannot serve TLS with them: {' '.join(str(exc).split())}",
                                  param_hint="--tls-cert/--tls-key") from None
+    # (served, every client refused it, saying only "certificate verify failed")
+    now = datetime.datetime.now(datetime.timezone.utc)
+    when = "%Y-%m-%d %H:%M UTC"
+    if own.not_valid_after_utc <= now:
+        raise typer.BadParameter(f"{cert}: the certificate expired on {own.not_valid_after_utc.strftime(when)}, "
+                                 "and no client would accept it; give a renewed one", param_hint="--tls-cert")
+    if own.not_valid_before_utc > now:
+        raise typer.BadParameter(f"{cert}: the certificate is not valid before "
+                                 f"{own.not_valid_before_utc.strftime(when)}, and no client would accept it until "
+                                 "then (or this machine's clock is wrong)", param_hint="--tls-cert")
     return fingerprint
 
 

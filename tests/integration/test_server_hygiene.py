@@ -136,7 +136,7 @@ def test_each_of_two_servers_on_one_home_is_found_by_its_url_while_it_runs(tmp_p
 
 @pytest.mark.parametrize(("args", "says"), [
     (["--log-level", "nonsense"], "Invalid value for --log-level: 'nonsense': accepted: critical, error, warning"),
-    (["--tls-cert", "{bad}", "--tls-key", "{bad}"], "cannot serve TLS with them: Invalid PEM encoding"),
+    (["--tls-cert", "{bad}", "--tls-key", "{bad}"], "cannot serve TLS with them: no PEM certificate in it"),
     (["--database", "postgresql://postgres@127.0.0.1:1/test"], "error: --database postgresql://postgres@127.0.0.1:1/test: "
                                                                "cannot open the database:"),
     # (these were tracebacks: a TypeError about pool arguments, a FileNotFoundError; the URL
@@ -267,3 +267,16 @@ def test_a_certificate_chain_s_fingerprint_is_the_server_certificate_s_so_a_pinn
             assert listed.returncode == 0, listed.stderr
     finally:
         srv.stop()
+
+
+def test_an_expired_certificate_is_refused_at_the_start(tmp_path: Path) -> None:
+    """It was served, and every client refused it, saying only "certificate verify failed"."""
+    chain, key, _ca, _ = _ca_and_server_certificate(tmp_path, expired=True)
+    home = tmp_path / "home"
+    proc = cli("server", "start", "--port", "0", "--tls-cert", str(chain), "--tls-key", str(key),
+               env=base_env(home), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert f"Invalid value for --tls-cert: {chain}: the certificate expired on " in said, said
+    assert "give a renewed one" in said
+    assert not home.exists() or not any(p.name.startswith(("gpulayer.db", "admin")) for p in home.iterdir())
