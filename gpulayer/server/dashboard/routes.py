@@ -99,7 +99,9 @@ def route_path(request: Request) -> str:
     """The request's path within the dashboard, without the root path (a proxy may pass
     the prefix on or strip it; a server may be reached directly too)."""
     path, prefix = request.url.path, root(request)
-    return path[len(prefix):] or "/" if prefix and (path == prefix or path.startswith(prefix + "/")) else path
+    if prefix and (path == prefix or path.startswith(prefix + "/")):
+        return path[len(prefix):] or "/"
+    return path
 
 
 def _same_origin(request: Request) -> bool:
