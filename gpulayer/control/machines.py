@@ -438,7 +438,13 @@ class MachineOps(WorkerOps):
                 continue
             with self.store.read() as s:
                 rows = {r.id: r for r in queries.machines(s, provider=name)}
-            for m in provisioning.orphans(live, {mid: r.state for mid, r in rows.items()}):
+                # The label is the control plane's, not the section's: two sections on one
+                # account (one EC2 region, one pool) list each other's machines. One that
+                # another configured section keeps is that section's, not an orphan.
+                known = {r.id: r.state for r in queries.machines(s, live_only=True)
+                         if r.provider != name and r.provider in ps.configured}
+            known.update((mid, r.state) for mid, r in rows.items())
+            for m in provisioning.orphans(live, known):
                 try:
                     ps.call(name, "terminate", m.machine_id, m.provider_id)
                     ended.append(m.machine_id)
