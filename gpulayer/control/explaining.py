@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from gpulayer import scheduling
 from gpulayer.control import placement
+from gpulayer.control.jobs import refuse_cloud_only
 from gpulayer.hookrecords import MachineOffer
 from gpulayer.records import (
     Explanation,
@@ -50,6 +51,8 @@ def explain(plane: ControlPlane, spec: JobSpec | None, *, job_id: str | None = N
         spec = mapping.spec(job.spec)
     if spec is None:
         raise TypeError("explain needs a spec or a job id")
+    if job is None:
+        refuse_cloud_only(plane.serving, spec)  # (as submit refuses it: explain must not say "would fail")
     fleet.extend(scheduling.WorkerState(record=r) for r in prospective)
     offers = provider_offers(plane, spec)
     fitting = [o for o in offers or [] if not scheduling.check(spec, offer_record(o))]

@@ -40,6 +40,13 @@ CLOUD_NEEDS_SERVER = (
     "GPULAYER_URL=URL and GPULAYER_TOKEN=TOKEN; see docs/providers.md")
 
 
+def refuse_cloud_only(serving: bool, spec: JobSpec) -> None:
+    """An embedded control plane (not ``serving``) refuses a job that only the cloud target
+    could run: no machine could reach it. Submit and explain say so alike."""
+    if not serving and spec.placement.targets == ["cloud"]:
+        raise InvalidInput(CLOUD_NEEDS_SERVER)
+
+
 #: how soon a wait for a job looks at the database again on its own, first and at most: it
 #: bounds how late it sees a change that no nudge announced (a process that cannot nudge
 #: this one: :mod:`gpulayer.store.nudges`); changes of this process wake it at once
@@ -128,8 +135,7 @@ class JobOps(Core):
                 "spec.bundle: the control plane takes bundles by address; upload the "
                 "directory first and pass bundle_digest (the SDK and CLI do this)"
             )
-        if not self.serving and spec.placement.targets == ["cloud"]:
-            raise InvalidInput(CLOUD_NEEDS_SERVER)
+        refuse_cloud_only(self.serving, spec)
         if spec.kind == "distributed":
             check_launch(spec)  # an entry its launcher could never start fails here, not on every node
         if spec.kind == "function" and (spec.args or spec.kwargs):

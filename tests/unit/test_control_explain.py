@@ -10,7 +10,7 @@ import pytest
 
 from gpulayer.control import ControlPlane
 from gpulayer.control.providers import ProviderSet
-from gpulayer.errors import NotFound
+from gpulayer.errors import InvalidInput, NotFound
 from gpulayer.hookrecords import MachineOffer
 from gpulayer.records import JobState, WorkerRecord
 from gpulayer.specs import CommandJob, Placement, Requirements
@@ -158,7 +158,7 @@ def test_offers_that_fit_are_listed_cheapest_first_when_the_control_plane_has_pr
     try:
         plain = ControlPlane(store)
         assert plain.explain(job()).offers is None  # nothing to ask
-        cp = WithProviders(store, providers=ProviderSet([]))
+        cp = WithProviders(store, providers=ProviderSet([]), serving=True)  # (a server: embedded refuses cloud-only)
         cloud = job(placement=Placement(target="cloud"))
         e = cp.explain(cloud)
         assert [(o.provider, o.shape, o.price_per_hour, o.spot) for o in e.offers or []] == [
@@ -166,3 +166,15 @@ def test_offers_that_fit_are_listed_cheapest_first_when_the_control_plane_has_pr
         assert e.decision.outcome == "waiting" and "offer aws:g5.xlarge in us-east-1 could run it once booted" in e.decision.summary
     finally:
         store.dispose()
+
+
+def test_an_embedded_plane_explains_a_cloud_only_job_as_submit_refuses_it(cp: ControlPlane) -> None:
+    """Submit refused it with the advice to start a server (exit 2); explain said 'would
+    fail: scheduling: no eligible worker' (exit 125), with no word of why or what to do."""
+    spec = CommandJob(command=["true"], placement=Placement(target="cloud"))
+    for ask in (cp.explain, cp.submit):
+        with pytest.raises(InvalidInput, match=r"target cloud: .* this one is embedded .*gpulayer server start"):
+            ask(spec)
+    # with a target it can reach, the cloud fallback is explained as usual
+    local = CommandJob(command=["true"], placement=Placement(target="local", fallback_targets=["cloud"]))
+    assert cp.explain(local).verdict == "unschedulable"
