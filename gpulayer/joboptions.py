@@ -39,6 +39,7 @@ from gpulayer.specs import (
     CommandJob,
     DistributedJob,
     FunctionJob,
+    Requirements,
     Spelling,
     build,
     check_framework_name,
@@ -50,6 +51,7 @@ __all__ = [
     "OPTION_FIELDS",
     "JobOptions",
     "SharedOptions",
+    "check_device_options",
     "check_launcher",
     "check_option_names",
     "command_job",
@@ -292,6 +294,15 @@ def _check_bundle_directory(path: str, given: Any, spelling: Spelling) -> None:
         why = "no such directory" if not os.path.exists(folder) else "not a directory"
         raise InvalidArgument(f"{spelling.input(OPTION_FIELDS['bundle'], given if given is not None else path)}: "
                            f"{why}; accepted: the path of a directory")
+
+
+def check_device_options(req: Requirements, given: Mapping[str, Any], spelling: Spelling) -> None:
+    """For a command that takes the requirement options without a job or a profile
+    (``gpulayer providers offers``): refuse devices, GPU memory or a compute capability with no
+    accelerator, as submit does, instead of ignoring them (``--gpus 2`` listed CPU-only offers)."""
+    if req.accelerator is None:
+        refuse_devices_without_accelerator(None, given, spelling, ", ".join(sorted(plugins.detectors())),
+                                           profiles=False)
 
 
 #: how the CLI (``gpulayer submit``, ``gpulayer explain``) writes each spec field, so that an

@@ -102,10 +102,11 @@ def resolve_requirements(req: Requirements, spelling: Spelling = RECORD_SPELLING
 
 
 def refuse_devices_without_accelerator(profile: str | None, given: Mapping[str, Any], spelling: Spelling,
-                                       kinds: str) -> None:
+                                       kinds: str, *, profiles: bool = True) -> None:
     """Devices, GPU memory or a compute capability with no accelerator would be ignored:
     the job would run on a CPU slot. ``given``: those of them the job asks for, by field
-    name, as its user gave them; ``kinds``: the accelerator kinds to offer."""
+    name, as its user gave them; ``kinds``: the accelerator kinds to offer; ``profiles``:
+    whether to offer a profile instead (a command without ``--profile`` does not)."""
     for option in _DEVICE_FIELDS:
         value = given.get(option)
         if value is None or (option == "gpus" and value == 0):
@@ -119,5 +120,5 @@ def refuse_devices_without_accelerator(profile: str | None, given: Mapping[str, 
         kinds_shown = f"{accelerator} ({kinds})" if kinds else accelerator
         raise InvalidRequirement(
             f"{spelling.input(path, value)}: {what}, and {whose}; accepted: {spelling.name(path)} together with "
-            f"{kinds_shown}, or with a {with_profile} that names one"
+            f"{kinds_shown}" + (f", or with a {with_profile} that names one" if profiles else "")
         )

@@ -70,7 +70,7 @@ def providers_offers(
     as_json: bool = json_option(),
 ) -> None:
     """Every provider offer that fits, cheapest first: provider, shape, region, price/h, availability."""
-    from gpulayer.joboptions import CLI_SPELLING
+    from gpulayer.joboptions import CLI_SPELLING, check_device_options
     from gpulayer.specs import Requirements
     from gpulayer.wording import Spelling, build
 
@@ -79,6 +79,7 @@ def providers_offers(
     prefix = "requirements."
     spelling = Spelling(names={k[len(prefix):]: v for k, v in CLI_SPELLING.names.items() if k.startswith(prefix)})
     req = build(Requirements, {k: v for k, v in raw.items() if v is not None}, spelling)
+    check_device_options(req, raw, CLI_SPELLING)
     rows = _api().offers(req)
     if as_json:
         typer.echo(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))

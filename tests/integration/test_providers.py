@@ -304,6 +304,12 @@ def test_providers_offers_lists_what_fits_cheapest_first(servers: list[ServerPro
     assert rows == [["cloud", "big", "here", "$8.00"], ["owned", "rack", "here", "owned"]]
     bad = cli("--url", srv.url, "--token", srv.admin_token, "providers", "offers", "--gpus", "-1", env=env)
     assert bad.returncode == 2 and "--gpus" in bad.stderr
+    # devices without an accelerator were ignored: every offer was listed, CPU-only ones too
+    for flags in (["--gpus", "2"], ["--accelerator", "cpu", "--min-gpu-memory", "40"]):
+        bad = cli("--url", srv.url, "--token", srv.admin_token, "providers", "offers", *flags, env=env)
+        assert (bad.returncode, bad.stdout) == (2, ""), bad.stdout
+        assert f"error: {flags[-2]} {flags[-1]}: " in bad.stderr and "--accelerator KIND" in bad.stderr
+        assert "--profile" not in bad.stderr  # (offers takes none)
     listed = cli("--url", srv.url, "--token", srv.admin_token, "providers", "list", env=env).stdout
     assert [line.split()[:5] for line in listed.splitlines()[1:3]] == [
         ["cloud", "local-process", "gpulayer.testprovider", "yes", "ok"],
