@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import unicodedata
 
-__all__ = ["printable"]
+__all__ = ["printable", "printable_lines"]
 
 
 def _escape(ch: str) -> str:
@@ -27,3 +27,10 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(_escape(ch) for ch in text)
+
+
+def printable_lines(text: str, indent: str) -> str:
+    """A message of several lines (an unschedulable job's reasons) as lines of the output,
+    each made :func:`printable`, the second and later ones after ``indent``, so none can
+    pass for a field of its own."""
+    return ("\n" + indent).join(printable(line) for line in text.split("\n"))

@@ -42,7 +42,7 @@ from gpulayer.cli.conventions import (
     outcome_record,
     outcome_text,
 )
-from gpulayer.cli.display import printable
+from gpulayer.cli.display import printable, printable_lines
 from gpulayer.errors import GpulayerError, InvalidInput
 from gpulayer.unsent import note, unsent_in_spec
 
@@ -410,7 +410,7 @@ def jobs_show(job_id: str = typer.Argument(..., metavar="JOB"), as_json: bool = 
                f"on_unschedulable={job.spec.placement.on_unschedulable}")
     typer.echo(f"attempt   {job.attempt} of {job.spec.retries + 1}")
     if job.error:
-        typer.echo(f"error     {printable(job.error.describe())}")
+        typer.echo(f"error     {printable_lines(job.error.describe(), ' ' * 10)}")
     for t in job.tasks:
         devs = f" {t.accelerator}{t.devices}" if t.devices else ""
         why = t.error.message.partition("\n")[0] if t.error and t.error.message not in ("", t.state.value) else ""

@@ -151,3 +151,17 @@ def test_show_writes_requirements_as_submit_flags(home: Path) -> None:
         assert needs == "needs     --framework 'torch>=2.2' --cpus 1 --memory 0.5 --label zone=a"
     finally:
         cli("jobs", "cancel", job)
+
+
+def test_show_prints_an_unschedulable_jobs_error_as_lines(home: Path) -> None:
+    """The error of a job no worker could run has several lines (the reason, the nearest miss,
+    the command that explains the rest): they came out as one line with literal \\n in it."""
+    proc = cli("submit", "--detach", "--json", "--accelerator", "cuda", "--gpus", "64", "--", "true", timeout=60)
+    assert proc.returncode == 125, proc.stderr
+    job = json.loads(proc.stdout)["id"]
+    show = cli("jobs", "show", job, check=True).stdout
+    assert "\\n" not in show
+    lines = show.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("error     unschedulable: "))
+    assert lines[start + 1].startswith(" " * 10) and lines[start + 1].strip()
+    assert f"          run: gpulayer jobs explain {job}" in lines
