@@ -345,13 +345,17 @@ class Blocks:
     """Scopes blocked until a time, for every job (kept by the control plane between passes)."""
 
     until: dict[str, float] = field(default_factory=dict)
+    #: scope -> why it is blocked (the failure that blocked it last), for ``explain``
+    why: dict[str, str] = field(default_factory=dict)
 
-    def block(self, scope: str, now: float, seconds: float = BLOCK_SECONDS) -> None:
+    def block(self, scope: str, now: float, seconds: float = BLOCK_SECONDS, reason: str = "") -> None:
         self.until[scope] = max(self.until.get(scope, 0.0), now + seconds)
+        self.why[scope] = reason
 
     def active(self, now: float) -> dict[str, float]:
         for scope in [s for s, t in self.until.items() if t <= now]:
             del self.until[scope]
+            self.why.pop(scope, None)
         return dict(self.until)
 
 

@@ -363,6 +363,11 @@ class OfferFit(Record):
     availability: str = "unknown"
     #: why it is never launched for this job (its section's limits), or None
     never_launched: str | None = None
+    #: until when it is not tried (a launch of its scope failed, or a machine of it did not
+    #: join: see docs/providers.md#failover), or None
+    blocked_until: float | None = None
+    #: what blocked it (``quota exceeded (...)``, ``m-... did not join within 600 s``)
+    blocked_why: str | None = None
     #: why it could never run the job (the first reason, as against a worker): an offer in
     #: :attr:`Explanation.unfit_offers`; None in :attr:`Explanation.offers`
     unfit: str | None = None

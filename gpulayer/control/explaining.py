@@ -82,7 +82,8 @@ def explain(plane: ControlPlane, spec: JobSpec | None, *, job_id: str | None = N
         stored_decision=mapping.decision_of(job.decision) if job is not None else None,
         queue_position=queue_position(queue, spec, job),
         workers=survey.workers,
-        offers=None if offers is None else [_fit(o, barred.get(id(o))) for o in fitting],
+        offers=None if offers is None else [_blocked(plane, _fit(o, barred.get(id(o))), o.scope, now)
+                                            for o in fitting],
         unfit_offers=_unfit(plane, spec, fitting), providers_down=_down(plane),
         closest=survey.closest,
         relaxations=survey.relaxations,
@@ -101,6 +102,16 @@ def provider_offers(plane: ControlPlane, spec: JobSpec) -> list[MachineOffer] | 
 def _fit(o: MachineOffer, never: str | None, unfit: str | None = None) -> OfferFit:
     return OfferFit(provider=o.provider, shape=o.shape, region=o.region, price_per_hour=o.price_per_hour,
                     spot=o.spot, availability=o.availability, never_launched=never, unfit=unfit)
+
+
+def _blocked(plane: ControlPlane, fit: OfferFit, scope: str, now: float) -> OfferFit:
+    """``fit`` with until when its scope is not tried, and why, when a failure blocked it."""
+    assert plane.providers is not None
+    blocks = plane.providers.blocks
+    until = blocks.active(now).get(scope)
+    if until is None:
+        return fit
+    return fit.model_copy(update={"blocked_until": until, "blocked_why": blocks.why.get(scope) or None})
 
 
 def _unfit(plane: ControlPlane, spec: JobSpec, fitting: list[MachineOffer]) -> list[OfferFit]:

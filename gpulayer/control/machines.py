@@ -202,7 +202,7 @@ class MachineOps(WorkerOps):
                         s.add(row)
                 continue
             if a.block:
-                ps.blocks.block(a.block, now)
+                ps.blocks.block(a.block, now, reason=f"{a.machine_id} {a.reason}")
             self._end_machine(a.machine_id, a.reason, drain_first=(a.kind == "terminate"),
                               failed=False if a.kind == "withdraw" else None,
                               unjoined=a.kind in ("withdraw", "fail"))
@@ -329,8 +329,8 @@ class MachineOps(WorkerOps):
         scope = offer.scope
         failover = isinstance(exc, (NoCapacity, QuotaExceeded, SkipOffer))
         blocked = provisioning.BLOCK_SECONDS if failover else TRANSIENT_BLOCK
-        ps.blocks.block(scope, now, blocked)
         reason = _words(exc)
+        ps.blocks.block(scope, now, blocked, reason)
         log.warning("%s; %s is skipped for %g s", ps.describe(offer.provider, "launch", exc), scope, blocked)
         with self.store.write() as s:
             for mid in gang:

@@ -1,6 +1,7 @@
-"""Several providers.toml sections of one control plane on one cloud account: each lists the
-machines of the others (a provider's ``list`` is by the control plane's label, which every
-section shares), and none may take them for orphans."""
+"""Two things a user of the cloud target saw wrong: several providers.toml sections of one
+control plane on one cloud account (each lists the machines of the others: a provider's
+``list`` is by the control plane's label, which every section shares), and what ``explain``
+says of an offer whose scope a failure blocked."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import pytest
 
 from gpulayer.control import ControlPlane
 from gpulayer.control.providers import ProviderSet
+from gpulayer.errors import QuotaExceeded
 from gpulayer.hookrecords import LiveMachine
 from gpulayer.provider_config import parse
 from gpulayer.store import Store
-from tests.unit.test_machines import ADAPTER, CLOUD, Recorder
+from tests.unit.test_machines import ADAPTER, CLOUD, Recorder, plane
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -65,3 +67,22 @@ def test_a_section_does_not_terminate_the_machines_of_another_section_on_the_sam
     gpu.live[req.machine_id] = LiveMachine(machine_id=req.machine_id, provider_id=f"i-{req.machine_id}")
     now[0] += 61
     assert cp.sweep_orphans() == [req.machine_id]
+
+
+def test_explain_says_which_offers_a_failure_blocked_until_when_and_why(store: Store) -> None:
+    """A launch that failed with a quota error blocks its scope for 5 minutes; explain went on
+    listing the offer as if it would be tried, with no word of the failure."""
+    cp, rec = plane(store, '[p]\ntype = "rec"\nshapes = ["a", "b"]\n')
+    rec.fail["a"] = QuotaExceeded("vCPU limit of the account reached")
+    cp.submit(CLOUD)
+    cp.provision()
+    assert [c[1].offer.shape for c in rec.calls if c[0] == "launch"] == ["a", "b"]  # failed over
+    e = cp.explain(CLOUD)
+    a, b = e.offers or []
+    assert (a.shape, a.blocked_until, a.blocked_why) == ("a", e.at + 300, "quota exceeded (vCPU limit of the account "
+                                                                            "reached)")
+    assert (b.shape, b.blocked_until, b.blocked_why) == ("b", None, None)
+    lines = e.render().splitlines()
+    assert ("offer p:a in r: $1.00/h, availability unknown; not tried for another 300 s after: quota exceeded "
+            "(vCPU limit of the account reached)") in lines
+    assert "offer p:b in r: $2.00/h, availability unknown" in lines
