@@ -20,10 +20,23 @@ def register(app: typer.Typer) -> None:
     app.add_typer(machines_app, name="machines")
 
 
+#: what ``providers list`` and ``offers`` add on an embedded control plane, where a
+#: providers.toml in $GPULAYER_HOME configures nothing
+EMBEDDED_NOTE = ("this control plane is embedded (no GPULAYER_URL): providers.toml is read, and machines "
+                 "brought up, only by 'gpulayer server start'; set GPULAYER_URL and GPULAYER_TOKEN to "
+                 "see a server's providers (docs/providers.md)")
+
+
 def _api() -> Any:
     from gpulayer.client import connect
 
     return connect().api
+
+
+def _embedded() -> bool:
+    from gpulayer.client import connect
+
+    return connect().embedded
 
 
 def _price(p: float | None) -> str:
@@ -47,17 +60,23 @@ def providers_list(as_json: bool = json_option()) -> None:
     if as_json:
         typer.echo(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
         return
+    embedded = _embedded()
     if not rows:
         typer.echo("no provider adapters installed and none configured (see docs/providers.md)")
+        if embedded:
+            typer.echo(EMBEDDED_NOTE)
         return
+    unconfigured = "installed" if embedded else "no section in providers.toml"
     typer.echo(f"{'NAME':<16}{'TYPE':<15}{'PLUGIN':<22}{'CONFIGURED':<11}{'CREDENTIALS':<12}{'MACHINES':<10}STATUS")
     for r in rows:
         cred = "-" if not r.configured else {True: "ok", False: "failed", None: "unchecked"}[r.credentials_ok]
         machines = f"{r.machines_running}/{r.max_machines}" if r.configured else "-"
         status = r.disabled or (f"last error: {r.last_error}" if r.last_error else ("in use" if r.configured else
-                                                                                       "no section in providers.toml"))
+                                                                                       unconfigured))
         typer.echo(f"{r.name[:15]:<16}{r.type[:14]:<15}{r.plugin[:21]:<22}{'yes' if r.configured else 'no':<11}"
                    f"{cred:<12}{machines:<10}{status}")
+    if embedded:
+        typer.echo(EMBEDDED_NOTE)
 
 
 @providers_app.command("offers")
@@ -85,7 +104,8 @@ def providers_offers(
         typer.echo(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
         return
     if not rows:
-        typer.echo("no provider offered a machine that fits (gpulayer providers list shows the providers)")
+        typer.echo(EMBEDDED_NOTE if _embedded() else
+                   "no provider offered a machine that fits (gpulayer providers list shows the providers)")
         return
     typer.echo(f"{'PROVIDER':<16}{'SHAPE':<22}{'REGION':<16}{'PRICE/H':<10}{'SPOT':<6}{'DEVICES':<22}AVAILABILITY")
     for o in rows:

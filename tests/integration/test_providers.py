@@ -317,11 +317,21 @@ def test_providers_offers_lists_what_fits_cheapest_first(servers: list[ServerPro
 
 
 def test_providers_list_shows_installed_adapters_no_section_configures(tmp_path: Path) -> None:
-    out = cli("providers", "list", env=base_env(tmp_path / "home", GPULAYER_PLUGINS="gpulayer.testprovider"))
+    """Embedded, with a providers.toml in $GPULAYER_HOME that configures the adapter: the
+    rows said 'no section in providers.toml', which was false; only a server reads it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "providers.toml").write_text(section("local", shapes=shape("local", "cpu", price=0.5)))
+    env = base_env(home, GPULAYER_PLUGINS="gpulayer.testprovider")
+    out = cli("providers", "list", env=env)
     assert out.returncode == 0, out.stderr
     row = next(line.split() for line in out.stdout.splitlines() if line.startswith("local-process"))
-    assert row[:4] == ["local-process", "local-process", "gpulayer.testprovider", "no"]
-    assert "no section in providers.toml" in out.stdout
+    assert row == ["local-process", "local-process", "gpulayer.testprovider", "no", "-", "-", "installed"]
+    assert "no section in providers.toml" not in out.stdout
+    note = "this control plane is embedded (no GPULAYER_URL): providers.toml is read, and machines brought up, only by"
+    assert out.stdout.splitlines()[-1].startswith(note)
+    offers = cli("providers", "offers", env=env)
+    assert (offers.returncode, offers.stdout.splitlines()[0][:len(note)]) == (0, note)
 
 
 def test_an_adapter_that_answers_garbage_is_named_and_the_other_providers_run_the_job(
