@@ -323,8 +323,10 @@ def orphans(live: Iterable[LiveMachine], known: Mapping[str, str]) -> list[LiveM
 # --------------------------------------------------------------------------- what jobs show
 
 
-#: event kinds of a job's cloud history; a continuation joins the line before it with ", "
-HISTORY_KINDS = ("cloud", "cloud_joined")
+#: event kinds of a job's cloud history; a continuation (a join, another machine of the same
+#: gang's launch) joins the attempt before it with ", "
+HISTORY_KINDS = ("cloud", "cloud_joined", "cloud_gang")
+_CONTINUATIONS = ("cloud_joined", "cloud_gang")
 
 
 def history(events: Iterable[tuple[str, str]]) -> str | None:
@@ -333,7 +335,7 @@ def history(events: Iterable[tuple[str, str]]) -> str | None:
     ``(kind, message)`` events in order."""
     parts: list[str] = []
     for kind, message in events:
-        if kind == "cloud_joined" and parts:
+        if kind in _CONTINUATIONS and parts:
             parts[-1] += ", " + message
         elif kind in HISTORY_KINDS:
             parts.append(message)

@@ -294,6 +294,7 @@ class MachineOps(WorkerOps):
         assert ps is not None
         now = self.clock()
         launched: list[str] = []
+        last_scope: str | None = None
         for req in requests:
             offer = req.offer
             with self.store.write() as s:
@@ -314,9 +315,12 @@ class MachineOps(WorkerOps):
                     row.state = "booting"
                 row.updated_at = self.clock()
                 s.add(row)
-                self._event(s, "cloud", job_id=launch.job_id, message=f"{offer.scope}: launched {req.machine_id} "
-                                                                      f"({took:.1f} s)")
+                # a gang's machines are one attempt: the second and later continue its line
+                where = "" if offer.scope == last_scope else f"{offer.scope}: "
+                self._event(s, "cloud_gang" if launched else "cloud", job_id=launch.job_id,
+                            message=f"{where}launched {req.machine_id} ({took:.1f} s)")
             launched.append(req.machine_id)
+            last_scope = offer.scope
         return True
 
     def _launch_failed(self, launch: provisioning.Launch, offer: MachineOffer, machine_id: str, exc: ProviderError,

@@ -1,7 +1,7 @@
-"""Two things a user of the cloud target saw wrong: several providers.toml sections of one
-control plane on one cloud account (each lists the machines of the others: a provider's
-``list`` is by the control plane's label, which every section shares), and what ``explain``
-says of an offer whose scope a failure blocked."""
+"""What a user of the cloud target saw wrong: several providers.toml sections of one control
+plane on one cloud account (each lists the machines of the others: a provider's ``list`` is
+by the control plane's label, which every section shares), what ``explain`` says of an offer
+whose scope a failure blocked, and a gang's launch in ``jobs show``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from gpulayer.control.providers import ProviderSet
 from gpulayer.errors import QuotaExceeded
 from gpulayer.hookrecords import LiveMachine
 from gpulayer.provider_config import parse
+from gpulayer.provisioning import history
 from gpulayer.store import Store
+from tests.factories import make_capabilities, make_cuda_devices, make_distributed_job
 from tests.unit.test_machines import ADAPTER, CLOUD, Recorder, plane
 
 
@@ -86,3 +88,19 @@ def test_explain_says_which_offers_a_failure_blocked_until_when_and_why(store: S
     assert ("offer p:a in r: $1.00/h, availability unknown; not tried for another 300 s after: quota exceeded "
             "(vCPU limit of the account reached)") in lines
     assert "offer p:b in r: $2.00/h, availability unknown" in lines
+
+
+def test_a_gangs_machines_are_one_attempt_in_the_jobs_cloud_history(store: Store) -> None:
+    """A distributed job's two machines read 'launched m-1 -> p/r/a: launched m-2', the
+    arrow that means the first attempt failed and the next offer was tried."""
+    cp, rec = plane(store, '[p]\ntype = "rec"\nshapes = ["a", "b"]\ncapacity = 1\n')
+    job = cp.submit(make_distributed_job(2, target="cloud", accelerator="cuda", gpus=1))
+    cp.provision()
+    first, second = (c[1] for c in rec.calls if c[0] == "launch")  # one host of the pool each
+    for req in (first, second):
+        cp.join_worker(make_capabilities(devices=make_cuda_devices(1)), machine_id=req.machine_id,
+                       join_token=req.bootstrap_token.get_secret_value())
+    line = history((e.kind, e.message) for e in cp.events(job.id))
+    assert line is not None and " -> " not in line
+    assert line.startswith(f"p/r/a: launched {first.machine_id} (")
+    assert f"p/r/b: launched {second.machine_id} (" in line and line.count("joined as wkr-") == 2
