@@ -161,6 +161,10 @@ def render(e: Explanation, spelling: Spelling | None = None, *, command: str | N
     if len(e.workers) > LISTED:
         more = len(e.workers) - LISTED
         out.append(f"... and {more} more worker(s); {command + ' --json' if command else '--json'} lists every one")
+    if e.offers is None and "cloud" in e.spec.placement.targets:
+        # (said here as the unschedulable message says it: explain listed the workers only)
+        out.append("offers: none: no provider is configured on this control plane, so no machine is brought "
+                   "up for the cloud target (providers.toml for gpulayer server start; see docs/providers.md)")
     if e.offers is not None:
         if not e.offers:
             out.append("offers: no configured provider offers a machine that fits")

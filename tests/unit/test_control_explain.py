@@ -178,3 +178,20 @@ def test_an_embedded_plane_explains_a_cloud_only_job_as_submit_refuses_it(cp: Co
     # with a target it can reach, the cloud fallback is explained as usual
     local = CommandJob(command=["true"], placement=Placement(target="local", fallback_targets=["cloud"]))
     assert cp.explain(local).verdict == "unschedulable"
+
+
+def test_explain_of_a_cloud_job_says_when_no_provider_is_configured(tmp_path: Path) -> None:
+    """A server with no providers: submit failed with 'cloud: no cloud worker registered and
+    no provider offered a machine'; explain listed the workers and said nothing of the cloud."""
+    store = Store(f"sqlite:///{tmp_path / 'p.db'}")
+    try:
+        cp = ControlPlane(store, serving=True)
+        cloud = cp.explain(CommandJob(command=["true"], placement=Placement(target="cloud")))
+        assert cloud.offers is None and cloud.verdict == "unschedulable"
+        assert ("offers: none: no provider is configured on this control plane, so no machine is brought up for "
+                "the cloud target (providers.toml for gpulayer server start; see docs/providers.md)"
+                ) in cloud.render().splitlines()
+        remote = cp.explain(CommandJob(command=["true"], placement=Placement(target="remote")))
+        assert "offers:" not in remote.render()
+    finally:
+        store.dispose()
