@@ -45,6 +45,8 @@ TERMINATED_BY_ADMIN = "terminated by an admin (gpulayer machines terminate)"
 LOST_GRACE_TIMEOUTS = 3
 #: a scope whose launch failed for a transient reason is skipped this long, seconds
 TRANSIENT_BLOCK = 30.0
+#: a machine whose terminate failed is not tried again for this long, seconds
+TERMINATE_RETRY = 30.0
 
 _FAILURE_WORDS = {NoCapacity: "no capacity", QuotaExceeded: "quota exceeded", SkipOffer: "skipped"}
 
@@ -380,15 +382,17 @@ class MachineOps(WorkerOps):
     def _end_machine(self, machine_id: str, reason: str, *, drain_first: bool = False,
                      failed: bool | None = None, unjoined: bool = False) -> None:
         """terminating (written first) -> the provider's terminate -> terminated, or failed
-        for a machine that never joined. A terminate that fails leaves it terminating: the
-        next pass tries again. ``unjoined``: only if it has not joined since it was looked at
-        (its worker may have taken a task meanwhile)."""
+        for a machine that never joined. A terminate that fails leaves it terminating: a
+        pass :data:`TERMINATE_RETRY` seconds later tries again. ``unjoined``: only if it has
+        not joined since it was looked at (its worker may have taken a task meanwhile)."""
         ps = self.providers
         assert ps is not None
         with self.store.read() as s:
             row = queries.machine(s, machine_id)
         if row.state not in provisioning.LIVE_STATES:
             return
+        if row.state == "terminating" and self.clock() < ps.terminate_after.get(machine_id, 0.0):
+            return  # its last terminate failed: tried again after TERMINATE_RETRY, not at every pass
         if drain_first and row.worker_id and row.state != "terminating":
             self.drain_worker(row.worker_id)
             with self.store.read() as s:
@@ -404,9 +408,11 @@ class MachineOps(WorkerOps):
         try:
             ps.call(row.provider, "terminate", machine_id, row.provider_id)
         except ProviderError as exc:
-            log.warning("terminate %s failed (%s); trying again at the next pass", machine_id,
-                        ps.describe(row.provider, "terminate", exc))
+            ps.terminate_after[machine_id] = self.clock() + TERMINATE_RETRY
+            log.warning("terminate %s failed (%s); trying again in %g s", machine_id,
+                        ps.describe(row.provider, "terminate", exc), TERMINATE_RETRY)
             return
+        ps.terminate_after.pop(machine_id, None)
         now = self.clock()
         never_joined = row.joined_at is None if failed is None else failed
         with self.store.write() as s:

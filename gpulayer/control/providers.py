@@ -158,6 +158,8 @@ class ProviderSet:
         self.clock = clock
         self.status = {name: ProviderStatus() for name in self.configured}
         self.blocks = provisioning.Blocks()
+        #: machine id -> when a terminate that failed is tried again (not at every pass)
+        self.terminate_after: dict[str, float] = {}
         #: calls made, by ``provider.method`` and in all (``total``)
         self.calls: Counter[str] = Counter()
         self._pool = ThreadPoolExecutor(max_workers=max(4, 2 * len(configured)),

@@ -12,7 +12,7 @@ import pytest
 
 from gpulayer.control import ControlPlane
 from gpulayer.control.providers import ProviderSet
-from gpulayer.errors import QuotaExceeded
+from gpulayer.errors import ProviderTransient, QuotaExceeded
 from gpulayer.hookrecords import LiveMachine
 from gpulayer.provider_config import parse
 from gpulayer.provisioning import history
@@ -104,3 +104,33 @@ def test_a_gangs_machines_are_one_attempt_in_the_jobs_cloud_history(store: Store
     assert line is not None and " -> " not in line
     assert line.startswith(f"p/r/a: launched {first.machine_id} (")
     assert f"p/r/b: launched {second.machine_id} (" in line and line.count("joined as wkr-") == 2
+
+
+def test_a_terminate_that_fails_is_tried_again_after_a_while_not_at_every_pass(
+        store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    """A provider whose endpoint went away: the machine past its join deadline stayed
+    'terminating' and the pass (every second) called terminate again and logged a warning
+    each time, for as long as the provider failed."""
+    now = [1000.0]
+    cp, rec = plane(store, clock=now)
+    cp.submit(CLOUD)
+    cp.provision()
+    [(_, req)] = [c for c in rec.calls if c[0] == "launch"]
+    tries: list[float] = []
+
+    def down(machine_id: str, provider_id: str | None) -> None:
+        tries.append(now[0])
+        raise ProviderTransient("ec2 us-east-1: TerminateInstances: Could not connect to the endpoint URL")
+
+    rec.terminate = down  # type: ignore[method-assign]
+    now[0] += 61  # past the join deadline (60 s)
+    for _ in range(40):  # passes a second apart
+        cp.provision()
+        now[0] += 1
+    assert cp.get_machine(req.machine_id).state == "terminating"
+    assert tries == [1061.0, 1091.0]
+    assert sum("trying again in 30 s" in r.getMessage() for r in caplog.records) == 2
+    del rec.terminate  # the provider answers again
+    now[0] += 30
+    cp.provision()
+    assert cp.get_machine(req.machine_id).state == "failed"
