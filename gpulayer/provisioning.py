@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from gpulayer import scheduling
 from gpulayer.hookrecords import LiveMachine, MachineOffer
@@ -332,14 +332,18 @@ _CONTINUATIONS = ("cloud_joined", "cloud_gang")
 def history(events: Iterable[tuple[str, str]]) -> str | None:
     """A job's cloud attempts as one line: ``slurm/gpu-a100: launched m-3f2a (4.1 s), joined
     as wkr-...`` or ``ec2/us-east-1/p5.48xlarge: quota exceeded -> ec2/us-west-2/...``, from its
-    ``(kind, message)`` events in order."""
-    parts: list[str] = []
+    ``(kind, message)`` events in order. The same failure again and again (a provider that
+    is down, tried every 30 s) is one attempt with its count: ``... launch failed (...) (x12)``."""
+    parts: list[list[Any]] = []  # [text, times]
     for kind, message in events:
         if kind in _CONTINUATIONS and parts:
-            parts[-1] += ", " + message
+            parts[-1][0] += ", " + message
         elif kind in HISTORY_KINDS:
-            parts.append(message)
-    return " -> ".join(parts) if parts else None
+            if parts and parts[-1][0] == message:
+                parts[-1][1] += 1
+            else:
+                parts.append([message, 1])
+    return " -> ".join(text if n == 1 else f"{text} (x{n})" for text, n in parts) if parts else None
 
 
 @dataclass

@@ -178,6 +178,12 @@ def test_history_reads_like_one_line() -> None:
     assert pv.history(events) == "ec2/us-east-1/p5: quota exceeded -> ec2/us-west-2/p5: launched m-1 (0.2 s), " \
                                  "joined as wkr-1"
     assert pv.history([("submitted", "command")]) is None
+    # a provider that is down fails the job's launch every 30 s: one attempt, counted (the
+    # line grew by the same failure twice a minute for as long as it was down)
+    down = ("cloud", "ec2/us-east-1/t3: launch failed (could not connect)")
+    assert pv.history([down] * 3 + [("cloud", "ec2/us-west-2/t3: launched m-2 (0.1 s)"), down]) == (
+        "ec2/us-east-1/t3: launch failed (could not connect) (x3) -> ec2/us-west-2/t3: launched m-2 (0.1 s) -> "
+        "ec2/us-east-1/t3: launch failed (could not connect)")
 
 
 def test_blocks_expire() -> None:
