@@ -175,6 +175,8 @@ def render(e: Explanation, spelling: Spelling | None = None, *, command: str | N
             never = f"; never launched: {o.never_launched}" if o.never_launched else ""
             if o.blocked_until is not None and o.blocked_until > now:
                 never += f"; not tried for another {o.blocked_until - now:.0f} s after: {o.blocked_why or 'a failure'}"
+            if o.no_room:
+                never += f"; no room now: {o.no_room}"
             out.append(f"offer {o.provider}:{o.shape}{region}: {price}{spot}, availability {o.availability}{never}")
         for o in e.unfit_offers[:LISTED]:
             region = f" in {o.region}" if o.region else ""

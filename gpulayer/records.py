@@ -368,6 +368,9 @@ class OfferFit(Record):
     blocked_until: float | None = None
     #: what blocked it (``quota exceeded (...)``, ``m-... did not join within 600 s``)
     blocked_why: str | None = None
+    #: why no machine of it is launched now (its provider's ``max_machines`` reached, or
+    #: its own ``capacity``), or None
+    no_room: str | None = None
     #: why it could never run the job (the first reason, as against a worker): an offer in
     #: :attr:`Explanation.unfit_offers`; None in :attr:`Explanation.offers`
     unfit: str | None = None

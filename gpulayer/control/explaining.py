@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpulayer import scheduling
 from gpulayer.control import placement
@@ -26,7 +26,7 @@ from gpulayer.records import (
 from gpulayer.scheduling import nearest
 from gpulayer.scheduling.fleet import offer_record
 from gpulayer.specs import CHECKED, JobSpec
-from gpulayer.store import JobRow, TaskRow, mapping, queries
+from gpulayer.store import JobRow, MachineRow, TaskRow, mapping, queries
 
 if TYPE_CHECKING:
     from gpulayer.control import ControlPlane
@@ -47,6 +47,7 @@ def explain(plane: ControlPlane, spec: JobSpec | None, *, job_id: str | None = N
         tasks = queries.active_tasks(s)
         holders = queries.jobs_by_id(s, (t.job_id for t in tasks))
         queue = queries.queued_jobs(s)
+        machines = queries.machines(s, live_only=True) if plane.providers is not None else []
     if job is not None:
         spec = mapping.spec(job.spec)
     if spec is None:
@@ -82,7 +83,7 @@ def explain(plane: ControlPlane, spec: JobSpec | None, *, job_id: str | None = N
         stored_decision=mapping.decision_of(job.decision) if job is not None else None,
         queue_position=queue_position(queue, spec, job),
         workers=survey.workers,
-        offers=None if offers is None else [_blocked(plane, _fit(o, barred.get(id(o))), o.scope, now)
+        offers=None if offers is None else [_held_back(plane, _fit(o, barred.get(id(o))), o, now, machines)
                                             for o in fitting],
         unfit_offers=_unfit(plane, spec, fitting), providers_down=_down(plane),
         closest=survey.closest,
@@ -104,14 +105,30 @@ def _fit(o: MachineOffer, never: str | None, unfit: str | None = None) -> OfferF
                     spot=o.spot, availability=o.availability, never_launched=never, unfit=unfit)
 
 
-def _blocked(plane: ControlPlane, fit: OfferFit, scope: str, now: float) -> OfferFit:
-    """``fit`` with until when its scope is not tried, and why, when a failure blocked it."""
-    assert plane.providers is not None
-    blocks = plane.providers.blocks
-    until = blocks.active(now).get(scope)
-    if until is None:
-        return fit
-    return fit.model_copy(update={"blocked_until": until, "blocked_why": blocks.why.get(scope) or None})
+def _held_back(plane: ControlPlane, fit: OfferFit, offer: MachineOffer, now: float,
+               machines: Sequence[MachineRow]) -> OfferFit:
+    """``fit`` with what keeps ``offer`` from being launched now though it fits the job: a
+    failure that blocked its scope (until when, and why), or no room (its provider's
+    ``max_machines`` reached, or its own ``capacity``), read from the machines not ended."""
+    ps = plane.providers
+    assert ps is not None
+    update: dict[str, Any] = {}
+    until = ps.blocks.active(now).get(offer.scope)
+    if until is not None:
+        update.update(blocked_until=until, blocked_why=ps.blocks.why.get(offer.scope) or None)
+    configured = ps.configured.get(offer.provider)
+    if configured is not None:
+        cap = configured.limits.max_machines
+        up = sum(1 for m in machines if m.provider == offer.provider)
+        in_scope = sum(1 for m in machines if m.provider == offer.provider and m.shape == offer.shape
+                       and m.region == offer.region)
+        if 0 < cap <= up:
+            update["no_room"] = (f"provider {offer.provider} has {up} of its max_machines = {cap} machines up; "
+                                 "a machine is launched once one of them ends")
+        elif offer.capacity is not None and in_scope >= offer.capacity:
+            update["no_room"] = (f"{in_scope} machine(s) of it are up, its capacity; a machine is launched once "
+                                 "one of them ends")
+    return fit.model_copy(update=update) if update else fit
 
 
 def _unfit(plane: ControlPlane, spec: JobSpec, fitting: list[MachineOffer]) -> list[OfferFit]:

@@ -134,3 +134,23 @@ def test_a_terminate_that_fails_is_tried_again_after_a_while_not_at_every_pass(
     now[0] += 30
     cp.provision()
     assert cp.get_machine(req.machine_id).state == "failed"
+
+
+def test_explain_says_an_offer_has_no_room_while_its_provider_is_at_max_machines(store: Store) -> None:
+    """A second cloud job waited with no machine on the way while the first one's machine
+    held the provider's only place, and explain said only that the offer could run it."""
+    cp, rec = plane(store, '[p]\ntype = "rec"\nmax_machines = 1\n')
+    cp.submit(CLOUD)
+    second = cp.submit(CLOUD)
+    cp.provision()
+    assert rec.count("launch") == 1
+    [offer] = cp.explain_job(second.id).offers or []
+    assert offer.no_room == ("provider p has 1 of its max_machines = 1 machines up; a machine is launched once one "
+                             "of them ends")
+    assert f"offer p:a in r: $1.00/h, availability unknown; no room now: {offer.no_room}" in \
+        cp.explain_job(second.id).render().splitlines()
+    # an offer's own capacity (a host of a pool: one machine) says so too
+    pool, _ = plane(store, '[q]\ntype = "rec"\ncapacity = 1\n')
+    pool.provision()
+    [held] = pool.explain(CLOUD).offers or []
+    assert held.no_room == "1 machine(s) of it are up, its capacity; a machine is launched once one of them ends"
