@@ -20,9 +20,18 @@ ACCEPTED = "accepted: sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
 DRIVERS = ("sqlite", "sqlite+pysqlite", "postgresql+psycopg")
 
 
+#: the password of a URL as SQLAlchemy reads it (all up to the first ``@``, ``/``, ``?`` and
+#: ``#`` included), and up to a later ``@`` of the host part (a password written with an
+#: unescaped ``@``, which SQLAlchemy would misread: hidden all the same)
+_PASSWORD = re.compile(r"^([A-Za-z][\w+.-]*://[^:/@]*):[^@]*@(?:[^@/?#]*@)*")
+#: a password given as a query parameter (``?password=``, which psycopg takes too)
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+
+
 def redacted(url: str) -> str:
-    """``url`` as written, its password (if any) shown as ``***``."""
-    return re.sub(r"^([A-Za-z][\w+.-]*://[^/?#@:]*):[^/?#]*@", r"\1:***@", url)
+    """``url`` as written, its password (if any, in its user part or as ``?password=``)
+    shown as ``***``."""
+    return _QUERY_PASSWORD.sub(r"\1***", _PASSWORD.sub(r"\1:***@", url))
 
 
 def given(url: str | None, where: str | None = None) -> str:
@@ -42,8 +51,6 @@ def given(url: str | None, where: str | None = None) -> str:
 def normalise_url(url: str, where: str | None = None) -> str:
     """Accept ``postgresql://`` as users write it and drive it with psycopg 3; refuse a URL
     that GPUlayer cannot use (see the module doc), naming it as :func:`given` does."""
-    from urllib.parse import urlsplit
-
     from sqlalchemy.engine import make_url
 
     written = url
@@ -52,14 +59,22 @@ def normalise_url(url: str, where: str | None = None) -> str:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://"):]
     name = given(written, where)
-    try:
-        urlsplit(url).port  # noqa: B018 - (a port that is no number 0-65535: ValueError)
-    except ValueError:
-        raise InvalidInput(f"{name}: its port is not a number from 1 to 65535; {ACCEPTED}") from None
+    bad_port = InvalidInput(f"{name}: its port is not a number from 1 to 65535; {ACCEPTED}")
+    two_ats = InvalidInput(f"{name}: not a URL (more than one @: write an @ of the password as %40); {ACCEPTED}")
+    # (read as SQLAlchemy reads it, as the engine will: a password may hold an unescaped
+    # / ? or #, which a generic URL parser takes for the end of the host and port)
     try:
         parsed = make_url(url)
+    except ValueError:  # (SQLAlchemy's int() of the port: all after the host's ':')
+        if url.count("@") > 1:  # (a password's @, written as it is: the rest read as the port)
+            raise two_ats from None
+        raise bad_port from None
     except Exception:
         raise InvalidInput(f"{name}: not a URL; {ACCEPTED}") from None
+    if parsed.host and "@" in parsed.host:  # (the rest of such a password, read as the host)
+        raise two_ats
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise bad_port
     backend = parsed.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
         raise InvalidInput(f"{name}: backend {backend!r} is not supported; {ACCEPTED}")

@@ -74,3 +74,33 @@ def test_redacted_keeps_the_url_as_written_but_its_password() -> None:
     assert redacted("postgresql://me:p@ss:w%2Frd@db.example:5432/gl") == "postgresql://me:***@db.example:5432/gl"
     assert redacted("postgres://me@db/gl") == "postgres://me@db/gl"
     assert redacted("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+
+
+def test_a_password_with_characters_a_url_reserves_is_read_as_the_engine_reads_it(postgres_url: str) -> None:
+    """A password written with an unescaped /, ? or # (SQLAlchemy, and so the engine, reads
+    it whole; it opened before the URL checks) was refused as "its port is not a number",
+    and the error printed the password in clear."""
+    for password in ("pa/ss", "pa#ss", "pa?ss"):
+        url = postgres_url.replace("://postgres@", f"://postgres:{password}@", 1)
+        assert url != postgres_url and redacted(url) == postgres_url.replace("://postgres@", "://postgres:***@", 1)
+        store = Store(url)  # (trust auth: the password is not checked)
+        try:
+            assert store.schema_version() > 0
+        finally:
+            store.dispose()
+    with pytest.raises(InvalidInput) as caught:
+        Store("postgresql://u:s3/cret@127.0.0.1:1/x")
+    assert str(caught.value).startswith("database URL 'postgresql://u:***@127.0.0.1:1/x': cannot open the database")
+    for url in ("postgresql://u:s3@cret@h:5432/x", "postgresql://u:s3@cr:et@h:5432/x"):  # (read: host 'cret@h')
+        with pytest.raises(InvalidInput) as caught:
+            Store(url)
+        assert str(caught.value).startswith("database URL 'postgresql://u:***@h:5432/x': not a URL (more than one @: "
+                                            "write an @ of the password as %40)"), caught.value
+
+
+def test_a_password_given_as_a_query_parameter_is_hidden_too() -> None:
+    assert redacted("postgresql://db/gl?sslmode=require&password=s3cret&x=1") == \
+        "postgresql://db/gl?sslmode=require&password=***&x=1"
+    with pytest.raises(InvalidInput) as caught:
+        Store("postgresql://u@127.0.0.1:70000/x?password=s3cret")
+    assert "s3cret" not in str(caught.value) and "its port is not a number from 1 to 65535" in str(caught.value)
