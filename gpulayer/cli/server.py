@@ -267,10 +267,9 @@ def _root_path(given: str) -> str:
 
 def _check_tls(cert: Path, key: Path) -> str:
     """The certificate's fingerprint, once a TLS context has loaded the pair (a file that is
-    no PEM certificate, or a key of another certificate, is said here, exit 2)."""
+    no PEM certificate, or a key of another certificate, is said here, exit 2), and once its
+    dates are checked, where the optional ``cryptography`` package can read them."""
     import ssl
-
-    from cryptography import x509
 
     from gpulayer.http_client import fingerprint_of_pem, first_certificate
 
@@ -278,21 +277,35 @@ def _check_tls(cert: Path, key: Path) -> str:
         text = cert.read_text()
         fingerprint = fingerprint_of_pem(text)
         ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
-        own = x509.load_pem_x509_certificate(first_certificate(text).encode())
+        valid = _validity(first_certificate(text))
     except (OSError, ValueError, ssl.SSLError) as exc:  # (UnicodeDecodeError is a ValueError)
         raise typer.BadParameter(f"{cert}, {key}: cannot serve TLS with them: {' '.join(str(exc).split())}",
                                  param_hint="--tls-cert/--tls-key") from None
+    if valid is None:
+        return fingerprint
     # (served, every client refused it, saying only "certificate verify failed")
     now = datetime.datetime.now(datetime.timezone.utc)
     when = "%Y-%m-%d %H:%M UTC"
-    if own.not_valid_after_utc <= now:
-        raise typer.BadParameter(f"{cert}: the certificate expired on {own.not_valid_after_utc.strftime(when)}, "
+    not_before, not_after = valid
+    if not_after <= now:
+        raise typer.BadParameter(f"{cert}: the certificate expired on {not_after.strftime(when)}, "
                                  "and no client would accept it; give a renewed one", param_hint="--tls-cert")
-    if own.not_valid_before_utc > now:
+    if not_before > now:
         raise typer.BadParameter(f"{cert}: the certificate is not valid before "
-                                 f"{own.not_valid_before_utc.strftime(when)}, and no client would accept it until "
+                                 f"{not_before.strftime(when)}, and no client would accept it until "
                                  "then (or this machine's clock is wrong)", param_hint="--tls-cert")
     return fingerprint
+
+
+def _validity(pem: str) -> tuple[datetime.datetime, datetime.datetime] | None:
+    """When the PEM certificate ``pem`` is valid from and until; None without the optional
+    ``cryptography`` package (``gpulayer[tls]``), which a --tls-cert start does not need."""
+    try:
+        from cryptography import x509
+    except ImportError:
+        return None
+    own = x509.load_pem_x509_certificate(pem.encode())
+    return own.not_valid_before_utc, own.not_valid_after_utc
 
 
 def _open_store(database: str | None) -> Any:

@@ -280,3 +280,20 @@ def test_an_expired_certificate_is_refused_at_the_start(tmp_path: Path) -> None:
     assert f"Invalid value for --tls-cert: {chain}: the certificate expired on " in said, said
     assert "give a renewed one" in said
     assert not home.exists() or not any(p.name.startswith(("gpulayer.db", "admin")) for p in home.iterdir())
+
+
+def test_a_tls_certificate_is_served_without_the_optional_cryptography_package(tmp_path: Path) -> None:
+    """--tls-cert/--tls-key need only Python's ssl (cryptography is gpulayer[tls]'s, for
+    --self-signed); reading the certificate's dates imported it, and a start without it
+    ended in a ModuleNotFoundError traceback."""
+    chain, key, _ca, own = _ca_and_server_certificate(tmp_path)
+    blocker = tmp_path / "no-cryptography"
+    (blocker / "cryptography").mkdir(parents=True)
+    (blocker / "cryptography" / "__init__.py").write_text("raise ImportError('not installed (the test hides it)')\n")
+    path = os.pathsep.join(p for p in (str(blocker), os.environ.get("PYTHONPATH", "")) if p)
+    srv = ServerProc(tmp_path / "home", env={"PYTHONPATH": path},
+                     args=("--tls-cert", str(chain), "--tls-key", str(key))).start()
+    try:
+        assert f"TLS certificate fingerprint: {own}" in srv.log()
+    finally:
+        srv.stop()
