@@ -250,8 +250,10 @@ def server_start(
         sock.close()
 
 
-#: a root path: segments of what a URL path holds unescaped (RFC 3986's pchar), or %XX
-_ROOT_PATH = re.compile(r"^(/(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})+)+$")
+#: a root path: segments of what a URL path holds unescaped (RFC 3986's pchar), or %XX, but
+#: ';', which would end the dashboard cookie's Path (RFC 6265: no ';' in it) and leave a
+#: Path no page of the root path matches: every login led back to the login page
+_ROOT_PATH = re.compile(r"^(/(?:[A-Za-z0-9._~!$&'()*+,=:@-]|%[0-9A-Fa-f]{2})+)+$")
 
 
 def _root_path(given: str) -> str:
@@ -260,7 +262,7 @@ def _root_path(given: str) -> str:
     segments = path.split("/")[1:]
     if given and path and (not _ROOT_PATH.match(path) or any(s in (".", "..") for s in segments)):
         raise typer.BadParameter(f"{given!r}: accepted: a URL path such as /gpulayer (the prefix a proxy in front "
-                                 "serves this server under), without ?, #, spaces, empty, . or .. segments",
+                                 "serves this server under), without ?, #, ;, spaces, empty, . or .. segments",
                                  param_hint="--root-path")
     return path
 
