@@ -127,11 +127,15 @@ def follow_job(client: Client, job_id: str, *, node: int | None = None, progress
         for c in client.follow(job_id, node=node, on_update=seen):
             assert lines is not None  # (follow looks at the job before its first chunk)
             write(c.stream, lines.text(c.data, c.node_rank, c.stream))
-        for stream, rest in lines.rest() if lines is not None else []:
-            write(stream, rest)
     finally:
-        if show is not None:
-            show.close()
+        try:
+            # (after a Ctrl-C too: the line each node printed last, not ended yet, is shown,
+            # not dropped; it is often what a hung node said last)
+            for stream, rest in lines.rest() if lines is not None else []:
+                write(stream, rest)
+        finally:
+            if show is not None:
+                show.close()
     return last[0]
 
 

@@ -267,10 +267,12 @@ class Trainer:
             sink.flush()
 
         try:
-            for c in client.follow(handle.id, stream=stream, on_update=check_deadline):
-                write(c.stream, lines.text(c.data, c.node_rank, c.stream))
-            for to, rest in lines.rest():
-                write(to, rest)
+            try:
+                for c in client.follow(handle.id, stream=stream, on_update=check_deadline):
+                    write(c.stream, lines.text(c.data, c.node_rank, c.stream))
+            finally:  # (a Ctrl-C or the timeout too: what each node printed last is shown)
+                for to, rest in lines.rest():
+                    write(to, rest)
         except KeyboardInterrupt:
             # as `gpulayer submit` does: a Ctrl-C while the run streams ends the run (every
             # node's processes), not only this wait; left running, it held its workers

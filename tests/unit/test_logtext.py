@@ -3,6 +3,12 @@ prefixes of a job of several nodes, over chunks that end inside lines."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from gpulayer import logtext
@@ -47,3 +53,41 @@ def test_without_prefixes_the_text_passes_as_it_is() -> None:
     lines = NodeLines(False)
     assert lines.text("a", 0, "stdout") + lines.text("b\nc", 0, "stdout") == "ab\nc"
     assert lines.rest() == []
+
+
+def test_a_ctrl_c_while_following_shows_the_line_each_node_had_not_ended(tmp_path: Path) -> None:
+    """``gpulayer jobs logs --follow`` (and ``submit``, which follows the same way) held each
+    node's unfinished line for its end, and a Ctrl-C dropped it: what a hung node printed
+    last, the reason to stop following, was never shown."""
+    import gpulayer as gl
+    from gpulayer.control import ControlPlane
+    from gpulayer.store import Store
+    from tests.factories import make_capabilities
+
+    store = Store(f"sqlite:///{tmp_path / 'gpulayer.db'}")
+    cp = ControlPlane(store)
+    workers = [cp.register_worker(make_capabilities(), cpu_slots=1, origin="existing").id for _ in range(2)]
+    job = cp.submit(gl.DistributedJob(entry="train.py", nodes=2, placement=gl.Placement(target="remote")))
+    for w in workers:
+        for a in cp.poll_tasks(w):
+            cp.start_task(a.task_id, worker_id=w)
+            text = "ready\nloading checkpoint " if a.node_rank == 0 else "ready\n"
+            cp.append_logs(a.task_id, worker_id=w, chunks=[("stdout", text)])
+    store.dispose()
+    env = {**os.environ, "GPULAYER_HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "gpulayer.cli", "jobs", "logs", "--follow", job.id], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = ""
+        while "[node 1] ready\n" not in seen:  # (both nodes' whole lines shown: following)
+            line = proc.stdout.readline() if proc.stdout else ""
+            assert line, proc.communicate(timeout=30)
+            seen += line
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 130, err
+    assert seen + out == "[node 0] ready\n[node 1] ready\n[node 0] loading checkpoint \n", (seen + out, err)
