@@ -592,5 +592,5 @@ class Agent:
         if outcome.error and state is not TaskState.SUCCEEDED:
             report.error = JobError.ended(state, outcome.error)
         if result_path is not None and state in (TaskState.SUCCEEDED, TaskState.FAILED):
-            return function_outcome(report, result_path, argv[0])
+            return function_outcome(report, result_path, getattr(spec, "python", None))  # (a FunctionJob)
         return report

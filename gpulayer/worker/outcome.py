@@ -31,7 +31,8 @@ def function_outcome(report: TaskOutcome, result_path: Path, python: str | None 
     """A function job's outcome: its process's, with the runner's result or error read in
     (a result as the JSON text the runner wrote: :class:`~gpulayer.api.ResultJSON`). A
     process that failed with no word from the runner is said to have, naming ``python`` (the
-    interpreter it ran), where its own exit says nothing more."""
+    interpreter the job asked for; None: the worker's own, which runs the runner), where its
+    own exit says nothing more."""
     try:
         text = result_path.read_text()
         if text.startswith(RESULT_PREFIX) and text.endswith("}"):
@@ -55,10 +56,11 @@ def function_outcome(report: TaskOutcome, result_path: Path, python: str | None 
             report.error is None or report.error.message == exit_error(report.exit_code)):
         # (an exit of its own, no signal: the runner never ran, as with python='/bin/false'
         # or a Python too old to read it, or the function ended its process itself)
+        ended = (f"the interpreter {python!r} did not run it (is it a Python 3.10 or newer? its output may say "
+                 f"why), or the function ended its process" if python else
+                 "the function ended its process (os._exit, or a crash with no Python exception)")
         report.error = JobError(type="runner", message=(
-            f"exit code {report.exit_code} before the function runner wrote a result: "
-            f"{'the interpreter ' + repr(python) if python else 'its interpreter'} did not run it (is it a "
-            f"Python 3.10 or newer? its output may say why), or the function ended its process"))
+            f"exit code {report.exit_code} before the function runner wrote a result: {ended}"))
     return report
 
 
