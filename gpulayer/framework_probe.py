@@ -347,9 +347,12 @@ def probe_frameworks(
         result, diags, answered = answers[owner]
         diagnostics.extend(diags)
         if answered or merged["python_version"] == "unknown":
+            # a probe that hung or crashed still knows the version of this interpreter (its
+            # fallback): it replaces the "unknown" the merge starts from, not an answer's
             for key in ("python_version", "python_path", "sys_path"):
-                if result.get(key) and (answered or not merged.get(key)):
-                    merged[key] = result[key]
+                value = result.get(key)
+                if value and value != "unknown" and (answered or merged.get(key) in (None, "", [], "unknown")):
+                    merged[key] = value
         merged["frameworks"].update(result.get("frameworks", {}))
         merged["sources"].update(result.get("sources", {}))
         merged["errors"].extend(result.get("errors", []))

@@ -81,6 +81,18 @@ def test_probe_timeout_falls_back_to_metadata(gpulayer_home):
     result, diagnostics = probe_frameworks(timeout=1, probes=probes, use_cache=False)
     assert result["frameworks"] == {"torch": TORCH}
     assert "no answer within 1s" in diagnostics[0]
+    # the job Python is this interpreter: its version is known without the probe's answer
+    # (it was "unknown", and every job with a python requirement was turned down)
+    assert result["python_version"] == ".".join(map(str, sys.version_info[:3]))
+
+
+def test_probe_that_crashes_keeps_this_interpreters_version(gpulayer_home):
+    probes = {"torch": FrameworkProbe(name="torch", distributions=["torch"], subprobes=[
+        SubProbe(name="torch.crash", code="import os\nos._exit(7)")])}
+    result, diagnostics = probe_frameworks(timeout=60, probes=probes, use_cache=False)
+    assert "exited with status 7" in diagnostics[0]
+    assert result["frameworks"] == {"torch": TORCH}
+    assert result["python_version"] == ".".join(map(str, sys.version_info[:3]))
 
 
 def test_probe_of_a_missing_python(gpulayer_home, tmp_path):
