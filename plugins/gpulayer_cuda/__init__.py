@@ -15,6 +15,15 @@ Jobs see their granted GPUs through ``CUDA_VISIBLE_DEVICES`` (runtime indices, n
 because some libraries still do not parse UUIDs) plus ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so
 that CUDA numbers the GPUs the way NVML and nvidia-smi do. A job granted no GPU gets the
 same variables with an empty list (the detector's ``hide_env``), which hides them all.
+
+NVML and nvidia-smi list every GPU of the machine whatever ``CUDA_VISIBLE_DEVICES`` says,
+and a task's ``CUDA_VISIBLE_DEVICES`` replaces the worker's. So a worker started with
+``CUDA_VISIBLE_DEVICES`` set (``CUDA_VISIBLE_DEVICES=2,3 gpulayer worker start``, or inside
+a Slurm allocation without device cgroups) reports the GPUs it leaves out as unusable, saying
+why: its jobs are given only the GPUs it was given. The entries are read as CUDA reads them:
+indices (as nvidia-smi numbers the GPUs) or ``GPU-`` UUIDs (a unique prefix will do), up to
+the first one that names no GPU; an empty value leaves none. A list that names MIG instances
+(``MIG-...``) is not read (MIG is not detected): every GPU is offered.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from collections.abc import Iterator
 from gpulayer import plugin
 
 KIND = "cuda"
+VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
 NO_NVML_ENV = "GPULAYER_CUDA_NO_NVML"
 QUERY_FIELDS = ["index", "name", "memory.total", "compute_cap", "uuid", "driver_version"]
 MIB = 1024 * 1024
@@ -157,7 +167,42 @@ def detect_nvidia_smi(timeout: float) -> plugin.DetectionResult:
         return plugin.DetectionResult(diagnostics=[f"cuda: nvidia-smi gave unreadable output ({exc})"])
 
 
+def _named(entry: str, devices: list[plugin.Device]) -> plugin.Device | None:
+    """The device a ``CUDA_VISIBLE_DEVICES`` entry names: an index, or a unique UUID prefix."""
+    if entry.isdigit():
+        return next((d for d in devices if d.index == int(entry)), None)
+    if entry.upper().startswith("GPU-"):
+        found = [d for d in devices if d.uuid and d.uuid.upper().startswith(entry.upper())]
+        return found[0] if len(found) == 1 else None
+    return None
+
+
+def limit_to_visible(devices: list[plugin.Device], value: str | None) -> list[plugin.Device]:
+    """``devices`` with those ``CUDA_VISIBLE_DEVICES=value`` (the worker's) leaves out
+    marked unusable; all of them as they are when it is unset or names MIG instances."""
+    if value is None:
+        return devices
+    entries = [e.strip() for e in value.split(",")] if value.strip() else []
+    if any(e.upper().startswith("MIG-") for e in entries):
+        return devices
+    chosen: list[int] = []
+    for entry in entries:  # CUDA reads the list up to its first entry that names no device
+        device = _named(entry, devices)
+        if device is None or device.index in chosen:
+            break
+        chosen.append(device.index)
+    why = f"not in the worker's {VISIBLE_ENV}={value!r}"
+    return [d if d.index in chosen else d.model_copy(update={"usable": False, "unusable_reason": why})
+            for d in devices]
+
+
 def detect(timeout: float) -> plugin.DetectionResult:
+    result = _detect(timeout)
+    devices = limit_to_visible(result.devices, os.environ.get(VISIBLE_ENV))
+    return result.model_copy(update={"devices": devices})
+
+
+def _detect(timeout: float) -> plugin.DetectionResult:
     deadline = time.monotonic() + timeout
     if _nvml_wanted():
         result = detect_nvml(timeout)
@@ -184,7 +229,7 @@ def visible_env(devices: list[plugin.Device]) -> dict[str, str]:
 def gpulayer_accelerator_detectors() -> Iterator[plugin.AcceleratorDetector]:
     yield plugin.AcceleratorDetector(
         name=KIND, description="NVIDIA GPUs via NVML or nvidia-smi", detect=detect,
-        hide_env=visible_env([]),
+        hide_env=visible_env([]), inputs=[VISIBLE_ENV],
     )
 
 

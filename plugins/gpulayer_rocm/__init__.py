@@ -16,6 +16,12 @@ indices) and ``HIP_VISIBLE_DEVICES`` (``0..n-1``). The two filters apply one aft
 other (ROCr first, then HIP indexes what is left), so repeating the physical indices in
 ``HIP_VISIBLE_DEVICES`` would select the wrong devices, or none. A job granted no GPU
 gets both variables empty (the detector's ``hide_env``), which hides them all.
+
+The tools and the KFD tree list every GPU of the machine, and a task's two variables replace
+the worker's. So a worker started with them set (``ROCR_VISIBLE_DEVICES=1 gpulayer worker
+start``) reports the GPUs they leave out as unusable, saying why: ``ROCR_VISIBLE_DEVICES``
+first (indices or ``GPU-`` UUIDs), then ``HIP_VISIBLE_DEVICES`` (indices into what it left),
+each read up to its first entry that names no GPU; an empty value leaves none.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from gpulayer import plugin
 
 KIND = "rocm"
 KFD_ROOT_ENV = "GPULAYER_KFD_ROOT"
+ROCR_ENV = "ROCR_VISIBLE_DEVICES"
+HIP_ENV = "HIP_VISIBLE_DEVICES"
 DEFAULT_KFD_ROOT = "/sys/class/kfd/kfd"
 _UNITS = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3, "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3}
 
@@ -158,7 +166,53 @@ def detect_kfd(root: str | Path) -> list[plugin.Device]:
     return devices
 
 
+def _uuid(text: str) -> str:
+    text = text.strip().lower()
+    return text[2:] if text.startswith("0x") else text
+
+
+def _pick(entries: str, devices: list[plugin.Device], *, uuids: bool) -> list[plugin.Device]:
+    """The devices a ``*_VISIBLE_DEVICES`` list names, in its order, read up to its first
+    entry that names none: indices into ``devices``' own (ROCr: runtime indices and UUIDs;
+    HIP: positions in what ROCr left)."""
+    picked: list[plugin.Device] = []
+    for entry in (e.strip() for e in entries.split(",")) if entries.strip() else ():
+        found: plugin.Device | None = None
+        if entry.isdigit():
+            if uuids:
+                found = next((d for d in devices if d.index == int(entry)), None)
+            elif int(entry) < len(devices):
+                found = devices[int(entry)]
+        elif uuids and entry.upper().startswith("GPU-"):
+            found = next((d for d in devices if d.uuid and _uuid(d.uuid) == _uuid(entry[4:])), None)
+        if found is None or found in picked:
+            break
+        picked.append(found)
+    return picked
+
+
+def limit_to_visible(devices: list[plugin.Device], environ: dict[str, str] | os._Environ[str]) -> list[plugin.Device]:
+    """``devices`` with those the worker's ``ROCR_VISIBLE_DEVICES`` and ``HIP_VISIBLE_DEVICES``
+    leave out marked unusable (all of them as they are when neither is set)."""
+    visible = list(devices)
+    said = []
+    for name, uuids in ((ROCR_ENV, True), (HIP_ENV, False)):
+        value = environ.get(name)
+        if value is not None:
+            visible = _pick(value, visible, uuids=uuids)
+            said.append(f"{name}={value!r}")
+    if not said:
+        return devices
+    why = f"not in the worker's {' and '.join(said)}"
+    return [d if d in visible else d.model_copy(update={"usable": False, "unusable_reason": why}) for d in devices]
+
+
 def detect(timeout: float) -> plugin.DetectionResult:
+    result = _detect(timeout)
+    return result.model_copy(update={"devices": limit_to_visible(result.devices, os.environ)})
+
+
+def _detect(timeout: float) -> plugin.DetectionResult:
     diagnostics: list[str] = []
     deadline = time.monotonic() + timeout
     for argv, parse in (
@@ -198,7 +252,7 @@ def visible_env(devices: list[plugin.Device]) -> dict[str, str]:
 def gpulayer_accelerator_detectors() -> Iterator[plugin.AcceleratorDetector]:
     yield plugin.AcceleratorDetector(
         name=KIND, description="AMD GPUs via amd-smi, rocm-smi or the KFD topology", detect=detect,
-        hide_env=visible_env([]),
+        hide_env=visible_env([]), inputs=[ROCR_ENV, HIP_ENV],
     )
 
 

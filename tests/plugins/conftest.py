@@ -23,3 +23,7 @@ def _isolated(gpulayer_isolated: None, monkeypatch: pytest.MonkeyPatch, tmp_path
     empty_kfd.mkdir(exist_ok=True)
     monkeypatch.setenv("GPULAYER_KFD_ROOT", str(empty_kfd))
     monkeypatch.delenv("GPULAYER_MPS_FORCE", raising=False)
+    # the detectors honour the devices their own process was given (a test run on a GPU
+    # machine may have them set); a test that means to sets them
+    for name in ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)

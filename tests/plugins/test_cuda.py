@@ -123,3 +123,51 @@ def test_real_nvml_and_nvidia_smi_agree(monkeypatch):
     assert via_nvml.devices, via_nvml.diagnostics
     assert [(d.index, d.name, d.compute_capability, d.uuid) for d in via_nvml.devices] == [
         (d.index, d.name, d.compute_capability, d.uuid) for d in via_smi.devices]
+
+
+H200_X3 = H200_X2 + "2, NVIDIA H200, 143771, 9.0, GPU-7a00aaaa-0002-4a5b-9c1d-000000000002, 550.54.15\n"
+
+
+def _usable(devices):
+    return [d.index for d in devices if d.kind == "cuda" and d.usable]
+
+
+def test_a_worker_given_some_gpus_offers_only_those(fake_tool, monkeypatch):
+    """nvidia-smi lists every GPU whatever CUDA_VISIBLE_DEVICES says, and a task's
+    CUDA_VISIBLE_DEVICES replaces the worker's: a worker started on GPUs 1 and 2 used to
+    offer GPU 0 too, and hand it to a job."""
+    fake_tool("nvidia-smi", H200_X3)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,1")
+    devices, diagnostics = detect_devices(timeout=10)
+    assert diagnostics == []
+    assert _usable(devices) == [1, 2]
+    assert devices[0].unusable_reason == "not in the worker's CUDA_VISIBLE_DEVICES='2,1'"
+    # as CUDA reads it: UUIDs (a unique prefix), up to the first entry that names no GPU
+    for value, usable in (("GPU-7a00,0", [0, 2]), ("1,7,2", [1]), ("GPU-6f4c1d9e,2", []),
+                          ("", []), (" 0 , 2", [0, 2]), ("MIG-5d5c3a8e-0000", [0, 1, 2])):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert _usable(detect_devices(timeout=10)[0]) == usable, value
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert _usable(detect_devices(timeout=10)[0]) == [0, 1, 2]
+
+
+def test_a_job_gets_only_the_gpus_its_worker_was_given(fake_tool, gpulayer_home):
+    import os
+    import subprocess
+    import sys
+
+    fake_tool("nvidia-smi", H200_X3)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "1,2"}
+    show = "import os; print('CVD=' + os.environ['CUDA_VISIBLE_DEVICES'])"
+
+    def submit(gpus: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gpulayer.cli", "submit", "--accelerator", "cuda", "--gpus", gpus,
+                               "--", sys.executable, "-c", show], capture_output=True, text=True, env=env, timeout=120)
+
+    two = submit("2")
+    assert two.returncode == 0, two.stderr
+    assert "CVD=1,2" in two.stdout
+    three = submit("3")
+    assert three.returncode != 0
+    assert ("needs 3 usable cuda device(s), worker has 2 (1 unusable: not in the worker's "
+            "CUDA_VISIBLE_DEVICES='1,2')") in three.stderr

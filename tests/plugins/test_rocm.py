@@ -116,3 +116,27 @@ def test_device_environment(fake_tool):
 def test_a_task_granted_no_gpu_sees_none():
     assert plugins.detectors()["rocm"].hide_env == {"ROCR_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
     assert gpulayer_rocm.visible_env([]) == plugins.detectors()["rocm"].hide_env
+
+
+def test_a_worker_given_some_gpus_offers_only_those(tmp_path, monkeypatch):
+    """The KFD tree and the tools list every GPU, and a task's ROCR_VISIBLE_DEVICES and
+    HIP_VISIBLE_DEVICES replace the worker's: a worker started on GPU 1 used to offer GPU 0
+    too, and hand it to a job."""
+    monkeypatch.setenv("GPULAYER_KFD_ROOT", str(write_kfd(tmp_path / "kfd")))
+    second = f"GPU-{12345672:016x}"  # ROCr's UUID of the second GPU (its KFD unique_id)
+    for rocr, hip, usable in (("1", None, [1]), (None, "1", [1]), (f"{second},0", "0", [1]),
+                              (f"{second},0", None, [0, 1]), ("0,5,1", None, [0]), ("", None, []),
+                              (None, None, [0, 1])):
+        for name, value in (("ROCR_VISIBLE_DEVICES", rocr), ("HIP_VISIBLE_DEVICES", hip)):
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        devices, diagnostics = detect_devices(timeout=10)
+        assert diagnostics == []
+        assert [d.index for d in devices if d.usable] == usable, (rocr, hip)
+    monkeypatch.setenv("ROCR_VISIBLE_DEVICES", "1")
+    devices, _ = detect_devices(timeout=10)
+    assert devices[0].unusable_reason == "not in the worker's ROCR_VISIBLE_DEVICES='1'"
+    assert plugins.device_environment("rocm", [devices[1]]) == {
+        "ROCR_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "0"}
