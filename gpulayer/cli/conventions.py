@@ -246,3 +246,28 @@ def existing_program(value: str | None, flag: str = "--python") -> str | None:
                    err=True)
         raise typer.Exit(EXIT_BAD_INPUT)
     return value
+
+
+def refuse_a_program_that_is_no_python(python: str) -> None:
+    """``--python`` that runs but is no Python (``/bin/false``, a shell), said, exit 2: a worker
+    started, reported "python unknown", and failed every ``python ...`` job with exit code 1;
+    ``resources detect`` printed what no worker would report, with the probe's script in its
+    diagnostic. One that takes too long to answer is let be (a loaded machine: detection says
+    what it finds)."""
+    import subprocess
+
+    try:
+        proc = subprocess.run([python, "-c", "import sys; print(sys.hexversion)"], capture_output=True,
+                              text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    else:
+        if proc.returncode == 0 and proc.stdout.strip().isdigit():
+            return
+        said = " ".join(proc.stderr.split())[-200:]
+        why = f"exit code {proc.returncode}" + (f": {said}" if said else ", no version printed")
+    typer.echo(f"error: --python {python}: not a Python ({why}); accepted: the path of a Python, or its name on "
+               "PATH", err=True)
+    raise typer.Exit(EXIT_BAD_INPUT)

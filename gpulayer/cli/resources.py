@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from gpulayer.cli.commands import help_of
-from gpulayer.cli.conventions import existing_program
+from gpulayer.cli.conventions import existing_program, refuse_a_program_that_is_no_python
 from gpulayer.units import format_gb
 
 if TYPE_CHECKING:  # pydantic records and pluggy: loaded by the commands, not by --help
@@ -141,7 +141,10 @@ def detect(
     from gpulayer.resources import detect_stored
 
     _load_plugins()
-    python = existing_program(python) or sys.executable
+    python = existing_program(python)
+    if python is not None:
+        refuse_a_program_that_is_no_python(python)
+    python = python or sys.executable
     caps, entry_id = detect_stored(python=python, timeout=timeout, use_cache=not refresh)
     if as_json:
         typer.echo(caps.model_dump_json(indent=2))

@@ -10,7 +10,13 @@ from typing import Any, Optional
 import typer
 
 from gpulayer.cli.commands import help_of
-from gpulayer.cli.conventions import EXIT_BAD_INPUT, echo_json, existing_program, json_option
+from gpulayer.cli.conventions import (
+    EXIT_BAD_INPUT,
+    echo_json,
+    existing_program,
+    json_option,
+    refuse_a_program_that_is_no_python,
+)
 from gpulayer.cli.display import printable
 from gpulayer.errors import InvalidInput
 from gpulayer.units import format_gb
@@ -67,7 +73,7 @@ def worker_start(
     preloads = config.module_names("--preload", ",".join(preload)) if preload else None
     python = existing_program(python)
     if python is not None:
-        _refuse_a_program_that_is_no_python(python)
+        refuse_a_program_that_is_no_python(python)
     caps = detect_capabilities(python=python, resources_file=resources)
     if labels:
         caps = caps.model_copy(update={"labels": {**caps.labels, **labels}})
@@ -161,29 +167,6 @@ def _worker_rows(as_json: bool) -> tuple[list[Any], dict[str, Any]]:
 
     api = connect().api
     return api.list_workers(), api.worker_usage()
-
-
-def _refuse_a_program_that_is_no_python(python: str) -> None:
-    """``--python`` that runs but is no Python (``/bin/false``, a shell): the worker started,
-    reported "python unknown", and failed every ``python ...`` job with exit code 1. One that
-    takes too long to answer is let be (a loaded machine: detection says what it finds)."""
-    import subprocess
-
-    try:
-        proc = subprocess.run([python, "-c", "import sys; print(sys.hexversion)"], capture_output=True,
-                              text=True, timeout=30, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return
-    except OSError as exc:
-        why = exc.strerror or str(exc)
-    else:
-        if proc.returncode == 0 and proc.stdout.strip().isdigit():
-            return
-        said = " ".join(proc.stderr.split())[-200:]
-        why = f"exit code {proc.returncode}" + (f": {said}" if said else ", no version printed")
-    typer.echo(f"error: --python {python}: not a Python ({why}); accepted: the path of a Python, or its name on "
-               "PATH", err=True)
-    raise typer.Exit(EXIT_BAD_INPUT)
 
 
 @worker_app.command("list")

@@ -139,6 +139,10 @@ def test_version() -> None:
     # a program that is no Python: the worker started, and every `python ...` job failed (exit code 1)
     (["worker", "start", "--python", "/bin/false"], "error: --python /bin/false: not a Python (exit code 1, no "
                                                    "version printed); accepted: the path of a Python"),
+    # resources detect took it, and printed what no worker would report (python unknown, the
+    # probe's script in a diagnostic), exit 0
+    (["resources", "detect", "--python", "/bin/false"], "error: --python /bin/false: not a Python (exit code 1, "
+                                                        "no version printed); accepted: the path of a Python"),
     (["submit", "--", ""], "error: the command after --: the program to run is empty"),
     (["submit", "--label", "=v", "--", "true"], "error: --label =v: label key '': empty"),
     # a bundle that is no directory, named as the flag (it was "bundle directory ...", and
