@@ -207,8 +207,26 @@ def _framework_versions(name: str, raw: str) -> dict[str, str]:
         if not sep or not fw.strip():
             raise InvalidInput(f"{name}={raw!r}: expected NAME=VERSION pairs, comma separated "
                                "(NAME= for a framework that is absent), e.g. torch=2.4.0,jax=")
+        if not is_version(version.strip()):
+            raise InvalidInput(f"{name}={raw!r}: {fw.strip()}={version.strip()!r}: not a version; accepted: a PEP 440 "
+                               "version such as 2.4.0, or nothing (jax=) for a framework that is absent")
         out[fw.strip()] = version.strip()
     return out
+
+
+def is_version(text: str) -> bool:
+    """Whether ``text`` is a version a job's specifier can be checked against (PEP 440), or
+    empty: a framework version an override reports (another, ``abc``, satisfies no
+    specifier, and was taken)."""
+    if not text:
+        return True
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(text)
+    except InvalidVersion:
+        return False
+    return True
 
 
 def _switch(name: str, raw: str) -> bool:

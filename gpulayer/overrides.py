@@ -112,6 +112,10 @@ def _check(where: str, key: str, value: Any) -> Any:
     # frameworks
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise bad()
+    for name, version in value.items():
+        if not config.is_version(version.strip()):
+            raise InvalidInput(f"{where}.{name} = {version!r}: not a version; expected a PEP 440 version such as "
+                               '"2.4.0", or "" for a framework that is absent')
     return {str(k): v.strip() for k, v in value.items()}
 
 

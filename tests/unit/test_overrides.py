@@ -250,6 +250,9 @@ def test_a_rejection_says_the_detector_timed_out(fake_accelerator):
                    "hide_devices, backends, frameworks"),
     ("[frameworks]\ntorch = 2\n", "{path}: frameworks = {{'torch': 2}}: expected a table of NAME = \"VERSION\""),
     ("cpu_count = \n", "{path}: not valid TOML"),
+    # a version no specifier can be checked against was taken: the worker then met none
+    ("[frameworks]\ntorch = 'latest'\n", "{path}: frameworks.torch = 'latest': not a version; expected a PEP 440 "
+                                         "version such as \"2.4.0\", or \"\" for a framework that is absent"),
 ])
 def test_a_bad_resources_toml_names_the_file_and_the_key(gpulayer_home, text, error):
     path = write_toml(gpulayer_home, text)
@@ -264,6 +267,8 @@ def test_a_bad_resources_toml_names_the_file_and_the_key(gpulayer_home, text, er
                                                    "KIND or KIND:INDEX"),
     ("GPULAYER_OVERRIDE_FRAMEWORKS", "torch", "GPULAYER_OVERRIDE_FRAMEWORKS='torch': expected NAME=VERSION pairs"),
     ("GPULAYER_OVERRIDE_MEMORY_GB", "0", "GPULAYER_OVERRIDE_MEMORY_GB='0': expected a number > 0"),
+    ("GPULAYER_OVERRIDE_FRAMEWORKS", "torch=abc,jax=", "GPULAYER_OVERRIDE_FRAMEWORKS='torch=abc,jax=': torch='abc': "
+                                                     "not a version; accepted: a PEP 440 version such as 2.4.0"),
 ])
 def test_a_bad_override_variable_names_it(monkeypatch, name, value, error):
     monkeypatch.setenv(name, value)
