@@ -164,10 +164,16 @@ class RemoteFunction(Generic[T]):
     def __call__(self, *args: Any, **kwargs: Any) -> T:
         return self._fn(*args, **kwargs)
 
-    def _spec(self, args: list[Any], kwargs: dict[str, Any], *, check_installed: bool = True) -> FunctionJob:
+    def _spec(self, args: list[Any], kwargs: dict[str, Any], *, check_installed: bool = True,
+              call: str | None = None) -> FunctionJob:
+        """The FunctionJob for ``fn(*args, **kwargs)``; ``call`` (``train.remote()``, or ""
+        where the caller names the call), where given: the arguments must fit the function's
+        signature, or the refusal says so."""
         from gpulayer import joboptions
         from gpulayer.specs import check_json
 
+        if call is not None:
+            self._bind(args, kwargs, call)
         check_json(list(args), "args")
         check_json(dict(kwargs), "kwargs")
         options = cast("JobOptions", {**self.options, "bundle": self._bundle,
@@ -175,11 +181,27 @@ class RemoteFunction(Generic[T]):
         return joboptions.function_job(self.function, args, kwargs, options, remote_spelling(),
                                        check_installed=check_installed, arguments_checked=True)
 
+    def _bind(self, args: list[Any], kwargs: dict[str, Any], call: str) -> None:
+        """Refuse arguments the function's signature does not take (a missing one, one too
+        many, an unknown keyword), as calling it here would: submitted, the job would fail
+        on the worker with that TypeError, after its queue wait and its start."""
+        try:
+            signature = inspect.signature(self._fn)
+        except (TypeError, ValueError):  # (no signature to check against: the worker's call says)
+            return
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            bare = signature.replace(parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+                                     return_annotation=signature.empty)  # (a string annotation reads 'int')
+            raise InvalidArgument(f"{call + ': ' if call else ''}{exc}; it takes {self._fn.__name__}{bare}") from None
+
     def remote(self, *args: Any, **kwargs: Any) -> JobHandle:
         """Submit ``fn(*args, **kwargs)`` as a FunctionJob; returns its handle at once."""
         from gpulayer.sdk import _submit
 
-        return _submit(self._spec(list(args), dict(kwargs)), None, f"{self.function.partition(':')[2]}.remote()")
+        name = self.function.partition(':')[2]
+        return _submit(self._spec(list(args), dict(kwargs), call=f"{name}.remote()"), None, f"{name}.remote()")
 
     def map(self, *iterables: Iterable[Any]) -> list[JobHandle]:
         """Submit ``fn(x)`` for each ``x`` of one iterable (``fn(x, y)`` for each pair of two
@@ -202,7 +224,7 @@ class RemoteFunction(Generic[T]):
         specs = []
         for i, args in enumerate(calls):
             try:
-                specs.append(self._spec(list(args), {}))
+                specs.append(self._spec(list(args), {}, call=""))
             except InvalidArgument as exc:  # (which call: "args[0]" alone is every call's first)
                 each = "its iterable" if len(iterables) == 1 else "each iterable"
                 raise InvalidArgument(f"{self.function}.map(): call {i} (item {i} of {each}): {exc}") from None
@@ -210,7 +232,7 @@ class RemoteFunction(Generic[T]):
 
     def spec(self, *args: Any, **kwargs: Any) -> FunctionJob:
         """The FunctionJob ``.remote()`` would submit (for inspection and dry runs)."""
-        return self._spec(list(args), dict(kwargs))
+        return self._spec(list(args), dict(kwargs), call=f"{self.function.partition(':')[2]}.spec()")
 
 
 @functools.cache

@@ -235,7 +235,7 @@ def explain(what: Any, *, client: Client | None = None, **options: Unpack[JobOpt
         raise InvalidArgument(f"gl.explain: {what!r} is not a function, a job spec or a job; accepted: a "
                               "@gl.remote function, a module-level function, a CommandJob, FunctionJob or "
                               "DistributedJob, a JobHandle or a job id")
-    e = client.explain(fn.spec())
+    e = client.explain(fn._spec([], {}))  # (its requirements: no call, so no arguments to check)
     e._spelling = REMOTE_SPELLING
     return e
 

@@ -305,6 +305,29 @@ def test_map_names_the_call_whose_argument_is_not_json(gpulayer_isolated: None) 
     assert client_mod.connect().api.list_jobs() == []
 
 
+def test_calls_the_function_could_not_take_are_refused_before_anything_is_submitted(
+        gpulayer_isolated: None) -> None:
+    """A keyword the function does not have, an argument too many or one missing was
+    submitted, waited in the queue, started, and failed on the worker with Python's TypeError,
+    where a call here (and Ray's .remote()) refuses it at once."""
+    f, g = gl.remote(double), gl.remote(add)
+    with pytest.raises(InvalidArgument) as info:
+        f.remote(1, y=3)
+    assert str(info.value) == "double.remote(): got an unexpected keyword argument 'y'; it takes double(x)"
+    with pytest.raises(InvalidArgument, match=r"^double\.remote\(\): too many positional arguments"):
+        f.remote(1, 2)
+    with pytest.raises(InvalidArgument, match=r"^add\.spec\(\): missing a required argument: 'y'"):
+        g.spec(1)
+    with pytest.raises(InvalidArgument) as info:
+        g.map([1, 2], [3, 4], [5, 6])
+    assert str(info.value) == (f"{g.function}.map(): call 0 (item 0 of each iterable): too many positional "
+                               "arguments; it takes add(x, y)")
+    assert client_mod.connect().api.list_jobs() == []
+    # what it takes, by position or by keyword, is taken; and gl.explain needs no call
+    assert f.spec(x=2).kwargs == {"x": 2} and g.spec(1, y=2).args == [1]  # type: ignore[union-attr]
+    assert gl.explain(g).decision.outcome in ("assigned", "waiting", "unschedulable")
+
+
 def test_map_of_empty_iterables_submits_nothing(gpulayer_isolated: None) -> None:
     assert gl.remote(double).map([]) == []
     assert gl.remote(add).map([], ()) == []
