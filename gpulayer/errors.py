@@ -20,10 +20,10 @@ Every error GPUlayer raises on purpose derives from :class:`GpulayerError`::
     │   └── ProviderTransient   try the same again later
     ├── NotFound                no job, worker, task, bundle or token with that id
     ├── Conflict                a state transition that is not allowed (a late report, ...)
-    ├── Unschedulable           no registered worker could ever run the job (carries reasons)
     ├── SubmitWhileImporting    a job's module submitted a job while a worker imported it
     ├── JobFailed               the job ended without success (carries its state and exit code)
-    │   └── RemoteError         a FunctionJob raised: remote type, message and traceback
+    │   ├── RemoteError         a FunctionJob raised: remote type, message and traceback
+    │   └── Unschedulable       no registered worker could ever run the job (carries reasons)
     ├── AuthError               missing or unusable token (HTTP 401)
     │   └── Forbidden           a token whose scope may not do this (HTTP 403)
     └── ConnectionFailed        the control plane could not be reached
@@ -204,24 +204,6 @@ class Conflict(GpulayerError):
     code = "conflict"
 
 
-class Unschedulable(GpulayerError):
-    """No registered worker could ever run the job; ``str()`` is the scheduler's report."""
-
-    status_code = 422
-    code = "unschedulable"
-
-    def __init__(self, message: str, job_id: str | None = None) -> None:
-        super().__init__(message)
-        self.job_id = job_id
-
-    def details(self) -> dict[str, Any]:
-        return {"job_id": self.job_id} if self.job_id else {}
-
-    @classmethod
-    def from_details(cls, message: str, details: dict[str, Any]) -> GpulayerError:
-        return cls(message, job_id=details.get("job_id"))
-
-
 class SubmitWhileImporting(GpulayerError):
     """A job was submitted by a module's top-level code while a worker imported that module
     to run one of its functions: on a worker the submission would repeat without end."""
@@ -276,6 +258,28 @@ class RemoteError(JobFailed):
     def from_details(cls, message: str, details: dict[str, Any]) -> GpulayerError:
         return cls(str(details["remote_type"]), str(details["remote_message"]),
                    str(details["remote_traceback"]), job_id=details.get("job_id"))
+
+
+class Unschedulable(JobFailed):
+    """No registered worker could ever run the job; ``str()`` is the scheduler's report.
+
+    A :class:`JobFailed` (``state`` ``"unschedulable"``, no exit code): the job was stored
+    and has ended without success, whether that is said at submit or by ``handle.result()``
+    (a job that waited, and whose last worker left), so ``except gl.JobFailed`` catches
+    every job that did not succeed."""
+
+    status_code = 422
+    code = "unschedulable"
+
+    def __init__(self, message: str, job_id: str | None = None) -> None:
+        super().__init__(message, job_id=job_id, state="unschedulable")
+
+    def details(self) -> dict[str, Any]:
+        return {"job_id": self.job_id} if self.job_id else {}
+
+    @classmethod
+    def from_details(cls, message: str, details: dict[str, Any]) -> GpulayerError:
+        return cls(message, job_id=details.get("job_id"))
 
 
 class AuthError(GpulayerError):

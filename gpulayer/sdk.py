@@ -86,7 +86,8 @@ class JobHandle:
         """Wait for the job; return a function's JSON result (or a command's exit code).
 
         A function that raised comes back as :class:`RemoteError` with the remote type,
-        message and traceback; any other unsuccessful end as :class:`JobFailed`.
+        message and traceback; a job no worker could run as :class:`Unschedulable`; any other
+        unsuccessful end as :class:`JobFailed` (of which both are kinds).
         """
         return result_of(self._ended(wait_limit(timeout, "handle.result"), arguments=False))  # (not the arguments)
 

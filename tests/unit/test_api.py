@@ -104,6 +104,8 @@ def test_an_error_comes_back_over_the_wire_as_the_same_class(exc: errors.Gpulaye
     back = errors.error_from_wire(wire, status=exc.status_code)
     assert type(back) is type(exc)
     assert str(back) == str(exc) and back.details() == exc.details()
+    if isinstance(exc, errors.JobFailed):  # (an Unschedulable too: a job that ended without success)
+        assert isinstance(back, errors.JobFailed) and back.state == exc.state and back.job_id == exc.job_id
 
 
 def test_a_remote_error_shows_the_remote_traceback_only_where_there_is_one() -> None:

@@ -349,6 +349,21 @@ def test_submit_many_raises_unschedulable_and_keeps_the_others(gpulayer_isolated
     assert other.state is JobState.QUEUED
 
 
+def test_except_job_failed_catches_a_job_no_worker_could_run(gpulayer_isolated: None, probes_seeded: None) -> None:
+    """handle.result() promised JobFailed for every unsuccessful end, and Trainer.fit()'s
+    callers catch JobFailed; an unschedulable job's Unschedulable was no JobFailed, and
+    went through them."""
+    never = CommandJob(command=["true"], requirements=Requirements(accelerator="cuda", gpus=1),
+                       placement=Placement(target="local"))
+    with pytest.raises(gl.JobFailed) as info:
+        gl.submit(never)
+    assert type(info.value) is Unschedulable and info.value.state == "unschedulable"
+    assert info.value.exit_code is None and info.value.job_id is not None
+    with pytest.raises(gl.JobFailed, match="needs 1 usable cuda device") as again:
+        gl.get_job(info.value.job_id).result()
+    assert type(again.value) is Unschedulable and again.value.state == "unschedulable"
+
+
 # --------------------------------------------------------------------------- .map end to end (a real worker)
 
 MODULE = """
