@@ -134,6 +134,7 @@ class Client:
         ``arguments=False``: the record comes without a function's arguments (the caller has
         them), where the control plane can leave them out."""
         _refuse_while_importing(spec)
+        leaving.on_main_thread()  # (a worker started from another thread: its SIGTERM handler now)
         prepared = self.prepare(spec)
         if "local" in prepared.placement.targets:
             self.ensure_local_worker()
@@ -153,6 +154,7 @@ class Client:
         specs = list(specs)
         for spec in specs:
             _refuse_while_importing(spec)
+        leaving.on_main_thread()
         digests: dict[str, str | None] = {}  # bundle -> its address (a .map()'s jobs share one)
         files: dict[str, Any] = {}  # bundle -> its files
         prepared = []
@@ -259,6 +261,7 @@ class Client:
         """The ids of those of these jobs that have ended, once one has or after ``timeout``
         seconds (one ``wait_jobs``, its records brief: no tasks, results or arguments are read,
         parsed and sent for a caller that only asks which ended)."""
+        leaving.on_main_thread()
         with lent_while_waiting(self, timeout):
             if self._brief_waits:
                 try:
@@ -274,6 +277,7 @@ class Client:
         however many bounded long polls that takes; ``arguments=False``: its record without a
         function's arguments (:meth:`job`), for a caller that wants its outcome."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        leaving.on_main_thread()  # (jobs submitted from another thread: SIGTERM now ends them)
         with lent_while_waiting(self, timeout):  # (in a task: its slot is lent meanwhile)
             while True:
                 remaining = (MAX_LONG_POLL if deadline is None

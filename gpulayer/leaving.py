@@ -164,10 +164,19 @@ def end_on_sigterm(client: Client) -> None:
 
     Only when the program has not chosen a SIGTERM handler of its own, and only from the
     main thread (where Python delivers signals): from another, the handler is installed at
-    a later call from the main thread."""
+    a later call of the SDK from the main thread (:func:`on_main_thread`)."""
     if client not in _clients:
         _clients.append(client)
-    if _handler or threading.current_thread() is not threading.main_thread():
+    on_main_thread()
+
+
+def on_main_thread() -> None:
+    """Install the SIGTERM handler of :func:`end_on_sigterm` if a client wants it and this is
+    the main thread. Called by the SDK's waits and submits too: a program whose first submit
+    ran in another thread (a pool's) gets it at its next call from the main thread (the
+    ``.result()`` it waits in), rather than dying at SIGTERM with its jobs left ``running``
+    (lost, then retried, once another process opens the home)."""
+    if _handler or not _clients or threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return

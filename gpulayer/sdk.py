@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
+from gpulayer import leaving
 from gpulayer.api import MAX_BATCH, MAX_LONG_POLL
 from gpulayer.client import Client, connect, prefixes_nodes
 from gpulayer.errors import (
@@ -252,6 +253,7 @@ def wait(handles: Iterable[JobHandle], timeout: float | None = None) -> list[Job
     deadline = None if timeout is None else time.monotonic() + timeout
     records: dict[str, JobRecord] = {}
     for client, ids in _groups(hs):
+        leaving.on_main_thread()  # (jobs submitted from another thread: SIGTERM now ends them)
         with lent_while_waiting(client, timeout):  # (in a task: its slot is lent meanwhile)
             _wait_for(client, ids, records, deadline, timeout)
     return [records[h.id] for h in hs]

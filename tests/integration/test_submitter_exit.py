@@ -112,12 +112,20 @@ def test_ctrl_c_while_waiting_at_exit_cancels_the_jobs_saying_why(home: Path, tm
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 
-@pytest.mark.parametrize("where", ["at exit", "in the script"])
+@pytest.mark.parametrize("where", ["at exit", "in the script", "submitted from a thread"])
 def test_sigterm_to_the_script_ends_its_jobs_and_their_processes(home: Path, tmp_path: Path, where: str) -> None:
+    """From a thread: the first submit (which starts the in-process worker) ran in a pool's
+    thread, where no signal handler can be set, and none was set later: SIGTERM killed the
+    script and left its job running (lost once another process opened the home, and retried
+    where retries allowed) while the main thread waited for its result."""
     pid_file = tmp_path / "pid"
     text = LONG_JOB.format(pid=str(pid_file))
     if where == "in the script":  # SIGTERM arrives while the script waits for a result
         text = text.replace("        gl.submit(", "        h = gl.submit(") + "        h.result()\n"
+    if where == "submitted from a thread":
+        text = text.replace("        gl.submit(", "        from concurrent.futures import ThreadPoolExecutor\n"
+                            "        with ThreadPoolExecutor(1) as pool:\n"
+                            "            h = pool.submit(gl.submit, ") + "        h.result().result()\n"
     script = write(tmp_path / "term.py", text)
     proc = run_script(home, script)
     child = _started(pid_file)
