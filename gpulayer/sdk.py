@@ -145,7 +145,15 @@ def _note_unsent(specs: Iterable[CommandJob | FunctionJob | DistributedJob], who
 
 
 def get_job(job_id: str) -> JobHandle:
-    return JobHandle(job_id)
+    """The handle of a job submitted before, here or elsewhere (another process, ``gpulayer
+    submit``), by its id (``h.id``, ``gpulayer jobs list``), on the default control plane. A
+    job it does not have is :class:`~gpulayer.errors.NotFound` at the handle's first use."""
+    if not isinstance(job_id, str) or not job_id.strip():
+        accepted = "accepted: a job's id as a str, such as 'job-5b8055b4ec6a' (h.id, gpulayer jobs list)"
+        if isinstance(job_id, JobHandle):
+            accepted += f"; this is a handle already: its id is {job_id.id!r}"
+        raise InvalidArgument(f"gl.get_job({job_id!r}): not a job id; {accepted}")
+    return JobHandle(job_id.strip())
 
 
 def submit(spec: CommandJob | FunctionJob | DistributedJob, *, client: Client | None = None) -> JobHandle:

@@ -77,3 +77,27 @@ def test_a_cancel_reason_a_control_plane_from_before_refuses_is_dropped_and_not_
     assert [r.id for r in client._cancel_many(["job-1"], "why")] == ["job-1"]  # type: ignore[attr-defined]
     client._cancel_many(["job-2"], "why")
     assert calls == [{"reason": "why"}, {}, {}]
+
+
+def test_a_handle_made_from_a_job_id_in_another_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gl.get_job(ID) took anything: None, a number, a handle, "" made a handle, and its first
+    use said "job None: no such job"; a str id of a job submitted elsewhere works."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("GPULAYER_HOME", str(tmp_path / "home"))
+    wait = "gl.Placement(on_unschedulable='wait', target='remote')"  # no worker: it stays queued
+    out = subprocess.run([sys.executable, "-c", "import gpulayer as gl; print(gl.submit(gl.CommandJob("
+                          f"command=['true'], placement={wait})).id)"], capture_output=True, text=True, check=True)
+    h = gl.get_job(out.stdout.strip() + "\n")
+    assert h.status() == "queued" and h.cancel() == "cancelled"
+    with pytest.raises(gl.JobFailed, match="cancelled") as info:
+        h.result()
+    assert info.value.state == "cancelled"
+    for bad in (None, 123, "", "  "):
+        with pytest.raises(gl.InvalidInput) as refused:
+            gl.get_job(bad)  # type: ignore[arg-type]
+        assert str(refused.value) == (f"gl.get_job({bad!r}): not a job id; accepted: a job's id as a str, such "
+                                      "as 'job-5b8055b4ec6a' (h.id, gpulayer jobs list)")
+    with pytest.raises(gl.InvalidInput, match=f"this is a handle already: its id is '{h.id}'"):
+        gl.get_job(h)  # type: ignore[arg-type]
