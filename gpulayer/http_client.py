@@ -262,6 +262,8 @@ class HttpAPI:
                     return resp
                 if not (route.safe and resp.status_code in RETRY_STATUSES and time.monotonic() + delay <= deadline):
                     error = error_from_response(resp)
+                    if route.method == "HEAD" and resp.status_code not in RETRY_STATUSES:
+                        error = self._why_head_failed(path, headers, timeout) or error
                     if isinstance(error, AuthError) and self.token_from is not None and token == self.token:
                         # (the hint names the settings; this token came from neither)
                         error.args = (str(error).replace("check GPULAYER_TOKEN / --token",
@@ -273,6 +275,21 @@ class HttpAPI:
                     raise error
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+    def _why_head_failed(self, path: str, headers: dict[str, str], timeout: httpx.Timeout) -> GpulayerError | None:
+        """The error a HEAD was answered with, in the server's words: a HEAD's answer has no
+        body, so a bad token said only "HTTP 401" at a submit's first request (the bundle's
+        ``has_bundle``). The same path asked with GET, whose checks are the HEAD's, says why;
+        an answer that is no error is not read."""
+        try:
+            with self.http.stream("GET", path, headers=headers, timeout=timeout) as resp:
+                if resp.status_code < 400 or resp.status_code in RETRY_STATUSES:
+                    return None
+                resp.read()
+                return error_from_response(resp)
+        except httpx.TransportError:
+            return None
 
 
 def _fields(model: type[api.Wire] | None) -> list[str]:

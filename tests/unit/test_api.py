@@ -290,6 +290,19 @@ def test_scopes_and_ownership_in_process(served: tuple[ControlPlane, TestClient]
     assert admin.get_job(job.id).id == job.id
 
 
+def test_a_refused_head_says_why_as_the_other_requests_do(served: tuple[ControlPlane, TestClient]) -> None:
+    """A HEAD's answer has no body: a submit with a bad token, whose first request asks
+    whether the server has its bundle, said only "HTTP 401"."""
+    control, tc = served
+    with pytest.raises(errors.AuthError) as info:
+        remote(tc, "glt_nope").has_bundle("0" * 64)
+    assert str(info.value) == "invalid token: no such token (check GPULAYER_TOKEN / --token)"
+    client = remote(tc, control.create_token(scope="client").token)
+    with pytest.raises(errors.InvalidInput, match=r"digest: 'abc' does not match"):
+        client.has_bundle("abc")
+    assert client.has_bundle("0" * 64) is False
+
+
 def test_bad_query_and_path_values_name_the_parameter(served: tuple[ControlPlane, TestClient]) -> None:
     control, tc = served
     headers = {"authorization": f"Bearer {control.create_token(scope='admin').token}"}
