@@ -205,6 +205,15 @@ class JobRecord(Record):
     cancel_requested: bool = False
     tasks: list[TaskRecord] = Field(default_factory=list)
 
+    def outcome(self) -> str:
+        """``job-... cancelled`` or ``job-... failed: exit code 3``: the state once, then what
+        the error adds to it (nothing when it only repeats the state). What ``gpulayer``'s
+        commands print as a job ends, and the message of the SDK's :class:`JobFailed`."""
+        state = self.state.value
+        why = self.error.describe() if self.error else ""
+        while why.startswith(f"{state}: "):  # "cancelled: cancelled: ..." says it once
+            why = why[len(state) + 2:]
+        return f"job {self.id} {state}" if why in ("", state) else f"job {self.id} {state}: {why}"
 
 
 # --------------------------------------------------------------------------- machines

@@ -124,9 +124,7 @@ def result_of(job: JobRecord) -> Any:
         raise Unschedulable(err.message if err else NO_ELIGIBLE_WORKER, job_id=job.id)
     if job.state is JobState.FAILED and err is not None and err.raised:
         raise RemoteError(err.type, err.message, err.traceback or "", job_id=job.id)
-    message = err.message if err and err.message else job.state.value
-    raise JobFailed(f"job {job.id} {job.state.value}: {message}", job_id=job.id, state=job.state.value,
-                    exit_code=job.exit_code)
+    raise JobFailed(job.outcome(), job_id=job.id, state=job.state.value, exit_code=job.exit_code)
 
 
 #: GPUlayer's own folder: a warning points at the first frame outside it (the user's line)

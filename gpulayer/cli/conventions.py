@@ -102,11 +102,7 @@ def exit_code_for(job: JobRecord) -> int:
 def outcome_text(job: JobRecord) -> str:
     """``job-... cancelled`` or ``job-... failed: exit code 3``: the state once, then what
     the error adds to it (nothing when it only repeats the state)."""
-    state = job.state.value
-    why = job.error.describe() if job.error else ""
-    while why.startswith(f"{state}: "):  # "cancelled: cancelled: ..." says it once
-        why = why[len(state) + 2:]
-    return f"job {job.id} {state}" if why in ("", state) else f"job {job.id} {state}: {why}"
+    return job.outcome()
 
 
 def outcome_record(job: JobRecord) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import pytest
 
 import gpulayer as gl
 from gpulayer import client as client_mod
-from gpulayer.records import JobState
+from gpulayer.records import JobError, JobRecord, JobState
 from gpulayer.specs import CommandJob, Placement
 
 
@@ -91,9 +91,9 @@ def test_a_handle_made_from_a_job_id_in_another_process(tmp_path: Path, monkeypa
                           f"command=['true'], placement={wait})).id)"], capture_output=True, text=True, check=True)
     h = gl.get_job(out.stdout.strip() + "\n")
     assert h.status() == "queued" and h.cancel() == "cancelled"
-    with pytest.raises(gl.JobFailed, match="cancelled") as info:
+    with pytest.raises(gl.JobFailed) as info:
         h.result()
-    assert info.value.state == "cancelled"
+    assert info.value.state == "cancelled" and str(info.value) == f"job {h.id} cancelled: cancelled before it started"
     for bad in (None, 123, "", "  "):
         with pytest.raises(gl.InvalidInput) as refused:
             gl.get_job(bad)  # type: ignore[arg-type]
@@ -101,3 +101,23 @@ def test_a_handle_made_from_a_job_id_in_another_process(tmp_path: Path, monkeypa
                                       "as 'job-5b8055b4ec6a' (h.id, gpulayer jobs list)")
     with pytest.raises(gl.InvalidInput, match=f"this is a handle already: its id is '{h.id}'"):
         gl.get_job(h)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("error", "text"), [
+    (JobError.cancelled(), "job job-1 cancelled"),
+    (JobError.cancelled("cancelled: the process that submitted it received SIGTERM"),
+     "job job-1 cancelled: the process that submitted it received SIGTERM"),
+    (JobError.lost("worker wkr-1 (pid 7) is gone"), "job job-1 failed: lost: worker wkr-1 (pid 7) is gone"),
+])
+def test_job_failed_says_what_gpulayer_submit_says(error: JobError, text: str) -> None:
+    """handle.result() said "job job-1 cancelled: cancelled", and left "lost" out of a lost
+    job's end, which the CLI says as the job's outcome."""
+    from gpulayer.cli.conventions import outcome_text
+    from gpulayer.sdk import result_of
+
+    state = JobState.CANCELLED if error.type == "cancelled" else JobState.FAILED
+    job = JobRecord(id="job-1", spec=CommandJob(command=["true"]), state=state, error=error, attempt=1,
+                    created_at=0.0, updated_at=0.0)
+    with pytest.raises(gl.JobFailed) as info:
+        result_of(job)
+    assert str(info.value) == text == outcome_text(job) and info.value.state == state.value
