@@ -261,6 +261,10 @@ def run(spec: str | dict[str, Any], result_path: str) -> dict[str, Any]:
         sys.argv[:] = [ref]
         _setup_path(cwd)
         fn = _resolve(ref)
+        if type(fn).__module__ == "gpulayer.remote_functions":
+            # @gl.remote's wrapper: called through, its __call__ was the remote traceback's
+            # first frame, a file of GPUlayer's above the user's own
+            fn = getattr(fn, "_fn", fn)
         try:
             result = fn(*args, **kwargs)
             if _is_coroutine(result):

@@ -170,6 +170,22 @@ def test_exception_type_message_traceback(bundle: Path) -> None:
     assert "ValueError: bad input" in proc.stderr  # and the log shows it
 
 
+def test_the_traceback_of_a_remote_function_starts_at_the_users_code(bundle: Path) -> None:
+    """A @gl.remote function's traceback began with GPUlayer's own frame (remote_functions.py,
+    in __call__: the decorator's wrapper) above the user's."""
+    (bundle / "decorated.py").write_text(textwrap.dedent("""\
+        import gpulayer as gl
+
+        @gl.remote
+        def fail(msg):
+            raise ValueError(msg)
+    """))
+    code, result, _ = call(bundle, "decorated:fail", ["bad input"], how="module")
+    assert code == 1 and result["error"]["type"] == "ValueError", result
+    frames = [line for line in result["error"]["traceback"].splitlines() if line.startswith('  File "')]
+    assert len(frames) == 1 and "decorated.py" in frames[0] and "in fail" in frames[0], frames
+
+
 def test_qualified_exception_type(bundle: Path) -> None:
     code, result, _ = call(bundle, "mypkg.jobs:outer")
     assert code == 1
