@@ -181,13 +181,21 @@ class RemoteFunction(Generic[T]):
         return joboptions.function_job(self.function, args, kwargs, options, remote_spelling(),
                                        check_installed=check_installed, arguments_checked=True)
 
+    @functools.cached_property
+    def _signature(self) -> inspect.Signature | None:
+        """The function's signature, read once (28 us a read: a ``.map()`` of 1,000 calls
+        read it 1,000 times); None where it has none to check against."""
+        try:
+            return inspect.signature(self._fn)
+        except (TypeError, ValueError):  # (the worker's call says)
+            return None
+
     def _bind(self, args: list[Any], kwargs: dict[str, Any], call: str) -> None:
         """Refuse arguments the function's signature does not take (a missing one, one too
         many, an unknown keyword), as calling it here would: submitted, the job would fail
         on the worker with that TypeError, after its queue wait and its start."""
-        try:
-            signature = inspect.signature(self._fn)
-        except (TypeError, ValueError):  # (no signature to check against: the worker's call says)
+        signature = self._signature
+        if signature is None:
             return
         try:
             signature.bind(*args, **kwargs)
