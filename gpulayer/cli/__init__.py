@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import atexit
 import gc
+import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpulayer.errors import GpulayerError
 
@@ -76,6 +77,42 @@ def _at_last() -> None:
     gc.freeze()
 
 
+#: what a command exits with when the reader of its output left before it was done
+#: (``gpulayer jobs logs JOB | head -1``): 128 + SIGPIPE, what a shell reports for a filter
+#: such as ``cat`` that the same broken pipe ended
+EXIT_READER_LEFT = 141
+
+
+def _reader_gone(fd: int) -> bool:
+    """Whether ``fd`` is a pipe or socket whose reading end is closed."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(fd, 0)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def reader_left(exc: BrokenPipeError) -> NoReturn:
+    """End the command as a Unix filter ends when its reader leaves: quietly, with
+    :data:`EXIT_READER_LEFT`. Typer said nothing and exited 1, which the exit-code table
+    reads as a job that failed; the light path printed a traceback. A broken pipe that is
+    not one of our standard streams' (a socket) is raised on as it was.
+
+    The stream is pointed at ``/dev/null`` first, so that what is still buffered for it,
+    and any later write (an exit handler's), goes nowhere instead of failing again."""
+    gone = [fd for fd in (1, 2) if _reader_gone(fd)]
+    if not gone:
+        raise exc
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in gone:
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    raise SystemExit(EXIT_READER_LEFT)
+
+
 def main() -> None:
     atexit.register(_at_last)
     try:
@@ -99,4 +136,6 @@ def main() -> None:
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
+    except BrokenPipeError as exc:  # (the light path's; the full path's: gpulayer.cli.root)
+        reader_left(exc)
 

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from gpulayer.cli import EXIT_READER_LEFT as _EXIT_READER_LEFT
+
 if TYPE_CHECKING:
     from gpulayer.records import JobRecord
 
@@ -46,6 +48,8 @@ EXIT_UNSCHEDULABLE = 125
 EXIT_LOST = 126
 #: the job was cancelled (or Ctrl-C cancelled it)
 EXIT_CANCELLED = 130
+#: the reader of the command's output left before it was done (``| head -1``)
+EXIT_READER_LEFT = _EXIT_READER_LEFT
 
 #: the exit-code table of docs/cli.md, as (code, meaning), for tests and ``--help`` text
 EXIT_CODES = (
@@ -57,6 +61,7 @@ EXIT_CODES = (
     (str(EXIT_UNSCHEDULABLE), "the job could not be placed"),
     (str(EXIT_LOST), "the job's worker was lost and no retry was left"),
     (str(EXIT_CANCELLED), "the job was cancelled"),
+    (str(EXIT_READER_LEFT), "the reader of the command's output left (| head -1); the job goes on"),
 )
 
 

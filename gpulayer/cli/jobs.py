@@ -17,6 +17,7 @@ N      the job ran: its own exit code (0 on success)
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import subprocess
@@ -217,6 +218,11 @@ def submit_cmd(
         if as_json:  # (read at once, it said "running" and code 75, and the command exited 130)
             echo_json({**outcome_record(_cancelled(client, job.id)), "code": EXIT_CANCELLED})
         raise typer.Exit(EXIT_CANCELLED) from None
+    except BrokenPipeError:  # (| head -1): the command ends, as a filter does, not the job
+        with contextlib.suppress(OSError):
+            typer.echo(f"gpulayer: the output's reader left; {job.id} goes on "
+                       f"(gpulayer jobs wait {job.id})", err=True)
+        raise
     if final.state is not JobState.SUCCEEDED:
         typer.echo(f"gpulayer: {outcome_text(final)}", err=True)
     if as_json:

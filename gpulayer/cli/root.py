@@ -33,6 +33,14 @@ class _Root(typer.core.TyperGroup):
         kwargs.setdefault("prog_name", "gpulayer")
         return super().main(*args, **kwargs)
 
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as exc:  # (Typer would exit 1, the code of a job that failed)
+            from gpulayer.cli import reader_left
+
+            reader_left(exc)
+
     def list_commands(self, ctx: Any) -> list[str]:
         return list(self.commands)  # names only (Typer's reads every value)
 
