@@ -369,7 +369,8 @@ def _job_summary(job: JobRecord) -> dict[str, Any]:
 @jobs_app.command("list")
 def jobs_list(
     state: Optional[str] = typer.Option(None, "--state", help="only jobs in this state"),
-    limit: int = typer.Option(50, "--limit", min=1, max=1000, metavar="N"),  # (the API's bound, embedded too)
+    limit: int = typer.Option(50, "--limit", min=1, max=1000, metavar="N",  # (the API's bound, embedded too)
+                              help="the N newest"),
     as_json: bool = json_option(),
 ) -> None:
     """List recent jobs, newest first."""

@@ -222,3 +222,42 @@ def test_token_create_s_bounds_are_the_api_s() -> None:
     limits = {f: {type(m).__name__: m for m in TokenBody.model_fields[f].metadata} for f in ("uses", "description")}
     assert limits["uses"]["Le"].le == token.MAX_USES
     assert limits["description"]["MaxLen"].max_length == token.MAX_DESCRIPTION
+
+
+#: the page of its own that documents a command's options, where docs/cli.md's row sends the reader
+OPTIONS_DOCUMENTED_IN = {"server start": "docs/server.md", "token create": "docs/server.md",
+                         "token list": "docs/server.md", "token revoke": "docs/server.md",
+                         "dashboard": "docs/dashboard.md", "bundle inspect": "docs/bundles.md"}
+
+
+def _paragraphs_about(page: str, path: str) -> str:
+    """The paragraphs (blocks between blank lines: a synopsis included; each row of a table
+    on its own) of ``page`` that name ``gpulayer PATH``."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / page).read_text()
+    units = [u for p in re.split(r"\n\s*\n", text) for u in (p.splitlines() if p.lstrip().startswith("|") else [p])]
+    return "\n".join(u for u in units if re.search(rf"gpulayer {path}(?![\w-])", u))
+
+
+@pytest.mark.parametrize("path", LEAVES)
+def test_every_option_is_documented_where_the_command_is(path: str) -> None:
+    """``jobs list --limit``, ``worker start --idle-exit``, ``--python`` and ``--name``,
+    ``token create --description`` were in no doc; a script's author reads the docs, not
+    only ``--help``. ``explain`` takes ``submit``'s options, which its synopsis says."""
+    cmd = dict(commands())[path]
+    def options(c: Any) -> dict[str, list[str]]:  # (--wait / --no-wait: either spelling)
+        return {max(p.opts, key=len): [*p.opts, *p.secondary_opts] for p in c.params
+                if p.param_type_name == "option" and "--help" not in p.opts}
+
+    own = options(cmd)
+    if path == "explain":
+        own = {o: s for o, s in own.items() if o not in options(dict(commands())["submit"])}
+    where = _paragraphs_about("docs/cli.md", path)
+    if path in OPTIONS_DOCUMENTED_IN:
+        from pathlib import Path
+
+        where += (Path(__file__).resolve().parents[2] / OPTIONS_DOCUMENTED_IN[path]).read_text()
+    missing = sorted(o for o, spellings in own.items()
+                     if not any(re.search(rf"{re.escape(s)}(?![\w-])", where) for s in spellings if s.startswith("--")))
+    assert not missing, f"gpulayer {path}: {missing} in no paragraph of the docs that names the command"
