@@ -77,6 +77,11 @@ def _at_last() -> None:
     gc.freeze()
 
 
+#: what a command exits with when the control plane could not be reached (connection
+#: refused, TLS handshake, HTTP 502/503/504) once its retries ran out: sysexits' EX_UNAVAILABLE.
+#: Not 2: nothing the command was given is wrong (a job's wait or submit may be tried again).
+EXIT_UNREACHABLE = 69
+
 #: what a command exits with when the reader of its output left before it was done
 #: (``gpulayer jobs logs JOB | head -1``): 128 + SIGPIPE, what a shell reports for a filter
 #: such as ``cat`` that the same broken pipe ended
@@ -132,8 +137,10 @@ def main() -> None:
     except GpulayerError as exc:
         import typer
 
+        from gpulayer.errors import ConnectionFailed
+
         typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(EXIT_UNREACHABLE if isinstance(exc, ConnectionFailed) else 2)
     except KeyboardInterrupt:
         sys.exit(130)
     except BrokenPipeError as exc:  # (the light path's; the full path's: gpulayer.cli.root)

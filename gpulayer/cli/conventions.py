@@ -4,7 +4,8 @@ A command module is named in :data:`gpulayer.cli.commands.COMMANDS` and follows 
 conventions (docs/cli.md, "Conventions", says the same for people):
 
 * **Exit codes** are the constants below, never bare numbers: 0 done, 2 bad input (any
-  :class:`~gpulayer.errors.GpulayerError` that reaches :func:`gpulayer.cli.main`), and for
+  :class:`~gpulayer.errors.GpulayerError` that reaches :func:`gpulayer.cli.main`, but
+  :class:`~gpulayer.errors.ConnectionFailed`: :data:`EXIT_UNREACHABLE`), and for
   commands that report on a job the job's outcome (:func:`exit_code_for`); a wait that ran
   out before the job ended exits :data:`EXIT_STILL_RUNNING`, never a failure code.
 * **``--json``**: every command that prints a result takes :func:`json_option` and prints
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from gpulayer.cli import EXIT_READER_LEFT as _EXIT_READER_LEFT
+from gpulayer.cli import EXIT_UNREACHABLE as _EXIT_UNREACHABLE
 
 if TYPE_CHECKING:
     from gpulayer.records import JobRecord
@@ -46,6 +48,8 @@ EXIT_TIMED_OUT = 124
 EXIT_UNSCHEDULABLE = 125
 #: the job's worker was lost and no retry was left
 EXIT_LOST = 126
+#: the control plane could not be reached; nothing given was wrong, the job (if any) goes on
+EXIT_UNREACHABLE = _EXIT_UNREACHABLE
 #: the job was cancelled (or Ctrl-C cancelled it)
 EXIT_CANCELLED = 130
 #: the reader of the command's output left before it was done (``| head -1``)
@@ -56,6 +60,7 @@ EXIT_CODES = (
     ("N", "the job ran: its own exit code (0 on success)"),
     (str(EXIT_FAILED), "the job failed without an exit code of its own"),
     (str(EXIT_BAD_INPUT), "bad input (a flag, a spec, a bundle, a job id): the message names it"),
+    (str(EXIT_UNREACHABLE), "the control plane could not be reached (its retries ran out): try again"),
     (str(EXIT_STILL_RUNNING), "still running: the wait ended before the job did (not a failure)"),
     (str(EXIT_TIMED_OUT), "the job timed out"),
     (str(EXIT_UNSCHEDULABLE), "the job could not be placed"),

@@ -165,3 +165,21 @@ def test_show_prints_an_unschedulable_jobs_error_as_lines(home: Path) -> None:
     start = next(i for i, line in enumerate(lines) if line.startswith("error     unschedulable: "))
     assert lines[start + 1].startswith(" " * 10) and lines[start + 1].strip()
     assert f"          run: gpulayer jobs explain {job}" in lines
+
+
+@pytest.mark.parametrize("warm", ["1", "0"])
+@pytest.mark.parametrize("words", [["jobs", "list", "--json"], ["jobs", "wait", "job-0c9b1e5f2a7d"],
+                                   ["submit", "--json", "--", "true"], ["worker", "list"]])
+def test_a_control_plane_that_cannot_be_reached_exits_69_not_bad_input(home: Path, words: list[str], warm: str) -> None:
+    """Exit 2 says the input was wrong, and a CI wrapper gives up; a server that is down (or
+    restarting) is worth another try, and the job a ``jobs wait`` waited for goes on."""
+    import socket
+
+    with socket.socket() as s:  # (a port nothing listens on: bound, never listening)
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        done = cli("--url", url, *words, env={"GPULAYER_HTTP_RETRY_SECONDS": "0", "GPULAYER_WARM_CLI": warm})
+    assert (done.returncode, done.stdout) == (69, ""), done.stderr
+    assert done.stderr.startswith(f"error: cannot reach the control plane at {url}")
+    # bad input is still 2
+    assert cli("--url", url, "jobs", "list", "--limit", "0").returncode == 2
