@@ -248,10 +248,10 @@ class ClientAPI(Protocol):
         arguments (what ``handle.status()`` and ``handle.done()`` ask for)."""
         ...
 
-    def list_jobs(self, *, state: JobState | None = None, limit: int = 100) -> list[JobRecord]:
-        """The newest jobs (at most ``limit``), each without its tasks, its result and a
-        function's arguments (``tasks`` empty, ``result`` None, the spec's ``args`` and
-        ``kwargs`` empty: results and arguments may be megabytes): :meth:`get_job` has them."""
+    def list_jobs(self, *, state: JobState | None = None, limit: int = 100, before: str | None = None) -> list[JobRecord]:
+        """The newest jobs (at most ``limit``; submitted ``before`` that job: the next page), each
+        without its tasks, its result and a function's arguments (``tasks`` empty, ``result``
+        None, the spec's ``args`` and ``kwargs`` empty): :meth:`get_job` has them."""
         ...
 
     def cancel(self, job_id: str) -> JobRecord: ...
@@ -490,7 +490,7 @@ ROUTES: tuple[Route, ...] = (
           errors=(409,)),
     Route("list_jobs", "GET", "/v1/jobs", READERS,
           "Jobs, newest first, without their tasks, results and arguments (a client token sees its own)",
-          response=list[JobRecord], query=ListJobsQuery, context={"owner": "owner"}),
+          response=list[JobRecord], query=ListJobsQuery, context={"owner": "owner"}, errors=(404,)),
     Route("get_job", "GET", "/v1/jobs/{job_id}", READERS, "One job with its tasks",
           response=JobRecord, query=JobQuery, own_job=True, errors=(404,)),
     Route("cancel", "POST", "/v1/jobs/{job_id}/cancel", READERS, "Cancel a job",

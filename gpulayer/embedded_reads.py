@@ -164,7 +164,7 @@ def job_lines(conn: sqlite3.Connection, *, state: str | None, limit: int) -> lis
     params: tuple[Any, ...] = (state, limit, 0) if state is not None else (limit, 0)
     rows = conn.execute(
         "SELECT gl_jobs.id, gl_jobs.spec, gl_jobs.state, gl_jobs.created_at, gl_jobs.attempt FROM gl_jobs "
-        f"{where}ORDER BY gl_jobs.created_at DESC LIMIT ? OFFSET ?", params).fetchall()
+        f"{where}ORDER BY gl_jobs.created_at DESC, gl_jobs.id DESC LIMIT ? OFFSET ?", params).fetchall()
     lines = []
     for job_id, raw, job_state, created_at, attempt in rows:
         if job_state not in JOB_STATES:

@@ -203,6 +203,9 @@ class ExplainBody(Wire):
 class ListJobsQuery(Wire):
     state: JobState | None = Field(default=None, description="only jobs in this state")
     limit: int = Field(default=100, ge=1, le=1000, description="at most this many, newest first")
+    before: str | None = Field(default=None, min_length=1, max_length=200,
+                               description="only jobs submitted before this one (a job id: the last of the "
+                                           "page before, for the next page)")
 
 
 class LogsQuery(Wire):

@@ -44,7 +44,7 @@ from gpulayer.cli.conventions import (
     outcome_text,
 )
 from gpulayer.cli.display import printable, printable_lines
-from gpulayer.errors import GpulayerError, InvalidInput
+from gpulayer.errors import GpulayerError, InvalidInput, NotFound
 from gpulayer.unsent import note, unsent_in_spec
 
 if TYPE_CHECKING:
@@ -369,19 +369,25 @@ def _job_summary(job: JobRecord) -> dict[str, Any]:
 @jobs_app.command("list")
 def jobs_list(
     state: Optional[str] = typer.Option(None, "--state", help="only jobs in this state"),
-    limit: int = typer.Option(50, "--limit", min=1, max=1000, metavar="N",  # (the API's bound, embedded too)
+    limit: int = typer.Option(light.LIST_LIMIT, "--limit", min=1, max=1000, metavar="N",  # (the API's bound, embedded too)
                               help="the N newest"),
+    before: Optional[str] = typer.Option(None, "--before", metavar="JOB",
+                                         help="only jobs submitted before JOB (the last of a page: the next page)"),
     as_json: bool = json_option(),
 ) -> None:
     """List recent jobs, newest first."""
     # (the embedded database's common case is answered before this, by gpulayer.cli.light,
     # whose text this prints too)
-    jobs = _client().api.list_jobs(state=_job_state(state), limit=limit)
+    try:
+        jobs = _client().api.list_jobs(state=_job_state(state), limit=limit, before=before)
+    except NotFound:
+        raise InvalidInput(f"--before {before}: no such job; accepted: the id of a job, as gpulayer jobs list "
+                           "shows it") from None
     summaries = [_job_summary(j) for j in jobs]
     if as_json:
         echo_json(summaries)
         return
-    for line in light.job_table(summaries, time.time()):
+    for line in light.job_table(summaries, time.time(), limit=limit, state=state):
         typer.echo(line)
 
 

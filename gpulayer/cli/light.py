@@ -33,6 +33,8 @@ from typing import Any
 __all__ = ["answer", "job_summary", "job_table"]
 
 #: the root group's options that take a value, and the variable each becomes
+#: how many jobs ``jobs list`` shows without ``--limit``
+LIST_LIMIT = 50
 GLOBAL_OPTIONS = {"--url": "GPULAYER_URL", "--token": "GPULAYER_TOKEN", "--ca": "GPULAYER_CA", "--home": "GPULAYER_HOME"}
 
 
@@ -75,7 +77,7 @@ def _jobs_list(argv: Sequence[str]) -> dict[str, Any] | None:
     if parsed is None or parsed[1] != len(argv):
         return None
     opts = parsed[0]
-    limit = opts.get("--limit", "50")
+    limit = opts.get("--limit", str(LIST_LIMIT))
     if not (limit.isascii() and limit.isdigit() and 1 <= int(limit) <= 1000):
         return None  # the full path says what --limit accepts
     if "--url" in glob:
@@ -202,7 +204,8 @@ def answer(argv: Sequence[str]) -> bool:
     except (embedded_reads.Unanswerable, sqlite3.Error):  # the full path says what is wrong
         return False
     summaries = [job_summary(*line) for line in lines]
-    text = json_text(summaries) if request["json"] else "\n".join(job_table(summaries, time.time()))
+    text = json_text(summaries) if request["json"] else "\n".join(job_table(
+        summaries, time.time(), limit=request["limit"], state=request["state"]))
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
     return True
@@ -233,8 +236,10 @@ def age(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-def job_table(summaries: Sequence[dict[str, Any]], now: float) -> list[str]:
-    """The lines of ``jobs list``: a header and a row per job, or ``no jobs``."""
+def job_table(summaries: Sequence[dict[str, Any]], now: float, *, limit: int, state: str | None = None) -> list[str]:
+    """The lines of ``jobs list``: a header and a row per job, or ``no jobs``; a full page
+    (``limit`` jobs) ends with how to list the older ones (a cursor, as kubectl's
+    ``--continue``: a page was the newest jobs alone, with no sign that more were left out)."""
     from gpulayer.cli.display import printable
 
     if not summaries:
@@ -243,4 +248,8 @@ def job_table(summaries: Sequence[dict[str, Any]], now: float) -> list[str]:
     for s in summaries:
         what = printable(s["what"])
         lines.append(f"{s['id']:<18}{s['state']:<15}{s['kind']:<12}{age(now - s['created_at']):>8}  {what[:60]}")
+    if len(summaries) >= limit:
+        again = "".join(f" {flag} {value}" for flag, value in (("--state", state), ("--limit", limit)) if value
+                        and (flag != "--limit" or value != LIST_LIMIT))
+        lines.append(f"({limit} shown; older ones: gpulayer jobs list{again} --before {summaries[-1]['id']})")
     return lines

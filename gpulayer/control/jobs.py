@@ -193,13 +193,22 @@ class JobOps(Core):
             return queries.job_owner(s, job_id)
 
     def list_jobs(self, *, state: JobState | str | None = None, limit: int = 100,
-                  owner: str | None = None) -> list[JobRecord]:
+                  owner: str | None = None, before: str | None = None) -> list[JobRecord]:
+        """The newest jobs, newest first (ties in submit time by id); ``before``: only those
+        listed after that job (a cursor: the last job of one page gives the next), which must
+        be one the caller sees."""
         if state is not None and state not in {s.value for s in JobState}:
             raise InvalidInput(f"state {state!r}: expected one of {', '.join(s.value for s in JobState)}")
         with self.store.read() as s:
             value = JobState(state).value if state is not None else None
+            after: tuple[float, str] | None = None
+            if before is not None:
+                cursor = queries.job(s, before)  # (NotFound for no such job)
+                if owner is not None and cursor.owner != owner:
+                    raise NotFound(f"job {before!r}: no such job")
+                after = (cursor.created_at, cursor.id)
             return [mapping.job_record(r, result=False, arguments=False)
-                    for r in queries.jobs(s, state=value, limit=limit, owner=owner)]
+                    for r in queries.jobs(s, state=value, limit=limit, owner=owner, before=after)]
 
     def cancel(self, job_id: str, *, reason: str | None = None) -> JobRecord:
         """End the job: a queued one at once, a running one through its workers, whose long

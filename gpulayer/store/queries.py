@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import delete, func, or_, text, update
+from sqlalchemy import and_, delete, func, or_, text, update
 from sqlalchemy import select as sa_select
 from sqlalchemy.orm import defer
 from sqlmodel import Session, SQLModel, col, select
@@ -82,12 +82,18 @@ def job_owner(s: Session, job_id: str) -> str | None:
     return owner[0]  # type: ignore[no-any-return]
 
 
-def jobs(s: Session, *, state: str | None, limit: int, owner: str | None) -> Sequence[JobRow]:
-    """The newest jobs, their results and a function's arguments not loaded (a list leaves
-    them out: up to ``GPULAYER_MAX_RESULT_MB`` and ``GPULAYER_MAX_ARGS_MB`` each; reading
-    either of one of these rows would load it alone)."""
+def jobs(s: Session, *, state: str | None, limit: int, owner: str | None,
+         before: tuple[float, str] | None = None) -> Sequence[JobRow]:
+    """The newest jobs (ties in submit time by id, so that a page ends where the next
+    starts), their results and a function's arguments not loaded (a list leaves them out:
+    up to ``GPULAYER_MAX_RESULT_MB`` and ``GPULAYER_MAX_ARGS_MB`` each; reading either of
+    one of these rows would load it alone). ``before``: only those after the job of that
+    submit time and id in this order (the last of the page before)."""
     q = (select(JobRow).options(defer(JobRow.result), defer(JobRow.args))  # type: ignore[arg-type]
-         .order_by(col(JobRow.created_at).desc()).limit(limit))
+         .order_by(col(JobRow.created_at).desc(), col(JobRow.id).desc()).limit(limit))
+    if before is not None:
+        at, job_id = before
+        q = q.where(or_(col(JobRow.created_at) < at, and_(col(JobRow.created_at) == at, col(JobRow.id) < job_id)))
     if state is not None:
         q = q.where(JobRow.state == state)
     if owner is not None:

@@ -183,3 +183,27 @@ def test_a_control_plane_that_cannot_be_reached_exits_69_not_bad_input(home: Pat
     assert done.stderr.startswith(f"error: cannot reach the control plane at {url}")
     # bad input is still 2
     assert cli("--url", url, "jobs", "list", "--limit", "0").returncode == 2
+
+
+@pytest.mark.parametrize("warm", ["1", "0"])
+def test_jobs_list_pages_through_every_job_with_before(home: Path, warm: str) -> None:
+    """A list was the newest --limit jobs (1,000 at most) and said nothing of the rest: a
+    full page now ends with the command that lists the next one, light path or not."""
+    env = {"GPULAYER_WARM_CLI": warm}
+    jobs = [detach("true", flags=("--target", "remote", "--on-unschedulable", "wait")) for _ in range(5)]
+    seen: list[str] = []
+    command = ["jobs", "list", "--state", "queued", "--limit", "2"]
+    for _ in range(5):  # (bounded: three pages)
+        page = cli(*command, env=env, check=True).stdout.splitlines()
+        seen += [line.split()[0] for line in page[1:] if line.startswith("job-")]
+        if not page[-1].startswith("("):
+            break
+        assert page[-1] == f"(2 shown; older ones: gpulayer jobs list --state queued --limit 2 --before {seen[-1]})"
+        command = page[-1].strip("()").split(": ", 1)[1].split()[1:]
+    assert seen == jobs[::-1]
+    listed = json.loads(cli("jobs", "list", "--before", jobs[2], "--json", env=env, check=True).stdout)
+    assert [j["id"] for j in listed] == [jobs[1], jobs[0]]
+    bad = cli("jobs", "list", "--before", "job-000000000000", env=env)
+    assert bad.returncode == 2
+    assert bad.stderr == ("error: --before job-000000000000: no such job; accepted: the id of a job, as gpulayer "
+                          "jobs list shows it\n")

@@ -540,3 +540,21 @@ def test_a_wait_for_a_job_reads_its_state_while_it_waits_and_its_record_once(
     assert got.json()["spec"]["args"] == [list(range(1000))]
     assert reads.count("get_job") == 1 and reads[-1] == "get_job" and reads.count("state_of") >= 2, reads
     assert tc.get("/v1/jobs/job-000000000000/wait?timeout=0", headers=admin).status_code == 404
+
+
+def test_a_list_of_jobs_pages_over_http_and_a_cursor_is_the_callers_own(
+        served: tuple[ControlPlane, TestClient]) -> None:
+    control, tc = served
+    admin = remote(tc, control.create_token(scope="admin").token)
+    mine = remote(tc, admin.create_token(scope="client").token)
+    theirs = remote(tc, admin.create_token(scope="client").token)
+    waits = Placement(target="remote", on_unschedulable="wait")
+    jobs = [mine.submit(CommandJob(command=["true"], placement=waits)).id for _ in range(3)]
+    other = theirs.submit(CommandJob(command=["true"], placement=waits)).id
+    first = [j.id for j in mine.list_jobs(limit=2)]
+    rest = [j.id for j in mine.list_jobs(limit=2, before=first[-1])]
+    assert first + rest == [j.id for j in mine.list_jobs()] and sorted(first + rest) == sorted(jobs)
+    with pytest.raises(errors.NotFound):
+        mine.list_jobs(before=other)
+    with pytest.raises(errors.InvalidInput, match="before"):
+        mine.list_jobs(before="")
