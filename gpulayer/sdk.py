@@ -65,6 +65,13 @@ class JobHandle:
     def __repr__(self) -> str:
         return f"JobHandle({self.id!r})"
 
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        # a handle pickles as its job's id (to a ProcessPoolExecutor, a multiprocessing
+        # queue): read back, it is gl.get_job's handle on that process's default control
+        # plane (its GPULAYER_URL, GPULAYER_TOKEN, or the home's), as a Ray ObjectRef or a
+        # Dask future travels; no client, connection or token goes into the pickle
+        return (get_job, (self.id,))
+
     def record(self) -> JobRecord:
         return self._client.api.get_job(self.id)
 

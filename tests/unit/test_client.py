@@ -103,6 +103,28 @@ def test_a_handle_made_from_a_job_id_in_another_process(tmp_path: Path, monkeypa
         gl.get_job(h)  # type: ignore[arg-type]
 
 
+def test_a_handle_travels_to_another_process_as_its_job_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pickle.dumps(handle) (a ProcessPoolExecutor's argument) failed: cannot pickle
+    '_thread.RLock' (its client); it pickles as the job's id, read back on that process's
+    default control plane, with no token in it."""
+    import multiprocessing
+    import pickle
+    from concurrent.futures import ProcessPoolExecutor
+
+    monkeypatch.setenv("GPULAYER_HOME", str(tmp_path / "home"))
+    h = gl.submit(gl.CommandJob(command=["true"], placement=gl.Placement(on_unschedulable="wait", target="remote")))
+    data = pickle.dumps(h)
+    assert h.id.encode() in data and b"glt_" not in data and len(data) < 200
+    assert pickle.loads(data).id == h.id
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        assert pool.submit(_status_of, h).result(timeout=120) == "queued"
+    h.cancel()
+
+
+def _status_of(handle: gl.JobHandle) -> str:
+    return handle.status()
+
+
 @pytest.mark.parametrize(("error", "text"), [
     (JobError.cancelled(), "job job-1 cancelled"),
     (JobError.cancelled("cancelled: the process that submitted it received SIGTERM"),
