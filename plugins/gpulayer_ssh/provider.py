@@ -438,6 +438,9 @@ class SshProvider:
         for host, answer in found:
             if answer.get("was_running"):
                 log.info("ssh: stopped machine %s on %s", machine_id, host.label)
+            elif answer.get("left_behind"):
+                log.warning("ssh: machine %s on %s: its worker was gone; ended %s process(es) its tasks left running",
+                            machine_id, host.label, answer["left_behind"])
         problems = [problem for _, _, problem in results if problem]
         if problems and not found:  # it may be on a host that did not answer
             raise plugin.ProviderTransient("; ".join(problems))

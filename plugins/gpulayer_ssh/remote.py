@@ -13,9 +13,10 @@ Operations (``op`` in the request):
                output in ``logs/<machine_id>.log``, and write its marker; an existing live
                marker of the same machine id is the answer again (launch is idempotent); a
                live marker of another machine means the host is taken
-``terminate``  SIGTERM to the worker's process group (and every descendant that left it),
-               up to ``grace`` seconds, then SIGKILL; remove the machine's folder; a
-               missing marker is success
+``terminate``  SIGTERM to the worker's process group (and every descendant that left it,
+               and every process carrying the machine's ``GPULAYER_MACHINE_ID``: what a
+               worker killed with SIGKILL left), up to ``grace`` seconds, then SIGKILL;
+               remove the machine's folder; a missing marker is success
 
 State directory layout (``state_dir``, default ``~/.gpulayer/ssh-provider``)::
 
@@ -210,9 +211,32 @@ def _tree(pid: int) -> list[Any]:
         return []
 
 
+def _machine_processes(machine_id: str) -> list[Any]:
+    """Every process of ours that carries ``GPULAYER_MACHINE_ID=machine_id`` in its environment
+    (the worker sets it, its tasks inherit it): what the machine left running, also after its
+    worker died and its tasks' children were re-parented to init. Linux (``/proc``) with psutil;
+    elsewhere none."""
+    if psutil is None or not os.path.isdir("/proc/self"):
+        return []
+    needle = f"GPULAYER_MACHINE_ID={machine_id}".encode()
+    me, found = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            found.append(psutil.Process(int(name)))
+        except (OSError, psutil.Error):  # gone meanwhile, or another user's
+            continue
+    return found
+
+
 def _signal_all(pgid: int, procs: list[Any], sig: int) -> None:
-    with contextlib.suppress(OSError):
-        os.killpg(pgid, sig)
+    if pgid > 0:  # (0: no live worker; killpg(0) would signal this script's own group)
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, sig)
     for proc in procs:  # descendants that left the group (a task's own session)
         with contextlib.suppress(Exception):
             proc.send_signal(sig)
@@ -247,17 +271,22 @@ def terminate(req: dict[str, Any]) -> dict[str, Any]:
             shutil.rmtree(folder, ignore_errors=True)
             return {"found": False, "was_running": False}
         running = _alive(marker)
-        if running:
-            pid = int(marker["pid"])
-            procs = _tree(pid)
+        # the worker's tree, and whatever else carries the machine's id: a task's processes
+        # that outlived a worker killed with SIGKILL, or left its tree
+        pid = int(marker["pid"]) if running else 0
+        procs = _tree(pid) if running else []
+        known = {p.pid for p in procs}
+        left = [p for p in _machine_processes(machine_id) if p.pid not in known]
+        if running or left:
+            procs += left
             _signal_all(pid, procs, signal.SIGTERM)
             deadline = time.monotonic() + float(req.get("grace", 20))
             while not _gone(pid, procs) and time.monotonic() < deadline:
                 time.sleep(0.1)
             if not _gone(pid, procs):
-                _signal_all(pid, _tree(pid) or procs, signal.SIGKILL)
+                _signal_all(pid, (_tree(pid) if running else []) + procs, signal.SIGKILL)
         shutil.rmtree(folder, ignore_errors=True)
-        return {"found": True, "was_running": running}
+        return {"found": True, "was_running": running, "left_behind": 0 if running else len(left)}
 
 
 #: the umask the worker gets: the login's own (this script's files are private, 0600/0700)

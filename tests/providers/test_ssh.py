@@ -365,6 +365,30 @@ def test_terminate_kills_a_worker_that_ignores_sigterm(local_sshd: LocalSshd, tm
     assert pool.list(LABEL) == []
 
 
+def test_terminate_ends_what_a_killed_worker_left_running(local_sshd: LocalSshd, tmp_path: Path) -> None:
+    """A worker killed with SIGKILL (out of memory, say) leaves its task's processes behind
+    (a child in a session of its own is re-parented to init): terminating its machine ends
+    every process of the machine's (they carry its GPULAYER_MACHINE_ID), though the marker's
+    worker is already gone."""
+    remote = tmp_path / "remote"
+    pool = provider(local_sshd, remote)
+    pool.config.stop_grace = 1.0
+    host = pool.hosts["local"]
+    task = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+            "start_new_session=True); time.sleep(600)")
+    answer = pool.call(host, {"op": "launch", "machine_id": "m-killed", "label": LABEL,
+                              "argv": [host.python, "-c", task], "worker_env": {"GPULAYER_MACHINE_ID": "m-killed"}})
+    pid = int(answer["pid"])
+    (child,) = until(lambda: psutil.Process(pid).children(recursive=True), 30, "the task's child")
+    psutil.Process(pid).kill()
+    until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 30,
+          "the worker to die")
+    assert pool.list(LABEL) == []  # the machine is not alive any more: only its leftovers are
+    pool.terminate("m-killed", f"local:{pid}")
+    until(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, 30, "the task's child to end")
+    assert not (remote / "machines" / "m-killed").exists()
+
+
 def test_a_host_that_does_not_answer_costs_its_offer_only(local_sshd: LocalSshd, tmp_path: Path) -> None:
     from tests.server_support import free_port
 
