@@ -413,6 +413,7 @@ class MachineOps(WorkerOps):
                         ps.describe(row.provider, "terminate", exc), TERMINATE_RETRY)
             return
         ps.terminate_after.pop(machine_id, None)
+        ps.machine_ended(row.provider)
         now = self.clock()
         never_joined = row.joined_at is None if failed is None else failed
         with self.store.write() as s:
@@ -457,6 +458,7 @@ class MachineOps(WorkerOps):
             for m in provisioning.orphans(live, known):
                 try:
                     ps.call(name, "terminate", m.machine_id, m.provider_id)
+                    ps.machine_ended(name)
                     ended.append(m.machine_id)
                     with self.store.write() as s:
                         self._event(s, "machine_orphan", message=f"{name}: terminated orphan {m.machine_id} "

@@ -279,6 +279,13 @@ class ProviderSet:
         st.offers = [o.model_copy(update={"provider": name}) for o in found]
         st.offers_at = now
 
+    def machine_ended(self, name: str) -> None:
+        """One of ``name``'s machines was terminated: what it offers may have been taken by
+        that machine (a host of an SSH pool is unavailable while a worker runs there), so its
+        offers are asked again at the next pass, not when the TTL runs out."""
+        if name in self.status:
+            self.status[name].offers_at = None
+
     def cached_offers(self, *, barred: bool = False) -> list[MachineOffer]:
         """The offers of every enabled provider, as last fetched, that its section's limits
         let be launched (with ``barred``: those that they never let be, too)."""
