@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shlex
+import socket
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,11 @@ log = logging.getLogger("gpulayer.ssh")
 # the server asks its hosts every half minute; keep its warnings, unless someone chose a level
 if logging.getLogger("paramiko").level == logging.NOTSET:
     logging.getLogger("paramiko").setLevel(logging.WARNING)
+# its transport thread logs every error it meets as a traceback of twenty ERROR lines (a port
+# that is not an sshd's: at every connection) and hands the same error to the caller, which
+# reports it naming the host: keep only that, unless someone chose a level
+if logging.getLogger("paramiko.transport").level == logging.NOTSET:
+    logging.getLogger("paramiko.transport").setLevel(logging.CRITICAL)
 
 #: what the host runs: the source of gpulayer_ssh/remote.py, as ``python -c``'s program
 REMOTE_SOURCE = (Path(__file__).parent / "remote.py").read_text()
@@ -181,8 +187,27 @@ class SshProvider:
                 f"strict_host_key_checking = \"accept-new\"{ca}") from None
         except (OSError, EOFError, paramiko.SSHException) as exc:  # refused, unreachable, timed out
             client.close()
-            raise plugin.ProviderTransient(f"{self._what(host)}: cannot connect: {exc or type(exc).__name__}") from None
+            raise plugin.ProviderTransient(f"{self._what(host)}: cannot connect: {self._unreached(host, exc)}") from None
         return client
+
+    def _unreached(self, host: HostConfig, exc: BaseException) -> str:
+        """Why ``host`` could not be connected to, in words (paramiko says "[Errno None]
+        Unable to connect to port 22 on ...", or "No existing session" for a port that
+        never sent an SSH banner)."""
+        t = self.config.connect_timeout
+        if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+            why = "; ".join(dict.fromkeys(
+                (e.strerror or str(e)) if isinstance(e, OSError) else str(e) for e in exc.errors.values()))
+            return f"{why} (port {host.port}: is an sshd listening there?)"
+        if isinstance(exc, socket.gaierror):
+            return f"the name {host.host!r} does not resolve ({exc.strerror or exc})"
+        if isinstance(exc, TimeoutError):
+            return f"no answer within connect_timeout ({t:g} s)"
+        text = str(exc)
+        if isinstance(exc, EOFError) or "banner" in text or text == "No existing session":
+            return (f"no SSH server answered on port {host.port} within connect_timeout ({t:g} s) "
+                    f"({text or type(exc).__name__}): is it the port of the host's sshd?")
+        return text or type(exc).__name__
 
     def _revoked(self, host: HostConfig, known: str, shown: str) -> plugin.ProviderAuthFailed:
         return plugin.ProviderAuthFailed(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import threading
 import time
@@ -227,8 +228,45 @@ def test_a_changed_host_key_is_auth_failed(local_sshd: LocalSshd, tmp_path: Path
 def test_a_host_nobody_listens_on_is_transient(local_sshd: LocalSshd, tmp_path: Path) -> None:
     from tests.server_support import free_port
 
-    with pytest.raises(plugin.ProviderTransient, match="cannot connect"):
-        provider(local_sshd, tmp_path / "remote", port=free_port()).check()
+    port = free_port()
+    with pytest.raises(plugin.ProviderTransient, match="cannot connect") as caught:
+        provider(local_sshd, tmp_path / "remote", port=port).check()
+    assert f"cannot connect: Connection refused (port {port}: is an sshd listening there?)" in str(caught.value)
+    assert "Errno" not in str(caught.value)
+
+
+def test_a_port_that_is_not_an_sshd_is_said_so_without_tracebacks_in_the_log(
+        local_sshd: LocalSshd, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A port where something else answers (a web server, say) or that never sends an SSH
+    banner: the error says so, once, and paramiko's transport thread does not log the same
+    error again as a twenty-line traceback at every connection."""
+    import socket
+
+    caplog.set_level(logging.DEBUG)
+    with socket.socket() as silent, socket.socket() as talker:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        talker.bind(("127.0.0.1", 0))
+        talker.listen(4)
+
+        def answer_http() -> None:
+            conn, _ = talker.accept()
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.close()
+
+        threading.Thread(target=answer_http, daemon=True).start()
+        for server in (talker, silent):
+            port = server.getsockname()[1]
+            pool = provider(local_sshd, tmp_path / "remote", port=port)
+            pool.config.connect_timeout = 1.0
+            with pytest.raises(plugin.ProviderTransient) as caught:
+                pool.check()
+            # (paramiko's own words in the brackets: "Error reading SSH protocol banner", or
+            # "No existing session" when the banner's wait ran out)
+            assert re.search(rf"cannot connect: no SSH server answered on port {port} within connect_timeout \(1 s\) "
+                             rf"\((Error reading SSH protocol banner|No existing session)\): "
+                             rf"is it the port of the host's sshd\?$", str(caught.value)), str(caught.value)
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("paramiko") and r.levelno >= logging.ERROR] == []
 
 
 # ---------------------------------------------------------------------------- offers
