@@ -231,9 +231,10 @@ class ProviderSet:
     def disable(self, name: str, reason: str) -> None:
         st = self.status[name]
         st.credentials_ok = False
-        st.disabled = f"credentials failed: {reason}"
+        was, st.disabled = st.disabled, f"credentials failed: {reason}"
         st.offers = []
-        log.warning("provider %s disabled: %s", name, reason)
+        if st.disabled != was:  # (a call made while disabled, a terminate, may fail so again)
+            log.warning("provider %s disabled: %s", name, reason)
 
     def enabled(self) -> list[str]:
         return [n for n, st in self.status.items() if st.disabled is None]
