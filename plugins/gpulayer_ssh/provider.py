@@ -361,6 +361,10 @@ class SshProvider:
             client.close()
         if "busy" in answer:
             raise plugin.NoCapacity(f"{self._what(host)} already runs machine {answer['busy']}")
+        if "exited" in answer:  # (its log stays on the host: STATE_DIR/logs/MACHINE_ID.log)
+            raise plugin.SkipOffer(
+                f"{self._what(host)}: the worker exited at once (exit {answer['exited']}), so {host.python!r} cannot "
+                f"run it: {answer.get('log') or 'it wrote nothing'}")
         pid = int(answer["pid"])
         return plugin.LaunchedMachine(provider_id=f"{host.label}:{pid}", address=host.host,
                                       data={"host": host.label, "pid": pid})

@@ -12,7 +12,9 @@ Operations (``op`` in the request):
 ``launch``     start the worker detached, in a session and process group of its own, its
                output in ``logs/<machine_id>.log``, and write its marker; an existing live
                marker of the same machine id is the answer again (launch is idempotent); a
-               live marker of another machine means the host is taken
+               live marker of another machine means the host is taken; a worker that exits
+               within ``EARLY_EXIT_SECONDS`` (it cannot start) is the answer ``exited``, with
+               the last lines of its log, and leaves no marker
 ``terminate``  SIGTERM to the worker's process group (and every descendant that left it,
                and every process carrying the machine's ``GPULAYER_MACHINE_ID``: what a
                worker killed with SIGKILL left), up to ``grace`` seconds, then SIGKILL;
@@ -192,6 +194,12 @@ def launch(req: dict[str, Any]) -> dict[str, Any]:
                                     umask=_LOGIN_UMASK)
         finally:
             os.close(fd)
+        # a worker that cannot start (a Python without GPUlayer, a broken install) exits at
+        # once: say so now, with its words, rather than leave the server waiting for its join
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            code = proc.wait(timeout=float(req.get("early_exit", EARLY_EXIT_SECONDS)))
+            shutil.rmtree(folder, ignore_errors=True)
+            return {"exited": code, "log": _tail(os.path.join(logs, f"{machine_id}.log"))}
         marker = {"machine_id": machine_id, "label": req["label"], "pid": proc.pid,
                   "create_time": _create_time(proc.pid), "started_at": time.time()}
         tmp = os.path.join(folder, "marker.json.tmp")
@@ -199,6 +207,17 @@ def launch(req: dict[str, Any]) -> dict[str, Any]:
             json.dump(marker, f)
         os.replace(tmp, os.path.join(folder, "marker.json"))
         return {"pid": proc.pid, "existing": False}
+
+
+def _tail(path: str, lines: int = 3) -> str:
+    """The last ``lines`` lines of a log, on one line."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 4096))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
 
 
 def _tree(pid: int) -> list[Any]:
@@ -288,6 +307,10 @@ def terminate(req: dict[str, Any]) -> dict[str, Any]:
         shutil.rmtree(folder, ignore_errors=True)
         return {"found": True, "was_running": running, "left_behind": 0 if running else len(left)}
 
+
+#: how long a launch watches the worker it started for an exit at once (a Python without
+#: GPUlayer exits within a tenth of a second), seconds
+EARLY_EXIT_SECONDS = 0.5
 
 #: the umask the worker gets: the login's own (this script's files are private, 0600/0700)
 _LOGIN_UMASK = 0o022

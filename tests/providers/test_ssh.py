@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -378,6 +379,27 @@ def test_launch_starts_a_worker_that_joins_and_terminate_stops_it(
     pool.terminate("m-ssh00000001", launched.provider_id)
     pool.terminate("m-ssh00000001", None)
     pool.terminate("m-never-launched", None)
+    (free,) = pool.offers(plugin.Requirements())
+    assert free.availability == "available"
+
+
+def test_a_worker_that_cannot_start_fails_the_launch_with_its_words(local_sshd: LocalSshd, tmp_path: Path) -> None:
+    """A host whose python has no GPUlayer (a host that declares what it has is offered
+    without a probe): its worker exits at once, and the launch says so with the worker's own
+    words, instead of a machine left booting until its join deadline (10 minutes by default)."""
+    bare = tmp_path / "bare-venv"  # a Python with the standard library only
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    remote = tmp_path / "remote"
+    pool = provider(local_sshd, remote, python=str(bare / "bin" / "python"), environment={}, cpus=2, memory_gb=4)
+    (offer,) = pool.offers(plugin.Requirements())
+    request = plugin.LaunchRequest(machine_id="m-nogpulayer", label=LABEL, offer=offer, control_url="http://127.0.0.1:9",
+                                   bootstrap_token="glt_unused", join_deadline=time.time() + 300)
+    with pytest.raises(plugin.SkipOffer) as caught:
+        pool.launch(request)
+    assert f"the worker exited at once (exit 1), so '{bare}/bin/python' cannot run it: " in str(caught.value)
+    assert "No module named 'gpulayer'" in str(caught.value)
+    assert not (remote / "machines" / "m-nogpulayer").exists()  # no marker: the host is free
+    assert "No module named 'gpulayer'" in (remote / "logs" / "m-nogpulayer.log").read_text()
     (free,) = pool.offers(plugin.Requirements())
     assert free.availability == "available"
 
