@@ -322,8 +322,11 @@ class SshProvider:
         for host, answer, problem in self._each(list(self.hosts.values()), status):
             if answer is None:
                 problems.append(problem)
-                if host.declared:  # still worth showing: what it is, not whether it is up
-                    offers.append(self._offer(host, declared_capabilities(host), "unknown"))
+                # still worth showing what it is, not whether it is up: a job only it fits
+                # waits for it (a reboot, a network blip) instead of failing as unschedulable
+                known = declared_capabilities(host) if host.declared else self._probed.get(host.label)
+                if known is not None:
+                    offers.append(self._offer(host, known, "unknown"))
                 continue
             caps = self._capabilities(host, answer.get("probe"))
             if caps is None:

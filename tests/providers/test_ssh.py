@@ -468,6 +468,13 @@ def test_a_host_that_does_not_answer_costs_its_offer_only(local_sshd: LocalSshd,
     with pytest.raises(plugin.ProviderTransient, match="cannot connect"):
         pool.terminate("m-nowhere", None)
     pool.terminate("m-nowhere", "local:1")  # the host is known and answered: gone is success
+    # a host probed before that stops answering (a reboot) is still offered, as unknown: a
+    # job only it fits waits for it instead of failing at once as unschedulable
+    (probed,) = [o for o in pool.offers(plugin.Requirements()) if o.shape == "local"]
+    pool.hosts["local"] = pool.hosts["local"].model_copy(update={"port": free_port()})
+    by_shape = {o.shape: o for o in pool.offers(plugin.Requirements())}
+    assert {s: o.availability for s, o in by_shape.items()} == {"local": "unknown", "dead-declared": "unknown"}
+    assert by_shape["local"].capabilities == probed.capabilities
 
 
 def write_marker(state: Path, machine_id: str, label: str, pid: int) -> None:
