@@ -25,6 +25,8 @@ def register(app: typer.Typer) -> None:
 EMBEDDED_NOTE = ("this control plane is embedded (no GPULAYER_URL): providers.toml is read, and machines "
                  "brought up, only by 'gpulayer server start'; set GPULAYER_URL and GPULAYER_TOKEN to "
                  "see a server's providers (docs/providers.md)")
+#: how long ``machines terminate`` waits for the machine to end, seconds
+TERMINATE_WAIT = 60.0
 
 
 def _api() -> Any:
@@ -147,11 +149,19 @@ def machines_terminate(machine_id: str = typer.Argument(..., metavar="MACHINE", 
     """Drain a machine's worker and terminate the machine (waits up to a minute for the provider)."""
     api = _api()
     m = api.terminate_machine(machine_id)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + TERMINATE_WAIT
     while m.state == "terminating" and time.monotonic() < deadline:
         time.sleep(0.5)
         m = next((x for x in api.list_machines() if x.id == machine_id), m)
     if as_json:
         echo_json(m)
-        return
-    typer.echo(f"{m.id} {m.state}" + (f" ({m.reason})" if m.reason else ""))
+    else:
+        typer.echo(f"{m.id} {m.state}" + (f" ({m.reason})" if m.reason else ""))
+    if m.state == "terminating":  # the provider's terminate failed (or takes longer): say why, not done
+        p = next((p for p in api.list_providers() if p.name == m.provider), None)
+        why = (p.last_error or p.disabled) if p is not None else None
+        typer.echo(f"error: {m.id} is still terminating after {TERMINATE_WAIT:g} s"
+                   + (f": provider {m.provider!r}: {why}" if why else "")
+                   + "; the server calls the provider again every 30 s (gpulayer machines list shows when it ends)",
+                   err=True)
+        raise typer.Exit(1)

@@ -227,3 +227,42 @@ def test_two_cloud_jobs_at_once_get_a_host_each(local_sshd: LocalSshd, servers: 
     # a job may run on the machine launched for the other one: any free worker takes it
     logs = sorted("".join(c["data"] for c in api("GET", f"/v1/jobs/{j}/logs").json()) for j in jobs)
     assert logs == sorted(f"{m['id']}\n" for m in ms if m["state"] != "failed")
+
+
+def test_machines_terminate_says_why_a_machine_is_still_terminating(
+        local_sshd: LocalSshd, servers: list[ServerProc], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host whose key changed while its machine ran: the terminate fails (the provider is
+    disabled), and gpulayer machines terminate, after its wait, exits 1 saying why instead of
+    printing 'terminating (terminated by an admin ...)' with exit 0. Once known_hosts is
+    right again the server's next try ends the machine."""
+    import shutil
+    import subprocess
+
+    from typer.testing import CliRunner
+
+    from gpulayer.cli import app, machines
+
+    remote = tmp_path / "remote"
+    known = tmp_path / "known_hosts"
+    shutil.copy(local_sshd.known_hosts, known)
+    srv, api = start(servers, tmp_path / "srv", pool_section(local_sshd, remote, idle="10m", known_hosts=str(known)))
+    assert wait_job(api, submit(api, CUDA_JOB), timeout=180)["state"] == "succeeded"
+    [m] = api("GET", "/v1/machines").json()
+    other = tmp_path / "other_host_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True, timeout=30)
+    good = known.read_text()
+    known.write_text(f"[{local_sshd.host}]:{local_sshd.port} {' '.join(other.with_suffix('.pub').read_text().split()[:2])}\n")
+
+    monkeypatch.setattr(machines, "TERMINATE_WAIT", 3.0)
+    result = CliRunner().invoke(app, ["--url", srv.url, "--token", srv.admin_token, "machines", "terminate", m["id"]],
+                                env=base_env(srv.home))
+    assert result.exit_code == 1, result.output
+    assert result.stdout.startswith(f"{m['id']} terminating (terminated by an admin")
+    assert f"error: {m['id']} is still terminating after 3 s: provider 'pool': " in result.stderr
+    assert "the host key is not the one in" in result.stderr
+    assert our_processes(remote)  # still running: nothing was stopped
+
+    known.write_text(good)
+    until(lambda: [x["state"] for x in api("GET", "/v1/machines").json()] == ["terminated"], 90,
+          "the machine to be terminated once known_hosts is right")
+    until(lambda: not our_processes(remote), 30, "the machine's processes to end")
