@@ -18,7 +18,10 @@ write. The spare then becomes the task's process tree:
 
 * a new session (so its own process group), ``PR_SET_PDEATHSIG`` (SIGKILL when this server
   dies; this server dies with the worker the same way);
-* stdin /dev/null, stdout and stderr the task's pipes, every other descriptor closed;
+* stdin /dev/null, stdout and stderr the task's pipes, every other descriptor closed but
+  those the preloads' imports left open (a log file of ``logging.basicConfig(filename=...)``:
+  closed, its number would be the next file the task opens, and the module's writes would
+  go there);
 * the task's cwd, environment (``os.environ`` replaced, so the processes it starts see it)
   and ``sys.path`` (the task's ``PYTHONPATH`` entries before this interpreter's own);
   preloaded modules that the task's own path would shadow (a bundle with its own copy of
@@ -162,6 +165,33 @@ class _Warm(NamedTuple):
     preload_environ: dict[str, str | None]
     #: the handlers of SIGINT and SIGTERM the worker's preloads installed as they were imported
     preload_signals: dict[signal.Signals, Any]
+    #: the descriptors the preloads' imports left open (above 2), kept open in each child
+    preload_fds: frozenset[int]
+
+
+def _open_fds() -> set[int]:
+    """This process's open descriptors (none where they cannot be listed; not the one the
+    listing itself used, closed by then)."""
+    try:
+        listed = [int(fd) for fd in os.listdir("/proc/self/fd") if fd.isdigit()]
+    except OSError:
+        return set()
+    out = set()
+    for fd in listed:
+        with contextlib.suppress(OSError):
+            os.fstat(fd)
+            out.add(fd)
+    return out
+
+
+def _close_others(keep: list[int]) -> None:
+    """Close every descriptor above 2 but ``keep`` (sorted)."""
+    low = 3
+    for fd in keep:
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    os.closerange(low, _MAX_FD)
 
 
 def _detach(warm: _Warm) -> None:
@@ -197,9 +227,7 @@ def _child(req: dict[str, Any], fds: list[int], warm: _Warm, sock: socket.socket
         os.dup2(devnull, 0)
         os.dup2(fds[0], 1)
         os.dup2(fds[1], 2)
-        keep = sock.fileno()
-        os.closerange(3, keep)
-        os.closerange(keep + 1, _MAX_FD)
+        _close_others(sorted({sock.fileno(), *warm.preload_fds}))
         # (each call into .fresh made only where it has something to do: every object a
         # child touches is a page of the server's copied, see bench/fork_server.py)
         if sys.stdout is None or sys.stderr is None:
@@ -305,9 +333,7 @@ class _Spare:
                 _detach(warm)
                 with contextlib.suppress(Exception):  # (private parts of the standard library)
                     _fresh.own_exit_handlers()
-                keep = theirs.fileno()
-                os.closerange(3, keep)
-                os.closerange(keep + 1, _MAX_FD)
+                _close_others(sorted({theirs.fileno(), *warm.preload_fds}))
                 _rehearse(theirs, warm)
                 msg, fds, _flags, _addr = socket.recv_fds(theirs, _MAX_MESSAGE, 2)
                 if not msg or len(fds) != 2:
@@ -416,6 +442,9 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str], user: list[
     warm = getattr(sys.modules.get("gpulayer.remote_functions"), "warm", None)
     if callable(warm):  # what a job module's first @gl.remote computes, computed once here
         warm()
+    # what is open now but the worker's socket and the standard streams the imports opened
+    # (a preload's log file, a socket): the server's own come after (its selector, pidfds)
+    preload_fds = frozenset(fd for fd in _open_fds() if fd > 2 and fd != sock.fileno())
     # the entries of the PYTHONPATH we started with are the worker's, not the task's: the
     # task's own PYTHONPATH goes in front of what is left
     started = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
@@ -470,7 +499,7 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str], user: list[
     signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
     sel.register(wake_r, selectors.EVENT_READ, "sigchld")
     warm = _Warm(runner, base_path, origins, entries_then, prctl, os.getpid(), environ, preload_environ,
-                 preload_signals)
+                 preload_signals, preload_fds)
     # what is loaded now stays out of the collector's reach in every child: a collection in
     # a child would otherwise touch (and so copy) every object the server holds
     gc.collect()

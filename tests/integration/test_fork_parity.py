@@ -63,6 +63,15 @@ def server():
 def copies():
     import helperdep, prelo
     return [helperdep.WHO, prelo.WHO]
+
+def logs_beside_a_file(folder):
+    import logging, logfile
+    path = os.path.join(folder, f"data-{os.getpid()}.txt")
+    with open(path, "w") as f:
+        logfile.log.warning("logged by the task")
+        f.write("data\\n")
+    with open(path) as f:
+        return f.read()
 '''
 
 #: modules to preload: one that reads the environment as it is imported, one that sets a
@@ -72,6 +81,8 @@ LIB = {
     "prelo.py": "import helperdep\nWHO = helperdep.WHO\n",
     "helperdep.py": "WHO = \"the worker's copy\"\n",
     "slowpre.py": "import time\ntime.sleep(1.5)\n",
+    "logfile.py": "import logging, os\nlogging.basicConfig(filename=os.environ['LOG_FILE'], format='%(message)s')\n"
+                  "log = logging.getLogger('logfile')\n",
     "setter.py": '''
 import multiprocessing.util, os, signal
 os.environ.setdefault("SET_BY_PRELOAD", "yes")
@@ -124,8 +135,10 @@ def start(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
         agent.start()
         agents.append(agent)
 
-        def run(function: str, env: dict[str, str] | None = None, bundle: Path | None = None) -> tuple[Any, str]:
-            spec = FunctionJob(function=f"jobmod:{function}", bundle=str(bundle or tmp_path / "code"), env=env or {})
+        def run(function: str, env: dict[str, str] | None = None, bundle: Path | None = None,
+                args: list[Any] | None = None) -> tuple[Any, str]:
+            spec = FunctionJob(function=f"jobmod:{function}", bundle=str(bundle or tmp_path / "code"), env=env or {},
+                               args=args or [])
             job = cp.wait_job(cp.submit(client.prepare(spec)).id, timeout=120)
             assert job.state is JobState.SUCCEEDED, job.error
             [how] = [e.message for e in cp.events(job.id) if e.kind == "task_started"]
@@ -251,6 +264,20 @@ def test_what_a_preload_set_as_it_was_imported_is_the_tasks(start, bundle, monke
     assert how == f"{FORKED} (preloaded: setter)" if not env else how.startswith("spawned: ")
     assert seen == {"env": "yes", "dropped": None, "sigterm": True, "sigint": True, "chained": True,
                     "after_fork": bool(not env)}
+
+
+@pytest.mark.parametrize("env", [{}, SPAWN], ids=["forked", "spawned"])
+def test_a_file_a_preload_opened_stays_its_own_in_the_task(start, bundle, tmp_path, monkeypatch, env) -> None:  # type: ignore[no-untyped-def]
+    """A preload that logs to a file (``logging.basicConfig(filename=...)`` as it is
+    imported) logs there from the task too: the child closed the server's descriptors, the
+    log file's among them, whose number the task's next ``open`` got, and the module's log
+    lines went into the task's own file."""
+    monkeypatch.setenv("LOG_FILE", str(tmp_path / "preload.log"))
+    run = start("logfile")
+    data, how = run("logs_beside_a_file", env=env, args=[str(tmp_path)])
+    assert how == f"{FORKED} (preloaded: logfile)" if not env else how.startswith("spawned: ")
+    assert data == "data\n"
+    assert (tmp_path / "preload.log").read_text() == "logged by the task\n"
 
 
 SCRIPT = '''
