@@ -51,7 +51,8 @@ in ``offender`` (the worker starts a server without it). The ``ready`` message l
 ``stamps``, the files and folders those modules came from and the paths where a missing one
 would appear, so the worker can tell when one changed (see :func:`.preloads.stamps`).
 
-Messages to the worker: ``{"ready": ...}`` once; ``{"spare": PID}`` with the spare's socket
+Messages to the worker: ``{"importing": NAME}`` as each of the worker's preloads is imported
+(the worker names the one that does not end); ``{"ready": ...}`` once; ``{"spare": PID}`` with the spare's socket
 as a file descriptor (one at start, then one for each ``{"want": true}`` the worker sends
 when it took one or found its spare dead; ``{"want": true, "after": PID}``, sent as a task's
 child is told to go, is answered when that child exits or :data:`SPARE_AFTER` into its run);
@@ -431,7 +432,8 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str], user: list[
     signal.signal(signal.SIGINT, signal.default_int_handler)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        mine, refused, offender, unsafe = preloads.preload(list(user or []))
+        mine, refused, offender, unsafe = preloads.preload(list(user or []),
+                                                           lambda name: _send(sock, {"importing": name}))
     finally:
         preload_signals = {sig: signal.getsignal(sig) for sig, h in handlers.items() if signal.getsignal(sig) is not h}
         signal.signal(signal.SIGINT, signal.SIG_IGN)

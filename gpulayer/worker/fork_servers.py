@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from gpulayer.interpreter import start_variables
+from gpulayer.worker import forking
 from gpulayer.worker.forking import FORKED, ForkServer, unsupported
 
 log = logging.getLogger("gpulayer.worker.forking")  # (the fork servers' one log, as it was)
@@ -90,6 +91,8 @@ class ForkServers:
         #: servers started so far, per preload list: one that keeps failing is not started
         #: again and again
         self._starts: dict[tuple[str, ...], int] = {}
+        #: the servers whose preloads were said to be slow to import (by id: said once)
+        self._slow: set[int] = set()
 
     def follow_environ(self) -> dict[str, str]:
         """The environment a task inherits now (:attr:`env` where the servers do not follow
@@ -172,13 +175,23 @@ class ForkServers:
                 want, note = (), f" (not preloaded: the worker's environment changed since: {', '.join(sets)})"
             elif own:
                 want, note = (), f" (not preloaded: the job has its own {', '.join(own)})"
-        for _ in range(len(want) + 1):
+        for _ in range(len(want) + 2):
             server = self._server(want)
             why = server.ready()
             if why is None:
                 mine = server.user_preloaded
                 return server, FORKED + (note or (f" (preloaded: {', '.join(mine)})" if mine else ""))
             server.release()
+            if want and server.starting:
+                # a preload whose import has not ended (it may never): tasks are forked
+                # without the preloads meanwhile, not each kept waiting for it
+                slow = server.importing or ", ".join(want)
+                if id(server) not in self._slow:
+                    self._slow.add(id(server))
+                    log.warning("--preload %s: its import has not ended %g s after the fork server started: tasks "
+                                "are forked without the preloads until it does", slow, forking.READY_TIMEOUT)
+                want, note = (), f" (not preloaded: the import of {slow} has not ended)"
+                continue
             if server.offender is None or server.offender not in want:
                 break
             # a preload left the server unsafe to fork: from now on, a server without it

@@ -175,13 +175,27 @@ class ForkServer:
         self._deferred = False
         self._spare_error: str | None = None
         self._lock = threading.Condition()
+        #: the worker's preload the server was importing when last heard of, until it answers
+        self.importing: str | None = None
+        self._born = time.monotonic()
+        self._proc: subprocess.Popen[bytes] | None = None
         threading.Thread(target=self._serve, name="gpulayer-forkserver", daemon=True).start()
 
-    def ready(self, timeout: float = READY_TIMEOUT) -> str | None:
-        """Wait until it serves; None when it does, else why not."""
-        if not self._ready.wait(timeout):
-            return f"the fork server did not start within {timeout:g} s"
+    def ready(self, timeout: float | None = None) -> str | None:
+        """Wait until it serves, at most until ``timeout`` seconds (:data:`READY_TIMEOUT`)
+        after it was started (a server whose preload hangs keeps no task waiting after that);
+        None when it serves, else why not."""
+        timeout = READY_TIMEOUT if timeout is None else timeout
+        if not self._ready.wait(max(0.0, self._born + timeout - time.monotonic())):
+            importing = self.importing
+            return f"the fork server did not start within {timeout:g} s" + (
+                f" (the import of {importing} has not ended)" if importing else "")
         return self.failed
+
+    @property
+    def starting(self) -> bool:
+        """Whether it has not answered yet (a preload still being imported)."""
+        return not self._ready.is_set()
 
     def _serve(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -199,8 +213,16 @@ class ForkServer:
             return
         finally:
             theirs.close()
+        self._proc = proc
+        if self._closed:  # (closed as it was started: see close)
+            with contextlib.suppress(OSError):
+                proc.kill()
         try:
             hello = json.loads(ours.recv(1 << 20) or b"{}")
+            while isinstance(hello, dict) and hello.get("importing"):
+                self.importing = str(hello["importing"])
+                hello = json.loads(ours.recv(1 << 20) or b"{}")
+            self.importing = None
             if not hello.get("ready"):
                 self.failed = "the fork server exited as it started"
             elif hello.get("unsafe"):
@@ -458,12 +480,15 @@ class ForkServer:
 
     def close(self) -> None:
         """Stop the server (its children, if any are left, die with it); one still starting
-        stops as soon as it answers."""
+        (a preload's import that may never end) is killed."""
         self._closed = True
         sock = self._sock
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+        elif self._proc is not None and self.starting:
+            with contextlib.suppress(OSError):
+                self._proc.kill()
 
 
 def _module_name(name: str, folder: bool) -> str:

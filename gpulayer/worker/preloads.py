@@ -13,6 +13,7 @@ import os
 import select
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 #: device nodes whose driver a forked child cannot share with its parent (an accelerator
@@ -101,12 +102,16 @@ def unsafe() -> str | None:
     return None
 
 
-def preload(names: list[str]) -> tuple[list[str], dict[str, str], str | None, str | None]:
+def preload(names: list[str], announce: Callable[[str], None] | None = None,
+            ) -> tuple[list[str], dict[str, str], str | None, str | None]:
     """Import the worker's preloads in turn: those imported, those that failed (name: why),
-    and the first that left this process unsafe to fork with why (it ends the list)."""
+    and the first that left this process unsafe to fork with why (it ends the list).
+    ``announce(name)`` is called before each import (the worker hears which one hangs)."""
     done: list[str] = []
     refused: dict[str, str] = {}
     for name in names:
+        if announce is not None:
+            announce(name)
         try:
             importlib.import_module(name)
         except BaseException as exc:  # (SystemExit too: a module's import is not this server's to end)

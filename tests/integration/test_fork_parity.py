@@ -241,6 +241,32 @@ def test_a_server_replaced_or_closed_as_it_starts_ends_once_it_answers(home, tmp
     forks.close()
 
 
+def test_a_preload_whose_import_hangs_keeps_no_task_waiting(home, tmp_path, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Once a server's preloads have not been imported within READY_TIMEOUT of its start,
+    tasks are forked from a server without them, the one whose import has not ended named
+    (each task waited READY_TIMEOUT, then was spawned, for as long as the worker ran); the
+    server that hangs is killed as the worker stops."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "hangs.py").write_text("import time\ntime.sleep(3600)\n")
+    monkeypatch.setenv("PYTHONPATH", str(lib))
+    monkeypatch.setattr("gpulayer.worker.forking.READY_TIMEOUT", 1.0)
+    me = psutil.Process()
+    forks = ForkServers(sys.executable, {k: v for k, v in os.environ.items()}, ("numbers", "hangs"),
+                        follow=frozenset())
+    forks.prestart()
+    for _ in range(2):
+        server, how = forks.choose(None, forks.follow_environ())
+        assert server is not None and how == f"{FORKED} (not preloaded: the import of hangs has not ended)"
+        assert server.preload == ()
+        server.release()
+    assert [r.getMessage() for r in caplog.records if "--preload" in r.getMessage()] == [
+        "--preload hangs: its import has not ended 1 s after the fork server started: tasks are forked "
+        "without the preloads until it does"]
+    forks.close()
+    until(lambda: not children_running(me, SERVER_PATH), timeout=60, what="every server to end")
+
+
 def test_each_task_has_its_own_multiprocessing_key(start, bundle) -> None:  # type: ignore[no-untyped-def]
     """Where the server imported multiprocessing (torch's import does), a task's
     authentication key is its own, not the server's (shared, it would let one task's
