@@ -30,7 +30,8 @@ write. The spare then becomes the task's process tree:
   of the ``ready`` message, see ``ForkServer.shadowed``); what the preloads' imports set (a
   variable, a SIGINT or SIGTERM handler) as a fresh interpreter importing them would have it,
   the timezone read again where the task's ``TZ`` differs, ``multiprocessing``'s key and
-  first folder the task's own (:mod:`.fresh`);
+  first folder the task's own, the umask and resource limits the worker has now where it
+  changed them since this server started (:mod:`.fresh`);
 * then it runs the function runner, as ``python function_runner.py SPEC RESULT`` would,
   and ends as that process would: once the task's non-daemon threads have ended and the
   ``atexit`` callbacks the task registered have run (not those this server's imports
@@ -168,6 +169,10 @@ class _Warm(NamedTuple):
     preload_signals: dict[signal.Signals, Any]
     #: the descriptors the preloads' imports left open (above 2), kept open in each child
     preload_fds: frozenset[int]
+    #: the worker (this server's parent), and its umask and resource limits as this server
+    #: started with them (see :func:`.fresh.follow_worker`)
+    worker: int
+    worker_then: Any
 
 
 def _open_fds() -> set[int]:
@@ -242,6 +247,8 @@ def _child(req: dict[str, Any], fds: list[int], warm: _Warm, sock: socket.socket
             signal.signal(signal.SIGINT, signal.default_int_handler)
         if "multiprocessing.process" in sys.modules:
             _fresh.fresh_multiprocessing(req["cwd"])
+        if warm.worker > 1:
+            _fresh.follow_worker(warm.worker, warm.worker_then)
         entries = [p for p in req["path"] if p]
         # the runner puts the cwd first (see function_runner._setup_path)
         for name in _shadowed(warm.origins, [req["cwd"], *entries, *warm.base_path], warm.entries_then):
@@ -413,6 +420,7 @@ def _strays(known: set[int]) -> bool:
 def serve(sock: socket.socket, runner_path: str, preload: list[str], user: list[str] | None = None) -> None:
     """Serve the worker on ``sock``: ``preload``, GPUlayer's own modules (skipped where the
     job's Python lacks them), ``user`` the worker's preloads (see the module's docstring)."""
+    worker, worker_then = os.getppid(), _fresh.process_state(os.getpid())
     here = os.path.dirname(os.path.abspath(__file__))
     if sys.path and os.path.abspath(sys.path[0] or ".") == here:
         del sys.path[0]  # keep process.py & co. from shadowing the user's modules
@@ -501,7 +509,7 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str], user: list[
     signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
     sel.register(wake_r, selectors.EVENT_READ, "sigchld")
     warm = _Warm(runner, base_path, origins, entries_then, prctl, os.getpid(), environ, preload_environ,
-                 preload_signals, preload_fds)
+                 preload_signals, preload_fds, worker, worker_then)
     # what is loaded now stays out of the collector's reach in every child: a collection in
     # a child would otherwise touch (and so copy) every object the server holds
     gc.collect()

@@ -10,13 +10,53 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import resource
 import signal
 import sys
 import time
 import traceback
 from typing import Any
 
-__all__ = ["as_imported", "fresh_multiprocessing", "own_exit_handlers", "shut_down", "streams"]
+__all__ = ["as_imported", "follow_worker", "fresh_multiprocessing", "own_exit_handlers", "process_state", "shut_down",
+           "streams"]
+
+#: a process's umask (None where it cannot be read) and resource limits
+State = tuple[int | None, dict[int, tuple[int, int]]]
+_RLIMITS = sorted(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
+
+
+def process_state(pid: int) -> State:
+    """The umask and the resource limits of process ``pid`` (what cannot be read left out)."""
+    umask = None
+    with contextlib.suppress(OSError, ValueError):
+        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY)
+        try:
+            data = os.read(fd, 16384)
+        finally:
+            os.close(fd)
+        at = data.find(b"\nUmask:")
+        if at >= 0:
+            umask = int(data[at + 7:data.index(b"\n", at + 1)], 8)
+    limits = {}
+    for limit in _RLIMITS:
+        with contextlib.suppress(OSError, ValueError):
+            limits[limit] = resource.prlimit(pid, limit)
+    return umask, limits
+
+
+def follow_worker(worker: int, then: State) -> None:
+    """What the worker changed of its umask and resource limits since the server started (a
+    script's ``os.umask(0o002)`` or ``resource.setrlimit`` after its first job), as a task
+    spawned from the worker now would inherit them; what the preloads' imports changed
+    stays where the worker changed nothing. (Best effort: a hard limit the worker raised
+    cannot be raised here without the privilege.)"""
+    umask, limits = process_state(worker)
+    if umask is not None and umask != then[0]:
+        os.umask(umask)
+    for limit, value in limits.items():
+        if value != then[1].get(limit):
+            with contextlib.suppress(OSError, ValueError):
+                resource.setrlimit(limit, value)
 
 
 def as_imported(env: dict[str, str], environ: dict[str, str], preload_environ: dict[str, str | None],

@@ -64,6 +64,12 @@ def copies():
     import helperdep, prelo
     return [helperdep.WHO, prelo.WHO]
 
+def process_state():
+    import resource
+    mask = os.umask(0)
+    os.umask(mask)
+    return [mask, resource.getrlimit(resource.RLIMIT_NOFILE)]
+
 def logs_beside_a_file(folder):
     import logging, logfile
     path = os.path.join(folder, f"data-{os.getpid()}.txt")
@@ -290,6 +296,27 @@ def test_what_a_preload_set_as_it_was_imported_is_the_tasks(start, bundle, monke
     assert how == f"{FORKED} (preloaded: setter)" if not env else how.startswith("spawned: ")
     assert seen == {"env": "yes", "dropped": None, "sigterm": True, "sigint": True, "chained": True,
                     "after_fork": bool(not env)}
+
+
+def test_a_umask_and_limits_the_worker_set_after_its_servers_started_are_the_tasks(start, bundle) -> None:  # type: ignore[no-untyped-def]
+    """A script whose in-process worker already runs sets its umask or a resource limit (a
+    notebook's ``os.umask(0o002)`` for a shared folder): a spawned task inherits them from
+    the worker, and a forked one had the server's, as that started."""
+    import resource
+
+    run = start()
+    mask, nofile = os.umask(0o022), resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        assert run("process_state") == ([0o022, list(nofile)], FORKED)
+        os.umask(0o027)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile[0] - 1, nofile[1]))
+        forked, how = run("process_state")
+        spawned, how_spawned = run("process_state", env=SPAWN)
+        assert how == FORKED and how_spawned.startswith("spawned: ")
+        assert forked == spawned == [0o027, [nofile[0] - 1, nofile[1]]]
+    finally:
+        os.umask(mask)
+        resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
 
 
 @pytest.mark.parametrize("env", [{}, SPAWN], ids=["forked", "spawned"])

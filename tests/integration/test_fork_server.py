@@ -514,7 +514,7 @@ from gpulayer.worker import fork_server, function_runner
 imported = []
 real_import = fork_server.importlib.import_module
 fork_server.importlib.import_module = lambda name, package=None: (imported.append(name), real_import(name, package))[1]
-warm = fork_server._Warm(function_runner, [], {}, set(), None, os.getpid(), dict(os.environ), {}, {}, frozenset())
+warm = fork_server._Warm(function_runner, [], {}, set(), None, os.getpid(), dict(os.environ), {}, {}, frozenset(), 0, None)
 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 if sys.argv[1] == "waiting":
     ours.send(b"{}")  # the task came before the spare began: no rehearsal
