@@ -50,7 +50,9 @@ fails to import is named in ``refused``, and one that leaves the server unsafe t
 (a thread running, an accelerator's device open: see :func:`.preloads.unsafe`) ends the list, named
 in ``offender`` (the worker starts a server without it). The ``ready`` message lists
 ``stamps``, the files and folders those modules came from and the paths where a missing one
-would appear, so the worker can tell when one changed (see :func:`.preloads.stamps`).
+would appear, so the worker can tell when one changed (see :func:`.preloads.stamps`), and
+``sites``, preloads or not, what ``site`` read from each site-packages folder as this server
+started (:func:`.preloads.site_stamps`).
 
 Messages to the worker: ``{"importing": NAME}`` as each of the worker's preloads is imported
 (the worker names the one that does not end); ``{"ready": ...}`` once; ``{"spare": PID}`` with the spare's socket
@@ -492,7 +494,7 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str], user: list[
         else ([], 0, 0)
     hello = {"ready": True, "pid": os.getpid(), "preloaded": preloaded, "subreaper": subreaper,
              "unsafe": unsafe, "offender": offender, "refused": refused, "stamps": stamps,
-             "unstamped": unstamped, "tops": imported}
+             "unstamped": unstamped, "tops": imported, "sites": preloads.site_stamps()}
     try:
         sock.send(json.dumps(hello).encode())
     except OSError:  # (too many stamps for one message: those always kept, see preloads.stamps)

@@ -223,7 +223,7 @@ class ForkServers:
         with self._lock:
             current = self._servers.get(want)
             if changed is not None and current is server and current is not None:
-                log.info("fork server: %s changed since its modules were preloaded: starting a new one", changed)
+                log.info("fork server: %s changed since the server started: starting a new one", changed)
                 current.retire()
                 self._retired = [s for s in self._retired if not s.failed]
                 self._retired.append(current)

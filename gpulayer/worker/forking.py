@@ -50,7 +50,7 @@ from typing import Any
 
 from gpulayer.worker.deathsig import die_with_parent
 from gpulayer.worker.fork_server import GO
-from gpulayer.worker.preloads import ABSENT, MAX_STAMPED
+from gpulayer.worker.preloads import ABSENT, MAX_STAMPED, site_files
 from gpulayer.worker.process import StartFailed
 from gpulayer.worker.wakeups import Cancel
 
@@ -153,6 +153,9 @@ class ForkServer:
         self.offender: str | None = None
         #: (path, inode, size, mtime) of what the preloads came from (see :meth:`stale`)
         self._stamps: list[tuple[str, int, int, int]] = []
+        #: the site-packages folders and what site read there as the server started (see
+        #: :meth:`_site_changed`)
+        self._sites: list[tuple[str, int, int, int, list[list[Any]]]] = []
         #: the top-level modules the preloads imported (not the standard library's), by the
         #: ``sys.path`` folder each came from (see :meth:`shadowed`)
         self.tops: dict[str, str] = {}
@@ -232,6 +235,8 @@ class ForkServer:
             offender = hello.get("offender")
             self.offender = offender if isinstance(offender, str) else None
             self._stamps = [(str(p), int(i), int(z), int(m)) for p, i, z, m in hello.get("stamps") or []]
+            self._sites = [(str(p), int(i), int(z), int(m), [[str(n), int(nz), int(nm)] for n, nz, nm in f])
+                           for p, i, z, m, f in hello.get("sites") or []]
             self.tops = {str(k): str(v) for k, v in (hello.get("tops") or {}).items()}
             if hello.get("unstamped"):
                 log.warning("--preload: %s files the preloads imported are not watched for changes "
@@ -442,7 +447,8 @@ class ForkServer:
         """What changed on disk since the server imported the worker's preloads (a file they
         came from: a package upgraded, a module edited, a broken preload fixed; a path where a
         missing preload appeared; a site-packages folder an install caught half way finished
-        in), or None."""
+        in), or what ``site`` reads as an interpreter starts (preloads or not: see
+        :meth:`_site_changed`); None when nothing did."""
         for path, ino, size, mtime in self._stamps:
             try:
                 st = os.stat(path)
@@ -452,6 +458,30 @@ class ForkServer:
                 return path
             if (st.st_ino, st.st_size, st.st_mtime_ns) != (ino, size, mtime):
                 return path
+        return self._site_changed()
+
+    def _site_changed(self) -> str | None:
+        """A file that ``site`` reads as an interpreter starts (a ``.pth`` file, a
+        ``sitecustomize``) added, changed or removed in a site-packages folder since the
+        server started (``pip install -e``: a fresh interpreter would find the package, and
+        a child of this server would not), or a site-packages folder that appeared; its
+        path, or None. A folder whose times moved is listed again (another package
+        installed there changes nothing a task's start would read)."""
+        for i, (folder, ino, size, mtime, files) in enumerate(self._sites):
+            try:
+                st = os.stat(folder)
+            except OSError:
+                if ino == ABSENT:
+                    continue
+                return folder
+            moved = (st.st_ino, st.st_size, st.st_mtime_ns) != (ino, size, mtime)
+            now = site_files(folder, None if moved else [name for name, _, _ in files])
+            if now != files:
+                changed = {n for n, *_ in now} ^ {n for n, *_ in files} or {
+                    n for n, *rest in now if [n, *rest] not in files}
+                return os.path.join(folder, min(changed)) if changed else folder
+            if moved:
+                self._sites[i] = (folder, st.st_ino, st.st_size, st.st_mtime_ns, files)
         return None
 
     def lease(self) -> None:

@@ -147,6 +147,52 @@ def installed() -> tuple[tuple[str, ...], tuple[str, ...]]:
             tuple(os.path.join(os.path.realpath(p), "") for p in std if p))
 
 
+#: what ``site`` runs from a site-packages folder as an interpreter starts, besides ``.pth`` files
+SITE_HOOKS = ("sitecustomize", "usercustomize")
+
+
+def site_files(folder: str, names: list[str] | None = None) -> list[list[Any]]:
+    """``[name, size, mtime]`` of the files in ``folder`` that ``site`` reads as an
+    interpreter starts (its ``.pth`` files, a ``sitecustomize``), sorted; ``names``: those
+    known (only these are looked at: no listing)."""
+    if names is None:
+        try:
+            names = [n for n in os.listdir(folder) if n.endswith(".pth") or n.partition(".")[0] in SITE_HOOKS]
+        except OSError:
+            return []
+    out = []
+    for name in names:
+        with contextlib.suppress(OSError):
+            st = os.stat(os.path.join(folder, name))
+            out.append([name, st.st_size, st.st_mtime_ns])
+    return sorted(out)
+
+
+def site_stamps() -> list[list[Any]]:
+    """The folders ``site`` reads as an interpreter starts (site-packages; the user's, where
+    that is on), each ``[folder, inode, size, mtime, site_files]``: a ``.pth`` file added or
+    changed after the server started (``pip install -e`` adds one) reaches a fresh
+    interpreter, and so must reach a forked task (see ``ForkServer.stale``). One missing is
+    stamped as absent."""
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    folders = [paths.get("purelib"), paths.get("platlib")]
+    with contextlib.suppress(Exception):  # (site's functions are missing where it was not run)
+        folders += site.getsitepackages()
+    if site.ENABLE_USER_SITE:
+        with contextlib.suppress(Exception):
+            folders.append(site.getusersitepackages())
+    out: list[list[Any]] = []
+    for folder in dict.fromkeys(os.path.realpath(p) for p in folders if p):
+        try:
+            out.append([*stamp(folder), site_files(folder)])
+        except OSError:
+            out.append([folder, ABSENT, 0, 0, []])
+    return out
+
+
 def _missing_part(name: str) -> str | None:
     """The first part of a dotted module name that is not imported (its parent is)."""
     parts = name.split(".")

@@ -64,6 +64,13 @@ def copies():
     import helperdep, prelo
     return [helperdep.WHO, prelo.WHO]
 
+def import_newmod():
+    try:
+        import newmod
+    except ImportError:
+        return None
+    return newmod.WHO
+
 def process_state():
     import resource
     mask = os.umask(0)
@@ -271,6 +278,53 @@ def test_a_preload_whose_import_hangs_keeps_no_task_waiting(home, tmp_path, monk
         "without the preloads until it does"]
     forks.close()
     until(lambda: not children_running(me, SERVER_PATH), timeout=60, what="every server to end")
+
+
+def test_a_package_installed_with_a_pth_file_after_the_server_started_is_found(home, tmp_path, bundle) -> None:  # type: ignore[no-untyped-def]
+    """``pip install -e`` while the worker runs adds a ``.pth`` file to site-packages, which
+    an interpreter reads as it starts: a spawned task found the package, and a forked one
+    did not (its server had read site-packages long before). Another install there (a new
+    ``.dist-info`` folder) changes nothing a start reads, and keeps the server."""
+    import venv
+
+    venv.EnvBuilder(symlinks=True, with_pip=False).create(tmp_path / "venv")
+    python = str(tmp_path / "venv" / "bin" / "python")
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (tmp_path / "newlib").mkdir()
+    (tmp_path / "newlib" / "newmod.py").write_text("WHO = 'installed'\n")
+    forks = ForkServers(python, dict(os.environ), ())
+    env = {**os.environ, "PYTHONPATH": str(bundle)}
+    spec = {"function": "jobmod:import_newmod", "args": [], "kwargs": {}}
+
+    def forked() -> tuple[Any, ForkServer]:
+        server, how = forks.choose(None, env)
+        assert server is not None and how == FORKED
+        try:
+            child, out, err = server.start(cwd=str(bundle), env=env, spec=spec, result=str(tmp_path / "result.json"))
+            assert child.wait() == 0
+            for fd in (out, err):
+                os.close(fd)
+        finally:
+            server.release()
+        return json.loads((tmp_path / "result.json").read_text())["result"], server
+
+    try:
+        before, first = forked()
+        assert before is None
+        (site / "unrelated-1.0.dist-info").mkdir()
+        assert forked() == (None, first)
+        (site / "__editable__.newmod-1.0.pth").write_text(f"{tmp_path / 'newlib'}\n")
+        after, second = forked()
+        assert second is not first
+        spec_file = tmp_path / "spec.json"
+        spec_file.write_text(json.dumps(spec))
+        subprocess.run([python, str(Path(SERVER_PATH).with_name("function_runner.py")), str(spec_file),
+                        str(tmp_path / "spawned.json")], cwd=bundle, env=env, check=True)
+        spawned = json.loads((tmp_path / "spawned.json").read_text())["result"]
+        assert after == spawned == "installed"
+    finally:
+        forks.close()
 
 
 def test_each_task_has_its_own_multiprocessing_key(start, bundle) -> None:  # type: ignore[no-untyped-def]
