@@ -3,8 +3,8 @@
 Started by :mod:`gpulayer.worker.forking` in the job's Python, with one end of an
 ``AF_UNIX``/``SOCK_SEQPACKET`` socket pair. It loads the function runner (and, when it
 imports, ``gpulayer`` itself, which most job modules import), then keeps the worker supplied
-with children forked ahead of their tasks: a spare waits detached, with nothing open but its
-own socket, and the worker is handed the other end of that socket. The worker starts a task
+with children forked ahead of their tasks: a spare waits detached, with nothing of this
+server's open but its own socket, and the worker is handed the other end of that socket. The worker starts a task
 by sending its request straight to a spare (a JSON message with the task's cwd, environment,
 ``sys.path`` entries, its function spec (the spec itself, or a file's path when it is large)
 and where the result goes, and the write ends of the task's stdout and stderr pipes passed
@@ -328,8 +328,8 @@ def _rehearse(sock: socket.socket, warm: _Warm) -> None:
 
 
 class _Spare:
-    """A child forked ahead of its task: detached, every descriptor but its end of a socket
-    pair closed, waiting for the request it will run. The other end goes to the worker,
+    """A child forked ahead of its task: detached, every descriptor of the server's but its
+    end of a socket pair closed, waiting for the request it will run. The other end goes to the worker,
     which sends the task's request there itself."""
 
     def __init__(self, warm: _Warm) -> None:
