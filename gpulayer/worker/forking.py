@@ -39,6 +39,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -225,14 +226,19 @@ class ForkServer:
             while isinstance(hello, dict) and hello.get("importing"):
                 self.importing = str(hello["importing"])
                 hello = json.loads(ours.recv(1 << 20) or b"{}")
-            self.importing = None
-            if not hello.get("ready"):
+            importing, self.importing = self.importing, None
+            offender = hello.get("offender")
+            if not hello.get("ready") and importing is not None and not self._closed:
+                # a preload's import ended the process (os._exit, a crash in an extension
+                # module): it is left out like one that leaves the server unsafe to fork
+                offender = importing
+                self.failed = f"the fork server exited while importing {importing}{_how_it_ended(proc)}"
+            elif not hello.get("ready"):
                 self.failed = "the fork server exited as it started"
             elif hello.get("unsafe"):
                 self.failed = f"the fork server is not safe to fork: {hello['unsafe']}"
             self.preloaded = list(hello.get("preloaded") or [])
             self.refused = {str(k): str(v) for k, v in (hello.get("refused") or {}).items()}
-            offender = hello.get("offender")
             self.offender = offender if isinstance(offender, str) else None
             self._stamps = [(str(p), int(i), int(z), int(m)) for p, i, z, m in hello.get("stamps") or []]
             self._sites = [(str(p), int(i), int(z), int(m), [[str(n), int(nz), int(nm)] for n, nz, nm in f])
@@ -519,6 +525,21 @@ class ForkServer:
         elif self._proc is not None and self.starting:
             with contextlib.suppress(OSError):
                 self._proc.kill()
+
+
+def _how_it_ended(proc: subprocess.Popen[bytes]) -> str:
+    """`` (exit code N)`` or `` (killed by SIGSEGV)`` for a process that ended (waited for
+    a moment: its end of the socket closed as it exited), or ''."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+    code = proc.returncode
+    if code is None:
+        return ""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f" (killed by {signal.Signals(-code).name})"
+        return f" (killed by signal {-code})"
+    return f" (exit code {code})"
 
 
 def _module_name(name: str, folder: bool) -> str:

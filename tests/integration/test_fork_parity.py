@@ -327,6 +327,30 @@ def test_a_package_installed_with_a_pth_file_after_the_server_started_is_found(h
         forks.close()
 
 
+def test_a_preload_whose_import_ends_the_server_is_left_out(home, tmp_path, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A preload whose import ends the process (``os._exit``, a crash in an extension
+    module) is left out, named, and the others are preloaded: the server exited before it
+    answered, and every task of the worker was spawned ('the fork server exited as it
+    started'), none of the preloads named."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "lateenv.py").write_text(LIB["lateenv.py"])
+    (lib / "ends.py").write_text("import os\nos._exit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", str(lib))
+    forks = ForkServers(sys.executable, {k: v for k, v in os.environ.items()}, ("ends", "lateenv"),
+                        follow=frozenset())
+    try:
+        for _ in range(2):
+            server, how = forks.choose(None, forks.follow_environ())
+            assert server is not None and how == f"{FORKED} (preloaded: lateenv)"
+            server.release()
+        assert forks.refused == {"ends": "the fork server exited while importing ends (exit code 3)"}
+        assert [r.getMessage() for r in caplog.records if "--preload" in r.getMessage()] == [
+            "--preload ends: left out: the fork server exited while importing ends (exit code 3)"]
+    finally:
+        forks.close()
+
+
 def test_each_task_has_its_own_multiprocessing_key(start, bundle) -> None:  # type: ignore[no-untyped-def]
     """Where the server imported multiprocessing (torch's import does), a task's
     authentication key is its own, not the server's (shared, it would let one task's
