@@ -115,9 +115,10 @@ def own_exit_handlers() -> None:
     exit that frees everything anyway. A fresh interpreter would have registered the
     standard library's own as the task imported those modules, so they are registered again,
     each made to see the task's own only (as ``multiprocessing`` does in the processes it
-    forks itself): ``logging``'s flushes and closes the task's log handlers, not the
-    server's; ``multiprocessing``'s joins the task's processes, not the server's; and
-    ``weakref.finalize``'s calls the task's finalizers, not the server's. What the
+    forks itself): ``logging``'s flushes and closes the task's log handlers, and only
+    flushes the server's (of what the task logged through them); ``multiprocessing``'s
+    joins the task's processes, not the server's; and ``weakref.finalize``'s calls the
+    task's finalizers, not the server's. What the
     task registers runs (see :func:`shut_down`). Nothing to do where the server imported
     none of it (no preloads)."""
     mp_process = sys.modules.get("multiprocessing.process")
@@ -139,9 +140,25 @@ def own_exit_handlers() -> None:
             # by id: a handler class may define __eq__ and not __hash__)
             inherited = list(logging._handlerList)
             theirs = {id(ref) for ref in inherited}
+            # the records a buffering handler of the server's holds are the server's: the
+            # task's exit writes only those the task logged through it (see _shutdown_logging)
+            buffering = getattr(sys.modules.get("logging.handlers"), "BufferingHandler", None)
+            if buffering is not None:
+                for ref in inherited:
+                    handler = ref()
+                    if isinstance(handler, buffering) and handler.buffer:
+                        handler.buffer = []
 
             def _shutdown_logging(_keep: list[Any] = inherited) -> None:
                 logging.shutdown([ref for ref in logging._handlerList if id(ref) not in theirs])
+                # the server's handlers are flushed, not closed: what the task logged through
+                # a preload's buffering handler (a MemoryHandler) is written, as its own
+                # interpreter's exit would have, and the handlers are left as they are
+                for ref in reversed(_keep):
+                    handler = ref()
+                    if handler is not None:
+                        with contextlib.suppress(Exception):
+                            handler.flush()
 
             atexit.register(_shutdown_logging)
     if cleared and mp_util is not None:

@@ -64,6 +64,11 @@ def copies():
     import helperdep, prelo
     return [helperdep.WHO, prelo.WHO]
 
+def logs_through_a_buffer():
+    import buffered
+    buffered.log.warning("logged by the task")
+    return os.getpid()
+
 def import_newmod():
     try:
         import newmod
@@ -94,6 +99,9 @@ LIB = {
     "prelo.py": "import helperdep\nWHO = helperdep.WHO\n",
     "helperdep.py": "WHO = \"the worker's copy\"\n",
     "slowpre.py": "import time\ntime.sleep(1.5)\n",
+    "buffered.py": "import logging.handlers, os\nlog = logging.getLogger('buffered')\nlog.propagate = False\n"
+                   "log.addHandler(logging.handlers.MemoryHandler(100, target=logging.FileHandler(os.environ['LOG_FILE'],"
+                   " delay=True)))\nlog.warning('logged as it was imported')\n",
     "logfile.py": "import logging, os\nlogging.basicConfig(filename=os.environ['LOG_FILE'], format='%(message)s')\n"
                   "log = logging.getLogger('logfile')\n",
     "setter.py": '''
@@ -278,6 +286,23 @@ def test_a_preload_whose_import_hangs_keeps_no_task_waiting(home, tmp_path, monk
         "without the preloads until it does"]
     forks.close()
     until(lambda: not children_running(me, SERVER_PATH), timeout=60, what="every server to end")
+
+
+@pytest.mark.parametrize("env", [{}, SPAWN], ids=["forked", "spawned"])
+def test_what_a_task_logs_through_a_preloads_buffering_handler_is_written(start, bundle, tmp_path, monkeypatch,
+                                                                         env) -> None:  # type: ignore[no-untyped-def]
+    """A preload's ``MemoryHandler`` (records kept until exit): what the task logged through
+    it is written as the task ends, as logging's own exit handler does in the task's own
+    interpreter; a forked task's was lost (the server's handlers were left alone). The
+    record the module logged as it was imported is written by whoever imported it: the
+    spawned task, and not a forked one (it was the server's)."""
+    log_file = tmp_path / "buffered.log"
+    monkeypatch.setenv("LOG_FILE", str(log_file))
+    run = start("buffered")
+    _, how = run("logs_through_a_buffer", env=env)
+    assert how == f"{FORKED} (preloaded: buffered)" if not env else how.startswith("spawned: ")
+    imported = "" if not env else "logged as it was imported\n"
+    assert log_file.read_text() == f"{imported}logged by the task\n"
 
 
 def test_a_package_installed_with_a_pth_file_after_the_server_started_is_found(home, tmp_path, bundle) -> None:  # type: ignore[no-untyped-def]
