@@ -44,7 +44,7 @@ from gpulayer.worker.fork_servers import ForkServers, site_hook
 from gpulayer.worker.forking import RUNNER_PATH, ForkServer
 from gpulayer.worker.logbuffer import LogBuffer
 from gpulayer.worker.outcome import NotStarted, StartMark, TaskOutcome, function_outcome
-from gpulayer.worker.process import Cancel, Started, Starter, StartFailed
+from gpulayer.worker.process import Cancel, OrphanSweep, Started, Starter, StartFailed
 from gpulayer.worker.task_files import INLINE_SPEC_MAX, TaskFiles
 from gpulayer.worker.threads import WORKER_THREADS, waited_briefly
 
@@ -129,6 +129,7 @@ class Agent:
         self._cache_keeper = CacheKeeper(self._bundle_cache)
         self._started = False
         self._heartbeats: threading.Thread | None = None
+        self._orphans = OrphanSweep()  # (and what one killed beside us left: every few seconds)
         #: warm interpreters that fork FunctionJob tasks (:mod:`gpulayer.worker.forking`),
         #: started on first use with the environment every task inherits
         self.forks = ForkServers(self.python, {k: v for k, v in os.environ.items() if k not in WORKER_SECRETS},
@@ -139,9 +140,7 @@ class Agent:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> WorkerRecord:
-        from gpulayer.worker.process import reap_orphans
-
-        reap_orphans()  # what a worker killed before us left running must not run beside us
+        self._orphans.now()  # what a worker killed before us left running must not run beside us
         record = self.registered if self.registered is not None else self._register()
         self._started = True
         self._heartbeats = threading.Thread(target=self._heartbeat_loop, name="gpulayer-heartbeat", daemon=True)
@@ -233,6 +232,7 @@ class Agent:
         while not self._stopped.wait(backoff):
             if self.worker_id is None:  # pragma: no cover - start() registers first
                 continue
+            self._orphans.when_due()
             try:
                 reply = self.api.heartbeat(self.worker_id, running=self.running_tasks)
                 backoff = self.heartbeat_interval
@@ -313,6 +313,8 @@ class Agent:
         started = StartMark(lambda how: self._start_task(a.task_id, worker_id, how))
         fork: ForkServer | None = None
         try:
+            if a.attempt > 1:  # its last attempt's processes may be left here, by a worker killed since
+                self._orphans.now()
             if a.spec.kind == "function":
                 # what the task's interpreter would start with: the worker's, with the job's
                 fork, started.how = self.forks.choose(a.spec.python, {**self.forks.follow_environ(), **a.spec.env})

@@ -17,7 +17,8 @@ A task's processes die with their worker, even one killed with SIGKILL: on Linux
 main process gets ``PR_SET_PDEATHSIG`` (SIGKILL when the worker's thread that started it
 dies), and every process of the tree carries a marker that names its worker process
 (``<pid>.<start time>.<id>``): :func:`reap_orphans`, which every worker runs as it starts,
-ends the trees whose worker is gone (what the main process had started before it died).
+before a retry and every few seconds (:class:`OrphanSweep`), ends the trees whose worker is
+gone (what the main process had started before it died).
 
 How the signal is set without forking the worker: :mod:`gpulayer.worker.deathsig`; how the
 processes that carry a marker are found: :mod:`gpulayer.worker.markers`.
@@ -45,11 +46,11 @@ import psutil
 
 from gpulayer.worker import TREE_ID_ENV
 from gpulayer.worker.deathsig import die_with_parent, spawn_argv
-from gpulayer.worker.markers import PidMark, marked, owner, owner_alive
+from gpulayer.worker.markers import PidMark, every_marker, marked, owner, owner_alive
 from gpulayer.worker.threads import WORKER_THREADS
 from gpulayer.worker.wakeups import Cancel, ExitWaiter
 
-__all__ = ["TREE_ID_ENV", "Cancel", "ProcessOutcome", "StartFailed", "Started", "Starter", "reap_orphans", "run_process",
+__all__ = ["TREE_ID_ENV", "Cancel", "OrphanSweep", "ProcessOutcome", "StartFailed", "Started", "Starter", "reap_orphans", "run_process",
            "terminate_tree"]
 
 log = logging.getLogger(__name__)
@@ -82,27 +83,57 @@ class ProcessOutcome:
 def reap_orphans(grace: float = 1.0) -> int:
     """End every task process tree whose worker process is gone; returns how many trees.
 
-    Every worker calls it as it starts, so what a worker killed with SIGKILL left running
-    (the task's children; its main process died with it) never runs beside a retry of the
-    task, nor holds a device the new worker hands out again."""
-    markers: dict[str, list[psutil.Process]] = {}
-    me = os.getpid()
-    for proc in psutil.process_iter():
-        if proc.pid == me:
+    Every worker calls it as it starts, before it starts a retry, and every few seconds while
+    it runs (:class:`OrphanSweep`), so what a worker killed with SIGKILL left running (the
+    task's children; its main process died with it) never runs beside a retry of the task,
+    nor holds a device that a worker hands out again."""
+    ended = 0
+    for marker, pids in every_marker().items():
+        procs = [p for p in (_process_of(pid) for pid in pids) if p is not None]
+        if not procs or owner_alive(marker):
             continue
-        try:
-            marker = proc.environ().get(TREE_ID_ENV)
-        except (psutil.Error, OSError):
-            continue
-        if marker:
-            markers.setdefault(marker, []).append(proc)
-    orphaned = [m for m in markers if not owner_alive(m)]
-    for marker in orphaned:
-        procs = markers[marker]
+        ended += 1
         log.warning("ending %d process(es) left by a task whose worker is gone (%s=%s)",
                     len(procs), TREE_ID_ENV, marker)
         terminate_tree(procs[0].pid, grace, marker=marker, extra=procs)
-    return len(orphaned)
+    return ended
+
+
+def _process_of(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+#: how often a running worker looks for what a dead worker on its machine left running
+ORPHAN_SWEEP_EVERY = 5.0
+
+
+class OrphanSweep:
+    """A worker's :func:`reap_orphans`: at its start, before a retry (whose last attempt may
+    have run on this machine under a worker killed since), and at most every
+    :data:`ORPHAN_SWEEP_EVERY` seconds (:meth:`when_due`, from the heartbeat thread) for the
+    trees of a worker that died beside a running one, which held their devices and ran on
+    beside the retries of their jobs until another worker started."""
+
+    def __init__(self, every: float = ORPHAN_SWEEP_EVERY) -> None:
+        self.every = every
+        self._next = 0.0
+        self._lock = threading.Lock()
+
+    def now(self) -> int:
+        with self._lock:  # (two retries starting at once sweep once each, not together)
+            self._next = time.monotonic() + self.every
+            try:
+                return reap_orphans()
+            except Exception:  # a sweep must never stop a heartbeat or a task's start
+                log.exception("looking for orphaned task processes failed")
+                return 0
+
+    def when_due(self) -> None:
+        if time.monotonic() >= self._next:
+            self.now()
 
 
 # --------------------------------------------------------------------------- ending trees

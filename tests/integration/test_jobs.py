@@ -315,6 +315,32 @@ def test_a_task_killed_by_the_signal_that_stops_its_worker_is_lost(plane: Plane,
     assert job.state is JobState.FAILED and job.error is not None and job.error.type == "lost"
 
 
+def test_a_retry_on_a_running_worker_never_runs_beside_what_a_killed_worker_left(plane: Plane, tmp_path: Path) -> None:
+    """A worker killed with SIGKILL takes its task's main process with it; what that process
+    had started in a session of its own was ended only by the next worker to *start* on the
+    machine. A worker already running there took the retry and ran it beside the first
+    attempt's leftover (and would have handed out the devices it held)."""
+    left = tmp_path / "left.pid"
+    # (ended: gone, or a zombie that its new parent, init where nothing else is, did not reap yet)
+    script = (f'if [ "$GPULAYER_ATTEMPT" = 1 ]; then setsid sleep 300 & echo $! > {left}; wait; '
+              f'elif grep -qs "^State:[[:space:]]*[RSDT]" /proc/$(cat {left})/status; then echo left-running; '
+              f'else echo ended; fi')
+    first = plane.start_worker("--cpu-slots", "1")
+    wait_for(lambda: len(plane.online_workers()) == 1, 60, "the first worker")
+    job_id = cli("submit", "--detach", "--retries", "1", "--", "sh", "-c", script, check=True).stdout.strip()
+    wait_for(lambda: left.exists() and left.read_text().strip(), 60, "the first attempt's leftover")
+    leftover = psutil.Process(int(left.read_text()))
+    plane.start_worker("--cpu-slots", "1")  # running before the first one dies: no start of its sweeps it
+    wait_for(lambda: len(plane.online_workers()) == 2, 60, "the second worker")
+    first.kill()
+    first.wait(30)
+    job = gl.get_job(job_id)
+    assert job.result(timeout=120) == 0
+    assert job.logs() == "ended\n"
+    assert [t.attempt for t in job.record().tasks] == [1, 2]
+    assert not leftover.is_running() or leftover.status() == psutil.STATUS_ZOMBIE
+
+
 def test_logs_follow_streams_until_the_end(plane: Plane) -> None:
     worker = plane.start_worker()
     try:
