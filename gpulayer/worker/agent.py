@@ -462,7 +462,8 @@ class Agent:
     def _execute(self, a: TaskAssignment, cancel: threading.Event, fork: ForkServer | None,
                  started: StartMark) -> TaskOutcome:
         worker_id = self._own_id()
-        logbuf = LogBuffer(lambda chunks: self.api.append_logs(a.task_id, worker_id=worker_id, chunks=chunks))
+        logbuf = LogBuffer(lambda chunks: self.api.append_logs(a.task_id, worker_id=worker_id, chunks=chunks),
+                           retry_for=self.report_for)
         scratch = config.home() / "tasks" / a.task_id
         digest = a.spec.bundle_digest
         held = bundles.bundle_in_use(self._bundle_cache, digest) if digest else contextlib.nullcontext()

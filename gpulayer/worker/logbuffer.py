@@ -8,7 +8,10 @@ through an outage of the control plane, and meanwhile the task's output is read,
 up to :data:`HOLD_AT` characters. (A reader kept waiting by a shipment lost what the task
 wrote during the outage: once the task's process has exited, its worker reads the pipes for
 two seconds more at most.) A shipment that fails because the control plane cannot be
-reached is kept for the next one."""
+reached, or cannot store it now (a full disk under its database), is kept for the next one,
+and the last one is tried again for up to ``retry_for`` seconds, as the task's report is; only
+one the control plane refused (the task is not the worker's, or no longer running) is
+dropped."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import time
 from collections.abc import Callable
 
 from gpulayer.api import LogStream
-from gpulayer.errors import ConnectionFailed
+from gpulayer.errors import AuthError, Conflict, InvalidInput, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +35,18 @@ SHIP_AT = 512 * 1024
 #: waiting; past it a write ships it itself, waiting for the shipment on its way (the task's
 #: pipe fills, and the task waits too)
 HOLD_AT = 32 * SHIP_AT
+#: what a refusal of the control plane raises: the same shipment sent again changes nothing
+REFUSED = (Conflict, NotFound, AuthError, InvalidInput)
 
 
 class LogBuffer:
     """Collects a task's output and ships it in chunks, at most every ``interval`` seconds."""
 
-    def __init__(self, send: Callable[[list[tuple[LogStream, str]]], None], interval: float = 0.1) -> None:
+    def __init__(self, send: Callable[[list[tuple[LogStream, str]]], None], interval: float = 0.1,
+                 retry_for: float = 0.0) -> None:
         self._send = send
         self._interval = interval
+        self._retry_for = retry_for
         self._lock = threading.Lock()
         # taken from taking chunks to having sent them, so chunks arrive in order
         self._send_lock = threading.Lock()
@@ -77,10 +84,13 @@ class LogBuffer:
                 tail = dec.decode(b"", final=True)
                 if tail:
                     self._append(stream, tail)
-        self.flush()
+        deadline, delay = time.monotonic() + self._retry_for, 0.5
+        while not self.flush() and time.monotonic() + delay < deadline:
+            time.sleep(delay)  # (the control plane is away or cannot store it yet: a full disk)
+            delay = min(delay * 2, 10.0)
         with self._lock:  # (its last shipment failed: nothing ships after it)
             if self._pending:
-                log.warning("could not ship %d log chunk(s): the control plane could not be reached",
+                log.warning("could not ship %d log chunk(s): the control plane could not take them",
                             len(self._pending))
             self._pending, self._size = [], 0
 
@@ -114,24 +124,25 @@ class LogBuffer:
             self._pending.append((stream, [text]))
         self._size += len(text)
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
         """Ship what is waiting (after the shipment on its way, if one is), in shipments of
-        about :data:`SHIP_AT` characters (each a request, which the server bounds)."""
+        about :data:`SHIP_AT` characters (each a request, which the server bounds); False when
+        a shipment failed and its output was kept for the next one."""
         with self._send_lock:
             while True:
                 with self._lock:
                     runs = self._take(SHIP_AT)
                     self._last = time.monotonic()
                 if not runs:
-                    return
+                    return True
                 chunks = [(stream, "".join(pieces)) for stream, pieces in runs]
                 try:
                     self._send(chunks)
-                except ConnectionFailed as exc:  # (its retries ran out) kept for the next shipment
-                    self._keep(runs, exc)
-                    return
-                except Exception as exc:  # logs are best effort; the result is what counts
+                except REFUSED as exc:  # sent again, it would be refused again
                     log.warning("could not ship %d log chunk(s): %s", len(chunks), exc)
+                except Exception as exc:  # away (its retries ran out) or failing: kept for the next shipment
+                    self._keep(runs, exc)
+                    return False
 
     def _take(self, limit: int) -> list[tuple[LogStream, list[str]]]:
         """The oldest pieces waiting, up to the one that brings them to ``limit`` characters,

@@ -148,6 +148,46 @@ def test_output_that_could_not_reach_the_control_plane_is_shipped_with_the_next_
     assert [c for chunks in sent for c in chunks] == [("stdout", "one\ntwo\n")]
 
 
+def test_output_the_control_plane_could_not_store_is_shipped_once_it_can() -> None:
+    """A full disk under the embedded database fails a shipment with SQLite's error, not a
+    ConnectionFailed: the output was dropped (a job that succeeded kept 2,301 of its 4,001
+    lines), the last shipment included, while the task's report was retried until it was
+    stored. Kept and tried again, it arrives whole and in order."""
+    import sqlite3
+
+    failures = iter([True, False, True, True, False])  # the first shipment, then the last twice
+    sent: list[tuple[str, str]] = []
+
+    def send(chunks: list[tuple[str, str]]) -> None:
+        if next(failures, False):
+            raise sqlite3.OperationalError("database or disk is full")
+        sent.extend(chunks)
+
+    buf = LogBuffer(send, interval=3600.0, retry_for=30.0)  # (no time-based shipping in this test)
+    buf.write("stdout", b"one\n")
+    buf.flush()
+    buf.write("stdout", b"two\n")
+    buf.flush()
+    buf.write("stderr", b"three\n")
+    buf.close()
+    assert sent == [("stdout", "one\ntwo\n"), ("stderr", "three\n")]
+
+
+def test_output_the_control_plane_refused_is_not_sent_again() -> None:
+    from gpulayer.errors import Conflict
+
+    calls: list[list[tuple[str, str]]] = []
+
+    def send(chunks: list[tuple[str, str]]) -> None:
+        calls.append(chunks)
+        raise Conflict("task tsk-1 is already lost")
+
+    buf = LogBuffer(send, interval=3600.0, retry_for=30.0)
+    buf.write("stdout", b"late\n")
+    buf.close()
+    assert calls == [[("stdout", "late\n")]]
+
+
 def test_the_heartbeat_thread_survives_errors_of_any_kind() -> None:
     import time
 
