@@ -495,13 +495,22 @@ def chunk_text(chunk: LogChunk, *, prefix: bool) -> str:
 
 
 def embedded_client(database_url: str | None = None) -> Client:
+    from sqlalchemy.exc import OperationalError
+
     from gpulayer.control import ControlPlane
     from gpulayer.store import Store
 
     control = ControlPlane(Store(database_url))
     # a worker of this home that died (killed with -9: its pid is gone) is noticed now, so
-    # its tasks are lost and retried at once instead of after a heartbeat timeout
-    control.expire_workers()
+    # its tasks are lost and retried at once instead of after a heartbeat timeout; a
+    # database that cannot be written now (a full disk) still answers what only reads it
+    # (`jobs list`, `jobs logs`), and the next process notices the worker instead
+    try:
+        control.expire_workers()
+    except OperationalError as exc:
+        import logging
+
+        logging.getLogger(__name__).warning("could not mark the workers that are gone offline: %s", exc.orig)
     return Client(control, location="embedded", default_target="local", control=control)
 
 

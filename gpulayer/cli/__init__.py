@@ -145,4 +145,14 @@ def main() -> None:
         sys.exit(130)
     except BrokenPipeError as exc:  # (the light path's; the full path's: gpulayer.cli.root)
         reader_left(exc)
+    except Exception as exc:
+        # the database of the embedded control plane failed under the command (a full disk:
+        # "database or disk is full"): said in one line, not as SQLAlchemy's traceback
+        db_errors = sys.modules.get("sqlalchemy.exc")
+        if db_errors is None or not isinstance(exc, db_errors.OperationalError):
+            raise
+        import typer
+
+        typer.echo(f"error: the control plane's database failed: {exc.orig}", err=True)
+        sys.exit(1)
 
