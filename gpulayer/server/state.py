@@ -220,7 +220,11 @@ class Server(ControlObserver):
         if not running and worker_id in self._known:
             self._heard[worker_id] = self.control.clock()
             return HeartbeatReply(known=True)
-        reply = await self._heartbeats.submit(worker_id, running)
+        try:
+            reply = await self._heartbeats.submit(worker_id, running)
+        except Exception:
+            self._not_written()
+            raise
         if reply.known:
             self._known.add(worker_id)
         else:
@@ -237,8 +241,17 @@ class Server(ControlObserver):
         except BaseException:  # written with the next flush (a later heartbeat wins)
             for wid, at in heard.items():
                 self._heard[wid] = max(at, self._heard.get(wid, at))
+            self._not_written()
             raise
         self._known.difference_update(gone)
+
+    def _not_written(self) -> None:
+        """Heartbeats were heard but could not be written (the database failed: a full disk):
+        what it holds of the workers' lives is stale, so for one heartbeat timeout from now
+        no worker is offline for its silence (``begin_grace``, as after the server's start).
+        A worker that kept calling through the failure was written off, and its tasks lost,
+        as soon as the database could be written again."""
+        self.control.begin_grace()
 
     async def write_heartbeats(self) -> None:
         """:meth:`flush_heartbeats` every ``HEARTBEAT_WRITE_WINDOW`` seconds."""

@@ -4,6 +4,7 @@ poll that hears of nothing waits, and how a waiting poll is woken."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 from gpulayer.control import ControlPlane
@@ -123,3 +124,61 @@ def test_a_gathering_batch_is_served_at_once_when_a_call_in_it_is_hurried() -> N
 
     assert asyncio.run(main()) == (True, ["A", "B"])
     assert served == [{"a": 1, "b": 2}]
+
+
+def test_a_worker_heard_while_the_database_was_full_is_not_written_off_once_it_can_be_written(
+        tmp_path: Path) -> None:
+    """A full disk under a server's database failed its workers' heartbeats (HTTP 500): the
+    worker kept calling, but once the disk had room the next expiry found its last written
+    heartbeat older than the timeout and marked it offline and its running task lost (a job
+    without retries failed), before its next heartbeat came. A database that could not be
+    written is a silence of the server's, not of the worker's (a real full tmpfs; root only)."""
+    import os
+    import subprocess
+
+    import pytest
+
+    from gpulayer.records import TaskState
+    from gpulayer.specs import CommandJob
+    from tests.factories import Clock, make_capabilities
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        clock = Clock()
+        control = ControlPlane(Store(f"sqlite:///{mount / 'server.db'}"), heartbeat_timeout=10.0, clock=clock)
+        server = Server(control)
+        server._loop = None  # no observer callbacks from threads here
+        w = control.register_worker(make_capabilities(), cpu_slots=1)
+        job = control.submit(CommandJob(command=["true"]))
+        [a] = control.poll_tasks(w.id)
+        control.start_task(a.task_id, worker_id=w.id)
+        filler = mount / "filler"
+        with open(filler, "wb") as f:  # the disk, full
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+
+        async def beat() -> None:
+            await server.heartbeat(w.id, [a.task_id])
+
+        for _ in range(5):  # it calls through the failure, a heartbeat every 5 s
+            clock.now += 5
+            with pytest.raises(Exception, match="database or disk is full"):
+                asyncio.run(beat())
+        filler.unlink()  # room again; the expiry comes before the worker's next heartbeat
+        assert control.expire_workers() == []
+        record = control.get_job(job.id)
+        assert record.tasks[0].state is TaskState.RUNNING
+        clock.now += 5
+        asyncio.run(beat())
+        clock.now += 8  # heard, written: silence counts again from its last heartbeat
+        assert control.expire_workers() == []
+        clock.now += 20
+        assert control.expire_workers() == [w.id]
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
