@@ -217,3 +217,20 @@ def first_detection(**env: str) -> Path:
 
 #: :func:`first_detection`'s answers in this process, by ``env``: the probes, or why not
 _detections: dict[tuple[tuple[str, str], ...], Path | BaseException] = {}
+
+
+def mount_small_tmpfs(mount: Path, size: str) -> None:
+    """Mount a tmpfs of ``size`` (``4m``) on the empty folder ``mount``: a real file system
+    that fills up. It needs root: elsewhere the test skips, except under ``.ci/run``
+    (``GPULAYER_REQUIRE_TMPFS=1``), where it fails."""
+    if os.geteuid() == 0:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
+                              capture_output=True, text=True)
+        if done.returncode == 0:
+            return
+        why = f"mount -t tmpfs failed: {done.stderr.strip()}"
+    else:
+        why = "mounting a small tmpfs needs root"
+    if os.environ.get("GPULAYER_REQUIRE_TMPFS") == "1":
+        pytest.fail(f"{why} (GPULAYER_REQUIRE_TMPFS=1)", pytrace=False)
+    pytest.skip(why)

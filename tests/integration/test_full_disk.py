@@ -12,16 +12,14 @@ from pathlib import Path
 import pytest
 
 from gpulayer import plugins
-from tests.support import cli, seed_probe_cache, start_worker, stop_strays, wait_for
+from tests.support import cli, mount_small_tmpfs, seed_probe_cache, start_worker, stop_strays, wait_for
 
 
 @pytest.fixture
 def small_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, probed_frameworks: Path) -> Iterator[Path]:
     mount = tmp_path / "small"
     mount.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a small tmpfs needs root")
+    mount_small_tmpfs(mount, "4m")
     home = mount / "home"
     home.mkdir()
     seed_probe_cache(home, probed_frameworks)

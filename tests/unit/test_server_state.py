@@ -133,7 +133,6 @@ def test_a_worker_heard_while_the_database_was_full_is_not_written_off_once_it_c
     heartbeat older than the timeout and marked it offline and its running task lost (a job
     without retries failed), before its next heartbeat came. A database that could not be
     written is a silence of the server's, not of the worker's (a real full tmpfs; root only)."""
-    import os
     import subprocess
 
     import pytest
@@ -141,12 +140,11 @@ def test_a_worker_heard_while_the_database_was_full_is_not_written_off_once_it_c
     from gpulayer.records import TaskState
     from gpulayer.specs import CommandJob
     from tests.factories import Clock, make_capabilities
+    from tests.support import mount_small_tmpfs
 
     mount = tmp_path / "small"
     mount.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a small tmpfs needs root")
+    mount_small_tmpfs(mount, "2m")
     try:
         clock = Clock()
         control = ControlPlane(Store(f"sqlite:///{mount / 'server.db'}"), heartbeat_timeout=10.0, clock=clock)
