@@ -219,18 +219,21 @@ def first_detection(**env: str) -> Path:
 _detections: dict[tuple[tuple[str, str], ...], Path | BaseException] = {}
 
 
+def need_root(why: str) -> None:
+    """Skip a test that needs root (to mount, to make a PID namespace) where it cannot have it,
+    except under ``.ci/run`` (``GPULAYER_REQUIRE_ROOT=1``), where it fails."""
+    if os.environ.get("GPULAYER_REQUIRE_ROOT") == "1":
+        pytest.fail(f"{why} (GPULAYER_REQUIRE_ROOT=1)", pytrace=False)
+    pytest.skip(why)
+
+
 def mount_small_tmpfs(mount: Path, size: str) -> None:
     """Mount a tmpfs of ``size`` (``4m``) on the empty folder ``mount``: a real file system
-    that fills up. It needs root: elsewhere the test skips, except under ``.ci/run``
-    (``GPULAYER_REQUIRE_TMPFS=1``), where it fails."""
+    that fills up (it needs root: :func:`need_root`)."""
     if os.geteuid() == 0:
         done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
                               capture_output=True, text=True)
         if done.returncode == 0:
             return
-        why = f"mount -t tmpfs failed: {done.stderr.strip()}"
-    else:
-        why = "mounting a small tmpfs needs root"
-    if os.environ.get("GPULAYER_REQUIRE_TMPFS") == "1":
-        pytest.fail(f"{why} (GPULAYER_REQUIRE_TMPFS=1)", pytrace=False)
-    pytest.skip(why)
+        need_root(f"mount -t tmpfs failed: {done.stderr.strip()}")
+    need_root("mounting a small tmpfs needs root")

@@ -222,12 +222,23 @@ def _marked_pids(marker: str, pids: Iterable[str] | None = None) -> list[int]:
     return found
 
 
+def _pid_namespace(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
 def every_marker() -> dict[str, list[int]]:
     """Every marker on the machine and the pids that carry it (Linux: ``/proc/PID/environ``
     read directly, about 2 ms for 150 processes, so a worker can afford it every few
-    seconds; elsewhere through psutil)."""
+    seconds; elsewhere through psutil), of this process's PID namespace only: a marker
+    names its worker by the pid that worker has in its own namespace, so the tasks of a
+    worker in a container, seen from the host, would look like orphans (their owner's pid
+    is another process here, or none) and be ended while they run."""
     found: dict[str, list[int]] = {}
     me = os.getpid()
+    here = _pid_namespace("self")
     if not _PROC_ENVIRON:
         for proc in psutil.process_iter():
             try:
@@ -251,7 +262,7 @@ def every_marker() -> dict[str, list[int]]:
             start = at + len(needle)
             end = data.find(b"\0", start)
             marker = data[start:end if end >= 0 else len(data)].decode(errors="replace")
-            if marker:
+            if marker and _pid_namespace(name) == here:
                 found.setdefault(marker, []).append(int(name))
     return found
 

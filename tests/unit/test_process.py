@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -656,6 +658,32 @@ def test_reap_orphans_leaves_live_workers_tasks_alone(tmp_path: Path) -> None:
     finally:
         cancel.set()
         t.join(30)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PID namespaces are Linux only")
+def test_reap_orphans_leaves_the_tasks_of_a_worker_in_another_pid_namespace_alone() -> None:
+    """A marker names its worker by the pid it has in its own namespace: seen from the host,
+    the tasks of a worker in a container looked orphaned (pid 1 here is init, not that
+    worker), and every worker's sweep, every 5 s, ended them while they ran."""
+    from gpulayer.worker.process import reap_orphans
+    from tests.support import need_root
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        need_root("a PID namespace needs root and unshare")
+    # inside: pid 1 is the shell, the "worker"; its task carries a marker naming it as pid 1
+    script = ('T=$(cut -d" " -f22 /proc/1/stat); GPULAYER_TREE_ID="1.t$T.test" '
+              f'{PY} -c "import time; time.sleep(300)" & wait')
+    inner = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script],
+                             start_new_session=True)
+    try:
+        task = wait_for(lambda: [p for p in children_running(psutil.Process(inner.pid), "time.sleep(300)",
+                                                            recursive=True) if "GPULAYER_TREE_ID" in p.environ()],
+                        30, "the task in the namespace")
+        assert reap_orphans() == 0
+        assert all(p.is_running() for p in task)
+    finally:
+        os.killpg(inner.pid, signal.SIGKILL)
+        inner.wait(30)
 
 
 PDEATHSIG_OF_SELF = (
