@@ -74,7 +74,11 @@ def test_schema_8_gives_a_database_of_schema_7_the_indexes_of_a_new_one(store_ur
 
 def test_a_list_of_one_state_or_one_owner_is_read_in_index_order(tmp_path: Path) -> None:
     """No list sorts all the jobs of its state or owner first (SQLite's plan has no
-    temporary B-tree), on the full path and on the CLI's light path alike."""
+    temporary B-tree for the ORDER BY), on the full path and on the CLI's light path alike.
+    Jobs of one submit time are ordered by id (a page's cursor needs a total order): that is
+    a partial sort of each tie, in index order, which the LIMIT still stops early
+    ("USE TEMP B-TREE FOR RIGHT PART OF ORDER BY"; 50 of 20,000 jobs in 2.4 ms before and
+    after it)."""
     from sqlalchemy import event
 
     from gpulayer import embedded_reads
@@ -96,7 +100,7 @@ def test_a_list_of_one_state_or_one_owner_is_read_in_index_order(tmp_path: Path)
     assert len(lists) == 4, statements
     for statement in lists:
         plan = " / ".join(row[-1] for row in db.execute(f"EXPLAIN QUERY PLAN {statement}"))
-        assert "TEMP B-TREE" not in plan and "_created" in plan, (statement, plan)
+        assert "TEMP B-TREE FOR ORDER BY" not in plan and "_created" in plan, (statement, plan)
     db.close()
     cp.store.dispose()
 

@@ -3,7 +3,6 @@ prefixes of a job of several nodes, over chunks that end inside lines."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -63,6 +62,7 @@ def test_a_ctrl_c_while_following_shows_the_line_each_node_had_not_ended(tmp_pat
     from gpulayer.control import ControlPlane
     from gpulayer.store import Store
     from tests.factories import make_capabilities
+    from tests.server_support import base_env
 
     store = Store(f"sqlite:///{tmp_path / 'gpulayer.db'}")
     cp = ControlPlane(store)
@@ -74,7 +74,8 @@ def test_a_ctrl_c_while_following_shows_the_line_each_node_had_not_ended(tmp_pat
             text = "ready\nloading checkpoint " if a.node_rank == 0 else "ready\n"
             cp.append_logs(a.task_id, worker_id=w, chunks=[("stdout", text)])
     store.dispose()
-    env = {**os.environ, "GPULAYER_HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    # (the embedded control plane of tmp_path: no GPULAYER_URL another test of this process set)
+    env = base_env(tmp_path, PYTHONUNBUFFERED="1", GPULAYER_WARM_CLI="0")
     proc = subprocess.Popen([sys.executable, "-m", "gpulayer.cli", "jobs", "logs", "--follow", job.id], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
