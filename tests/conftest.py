@@ -87,10 +87,23 @@ def postgres_url() -> Iterator[str]:
         engine.dispose()
 
 
+#: what the CLI's global options write into os.environ (gpulayer.cli.root), so that a
+#: command run in-process (Typer's CliRunner) leaves it for every later test of the process
+_CLI_ENV = ("GPULAYER_URL", "GPULAYER_TOKEN", "GPULAYER_CA", "GPULAYER_HOME")
+
+
 @pytest.fixture(autouse=True)
 def _fresh_client() -> Iterator[None]:
-    """Forget the process-wide SDK client after each test (it holds a database and maybe a worker)."""
+    """Forget the process-wide SDK client after each test (it holds a database and maybe a
+    worker), and put back what an in-process CLI command's --url, --token, --ca or --home
+    wrote into the environment (a later test's subprocess talked to that dead server)."""
+    before = {name: os.environ.get(name) for name in _CLI_ENV}
     yield
     from gpulayer import client
 
     client.reset()
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
