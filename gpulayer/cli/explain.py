@@ -11,6 +11,7 @@ wait; 125 when none could (what ``gpulayer submit`` would exit with); 2 for bad 
 from __future__ import annotations
 
 import inspect
+import re
 import shlex
 import sys
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ import typer
 
 from gpulayer.cli import jobs
 from gpulayer.cli.commands import help_of
+from gpulayer.errors import InvalidInput
 
 if TYPE_CHECKING:
     from gpulayer.client import Client
@@ -72,7 +74,17 @@ def placement_check(client: Client, spec: JobSpec) -> tuple[dict[str, Any], list
     return data, lines
 
 
+#: a job's id (:func:`gpulayer.records.new_id`), which ``gpulayer explain`` took for a command
+_JOB_ID = re.compile(r"^job-[0-9a-f]{12}$")
+
+
 def explain_cmd(**flags: Any) -> None:
+    command = flags.get("command") or []
+    if len(command) == 1 and _JOB_ID.match(command[0]):
+        # (it explained a job running a program of that name, on the default target: nothing
+        # the user asked about)
+        raise InvalidInput(f"the command after --: {command[0]!r} is a job's id, not a program; to explain a "
+                           f"submitted job: gpulayer jobs explain {command[0]}")
     spec = jobs.spec_from_flags(flags)
     e = jobs._client().explain(spec)
     _show(e, flags["as_json"], command_line())

@@ -160,6 +160,8 @@ def test_version() -> None:
     # an empty OS read as "any" (a `--os "$OS"` with OS unset)
     (["submit", "--os", "", "--", "true"], "error: --os '': empty; accepted: an operating system such as linux"),
     (["submit", "--name", "", "--", "true"], "error: --name '': empty; accepted: a name of text (leave it out"),
+    (["explain", "--", "job-5b8055b4ec6a"], "error: the command after --: 'job-5b8055b4ec6a' is a job's id, not a "
+                                            "program; to explain a submitted job: gpulayer jobs explain job-5b8055b4ec6a"),
     # conflicting flags: the timeout of a wait it was told not to make was ignored
     (["jobs", "result", "--no-wait", "--timeout", "5", "job-x"],
      "Invalid value for '--timeout': bounds a wait, and --no-wait makes none"),
