@@ -350,6 +350,9 @@ def _forget_server_json(path: Path) -> None:
 
 
 def _redact(url: str) -> str:
+    """``url`` as SQLAlchemy renders it without its password: the key of an admin token's
+    file name (:func:`admin_token_file`), kept as it was so that a home's existing file is
+    found; what is shown to people is :func:`gpulayer.store.urls.redacted`."""
     from sqlalchemy.engine import make_url
 
     try:

@@ -33,6 +33,7 @@ from gpulayer.errors import JobFailed, Unschedulable
 from gpulayer.fakes import fake_devices_env
 from gpulayer.records import JobState, TaskState
 from gpulayer.specs import DistributedJob
+from tests.server_support import stop_proc
 from tests.support import cli, first_detection, seed_probe_cache, wait_for
 
 pytestmark = pytest.mark.timeout(240)
@@ -415,9 +416,7 @@ def test_ctrl_c_in_trainer_fit_cancels_the_run_on_every_node(cluster: Cluster, t
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        stop_proc(proc, signal.SIGKILL)
     assert proc.returncode != 0 and "KeyboardInterrupt" in stderr, stderr
     assert "gpulayer: cancelled 1 job(s): the process that submitted it was interrupted while Trainer.fit()" in stderr
     ended = gl.connect().wait(job.id, 60)
@@ -486,7 +485,7 @@ def test_a_killed_worker_makes_the_group_retry_with_a_fresh_rendezvous(cluster: 
 
 def test_two_by_two_all_reduce_through_a_server_with_remote_workers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.server_support import Api, ServerProc, start_remote_worker, stop_proc, wait_workers
+    from tests.server_support import Api, ServerProc, start_remote_worker, wait_workers
 
     project = write_project(tmp_path / "project")
     srv = ServerProc(tmp_path / "server").start()

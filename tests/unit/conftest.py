@@ -22,6 +22,14 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    """A store on ``store_url`` (a module may define its own ``store``)."""
+    s = Store(store_url)
+    yield s
+    s.dispose()
+
+
+@pytest.fixture
 def cp(store_url: str) -> Iterator[ControlPlane]:
     """A control plane on ``store_url`` with a hand-moved clock and a 10 s heartbeat timeout."""
     store = Store(store_url)

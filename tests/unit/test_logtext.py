@@ -62,7 +62,7 @@ def test_a_ctrl_c_while_following_shows_the_line_each_node_had_not_ended(tmp_pat
     from gpulayer.control import ControlPlane
     from gpulayer.store import Store
     from tests.factories import make_capabilities
-    from tests.server_support import base_env
+    from tests.server_support import base_env, stop_proc
 
     store = Store(f"sqlite:///{tmp_path / 'gpulayer.db'}")
     cp = ControlPlane(store)
@@ -87,8 +87,6 @@ def test_a_ctrl_c_while_following_shows_the_line_each_node_had_not_ended(tmp_pat
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        stop_proc(proc, signal.SIGKILL)
     assert proc.returncode == 130, err
     assert seen + out == "[node 0] ready\n[node 1] ready\n[node 0] loading checkpoint \n", (seen + out, err)

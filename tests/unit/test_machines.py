@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -91,14 +90,6 @@ class Recorder:
 
 
 ADAPTER = {"rec": ProviderAdapter(name="rec", config=Cfg, create=Recorder)}
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    url = f"sqlite:///{tmp_path / 'm.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
-    s = Store(url)
-    yield s
-    s.dispose()
 
 
 def plane(store: Store, toml: str = '[p]\ntype = "rec"\nmax_machines = 4\njoin_timeout = 60\nidle_timeout = 30\n',

@@ -5,9 +5,6 @@ whose scope a failure blocked, and a gang's launch in ``jobs show``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from gpulayer.control import ControlPlane
@@ -19,15 +16,6 @@ from gpulayer.provisioning import history
 from gpulayer.store import Store
 from tests.factories import make_capabilities, make_cuda_devices, make_distributed_job
 from tests.unit.test_machines import ADAPTER, CLOUD, Recorder, plane
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    url = f"sqlite:///{tmp_path / 'm.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
-    s = Store(url)
-    yield s
-    s.dispose()
-
 
 TWO = """
 [gpu]
