@@ -15,9 +15,7 @@ from gpulayer.provider_config import parse
 from gpulayer.specs import Requirements
 from gpulayer.store import Store
 from tests.factories import make_job
-from tests.unit.test_machines import Cfg, Recorder, store
-
-__all__ = ["store"]  # the fixture, imported to be found
+from tests.unit.test_machines import Cfg, Recorder
 
 
 class OneHost(Recorder):
