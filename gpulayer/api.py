@@ -24,9 +24,7 @@ remote worker or a client pays for neither.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from pydantic import Field
@@ -51,10 +49,13 @@ from gpulayer.wire import (  # (re-exported: what goes over the wire is part of 
     MAX_LONG_POLL,
     SCOPES,
     CancelManyBody,
+    DeleteJobsBody,
     ExplainBody,
     FinishBody,
     HeartbeatBody,
     JobQuery,
+    JobsDeleted,
+    JobsPruned,
     JoinBody,
     LendBody,
     ListJobsQuery,
@@ -63,9 +64,11 @@ from gpulayer.wire import (  # (re-exported: what goes over the wire is part of 
     LogStream,
     OffersBody,
     PollQuery,
+    PruneJobsBody,
     PruneQuery,
     RegisterBody,
     ResultJSON,
+    Route,
     SlotLent,
     StartQuery,
     SubmitBody,
@@ -92,12 +95,15 @@ __all__ = [
     "CancelManyBody",
     "ClientAPI",
     "ControlAPI",
+    "DeleteJobsBody",
     "ExplainBody",
     "FinishBody",
     "HeartbeatBody",
     "HeartbeatReply",
     "JobEvent",
     "JobQuery",
+    "JobsDeleted",
+    "JobsPruned",
     "JoinBody",
     "JoinReply",
     "LendBody",
@@ -109,6 +115,7 @@ __all__ = [
     "NewToken",
     "OffersBody",
     "PollQuery",
+    "PruneJobsBody",
     "PruneQuery",
     "RegisterBody",
     "ResultJSON",
@@ -263,6 +270,20 @@ class ClientAPI(Protocol):
         job (or, on a server, not one of the caller's) is left out of the answer. What
         ``gpulayer jobs cancel`` with many ids, ``gl.cancel`` and a script's Ctrl-C at exit ask:
         one :meth:`cancel` each ran a placement pass over the whole queue each."""
+        ...
+
+    def delete_jobs(self, job_ids: list[str]) -> JobsDeleted:
+        """Delete ended jobs (at most :data:`MAX_BATCH`) with their tasks, output and events,
+        and the bundles no stored job names any more; a job that has not ended is left as
+        it is (``not_ended``); an id that names no job (or, on a server, not one of the
+        caller's) is left out of the answer."""
+        ...
+
+    def prune_jobs(self, *, older_than: float, states: list[str] | None = None,
+                   dry_run: bool = False) -> JobsPruned:
+        """Delete the jobs (the caller's, for a client token) that ended at least
+        ``older_than`` seconds ago, in ``states`` (default: every ended state), as
+        :meth:`delete_jobs` does; ``dry_run``: count them only."""
         ...
 
     def logs(self, job_id: str, *, after: int = 0, node: int | None = None,
@@ -424,57 +445,6 @@ WORKERS = ("worker",)
 BUNDLE_READERS = ("admin", "client", "worker")
 
 
-@dataclass(frozen=True)
-class Route:
-    """One operation over HTTP.
-
-    The Python call ``op(*args, **kwargs)`` of the Protocol maps to the request by name:
-    arguments named in ``path`` go into the path, the fields of ``query`` into the query
-    string, the fields of ``body`` into a JSON object, and the argument ``data`` (with
-    ``raw_body``) is the body itself. Arguments named in ``context`` are not sent: the server
-    derives them from the caller's token (``owner``: the client token's id, or none for an
-    admin; ``worker``: the worker credential's worker id; ``bearer``: the presented token;
-    ``remote_origin``: ``existing``, the origin of a worker that reaches the server over HTTP
-    when the control plane has no record of it).
-    """
-
-    op: str
-    method: str
-    path: str
-    scopes: tuple[str, ...]
-    summary: str
-    response: Any = None  # a type for pydantic; None: 204 No Content
-    status: int = 200
-    #: other success statuses with the same response (put_bundle: 200 when already stored)
-    also_ok: tuple[int, ...] = ()
-    query: type[Wire] | None = None
-    body: type[Wire] | None = None
-    raw_body: str | None = None  # media type of a non-JSON body (the ``data`` argument)
-    raw_response: str | None = None  # media type of a non-JSON response (bytes)
-    exists: bool = False  # HEAD: 200 answers True, 404 False
-    path_patterns: Mapping[str, str] = field(default_factory=dict)
-    context: Mapping[str, str] = field(default_factory=dict)
-    #: a client token may only use it on its own job (the ``job_id`` path argument)
-    own_job: bool = False
-    #: the ``worker_id`` path argument must be the caller's own worker (worker tokens)
-    own_worker: bool = False
-    #: safe to repeat after a lost answer (so the client retries it through outages)
-    safe: bool = True
-    #: the query field that bounds how long the server may hold the request
-    long_poll: str | None = None
-    #: error statuses this route may answer besides 400/401/403/422 (documented)
-    errors: tuple[int, ...] = ()
-    auth: bool = True
-
-    def __post_init__(self) -> None:
-        if (self.response is None) != (self.status == 204):
-            raise ValueError(f"route {self.op}: a route without a response answers 204, and only it")
-
-    @property
-    def path_params(self) -> list[str]:
-        return re.findall(r"\{(\w+)\}", self.path)
-
-
 _DIGEST = {"digest": DIGEST_PATTERN}
 #: who reads a bundle: a client token's id, or a worker credential's worker
 _BUNDLE_READER = {"owner": "owner", "worker_id": "worker"}
@@ -499,6 +469,13 @@ ROUTES: tuple[Route, ...] = (
           f"Cancel up to {MAX_BATCH} jobs at once: the records (without tasks, results and arguments) of "
           "those that exist and are yours, in the order given; other ids are left out",
           response=list[JobRecord], body=CancelManyBody, context={"owner": "owner"}),
+    Route("delete_jobs", "POST", "/v1/jobs/delete", READERS,
+          f"Delete up to {MAX_BATCH} ended jobs with their tasks, output and events (those that exist and are "
+          "yours); jobs that have not ended are named and left; other ids are left out",
+          response=JobsDeleted, body=DeleteJobsBody, context={"owner": "owner"}),
+    Route("prune_jobs", "POST", "/v1/jobs/prune", READERS,
+          "Delete the jobs (yours, for a client token) that ended at least older_than seconds ago",
+          response=JobsPruned, body=PruneJobsBody, context={"owner": "owner"}),
     Route("lend_slot", "POST", "/v1/jobs/{job_id}/lend", READERS,
           "A running task of the job lends its CPU slot to the queue while it waits, or takes it back",
           response=SlotLent, body=LendBody, own_job=True, errors=(404,)),

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from gpulayer import bundles, config, leaving, logtext
 from gpulayer.api import MAX_BATCH, MAX_LOG_CHUNKS, MAX_LONG_POLL, ControlAPI, LogChunk, log_page_cut
 from gpulayer.errors import (
+    BundleMissing,
     GpulayerError,
     InvalidArgument,
     InvalidInput,
@@ -138,8 +139,14 @@ class Client:
         prepared = self.prepare(spec)
         if "local" in prepared.placement.targets:
             self.ensure_local_worker()
-        job = self.api.submit(prepared, idempotency_key=idempotency_key or uuid.uuid4().hex,
-                              **_arguments(arguments))
+        key = idempotency_key or uuid.uuid4().hex
+        try:
+            job = self.api.submit(prepared, idempotency_key=key, **_arguments(arguments))
+        except BundleMissing:  # (deleted since it was uploaded: no stored job named it)
+            if spec.bundle is None:
+                raise
+            self._upload_again([spec.bundle])
+            job = self.api.submit(prepared, idempotency_key=key, **_arguments(arguments))
         if (self.control is not None and "local" in prepared.placement.targets) or leaving.in_task():
             leaving.submitted(self, [job.id])
         return job
@@ -176,13 +183,28 @@ class Client:
         records: list[JobRecord] = []
         for n, chunk in enumerate(_batches(prepared, measure=self.control is None)):
             try:
-                records += self.api.submit_many(chunk, idempotency_key=f"{key}/{n}", **_arguments(arguments))
+                try:
+                    records += self.api.submit_many(chunk, idempotency_key=f"{key}/{n}", **_arguments(arguments))
+                except BundleMissing:  # (deleted since it was uploaded: no stored job named it)
+                    if not digests:
+                        raise
+                    self._upload_again(list(digests))
+                    records += self.api.submit_many(chunk, idempotency_key=f"{key}/{n}", **_arguments(arguments))
             except InvalidInput as exc:  # named by its place in the whole list, not in its call's
                 raise type(exc)(_renumbered(str(exc), len(records))) from None
         if self.control is not None or leaving.in_task():
             leaving.submitted(self, [r.id for r, p in zip(records, prepared, strict=True)
                                      if "local" in p.placement.targets or leaving.in_task()])
         return records
+
+    def _upload_again(self, folders: Sequence[str]) -> None:
+        """Upload these folders' bundles again, held or not: the control plane said a job's
+        bundle is not stored (``gpulayer jobs prune`` deletes those no stored job names, and
+        this client uploads a bundle once)."""
+        for folder in folders:
+            bundle = bundles.build_bundle(folder)
+            self.api.put_bundle(bundle.digest, bundle.data)
+            self._bundles_held.add(bundle.digest)
 
     # ------------------------------------------------------------------ explaining
 

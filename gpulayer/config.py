@@ -265,6 +265,15 @@ def module_names(name: str, raw: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _duration(name: str, raw: str) -> float:
+    from gpulayer.units import parse_duration
+
+    try:
+        return parse_duration(raw)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{name}={raw!r}: {str(exc).split(': ', 1)[-1]}") from None
+
+
 _sqlite_sync = _one_of("full", "normal")
 _on_off = _one_of("on", "off")
 _level = _one_of("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -293,6 +302,12 @@ SETTINGS: tuple[Setting, ...] = (
             "whether a task that waits for jobs may lend its CPU slot to the queue meanwhile (docs/concepts.md, "
             "Jobs that submit jobs); read by the control plane (a server's, or each process's embedded): `off` "
             "keeps every task's slot for its whole run, so no owner's jobs can run past the workers' slots"),
+    Setting("GPULAYER_KEEP_JOBS", "keep_jobs", _duration, None, "unset (every job is kept)",
+            "how long a job is kept after it ended, e.g. `30d` (units s, m, h, d): older ones are deleted with "
+            "their output, result and events, and bundles no kept job names with them (docs/concepts.md, Deleting "
+            "jobs); read where the control plane runs: a server checks every 10 minutes (or every half of the kept "
+            "time, if that is shorter), and on an embedded one each worker does (a script's own worker, "
+            "`gpulayer worker start`)"),
     Setting("GPULAYER_PLUGINS", "plugins", _names, (), "none",
             "extra plugin modules to load, comma separated (a plugin under development, tests)"),
     Setting("GPULAYER_DISABLE_PLUGINS", "disable_plugins", _names, (), "none",
@@ -383,6 +398,7 @@ class Settings(NamedTuple):
     database_url: str | None
     sqlite_sync: str
     slot_lending: str
+    keep_jobs: float | None
     plugins: tuple[str, ...]
     disable_plugins: tuple[str, ...]
     detectors: tuple[str, ...]

@@ -7,6 +7,7 @@ Every error GPUlayer raises on purpose derives from :class:`GpulayerError`::
     │   ├── InvalidRequirement  a framework spec, profile, accelerator, ... that cannot be used
     │   ├── InvalidArgument     a FunctionJob argument that is not JSON
     │   ├── BundleError         a source bundle that is too large, unsafe, or not what it claims
+    │   │   └── BundleMissing   a job names a bundle that is not stored (the SDK uploads it again)
     │   ├── BadRequest          a request body that is not JSON at all (HTTP 400)
     │   └── TooLarge            a request body over the server's limit (HTTP 413)
     ├── PluginError             a plugin conflict, an unknown hook, a plugin asked for but broken
@@ -42,6 +43,7 @@ __all__ = [
     "AuthError",
     "BadRequest",
     "BundleError",
+    "BundleMissing",
     "Conflict",
     "ConnectionFailed",
     "Forbidden",
@@ -139,6 +141,13 @@ class InvalidArgument(InvalidInput):
 
 class BundleError(InvalidInput):
     code = "invalid_bundle"
+
+
+class BundleMissing(BundleError):
+    """A job names a bundle the control plane does not hold: never uploaded, or deleted since
+    no stored job named it (``gpulayer jobs prune``). The SDK uploads it again and retries."""
+
+    code = "bundle_missing"
 
 
 class BadRequest(InvalidInput):

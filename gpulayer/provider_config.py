@@ -188,7 +188,7 @@ def _number(body: dict[str, Any], key: str, default: float | None, bad: Any, *, 
 
 
 def _duration(body: dict[str, Any], key: str, default: float, bad: Any) -> float:
-    from gpulayer.tokens import parse_duration
+    from gpulayer.units import parse_duration
 
     value = body.get(key, default)
     if isinstance(value, str):

@@ -58,26 +58,6 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-#: the longest duration :func:`parse_duration` takes (the API's bound on a token's ttl)
-MAX_DURATION = 10 * 365 * 86400.0
-
-
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``15m``, ``24h``, ``7d`` -> seconds."""
-    raw = text.strip().lower()
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    mult = 1.0
-    if raw and raw[-1] in units:
-        mult, raw = units[raw[-1]], raw[:-1]
-    try:
-        value = float(raw) * mult
-    except ValueError:
-        raise InvalidInput(f"duration {text!r}: expected a number with an optional unit s, m, h or d (e.g. 24h)") from None
-    if not 0 < value <= MAX_DURATION:  # (nan and inf too)
-        raise InvalidInput(f"duration {text!r}: expected more than 0 seconds and at most 10 years (3650d)")
-    return value
-
-
 def new_token(s: Session, scope: str, *, now: float, ttl: float | None = None, uses: int | None = None,
               worker_id: str | None = None, description: str = "") -> tuple[TokenInfo, str]:
     """Add a token in ``s``'s transaction; returns its record and the secret (shown once)."""

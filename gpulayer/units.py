@@ -1,4 +1,4 @@
-"""GPUlayer's one memory unit.
+"""GPUlayer's one memory unit, and durations as people write them (:func:`parse_duration`).
 
 "GB" in GPUlayer is the binary gigabyte, :data:`GB` = 1024**3 bytes (what some tools call a
 GiB), wherever a size is shown or compared: device memory and host RAM as
@@ -12,6 +12,8 @@ decimal and compared unrounded, in the same unit: a card shown as "80.0 GB" with
 from __future__ import annotations
 
 import math
+
+from gpulayer.errors import InvalidInput
 
 GB = 1024**3
 
@@ -40,3 +42,23 @@ def format_gb_below(nbytes: float, limit: float) -> str:
     if float(shown) < limit:
         return shown
     return f"{math.floor(nbytes / GB * 1000) / 1000:.3f}"
+
+
+#: the longest duration :func:`parse_duration` takes (the API's bound on a token's ttl)
+MAX_DURATION = 10 * 365 * 86400.0
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``24h``, ``7d`` -> seconds."""
+    raw = text.strip().lower()
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    mult = 1.0
+    if raw and raw[-1] in units:
+        mult, raw = units[raw[-1]], raw[:-1]
+    try:
+        value = float(raw) * mult
+    except ValueError:
+        raise InvalidInput(f"duration {text!r}: expected a number with an optional unit s, m, h or d (e.g. 24h)") from None
+    if not 0 < value <= MAX_DURATION:  # (nan and inf too)
+        raise InvalidInput(f"duration {text!r}: expected more than 0 seconds and at most 10 years (3650d)")
+    return value

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -263,6 +264,38 @@ class CancelManyBody(Wire):
         "jobs it submitted"))
 
 
+class DeleteJobsBody(Wire):
+    job_ids: list[str] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class JobsDeleted(Wire):
+    #: the jobs deleted (with their tasks, output and events), in the order given
+    deleted: list[str]
+    #: those that exist (and are the caller's) but have not ended: left as they are
+    not_ended: dict[str, JobState] = Field(default_factory=dict)
+
+
+#: the states a job may be deleted in
+EndedState = Literal["succeeded", "failed", "cancelled", "timed_out", "unschedulable"]
+
+
+class PruneJobsBody(Wire):
+    older_than: float = Field(ge=0, le=10 * 365 * 86400, allow_inf_nan=False,
+                              description="delete jobs that ended at least this many seconds ago")
+    states: list[EndedState] | None = Field(default=None, min_length=1, max_length=5,
+                                            description="only jobs in these ended states (default: every ended state)")
+    dry_run: bool = Field(default=False, strict=True, description="count them, delete nothing")
+
+
+class JobsPruned(Wire):
+    #: jobs deleted (or, with ``dry_run``, that would be)
+    jobs: int
+    #: bundles deleted because no stored job names them any more (none with ``dry_run``,
+    #: and none for a client token: only an admin's or an embedded prune removes bundles)
+    bundles: int = 0
+    dry_run: bool = False
+
+
 class LendBody(Wire):
     task_id: str = Field(min_length=1, max_length=200, description="a task of the job (its GPULAYER_TASK_ID)")
     lent: bool = Field(strict=True, description="true: the task waits, its CPU slot goes to the queue; false: it takes it back")
@@ -337,3 +370,57 @@ class TokenBody(Wire):
             raise ValueError(f"uses: only join tokens have a number of uses (bootstrap tokens have one); "
                              f"a {self.scope} token is limited by ttl or revocation")
         return self
+
+
+# --------------------------------------------------------------------------- one operation over HTTP
+
+
+@dataclass(frozen=True)
+class Route:
+    """One operation over HTTP.
+
+    The Python call ``op(*args, **kwargs)`` of the Protocol maps to the request by name:
+    arguments named in ``path`` go into the path, the fields of ``query`` into the query
+    string, the fields of ``body`` into a JSON object, and the argument ``data`` (with
+    ``raw_body``) is the body itself. Arguments named in ``context`` are not sent: the server
+    derives them from the caller's token (``owner``: the client token's id, or none for an
+    admin; ``worker``: the worker credential's worker id; ``bearer``: the presented token;
+    ``remote_origin``: ``existing``, the origin of a worker that reaches the server over HTTP
+    when the control plane has no record of it).
+    """
+
+    op: str
+    method: str
+    path: str
+    scopes: tuple[str, ...]
+    summary: str
+    response: Any = None  # a type for pydantic; None: 204 No Content
+    status: int = 200
+    #: other success statuses with the same response (put_bundle: 200 when already stored)
+    also_ok: tuple[int, ...] = ()
+    query: type[Wire] | None = None
+    body: type[Wire] | None = None
+    raw_body: str | None = None  # media type of a non-JSON body (the ``data`` argument)
+    raw_response: str | None = None  # media type of a non-JSON response (bytes)
+    exists: bool = False  # HEAD: 200 answers True, 404 False
+    path_patterns: Mapping[str, str] = field(default_factory=dict)
+    context: Mapping[str, str] = field(default_factory=dict)
+    #: a client token may only use it on its own job (the ``job_id`` path argument)
+    own_job: bool = False
+    #: the ``worker_id`` path argument must be the caller's own worker (worker tokens)
+    own_worker: bool = False
+    #: safe to repeat after a lost answer (so the client retries it through outages)
+    safe: bool = True
+    #: the query field that bounds how long the server may hold the request
+    long_poll: str | None = None
+    #: error statuses this route may answer besides 400/401/403/422 (documented)
+    errors: tuple[int, ...] = ()
+    auth: bool = True
+
+    def __post_init__(self) -> None:
+        if (self.response is None) != (self.status == 204):
+            raise ValueError(f"route {self.op}: a route without a response answers 204, and only it")
+
+    @property
+    def path_params(self) -> list[str]:
+        return re.findall(r"\{(\w+)\}", self.path)

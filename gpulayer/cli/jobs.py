@@ -141,6 +141,9 @@ def follow_job(client: Client, job_id: str, *, node: int | None = None, progress
 
 
 def register(app: typer.Typer) -> None:
+    from gpulayer.cli import retention
+
+    retention.add_to(jobs_app)
     app.add_typer(jobs_app, name="jobs")
     app.command(
         "submit",

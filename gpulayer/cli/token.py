@@ -48,7 +48,7 @@ def token_create(
     as_json: bool = json_option("print the new token's record, secret included, as JSON"),
 ) -> None:
     """Create a token; its secret is printed once."""
-    from gpulayer.tokens import parse_duration
+    from gpulayer.units import parse_duration
 
     chosen = [name for name, on in (("join", join), ("client", client), ("bootstrap", bootstrap),
                                     ("admin", admin)) if on]

@@ -253,7 +253,7 @@ def worker_prune(
 ) -> None:
     """Forget offline workers (of any origin); their credentials are revoked."""
     from gpulayer.client import connect
-    from gpulayer.tokens import parse_duration
+    from gpulayer.units import parse_duration
 
     try:
         seconds = parse_duration(older_than) if older_than else 0.0

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpulayer.api import NewToken, SlotLent, TaskAssignment, TokenInfo
-from gpulayer.control import explaining, lending
+from gpulayer.api import JobsDeleted, JobsPruned, NewToken, SlotLent, TaskAssignment, TokenInfo
+from gpulayer.control import explaining, lending, retention
 from gpulayer.control.core import ControlObserver
 from gpulayer.control.jobs import JobOps
 from gpulayer.control.machines import MachineOps
@@ -62,6 +62,15 @@ class ControlPlane(JobOps, MachineOps):
         """A task of the job that waits lends its CPU slot to the queue, or takes it back
         (:mod:`.lending`)."""
         return lending.lend_slot(self, job_id, task_id, lent)
+
+    # ------------------------------------------------------------------ deleting ended jobs (:mod:`.retention`)
+
+    def delete_jobs(self, job_ids: Sequence[str], *, owner: str | None = None) -> JobsDeleted:
+        return retention.delete_jobs(self, job_ids, owner)
+
+    def prune_jobs(self, *, older_than: float, states: Sequence[str] | None = None, dry_run: bool = False,
+                   owner: str | None = None) -> JobsPruned:
+        return retention.prune_jobs(self, older_than, states, dry_run, owner)
 
     # ------------------------------------------------------------------ tokens (admin)
 

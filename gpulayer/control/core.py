@@ -116,6 +116,8 @@ class Core:
     _observers: list[ControlObserver] = field(default_factory=list)
     _placement_cache: placement.Cache = field(default_factory=placement.Cache)
     _last_expiry: float = 0.0
+    #: when (monotonic) the scheduled prune of GPULAYER_KEEP_JOBS may run next (control.retention)
+    _retention_next: float = 0.0
     #: worker id -> (when, task ids it said it runs), from heartbeats this process received;
     #: written by heartbeat batches and read by reconciliation on other threads
     _reports: dict[str, tuple[float, frozenset[str]]] = field(default_factory=dict)

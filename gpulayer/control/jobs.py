@@ -24,7 +24,7 @@ from gpulayer.api import (
     ResultJSON,
 )
 from gpulayer.control.core import Core, Look
-from gpulayer.errors import Conflict, InvalidArgument, InvalidInput, NotFound
+from gpulayer.errors import BundleMissing, Conflict, InvalidArgument, InvalidInput, NotFound
 from gpulayer.launchers import check_launch
 from gpulayer.records import JobError, JobRecord, JobState, TaskState, new_id
 from gpulayer.specs import JobSpec
@@ -154,7 +154,8 @@ class JobOps(Core):
         """Store one queued job (its bundle readable by ``owner``; ``args_json``: what
         :meth:`_check_submit` said of it); its id."""
         if spec.bundle_digest is not None and not self._may_read_bundle(s, spec.bundle_digest, owner):
-            raise InvalidInput(f"bundle_digest {spec.bundle_digest}: no bundle with that address was uploaded")
+            raise BundleMissing(f"bundle_digest {spec.bundle_digest}: no bundle with that address was uploaded "
+                                "(or it was deleted once no stored job named it); upload it first")
         spec_json = mapping.stored_spec(spec, args_json)
         job_id = new_id("job")
         plain.insert_job(s, plain.Job(

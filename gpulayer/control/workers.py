@@ -20,7 +20,7 @@ from gpulayer.api import (
     WorkerUsage,
     WorkPoll,
 )
-from gpulayer.control import placement
+from gpulayer.control import placement, retention
 from gpulayer.control.core import Core, _assigned, _view
 from gpulayer.control.jobs import _result_json
 from gpulayer.errors import Conflict, InvalidInput
@@ -188,6 +188,7 @@ class WorkerOps(Core):
         # is enough to notice a silent worker (or a lost report) in time
         if now - self._last_expiry > self.heartbeat_timeout / 3:
             self.expire_workers()
+            retention.when_due(self)  # (GPULAYER_KEEP_JOBS: where heartbeats are heard, not in every command)
         return replies
 
     def heartbeats_heard(self, heard: dict[str, float]) -> set[str]:

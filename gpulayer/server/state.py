@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 from starlette.concurrency import run_in_threadpool
 
 from gpulayer.api import HeartbeatReply, TokenInfo, WorkPoll
-from gpulayer.control import ControlObserver, ControlPlane
+from gpulayer.control import ControlObserver, ControlPlane, retention
 from gpulayer.server.metrics import Metrics
 
 log = logging.getLogger("gpulayer.server")
@@ -308,6 +308,7 @@ class Server(ControlObserver):
                 await self.flush_seen()
                 await self.flush_heartbeats()  # a heartbeat answered counts before anyone is expired
                 await run_in_threadpool(self.control.expire_workers)
+                retention.when_due(self.control)  # (GPULAYER_KEEP_JOBS: on a thread of its own)
                 if time.monotonic() - last_pass >= self.tick:
                     last_pass = time.monotonic()
                     await run_in_threadpool(self.control.schedule_queue)

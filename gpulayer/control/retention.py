@@ -1,0 +1,139 @@
+"""Deleting ended jobs: by id (``gpulayer jobs delete``), by age (``gpulayer jobs prune``), and
+on a schedule where ``GPULAYER_KEEP_JOBS`` is set (:meth:`ControlPlane.delete_jobs`,
+:meth:`ControlPlane.prune_jobs`, :func:`when_due`).
+
+A control plane keeps every job it was given, with its output, result and events, until
+one of these deletes it; without them a busy home or server database only grows. Only
+ended jobs are deleted: a job that is queued or running is left as it is (cancel it first).
+A bundle goes once no stored job names it (after a delete, those the deleted jobs named;
+after an admin's or an embedded prune, any bundle stored before the cut that no job names):
+a client whose next job reuses a bundle deleted meanwhile uploads it again
+(:class:`~gpulayer.errors.BundleMissing`).
+
+A prune deletes :data:`BATCH` jobs per transaction, so the writers' lock is never held
+long; the scheduled one runs on a thread of its own, at most every :data:`EVERY` seconds
+(or half of ``GPULAYER_KEEP_JOBS``, where that is shorter),
+where heartbeats are heard (an embedded worker's, a server's housekeeping pass).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from gpulayer import config
+from gpulayer.api import JobsDeleted, JobsPruned
+from gpulayer.errors import InvalidInput
+from gpulayer.records import JobState
+from gpulayer.store import queries, retention
+
+if TYPE_CHECKING:
+    from gpulayer.control.core import Core
+
+log = logging.getLogger("gpulayer.control")
+
+#: jobs deleted per transaction
+BATCH = 500
+#: seconds between two scheduled prunes of one control plane (``GPULAYER_KEEP_JOBS``)
+EVERY = 600.0
+
+_running = threading.Lock()  # (one scheduled prune at a time in a process)
+
+
+def delete_jobs(plane: Core, job_ids: Sequence[str], owner: str | None) -> JobsDeleted:
+    """Delete the ended ones of these jobs (``owner``'s, for a client token), and the
+    bundles they named that no stored job names now; see the module."""
+    from gpulayer.control.jobs import job_ids_of
+
+    ids = job_ids_of(job_ids, "delete")
+    with plane.store.write() as s:
+        rows = queries.jobs_by_id(s, ids, light=True)
+        found = [j for j in ids if j in rows and (owner is None or rows[j].owner == owner)]
+        ended = [j for j in found if JobState(rows[j].state).terminal]
+        digests = _bundles_named(queries.job_specs(s, ended).values())
+        retention.delete_jobs(s, ended)
+        retention.delete_bundles(s, [d for d in digests if not retention.named(s, d)])
+    return JobsDeleted(deleted=ended, not_ended={j: JobState(rows[j].state) for j in found if j not in ended})
+
+
+def prune_jobs(plane: Core, older_than: float, states: Sequence[str] | None, dry_run: bool,
+               owner: str | None) -> JobsPruned:
+    """Delete the jobs that ended at least ``older_than`` seconds ago (see the module)."""
+    chosen = _states(states)
+    if not older_than >= 0:  # (nan too)
+        raise InvalidInput(f"older_than {older_than!r}: accepted: a number of seconds >= 0")
+    cut = plane.clock() - older_than
+    if dry_run:
+        with plane.store.read() as s:
+            return JobsPruned(jobs=retention.count_ended_before(s, cut, states=chosen, owner=owner), dry_run=True)
+    deleted = 0
+    while True:
+        with plane.store.write() as s:
+            batch = retention.ended_before(s, cut, states=chosen, owner=owner, limit=BATCH)
+            retention.delete_jobs(s, batch)
+        deleted += len(batch)
+        if len(batch) < BATCH:
+            break
+    bundles: list[str] = []
+    if owner is None:  # (a client's prune deletes its jobs; the bundles no job names are the admin's to remove)
+        with plane.store.write() as s:
+            bundles = retention.unused_bundles(s, cut)
+            retention.delete_bundles(s, bundles)
+    return JobsPruned(jobs=deleted, bundles=len(bundles))
+
+
+def _states(states: Sequence[str] | None) -> list[str]:
+    if states is None:
+        return list(retention.ENDED_STATES)
+    if isinstance(states, str):
+        states = [states]
+    wrong = [st for st in states if st not in retention.ENDED_STATES]
+    if wrong or not states:
+        raise InvalidInput(f"states {list(states)!r}: accepted: one or more of the ended states "
+                           f"{', '.join(retention.ENDED_STATES)} (a job that has not ended is never deleted)")
+    return list(dict.fromkeys(states))
+
+
+def _bundles_named(specs: Iterable[str]) -> set[str]:
+    out: set[str] = set()
+    for text in specs:
+        try:
+            digest = json.loads(text).get("bundle_digest")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(digest, str):
+            out.add(digest)
+    return out
+
+
+def when_due(plane: Core) -> None:
+    """The scheduled prune of ``GPULAYER_KEEP_JOBS`` (where the control plane runs), on a
+    thread of its own, when :data:`EVERY` seconds (or half the time jobs are kept, if that is
+    shorter) passed since this control plane's last."""
+    keep = config.settings().keep_jobs
+    if keep is None:
+        return
+    now = time.monotonic()
+    if now < plane._retention_next or not _running.acquire(blocking=False):
+        return
+    plane._retention_next = now + min(EVERY, keep / 2)  # (a short keep is kept to, roughly)
+
+    def run() -> None:
+        try:
+            pruned = prune_jobs(plane, keep, None, False, None)
+            if pruned.jobs or pruned.bundles:
+                log.info("GPULAYER_KEEP_JOBS: deleted %d job(s) that ended more than %g s ago, and %d bundle(s) "
+                         "no job names", pruned.jobs, keep, pruned.bundles)
+        except Exception:  # the database may be away for a moment: the next turn tries again
+            log.exception("deleting the jobs GPULAYER_KEEP_JOBS no longer keeps failed")
+        finally:
+            _running.release()
+
+    threading.Thread(target=run, name="gpulayer-retention", daemon=True).start()
+
+
+__all__ = ["BATCH", "EVERY", "delete_jobs", "prune_jobs", "when_due"]

@@ -1,0 +1,82 @@
+"""The statements that delete ended jobs and the bundles no job uses (:mod:`gpulayer.control.retention`).
+
+A job is deleted with everything stored for it: its tasks, output and events. Only jobs in
+an ended state are ever chosen (the caller checks each id it is given; the age query asks for
+those states alone). A bundle is deleted once no stored job names it, whatever its state.
+They run in the caller's write transaction, a batch at a time, so that a large prune never
+holds the writers' lock for long.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from sqlalchemy import delete, func
+from sqlalchemy import select as sa_select
+from sqlmodel import Session, col
+
+from gpulayer.records import JobState
+from gpulayer.store.tables import BundleReaderRow, BundleRow, EventRow, JobRow, LogRow, TaskRow
+
+#: the states a job may be deleted in
+ENDED_STATES: tuple[str, ...] = tuple(s.value for s in JobState if s.terminal)
+
+
+def ended_before(s: Session, cut: float, *, states: Sequence[str], owner: str | None,
+                 limit: int) -> list[str]:
+    """Up to ``limit`` ids of jobs in ``states`` (ended ones) that were last changed (ended)
+    before ``cut``, oldest first; ``owner``: only that token's. A job ended after it was
+    created, so ``created_at < cut`` bounds the scan on the state's (or owner's) index."""
+    q = (sa_select(col(JobRow.id))
+         .where(col(JobRow.state).in_([st for st in states if st in ENDED_STATES]),
+                col(JobRow.created_at) <= cut, col(JobRow.updated_at) <= cut)
+         .order_by(col(JobRow.created_at), col(JobRow.id)).limit(limit))
+    if owner is not None:
+        q = q.where(col(JobRow.owner) == owner)
+    return [job_id for (job_id,) in s.execute(q)]
+
+
+def count_ended_before(s: Session, cut: float, *, states: Sequence[str], owner: str | None) -> int:
+    """How many jobs :func:`ended_before` would give, with no limit."""
+    q = (sa_select(func.count()).select_from(JobRow)
+         .where(col(JobRow.state).in_([st for st in states if st in ENDED_STATES]),
+                col(JobRow.created_at) <= cut, col(JobRow.updated_at) <= cut))
+    if owner is not None:
+        q = q.where(col(JobRow.owner) == owner)
+    return int(s.execute(q).scalar_one())
+
+
+def delete_jobs(s: Session, job_ids: Sequence[str]) -> None:
+    """Delete these jobs with their tasks, output and events."""
+    if not job_ids:
+        return
+    ids = list(job_ids)
+    s.execute(delete(LogRow).where(col(LogRow.job_id).in_(ids)))
+    s.execute(delete(EventRow).where(col(EventRow.job_id).in_(ids)))
+    s.execute(delete(TaskRow).where(col(TaskRow.job_id).in_(ids)))
+    s.execute(delete(JobRow).where(col(JobRow.id).in_(ids)))
+
+
+def unused_bundles(s: Session, cut: float) -> list[str]:
+    """Bundles stored before ``cut`` that no stored job names (a job names its bundle by its
+    digest in its spec: the specs are searched by text, so a digest that appears in a spec
+    for another reason keeps its bundle, which errs on the side of keeping)."""
+    candidates = [d for (d,) in s.execute(sa_select(col(BundleRow.digest)).where(col(BundleRow.created_at) <= cut))]
+    return [d for d in candidates if not named(s, d)]
+
+
+def named(s: Session, digest: str) -> bool:
+    """Whether a stored job names bundle ``digest`` (by the text of its spec)."""
+    q = sa_select(col(JobRow.id)).where(col(JobRow.spec).contains(digest)).limit(1)
+    return s.execute(q).first() is not None
+
+
+def delete_bundles(s: Session, digests: Iterable[str]) -> None:
+    ids = list(digests)
+    if ids:
+        s.execute(delete(BundleReaderRow).where(col(BundleReaderRow.digest).in_(ids)))
+        s.execute(delete(BundleRow).where(col(BundleRow.digest).in_(ids)))
+
+
+__all__ = ["ENDED_STATES", "count_ended_before", "delete_bundles", "delete_jobs", "ended_before",
+           "named", "unused_bundles"]

@@ -1,0 +1,130 @@
+"""``gpulayer jobs delete`` and ``gpulayer jobs prune`` as a user runs them (docs/concepts.md,
+Deleting jobs), their bad input, and ``GPULAYER_KEEP_JOBS`` in a real ``gpulayer worker start``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.server_support import stop_proc
+from tests.support import cli
+
+
+def _worker(env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-m", "gpulayer.cli", "worker", "start", "--cpu-slots", "2", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, **(env or {})})
+    assert proc.stdout is not None
+    assert proc.stdout.readline(), "the worker printed no ready line"  # (EOF if it cannot start)
+    return proc
+
+
+@pytest.fixture
+def worker(home: Path) -> Iterator[None]:
+    proc = _worker()
+    try:
+        yield
+    finally:
+        stop_proc(proc)
+
+
+def _detach(*command: str) -> str:
+    return cli("submit", "--detach", "--", *command, check=True).stdout.strip()
+
+
+def _ids() -> set[str]:
+    return {j["id"] for j in json.loads(cli("jobs", "list", "--json", check=True).stdout)}
+
+
+@pytest.mark.usefixtures("worker")
+def test_delete_and_prune_as_a_user_runs_them() -> None:
+    ok, ok2, failed = _detach("echo", "hi"), _detach("true"), _detach("sh", "-c", "exit 3")
+    slow = _detach("sleep", "600")  # (cancelled below: the time is only a bound)
+    assert cli("jobs", "wait", ok, ok2, timeout=60).returncode == 0
+    assert cli("jobs", "wait", failed, timeout=60).returncode == 3
+
+    deleted = cli("jobs", "delete", ok, slow, "job-000000000000", "--json")
+    assert deleted.returncode == 2, deleted.stderr
+    records = json.loads(deleted.stdout)
+    assert [(r["id"], r["deleted"]) for r in records] == [(ok, True), (slow, False), ("job-000000000000", False)]
+    assert f"only a job that has ended is deleted; cancel it first (gpulayer jobs cancel {slow})" in deleted.stderr
+    assert "job 'job-000000000000': no such job" in deleted.stderr
+    gone = cli("jobs", "logs", ok)
+    assert gone.returncode == 2 and "no such job" in gone.stderr
+    assert _ids() == {ok2, failed, slow}
+
+    dry = cli("jobs", "prune", "--older-than", "0", "--dry-run", check=True)
+    assert dry.stdout == "would delete 2 job(s) that have ended (nothing deleted: --dry-run)\n"
+    assert cli("jobs", "prune", "--older-than", "1h", check=True).stdout.startswith("deleted 0 job(s) that ended at least 1h ago")
+    pruned = cli("jobs", "prune", "--older-than", "0", "--state", "failed", "--json", check=True)
+    assert json.loads(pruned.stdout) == {"jobs": 1, "bundles": 0, "dry_run": False}
+    assert _ids() == {ok2, slow}
+    assert cli("jobs", "delete", ok2, check=True).stdout == f"deleted {ok2}\n"
+    cli("jobs", "cancel", slow, check=True)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--older-than", "abc"], "--older-than 'abc': expected a number with an optional unit s, m, h or d"),
+    (["--older-than", "-1d"], "--older-than '-1d': expected more than 0 seconds"),
+    (["--older-than", "1d", "--state", "running"],
+     "--state 'running': accepted: an ended state, one of succeeded, failed, cancelled, timed_out, unschedulable"),
+    ([], "Missing option '--older-than'"),
+])
+def test_prune_refuses_bad_input_with_exit_2(home: Path, args: list[str], message: str) -> None:
+    proc = cli("jobs", "prune", *args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_keep_jobs_deletes_old_jobs_in_a_worker(home: Path) -> None:
+    first = _worker()
+    try:
+        done = _detach("true")
+        assert cli("jobs", "wait", done, timeout=60).returncode == 0
+    finally:
+        stop_proc(first)
+    time.sleep(1.1)  # (older than the 1 s kept below)
+    keeper = _worker({"GPULAYER_KEEP_JOBS": "1s"})
+    try:
+        deadline = time.monotonic() + 30
+        while done in _ids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert done not in _ids()
+    finally:
+        stop_proc(keeper)
+    bad = cli("worker", "start", env={"GPULAYER_KEEP_JOBS": "forever"})
+    assert bad.returncode == 2 and "GPULAYER_KEEP_JOBS='forever'" in bad.stderr, bad.stderr
+
+
+def test_keep_jobs_deletes_old_jobs_in_a_server(tmp_path: Path) -> None:
+    """A real ``gpulayer server start`` with ``GPULAYER_KEEP_JOBS``: its housekeeping pass
+    deletes a job that ended longer ago; a client token prunes its own jobs only."""
+    from tests.server_support import Api, ServerProc
+
+    srv = ServerProc(tmp_path / "server", env={"GPULAYER_KEEP_JOBS": "2s"}).start()
+    try:
+        admin = Api(srv.url, srv.admin_token)
+        users = [Api(srv.url, admin.token_for("client")["token"]) for _ in range(2)]
+        spec = {"spec": {"kind": "command", "command": ["true"],
+                         "placement": {"target": "remote", "on_unschedulable": "wait"}}}
+        jobs = []
+        for user in users:
+            r = user("POST", "/v1/jobs", json=spec)
+            assert r.status_code == 201, r.text
+            jobs.append(r.json()["id"])
+            assert user("POST", f"/v1/jobs/{jobs[-1]}/cancel").status_code == 200
+        pruned = users[0]("POST", "/v1/jobs/prune", json={"older_than": 0, "dry_run": True})
+        assert pruned.status_code == 200 and pruned.json() == {"jobs": 1, "bundles": 0, "dry_run": True}
+        deadline = time.monotonic() + 30
+        while admin("GET", "/v1/jobs").json() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert admin("GET", "/v1/jobs").json() == []
+        assert "GPULAYER_KEEP_JOBS: deleted 2 job(s)" in srv.log()
+    finally:
+        srv.stop()
