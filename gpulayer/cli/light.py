@@ -188,7 +188,21 @@ def _logs(request: dict[str, Any]) -> bool:
 
 def answer(argv: Sequence[str]) -> bool:
     """Answer ``argv`` (the words after ``gpulayer``) and return True, or return False
-    having printed nothing (the full path runs)."""
+    having printed nothing and changed nothing (the full path runs)."""
+    # (the global options become variables here as on the full path; left set for it, a bad
+    # --token or --ca would be refused as the variable it became, not as the flag typed)
+    before = {name: os.environ.get(name) for name in GLOBAL_OPTIONS.values()}
+    if _answer(argv):
+        return True
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    return False
+
+
+def _answer(argv: Sequence[str]) -> bool:
     request = _jobs_list(argv)
     if request is None:
         logs = _jobs_logs(argv)

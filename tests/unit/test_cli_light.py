@@ -211,6 +211,17 @@ def test_a_server_another_database_or_a_bad_setting_is_left_to_the_full_path(hom
     assert light[:3] == run(["jobs", "list"], home, env=env, entry="app")[:3] or light[0] in (2, 69)
 
 
+@pytest.mark.parametrize("args", [["--token", "a b", "jobs", "list"], ["--ca", "sha256:zz", "jobs", "list", "--json"],
+                                  ["--token", "a b", "jobs", "logs", "job-0"]])
+def test_a_bad_global_option_is_refused_naming_the_flag(home: Path, args: list[str]) -> None:
+    """The light path sets the variables the global options become, then leaves a value that
+    does not parse to the full path: which must refuse it as the flag typed (``--token``),
+    as when it runs alone, not as the variable the light path left set (``GPULAYER_TOKEN``)."""
+    code, out, err, path = run(args, home)
+    assert (code, out, path) == (2, b"", "full")
+    assert err.startswith(f"error: {args[0]}") and "GPULAYER_" not in err, err
+
+
 def test_the_url_option_is_left_to_the_full_path(home: Path) -> None:
     code, _, err, path = run(["--url", "http://127.0.0.1:1", "jobs", "list"], home,
                              env={"GPULAYER_HTTP_RETRY_SECONDS": "0"})
