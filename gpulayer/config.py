@@ -363,7 +363,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("GPULAYER_MACHINE_ID", "machine_id", _text, None, "unset",
             "set by a provider on a machine it boots: `gpulayer worker start` joins as that machine"),
     Setting("GPULAYER_LOG_LEVEL", "log_level", _level, "INFO", "`INFO`",
-            "log level of `gpulayer worker start` and `gpulayer server start`"),
+            ("log level of `gpulayer worker start`, `gpulayer server start` and `gpulayer dashboard` (their "
+            "`--log-level` is uvicorn's)")),
     Setting("GPULAYER_WARM_CLI", "warm_cli", _switch, True, "`1`",
             "`0`: `gpulayer worker start` starts no CLI server, and commands run in their own "
             "process even where one runs, nor start one (docs/cli.md#the-warm-cli)"),
