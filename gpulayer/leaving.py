@@ -117,10 +117,12 @@ def at_exit(client: Client) -> None:
     if pending and client._terminating:
         cancel_all(client, [j.id for j in pending], "the process that submitted it received SIGTERM")
     elif pending:
-        shown = ", ".join(f"{j.id} ({j.state.value})" for j in pending[:5])
+        shown = ", ".join(f"{j.id} ({'cancelling' if j.cancel_requested else j.state.value})" for j in pending[:5])
         more = f" and {len(pending) - 5} more" if len(pending) > 5 else ""
+        # (a job cancelled already, as a foreground submit's Ctrl-C does, only has its process to end)
+        ask = "" if all(j.cancel_requested for j in pending) else "; press Ctrl-C to cancel them"
         sys.stderr.write(f"gpulayer: waiting for {len(pending)} job(s) this process submitted to end: "
-                         f"{shown}{more}; press Ctrl-C to cancel them\n")
+                         f"{shown}{more}{ask}\n")
         sys.stderr.flush()
         try:
             for job in pending:

@@ -34,7 +34,7 @@ def inspect_cmd(
     given: str = typer.Argument(..., metavar="DIRECTORY", help="the directory to bundle, or a bundle (.zip) to check",
                                 show_default=False),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of text"),
-    top: int = typer.Option(10, "--top", min=0, help="how many of the largest files to list"),
+    top: int = typer.Option(10, "--top", min=0, metavar="N", help="how many of the largest files to list"),
 ) -> None:
     """List what goes into DIRECTORY's bundle, what is left out and by which rule, the largest
     files, the total size and the bundle's SHA-256 address.

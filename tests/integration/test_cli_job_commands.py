@@ -141,6 +141,25 @@ def test_attached_submit_json_after_ctrl_c_prints_the_cancelled_outcome_it_exits
     assert (record["state"], record["code"], record["error"]["type"]) == ("cancelled", 130, "cancelled")
 
 
+def test_a_submit_interrupted_waits_for_its_cancelled_job_without_offering_to_cancel_it(home: Path) -> None:
+    """Ctrl-C cancels a foreground submit's job; a job whose process ignores SIGTERM takes the
+    worker's grace to end, and the command's exit waits for it: it says the job is being
+    cancelled, not 'press Ctrl-C to cancel them' (it was, by that Ctrl-C)."""
+    proc = subprocess.Popen([sys.executable, "-m", "gpulayer.cli", "submit", "--", "sh", "-c", "trap '' TERM; sleep 600"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        assert proc.stderr is not None
+        while "running" not in (line := proc.stderr.readline()):
+            assert line, "the command ended before its job ran"
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    waiting = [line for line in err.splitlines() if "this process submitted to end" in line]
+    assert waiting and waiting[0].endswith("(cancelling)"), err
+
+
 def test_show_writes_requirements_as_submit_flags(home: Path) -> None:
     proc = cli("submit", "--detach", "--on-unschedulable", "wait", "--framework", "torch>=2.2", "--cpus", "1",
                "--memory", "0.5", "--label", "zone=a", "--", "true", timeout=60)
