@@ -99,6 +99,13 @@ class Client:
     def embedded(self) -> bool:
         return self.control is not None
 
+    @property
+    def control_plane(self) -> str:
+        """Which control plane this client reaches: the server's URL, or the embedded
+        database's (two clients of one control plane, with two tokens say, name the same one:
+        job handles compare by it and their job's id)."""
+        return self.location if self.control is None else self.control.store.url
+
     # ------------------------------------------------------------------ submitting
 
     def resolve(self, spec: JobSpec) -> JobSpec:

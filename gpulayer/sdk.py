@@ -56,7 +56,12 @@ __all__ = ["JobHandle", "RemoteFunction", "as_completed", "cancel", "connect", "
 
 
 class JobHandle:
-    """A submitted job: ``id``, ``status()``, ``result()``, ``logs()``, ``cancel()``."""
+    """A submitted job: ``id``, ``status()``, ``result()``, ``logs()``, ``cancel()``.
+
+    Two handles of one job are equal and hash alike (``gl.get_job(ID)`` twice, the handle
+    ``.remote()`` returned, one read back from a pickle), as Ray's ObjectRefs are: a handle is
+    its job's id on its control plane (:attr:`~gpulayer.client.Client.control_plane`), so a
+    set or a dict of handles holds each job once."""
 
     def __init__(self, job_id: str, client: Client | None = None) -> None:
         self.id = job_id
@@ -64,6 +69,15 @@ class JobHandle:
 
     def __repr__(self) -> str:
         return f"JobHandle({self.id!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, JobHandle):
+            return NotImplemented
+        return self.id == other.id and (self._client is other._client
+                                        or self._client.control_plane == other._client.control_plane)
+
+    def __hash__(self) -> int:
+        return hash((self._client.control_plane, self.id))
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
         # a handle pickles as its job's id (to a ProcessPoolExecutor, a multiprocessing
@@ -308,16 +322,18 @@ def cancel(handles: Iterable[JobHandle]) -> list[JobRecord]:
 def as_completed(handles: Iterable[JobHandle], timeout: float | None = None) -> Iterator[JobHandle]:
     """Yield handles as their jobs end, first finished first (those that end between two
     looks in the order given). One look at up to :data:`~gpulayer.api.MAX_BATCH` jobs waits
-    for the first of them to end (``wait_jobs``)."""
+    for the first of them to end (``wait_jobs``). A job given twice (two equal handles) is
+    yielded once, its first handle, as ``concurrent.futures.as_completed`` yields a future."""
     pending = _listed(handles, "gl.as_completed")
     timeout = wait_limit(timeout, "gl.as_completed")
     deadline = None if timeout is None else time.monotonic() + timeout
+    pending = list(dict.fromkeys(_checked(pending, "gl.as_completed")))
     while pending:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         ended = _ended(pending, MAX_LONG_POLL if remaining is None else min(MAX_LONG_POLL, remaining))
-        for h in [h for h in pending if h.id in ended]:
-            pending.remove(h)
-            yield h
+        done = [h for h in pending if h.id in ended]
+        pending = [h for h in pending if h.id not in ended]
+        yield from done
         if pending and not ended and deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"{len(pending)} job(s) still running after {timeout} s")
 
@@ -357,13 +373,19 @@ def _groups(handles: list[JobHandle], what: str = "gl.wait") -> list[tuple[Clien
     runs of at most :data:`~gpulayer.api.MAX_BATCH`; anything but a handle is refused,
     naming ``what`` was called."""
     by_client: dict[int, tuple[Client, dict[str, None]]] = {}
+    for h in _checked(handles, what):
+        by_client.setdefault(id(h._client), (h._client, {}))[1][h.id] = None
+    return [(client, list(ids)[i:i + MAX_BATCH]) for client, ids in by_client.values()
+            for i in range(0, len(ids), MAX_BATCH)]
+
+
+def _checked(handles: list[JobHandle], what: str) -> list[JobHandle]:
+    """``handles``, where each is a handle; anything else is refused, naming ``what``."""
     for h in handles:
         if not isinstance(h, JobHandle):
             raise InvalidArgument(f"{what}: {h!r} is not a job handle; accepted: the handles that .remote(), "
                                   "gl.submit and gl.submit_many return (gl.get_job(ID) makes one from a job id)")
-        by_client.setdefault(id(h._client), (h._client, {}))[1][h.id] = None
-    return [(client, list(ids)[i:i + MAX_BATCH]) for client, ids in by_client.values()
-            for i in range(0, len(ids), MAX_BATCH)]
+    return handles
 
 
 def _ended(handles: list[JobHandle], wait: float) -> set[str]:

@@ -143,3 +143,33 @@ def test_job_failed_says_what_gpulayer_submit_says(error: JobError, text: str) -
     with pytest.raises(gl.JobFailed) as info:
         result_of(job)
     assert str(info.value) == text == outcome_text(job) and info.value.state == state.value
+
+
+def test_handles_of_one_job_are_equal_and_hash_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gl.get_job(ID) twice gave two handles that were unequal and hashed apart, so a set of
+    handles kept one job twice; a handle is its job's id on its control plane, as a Ray
+    ObjectRef is."""
+    import pickle
+
+    monkeypatch.setenv("GPULAYER_HOME", str(tmp_path / "a"))
+    wait = Placement(on_unschedulable="wait", target="remote")  # no worker: it stays queued
+    h = gl.submit(CommandJob(command=["true"], placement=wait))
+    other = gl.submit(CommandJob(command=["true"], placement=wait))
+    again, back = gl.get_job(h.id), pickle.loads(pickle.dumps(h))
+    assert h == again == back and hash(h) == hash(again) == hash(back)
+    assert h != other and h != h.id and len({h, again, back, other}) == 2
+    assert {h: 1, again: 2}[back] == 2
+    # one job id on another control plane is another job
+    monkeypatch.setenv("GPULAYER_HOME", str(tmp_path / "b"))
+    assert gl.get_job(h.id) != h
+    # two clients of one server (two tokens) reach the same jobs
+    one = client_mod.http_client("http://127.0.0.1:9/", token="one")
+    two = client_mod.http_client("http://127.0.0.1:9", token="two")
+    try:
+        assert gl.JobHandle("job-1", one) == gl.JobHandle("job-1", two) != gl.JobHandle("job-2", two)
+        assert hash(gl.JobHandle("job-1", one)) == hash(gl.JobHandle("job-1", two))
+    finally:
+        one.close()
+        two.close()
+    h.cancel()
+    other.cancel()

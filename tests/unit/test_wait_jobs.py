@@ -542,6 +542,27 @@ def test_as_completed_yields_the_first_to_end_first_and_runs_out_of_time(napmod:
     assert list(gl.as_completed([])) == []
 
 
+def test_as_completed_yields_a_job_given_twice_once(gpulayer_isolated: None) -> None:
+    """Two handles of one job (gl.get_job(ID) and the submit's) were yielded twice; they are
+    equal, and the job is yielded once (its first handle), as concurrent.futures.as_completed
+    does; gl.wait and gl.cancel answer a record for each handle given."""
+    ended, waiting = never_runs(), never_runs()
+    twin = gl.get_job(ended.id)
+    assert gl.cancel([ended, twin])[1].state is JobState.CANCELLED
+    try:
+        given = [twin, ended, twin]
+        out = list(gl.as_completed(given, timeout=LONG))
+        assert out == [twin] and out[0] is twin
+        assert [r.id for r in gl.wait(given, timeout=LONG)] == [ended.id] * 3
+        seen: list[gl.JobHandle] = []
+        with pytest.raises(TimeoutError, match=r"^1 job\(s\) still running after 0 s$"):
+            for h in gl.as_completed([waiting, ended, gl.get_job(waiting.id), twin], timeout=0):
+                seen.append(h)
+        assert seen == [ended]
+    finally:
+        end(waiting)
+
+
 def test_as_completed_with_no_time_to_wait_yields_the_jobs_that_have_ended(gpulayer_isolated: None) -> None:
     """As gl.wait(handles, timeout=0) and handle.wait(timeout=0): a look, not an error, when
     every job has ended."""
