@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import socket
 from collections.abc import Callable, Mapping, Sequence
 
 from sqlmodel import Session
@@ -22,6 +23,7 @@ from sqlmodel import Session
 from gpulayer import config, scheduling
 from gpulayer.control.fleetcache import FleetCache, Holding, add_holdings
 from gpulayer.hookrecords import MachineOffer, Rendezvous
+from gpulayer.pids import pid_alive
 from gpulayer.records import JobError, JobState, PlacementDecision, TaskState, closest_line, new_id
 from gpulayer.scheduling import nearest
 from gpulayer.scheduling.shapes import Shape, shape_of
@@ -202,19 +204,45 @@ def settled(spec: JobSpec, attempt: int, decision: PlacementDecision) -> Placeme
 
 
 class Hints:
-    """What the message of an unschedulable job ends with: the nearest miss in this pass's
-    fleet (once per job shape) and the command that explains the rest."""
+    """What the message of an unschedulable job ends with: the workers it waited for that
+    left before it started (:func:`departed`), the nearest miss in this pass's fleet (once
+    per job shape) and the command that explains the rest."""
 
     def __init__(self, workers: list[scheduling.WorkerState]) -> None:
         self._workers = workers
+        self._online = {w.record.id for w in workers}
         self._closest: dict[Shape, str | None] = {}
 
-    def __call__(self, job_id: str, spec: JobSpec) -> list[str]:
+    def __call__(self, job_id: str, spec: JobSpec, *, s: Session | None = None, stored: str | None = None) -> list[str]:
         shape = shape_of(spec)
         if shape not in self._closest:
             self._closest[shape] = closest_line(nearest.closest(spec, self._workers))
         line = self._closest[shape]
-        return [*([line] if line else []), f"run: gpulayer jobs explain {job_id}"]
+        left = departed(s, mapping.decision_of(stored), self._online) if s is not None and stored else []
+        return [*left, *([line] if line else []), f"run: gpulayer jobs explain {job_id}"]
+
+
+#: the reasons a waiting job's decision gives for a worker that could run it
+_COMPATIBLE = frozenset({"busy", "reserved", "free"})
+
+
+def departed(s: Session, stored: PlacementDecision | None, online: set[str]) -> list[str]:
+    """One line for each worker that ``stored`` (the job's decision before this pass) says
+    could run it, and that has left the fleet since: the job waited for it, and it fails as
+    unschedulable now because that worker went, not because none was ever there. A local
+    worker whose process is gone (a script with its own worker, killed with SIGKILL) is
+    named with its pid."""
+    if stored is None or stored.outcome != "waiting":
+        return []
+    lines = []
+    here = socket.gethostname()
+    for wid in dict.fromkeys(r.worker for r in stored.reasons if r.code in _COMPATIBLE and r.worker not in online):
+        row = queries.find_worker(s, wid)
+        if row is not None and row.origin == "local" and row.hostname == here and row.pid and not pid_alive(row.pid):
+            lines.append(f"{wid}: the worker that would run it, in process {row.pid}, exited before it started")
+        else:
+            lines.append(f"{wid}: the worker that would run it left before it started")
+    return lines
 
 
 def has_room(workers: list[scheduling.WorkerState]) -> bool:
@@ -259,7 +287,7 @@ def record_decision(s: Session, job: plain.Job, spec: JobSpec, decision: Placeme
                     event: EventSink, *, hints: Hints | None = None) -> None:
     final = settled(spec, job.attempt, decision)
     if final is None:
-        error = JobError.unschedulable(decision, hints(job.id, spec) if hints else ())
+        error = JobError.unschedulable(decision, hints(job.id, spec, s=s, stored=job.decision) if hints else ())
         plain.update_job(s, job.id, state=JobState.UNSCHEDULABLE.value, updated_at=now,
                          decision=decision.model_dump_json(), error=error.model_dump_json())
         event(s, "unschedulable", job_id=job.id, message=decision.summary)
@@ -276,4 +304,5 @@ def rendezvous_port() -> int:
     return low + secrets.randbelow(high - low + 1)
 
 
-__all__ = ["RENDEZVOUS_PORTS", "Cache", "Hints", "assign", "fleet", "has_room", "record_decision", "rendezvous_port", "run", "settled"]
+__all__ = ["RENDEZVOUS_PORTS", "Cache", "Hints", "assign", "departed", "fleet", "has_room", "record_decision",
+           "rendezvous_port", "run", "settled"]

@@ -335,6 +335,7 @@ class WorkerOps(Core):
                      if gone(origin, host, pid, heard)]
         if not stale:
             return []
+        scripts: list[str] = []  # the in-process workers of scripts that died
         with self.store.write() as s:
             for wid in stale:
                 # look again inside the write: a heartbeat may have come in since the read
@@ -350,8 +351,13 @@ class WorkerOps(Core):
                     self._lose(s, t, now, why)
                 self._event(s, "worker_offline", worker_id=wid)
                 if row.name == IN_PROCESS_NAME and row.origin == "local":
-                    queries.delete_workers(s, [wid])  # a script's own worker is not worth a row once gone
+                    scripts.append(wid)
         self.schedule_queue()
+        if scripts:
+            # a script's own worker is not worth a row once gone; only after the pass, which
+            # names it (with its pid) to the jobs that waited for it and now cannot run
+            with self.store.write() as s:
+                queries.delete_workers(s, scripts)
         return stale
 
     def _death_test(self, now: float, here: str) -> Callable[[str, str, int | None, float], bool]:

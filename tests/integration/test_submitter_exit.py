@@ -5,6 +5,7 @@ silently dropped, a job's processes never outlive it, and a script that forgot i
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,8 +25,9 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-def run_script(home: Path, script: Path, **kw: object) -> subprocess.Popen[str]:
-    env = {**os.environ, "GPULAYER_HOME": str(home), "GPULAYER_HEARTBEAT_INTERVAL": "0.2"}
+def run_script(home: Path, script: Path, extra_env: dict[str, str] | None = None,
+               **kw: object) -> subprocess.Popen[str]:
+    env = {**os.environ, "GPULAYER_HOME": str(home), "GPULAYER_HEARTBEAT_INTERVAL": "0.2", **(extra_env or {})}
     return subprocess.Popen([sys.executable, str(script)], cwd=script.parent, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)  # type: ignore[call-overload]
 
@@ -143,6 +145,51 @@ def test_sigterm_to_the_script_ends_its_jobs_and_their_processes(home: Path, tmp
     # the worker's default of 10 s
     assert task.error is None or "(grace 10 s)" not in task.error.message, task.error
     assert not any((home / "tasks").glob("*")), "task directories are removed"
+
+
+TWO_JOBS = """\
+    import sys
+    import gpulayer as gl
+
+    CODE = "import os, time; open({pid!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+
+    if __name__ == "__main__":
+        for _ in range(2):
+            gl.submit(gl.CommandJob(command=[sys.executable, "-c", CODE]))
+        input()
+"""
+
+
+def test_a_script_killed_with_sigkill_names_its_worker_to_the_jobs_that_waited_for_it(home: Path,
+                                                                                      tmp_path: Path) -> None:
+    """A script with its own worker (one CPU slot), killed with -9 while its first job ran:
+    the jobs queued behind it failed as `unschedulable: ... local: no local worker
+    registered`, as if there had never been one; they say which worker, in which process,
+    exited before they started."""
+    pid_file = tmp_path / "pid"
+    script = write(tmp_path / "killed.py", TWO_JOBS.format(pid=str(pid_file)))
+    proc = run_script(home, script, {"GPULAYER_CPU_SLOTS": "1"}, stdin=subprocess.PIPE)
+    _started(pid_file)
+    proc.kill()
+    proc.communicate(timeout=60)
+    from gpulayer.control import ControlPlane
+    from gpulayer.store import Store
+
+    store = Store(f"sqlite:///{home / 'gpulayer.db'}")
+    try:
+        plane = ControlPlane(store)
+        plane.expire_workers()  # (what the next process to open the home does)
+        ran, waited = sorted((plane.get_job(j.id) for j in plane.list_jobs()), key=lambda j: j.attempt, reverse=True)
+        assert plane.list_workers() == []  # (the script's worker is not kept once gone)
+    finally:
+        store.dispose()
+    assert ran.state.value == "failed" and f"(pid {proc.pid}) is gone" in ran.error.message  # type: ignore[union-attr]
+    assert waited.state.value == "unschedulable", waited
+    lines = waited.error.message.splitlines()  # type: ignore[union-attr]
+    assert lines[:2] == ["scheduling: no eligible worker", "local: no local worker registered"], lines
+    assert re.fullmatch(rf"wkr-[0-9a-f]+: the worker that would run it, in process {proc.pid}, exited before it "
+                        "started", lines[2]), lines
+    assert lines[-1] == f"run: gpulayer jobs explain {waited.id}"
 
 
 NESTED = """\
