@@ -45,6 +45,7 @@ from typing import Any, Literal
 from gpulayer import scheduling
 from gpulayer.hookrecords import LiveMachine, MachineOffer
 from gpulayer.provider_config import Limits
+from gpulayer.scheduling.candidates import preference_rank
 from gpulayer.scheduling.fleet import offer_record
 from gpulayer.scheduling.shapes import Shape, shape_of
 from gpulayer.specs import JobSpec
@@ -69,12 +70,17 @@ def order_offers(offers: Iterable[MachineOffer], preference: Sequence[str] = ())
     provider (``ec2``), a provider and region (``ec2/us-east-1``) or a whole scope."""
 
     def rank(o: MachineOffer) -> tuple[int, int, float, float]:
-        pref = next((i for i, p in enumerate(preference) if o.scope == p or o.scope.startswith(p + "/")),
-                    len(preference))
-        return (pref, _AVAILABILITY_RANK.get(o.availability, 2), o.price_per_hour or 0.0,
+        return (preference_rank(o.scope, preference), _AVAILABILITY_RANK.get(o.availability, 2), o.price_per_hour or 0.0,
                 o.boot_seconds if o.boot_seconds is not None else float("inf"))
 
     return sorted(offers, key=rank)
+
+
+def waited_for(offers: Iterable[MachineOffer], blocked: Mapping[str, float], now: float) -> list[MachineOffer]:
+    """Offers in the order placement names the one a job waits for (``offer X could run it
+    once booted``): as :func:`order_offers` tries them, those of a scope ``blocked`` at
+    ``now`` last (a launch skips them); placement puts a job's ``prefer`` first."""
+    return sorted(order_offers(offers), key=lambda o: blocked.get(o.scope, 0.0) > now)
 
 
 def within_price(offer: MachineOffer, limits: Limits) -> bool:
@@ -368,5 +374,6 @@ class Blocks:
 __all__ = [
     "BLOCK_SECONDS", "JOINED_STATES", "LIVE_STATES", "OFFER_TTL", "PENDING_STATES", "Action", "Blocks",
     "DemandJob", "Launch", "MachineView", "ProviderView", "QueuedCloudJob", "demand", "fitting", "history",
-    "housekeeping", "never_launched", "order_offers", "orphans", "plan", "within_price",
+    "housekeeping", "never_launched", "order_offers", "orphans", "plan", "waited_for",
+    "within_price",
 ]

@@ -180,7 +180,7 @@ class Core:
         """A placement pass in the caller's transaction; call :meth:`_placed` after it committed."""
         return placement.run(s, self.clock(), reserve_after=self.reserve_after, event=self._event,
                              cache=self._placement_cache, new_job=new_job, until_full=until_full,
-                             offers=self.providers.cached_offers() if self.providers else (),
+                             offers=self.providers.placement_offers(self.clock()) if self.providers else (),
                              offer_rooms=self.providers.offer_rooms() if self.providers else None)
 
     def _place_too(self, s: Session, *, new_job: str | None = None,

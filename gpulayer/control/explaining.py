@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpulayer import scheduling
+from gpulayer import provisioning, scheduling
 from gpulayer.control import placement
 from gpulayer.control.jobs import refuse_cloud_only
 from gpulayer.hookrecords import MachineOffer
@@ -61,7 +61,9 @@ def explain(plane: ControlPlane, spec: JobSpec | None, *, job_id: str | None = N
     barred = {id(o): plane.providers.barred(o) for o in fitting} if plane.providers is not None else {}
     job_id = job.id if job is not None else EXPLAINED
     result = scheduling.place([scheduling.QueuedJob(id=job_id, spec=spec, seq=0, queued_at=now)], fleet, now,
-                              reserve_after=None, offers=[o for o in fitting if barred.get(id(o)) is None],
+                              reserve_after=None, offers=provisioning.waited_for(
+                                  [o for o in fitting if barred.get(id(o)) is None],
+                                  plane.providers.blocks.active(now) if plane.providers is not None else {}, now),
                               offer_rooms=plane.providers.offer_rooms() if plane.providers is not None else None)
     survey = nearest.survey(spec, fleet)
     by_worker: dict[str, list[TaskRow]] = {}

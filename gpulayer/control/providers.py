@@ -293,6 +293,12 @@ class ProviderSet:
         return [o for n in self.enabled() for o in self.status[n].offers
                 if barred or provisioning.never_launched(o, self.configured[n].limits) is None]
 
+    def placement_offers(self, now: float) -> list[MachineOffer]:
+        """:meth:`cached_offers` in the order a job that prefers none has them tried
+        (:func:`provisioning.order_offers`), those of a blocked scope last (a launch skips
+        them), so that a job waiting for a machine names the offer provisioning picks."""
+        return provisioning.waited_for(self.cached_offers(), self.blocks.active(now), now)
+
     def offer_rooms(self) -> dict[str, float]:
         """The most machines each enabled provider brings up at once (its ``max_machines``);
         placement bounds it further by the capacities of the offers that fit a job."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from operator import attrgetter
 
 from gpulayer.records import Reason, WorkerRecord
@@ -69,10 +69,16 @@ class ShapeState:
         """The id of the first provider offer that fits."""
         return self.offers_fit[0][0] if self.offers_fit else None
 
-    def offer_for(self, nodes: int) -> str | None:
+    def offer_for(self, nodes: int, prefer: Sequence[str] = (), scopes: Mapping[str, str] | None = None) -> str | None:
         """The first offer that fits whose provider brings up ``nodes`` machines for one job
-        (a gang bigger than a pool of hosts waits for no offer: none could ever hold it)."""
-        return next((oid for oid, room in self.offers_fit if nodes <= room), None)
+        (a gang bigger than a pool of hosts waits for no offer: none could ever hold it);
+        with the job's ``prefer``, the first of those it prefers most (:func:`preference_rank`
+        of its scope in ``scopes``, offer id -> scope), as provisioning tries them."""
+        fits = (oid for oid, room in self.offers_fit if nodes <= room)
+        if not prefer:
+            return next(fits, None)
+        scopes = scopes or {}
+        return min(fits, key=lambda oid: preference_rank(scopes.get(oid, oid), prefer), default=None)
 
     def compatible_workers(self) -> list[Worker]:
         """The compatible active workers on listed targets, in fleet order."""
@@ -82,6 +88,14 @@ class ShapeState:
                 ws.sort(key=attrgetter("pos"))
             self._compatible = ws
         return self._compatible
+
+
+def preference_rank(scope: str, prefer: Sequence[str]) -> int:
+    """Where an offer's ``scope`` (``provider/region/shape``) comes in a job's ``prefer``
+    list (a provider, a provider and region, or a whole scope); ``len(prefer)`` when it is
+    not there. Provisioning tries offers in this order first, and placement names the offer
+    a job waits for by it."""
+    return next((i for i, p in enumerate(prefer) if scope == p or scope.startswith(p + "/")), len(prefer))
 
 
 def _smallest_first(kind: str | None, cands: list[Candidate]) -> None:

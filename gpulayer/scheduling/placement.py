@@ -73,6 +73,7 @@ def _place(queue: list[QueuedJob], fleet: list[WorkerState], now: float, *, rese
         (r.id, o.provider, o.scope, o.capacity) for o, r in zip(offers, offer_records, strict=True)
         if isinstance(o, MachineOffer)])
     shapes = ShapeStates(workers, offer_records, rooms)
+    scopes = {r.id: o.scope for o, r in zip(offers, offer_records, strict=True) if isinstance(o, MachineOffer)}
     unschedulable = UnschedulableReasons(workers, has_offers=bool(offer_records), limit=limit)
     waiting = WaitingReasons(limit=limit)
     shared = SharedDecisions(now)
@@ -114,9 +115,22 @@ def _place(queue: list[QueuedJob], fleet: list[WorkerState], now: float, *, rese
             else:
                 decisions[qj.id] = shared.waiting(st, nodes, best_partial, reasons)
         offer = st.offer_for(nodes)
+        if offer is not None and spec.placement.prefer:  # the offer it prefers, not its shape's first
+            preferred = st.offer_for(nodes, spec.placement.prefer, scopes)
+            if preferred is not None and preferred != offer:
+                decisions[qj.id] = offer_named(decisions[qj.id], offer, preferred)
+                offer = preferred
         if offer is not None:  # not assigned, and an offer fits: the job waits for it
             result.offer_requests[qj.id] = offer
     return result
+
+
+def offer_named(decision: PlacementDecision, offer: str, preferred: str) -> PlacementDecision:
+    """``decision`` (shared by the jobs of a shape) naming ``preferred`` where it named
+    ``offer``, the shape's first: for a job whose ``placement.prefer`` puts another first."""
+    tail = f"offer {offer} could run it once booted"
+    summary = decision.summary.removesuffix(tail) + f"offer {preferred} could run it once booted"
+    return decision.model_copy(update={"summary": summary})
 
 
 def queue_order(queue: list[QueuedJob]) -> list[QueuedJob]:

@@ -465,11 +465,33 @@ def test_an_embedded_control_plane_refuses_a_cloud_only_job(store: Store) -> Non
 
 
 def test_the_jobs_preference_picks_the_offer(store: Store) -> None:
-    cp, rec = plane(store, '[p]\ntype = "rec"\nshapes = ["a", "b"]\n')
-    cp.submit(make_job(target="cloud", accelerator="cuda", gpus=1).model_copy(
+    """The waiting line (`gpulayer submit`, the job's decision) named the shape's first
+    offer, the cheaper a, while the machine launched was the preferred b."""
+    cp, _ = plane(store, '[p]\ntype = "rec"\nshapes = ["a", "b"]\n')
+    job = cp.submit(make_job(target="cloud", accelerator="cuda", gpus=1).model_copy(
         update={"placement": Placement(target="cloud", prefer=["p/r/b"])}))
+    plain = cp.submit(CLOUD)  # (the same shape, no preference)
     cp.provision()
-    assert [r.offer.shape for m, r in rec.calls if m == "launch"] == ["b"]  # not the cheaper a
+    assert {m.job_id: m.shape for m in cp.list_machines()} == {job.id: "b", plain.id: "a"}  # not the cheaper a
+    assert job.decision is not None and job.decision.summary == (
+        "waiting: no compatible worker registered yet; offer p:b in r could run it once booted")
+    assert plain.decision is not None and plain.decision.summary.endswith("offer p:a in r could run it once booted")
+    assert cp.explain_job(job.id).decision.summary.endswith("offer p:b in r could run it once booted")
+
+
+def test_the_waiting_line_names_the_offer_provisioning_tries_first(store: Store) -> None:
+    """Capacity you own (priced None) before priced, available before unknown; a blocked
+    scope after the others: the offer the job waits for is the one a launch would take."""
+    cp, _ = plane(store, '[p]\ntype = "rec"\nshapes = ["a", "b", "c"]\n')
+    assert cp.providers is not None
+    offers = cp.providers.status["p"].offers
+    offers[1] = offers[1].model_copy(update={"price_per_hour": None})
+    job = cp.submit(CLOUD)
+    assert job.decision is not None and job.decision.summary.endswith("offer p:b in r could run it once booted")
+    assert cp.explain(CLOUD).decision.summary.endswith("offer p:b in r could run it once booted")
+    cp.providers.blocks.block("p/r/b", cp.clock(), 300, "no capacity")
+    later = cp.submit(CLOUD)
+    assert later.decision is not None and later.decision.summary.endswith("offer p:a in r could run it once booted")
 
 
 # --------------------------------------------------------------------------- adapters that misbehave
