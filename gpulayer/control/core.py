@@ -181,7 +181,8 @@ class Core:
         return placement.run(s, self.clock(), reserve_after=self.reserve_after, event=self._event,
                              cache=self._placement_cache, new_job=new_job, until_full=until_full,
                              offers=self.providers.placement_offers(self.clock()) if self.providers else (),
-                             offer_rooms=self.providers.offer_rooms() if self.providers else None)
+                             offer_rooms=self.providers.offer_rooms() if self.providers else None,
+                             providers_down=self.providers.down if self.providers else None)
 
     def _place_too(self, s: Session, *, new_job: str | None = None,
                    until_full: bool = False) -> scheduling.PlacementResult | None:

@@ -151,15 +151,7 @@ def _unfit(plane: ControlPlane, spec: JobSpec, fitting: list[MachineOffer]) -> l
 
 def _down(plane: ControlPlane) -> list[str]:
     """The providers that offer nothing now, each with why."""
-    if plane.providers is None:
-        return []
-    out = []
-    for name, st in plane.providers.status.items():
-        if st.disabled:
-            out.append(f"{name}: {st.disabled}")
-        elif not st.offers and st.last_error:
-            out.append(f"{name}: {st.last_error}")
-    return out
+    return [] if plane.providers is None else plane.providers.down()
 
 
 def _running(t: TaskRow, job: JobRow | None, owner: str | None) -> RunningTask:

@@ -95,7 +95,8 @@ class Cache:
 def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
         cache: Cache | None = None, new_job: str | None = None,
         offers: Sequence[MachineOffer] = (), offer_rooms: Mapping[str, float] | None = None,
-        until_full: bool = False) -> scheduling.PlacementResult | None:
+        until_full: bool = False, providers_down: Callable[[], list[str]] | None = None
+        ) -> scheduling.PlacementResult | None:
     """One pass over the whole queue; None when nothing is queued.
 
     Only the jobs it changes are loaded as rows (those assigned, and those whose decision
@@ -111,7 +112,8 @@ def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
     (:mod:`gpulayer.control.fleetcache`).
 
     ``offers``: the providers' cached offers (a cloud job that fits one waits for its machine),
-    ``offer_rooms`` the most machines each provider brings up for one job."""
+    ``offer_rooms`` the most machines each provider brings up for one job; ``providers_down``:
+    the providers that offer nothing now, with why (asked only when a cloud job fails)."""
     cache = cache if cache is not None else Cache()
     if until_full and new_job is None:
         head = queries.queue_head(s, HEAD)
@@ -146,7 +148,7 @@ def run(s: Session, now: float, *, reserve_after: float, event: EventSink,
     added: list[tuple[str, Holding]] = []
     for a in result.assignments:
         added += assign(s, rows[a.job_id], specs[a.job_id], a, addresses, result.decisions.get(a.job_id), now, event)
-    hints = Hints(workers)
+    hints = Hints(workers, providers_down)
     for job_id in changed:
         record_decision(s, rows[job_id], specs[job_id], result.decisions[job_id], now, event, hints=hints)
     cache.forget(assigned)  # they left the queue
@@ -205,13 +207,18 @@ def settled(spec: JobSpec, attempt: int, decision: PlacementDecision) -> Placeme
 
 class Hints:
     """What the message of an unschedulable job ends with: the workers it waited for that
-    left before it started (:func:`departed`), the nearest miss in this pass's fleet (once
-    per job shape) and the command that explains the rest."""
+    left before it started (:func:`departed`), for a job that lists the cloud target the
+    providers that offer nothing now and why (``provider q: credentials failed: ...``, as
+    ``explain`` lists them), the nearest miss in this pass's fleet (once per job shape) and
+    the command that explains the rest."""
 
-    def __init__(self, workers: list[scheduling.WorkerState]) -> None:
+    def __init__(self, workers: list[scheduling.WorkerState],
+                 providers_down: Callable[[], list[str]] | None = None) -> None:
         self._workers = workers
         self._online = {w.record.id for w in workers}
         self._closest: dict[Shape, str | None] = {}
+        self._providers_down = providers_down
+        self._down: list[str] | None = None
 
     def __call__(self, job_id: str, spec: JobSpec, *, s: Session | None = None, stored: str | None = None) -> list[str]:
         shape = shape_of(spec)
@@ -219,6 +226,10 @@ class Hints:
             self._closest[shape] = closest_line(nearest.closest(spec, self._workers))
         line = self._closest[shape]
         left = departed(s, mapping.decision_of(stored), self._online) if s is not None and stored else []
+        if self._providers_down is not None and "cloud" in spec.placement.targets:
+            if self._down is None:
+                self._down = [f"provider {down}" for down in self._providers_down()]
+            left += self._down
         return [*left, *([line] if line else []), f"run: gpulayer jobs explain {job_id}"]
 
 

@@ -236,6 +236,18 @@ class ProviderSet:
         if st.disabled != was:  # (a call made while disabled, a terminate, may fail so again)
             log.warning("provider %s disabled: %s", name, reason)
 
+    def down(self) -> list[str]:
+        """The providers that offer nothing now, each with why (``q: credentials failed:
+        ...``): disabled ones, and those whose offers() failed with none cached. ``explain``
+        lists them, and so does the error of a cloud job that fails as unschedulable."""
+        out = []
+        for name, st in self.status.items():
+            if st.disabled:
+                out.append(f"{name}: {st.disabled}")
+            elif not st.offers and st.last_error:
+                out.append(f"{name}: {st.last_error}")
+        return out
+
     def enabled(self) -> list[str]:
         return [n for n, st in self.status.items() if st.disabled is None]
 

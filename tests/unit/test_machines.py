@@ -188,6 +188,33 @@ def test_explain_says_why_each_offer_cannot_run_the_job_and_which_providers_offe
     assert [o.shape for o in fits.offers or []] == ["a", "b"] and fits.unfit_offers == []
 
 
+def test_a_cloud_job_no_provider_can_offer_for_says_which_are_down_and_why(store: Store) -> None:
+    """Every provider disabled (its credentials failed): submit said only 'no provider
+    offered a machine', while explain named each provider and why; the job's error names
+    them as explain does."""
+    cp, _ = plane(store, '[p]\ntype = "rec"\n[q]\ntype = "rec"\n')
+    assert cp.providers is not None
+    cp.providers.disable("p", "AuthFailure: AWS was not able to validate the provided access credentials")
+    cp.providers.disable("q", "no credentials")
+    job = cp.submit(CLOUD)
+    assert job.state is JobState.UNSCHEDULABLE and job.error is not None
+    assert job.error.message.splitlines() == [
+        "scheduling: no eligible worker",
+        "cloud: no cloud worker registered and no provider offered a machine",
+        "provider p: credentials failed: AuthFailure: AWS was not able to validate the provided access credentials",
+        "provider q: credentials failed: no credentials",
+        f"run: gpulayer jobs explain {job.id}",
+    ]
+    explained = cp.explain_job(job.id).render().splitlines()
+    assert all(line in explained for line in job.error.message.splitlines()[2:4])
+    # a job that may run elsewhere too (local first, cloud as a fallback) is told the same
+    other = cp.submit(make_job(target="remote", fallback=["cloud"]))
+    assert other.error is not None and "\nprovider q: credentials failed: no credentials\n" in other.error.message
+    # and one that lists no cloud target is not
+    remote = cp.submit(make_job(target="remote"))
+    assert remote.error is not None and "provider" not in remote.error.message
+
+
 def test_a_failed_launch_fails_over_in_the_same_pass_and_blocks_the_scope(store: Store) -> None:
     cp, rec = plane(store, '[p]\ntype = "rec"\nshapes = ["a", "b"]\n')
     rec.fail["a"] = NoCapacity("sold out")
