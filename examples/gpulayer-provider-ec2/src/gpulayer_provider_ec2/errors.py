@@ -13,7 +13,13 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, 
 from gpulayer import plugin
 
 AUTH = frozenset({"AuthFailure", "UnauthorizedOperation", "InvalidClientTokenId", "SignatureDoesNotMatch",
-                  "ExpiredToken", "RequestExpired", "Blocked", "PendingVerification"})
+                  "ExpiredToken", "Blocked"})
+# this machine's clock is off AWS's: signed requests are refused until it is set right, which
+# needs no new credentials and no restart (RequestExpired disabled the provider as if the
+# credentials were bad)
+CLOCK_SKEW = frozenset({"RequestExpired", "RequestTimeTooSkewed", "RequestInTheFuture"})
+CLOCK_HINT = ("(clock skew: the request's time stamp is more than 15 minutes off AWS's clock; check this "
+              "machine's clock, e.g. NTP; trying again later)")
 NO_CAPACITY = frozenset({"InsufficientInstanceCapacity", "InsufficientHostCapacity", "InsufficientCapacity",
                          "InsufficientReservedInstanceCapacity", "InsufficientFreeAddressesInSubnet"})
 QUOTA = frozenset({"InstanceLimitExceeded", "VcpuLimitExceeded", "MaxSpotInstanceCountExceeded",
@@ -24,8 +30,11 @@ SKIP = frozenset({"Unsupported", "InvalidParameterValue", "InvalidParameterCombi
                   "InvalidAMIID.NotFound", "InvalidAMIID.Malformed", "InvalidAMIID.Unavailable",
                   "InvalidSubnetID.NotFound", "InvalidGroup.NotFound", "InvalidKeyPair.NotFound",
                   "OptInRequired", "UnsupportedOperation"})
+# (PendingVerification: a new account, or a region being enabled, that AWS is still
+# verifying; it ends by itself, without new credentials)
 TRANSIENT = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException", "InternalError",
-                       "InternalFailure", "ServiceUnavailable", "Unavailable", "IncorrectState"})
+                       "InternalFailure", "ServiceUnavailable", "Unavailable", "IncorrectState",
+                       "PendingVerification"})
 #: what terminate treats as "already gone"
 GONE = frozenset({"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"})
 
@@ -49,6 +58,8 @@ def mapped(exc: Exception, where: str) -> plugin.ProviderError:
     code = code_of(exc)
     message = f"{where}: {code}: {exc.response.get('Error', {}).get('Message', '')}".rstrip(": ")
     kind: type[plugin.ProviderError]
+    if code in CLOCK_SKEW:
+        return plugin.ProviderTransient(f"{message} {CLOCK_HINT}")
     if code in AUTH:
         kind = plugin.ProviderAuthFailed
     elif code in NO_CAPACITY:
