@@ -356,6 +356,10 @@ SETTINGS: tuple[Setting, ...] = (
             "ports the control plane draws a distributed job's rendezvous port from"),
     Setting("GPULAYER_SERVER_THREADS", "server_threads", _count(1), 200, "`200`",
             "threads of `gpulayer server start` for database calls"),
+    Setting("GPULAYER_SERVER_HEADER_TIMEOUT", "server_header_timeout", _seconds(0), 20.0, "`20`",
+            "seconds `gpulayer server start` (and `gpulayer dashboard`) gives a connection to send a request's "
+            "line and headers, from when it opens or from the first byte of a later request on it; one that "
+            "takes longer is closed (docs/server.md#security-model)"),
     Setting("GPULAYER_PROVIDERS", "providers", _text, None, "`$GPULAYER_HOME/providers.toml` if it exists",
             "the providers file of `gpulayer server start` (what `--providers FILE` sets): docs/providers.md"),
     Setting("GPULAYER_PUBLIC_URL", "public_url", _control_url, None, "the URL the server listens on",
@@ -421,6 +425,7 @@ class Settings(NamedTuple):
     advertise_address: str | None
     rendezvous_ports: tuple[int, int]
     server_threads: int
+    server_header_timeout: float
     providers: str | None
     public_url: str | None
     machine_id: str | None

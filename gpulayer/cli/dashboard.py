@@ -47,6 +47,7 @@ def dashboard(
     from gpulayer.server.app import create_app
     from gpulayer.server.dashboard import DashboardOptions
     from gpulayer.server.dashboard.sessions import new_run_token
+    from gpulayer.server.protocol import BoundedHttpToolsProtocol
     from gpulayer.store import Store
 
     if log_level.lower() not in uvicorn.config.LOG_LEVELS:  # (uvicorn's KeyError, once the token was out)
@@ -66,7 +67,7 @@ def dashboard(
     app = create_app(ControlPlane(store, results_as_text=True), background=False, threads=THREADS,
                      dashboard=DashboardOptions(run_token=token, recheck=RECHECK))
     config_kw: dict[str, Any] = {"log_level": log_level.lower(), "access_log": False, "lifespan": "on",
-                                 "timeout_graceful_shutdown": 5}
+                                 "timeout_graceful_shutdown": 5, "http": BoundedHttpToolsProtocol}
     uv = uvicorn.Server(uvicorn.Config(app, **config_kw))
     orig_exit = uv.handle_exit
 

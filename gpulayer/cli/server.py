@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import json
@@ -124,6 +125,7 @@ def server_start(
     from gpulayer.control import ControlPlane
     from gpulayer.http_client import server_record
     from gpulayer.server.app import create_app, default_threads
+    from gpulayer.server.protocol import BoundedHttpToolsProtocol
     from gpulayer.store.urls import redacted
     from gpulayer.tokens import TokenStore
 
@@ -180,10 +182,13 @@ def server_start(
     if ":" in shown_host:
         shown_host = f"[{shown_host}]"
     app = create_app(control, threads=default_threads())
+    raise_open_files()
     config_kw: dict[str, Any] = {"log_level": log_level.lower(), "access_log": False,
                                  "timeout_graceful_shutdown": 5, "lifespan": "on",
                                  # workers keep connections open between heartbeats and long polls
-                                 "timeout_keep_alive": 75}
+                                 "timeout_keep_alive": 75,
+                                 # a request's head bounded in size and time (gpulayer.server.protocol)
+                                 "http": BoundedHttpToolsProtocol}
     if tls:
         config_kw.update(ssl_certfile=str(tls_cert), ssl_keyfile=str(tls_key))
     if root_path:
@@ -248,6 +253,19 @@ def server_start(
         uv.run(sockets=[sock])
     finally:
         sock.close()
+
+
+def raise_open_files() -> None:
+    """Let this process open as many files as its hard limit allows: each connection is one
+    (a worker's long poll, a browser's live page), and at a soft limit of 1,024 (the usual
+    default) 1,024 idle connections, anyone's, left the server unable to accept another or
+    to open its database."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        with contextlib.suppress(ValueError, OSError):  # (a platform that caps it lower: keep what it has)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 #: a root path: segments of what a URL path holds unescaped (RFC 3986's pchar), or %XX, but
