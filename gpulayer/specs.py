@@ -200,10 +200,18 @@ class Requirements(_UserRecord):
     def _labels(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         if checked_before(info):  # (a stored spec: taken when it was submitted, read as it is)
             return v
+        _at_most(v, "labels", "KEY=VALUE pairs")
         for key in v:
             if not key.strip() or "=" in key:
                 raise InvalidRequirement(f"label key {key!r}: {'empty' if not key.strip() else 'holds an ='}; "
                                          "accepted: KEY=VALUE pairs with a KEY of text, not empty")
+        return v
+
+    @field_validator("frameworks")
+    @classmethod
+    def _frameworks_count(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if not checked_before(info):  # (a stored spec: taken when it was submitted, read as it is)
+            _at_most(v, "frameworks", "frameworks")
         return v
 
     @field_validator("frameworks", mode="before")
@@ -268,6 +276,17 @@ class Requirements(_UserRecord):
             elif data.get(key) is None:
                 data[key] = value
         return Requirements.model_validate(data)
+
+
+#: the most labels, and the most frameworks, a job may require: a scheduler's explanation
+#: tries each one left out against the fleet (its cost grows with the square of their number:
+#: 500,000 labels in one ``POST /v1/explain`` kept a server's core busy for hours)
+MAX_REQUIREMENT_ENTRIES = 100
+
+
+def _at_most(entries: Mapping[str, str], what: str, accepted: str) -> None:
+    if len(entries) > MAX_REQUIREMENT_ENTRIES:
+        raise InvalidRequirement(f"{len(entries)} {what}; accepted: at most {MAX_REQUIREMENT_ENTRIES} {accepted}")
 
 
 def check_framework_name(name: object) -> str:

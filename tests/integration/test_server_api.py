@@ -739,3 +739,26 @@ def test_a_worker_whose_token_was_revoked_stops(server: ServerProc, admin: Api, 
     assert "could not deregister" not in log and "heartbeat failed" not in log, log
     assert f"the control plane refused this worker's token (token {mine['id']} was revoked): stopping" in log
     assert f"worker: stopped: the control plane refused its token (token {mine['id']} was revoked)" in log
+
+
+def test_more_labels_or_frameworks_than_accepted_are_refused_before_placement_looks_at_them(
+        server: ServerProc, tokens: dict[str, Any]) -> None:
+    """A client's ``POST /v1/explain`` with 500,000 labels (8 MB, under the body limit) kept a
+    server's core busy for hours: the explanation tries each label left out against the
+    fleet. 100 labels and 100 frameworks are accepted, no more."""
+    client = Api(server.url, tokens["client"])
+    labels = {f"k{i}": "v" for i in range(500_000)}
+    started = time.monotonic()
+    r = client("POST", "/v1/explain", json={"spec": {"kind": "command", "command": ["x"],
+                                                      "requirements": {"labels": labels}}})
+    assert r.status_code == 422, r.text[:300]
+    assert time.monotonic() - started < 30
+    assert r.json()["error"]["message"] == ("body.spec.requirements.labels: 500000 labels; accepted: at most 100 "
+                                            "KEY=VALUE pairs")
+    frameworks = {f"fw{i}": "" for i in range(101)}
+    r = client("POST", "/v1/jobs", json={"spec": {"kind": "command", "command": ["x"],
+                                                   "requirements": {"frameworks": frameworks}}})
+    assert r.status_code == 422 and "101 frameworks; accepted: at most 100 frameworks" in r.text, r.text[:300]
+    r = client("POST", "/v1/explain", json={"spec": {"kind": "command", "command": ["x"], "requirements": {
+        "labels": dict(list(labels.items())[:100]), "frameworks": dict(list(frameworks.items())[:100])}}})
+    assert r.status_code == 200, r.text[:300]
