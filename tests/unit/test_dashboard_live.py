@@ -161,7 +161,15 @@ def test_the_jobs_page_says_when_it_shows_only_the_newest_and_keeps_its_limit(tm
         page = tc.get("/jobs", params={"limit": "2"}).text
         assert rows(page) == ids[:0:-1]  # the two newest
         assert "Only the 2 newest are shown" in page
-        assert '<a href="/jobs?state=&amp;limit=1000">show the 1,000 newest</a>' in page
+        assert '<a href="/jobs?state=&amp;limit=1000">the 1,000 newest</a>' in page
+        # the next page: the jobs submitted before the last one shown, and a way back
+        older = re.search(r'<a href="(/jobs\?[^"]+)" rel="next">older jobs</a>', page)
+        assert older is not None and f"before={ids[1]}" in older[1]
+        back = tc.get(older[1].replace("&amp;", "&")).text
+        assert rows(back) == ids[:1] and f"Jobs submitted before {ids[1]}" in back
+        assert 'rel="next"' not in back and '<a href="/jobs?state=&amp;limit=2">newest jobs</a>' in back
+        missing = tc.get("/jobs", params={"before": "job-000000000000"})
+        assert missing.status_code == 404 and "no such job" in missing.text
         assert '<input type="hidden" name="limit" value="2">' in page  # the filter keeps it
         state = control.get_job(ids[0]).state.value  # (all three are in the same one)
         filtered = tc.get("/jobs", params={"state": state, "limit": "2"}).text

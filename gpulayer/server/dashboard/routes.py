@@ -288,10 +288,11 @@ class Dashboard:
             context.update(error=str(exc), state="", jobs=[], now=time.time(), more=False, limit=DEFAULT_LIMIT)
             return html(await run_in_threadpool(views.render, "jobs.html", context), exc.status_code)
         state = query.state.value if query.state else ""
-        live_query = urllib.parse.urlencode({"state": state, "limit": query.limit} if state else {"limit": query.limit})
+        live_query = urllib.parse.urlencode({k: v for k, v in (("state", state), ("limit", query.limit),
+                                                                ("before", query.before)) if v})
         context.update(error=None, state=state, live=f"{root(request)}/live/jobs?{live_query}", **_LIMITS)
         return await self._page("jobs.html", context, lambda: views.jobs(
-            self.control, session.identity, state=query.state, limit=query.limit))
+            self.control, session.identity, state=query.state, limit=query.limit, before=query.before))
 
     async def job(self, request: Request, session: Session) -> Response:
         job_id = request.path_params["job_id"]
@@ -359,7 +360,8 @@ class Dashboard:
         query = self._jobs_query(request)
         extra = {"error": None, "state": query.state.value if query.state else "", **_LIMITS}
         return self._stream(session, self._regions(request, session, "jobs.html", "jobs", lambda: {
-            **extra, **views.jobs(self.control, session.identity, state=query.state, limit=query.limit)}))
+            **extra, **views.jobs(self.control, session.identity, state=query.state, limit=query.limit,
+                                  before=query.before)}))
 
     async def live_job(self, request: Request, session: Session) -> Response:
         job_id = request.path_params["job_id"]

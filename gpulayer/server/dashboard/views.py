@@ -168,11 +168,13 @@ def visible_job(control: ControlPlane, who: Identity, job_id: str, *, arguments:
     return control.get_job(job_id, arguments=arguments)
 
 
-def jobs(control: ControlPlane, who: Identity, *, state: JobState | None, limit: int) -> dict[str, Any]:
-    """The ``limit`` newest jobs, and whether there are more (one more is read to know: the
-    page says that the list is cut, and how to see more of it)."""
-    listed = control.list_jobs(state=state, limit=limit + 1, owner=who.owner)
-    return {"jobs": listed[:limit], "more": len(listed) > limit, "limit": limit, "now": time.time()}
+def jobs(control: ControlPlane, who: Identity, *, state: JobState | None, limit: int,
+         before: str | None = None) -> dict[str, Any]:
+    """The ``limit`` newest jobs (submitted ``before`` that one: a page further back), and
+    whether there are more (one more is read to know: the page then links to the next page)."""
+    listed = control.list_jobs(state=state, limit=limit + 1, owner=who.owner, before=before)
+    return {"jobs": listed[:limit], "more": len(listed) > limit, "limit": limit, "now": time.time(),
+            "before": before}
 
 
 @dataclass
