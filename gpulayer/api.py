@@ -63,6 +63,7 @@ from gpulayer.wire import (  # (re-exported: what goes over the wire is part of 
     LogsQuery,
     LogStream,
     OffersBody,
+    PauseBody,
     PollQuery,
     PruneJobsBody,
     PruneQuery,
@@ -114,6 +115,7 @@ __all__ = [
     "LogsQuery",
     "NewToken",
     "OffersBody",
+    "PauseBody",
     "PollQuery",
     "PruneJobsBody",
     "PruneQuery",
@@ -415,6 +417,11 @@ class AdminAPI(Protocol):
         their credentials are revoked. Returns their ids."""
         ...
 
+    def pause_worker(self, worker_id: str, *, paused: bool = True) -> WorkerRecord:
+        """Pause a worker (no new work; the jobs only it could run wait; what it was handed and
+        had not started goes back to the queue), or resume it (``paused=False``)."""
+        ...
+
     def list_providers(self) -> list[ProviderInfo]:
         """The providers of providers.toml (and installed adapters no section configures)."""
         ...
@@ -554,6 +561,9 @@ ROUTES: tuple[Route, ...] = (
     Route("prune_workers", "POST", "/v1/workers/prune", ("admin",),
           "Forget offline workers (their credentials are revoked); answers their ids",
           response=list[str], query=PruneQuery, safe=False),
+    Route("pause_worker", "POST", "/v1/workers/{worker_id}/pause", ("admin",),
+          "Pause a worker (no new work; jobs only it could run wait) or, with paused false, resume it",
+          response=WorkerRecord, body=PauseBody, errors=(404,)),
     Route("revoke_token", "DELETE", "/v1/tokens/{token_id}", ("admin",), "Revoke a token",
           response=TokenInfo, errors=(404,)),
     # ---------------------------------------------------------------- providers and machines (the cloud target)

@@ -165,6 +165,10 @@ class WorkerRecord(Record):
     last_heartbeat: float = 0.0
     registered_at: float = 0.0
     pid: int | None = None
+    #: an admin paused it (``gpulayer worker pause``): no new work; the jobs only it could run wait.
+    #: Written only when true: a client older than the lenient read of records (docs/server.md,
+    #: "Upgrading") refuses an answer with a field it does not know
+    paused: bool = Field(default=False, exclude_if=lambda paused: not paused)
 
     @property
     def target(self) -> str:

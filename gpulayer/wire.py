@@ -264,6 +264,11 @@ class CancelManyBody(Wire):
         "jobs it submitted"))
 
 
+class PauseBody(Wire):
+    paused: bool = Field(default=True, strict=True,
+                         description="true: the worker takes no new work (the jobs only it could run wait); false: resume it")
+
+
 class DeleteJobsBody(Wire):
     job_ids: list[str] = Field(min_length=1, max_length=MAX_BATCH)
 

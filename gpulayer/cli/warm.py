@@ -60,7 +60,7 @@ __all__ = ["COMMANDS", "MAX_SOCKET_PATH", "answered", "forward", "peer_uid", "se
 #: its cache warm it is the light path's, and a probe must leave no server behind).
 COMMANDS: dict[str, frozenset[str] | None] = {
     "submit": None, "explain": None, "jobs": None, "bundle": None,
-    "worker": frozenset({"list", "status", "prune"}),
+    "worker": frozenset({"list", "status", "prune", "pause", "resume"}),
     "plugins": None, "profiles": None, "providers": None, "machines": None, "token": None,
 }
 _MAX_MESSAGE = 1 << 22

@@ -18,7 +18,7 @@ from gpulayer.cli.conventions import (
     refuse_a_program_that_is_no_python,
 )
 from gpulayer.cli.display import printable
-from gpulayer.errors import InvalidInput
+from gpulayer.errors import InvalidInput, MethodNotAllowed, NotFound
 from gpulayer.units import format_gb
 
 worker_app = typer.Typer(help=help_of("worker"), no_args_is_help=True, rich_markup_mode=None)
@@ -197,7 +197,7 @@ def _status(w: Any, usage: dict[str, Any]) -> dict[str, Any]:
         k["total"] += 1
         if d.usable and f"{d.kind}:{d.index}" not in busy:
             k["free"] += 1
-    state = "draining" if w.draining and w.online else ("online" if w.online else "offline")
+    state = ("offline" if not w.online else "draining" if w.draining else "paused" if w.paused else "online")
     return {
         "id": w.id, "name": w.name, "origin": w.origin, "target": w.target, "state": state,
         "last_heartbeat": w.last_heartbeat,
@@ -243,6 +243,51 @@ def worker_status(
             typer.echo("frameworks " + json.dumps(w.capabilities.frameworks))
         typer.echo(f"slots     {st['availability']['free_cpu_slots']}/{w.cpu_slots} CPU slot(s) free")
         typer.echo("")
+
+
+def _pause(worker_ids: list[str], paused: bool, as_json: bool) -> None:
+    from gpulayer.client import connect
+
+    api = connect().api
+    done, failed = [], False
+    for worker_id in dict.fromkeys(worker_ids):
+        try:
+            w = api.pause_worker(worker_id, paused=paused)
+        except MethodNotAllowed:
+            raise InvalidInput("the control plane's server is older than gpulayer worker pause and resume; "
+                               "upgrade it") from None
+        except NotFound:
+            failed = True
+            typer.echo(f"error: worker {worker_id!r}: no such worker (gpulayer worker list names them)", err=True)
+            continue
+        done.append({"id": w.id, "paused": w.paused, "online": w.online})
+        if not as_json:
+            typer.echo(f"{w.id} {'paused: it takes no new work' if w.paused else 'resumed'}"
+                       + ("" if w.online else " (offline now)"))
+    if as_json:
+        echo_json(done)
+    if failed:
+        raise typer.Exit(EXIT_BAD_INPUT)
+
+
+@worker_app.command("pause")
+def worker_pause(
+    worker_ids: list[str] = typer.Argument(..., metavar="WORKER", help="one or more worker ids"),
+    as_json: bool = json_option("print one record per worker: id, paused, online"),
+) -> None:
+    """Pause workers: they take no new work, and what they were handed but had not started
+    goes back to the queue; what they run goes on. Jobs only they could run wait (they do not
+    fail) until gpulayer worker resume. A pause outlives a worker's restarts."""
+    _pause(worker_ids, True, as_json)
+
+
+@worker_app.command("resume")
+def worker_resume(
+    worker_ids: list[str] = typer.Argument(..., metavar="WORKER", help="one or more worker ids"),
+    as_json: bool = json_option("print one record per worker: id, paused, online"),
+) -> None:
+    """Resume paused workers: they take work again."""
+    _pause(worker_ids, False, as_json)
 
 
 @worker_app.command("prune")

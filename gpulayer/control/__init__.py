@@ -106,6 +106,25 @@ class ControlPlane(JobOps, MachineOps):
             self.tokens.forget()
         return gone
 
+    def pause_worker(self, worker_id: str, *, paused: bool = True) -> WorkerRecord:
+        """Pause the worker (``paused``), or resume it: a paused worker takes no new work, and
+        what it was handed but had not started goes back to the queue (at no cost to its
+        job); what it runs goes on. It still counts as able to run what it is compatible
+        with, so those jobs wait rather than fail; a pause outlives the worker's restarts."""
+        now = self.clock()
+        with self.store.write() as s:
+            row = queries.worker(s, worker_id)
+            changed = bool(row.paused) != paused
+            row.paused = paused
+            s.add(row)
+            if paused:
+                for t in queries.assigned_tasks_of_worker(s, worker_id):
+                    self._lose(s, t, now, "worker was paused")
+            if changed:
+                self._event(s, "worker_paused" if paused else "worker_resumed", worker_id=worker_id)
+        self.schedule_queue()
+        return self.get_worker(worker_id)
+
     # ------------------------------------------------------------------ placement
 
 

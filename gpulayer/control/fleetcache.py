@@ -95,7 +95,7 @@ class FleetCache:
                     rec = mapping.worker_record(dict(zip(queries.WORKER_COLUMNS, row, strict=True)))
                     key = class_key(rec)
                     key = self._class_keys.setdefault(key, key)  # one object per class (see Fleet)
-                    hit = (row, rec, key, (rec.draining, rec.cpu_slots, len(rec.capabilities.devices)))
+                    hit = (row, rec, key, (rec.draining or rec.paused, rec.cpu_slots, len(rec.capabilities.devices)))
                 fresh[row[0]] = hit
             self._rows, self._parsed = rows, fresh
             if len(self._class_keys) > 2 * len(fresh) + 64:  # keys of classes that left

@@ -258,7 +258,7 @@ def departed(s: Session, stored: PlacementDecision | None, online: set[str]) -> 
 
 def has_room(workers: list[scheduling.WorkerState]) -> bool:
     """Whether any online worker that takes work has a free CPU slot or device."""
-    return any(not w.record.draining and (w.record.cpu_slots > w.busy_cpu_slots
+    return any(not (w.record.draining or w.record.paused) and (w.record.cpu_slots > w.busy_cpu_slots
                                           or len(w.record.capabilities.devices) > len(w.busy_devices))
                for w in workers)
 

@@ -19,7 +19,7 @@ class WorkerClass:
         self.key = key
         self.rep = rep  # the first worker of the class, which ``check`` runs on
         self.target = TARGET_FOR_ORIGIN[rep.origin]
-        self.active: list[Worker] = []  # online, not draining; in fleet order
+        self.active: list[Worker] = []  # online, not draining (paused ones too: see Worker); in fleet order
         self.first_pos = pos
         self.n_devices = len(rep.capabilities.devices)
         #: (kind, index) of the usable devices: the class key holds each device's kind, index
@@ -37,7 +37,9 @@ class Worker:
         self.id = rec.id
         self.pos = pos  # position in the fleet
         self.cls = cls
-        self.state = state  # None (active), "offline" or "draining"
+        #: None (active), "offline", "draining" or "paused" (active: it counts as able to run
+        #: what it is compatible with, so such jobs wait; but it has no room, so it gets none)
+        self.state = state
         #: what is reserved on it in this pass: the room of one kind (a device kind, or None
         #: for its CPU slots; :func:`room_of`) -> the id of the job that reserved it
         self.reserved: dict[str | None, str] = {}
@@ -52,6 +54,8 @@ class Worker:
                     f.add(index)
         self.free = free  # kind -> free usable device indices
         self.free_cpu = max(0, rec.cpu_slots - ws.busy_cpu_slots)
+        if state == "paused":
+            self.free, self.free_cpu = {}, 0
 
 
 def room_of(kind: str | None, k: int) -> str | None:
@@ -86,11 +90,11 @@ class Fleet:
                     cls = by_key[key] = WorkerClass(key, rec, pos)
                 if ws.class_key is not None:
                     by_id[id(key)] = cls
-            state = "offline" if not rec.online else ("draining" if rec.draining else None)
+            state = "offline" if not rec.online else ("draining" if rec.draining else ("paused" if rec.paused else None))
             w = Worker(ws, pos, cls, state)
             self.workers.append(w)
             self.registered[cls.target] = self.registered.get(cls.target, 0) + 1
-            if state is None:
+            if state is None or state == "paused":
                 cls.active.append(w)
         self.classes = list(by_key.values())
 

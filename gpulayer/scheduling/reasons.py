@@ -23,9 +23,11 @@ def busy_message(kind: str | None, k: int) -> str:
 
 
 def state_reason(w: Worker) -> Reason:
-    """``worker is offline`` / ``worker is draining`` for a worker that is not active."""
+    """``worker is offline`` / ``worker is draining`` / ``worker is paused: ...`` for a worker
+    that takes no new work."""
+    resume = f": it takes no new work until resumed (gpulayer worker resume {w.id})" if w.state == "paused" else ""
     return Reason(worker=w.id, code=w.state or "", wanted="online", have=w.state,
-                  message=f"worker is {w.state}")
+                  message=f"worker is {w.state}{resume}")
 
 
 def too_few_workers(st: ShapeState, nodes: int) -> list[Reason]:
@@ -143,7 +145,10 @@ class WaitingReasons:
         ws = st.compatible_workers()
         for w in ws[:limit]:
             by = w.reserved.get(room) if w.reserved else None
-            if by is not None and by != job_id:
+            if w.state == "paused":
+                out.append(self.worker_reason(w, "paused", "compatible but paused: it takes no new work until "
+                                                           f"resumed (gpulayer worker resume {w.id})"))
+            elif by is not None and by != job_id:
                 out.append(self.worker_reason(w, "reserved", f"compatible but reserved for job {by}"))
             elif gang and fits(w, st.eligible_of[w.cls], kind, k):
                 out.append(self.worker_reason(w, "free", f"free, but the job needs {nodes} workers at once"))

@@ -131,7 +131,8 @@ def worker_record(row: WorkerRow | dict[str, Any]) -> WorkerRecord:
     )
 
 
-_WORKER_FIELDS = ("id", "name", "origin", "cpu_slots", "online", "draining", "last_heartbeat", "registered_at", "pid")
+_WORKER_FIELDS = ("id", "name", "origin", "cpu_slots", "online", "draining", "last_heartbeat", "registered_at", "pid",
+                  "paused")
 
 
 def log_chunk(r: tuple[int, str, int, str, str, float]) -> LogChunk:

@@ -86,8 +86,9 @@ def active_task_ids(s: Session) -> set[str]:
 
 # --------------------------------------------------------------------------- the DDL
 
-def _worker_changed(differs: str) -> str:
-    return " OR ".join(f"OLD.{c} {differs} NEW.{c}" for c in WORKER_COLUMNS)
+def _worker_changed(differs: str, paused: bool = True) -> str:
+    """SQL: a column a pass reads changed (``paused``: the column is there, schema 10 on)."""
+    return " OR ".join(f"OLD.{c} {differs} NEW.{c}" for c in WORKER_COLUMNS if paused or c != "paused")
 
 
 def _task_changed(lent: bool) -> str:
@@ -99,14 +100,14 @@ def _task_held_changed(differs: str, lent: bool) -> str:
     return f"{_holds('OLD', lent)} AND {_holds('NEW', lent)} AND ({held})"
 
 
-def _sqlite_ddl(lent: bool = True) -> list[str]:
+def _sqlite_ddl(lent: bool = True, paused: bool = True) -> list[str]:
     def bump(name: str) -> str:
         return f"UPDATE gl_marks SET n = n + 1, salt = hex(randomblob(8)) WHERE name = '{name}';"
 
     return [
         f"CREATE TRIGGER gl_mark_workers_insert AFTER INSERT ON gl_workers BEGIN {bump('workers')} END",
         f"CREATE TRIGGER gl_mark_workers_delete AFTER DELETE ON gl_workers BEGIN {bump('workers')} END",
-        f"CREATE TRIGGER gl_mark_workers_update AFTER UPDATE ON gl_workers WHEN {_worker_changed('IS NOT')} "
+        f"CREATE TRIGGER gl_mark_workers_update AFTER UPDATE ON gl_workers WHEN {_worker_changed('IS NOT', paused)} "
         f"BEGIN {bump('workers')} END",
         f"CREATE TRIGGER gl_mark_tasks_insert AFTER INSERT ON gl_tasks WHEN {_holds('NEW', lent)} "
         f"BEGIN {bump('tasks')} END",
@@ -119,7 +120,7 @@ def _sqlite_ddl(lent: bool = True) -> list[str]:
     ]
 
 
-def _postgres_ddl(lent: bool = True) -> list[str]:
+def _postgres_ddl(lent: bool = True, paused: bool = True) -> list[str]:
     out = []
     for name in ("workers", "tasks"):
         out.append(
@@ -131,7 +132,7 @@ def _postgres_ddl(lent: bool = True) -> list[str]:
         "CREATE TRIGGER gl_mark_workers_insert_delete AFTER INSERT OR DELETE ON gl_workers "
         "FOR EACH ROW EXECUTE FUNCTION gl_mark_workers()",
         f"CREATE TRIGGER gl_mark_workers_update AFTER UPDATE ON gl_workers FOR EACH ROW "
-        f"WHEN ({_worker_changed('IS DISTINCT FROM')}) EXECUTE FUNCTION gl_mark_workers()",
+        f"WHEN ({_worker_changed('IS DISTINCT FROM', paused)}) EXECUTE FUNCTION gl_mark_workers()",
         f"CREATE TRIGGER gl_mark_tasks_insert AFTER INSERT ON gl_tasks FOR EACH ROW "
         f"WHEN ({_holds('NEW', lent)}) EXECUTE FUNCTION gl_mark_tasks()",
         f"CREATE TRIGGER gl_mark_tasks_delete AFTER DELETE ON gl_tasks FOR EACH ROW "
@@ -143,15 +144,16 @@ def _postgres_ddl(lent: bool = True) -> list[str]:
     ]
 
 
-def install(conn: Connection, *, lent: bool = True) -> None:
+def install(conn: Connection, *, lent: bool = True, paused: bool = True) -> None:
     """The two marks and the triggers that keep them (``gl_marks`` exists already). Safe to
     run again: a mark that exists is kept, the triggers are made anew. ``lent=False``: as
-    schema 7 made them, before ``gl_tasks.lent`` (a migration from 6 runs before that column)."""
+    schema 7 made them, before ``gl_tasks.lent`` (a migration from 6 runs before that column);
+    ``paused=False``: before ``gl_workers.paused`` (schema 10)."""
     for name in ("workers", "tasks"):
         conn.execute(text("INSERT INTO gl_marks (name, n, salt) VALUES (:name, 0, '') ON CONFLICT (name) DO NOTHING"),
                      {"name": name})
     sqlite = conn.dialect.name == "sqlite"
-    for statement in _sqlite_ddl(lent) if sqlite else _postgres_ddl(lent):
+    for statement in _sqlite_ddl(lent, paused) if sqlite else _postgres_ddl(lent, paused):
         if statement.startswith("CREATE TRIGGER"):
             trigger = statement.split()[2]
             conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {trigger}" + ("" if sqlite else f" ON {_table(statement)}"))

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, inspect, text
 
 from gpulayer.errors import GpulayerError
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 # Version 1: the first released schema (no tokens, no idempotent submit).
 SCHEMA_V1 = [
@@ -115,7 +115,7 @@ def _v6_to_v7(conn: Connection) -> None:
     from gpulayer.store.tables import MarkRow
 
     MarkRow.__table__.create(conn, checkfirst=True)  # type: ignore[attr-defined]
-    marks.install(conn, lent=False)  # (gl_tasks.lent comes in schema 9, which installs them again)
+    marks.install(conn, lent=False, paused=False)  # (gl_tasks.lent comes in schema 9, which installs them again)
 
 
 def _v7_to_v8(conn: Connection) -> None:
@@ -135,13 +135,23 @@ def _v8_to_v9(conn: Connection) -> None:
 
     if "lent" not in {c["name"] for c in inspect(conn).get_columns("gl_tasks")}:
         conn.execute(text("ALTER TABLE gl_tasks ADD COLUMN lent BOOLEAN NOT NULL DEFAULT FALSE"))
+    marks.install(conn, paused=False)  # (gl_workers.paused comes in schema 10)
+
+
+def _v9_to_v10(conn: Connection) -> None:
+    # a worker an admin paused (gpulayer worker pause) takes no new work while the jobs only it
+    # could run wait; a pass reads the column, so the change marks' triggers are installed again
+    from gpulayer.store import marks
+
+    if "paused" not in {c["name"] for c in inspect(conn).get_columns("gl_workers")}:
+        conn.execute(text("ALTER TABLE gl_workers ADD COLUMN paused BOOLEAN NOT NULL DEFAULT FALSE"))
     marks.install(conn)
 
 
 #: MIGRATIONS[n] brings a database at version n to version n + 1.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
                                                      5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
-                                                     8: _v8_to_v9}
+                                                     8: _v8_to_v9, 9: _v9_to_v10}
 
 
 class SchemaTooNew(GpulayerError):

@@ -275,7 +275,8 @@ def workers(s: Session, *, online_only: bool = False) -> Sequence[WorkerRow]:
 
 #: the columns of a worker a placement pass reads (:func:`online_worker_rows`): all but the
 #: heartbeat's time, which changes every few seconds and which placement does not read
-WORKER_COLUMNS = ("id", "name", "origin", "capabilities", "cpu_slots", "online", "draining", "registered_at", "pid")
+WORKER_COLUMNS = ("id", "name", "origin", "capabilities", "cpu_slots", "online", "draining", "registered_at", "pid",
+                  "paused")
 
 
 def online_worker_rows(s: Session) -> list[tuple[Any, ...]]:

@@ -33,6 +33,8 @@ class WorkerRow(SQLModel, table=True):
     pid: int | None = None
     hostname: str = ""
     token_id: str | None = None
+    #: an admin paused it (schema 10): it takes no new work; the jobs only it could run wait
+    paused: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
 
 
 class JobRow(SQLModel, table=True):

@@ -133,12 +133,12 @@ def test_schema_9_gives_a_database_of_schema_8_the_column_and_its_triggers(store
                 name = statement.split()[2]
                 conn.execute(text(f"DROP TRIGGER {name}" + ("" if sqlite else f" ON {marks._table(statement)}")))
         conn.execute(text("ALTER TABLE gl_tasks DROP COLUMN lent"))
-        marks.install(conn, lent=False)
+        marks.install(conn, lent=False, paused=False)
         conn.execute(text("UPDATE gl_schema SET version = 8"))
     cp.store.dispose()
     cp = ControlPlane(Store(store_url))
     try:
-        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 9
+        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 10
         inner = cp.submit(cpu_job())
         assert cp.get_job(inner.id).state is JobState.QUEUED
         assert cp.lend_slot(outer.id, task_id=outer_task, lent=True).lent is True

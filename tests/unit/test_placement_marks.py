@@ -45,12 +45,13 @@ def in_another_process(url: str, *statements: tuple[str, dict[str, Any]]) -> Non
 
 
 #: the triggers' text as each schema installs them (schema 8 kept 7's; 9 made them anew, a lent
-#: task holding nothing). Databases keep the triggers they were given: a change here (the
+#: task holding nothing; 10 too, a worker's pause being read by a pass). Databases keep the triggers they were given: a change here (the
 #: columns a pass reads, the active states) needs a schema version whose migration installs
 #: them again; then record the new digest with the new version.
 TRIGGERS = {7: "3d4aecd4ab38f690ccbd42f80a37f214719b78361571b892e76c41dae4840bb5",
             8: "3d4aecd4ab38f690ccbd42f80a37f214719b78361571b892e76c41dae4840bb5",
-            9: "c12b1ae289a0be1198e10b7eb4ff0cc5092078fdfda30e5db5de188577a84fd5"}
+            9: "c12b1ae289a0be1198e10b7eb4ff0cc5092078fdfda30e5db5de188577a84fd5",
+            10: "6bc5489bba45bf8e3fe13ab7542436a1381dcc572b827cd85b72d4604a129f82"}
 
 
 def test_the_triggers_change_only_with_the_schema() -> None:
@@ -60,8 +61,11 @@ def test_the_triggers_change_only_with_the_schema() -> None:
     assert TRIGGERS.get(migrations.SCHEMA_VERSION) == hashlib.sha256(ddl.encode()).hexdigest(), (
         "the change marks' triggers changed: add a schema version whose migration installs them again")
     # the migration from schema 6 installs schema 7's, before the column schema 9 tests
-    v7 = "\n".join(marks._sqlite_ddl(lent=False) + marks._postgres_ddl(lent=False))
+    v7 = "\n".join(marks._sqlite_ddl(lent=False, paused=False) + marks._postgres_ddl(lent=False, paused=False))
     assert hashlib.sha256(v7.encode()).hexdigest() == TRIGGERS[7]
+    # and the migration from schema 8 installs schema 9's, before the column schema 10 tests
+    v9 = "\n".join(marks._sqlite_ddl(paused=False) + marks._postgres_ddl(paused=False))
+    assert hashlib.sha256(v9.encode()).hexdigest() == TRIGGERS[9]
     assert marks.WORKER_COLUMNS == queries.WORKER_COLUMNS and marks.ACTIVE == queries.ACTIVE_TASK_STATES
 
 
@@ -150,7 +154,9 @@ def test_a_worker_changed_by_another_process_is_seen_by_the_next_pass(cp: Contro
     assert got.state is JobState.ASSIGNED and got.tasks[0].devices == [0, 1]
 
 
-def test_a_worker_drained_by_another_process_gets_nothing_from_the_next_pass(cp: ControlPlane, store_url: str) -> None:
+@pytest.mark.parametrize("column", ["draining", "paused"])
+def test_a_worker_drained_by_another_process_gets_nothing_from_the_next_pass(cp: ControlPlane, store_url: str,
+                                                                             column: str) -> None:
     w = cp.register_worker(cuda_caps(1), cpu_slots=0).id
     first = cp.submit(waiting_gpu_job())
     second = cp.submit(waiting_gpu_job())
@@ -160,7 +166,7 @@ def test_a_worker_drained_by_another_process_gets_nothing_from_the_next_pass(cp:
     # read again, the pass would hand the freed GPU of a draining worker to the second job
     in_another_process(store_url, ("UPDATE gl_tasks SET state = 'succeeded' WHERE id = :id", {"id": a.task_id}),
                        ("UPDATE gl_jobs SET state = 'succeeded' WHERE id = :id", {"id": first.id}),
-                       ("UPDATE gl_workers SET draining = :yes WHERE id = :id", {"yes": True, "id": w}))
+                       (f"UPDATE gl_workers SET {column} = :yes WHERE id = :id", {"yes": True, "id": w}))
     cp.schedule()
     assert cp.get_job(second.id).state is JobState.QUEUED
 
@@ -205,10 +211,11 @@ def test_the_marks_are_installed_by_the_migration_from_schema_6(store_url: str) 
             conn.execute(text("DROP FUNCTION gl_mark_workers(), gl_mark_tasks()"))
         conn.execute(text("DROP TABLE gl_marks"))
         conn.execute(text("ALTER TABLE gl_tasks DROP COLUMN lent"))  # (schema 9's)
+        conn.execute(text("ALTER TABLE gl_workers DROP COLUMN paused"))  # (schema 10's)
         conn.execute(text("UPDATE gl_schema SET version = 6"))
     store.dispose()
     cp = ControlPlane(Store(store_url))
-    assert cp.store.schema_version() == migrations.SCHEMA_VERSION  # (7, 8: indexes alone, 9: a column)
+    assert cp.store.schema_version() == migrations.SCHEMA_VERSION  # (7, 8: indexes alone, 9 and 10: a column each)
     before = current(cp)
     assert before is not None
     cp.register_worker(cuda_caps(1), cpu_slots=0)

@@ -258,7 +258,7 @@ class KindSummary:
     kind: str
     total: int = 0
     busy: int = 0
-    #: not busy, and no new work can use it: not usable, or on a draining worker
+    #: not busy, and no new work can use it: not usable, or on a draining or paused worker
     unavailable: int = 0
 
     @property
@@ -269,7 +269,7 @@ class KindSummary:
 def _status(w: WorkerRecord) -> str:
     if not w.online:
         return "offline"
-    return "draining" if w.draining else "online"
+    return "draining" if w.draining else ("paused" if w.paused else "online")
 
 
 def _worker_views(control: ControlPlane) -> list[WorkerView]:
@@ -309,13 +309,14 @@ class Fleet:
     online: int
     draining: int
     offline: int
+    paused: int
     cpu_slots: int
     busy_cpu_slots: int
 
 
 def fleet(views: list[WorkerView]) -> Fleet:
     """Devices busy and free by kind, CPU slots and workers, over the online workers (a
-    draining worker's idle devices take no new work, so they count as unavailable)."""
+    draining or paused worker's idle devices take no new work, so they count as unavailable)."""
     kinds: dict[str, KindSummary] = {}
     cpu = busy_cpu = 0
     for v in views:
@@ -326,14 +327,14 @@ def fleet(views: list[WorkerView]) -> Fleet:
             k.total += 1
             if d.busy:
                 k.busy += 1
-            elif not d.usable or v.status == "draining":
+            elif not d.usable or v.status in ("draining", "paused"):
                 k.unavailable += 1
         if v.status == "online":
             cpu += v.record.cpu_slots
         busy_cpu += v.busy_cpu_slots
-    count = {s: sum(1 for v in views if v.status == s) for s in ("online", "draining", "offline")}
+    count = {s: sum(1 for v in views if v.status == s) for s in ("online", "draining", "offline", "paused")}
     return Fleet(sorted(kinds.values(), key=lambda k: k.kind), count["online"], count["draining"],
-                 count["offline"], max(cpu, busy_cpu), busy_cpu)
+                 count["offline"], count["paused"], max(cpu, busy_cpu), busy_cpu)
 
 
 def overview(control: ControlPlane, who: Identity) -> dict[str, Any]:
