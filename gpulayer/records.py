@@ -191,8 +191,10 @@ class TaskRecord(Record):
     error: JobError | None = None
     rendezvous: Rendezvous | None = None
     #: it waits for jobs, its CPU slot lent to the queue meanwhile (docs/concepts.md, "Jobs
-    #: that submit jobs"); only while it runs
-    lent: bool = False
+    #: that submit jobs"); only while it runs. Written only when true: a client older than
+    #: the lenient read of records (docs/server.md, "Upgrading") refuses an answer with a
+    #: field it does not know, and this one was in every answer with a task
+    lent: bool = Field(default=False, exclude_if=lambda lent: not lent)
 
 
 class JobRecord(Record):
