@@ -58,6 +58,12 @@ class JobState(str, enum.Enum):
                         JobState.TIMED_OUT, JobState.UNSCHEDULABLE)
 
 
+#: the longest a :class:`JobError`'s type, message and traceback may be, in characters
+MAX_ERROR_TYPE = 200
+MAX_ERROR_MESSAGE = 1_000_000
+MAX_ERROR_TRACEBACK = 10_000_000
+
+
 class JobError(Record):
     """Why a job or a task did not succeed, as data.
 
@@ -67,9 +73,9 @@ class JobError(Record):
     Build them with the named constructors, so the same end always reads the same.
     """
 
-    type: str = Field(min_length=1, max_length=200)
-    message: str = Field(default="", max_length=1_000_000)
-    traceback: str | None = Field(default=None, max_length=10_000_000)
+    type: str = Field(min_length=1, max_length=MAX_ERROR_TYPE)
+    message: str = Field(default="", max_length=MAX_ERROR_MESSAGE)
+    traceback: str | None = Field(default=None, max_length=MAX_ERROR_TRACEBACK)
 
     @property
     def raised(self) -> bool:

@@ -15,7 +15,8 @@ with the current directory first on ``sys.path`` (also under ``python -I``), so 
 
 ``type`` is the exception's qualified name (``ValueError``, ``mypkg.errors.MyError``). A
 result that is not JSON (a set, bytes, NaN, an object, a non-string key) is refused with the
-path of the first offending value. The function's own prints go to stdout/stderr as usual.
+path of the first offending value, and so is a str with a lone surrogate (``ValueError``).
+The function's own prints go to stdout/stderr as usual.
 
 This file must import only the standard library: the job's Python need not have GPUlayer's
 dependencies (or GPUlayer) installed.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import traceback
 from typing import Any
@@ -303,6 +305,14 @@ def _result_text(ref: str, result: Any) -> str:
     if shape == _TOO_DEEP:
         raise _RunnerError("ValueError", f"result of {ref} nests lists and dicts more than {MAX_NESTING} levels "
                                          f"deep; accepted: at most {MAX_NESTING}")
+    if refused is None and "\\ud" in body and _LONE_ESCAPE.search(body):
+        found = _lone_surrogate(result)
+        if found is not None:
+            where, text, index = found
+            shown = repr(text) if len(text) <= 100 else f"a str of {len(text)} characters"
+            raise _RunnerError("ValueError", f"result of {ref} at {where}: {shown} is not valid UTF-8 (a lone "
+                                             f"surrogate {text[index]!r} at index {index}); accepted: valid Unicode "
+                                             "text")
     if refused is not None:
         problem = find_non_json(result)
         if problem is not None:
@@ -310,6 +320,38 @@ def _result_text(ref: str, result: Any) -> str:
         # (what only json.dumps refuses: nesting deeper than its recursion allows)
         raise _RunnerError("TypeError", f"result is not JSON: {refused}; {_ACCEPTED}")
     return RESULT_PREFIX + body + "}"
+
+
+#: a lone surrogate as json.dumps escapes it (a pair, a character past U+FFFF, is
+#: ``\\ud83d\\ude00``); a match may be an escaped backslash's text, which
+#: :func:`_lone_surrogate` tells apart
+_LONE_ESCAPE = re.compile(r"\\ud[89ab][0-9a-f]{2}(?!\\ud[c-f])|(?<!\\ud[89ab][0-9a-f]{2})\\ud[c-f][0-9a-f]{2}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(value: Any) -> tuple[str, str, int] | None:
+    """The first str (a value or a key) in ``value``, a result json.dumps took, that holds a
+    lone surrogate: ``(its path, the str, the surrogate's index)``, or None. No reader takes
+    one (pydantic refuses the JSON, a database's text the character): a result that held one
+    was stored, and then every read of its job through a server failed."""
+    stack: list[tuple[Any, str]] = [(value, "result")]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            m = _SURROGATE.search(item)
+            if m is not None:
+                return where, item, m.start()
+        elif isinstance(item, dict):
+            subs = []
+            for key, sub in item.items():
+                m = _SURROGATE.search(key)
+                if m is not None:
+                    return f"{where} (a key)", key, m.start()
+                subs.append((sub, f"{where}[{json.dumps(key)}]"))
+            stack.extend(reversed(subs))
+        elif isinstance(item, (list, tuple)):
+            stack.extend(reversed([(sub, f"{where}[{i}]") for i, sub in enumerate(item)]))
+    return None
 
 
 #: what _shape_problem finds

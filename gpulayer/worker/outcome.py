@@ -12,7 +12,7 @@ from typing import Any
 
 from gpulayer.api import ResultJSON
 from gpulayer.errors import AuthError, Conflict, NotFound
-from gpulayer.records import JobError, TaskState
+from gpulayer.records import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK, MAX_ERROR_TYPE, JobError, TaskState
 from gpulayer.worker.function_runner import RESULT_PREFIX
 from gpulayer.worker.process import exit_error
 
@@ -47,8 +47,9 @@ def function_outcome(report: TaskOutcome, result_path: Path, python: str | None 
     elif isinstance(payload, dict) and isinstance(payload.get("error"), dict):
         err = payload["error"]
         report.state = TaskState.FAILED
-        report.error = JobError.raised_by(str(err.get("type") or "Exception"), str(err.get("message") or ""),
-                                          str(err.get("traceback") or ""))
+        report.error = JobError.raised_by(_text(err.get("type"))[:MAX_ERROR_TYPE] or "Exception",
+                                          _clipped(_text(err.get("message")), MAX_ERROR_MESSAGE),
+                                          _clipped(_text(err.get("traceback")), MAX_ERROR_TRACEBACK, end=True))
     elif report.state is TaskState.SUCCEEDED:
         report.state = TaskState.FAILED
         report.error = JobError(type="runner", message="the function runner wrote no result")
@@ -62,6 +63,26 @@ def function_outcome(report: TaskOutcome, result_path: Path, python: str | None 
         report.error = JobError(type="runner", message=(
             f"exit code {report.exit_code} before the function runner wrote a result: {ended}"))
     return report
+
+
+def _text(value: object) -> str:
+    """``value`` as text that can be stored and sent: a lone surrogate (an exception's
+    message made from bytes decoded with ``surrogateescape``, or ``'\\udcff'`` itself) as
+    its escape, as the job's stderr shows it. A message with one was refused by the
+    record, and the task ended as "worker error: ValidationError ..." without it."""
+    text = "" if value is None else str(value)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8") if not text.isascii() else text
+
+
+def _clipped(text: str, limit: int, *, end: bool = False) -> str:
+    """``text`` cut to ``limit`` characters, saying so: its start kept (a message), or with
+    ``end`` its end (a traceback, whose last lines say what was raised). A message longer
+    than the record holds ended the task as "worker error: ValidationError ...", and the
+    function's exception was lost."""
+    if len(text) <= limit:
+        return text
+    said = f"... ({len(text)} characters; {'the start' if end else 'the rest'} cut)"
+    return said + "\n" + text[len(text) - limit + len(said) + 1:] if end else text[:limit - len(said)] + said
 
 
 class NotStarted(Exception):

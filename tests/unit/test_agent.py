@@ -355,3 +355,32 @@ def test_a_function_process_that_failed_without_the_runners_word_says_so(
     killed = function_outcome(TaskOutcome(TaskState.FAILED, exit_code=-9, error=JobError.ended(
         TaskState.FAILED, exit_error(-9))), path, python)  # a signal's end says it already
     assert killed.error is not None and killed.error.message == "killed by signal SIGKILL"
+
+
+def test_a_functions_error_the_record_could_not_hold_is_kept_cut_and_escaped(tmp_path: Path) -> None:
+    """An exception's message past the record's limit (1,000,000 characters), a type name
+    past 200, or a lone surrogate in any of them failed the record's validation, and the task
+    ended as "worker error: ValidationError ...": the function's error was lost. Now it is
+    kept: a lone surrogate as its escape (as stderr shows it), a message cut at its end, a
+    traceback at its start (its last line says what was raised), each saying so."""
+    from gpulayer.records import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK, MAX_ERROR_TYPE, TaskState
+    from gpulayer.worker.outcome import TaskOutcome, function_outcome
+
+    path = tmp_path / "result.json"
+
+    def outcome(type_name: str, message: str, tb: str):  # type: ignore[no-untyped-def]
+        path.write_text(json.dumps({"ok": False, "error": {"type": type_name, "message": message, "traceback": tb}}))
+        got = function_outcome(TaskOutcome(TaskState.FAILED, exit_code=1), path)
+        assert got.state is TaskState.FAILED and got.error is not None
+        return got.error
+
+    error = outcome("odd\udcff", "bad \udcff 训练 😀", "Traceback ...\nValueError: bad \udcff 训练 😀\n")
+    assert (error.type, error.message) == ("odd\\udcff", "bad \\udcff 训练 😀")
+    assert error.traceback == "Traceback ...\nValueError: bad \\udcff 训练 😀\n"
+    error = outcome("E" * 300, "x" * (MAX_ERROR_MESSAGE + 5), "line\n" * MAX_ERROR_TRACEBACK + "ValueError: x\n")
+    assert error.type == "E" * MAX_ERROR_TYPE
+    assert len(error.message) == MAX_ERROR_MESSAGE
+    assert error.message.endswith(f"x... ({MAX_ERROR_MESSAGE + 5} characters; the rest cut)")
+    assert error.traceback is not None and len(error.traceback) == MAX_ERROR_TRACEBACK
+    assert error.traceback.startswith(f"... ({MAX_ERROR_TRACEBACK * 5 + 14} characters; the start cut)\nline\n")
+    assert error.traceback.endswith("line\nValueError: x\n")

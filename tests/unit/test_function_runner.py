@@ -431,3 +431,21 @@ def test_a_result_nested_deeper_than_a_reader_could_parse_is_refused() -> None:
     assert exc.value.type_name == "ValueError"
     assert exc.value.message == (f"result of m:f nests lists and dicts more than {fr.MAX_NESTING} levels deep; "
                                  f"accepted: at most {fr.MAX_NESTING}")
+
+
+def test_a_result_with_a_lone_surrogate_is_refused_naming_where_and_pairs_pass() -> None:
+    """A result holding a lone surrogate was written (json.dumps escapes it) and stored, and
+    then no reader took it: a server's client failed on every read of the job. Refused now,
+    as an argument with one is at submit; a character past U+FFFF, or a backslash's text
+    that looks like an escape, is not one."""
+    for result, said in (
+            ({"s": "a\udcffb"}, "at result[\"s\"]: 'a\\udcffb' is not valid UTF-8 (a lone surrogate '\\udcff' at index 1)"),
+            ([1, {"ok": "😀", "k\ud83d": 1}],
+             "at result[1] (a key): 'k\\ud83d' is not valid UTF-8 (a lone surrogate '\\ud83d' at index 1)"),
+            (["\\\udcff"], "at result[0]: '\\\\\\udcff' is not valid UTF-8 (a lone surrogate '\\udcff' at index 1)")):
+        with pytest.raises(fr._RunnerError) as caught:
+            fr._result_text("m:f", result)
+        assert caught.value.type_name == "ValueError"
+        assert caught.value.message == f"result of m:f {said}; accepted: valid Unicode text"
+    for fine in (["😀𝄞", "\\ud800", "\\\\ud83d"], "\ud83d\ude00"):
+        assert json.loads(fr._result_text("m:f", fine)[len(fr.RESULT_PREFIX):-1]) == json.loads(json.dumps(fine))

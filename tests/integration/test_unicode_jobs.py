@@ -1,0 +1,68 @@
+"""Text that is not ASCII, end to end: names, labels, arguments and results past U+FFFF, and
+the text a function cannot send (a lone surrogate), on every control plane.
+
+Tests that take the ``plane`` fixture run on the embedded control plane and against a real
+server process on SQLite and on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.integration.conftest import Plane
+from tests.support import cli
+
+
+def test_a_functions_text_past_the_bmp_and_its_lone_surrogates_end_as_said(plane: Plane, tmp_path: Path) -> None:
+    """An exception whose message holds a lone surrogate (bytes decoded with surrogateescape)
+    ended its task as "worker error: ValidationError ...", the function's error lost; a result
+    that held one was stored, and every read of its job through a server failed with
+    pydantic's "lone leading surrogate in hex escape". Now the error is kept, its lone
+    surrogate as the escape stderr shows, and such a result is refused naming where it is."""
+    plane.ensure_worker()
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "run.py").write_text(textwrap.dedent("""
+        import json
+        import gpulayer as gl
+
+        @gl.remote
+        def text():
+            return {"训练-✓": ["😀", "𝄞"]}
+
+        @gl.remote
+        def raw_error():
+            raise ValueError(b"bad \\xff".decode("utf-8", "surrogateescape") + " 训练 😀")
+
+        @gl.remote
+        def lone_result():
+            return {"name": "a\\udcffb"}
+
+        if __name__ == "__main__":
+            out = {"text": text.remote().result(timeout=60)}
+            for f in (raw_error, lone_result):
+                h = f.remote()
+                try:
+                    h.result(timeout=60)
+                except gl.RemoteError as e:
+                    out[f.__name__] = [h.id, e.remote_type, e.remote_message, e.remote_traceback]
+            print(json.dumps(out))
+    """))
+    proc = subprocess.run([sys.executable, "run.py"], cwd=proj, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["text"] == {"训练-✓": ["😀", "𝄞"]}
+    job_id, kind, message, tb = out["raw_error"]
+    assert (kind, message) == ("ValueError", "bad \\udcff 训练 😀")
+    assert tb.endswith("ValueError: bad \\udcff 训练 😀\n")
+    job_id, kind, message, _ = out["lone_result"]
+    assert kind == "ValueError"
+    assert message == ("result of run:lone_result at result[\"name\"]: 'a\\udcffb' is not valid UTF-8 "
+                       "(a lone surrogate '\\udcff' at index 1); accepted: valid Unicode text")
+    shown = cli("jobs", "show", job_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["state"] == "failed"
