@@ -118,8 +118,33 @@ def reader_left(exc: BrokenPipeError) -> NoReturn:
     raise SystemExit(EXIT_READER_LEFT)
 
 
+def _text_out() -> None:
+    """Standard streams that can write whatever a command prints (a job's output, names,
+    paths), as Click's ``echo`` already wrote most of it: under an ASCII locale (``LC_ALL=C``
+    with ``PYTHONUTF8=0``, ``PYTHONIOENCODING=ascii``) as UTF-8, Python's own choice in the C
+    locale; under another encoding that cannot write every character (``latin-1``) a
+    character it cannot as its escape (``\\u8bad``). The light path's ``jobs list`` and
+    ``jobs logs`` and ``submit``'s stream of the job's output ended in UnicodeEncodeError."""
+    import codecs
+
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)  # (None: a closed stream; a replaced one)
+        try:
+            name = codecs.lookup(stream.encoding).name
+        except (AttributeError, LookupError, TypeError):
+            continue
+        if reconfigure is None:
+            continue
+        if name == "ascii":  # (surrogateescape: an argument's bytes, written back as they came)
+            reconfigure(encoding="utf-8", errors="surrogateescape" if stream.errors == "surrogateescape"
+                        else "backslashreplace")
+        elif stream.errors == "strict" or not name.startswith("utf-"):
+            reconfigure(errors="backslashreplace")
+
+
 def main() -> None:
     atexit.register(_at_last)
+    _text_out()
     try:
         from gpulayer.cli import light
 
