@@ -10,7 +10,7 @@ import typer
 
 from gpulayer import config
 from gpulayer.cli.commands import help_of
-from gpulayer.cli.display import printable
+from gpulayer.cli.display import cell, columns, printable
 from gpulayer.errors import BundleError, GpulayerError
 
 if TYPE_CHECKING:
@@ -138,26 +138,26 @@ def _print_text(
     echo(f"Bundle of {printable(str(inspection.root))}")
     echo("")
     echo(f"Included ({len(inspection.included)} files, {size(inspection.total_size)}):")
-    width = max((len(shown) for shown, _ in included), default=0)
+    width = max((columns(shown) for shown, _ in included), default=0)
     for shown, f in included:
         flag = "  (executable)" if f.executable else ""
-        echo(f"  {shown:<{width}}  {size(f.size):>10}{flag}")
+        echo(f"  {cell(shown, width)}  {size(f.size):>10}{flag}")
     if not inspection.included:
         echo("  (nothing)")
     echo("")
     echo(f"Excluded ({len(inspection.excluded)}):")
     excluded = [(printable(e.path), printable(e.rule)) for e in inspection.excluded]
-    width = max((len(shown) for shown, _ in excluded), default=0)
+    width = max((columns(shown) for shown, _ in excluded), default=0)
     for shown, rule in excluded:
-        echo(f"  {shown:<{width}}  {rule}")
+        echo(f"  {cell(shown, width)}  {rule}")
     if not inspection.excluded:
         echo("  (nothing)")
     if largest:
         echo("")
         echo(f"Largest files (top {len(largest)}):")
-        width = max(len(printable(f.path)) for f in largest)
+        width = max(columns(printable(f.path)) for f in largest)
         for f in largest:
-            echo(f"  {printable(f.path):<{width}}  {size(f.size):>10}")
+            echo(f"  {cell(printable(f.path), width)}  {size(f.size):>10}")
     echo("")
     total = size(inspection.total_size)
     echo(f"Total:   {len(inspection.included)} files, {total} before compression")

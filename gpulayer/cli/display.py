@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import unicodedata
 
-__all__ = ["printable", "printable_lines"]
+__all__ = ["cell", "columns", "printable", "printable_lines"]
 
 
 def _escape(ch: str) -> str:
@@ -34,3 +34,21 @@ def printable_lines(text: str, indent: str) -> str:
     each made :func:`printable`, the second and later ones after ``indent``, so none can
     pass for a field of its own."""
     return ("\n" + indent).join(printable(line) for line in text.split("\n"))
+
+
+def columns(text: str) -> int:
+    """How many columns ``text`` takes on a terminal: a wide character (``训``, most emoji)
+    two, a combining mark (the accent of a decomposed ``é``) none, anything else one."""
+    if text.isascii():
+        return len(text)
+    return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+               for ch in text)
+
+
+def cell(text: str, width: int) -> str:
+    """``text`` as a table cell ``width`` columns wide: cut to fit (``len`` counted
+    characters, so a name in CJK or with a decomposed accent shifted every column after
+    it), then padded with spaces."""
+    while columns(text) > width:
+        text = text[:-1]
+    return text + " " * (width - columns(text))

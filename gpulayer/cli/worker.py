@@ -17,7 +17,7 @@ from gpulayer.cli.conventions import (
     json_option,
     refuse_a_program_that_is_no_python,
 )
-from gpulayer.cli.display import printable
+from gpulayer.cli.display import cell, printable
 from gpulayer.errors import InvalidInput, MethodNotAllowed, NotFound
 from gpulayer.units import format_gb
 
@@ -184,7 +184,7 @@ def worker_list(as_json: bool = json_option()) -> None:
         st = _status(w, usage)
         devs = ", ".join(f"{k} {v['free']}/{v['total']} free" for k, v in st["availability"]["devices"].items()) or "-"
         slots = f"{st['availability']['free_cpu_slots']}/{w.cpu_slots}"
-        typer.echo(f"{w.id:<18}{printable(w.name)[:15]:<16}{w.target:<8}{st['state']:<9}{devs:<22}{slots:<10}")
+        typer.echo(f"{w.id:<18}{cell(cell(printable(w.name), 15), 16)}{w.target:<8}{st['state']:<9}{devs:<22}{slots:<10}")
 
 
 def _status(w: Any, usage: dict[str, Any]) -> dict[str, Any]:

@@ -805,6 +805,21 @@ def test_cli_inspect_text_shows_control_characters_in_names_escaped(cli: typer.T
     assert "skip\\x1b]0;title\\x07.log  .gitignore:1: *.log" in result.output
 
 
+def test_cli_inspect_text_lines_up_names_in_cjk_and_with_combining_marks(cli: typer.Typer, project: Path) -> None:
+    """Names were padded by their count of characters: a name in CJK (two columns a
+    character) or with a decomposed accent (a mark of no width) pushed its size out of line
+    with the others. Now each row's size ends in the same column of the terminal."""
+    from gpulayer.cli.display import columns
+
+    for name in ("训练.py", "cafe\u0301.txt", "plain.txt"):
+        write(project, name, "x")
+    result = CliRunner().invoke(cli, ["bundle", "inspect", str(project)])
+    assert result.exit_code == 0, result.output
+    included = result.output.split("Included")[1].split("\n\n")[0].splitlines()[1:]
+    assert len(included) > 3 and "  cafe\u0301.txt " in result.output  # (the name as the directory has it)
+    assert len({columns(row.removesuffix("  (executable)")) for row in included}) == 1, included
+
+
 def test_cli_inspect_json(cli: typer.Typer, project: Path) -> None:
     write(project, "x.pyc", "c")
     result = CliRunner().invoke(cli, ["bundle", "inspect", str(project), "--json", "--top", "1"])

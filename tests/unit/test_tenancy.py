@@ -19,7 +19,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from gpulayer import bundles, errors
-from gpulayer.cli.display import printable
+from gpulayer.cli.display import cell, columns, printable
 from gpulayer.control import ControlPlane
 from gpulayer.http_client import RemoteAPI, connect_http
 from gpulayer.records import TaskState
@@ -217,3 +217,12 @@ def test_migrating_to_schema_4_on_postgres(postgres_url: str) -> None:
     assert cp.get_bundle(digest, owner="tok-carol") == data
     assert cp.has_bundle(digest, owner="tok-dave") is False
     cp.store.dispose()
+
+
+def test_a_table_cell_is_measured_in_terminal_columns() -> None:
+    """A wide character takes two columns, a combining mark none: cells padded or cut by
+    ``len`` put every later column of the row out of line (``worker list``'s NAME)."""
+    assert [columns(t) for t in ("abc", "训练机-✓", "cafe\u0301", "😀")] == [3, 8, 4, 2]
+    assert cell("训练机-✓", 10) == "训练机-✓  "
+    assert cell("训练机训练机训练机", 15) == "训练机训练机训 "  # (a wide character never half shown)
+    assert cell("cafe\u0301", 6) == "cafe\u0301  "
