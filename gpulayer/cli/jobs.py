@@ -422,6 +422,8 @@ def jobs_show(job_id: str = typer.Argument(..., metavar="JOB"), as_json: bool = 
         return
     s = _job_summary(job)
     typer.echo(f"job       {job.id}")
+    if job.spec.name is not None:
+        typer.echo(f"name      {printable(job.spec.name)}")
     code = job.exit_code if job.state.terminal else None  # (an attempt's, before a retry: on its task line)
     typer.echo(f"state     {job.state.value}" + (f" (exit code {code})" if code is not None else ""))
     typer.echo(f"kind      {s['kind']}: {printable(s['what'])}")

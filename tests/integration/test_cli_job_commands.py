@@ -162,12 +162,13 @@ def test_a_submit_interrupted_waits_for_its_cancelled_job_without_offering_to_ca
 
 def test_show_writes_requirements_as_submit_flags(home: Path) -> None:
     proc = cli("submit", "--detach", "--on-unschedulable", "wait", "--framework", "torch>=2.2", "--cpus", "1",
-               "--memory", "0.5", "--label", "zone=a", "--", "true", timeout=60)
+               "--memory", "0.5", "--label", "zone=a", "--name", "训练 run", "--", "true", timeout=60)
     job = proc.stdout.strip()
     try:
         show = cli("jobs", "show", job, check=True).stdout
         needs = next(line for line in show.splitlines() if line.startswith("needs"))
         assert needs == "needs     --framework 'torch>=2.2' --cpus 1 --memory 0.5 --label zone=a"
+        assert show.splitlines()[1] == "name      训练 run"  # (the name it was given, after its id)
     finally:
         cli("jobs", "cancel", job)
 
