@@ -4,7 +4,8 @@ A job is deleted with everything stored for it: its tasks, output and events. On
 an ended state are ever chosen (the caller checks each id it is given; the age query asks for
 those states alone). A bundle is deleted once no stored job names it, whatever its state.
 They run in the caller's write transaction, a batch at a time, so that a large prune never
-holds the writers' lock for long.
+holds the writers' lock for long: a batch's output first, a bounded number of chunks at a
+time (:func:`delete_logs`), then the jobs with the rest.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sqlalchemy import select as sa_select
 from sqlmodel import Session, col
 
 from gpulayer.records import JobState
+from gpulayer.store import plain
 from gpulayer.store.tables import BundleReaderRow, BundleRow, EventRow, JobRow, LogRow, TaskRow
 
 #: the states a job may be deleted in
@@ -46,15 +48,33 @@ def count_ended_before(s: Session, cut: float, *, states: Sequence[str], owner: 
     return int(s.execute(q).scalar_one())
 
 
+def still_ended(s: Session, job_ids: Sequence[str]) -> list[str]:
+    """Those of these jobs that exist and are in an ended state, in their order (a job whose
+    task was lost may come back: its worker's late report is accepted)."""
+    ended = {job_id for job_id, state in plain.fetch_in(s, "SELECT id, state FROM gl_jobs WHERE id IN ({})",
+                                                        list(job_ids)) if state in ENDED_STATES}
+    return [j for j in job_ids if j in ended]
+
+
+def delete_logs(s: Session, job_ids: Sequence[str], limit: int) -> int:
+    """Delete up to ``limit`` of these jobs' log chunks; how many it deleted."""
+    if not job_ids:
+        return 0
+    some = sa_select(col(LogRow.id)).where(col(LogRow.job_id).in_(list(job_ids))).limit(limit)
+    gone = s.execute(delete(LogRow).where(col(LogRow.id).in_(some)),
+                     execution_options={"synchronize_session": False})  # (no RETURNING of every id)
+    return int(gone.rowcount)  # type: ignore[attr-defined]
+
+
 def delete_jobs(s: Session, job_ids: Sequence[str]) -> None:
     """Delete these jobs with their tasks, output and events."""
-    if not job_ids:
-        return
     ids = list(job_ids)
-    s.execute(delete(LogRow).where(col(LogRow.job_id).in_(ids)))
-    s.execute(delete(EventRow).where(col(EventRow.job_id).in_(ids)))
-    s.execute(delete(TaskRow).where(col(TaskRow.job_id).in_(ids)))
-    s.execute(delete(JobRow).where(col(JobRow.id).in_(ids)))
+    for i in range(0, len(ids), plain.IN_CHUNK):  # (old SQLite: 999 variables a statement)
+        chunk = ids[i:i + plain.IN_CHUNK]
+        s.execute(delete(LogRow).where(col(LogRow.job_id).in_(chunk)))
+        s.execute(delete(EventRow).where(col(EventRow.job_id).in_(chunk)))
+        s.execute(delete(TaskRow).where(col(TaskRow.job_id).in_(chunk)))
+        s.execute(delete(JobRow).where(col(JobRow.id).in_(chunk)))
 
 
 def unused_bundles(s: Session, cut: float) -> list[str]:
@@ -85,5 +105,5 @@ def delete_bundles(s: Session, digests: Iterable[str]) -> None:
         s.execute(delete(BundleRow).where(col(BundleRow.digest).in_(ids)))
 
 
-__all__ = ["ENDED_STATES", "count_ended_before", "delete_bundles", "delete_jobs", "ended_before",
-           "named_bundles", "unused_bundles"]
+__all__ = ["ENDED_STATES", "count_ended_before", "delete_bundles", "delete_jobs", "delete_logs", "ended_before",
+           "named_bundles", "still_ended", "unused_bundles"]

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import event, func, select
@@ -23,6 +24,7 @@ from gpulayer.records import JobState, TaskState
 from gpulayer.server.app import create_app
 from gpulayer.specs import CommandJob, Placement
 from gpulayer.store import Store
+from gpulayer.store import retention as store_retention
 from gpulayer.store.tables import BundleReaderRow, BundleRow, EventRow, JobRow, LogRow, TaskRow
 from tests.factories import Clock, cuda_caps, gpu_job
 
@@ -118,6 +120,60 @@ def test_prune_deletes_by_end_time_and_state_in_batches(cp: ControlPlane, monkey
     assert cp.prune_jobs(older_than=1800).jobs == 1  # ended a day and an hour ago
     assert [j.id for j in cp.list_jobs()] == [recent]
     assert not set(old_ok + [old_failed]) & {j.id for j in cp.list_jobs()}
+
+
+def test_output_goes_a_bounded_number_of_chunks_a_transaction(cp: ControlPlane,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job that prints ships a chunk every 0.1 s: 500 jobs of 4,000 chunks each were one
+    transaction that held the writers' lock for 4.4 s (SQLite). Their output goes first,
+    LOG_BATCH chunks a transaction; the jobs then, with what is left."""
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0).id
+    jobs = []
+    for _ in range(3):
+        job = cp.submit(gpu_job())
+        (a,) = cp.poll_tasks(w)
+        cp.start_task(a.task_id, worker_id=w)
+        for n in range(7):
+            cp.append_logs(a.task_id, worker_id=w, chunks=[("stdout", f"step {n}\n")])
+        cp.finish_task(a.task_id, worker_id=w, state=TaskState.SUCCEEDED, exit_code=0)
+        jobs.append(job.id)
+    monkeypatch.setattr(retention, "LOG_BATCH", 4, raising=False)
+    deleted: list[int] = []
+
+    def seen(_conn: object, cursor: Any, statement: str, *_: object) -> None:
+        if statement.lstrip().upper().startswith("DELETE FROM GL_LOGS"):
+            deleted.append(cursor.rowcount)
+
+    event.listen(cp.store.engine, "after_cursor_execute", seen)
+    try:
+        assert cp.delete_jobs(jobs[:1]).deleted == jobs[:1]
+        assert max(deleted) == 4 and sum(deleted) == 7
+        deleted.clear()
+        cp.clock.now += 60  # type: ignore[attr-defined]
+        assert cp.prune_jobs(older_than=30).jobs == 2
+        assert max(deleted) == 4 and sum(deleted) == 14
+    finally:
+        event.remove(cp.store.engine, "after_cursor_execute", seen)
+    assert _rows(cp, LogRow) == 0 == _rows(cp, JobRow)
+
+
+def test_a_job_deleted_by_another_meanwhile_is_not_said_to_be_running(cp: ControlPlane,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between choosing the ended jobs and deleting them (their output goes first, in
+    transactions of its own), another delete or a prune may take one: it is left out of the
+    answer (no such job), not named as a job that has not ended."""
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0).id
+    first, second = _run(cp, w), _run(cp, w)
+    output = retention._delete_output
+
+    def meanwhile(plane: ControlPlane, job_ids: list[str]) -> None:
+        output(plane, job_ids)
+        with plane.store.write() as s:
+            store_retention.delete_jobs(s, [second])
+
+    monkeypatch.setattr(retention, "_delete_output", meanwhile)
+    got = cp.delete_jobs([first, second])
+    assert (got.deleted, got.not_ended) == ([first], {})
 
 
 @pytest.mark.parametrize(("states", "older_than", "message"), [
