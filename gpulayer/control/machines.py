@@ -507,8 +507,12 @@ def cloud_only(targets: Sequence[str]) -> bool:
 
 def _unwanted(job_id: str | None, jobs: dict[str, JobRow]) -> str | None:
     """Why the job a machine was launched for no longer wants it (None: it is queued still)."""
-    job = jobs.get(job_id or "")
-    if job is None or job.state == JobState.QUEUED.value:
+    if job_id is None:
+        return None
+    job = jobs.get(job_id)
+    if job is None:  # (a job that ended may be deleted: gpulayer jobs delete, prune)
+        return f"withdrawn: its job {job_id} was deleted (before the machine joined)"
+    if job.state == JobState.QUEUED.value:
         return None
     return f"withdrawn: its job {job.id} is {job.state} (before the machine joined)"
 

@@ -341,6 +341,24 @@ def test_a_machine_booting_for_a_job_that_was_cancelled_is_withdrawn_without_blo
     assert cp.get_job(again.id).state is JobState.QUEUED
 
 
+def test_a_machine_booting_for_a_job_that_was_cancelled_and_deleted_is_withdrawn(store: Store) -> None:
+    """`gpulayer jobs cancel JOB && gpulayer jobs delete JOB` while its machine boots: with
+    its job gone, the machine was taken for still wanted, joined and held its devices until
+    the idle timeout. It is withdrawn as for a cancelled job."""
+    now = [1000.0]
+    cp, rec = plane(store, '[p]\ntype = "rec"\nshapes = ["a"]\njoin_timeout = 60\n', clock=now)
+    job = cp.submit(CLOUD)
+    cp.provision()
+    [(_, req)] = [c for c in rec.calls if c[0] == "launch"]
+    cp.cancel(job.id)
+    assert cp.delete_jobs([job.id]).deleted == [job.id]
+    now[0] += 1
+    cp.provision()
+    m = cp.get_machine(req.machine_id)
+    assert (m.state, m.reason) == ("terminated", f"withdrawn: its job {job.id} was deleted (before the machine joined)")
+    assert ("terminate", req.machine_id) in rec.calls
+
+
 def test_a_machine_that_joined_since_housekeeping_looked_is_not_withdrawn_or_failed(store: Store) -> None:
     """Housekeeping reads the machines, then ends each: one that joined in between (and may
     have taken a task) is left alone."""
