@@ -244,7 +244,12 @@ class JobOps(Core):
                 running_on |= self._cancel_row(s, row, reason, now)
         if live:
             self._cancelled(frozenset(running_on), place=place)
-        return self.records_of(found, brief=True)
+        try:
+            return self.records_of(found, brief=True)
+        except NotFound:  # one that had ended was deleted meanwhile (a prune): left out, as an unknown id is
+            with self.store.read() as s:
+                kept = queries.jobs_by_id(s, found, light=True)
+            return self.records_of([j for j in found if j in kept], brief=True)
 
     def _cancel_row(self, s: Session, row: JobRow, reason: str | None, now: float) -> frozenset[str]:
         """Cancel a job that has not ended, in the caller's transaction: a queued one ends
