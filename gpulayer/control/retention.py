@@ -5,8 +5,9 @@ on a schedule where ``GPULAYER_KEEP_JOBS`` is set (:meth:`ControlPlane.delete_jo
 A control plane keeps every job it was given, with its output, result and events, until
 one of these deletes it; without them a busy home or server database only grows. Only
 ended jobs are deleted: a job that is queued or running is left as it is (cancel it first).
-A bundle goes once no stored job names it (after a delete, those the deleted jobs named;
-after an admin's or an embedded prune, any bundle stored before the cut that no job names):
+A bundle goes once no stored job names it and it was stored :data:`FRESH` seconds ago or
+more (after a delete, those the deleted jobs named; after an admin's or an embedded prune,
+any bundle stored before the cut that no job names):
 a client whose next job reuses a bundle deleted meanwhile uploads it again
 (:class:`~gpulayer.errors.BundleMissing`).
 
@@ -43,6 +44,10 @@ log = logging.getLogger("gpulayer.control")
 BATCH = 500
 #: log chunks deleted per transaction (:func:`_delete_output`)
 LOG_BATCH = 20_000
+#: seconds a bundle is kept after it was stored, named by a job or not: a client uploads it
+#: and then submits the job that names it, in two calls; a prune in between deleted it, and
+#: after the SDK uploaded it again, a second prune deleted it again before the second submit
+FRESH = 600.0
 #: seconds between two scheduled prunes of one control plane (``GPULAYER_KEEP_JOBS``)
 EVERY = 600.0
 
@@ -73,8 +78,8 @@ def delete_jobs(plane: Core, job_ids: Sequence[str], owner: str | None) -> JobsD
         digests = _bundles_named(queries.job_specs(s, ended).values())
         retention.delete_jobs(s, ended)
         if digests:
-            named = retention.named_bundles(s)
-            retention.delete_bundles(s, [d for d in digests if d not in named])
+            unused = retention.unused_bundles(s, plane.clock() - FRESH)
+            retention.delete_bundles(s, [d for d in unused if d in digests])
     return JobsDeleted(deleted=ended, not_ended={j: st for j, st in states.items() if j not in ended})
 
 
@@ -84,7 +89,8 @@ def prune_jobs(plane: Core, older_than: float, states: Sequence[str] | None, dry
     chosen = _states(states)
     if not older_than >= 0:  # (nan too)
         raise InvalidInput(f"older_than {older_than!r}: accepted: a number of seconds >= 0")
-    cut = plane.clock() - older_than
+    now = plane.clock()
+    cut = now - older_than
     if dry_run:
         with plane.store.read() as s:
             return JobsPruned(jobs=retention.count_ended_before(s, cut, states=chosen, owner=owner), dry_run=True)
@@ -102,7 +108,7 @@ def prune_jobs(plane: Core, older_than: float, states: Sequence[str] | None, dry
     bundles: list[str] = []
     if owner is None:  # (a client's prune deletes its jobs; the bundles no job names are the admin's to remove)
         with plane.store.write() as s:
-            bundles = retention.unused_bundles(s, cut)
+            bundles = retention.unused_bundles(s, min(cut, now - FRESH))
             retention.delete_bundles(s, bundles)
     return JobsPruned(jobs=deleted, bundles=len(bundles))
 
@@ -168,4 +174,4 @@ def when_due(plane: Core) -> None:
     threading.Thread(target=run, name="gpulayer-retention", daemon=True).start()
 
 
-__all__ = ["BATCH", "EVERY", "LOG_BATCH", "delete_jobs", "prune_jobs", "when_due"]
+__all__ = ["BATCH", "EVERY", "FRESH", "LOG_BATCH", "delete_jobs", "prune_jobs", "when_due"]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, func, select
+from sqlalchemy import event, func, select, update
 from starlette.testclient import TestClient
 
 from gpulayer import bundles, config
@@ -272,12 +272,14 @@ def test_the_bundles_no_job_names_are_found_in_one_pass_over_the_jobs(cp: Contro
     assert {j.id for j in cp.list_jobs()} == {*kept, gone[3]}
 
 
-def test_a_client_uploads_a_deleted_bundle_again(gpulayer_isolated: None, tmp_path: Path) -> None:
+def test_a_client_uploads_a_deleted_bundle_again(gpulayer_isolated: None, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """The SDK uploads a bundle once per client; a prune may delete it meanwhile (no stored
     job named it): the next submit is refused with BundleMissing, and the client uploads it
     again and submits (one job, under the same idempotency key)."""
     from gpulayer.client import connect
 
+    monkeypatch.setattr(retention, "FRESH", 0.0)  # (bundles stored a moment ago go too)
     folder = tmp_path / "proj"
     folder.mkdir()
     (folder / "main.py").write_text("print('hi')\n")
@@ -295,6 +297,43 @@ def test_a_client_uploads_a_deleted_bundle_again(gpulayer_isolated: None, tmp_pa
     client.control.cancel_many([again.id, *(j.id for j in many)])
     client.control.prune_jobs(older_than=0)
     assert [j.spec.bundle_digest for j in client.submit_many([spec, spec])] == [first.spec.bundle_digest] * 2
+
+
+def test_a_bundle_stored_a_moment_ago_outlives_a_prune(gpulayer_isolated: None, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Uploading a bundle and submitting the job that names it are two calls. A prune came
+    between them, so the SDK uploaded the bundle again, and a second prune deleted that
+    upload before the second submit: BundleMissing reached the user. Two servers on one
+    PostgreSQL database, with `prune_jobs(older_than=0)` running in a loop, did this to 2
+    of 1,011 submits. A bundle stored in the last FRESH seconds is kept."""
+    from gpulayer.client import connect
+
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    (folder / "main.py").write_text("print('hi')\n")
+    client = connect()
+    assert client.control is not None
+    control = client.control
+    spec = CommandJob(command=["python", "main.py"], bundle=str(folder), placement=Placement(target="remote", on_unschedulable="wait"))
+    first = client.submit(spec)
+    control.cancel(first.id)
+    with control.store.write() as s:  # stored long ago (and held by the client since)
+        s.execute(update(BundleRow).values(created_at=BundleRow.created_at - 2 * retention.FRESH))
+    submit = control.submit
+
+    def pruned_first(*args: Any, **kwargs: Any) -> Any:  # a prune just before each submit arrives
+        control.prune_jobs(older_than=0)
+        return submit(*args, **kwargs)
+
+    monkeypatch.setattr(control, "submit", pruned_first)
+    again = client.submit(spec)  # deleted, uploaded again, and the second prune leaves it
+    assert control.get_job(again.id).spec.bundle_digest == first.spec.bundle_digest
+    monkeypatch.setattr(control, "submit", submit)
+    control.cancel(again.id)
+    assert control.delete_jobs([again.id]).deleted == [again.id]
+    assert client.api.has_bundle(str(first.spec.bundle_digest))  # (a delete leaves it as well)
+    control.clock = lambda: time.time() + retention.FRESH + 1
+    assert control.prune_jobs(older_than=0).bundles == 1
 
 
 @pytest.fixture
