@@ -78,8 +78,7 @@ def delete_jobs(plane: Core, job_ids: Sequence[str], owner: str | None) -> JobsD
         digests = _bundles_named(queries.job_specs(s, ended).values())
         retention.delete_jobs(s, ended)
         if digests:
-            unused = retention.unused_bundles(s, plane.clock() - FRESH)
-            retention.delete_bundles(s, [d for d in unused if d in digests])
+            retention.delete_bundles(s, retention.unused_bundles(s, plane.clock() - FRESH, among=digests))
     return JobsDeleted(deleted=ended, not_ended={j: st for j, st in states.items() if j not in ended})
 
 
