@@ -4,8 +4,8 @@ Every operation route is served by one generic endpoint: authenticate, check the
 scope and ownership, parse the path, query and body into the route's records, call the
 control-plane method of the same name (in the thread pool), and render its result as the
 route's response type. Only what cannot be a plain call has a handler of its own here:
-the long polls (``wait_job``, ``poll_tasks``), batched heartbeats, and streamed bundle
-uploads. A few routes belong to the server alone (:data:`SERVER_ROUTES`: ``/healthz``,
+the long polls (``wait_job``; the workers' and their heartbeats in :mod:`.worker_polls`),
+and streamed bundle uploads. A few routes belong to the server alone (:data:`SERVER_ROUTES`: ``/healthz``,
 ``/metrics``, the OpenAPI document). Both tables also give the OpenAPI document
 (:mod:`gpulayer.server.openapi`), so it lists every route. The web dashboard's pages
 (:mod:`gpulayer.server.dashboard`) are served beside them; they are not API operations and
@@ -66,6 +66,7 @@ from gpulayer.errors import (
     TooLarge,
 )
 from gpulayer.records import JobState
+from gpulayer.server import worker_polls
 from gpulayer.server.collector import full_collections
 from gpulayer.server.state import Server, wait_woken
 from gpulayer.store import Store
@@ -305,45 +306,6 @@ async def _wait_jobs(server: Server, request: Request, kw: dict[str, Any]) -> An
                                                      brief=bool(kw.get("brief"))))
 
 
-async def _poll_tasks(server: Server, request: Request, kw: dict[str, Any]) -> Any:
-    poll = await _poll_work(server, request, {**kw, "running": ()})
-    return poll.tasks
-
-
-async def _poll_work(server: Server, request: Request, kw: dict[str, Any]) -> Any:
-    wid = kw["worker_id"]
-    running = list(kw["running"])
-    deadline = time.monotonic() + server.poll_wait(wid, kw["wait"])
-    first = True
-    while True:
-        woken = server.arm(wid)
-        out = await server.look_for_work(wid, running, first=first, woken=woken)
-        remaining = deadline - time.monotonic()
-        # (a request that just came is not asked whether its caller left: that costs more
-        # than the look itself, for 500 polls a second)
-        if out.tasks or out.cancel or remaining <= 0 or server.shutting_down or \
-                (not first and await request.is_disconnected()):
-            return out
-        first = False
-        # woken at once by this server's assignments and cancels; another server sharing
-        # the database is noticed by watch_polls, at most POLL_RECHECK seconds later
-        server._polling[wid] = running
-        try:
-            woke = await wait_woken(woken, remaining)
-        finally:
-            if server._polling.get(wid) is running:
-                del server._polling[wid]
-        if not woke:
-            # the wait ran out and nothing woke it (this server's assignments and cancels,
-            # watch_polls for another server's, a shutdown): answered empty without a look;
-            # the worker polls again at once, and that poll's first look sees anything newer
-            return api.WorkPoll()
-
-
-async def _heartbeat(server: Server, request: Request, kw: dict[str, Any]) -> Any:
-    return await server.heartbeat(kw["worker_id"], list(kw["running"]))
-
-
 async def _put_bundle(server: Server, request: Request, kw: dict[str, Any]) -> Any:
     digest = kw["digest"]
     limit = config.max_bundle_bytes()
@@ -370,8 +332,8 @@ async def _put_bundle(server: Server, request: Request, kw: dict[str, Any]) -> A
 
 #: operations the generic endpoint cannot serve as a plain call
 SPECIAL: dict[str, Handler] = {
-    "logs": _logs, "wait_job": _wait_job, "wait_jobs": _wait_jobs, "poll_tasks": _poll_tasks, "poll_work": _poll_work,
-    "heartbeat": _heartbeat, "put_bundle": _put_bundle,
+    "logs": _logs, "wait_job": _wait_job, "wait_jobs": _wait_jobs, "poll_tasks": worker_polls.poll_tasks,
+    "poll_work": worker_polls.poll_work, "heartbeat": worker_polls.heartbeat, "put_bundle": _put_bundle,
 }
 
 
@@ -455,6 +417,8 @@ def _endpoint(server: Server, route: api.Route) -> Callable[[Request], Awaitable
                 result = await run_in_threadpool(functools.partial(method, **kwargs))
                 if route.op in ("join_worker", "register_worker"):  # its row exists: heartbeats go quick
                     server._known.add(result.worker_id if route.op == "join_worker" else result.id)
+                elif route.op == "deregister_worker":  # (nor a worker that left: it is forgotten)
+                    server.forget_worker(kwargs["worker_id"])
             response = result if isinstance(result, Response) else render(result)
         except GpulayerError as exc:
             response = error_response(exc)

@@ -168,6 +168,18 @@ class Server(ControlObserver):
         woken = self._worker_events[worker_id] = asyncio.get_running_loop().create_future()
         return woken
 
+    def disarm(self, worker_id: str, woken: asyncio.Future[bool]) -> None:
+        """The poll that armed ``woken`` was answered: its entry goes (unless a newer poll of
+        the worker armed its own since), so a fleet whose workers come and go leaves none."""
+        if self._worker_events.get(worker_id) is woken:
+            del self._worker_events[worker_id]
+
+    def forget_worker(self, worker_id: str) -> None:
+        """The worker left: what this server kept of it goes (were it to come back, its next
+        heartbeat would go the long way and its next poll be spread as a first one)."""
+        self._known.discard(worker_id)
+        self._spread.discard(worker_id)
+
     def follow(self, job_id: str) -> asyncio.Future[bool]:
         """A fresh future that becomes True when the job has new output or the control
         plane changes something (or this server shuts down): what a long poll for the job's
@@ -307,7 +319,8 @@ class Server(ControlObserver):
             try:
                 await self.flush_seen()
                 await self.flush_heartbeats()  # a heartbeat answered counts before anyone is expired
-                await run_in_threadpool(self.control.expire_workers)
+                for wid in await run_in_threadpool(self.control.expire_workers):
+                    self.forget_worker(wid)
                 retention.when_due(self.control)  # (GPULAYER_KEEP_JOBS: on a thread of its own)
                 if time.monotonic() - last_pass >= self.tick:
                     last_pass = time.monotonic()

@@ -180,3 +180,31 @@ def test_a_worker_heard_while_the_database_was_full_is_not_written_off_once_it_c
         assert control.expire_workers() == [w.id]
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_workers_that_come_and_go_leave_nothing_in_the_server_s_memory(tmp_path: Path) -> None:
+    """A fleet whose workers join, poll and leave (1,000 over a few weeks of machines
+    coming and going) left a poll future, a "known" entry and a "spread" entry per worker
+    for ever: the server's memory grew with every worker that had ever polled it."""
+    from starlette.testclient import TestClient
+
+    from gpulayer.http_client import connect_http
+    from gpulayer.server.app import create_app
+    from tests.factories import make_capabilities
+
+    control = ControlPlane(Store(f"sqlite:///{tmp_path / 'server.db'}"), heartbeat_timeout=30)
+    app = create_app(control, background=False)
+    join = control.create_token(scope="join").token
+    with TestClient(app) as tc:
+        server: Server = app.state.server
+        for i in range(60):
+            reply = connect_http("http://testserver", token=None, retry_for=0.5,
+                                 transport=tc._transport).join_worker(make_capabilities(), join_token=join)
+            worker = connect_http("http://testserver", token=reply.token, retry_for=0.5, transport=tc._transport)
+            worker.heartbeat(reply.worker_id, running=[])
+            worker.poll_work(reply.worker_id, wait=0.05 if i % 2 else 0.0)  # (a wait that runs out, and none)
+            if i % 3:  # most leave; the others just stop polling
+                worker.deregister_worker(reply.worker_id)
+        assert server._worker_events == {} and server._polling == {}
+        # (those that never said they left are forgotten when they expire)
+        assert len(server._known) <= 20 and len(server._spread) <= 20
