@@ -25,7 +25,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -46,6 +45,7 @@ from gpulayer.worker.logbuffer import LogBuffer
 from gpulayer.worker.outcome import NotStarted, StartMark, TaskOutcome, function_outcome
 from gpulayer.worker.process import Cancel, OrphanSweep, Started, Starter, StartFailed
 from gpulayer.worker.task_files import INLINE_SPEC_MAX, TaskFiles
+from gpulayer.worker.task_files import sweep as sweep_files
 from gpulayer.worker.threads import WORKER_THREADS, waited_briefly
 
 log = logging.getLogger("gpulayer.worker")
@@ -141,6 +141,7 @@ class Agent:
 
     def start(self) -> WorkerRecord:
         self._orphans.now()  # what a worker killed before us left running must not run beside us
+        sweep_files()  # (nor its tasks' files stay for ever)
         record = self.registered if self.registered is not None else self._register()
         self._started = True
         self._heartbeats = threading.Thread(target=self._heartbeat_loop, name="gpulayer-heartbeat", daemon=True)
@@ -434,9 +435,7 @@ class Agent:
             extracted = Path(bundles.extract_bundle(data, digest, self._bundle_cache))
             self._cache_keeper.ask()  # a new bundle in the cache: keep it within its limits
             return extracted
-        scratch: Path = config.home() / "tasks" / a.task_id
-        scratch.mkdir(parents=True, exist_ok=True)
-        return scratch
+        return self.task_files.scratch(a.task_id)
 
     def task_env(self, a: TaskAssignment, workdir: Path) -> dict[str, str]:
         # the worker's own secrets stay with it: a job must not act as its worker (or join
@@ -464,7 +463,6 @@ class Agent:
         worker_id = self._own_id()
         logbuf = LogBuffer(lambda chunks: self.api.append_logs(a.task_id, worker_id=worker_id, chunks=chunks),
                            retry_for=self.report_for)
-        scratch = config.home() / "tasks" / a.task_id
         digest = a.spec.bundle_digest
         held = bundles.bundle_in_use(self._bundle_cache, digest) if digest else contextlib.nullcontext()
         swapped: list[ForkServer] = []  # (a server _run chose instead of ``fork``: leased to it)
@@ -475,9 +473,7 @@ class Agent:
             for server in swapped:
                 server.release()
             logbuf.close()
-            shutil.rmtree(scratch, ignore_errors=True)
-            if a.spec.kind == "function":
-                self.task_files.remove(a.task_id)
+            self.task_files.remove(a.task_id)
 
     def _own_copies(self, a: TaskAssignment, fork: ForkServer, search: list[str], started: StartMark,
                     swapped: list[ForkServer]) -> ForkServer | None:

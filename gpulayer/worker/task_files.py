@@ -1,41 +1,86 @@
-"""A worker's FunctionJob files: each task's function spec (when it does not travel in the
-forked child's request) and its result, in one private folder (mode 0700) the worker keeps
-for its life. Not a temporary folder per task: on a journaled file system making and
-removing a folder for each task cost more than the rest of a no-op task's files (0.25 ms)."""
+"""A worker's files on disk: each FunctionJob task's function spec (when it does not travel
+in the forked child's request) and its result, in one private folder (mode 0700) under
+``$TMPDIR`` that the worker keeps for its life; and the scratch folder of each task that has
+no bundle (its working directory), under one folder of the worker's own,
+``$GPULAYER_HOME/tasks/w-XXXXXXXX/<task id>``. Not a temporary folder per task: on a
+journaled file system making and removing a folder for each task cost more than the rest of
+a no-op task's files (0.25 ms).
+
+A worker removes both as it stops; one that was killed (SIGKILL, the OOM killer, a power
+loss) could not, and each folder carries a file (:data:`OWNER`) that names its worker (host,
+PID namespace and :func:`~gpulayer.worker.markers.owner`), so that the next worker started on
+the machine removes those of workers that are gone (:func:`sweep`), as it ends the processes
+they left (:func:`gpulayer.worker.process.reap_orphans`). Only this machine's and this PID
+namespace's: a home on a shared file system is seen by the workers of other machines too.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+import socket
 import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["INLINE_SPEC_MAX", "TaskFiles"]
+from gpulayer import config
+from gpulayer.worker.markers import _pid_namespace, owner, owner_alive
+
+__all__ = ["INLINE_SPEC_MAX", "OWNER", "TaskFiles", "sweep"]
 
 #: the largest function spec (its arguments, as JSON) a forked task gets in its request
 #: rather than in a file
 INLINE_SPEC_MAX = 64 * 1024
+#: the file in each of a worker's folders that names the worker
+OWNER = ".gpulayer-owner"
+_FILES_PREFIX = "gpulayer-worker-"
+_SCRATCH_PREFIX = "w-"
+
+
+def _whose() -> str:
+    return f"{socket.gethostname()}\n{_pid_namespace('self') or ''}\n{owner()}\n"
+
+
+def _made(parent: Path | None, prefix: str) -> Path:
+    """A new private folder that names this worker as its owner."""
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    (folder / OWNER).write_text(_whose())
+    return folder
 
 
 class TaskFiles:
-    """The private folder of one worker (made on first use, removed by :meth:`close`)."""
+    """The folders of one worker (each made on first use, removed by :meth:`close`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.folder: Path | None = None
+        #: where its tasks' scratch folders go
+        self.scratch_root: Path | None = None
 
     def paths(self, task_id: str) -> tuple[Path, Path]:
         """Where the task's spec and its result go."""
         with self._lock:
             if self.folder is None or not self.folder.is_dir():
-                self.folder = Path(tempfile.mkdtemp(prefix="gpulayer-worker-"))
+                self.folder = _made(None, _FILES_PREFIX)
             folder = self.folder
         return folder / f"{task_id}.spec.json", folder / f"{task_id}.json"
 
+    def scratch(self, task_id: str) -> Path:
+        """The task's scratch folder (made here)."""
+        with self._lock:
+            if self.scratch_root is None or not self.scratch_root.is_dir():
+                self.scratch_root = _made(config.home() / "tasks", _SCRATCH_PREFIX)
+            folder = self.scratch_root / task_id
+        folder.mkdir(exist_ok=True)
+        return folder
+
     def remove(self, task_id: str) -> None:
-        """The task's files: its spec, its result, and a result the runner was killed while
-        writing (``<result>.tmp-<pid>``, see function_runner)."""
+        """The task's files: its scratch folder, its spec, its result, and a result the
+        runner was killed while writing (``<result>.tmp-<pid>``, see function_runner)."""
+        if self.scratch_root is not None:
+            shutil.rmtree(self.scratch_root / task_id, ignore_errors=True)
         folder = self.folder
         if folder is None:
             return
@@ -51,8 +96,27 @@ class TaskFiles:
             pass
 
     def close(self) -> None:
-        """Remove the folder (the worker stopped)."""
+        """Remove the folders (the worker stopped)."""
         with self._lock:
-            folder, self.folder = self.folder, None
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+            folders, self.folder, self.scratch_root = (self.folder, self.scratch_root), None, None
+        for folder in folders:
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def sweep() -> list[Path]:
+    """Remove the folders of this machine's workers that are gone; returns them. A folder
+    whose owner file cannot be read (being made, another user's, an older version's) stays."""
+    removed: list[Path] = []
+    mine = _whose().split("\n")[:2]
+    for parent, prefix in ((config.home() / "tasks", _SCRATCH_PREFIX), (Path(tempfile.gettempdir()), _FILES_PREFIX)):
+        with contextlib.suppress(OSError):
+            for folder in parent.glob(f"{prefix}*"):
+                try:
+                    host, namespace, marker = (folder / OWNER).read_text().split("\n")[:3]
+                except (OSError, ValueError):
+                    continue
+                if [host, namespace] == mine and not owner_alive(marker):
+                    shutil.rmtree(folder, ignore_errors=True)
+                    removed.append(folder)
+    return removed

@@ -22,7 +22,7 @@ import gpulayer as gl
 from gpulayer.fakes import fake_devices_env
 from gpulayer.records import JobState, TaskState
 from tests.integration.conftest import Plane
-from tests.support import cli, stop_strays, wait_for
+from tests.support import cli, start_worker, stop_strays, wait_for
 
 
 def stop(proc: subprocess.Popen[str]) -> str:
@@ -559,3 +559,48 @@ def test_submit_without_bundle_notes_a_file_of_this_folder_the_command_names(hom
                                    "(--bundle . sends this one)\n")
     bundled = cli("submit", "--dry-run", "--bundle", ".", "--", "python", "train.py", cwd=here)
     assert bundled.returncode == 0 and "in this folder" not in bundled.stderr
+
+
+def test_the_folders_of_a_killed_worker_s_tasks_are_removed_by_the_next_worker(home: Path, tmp_path: Path) -> None:
+    """A worker killed with SIGKILL (the OOM killer) while it ran a command job and a
+    function job left their folders for ever: the command's scratch folder in
+    ``$GPULAYER_HOME/tasks`` (with whatever the job wrote there) and the worker's FunctionJob
+    files folder in ``$TMPDIR``; neither a later worker's start nor its stop removed them. The
+    next worker on the machine removes them now; a running worker's own stay."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {"TMPDIR": str(tmp)}
+
+    def left() -> tuple[list[Path], list[Path]]:
+        return sorted((home / "tasks").glob("*")), sorted(tmp.glob("gpulayer-worker-*"))
+
+    def run_two(worker: subprocess.Popen[str]) -> list[gl.JobHandle]:
+        wait_for(lambda: [w for w in gl.connect().api.list_workers() if w.online and w.pid == worker.pid],
+                 60, "the worker")
+        jobs = [gl.submit(gl.CommandJob(command=["sh", "-c", "head -c 100000 /dev/zero > out.bin; sleep 300"])),
+                gl.submit(gl.FunctionJob(function="time:sleep", args=[300]))]
+        wait_for(lambda: all(j.status() == "running" for j in jobs) and list((home / "tasks").rglob("out.bin")),
+                 60, "the jobs to run")
+        return jobs
+
+    workers = [start_worker("--cpu-slots", "2", env=env)]
+    try:
+        killed = run_two(workers[0])
+        before = left()
+        assert before[0] and len(before[1]) == 1, before
+        workers[0].kill()
+        workers[0].wait(30)
+        gl.cancel(killed)
+        workers.append(start_worker("--cpu-slots", "2", env=env))
+        running = run_two(workers[1])  # (its start removed the killed one's folders)
+        now = left()
+        assert not set(now[0]) & set(before[0]) and not set(now[1]) & set(before[1]), (before, now)
+        workers.append(start_worker("--cpu-slots", "1", env=env))  # the running worker's stay
+        wait_for(lambda: len([w for w in gl.connect().api.list_workers() if w.online]) == 2, 60, "a third worker")
+        assert left() == now
+        gl.cancel(running)
+    finally:
+        for w in workers:
+            stop(w)
+        stop_strays(home)
+    assert left() == ([], [])
