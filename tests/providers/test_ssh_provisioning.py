@@ -101,7 +101,9 @@ def test_a_cloud_job_runs_on_a_worker_started_over_ssh_which_is_stopped_when_idl
     job_id = submit(api, CUDA_JOB)
     job = wait_job(api, job_id, timeout=180)
     assert job["state"] == "succeeded", job
-    [m] = api("GET", "/v1/machines").json()
+    # (the worker may join, and a short job end, before the launch's answer is stored: the
+    # host's script waits to see that the worker did not exit at once)
+    [m] = until(lambda: [x for x in api("GET", "/v1/machines").json() if x["provider_id"]], 60, "the launch's answer")
     assert (m["provider"], m["shape"], m["job_id"]) == ("pool", "local", job_id)
     logs = "".join(c["data"] for c in api("GET", f"/v1/jobs/{job_id}/logs").json())
     assert logs == f"on 0\nmachine {m['id']}\n"
@@ -162,7 +164,8 @@ def test_a_restarted_server_keeps_its_machine_and_stops_an_orphan_found_over_ssh
     remote, remote2 = tmp_path / "remote", tmp_path / "remote" / "second-host"
     srv, api = start(servers, tmp_path / "srv", two_host_section(local_sshd, remote, remote2))
     assert wait_job(api, submit(api, CUDA_JOB), timeout=180)["state"] == "succeeded"
-    [m] = api("GET", "/v1/machines").json()
+    # (the launch's answer, and the host's marker, may come after a short job ended)
+    [m] = until(lambda: [x for x in api("GET", "/v1/machines").json() if x["provider_id"]], 60, "the launch's answer")
     [worker_proc] = our_processes(remote / "machines")
     srv.kill()  # the machine lives on
 
