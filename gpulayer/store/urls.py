@@ -38,8 +38,13 @@ def given(url: str | None, where: str | None = None) -> str:
     """How an error names the database: ``where`` (a flag such as ``--database``, or a
     variable) with the URL as written; by default ``GPULAYER_DATABASE_URL`` when the URL is
     that variable's, the home's database when there is no URL."""
-    if url is None:
-        return "the database in GPULAYER_HOME"
+    if url is None:  # (its path: the user may have several homes, and must find the file)
+        from gpulayer import config
+
+        try:
+            return f"the database in GPULAYER_HOME ({config.home() / 'gpulayer.db'})"
+        except Exception:  # (a home that cannot be made says so itself, elsewhere)
+            return "the database in GPULAYER_HOME"
     if where is None and os.environ.get("GPULAYER_DATABASE_URL", "").strip() == url:
         where = "GPULAYER_DATABASE_URL"
     shown = redacted(url)

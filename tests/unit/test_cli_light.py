@@ -176,6 +176,7 @@ def test_a_newer_schema_is_refused_by_the_full_path(tmp_path: Path) -> None:
     code, _, err, path = run(["jobs", "list"], tmp_path)
     assert (code, path) == (2, "full")
     assert "newer than this GPUlayer understands" in err
+    assert f"the database in GPULAYER_HOME ({tmp_path / 'gpulayer.db'})" in err  # (which file: there may be several homes)
 
 
 def test_a_worker_to_expire_first_sends_the_list_to_the_full_path(tmp_path: Path) -> None:
