@@ -55,7 +55,7 @@ def ec2(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     _install(session)
     for script in ("placement.py", "placement_incremental.py", "resources_detect.py", "cli_startup.py",
-                   "submit_latency.py", "fork_server.py", "server_throughput.py", "cancel.py", "cancel_many.py",
+                   "submit_latency.py", "fork_server.py", "server_throughput.py", "cancel.py", "cancel_many.py", "prune.py",
                    "provisioning.py", "transactions.py", "log_throughput.py", "server_output.py", "server_latency.py",
                    "follow_latency.py", "result_size.py", "argument_size.py", "distributed_launch.py",
                    "bundle_walk.py", "preload.py"):

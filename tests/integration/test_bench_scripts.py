@@ -31,6 +31,7 @@ SCRIPTS = [
     ("resources_detect.py", ["-n", "1"], "gpulayer resources detect"),
     ("cancel.py", ["--jobs", "2"], "handle.cancel() -> tree gone"),
     ("cancel_many.py", ["--jobs", "20", "--runs", "1"], "cancel() of each"),
+    ("prune.py", ["--jobs", "50", "--chunks", "2", "--runs", "1"], "heartbeat + submit, during a prune"),
     ("log_throughput.py", ["--runs", "1", "--mb", "1", "--lines-mb", "0.1"], "MB in 100-byte lines"),
     ("server_output.py", ["--runs", "1", "--waiters", "2", "--chunks", "5"], "the appends took"),
     ("server_latency.py", ["--jobs", "2"], "stored -> task started"),
