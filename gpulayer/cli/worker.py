@@ -18,7 +18,7 @@ from gpulayer.cli.conventions import (
     refuse_a_program_that_is_no_python,
 )
 from gpulayer.cli.display import cell, printable
-from gpulayer.errors import InvalidInput, MethodNotAllowed, NotFound
+from gpulayer.errors import InvalidInput, NotFound
 from gpulayer.units import format_gb
 
 worker_app = typer.Typer(help=help_of("worker"), no_args_is_help=True, rich_markup_mode=None)
@@ -253,10 +253,10 @@ def _pause(worker_ids: list[str], paused: bool, as_json: bool) -> None:
     for worker_id in dict.fromkeys(worker_ids):
         try:
             w = api.pause_worker(worker_id, paused=paused)
-        except MethodNotAllowed:
-            raise InvalidInput("the control plane's server is older than gpulayer worker pause and resume; "
-                               "upgrade it") from None
         except NotFound:
+            if any(w.id == worker_id for w in api.list_workers()):  # (a server without the route: its 404)
+                raise InvalidInput("the control plane's server is older than gpulayer worker pause and resume; "
+                                   "upgrade it") from None
             failed = True
             typer.echo(f"error: worker {worker_id!r}: no such worker (gpulayer worker list names them)", err=True)
             continue

@@ -121,3 +121,31 @@ def test_the_migration_from_schema_9_adds_the_column_and_the_triggers_follow_it(
         assert cp.get_job(job.id).state is JobState.QUEUED and cp.poll_tasks(w) == []
     finally:
         cp.store.dispose()
+
+
+def test_the_cli_says_a_server_without_the_route_is_older(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A server from before pausing has no such path (404, as for an unknown worker): the CLI
+    tells the two apart by the worker list, and says the server is older."""
+    import types
+
+    import typer
+
+    from gpulayer import api as api_mod
+    from gpulayer import client as client_mod
+    from gpulayer.cli import worker as worker_cli
+    from gpulayer.errors import InvalidInput
+
+    control = ControlPlane(Store(f"sqlite:///{tmp_path / 'old.db'}"), heartbeat_timeout=30)
+    w = control.register_worker(cuda_caps(1), cpu_slots=0).id
+    monkeypatch.setattr(api_mod, "ROUTES", tuple(r for r in api_mod.ROUTES if r.op != "pause_worker"))
+    with TestClient(create_app(control, background=False)) as tc:
+        admin = connect_http("http://testserver", token=control.create_token(scope="admin").token, retry_for=0.5,
+                             transport=tc._transport)
+        monkeypatch.setattr(client_mod, "connect", lambda: types.SimpleNamespace(api=admin))
+        with pytest.raises(InvalidInput, match="older than gpulayer worker pause and resume"):
+            worker_cli._pause([w], True, False)
+        with pytest.raises(typer.Exit) as exited:
+            worker_cli._pause(["wkr-000000000000"], True, False)
+        assert exited.value.exit_code == 2 and "no such worker" in capsys.readouterr().err
+    assert not control.get_worker(w).paused
