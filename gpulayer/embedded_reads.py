@@ -13,8 +13,8 @@ error, or reads a server instead:
 * its schema version is not :data:`SCHEMA_VERSION` (older: the full path migrates it;
   newer: it refuses it);
 * a row holds something the records would not read (a spec without a known ``kind``);
-* a worker would be marked offline first: the full path's client expires silent workers
-  and local ones whose process is gone before it reads
+* a worker would be marked offline first: the full path's client expires local workers
+  whose process is gone before it reads
   (:meth:`gpulayer.control.ControlPlane.expire_workers`), which can change a job's state.
 
 It never writes: one deferred transaction, ``PRAGMA query_only``. It is not under
@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import socket
 import sqlite3
-import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -94,17 +93,15 @@ def reading(path: Path) -> Iterator[sqlite3.Connection]:
 
 def _no_worker_to_expire(conn: sqlite3.Connection) -> None:
     """:class:`Unanswerable` when the full path's client would expire a worker before
-    reading: an online one silent for a heartbeat timeout, or a local one of this host whose
-    process is gone (the same query and test as ``ControlPlane.expire_workers``)."""
-    now = time.time()
-    cutoff = now - config.settings().heartbeat_timeout
+    reading: a local one of this host whose process is gone (the same query and test as
+    ``ControlPlane.expire_workers``). A silent one it would not: a control plane that was
+    just made counts no silence for one heartbeat timeout (:mod:`gpulayer.control.pauses`)."""
     here = socket.gethostname()
     rows = conn.execute(
-        "SELECT id, origin, hostname, pid, last_heartbeat FROM gl_workers WHERE gl_workers.online IS 1 "
-        "AND (gl_workers.last_heartbeat < ? OR gl_workers.origin = ? AND gl_workers.hostname = ?)",
-        (cutoff, "local", here)).fetchall()
-    for worker_id, origin, hostname, pid, last_heartbeat in rows:
-        if last_heartbeat < cutoff or (origin == "local" and hostname == here and pid and not pid_alive(pid)):
+        "SELECT id, pid FROM gl_workers WHERE gl_workers.online IS 1 AND gl_workers.origin = ? "
+        "AND gl_workers.hostname = ?", ("local", here)).fetchall()
+    for worker_id, pid in rows:
+        if pid and not pid_alive(pid):
             raise Unanswerable(f"worker {worker_id} would be expired first")
 
 

@@ -20,6 +20,7 @@ from sqlmodel import Session
 
 from gpulayer import config, lifecycle, scheduling, tokens
 from gpulayer.control import placement
+from gpulayer.control.pauses import Pauses
 from gpulayer.errors import Forbidden
 from gpulayer.records import JobError, JobState, TaskState
 from gpulayer.store import JobRow, Store, TaskRow, mapping, plain, queries
@@ -123,8 +124,11 @@ class Core:
     _reports: dict[str, tuple[float, frozenset[str]]] = field(default_factory=dict)
     _reports_lock: threading.Lock = field(default_factory=threading.Lock)
     _tokens: tokens.TokenStore | None = None
-    #: until when silence counts for nothing (a server's start: see begin_grace)
+    #: until when silence counts for nothing: one heartbeat timeout after this control plane
+    #: was made, a server's start or a pause of this process (see begin_grace, control.pauses)
     _grace_until: float = 0.0
+    #: notices this process's own pauses and its wall clock's steps (control.pauses)
+    pauses: Pauses = field(default_factory=Pauses)
     #: the providers of providers.toml (the cloud target); None: none configured
     providers: ProviderSet | None = None
     #: served by ``gpulayer server start`` (machines can reach it); False: embedded
@@ -149,6 +153,8 @@ class Core:
     _last_look: Look | None = None
 
     def __post_init__(self) -> None:
+        # it has heard no heartbeat yet: silence it did not watch counts for nothing (control.pauses)
+        self._grace_until = self.clock() + self.heartbeat_timeout
         self._job_news = threading.Condition(self._news_lock)
         self._work_news = threading.Condition(self._news_lock)
         self._progress_news = threading.Condition(self._news_lock)

@@ -4,6 +4,7 @@ them; and how silent or departed workers are written off."""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,6 +24,7 @@ from gpulayer.api import (
 from gpulayer.control import placement, retention
 from gpulayer.control.core import Core, _assigned, _view
 from gpulayer.control.jobs import _result_json
+from gpulayer.control.pauses import pause_limit
 from gpulayer.errors import Conflict, InvalidInput
 from gpulayer.hookrecords import Capabilities, Rendezvous
 from gpulayer.logtext import stored_log_text
@@ -30,6 +32,8 @@ from gpulayer.pids import pid_alive
 from gpulayer.records import JobError, JobState, TaskState, WorkerRecord, new_id
 from gpulayer.specs import CHECKED
 from gpulayer.store import WorkerRow, mapping, plain, queries
+
+log = logging.getLogger(__name__)
 
 ORIGINS = ("local", "existing", "provider")
 #: the name of the worker a script or `gpulayer submit` runs in its own process: its row is
@@ -185,8 +189,9 @@ class WorkerOps(Core):
         if not all(known.values()):
             self.schedule_queue()  # a worker came back: jobs waiting for it may be placed now
         # every heartbeat would otherwise rescan the fleet; once per third of the timeout
-        # is enough to notice a silent worker (or a lost report) in time
-        if now - self._last_expiry > self.heartbeat_timeout / 3:
+        # is enough to notice a silent worker (or a lost report) in time (and at once
+        # after the clock stepped back past the last pass)
+        if not 0 <= now - self._last_expiry <= self.heartbeat_timeout / 3:
             self.expire_workers()
             retention.when_due(self)  # (GPULAYER_KEEP_JOBS: where heartbeats are heard, not in every command)
         return replies
@@ -206,7 +211,7 @@ class WorkerOps(Core):
             back = any(not flags[wid][0] for wid in kept)
             if back:  # one comes back online: see Store.lock_writers
                 self.store.lock_writers(s)
-            queries.touch_workers_at(s, {wid: heard[wid] for wid in kept})
+            queries.touch_workers_at(s, {wid: heard[wid] for wid in kept}, ahead_by=self.heartbeat_timeout)
         with self._reports_lock:
             for wid in kept:
                 self._reports[wid] = (heard[wid], frozenset())
@@ -241,8 +246,8 @@ class WorkerOps(Core):
         their final report went missing. Only reports this process received count, and a
         task must have started well before them (twice the heartbeat timeout)."""
         with self._reports_lock:
-            for wid in [w for w, (at, _) in self._reports.items() if now - at >= self.heartbeat_timeout]:
-                del self._reports[wid]  # stale: its worker is silent or gone
+            for wid in [w for w, (at, _) in self._reports.items() if not 0 <= now - at < self.heartbeat_timeout]:
+                del self._reports[wid]  # stale: its worker is silent or gone (or the clock stepped back)
             recent = {wid: running for wid, (_, running) in self._reports.items()}
         if not recent:
             return
@@ -323,7 +328,7 @@ class WorkerOps(Core):
         now = self.clock()
         self._last_expiry = now
         self._reconcile(now)
-        cutoff = now - self.heartbeat_timeout
+        cutoff, ahead = now - self.heartbeat_timeout, now + self.heartbeat_timeout
         here = socket.gethostname()
         gone = self._death_test(now, here)
 
@@ -331,7 +336,7 @@ class WorkerOps(Core):
             return gone(w.origin, w.hostname, w.pid, w.last_heartbeat)
 
         with self.store.read() as s:
-            stale = [wid for wid, origin, host, pid, heard in queries.expiry_candidates(s, cutoff, here)
+            stale = [wid for wid, origin, host, pid, heard in queries.expiry_candidates(s, cutoff, ahead, here)
                      if gone(origin, host, pid, heard)]
         if not stale:
             return []
@@ -362,14 +367,24 @@ class WorkerOps(Core):
 
     def _death_test(self, now: float, here: str) -> Callable[[str, str, int | None, float], bool]:
         """Whether a worker (origin, hostname, pid, last heartbeat) is dead at ``now``: silent
-        past the heartbeat timeout (once this control plane's start-up grace is over), or a
-        local worker of this machine (``here``) whose process is gone."""
-        cutoff = now - self.heartbeat_timeout
+        past the heartbeat timeout, or last heard more than a timeout in the future (from
+        before a step back of the clock), once this control plane's grace is over (one timeout
+        after it was made, after a server's start, or after a pause of this process or a step
+        of its clock: see :mod:`gpulayer.control.pauses`); or a local worker of this machine
+        (``here``) whose process is gone."""
+        paused = self.pauses.look(pause_limit(self.heartbeat_timeout))
+        if paused is not None:
+            log.info("this process was paused, or its clock stepped, by %.0f s: no worker is offline for its "
+                     "silence for %g s", paused, self.heartbeat_timeout)
+            self.begin_grace()
+        cutoff, ahead = now - self.heartbeat_timeout, now + self.heartbeat_timeout
         silence_counts = now >= self._grace_until
 
         def dead(origin: str, hostname: str, pid: int | None, last_heartbeat: float) -> bool:
             pid_gone = origin == "local" and hostname == here and bool(pid) and not pid_alive(pid or 0)
-            return (silence_counts and last_heartbeat < cutoff) or pid_gone
+            # a heartbeat from the future is from before the clock stepped back: the grace
+            # that the step began gave the worker time to heartbeat since
+            return (silence_counts and not cutoff <= last_heartbeat <= ahead) or pid_gone
 
         return dead
 

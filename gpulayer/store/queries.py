@@ -287,15 +287,17 @@ def online_worker_rows(s: Session) -> list[tuple[Any, ...]]:
     return rows
 
 
-def expiry_candidates(s: Session, cutoff: float, hostname: str) -> list[tuple[str, str, str, int | None, float]]:
-    """Online workers silent since before ``cutoff``, and the local ones of ``hostname``
-    (whose process may be gone): what expire_workers looks at, not the whole fleet, as
+def expiry_candidates(s: Session, cutoff: float, ahead: float,
+                      hostname: str) -> list[tuple[str, str, str, int | None, float]]:
+    """Online workers silent since before ``cutoff``, or last heard after ``ahead`` (from
+    the future: the clock stepped back since), and the local ones of ``hostname`` (whose
+    process may be gone): what expire_workers looks at, not the whole fleet, as
     ``(id, origin, hostname, pid, last_heartbeat)``. Plain (store/plain.py): every
     process that opens the embedded control plane runs it first, before the ORM has
     compiled anything."""
-    rows = plain.fetch(s, "SELECT id, origin, hostname, pid, last_heartbeat FROM gl_workers "
-                          "WHERE online AND (last_heartbeat < ? OR (origin = 'local' AND hostname = ?))",
-                       (cutoff, hostname))
+    rows = plain.fetch(s, "SELECT id, origin, hostname, pid, last_heartbeat FROM gl_workers WHERE online "
+                          "AND (last_heartbeat < ? OR last_heartbeat > ? OR (origin = 'local' AND hostname = ?))",
+                       (cutoff, ahead, hostname))
     return [(str(i), str(o), str(h), p, float(b)) for i, o, h, p, b in rows]
 
 
@@ -311,12 +313,14 @@ def touch_workers(s: Session, worker_ids: Iterable[str], now: float) -> None:
         s.execute(text("UPDATE gl_workers SET last_heartbeat = :now, online = :yes WHERE id = :id"), params)
 
 
-def touch_workers_at(s: Session, heard: dict[str, float]) -> None:
-    """Heartbeats answered before they were written: each worker alive at its own time."""
-    params = [{"now": at, "yes": True, "id": w} for w, at in heard.items()]
+def touch_workers_at(s: Session, heard: dict[str, float], *, ahead_by: float) -> None:
+    """Heartbeats answered before they were written: each worker alive at its own time,
+    unless a later one was written; one more than ``ahead_by`` seconds later is from before
+    the clock stepped back, and is replaced."""
+    params = [{"now": at, "ahead": at + ahead_by, "yes": True, "id": w} for w, at in heard.items()]
     if params:
         s.execute(text("UPDATE gl_workers SET last_heartbeat = :now, online = :yes "
-                       "WHERE id = :id AND last_heartbeat < :now"), params)
+                       "WHERE id = :id AND (last_heartbeat < :now OR last_heartbeat > :ahead)"), params)
 
 
 def worker_flags(s: Session, worker_ids: Iterable[str]) -> dict[str, tuple[bool, bool]]:

@@ -1,0 +1,73 @@
+"""A laptop that sleeps, for real processes: every GPUlayer process and every task process
+stopped at once (SIGSTOP) for several heartbeat timeouts, then resumed (control/pauses.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpulayer.control import ControlPlane
+from gpulayer.records import JobRecord
+from gpulayer.store import Store
+from tests.support import start_worker, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+TIMEOUT = 2.0  # GPULAYER_HEARTBEAT_TIMEOUT: the stop below lasts four of them
+
+
+def gpulayer(*args: str, env: dict[str, str]) -> str:
+    done = subprocess.run([sys.executable, "-m", "gpulayer.cli", *args], env=env, text=True,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def jobs(home: Path) -> list[JobRecord]:
+    """The home's jobs, as a command opening it now sees them: a fresh embedded client (a
+    control plane that first writes off the workers it finds dead, then reads)."""
+    store = Store(f"sqlite:///{home / 'gpulayer.db'}")
+    try:
+        plane = ControlPlane(store, heartbeat_timeout=TIMEOUT)
+        plane.expire_workers()
+        return sorted((plane.get_job(j.id) for j in plane.list_jobs()), key=lambda j: j.id)
+    finally:
+        store.dispose()
+
+
+def test_a_laptop_that_sleeps_loses_no_task_and_runs_none_twice(home: Path) -> None:
+    """Two workers of one home, each running a job with a retry left; every process stops
+    for 8 s (four heartbeat timeouts), and `gpulayer jobs list` runs while they are stopped,
+    then they all go on at once. The jobs list wrote both workers off with their tasks
+    (each job ran again from the start: twice), and so did the first worker to heartbeat
+    after the resume to the other. Now each task runs once, through the pause."""
+    env = {**os.environ, "GPULAYER_HEARTBEAT_TIMEOUT": str(TIMEOUT), "GPULAYER_HEARTBEAT_INTERVAL": "0.2"}
+    workers = [start_worker("--cpu-slots", "1", "--name", f"w{i}", env=env) for i in range(2)]
+    try:
+        for _ in range(2):
+            gpulayer("submit", "-d", "--retries", "1", "--", "sleep", "12", env=env)
+        wait_for(lambda: [j.state.value for j in jobs(home)] == ["running", "running"], 60, "both jobs running")
+        stopped = [p for w in workers for p in [psutil.Process(w.pid), *psutil.Process(w.pid).children(True)]]
+        for p in stopped:
+            p.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(4 * TIMEOUT)
+            during = jobs(home)  # (`gpulayer jobs list` first, as the workers are still stopped)
+        finally:
+            for p in stopped:
+                p.send_signal(signal.SIGCONT)
+        assert [j.state.value for j in during] == ["running", "running"], during
+        ended = wait_for(lambda: (js := jobs(home)) and all(j.state.terminal for j in js) and js, 60, "both jobs ended")
+        assert [(j.attempt, [t.state.value for t in j.tasks]) for j in ended] == [(1, ["succeeded"])] * 2, ended
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            w.communicate(timeout=30)
