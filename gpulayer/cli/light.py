@@ -243,6 +243,9 @@ def json_text(data: Any) -> str:
 
 
 def age(seconds: float) -> str:
+    """How long ago, shortly; a time ahead of this clock (its wall clock stepped back since) is
+    no time ago, as the dashboard shows it."""
+    seconds = max(0.0, seconds)
     if seconds < 60:
         return f"{seconds:.0f}s"
     if seconds < 3600:

@@ -339,3 +339,11 @@ def test_jobs_logs_the_light_path_does_not_know_goes_to_the_full_path(
     light = run(args, home, env=env)
     assert light[3] == "full", light
     assert light[:3] == run(args, home, entry="app", env=env)[:3] or light[0] in (2, 69)
+
+
+def test_an_age_ahead_of_the_clock_is_no_time_ago() -> None:
+    """After the wall clock stepped back, a job submitted before the step is 'ahead' of now:
+    its age is 0s, not -3600s (as the dashboard's is)."""
+    from gpulayer.cli import light
+
+    assert [light.age(s) for s in (-3600.0, -0.4, 0.0, 59.0, 61.0, 7200.0)] == ["0s", "0s", "0s", "59s", "1m", "2.0h"]
