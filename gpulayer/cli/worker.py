@@ -49,6 +49,13 @@ def worker_start(
 ) -> None:
     """Start a worker: embedded (this machine's $GPULAYER_HOME) or, with --url, for a server."""
     import logging
+    import signal
+    import threading
+
+    # a SIGTERM before the worker serves (during its detection, its join) stops it as soon as it
+    # does, drained and deregistered: it killed the process, which left its record online
+    asked = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: asked.set())
 
     from gpulayer import config
     from gpulayer.resources import detect_capabilities
@@ -113,7 +120,7 @@ def worker_start(
                    "devices": [f"{d.kind}:{d.index}" for d in caps.devices], "cpu_slots": agent.cpu_slots},
                   lines=True)
     try:
-        agent.run_forever()
+        agent.run_forever(asked=asked)
     finally:
         if cli_server is not None:
             _stop_cli_server(cli_server)

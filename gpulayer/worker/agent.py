@@ -158,9 +158,9 @@ class Agent:
         self.worker_id = record.id
         return record
 
-    def run_forever(self) -> None:
+    def run_forever(self, asked: threading.Event | None = None) -> None:
         """Serve (start first if need be) until SIGINT/SIGTERM or ``idle_exit`` idle seconds,
-        then drain and stop."""
+        then drain and stop; at once if ``asked`` is set (a SIGTERM came before)."""
         if not self._started:
             self.start()
 
@@ -171,6 +171,8 @@ class Agent:
 
         signal.signal(signal.SIGTERM, _on_signal)
         signal.signal(signal.SIGINT, _on_signal)
+        if asked is not None and asked.is_set():
+            _on_signal(signal.SIGTERM, None)
         while not self._stopping.wait(0.5):
             if self.idle_exit is not None:
                 with self._lock:
