@@ -475,7 +475,7 @@ class Agent:
             for server in swapped:
                 server.release()
             logbuf.close()
-            self.task_files.remove(a.task_id)
+            self.task_files.remove(a.task_id, function=a.spec.kind == "function")
 
     def _own_copies(self, a: TaskAssignment, fork: ForkServer, search: list[str], started: StartMark,
                     swapped: list[ForkServer]) -> ForkServer | None:

@@ -96,7 +96,7 @@ def marked(marker: str, within: int | None = None, since: PidMark | None = None)
         pids = descendants(within) if within is not None else None
         if pids is None and since is not None:
             pids = since.started_since()
-        return [p for p in (_process(pid) for pid in _marked_pids(marker, pids)) if p is not None and p.pid != me]
+        return [p for p in (process_of(pid) for pid in _marked_pids(marker, pids)) if p is not None and p.pid != me]
     found = []
     for proc in psutil.process_iter():
         if proc.pid == me:
@@ -267,7 +267,8 @@ def every_marker() -> dict[str, list[int]]:
     return found
 
 
-def _process(pid: int) -> psutil.Process | None:
+def process_of(pid: int) -> psutil.Process | None:
+    """The process ``pid``, or None where it is gone (or cannot be read)."""
     try:
         return psutil.Process(pid)
     except psutil.Error:

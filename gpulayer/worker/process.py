@@ -46,7 +46,7 @@ import psutil
 
 from gpulayer.worker import TREE_ID_ENV
 from gpulayer.worker.deathsig import die_with_parent, spawn_argv
-from gpulayer.worker.markers import PidMark, every_marker, marked, owner, owner_alive
+from gpulayer.worker.markers import PidMark, every_marker, marked, owner, owner_alive, process_of
 from gpulayer.worker.threads import WORKER_THREADS
 from gpulayer.worker.wakeups import Cancel, ExitWaiter
 
@@ -89,7 +89,7 @@ def reap_orphans(grace: float = 1.0) -> int:
     nor holds a device that a worker hands out again."""
     ended = 0
     for marker, pids in every_marker().items():
-        procs = [p for p in (_process_of(pid) for pid in pids) if p is not None]
+        procs = [p for p in (process_of(pid) for pid in pids) if p is not None]
         if not procs or owner_alive(marker):
             continue
         ended += 1
@@ -97,13 +97,6 @@ def reap_orphans(grace: float = 1.0) -> int:
                     len(procs), TREE_ID_ENV, marker)
         terminate_tree(procs[0].pid, grace, marker=marker, extra=procs)
     return ended
-
-
-def _process_of(pid: int) -> psutil.Process | None:
-    try:
-        return psutil.Process(pid)
-    except psutil.Error:
-        return None
 
 
 #: how often a running worker looks for what a dead worker on its machine left running

@@ -76,13 +76,15 @@ class TaskFiles:
         folder.mkdir(exist_ok=True)
         return folder
 
-    def remove(self, task_id: str) -> None:
-        """The task's files: its scratch folder, its spec, its result, and a result the
-        runner was killed while writing (``<result>.tmp-<pid>``, see function_runner)."""
+    def remove(self, task_id: str, *, function: bool) -> None:
+        """The task's files: its scratch folder and, for a FunctionJob's (``function``), its
+        spec, its result, and a result the runner was killed while writing
+        (``<result>.tmp-<pid>``, see function_runner): a CommandJob has none, and its end
+        does not look for them (a failed unlink lists the folder)."""
         if self.scratch_root is not None:
             shutil.rmtree(self.scratch_root / task_id, ignore_errors=True)
         folder = self.folder
-        if folder is None:
+        if folder is None or not function:
             return
         with contextlib.suppress(OSError):
             (folder / f"{task_id}.spec.json").unlink()
