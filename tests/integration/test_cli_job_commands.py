@@ -122,21 +122,30 @@ def test_attached_submit_json_prints_the_outcome_and_sends_output_to_stderr() ->
     assert json.loads(nowhere.stdout)["state"] == "unschedulable"
 
 
+def interrupted_submit(*args: str) -> tuple[int, str, str]:
+    """``gpulayer submit ARGS`` in the foreground, sent SIGINT (a Ctrl-C) once its job runs:
+    its exit code, stdout and stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "gpulayer.cli", "submit", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        assert proc.stderr is not None
+        seen = ""
+        while "running" not in (line := proc.stderr.readline()):
+            assert line, "the command ended before its job ran"
+            seen += line
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    return proc.returncode, out, seen + line + err
+
+
 @pytest.mark.usefixtures("worker")
 def test_attached_submit_json_after_ctrl_c_prints_the_cancelled_outcome_it_exits_with(home: Path) -> None:
     """The record was read at once after the cancel: state running and code 75, while the
     command exited 130."""
-    proc = subprocess.Popen([sys.executable, "-m", "gpulayer.cli", "submit", "--json", "--", "sleep", "600"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
-    try:
-        assert proc.stderr is not None
-        while "running" not in (line := proc.stderr.readline()):
-            assert line, "the command ended before its job ran"
-        proc.send_signal(signal.SIGINT)
-        out, _err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130
+    code, out, _err = interrupted_submit("--json", "--", "sleep", "600")
+    assert code == 130
     record = json.loads(out)
     assert (record["state"], record["code"], record["error"]["type"]) == ("cancelled", 130, "cancelled")
 
@@ -145,17 +154,8 @@ def test_a_submit_interrupted_waits_for_its_cancelled_job_without_offering_to_ca
     """Ctrl-C cancels a foreground submit's job; a job whose process ignores SIGTERM takes the
     worker's grace to end, and the command's exit waits for it: it says the job is being
     cancelled, not 'press Ctrl-C to cancel them' (it was, by that Ctrl-C)."""
-    proc = subprocess.Popen([sys.executable, "-m", "gpulayer.cli", "submit", "--", "sh", "-c", "trap '' TERM; sleep 600"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
-    try:
-        assert proc.stderr is not None
-        while "running" not in (line := proc.stderr.readline()):
-            assert line, "the command ended before its job ran"
-        proc.send_signal(signal.SIGINT)
-        _out, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130
+    code, _out, err = interrupted_submit("--", "sh", "-c", "trap '' TERM; sleep 600")
+    assert code == 130
     waiting = [line for line in err.splitlines() if "this process submitted to end" in line]
     assert waiting and waiting[0].endswith("(cancelling)"), err
 
