@@ -8,6 +8,7 @@ Every error GPUlayer raises on purpose derives from :class:`GpulayerError`::
     │   ├── InvalidArgument     a FunctionJob argument that is not JSON
     │   ├── BundleError         a source bundle that is too large, unsafe, or not what it claims
     │   │   └── BundleMissing   a job names a bundle that is not stored (the SDK uploads it again)
+    │   ├── UnknownAfter        a job to run after (spec.after, --after) that is not stored
     │   ├── BadRequest          a request body that is not JSON at all (HTTP 400)
     │   └── TooLarge            a request body over the server's limit (HTTP 413)
     ├── PluginError             a plugin conflict, an unknown hook, a plugin asked for but broken
@@ -64,6 +65,7 @@ __all__ = [
     "SkipOffer",
     "SubmitWhileImporting",
     "TooLarge",
+    "UnknownAfter",
     "Unschedulable",
     "error_from_wire",
 ]
@@ -148,6 +150,26 @@ class BundleMissing(BundleError):
     no stored job named it (``gpulayer jobs prune``). The SDK uploads it again and retries."""
 
     code = "bundle_missing"
+
+
+class UnknownAfter(InvalidInput):
+    """A job names, among those it runs after (``spec.after``), an id that no stored job has
+    (or, for a client token of a server, none of its own). ``index`` and ``job``: which entry
+    of the list, so that a front end can name it as its user wrote it (``--after job-...``)."""
+
+    code = "unknown_after"
+
+    def __init__(self, message: str, *, index: int = 0, job: str = "") -> None:
+        super().__init__(message)
+        self.index = index
+        self.job = job
+
+    def details(self) -> dict[str, Any]:
+        return {"index": self.index, "job": self.job}
+
+    @classmethod
+    def from_details(cls, message: str, details: dict[str, Any]) -> GpulayerError:
+        return cls(message, index=int(details["index"]), job=str(details["job"]))
 
 
 class BadRequest(InvalidInput):

@@ -146,6 +146,8 @@ def render(e: Explanation, spelling: Spelling | None = None, *, command: str | N
             out.append(f"last placement pass: {e.stored_decision.summary}")
         out.append(f"if placed now on its own: {verdict_text(e)}")
     else:
+        if e.spec.after:  # (not placed before they succeed: the verdict is for then)
+            out.append(f"it runs after {', '.join(e.spec.after)}: placed once each has succeeded; then:")
         out.append(verdict_text(e))
         if e.queue_position is not None and e.queue_position > 1:
             out.append(f"{e.queue_position - 1} queued job(s) would be placed before it")

@@ -87,6 +87,9 @@ class SharedOptions(TypedDict, total=False):
     env: Mapping[str, str] | None
     name: str | None
     bundle: str | PathLike[str] | None
+    #: the jobs it runs after (ids or handles; one alone may be given as itself): it is placed
+    #: once each has succeeded, and fails without running if one ends otherwise
+    after: Sequence[Any] | str | Any | None
 
 
 class JobOptions(SharedOptions, total=False):
@@ -118,6 +121,7 @@ OPTION_FIELDS: dict[str, str] = {
     "env": "env",
     "name": "name",
     "bundle": "bundle",
+    "after": "after",
 }
 
 _SWITCH = "allow_unknown_accelerator"
@@ -239,6 +243,8 @@ def _job_fields(options: JobOptions, spelling: Spelling) -> dict[str, Any]:
             value = frameworks(value, spelling)
         elif option == "bundle" and isinstance(value, PathLike):
             value = str(value)
+        elif option == "after" and (isinstance(value, str) or not isinstance(value, Iterable)):
+            value = [value]  # (one job, or its handle)
         head, _, leaf = path.rpartition(".")
         (data.setdefault(head, {}) if head else data)[leaf] = value
     return data
@@ -315,7 +321,8 @@ CLI_SPELLING = Spelling(
         "requirements.cpus": "--cpus", "requirements.memory_gb": "--memory", "requirements.labels": "--label",
         "requirements.profile": "--profile", "placement.target": "--target", "placement.fallback_targets": "--fallback",
         "placement.on_unschedulable": "--on-unschedulable", "placement.prefer": "--prefer", "timeout": "--timeout", "retries": "--retries",
-        "priority": "--priority", "env": "--env", "name": "--name", "bundle": "--bundle", "nodes": "--nodes",
+        "priority": "--priority", "env": "--env", "name": "--name", "bundle": "--bundle", "after": "--after",
+        "nodes": "--nodes",
         "nproc_per_node": "--nproc-per-node", "launcher": "--launcher",
         "allow_unknown_accelerator": "--allow-unknown-accelerator",
     },

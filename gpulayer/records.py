@@ -68,7 +68,7 @@ class JobError(Record):
     """Why a job or a task did not succeed, as data.
 
     ``type`` says what kind of end it was (``cancelled``, ``lost``, ``unschedulable``,
-    ``timed_out``, ``failed``, ``bundle``, ``launcher``, ``plugin``, ``worker``, or the exception type a
+    ``timed_out``, ``failed``, ``dependency``, ``bundle``, ``launcher``, ``plugin``, ``worker``, or the exception type a
     function raised); ``message`` is for people; ``traceback`` is set when a function raised.
     Build them with the named constructors, so the same end always reads the same.
     """
@@ -113,6 +113,11 @@ class JobError(Record):
     def raised_by(cls, type_name: str, message: str, traceback: str) -> JobError:
         """A function job raised ``type_name``."""
         return cls(type=type_name, message=message, traceback=traceback)
+
+    @classmethod
+    def dependency(cls, message: str) -> JobError:
+        """It never ran: a job it runs after (``spec.after``) ended without success."""
+        return cls(type="dependency", message=message)
 
     @classmethod
     def bundle(cls, message: str) -> JobError:

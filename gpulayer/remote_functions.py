@@ -149,8 +149,8 @@ class RemoteFunction(Generic[T]):
     def __init__(self, fn: Callable[..., T], options: JobOptions) -> None:
         self._fn = fn
         self.function, default_bundle = function_reference(fn)
-        self.options: dict[str, Any] = dict(options)
-        bundle = self.options.pop("bundle", default_bundle)
+        self._options: dict[str, Any] = dict(options)
+        bundle = self._options.pop("bundle", default_bundle)
         self._bundle = str(bundle) if bundle is not None else None
         # check the options now: a bad one fails at decoration, not at .remote(). Not the
         # installed plugins yet: a worker imports this module too, with plugins of its own;
@@ -164,6 +164,12 @@ class RemoteFunction(Generic[T]):
     def __call__(self, *args: Any, **kwargs: Any) -> T:
         return self._fn(*args, **kwargs)
 
+    def options(self, **overrides: Unpack[JobOptions]) -> RemoteFunction[T]:
+        """The function with these options changed, for the calls made through what this
+        returns (as Ray's ``.options()``): ``train.options(gpus=2, after=prep).remote(cfg)``."""
+        check_remote_options(dict(overrides), f"{self.function.partition(':')[2]}.options()")
+        return RemoteFunction(self._fn, cast("JobOptions", {**self._options, "bundle": self._bundle, **overrides}))
+
     def _spec(self, args: list[Any], kwargs: dict[str, Any], *, check_installed: bool = True,
               call: str | None = None) -> FunctionJob:
         """The FunctionJob for ``fn(*args, **kwargs)``; ``call`` (``train.remote()``, or ""
@@ -176,8 +182,8 @@ class RemoteFunction(Generic[T]):
             self._bind(args, kwargs, call)
         check_json(list(args), "args")
         check_json(dict(kwargs), "kwargs")
-        options = cast("JobOptions", {**self.options, "bundle": self._bundle,
-                                      "name": self.options.get("name") or self.function})
+        options = cast("JobOptions", {**self._options, "bundle": self._bundle,
+                                      "name": self._options.get("name") or self.function})
         return joboptions.function_job(self.function, args, kwargs, options, remote_spelling(),
                                        check_installed=check_installed, arguments_checked=True)
 
@@ -275,7 +281,8 @@ def remote(fn: Callable[..., T] | None = None, **options: Unpack[JobOptions]) ->
     strings), ``python_version``, ``os``, ``cpus``, ``memory_gb``, ``labels``, ``profile``,
     ``target``, ``fallback_targets``, ``on_unschedulable`` ("fail" or "wait"), ``prefer``
     (the cloud target's offers to try first), ``timeout``, ``retries``, ``priority``, ``env``, ``name``, ``bundle`` (directory; default: the
-    directory the function's module is imported from).
+    directory the function's module is imported from), ``after`` (jobs, or their handles, to
+    run after: see :meth:`RemoteFunction.options`).
     """
     if not _in_job_module_import():
         check_remote_options(dict(options), "@gl.remote")

@@ -256,7 +256,7 @@ def explain(what: Any, *, client: Client | None = None, **options: Unpack[JobOpt
         e._spelling = RECORD_SPELLING
         return e
     if isinstance(what, RemoteFunction):
-        fn = RemoteFunction(what._fn, cast(JobOptions, {**what.options, **options})) if options else what
+        fn = RemoteFunction(what._fn, cast(JobOptions, {**what._options, **options})) if options else what
     elif callable(what):
         check_remote_options(dict(options), "gl.explain")
         fn = RemoteFunction(what, options)

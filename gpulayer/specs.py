@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import Annotated, Any, Literal, cast
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import AfterValidator, BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic._internal._model_construction import ModelMetaclass
 
 from gpulayer._base import Record
@@ -242,7 +242,7 @@ class Requirements(_UserRecord):
             return None
         if re.match(r"^\d+(\.\d+)*$", v.strip()):
             v = ">=" + v.strip()
-        return check_specifier(v, accepted=_ACCEPTED[f"Requirements.{info.field_name}"]) or None
+        return check_specifier(v, accepted=ACCEPTED[f"Requirements.{info.field_name}"]) or None
 
     @field_validator("os")
     @classmethod
@@ -346,6 +346,30 @@ class Placement(_UserRecord):
 # --------------------------------------------------------------------------- job specs
 
 
+def _job_id(value: object) -> object:
+    """A job's handle (anything with a ``job_id`` or an ``id`` of text) stands for its id."""
+    for name in ("job_id", "id"):
+        found = getattr(value, name, None)
+        if isinstance(found, str) and not isinstance(value, str):
+            return found
+    return value
+
+
+_JOB_ID_RE = re.compile(r"^job-[0-9a-f]{1,64}$")
+
+
+def _check_job_id(value: str) -> str:
+    if not _JOB_ID_RE.match(value):
+        raise InvalidInput("not a job id; accepted: a job's id, job- and hexadecimal digits (gpulayer jobs list)")
+    return value
+
+
+#: a job's id (``job-`` and hexadecimal digits), or a handle of one (see _job_id)
+JobId = Annotated[str, BeforeValidator(_job_id), AfterValidator(_check_job_id)]
+#: the most jobs one job may run after
+MAX_AFTER = 100
+
+
 class _JobBase(_UserRecord):
     name: Text | None = Field(default=None, max_length=200)
     requirements: Requirements = Field(default_factory=Requirements)
@@ -359,6 +383,18 @@ class _JobBase(_UserRecord):
         description="directory to send as a source bundle (a path on the submitting machine)",
     )
     bundle_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    #: the jobs it runs after: it is placed once each has succeeded, and fails without running
+    #: if one ends otherwise (gpulayer.control.after). Written only when given: an older
+    #: control plane refuses a field it does not know
+    after: list[JobId] = Field(default_factory=list, max_length=MAX_AFTER, exclude_if=lambda after: not after)
+
+    @field_validator("after")
+    @classmethod
+    def _after(cls, v: list[str]) -> list[str]:
+        for i, job_id in enumerate(v):
+            if job_id in v[:i]:
+                raise InvalidInput(f"{job_id!r} is listed twice; accepted: each job once")
+        return v
 
     @field_validator("name")
     @classmethod
@@ -554,40 +590,5 @@ def job_spec_from_dict(data: Mapping[str, Any]) -> CommandJob | FunctionJob | Di
     return build(model, data, Spelling(call=model.__name__))
 
 
-#: what each field accepts, in the words errors use
-_ACCEPTED = {
-    "Requirements.accelerator": "a kind such as cuda, rocm or mps, or cpu for none",
-    "Requirements.gpus": "a whole number >= 0 (devices per node)",
-    "Requirements.min_gpu_memory_gb": "a number of GB > 0",
-    "Requirements.compute_capability": "a version such as 8.0 (meaning >=8.0) or PEP 440 clauses such as '>=8.0,<9'",
-    "Requirements.frameworks": "NAME or NAME followed by a PEP 440 version specifier, e.g. 'torch>=2.2' or 'jax'",
-    "Requirements.python": "a version such as 3.11 (meaning >=3.11) or PEP 440 clauses such as '>=3.10,<3.13'",
-    "Requirements.os": "an operating system name such as linux or darwin",
-    "Requirements.cpus": "a whole number >= 0",
-    "Requirements.memory_gb": "a number of GB >= 0",
-    "Requirements.labels": "KEY=VALUE pairs of text",
-    "Requirements.profile": "the name of a runtime profile such as pytorch-cuda",
-    "Placement.target": "local, remote or cloud",
-    "Placement.fallback_targets": "local, remote or cloud, each listed once",
-    "Placement.on_unschedulable": "fail or wait",
-    "_JobBase.name": "text of at most 200 characters",
-    "_JobBase.requirements": "a Requirements record or a mapping of its fields",
-    "_JobBase.placement": "a Placement record or a mapping of its fields",
-    "_JobBase.timeout": "a number of seconds > 0 (leave it out for no limit)",
-    "_JobBase.retries": "a whole number from 0 to 100",
-    "_JobBase.priority": "a whole number from -1000 to 1000",
-    "_JobBase.env": "NAME=VALUE pairs of text",
-    "_JobBase.bundle": "the path of a directory",
-    "_JobBase.bundle_digest": "64 lowercase hexadecimal digits (a SHA-256)",
-    "CommandJob.command": "a list of arguments such as ['python', 'train.py']",
-    "FunctionJob.function": "'module:function', e.g. 'train:main' or 'pkg.mod:fn'",
-    "FunctionJob.args": "a list of JSON values",
-    "FunctionJob.kwargs": "a mapping of argument names to JSON values",
-    "FunctionJob.python": "the path of a Python interpreter on the worker",
-    "DistributedJob.nodes": "a whole number from 1 to 1024",
-    "DistributedJob.nproc_per_node": "a whole number from 1 to 1024",
-    "DistributedJob.entry": "a script ('train.py') or a function ('pkg.train:main')",
-    "DistributedJob.args": "a list of text arguments",
-    "DistributedJob.launcher": "the name of a distributed launcher such as torchrun",
-}
-ACCEPTED.update(_ACCEPTED)
+# what each field accepts, in the words errors use (wording.ACCEPTED)
+from gpulayer import spec_words  # noqa: E402,F401

@@ -10,8 +10,12 @@ reader's terminal, and a newline or a bidirectional override would forge table r
 from __future__ import annotations
 
 import unicodedata
+from typing import TYPE_CHECKING
 
-__all__ = ["cell", "columns", "printable", "printable_lines"]
+if TYPE_CHECKING:
+    from gpulayer.specs import Requirements
+
+__all__ = ["cell", "columns", "printable", "printable_lines", "requirements_text"]
 
 
 def _escape(ch: str) -> str:
@@ -52,3 +56,23 @@ def cell(text: str, width: int) -> str:
     while columns(text) > width:
         text = text[:-1]
     return text + " " * (width - columns(text))
+
+
+def requirements_text(req: Requirements) -> str:
+    """What a job needs, written as ``gpulayer submit``'s flags (the one way the CLI shows
+    requirements): ``--accelerator cuda --gpus 2 --framework 'torch>=2.2'``."""
+    import shlex
+
+    from gpulayer.joboptions import CLI_SPELLING as spelling
+
+    words: list[str] = []
+    for path, value in req.model_dump(exclude_defaults=True).items():
+        flag = spelling.name(f"requirements.{path}")
+        if isinstance(value, dict) and path == "frameworks":
+            words.extend(f"{flag} {shlex.quote(name + spec)}" for name, spec in value.items())
+        elif isinstance(value, dict):
+            words.extend(f"{flag} {shlex.quote(f'{k}={v}')}" for k, v in value.items())
+        else:
+            text = f"{value:g}" if isinstance(value, float) else str(value)
+            words.append(f"{flag} {shlex.quote(text)}")
+    return " ".join(words)

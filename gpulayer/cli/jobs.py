@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from gpulayer import config
-from gpulayer.cli import light
+from gpulayer.cli import display, light
 from gpulayer.cli.commands import help_of
 from gpulayer.cli.conventions import (
     EXIT_CANCELLED,
@@ -44,13 +44,13 @@ from gpulayer.cli.conventions import (
     outcome_text,
 )
 from gpulayer.cli.display import printable, printable_lines
-from gpulayer.errors import GpulayerError, InvalidInput, NotFound
+from gpulayer.errors import GpulayerError, InvalidInput, NotFound, UnknownAfter
 from gpulayer.unsent import note, unsent_in_spec
 
 if TYPE_CHECKING:
     from gpulayer.client import Client
     from gpulayer.records import JobRecord, JobState
-    from gpulayer.specs import CommandJob, DistributedJob, Requirements
+    from gpulayer.specs import CommandJob, DistributedJob
     from gpulayer.wording import Spelling
 
 __all__ = ["EXIT_CANCELLED", "EXIT_FAILED", "EXIT_LOST", "EXIT_STILL_RUNNING", "EXIT_TIMED_OUT",
@@ -179,6 +179,7 @@ def submit_cmd(
     env: list[str] = typer.Option([], "--env", "-e", metavar="K=V", help="KEY=VALUE for the job (repeatable)"),
     label: list[str] = typer.Option([], "--label", metavar="K=V", help="required worker label KEY=VALUE (repeatable)"),
     priority: int = typer.Option(0, "--priority", metavar="P", help="higher runs first"),
+    after: list[str] = typer.Option([], "--after", metavar="JOB", help="run once this job has succeeded (repeatable)"),
     name: Optional[str] = typer.Option(None, "--name", metavar="NAME"),
     nodes: Optional[int] = typer.Option(None, "--nodes", metavar="N", help="nodes of a distributed job"),
     nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", metavar="K", help="processes per node"),
@@ -201,7 +202,10 @@ def submit_cmd(
     client = _client()
     if detach:
         _background_worker_for_detached_jobs(client)
-    job = client.submit(spec)
+    try:
+        job = client.submit(spec)
+    except UnknownAfter as exc:  # (named as typed: --after job-...)
+        raise InvalidInput(f"{_spelling().input('after', exc.job, (exc.index,))}: {str(exc).partition(': ')[2]}") from None
     if job.state is JobState.UNSCHEDULABLE:
         typer.echo(job.error.message if job.error else "scheduling: no eligible worker", err=True)
         if as_json:
@@ -277,7 +281,7 @@ def spec_from_flags(flags: dict[str, Any]) -> CommandJob | DistributedJob:
         "memory_gb": f["memory"], "labels": _pairs(f["label"], "requirements.labels"), "profile": f["profile"],
         "target": f["target"], "fallback_targets": f["fallback"], "on_unschedulable": f["on_unschedulable"],
         "prefer": f["prefer"], "timeout": f["timeout"], "retries": f["retries"], "priority": f["priority"], "env": _pairs(f["env"], "env"),
-        "name": f["name"], "bundle": f["bundle"],
+        "name": f["name"], "bundle": f["bundle"], "after": [job for word in f.get("after") or () for job in word.split(",")] or None,
     }
     spec: CommandJob | DistributedJob
     if nproc_per_node is not None or (nodes is not None and nodes != 1) or launcher is not None:
@@ -394,25 +398,6 @@ def jobs_list(
         typer.echo(line)
 
 
-def requirements_text(req: Requirements) -> str:
-    """What a job needs, written as ``gpulayer submit``'s flags (the one way the CLI shows
-    requirements): ``--accelerator cuda --gpus 2 --framework 'torch>=2.2'``."""
-    import shlex
-
-    spelling = _spelling()
-    words: list[str] = []
-    for path, value in req.model_dump(exclude_defaults=True).items():
-        flag = spelling.name(f"requirements.{path}")
-        if isinstance(value, dict) and path == "frameworks":
-            words.extend(f"{flag} {shlex.quote(name + spec)}" for name, spec in value.items())
-        elif isinstance(value, dict):
-            words.extend(f"{flag} {shlex.quote(f'{k}={v}')}" for k, v in value.items())
-        else:
-            text = f"{value:g}" if isinstance(value, float) else str(value)
-            words.append(f"{flag} {shlex.quote(text)}")
-    return " ".join(words)
-
-
 @jobs_app.command("show")
 def jobs_show(job_id: str = typer.Argument(..., metavar="JOB"), as_json: bool = json_option()) -> None:
     """A job's spec, state, tasks and last placement decision (one line per worker)."""
@@ -427,10 +412,12 @@ def jobs_show(job_id: str = typer.Argument(..., metavar="JOB"), as_json: bool = 
     code = job.exit_code if job.state.terminal else None  # (an attempt's, before a retry: on its task line)
     typer.echo(f"state     {job.state.value}" + (f" (exit code {code})" if code is not None else ""))
     typer.echo(f"kind      {s['kind']}: {printable(s['what'])}")
-    typer.echo(f"needs     {requirements_text(job.spec.requirements) or 'nothing special (CPU)'}")
+    typer.echo(f"needs     {display.requirements_text(job.spec.requirements) or 'nothing special (CPU)'}")
     typer.echo(f"placement target={job.spec.placement.target} fallback={job.spec.placement.fallback_targets} "
                f"on_unschedulable={job.spec.placement.on_unschedulable}")
     typer.echo(f"attempt   {job.attempt} of {job.spec.retries + 1}")
+    if job.spec.after:
+        typer.echo(f"after     {', '.join(job.spec.after)}")
     if job.error:
         typer.echo(f"error     {printable_lines(job.error.describe(), ' ' * 10)}")
     for t in job.tasks:

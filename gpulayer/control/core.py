@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import Session
 
 from gpulayer import config, lifecycle, scheduling, tokens
-from gpulayer.control import placement
+from gpulayer.control import after, placement
 from gpulayer.control.pauses import Pauses
 from gpulayer.errors import Forbidden
 from gpulayer.records import JobError, JobState, TaskState
@@ -37,6 +37,8 @@ _JOBS = "j"
 _JOBS_NAMED = "J"
 _ENDED = "x:"
 _ANY_WORKER = "W"
+#: where a transaction's session keeps the pass that placed the jobs it released (Core._on_ended)
+_PLACED = "gl_after_placed"
 #: and "p:ID": that job has new output (what a wait for its logs looks again for)
 _PROGRESS = "p:"
 #: how many changes a control plane remembers the ended jobs of (see JobOps.ended_news),
@@ -158,6 +160,9 @@ class Core:
         self._job_news = threading.Condition(self._news_lock)
         self._work_news = threading.Condition(self._news_lock)
         self._progress_news = threading.Condition(self._news_lock)
+        # the jobs that run after those a transaction ended (control.after), in that transaction
+        self.store.on_ended = self._on_ended
+        self.store.after_ended = self._after_ended
 
     def observe(self, observer: ControlObserver) -> None:
         self._observers.append(observer)
@@ -212,6 +217,23 @@ class Core:
                 s.expunge(obj)
             s.expire_all()  # rows the session loaded may hold what was undone
             return None
+
+    def _on_ended(self, s: Session) -> None:
+        """Before a transaction that ended jobs commits: the jobs that run after them are
+        released (and placed, in the same transaction) or fail in turn (:mod:`.after`)."""
+        released = after.resolve(s, self.clock(), self._event)
+        if released:
+            started = time.perf_counter()
+            self.store.lock_writers(s)  # (a transaction begun without the writers' lock: a heartbeat's)
+            result = self._place_too(s, new_job=released[0] if len(released) == 1 else None)
+            after.resolve(s, self.clock(), self._event)  # (those the pass found unschedulable)
+            s.info[_PLACED] = (result, started)
+
+    def _after_ended(self, info: dict[str, Any]) -> None:
+        """Once that transaction committed: wake the workers its pass gave tasks to."""
+        placed = info.pop(_PLACED, None)
+        if placed is not None:
+            self._placed(*placed)
 
     def _placed(self, result: scheduling.PlacementResult | None, started: float,
                 answered: str | None = None) -> None:

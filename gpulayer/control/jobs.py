@@ -23,6 +23,7 @@ from gpulayer.api import (
     LogChunk,
     ResultJSON,
 )
+from gpulayer.control import after
 from gpulayer.control.core import Core, Look
 from gpulayer.errors import BundleMissing, Conflict, InvalidArgument, InvalidInput, NotFound
 from gpulayer.launchers import check_launch
@@ -164,6 +165,8 @@ class JobOps(Core):
             result=None, error=None, decision=None, cancel_requested=False, idempotency_key=key, owner=owner,
             args=args_json))
         self._event(s, "submitted", job_id=job_id, message=spec.kind)
+        if spec.after:  # it waits for them, or fails at once if one ended without success
+            after.hold(s, job_id, spec.after, owner, now, self._event)
         return job_id
 
     def get_job(self, job_id: str, *, arguments: bool | None = None, brief: bool | None = None) -> JobRecord:

@@ -28,7 +28,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ from gpulayer.store.tables import (
     BundleReaderRow,
     BundleRow,
     EventRow,
+    JobAfterRow,
     JobRow,
     LogRow,
     MachineRow,
@@ -115,6 +116,11 @@ class Store:
         self.nudges = Nudges.of(make_url(self.url).database) if self.is_sqlite else None
         #: per thread: the jobs its committed transactions ended (see take_ended)
         self._ended = threading.local()
+        #: what a write transaction that ended jobs does before it commits (the control plane's:
+        #: the jobs that run after them, gpulayer.control.after), and once it committed (with
+        #: the session's ``info``, where the first left what the second needs)
+        self.on_ended: Callable[[Session], None] | None = None
+        self.after_ended: Callable[[dict[str, Any]], None] | None = None
         #: SQLite: a connection each thread keeps between its transactions (see _Kept)
         self._kept = _Kept(self.engine) if self.is_sqlite else None
         try:
@@ -185,7 +191,7 @@ class Store:
                 found = migrations.current_version(conn)
                 if found is None:
                     tables: list[Any] = [SchemaRow, WorkerRow, JobRow, TaskRow, BundleRow, LogRow,
-                                         EventRow, TokenRow, BundleReaderRow,
+                                         EventRow, TokenRow, BundleReaderRow, JobAfterRow,
                                          MachineRow, MetaRow, MarkRow]
                     SQLModel.metadata.create_all(conn, tables=[t.__table__ for t in tables])
                     marks.install(conn)
@@ -222,12 +228,17 @@ class Store:
                     with session:
                         yield session
                         session.flush()
+                        if self.on_ended is not None and plain.ended_in(session):
+                            self.on_ended(session)
+                            session.flush()
             finally:
                 if relaxed:
                     _synced_again(conn)
         ended = plain.ended_in(session)
         if ended:
             self._ended.ids = self.take_ended() | ended
+            if self.after_ended is not None:
+                self.after_ended(session.info)
 
     def ended_pending(self) -> bool:
         """Whether :meth:`take_ended` has jobs to say."""

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, inspect, text
 
 from gpulayer.errors import GpulayerError
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 # Version 1: the first released schema (no tokens, no idempotent submit).
 SCHEMA_V1 = [
@@ -148,10 +148,20 @@ def _v9_to_v10(conn: Connection) -> None:
     marks.install(conn)
 
 
+def _v10_to_v11(conn: Connection) -> None:
+    # jobs that run after others (spec.after): the pairs still waiting, and each job's count
+    # of those it waits for (the queue's reads skip a job that waits)
+    from gpulayer.store.tables import JobAfterRow
+
+    if "waiting_for" not in {c["name"] for c in inspect(conn).get_columns("gl_jobs")}:
+        conn.execute(text("ALTER TABLE gl_jobs ADD COLUMN waiting_for INTEGER NOT NULL DEFAULT 0"))
+    JobAfterRow.__table__.create(conn, checkfirst=True)  # type: ignore[attr-defined]
+
+
 #: MIGRATIONS[n] brings a database at version n to version n + 1.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
                                                      5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
-                                                     8: _v8_to_v9, 9: _v9_to_v10}
+                                                     8: _v8_to_v9, 9: _v9_to_v10, 10: _v10_to_v11}
 
 
 class SchemaTooNew(GpulayerError):

@@ -45,6 +45,8 @@ class Job(NamedTuple):
     idempotency_key: str | None
     owner: str | None
     args: str | None
+    #: how many of the jobs it runs after have not succeeded yet (gpulayer.control.after)
+    waiting_for: int = 0
 
 
 class Task(NamedTuple):

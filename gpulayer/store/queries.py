@@ -115,15 +115,18 @@ def jobs_by_id(s: Session, job_ids: Iterable[str], *, light: bool = False) -> di
 
 
 def queued_jobs(s: Session) -> Sequence[JobRow]:
-    """The queue in submission order (the scheduler applies priorities). A function job's
-    arguments are not loaded: placement never needs them."""
+    """The queue in submission order (the scheduler applies priorities), without the jobs
+    that wait for others to succeed first (``waiting_for``: see gpulayer.control.after). A
+    function job's arguments are not loaded: placement never needs them."""
     return list(s.exec(
         select(JobRow).options(defer(JobRow.args))  # type: ignore[arg-type]
-        .where(JobRow.state == JobState.QUEUED.value).order_by(col(JobRow.created_at), col(JobRow.id))
+        .where(JobRow.state == JobState.QUEUED.value, JobRow.waiting_for == 0)
+        .order_by(col(JobRow.created_at), col(JobRow.id))
     ).all())
 
 
-_QUEUE_KEYS = "SELECT id, created_at, updated_at, attempt{} FROM gl_jobs WHERE state = 'queued'"
+#: (a job that waits for others to succeed first is not in the queue placement reads)
+_QUEUE_KEYS = "SELECT id, created_at, updated_at, attempt{} FROM gl_jobs WHERE state = 'queued' AND waiting_for = 0"
 
 
 def queue_keys(s: Session, job_id: str | None = None) -> list[tuple[str, float, float | None, int, str | None]]:
@@ -151,7 +154,7 @@ def job_decisions(s: Session, job_ids: Sequence[str]) -> dict[str, str | None]:
 
 
 def has_queued_jobs(s: Session) -> bool:
-    return bool(plain.fetch(s, "SELECT id FROM gl_jobs WHERE state = 'queued' LIMIT 1"))
+    return bool(plain.fetch(s, "SELECT id FROM gl_jobs WHERE state = 'queued' AND waiting_for = 0 LIMIT 1"))
 
 
 def job_specs(s: Session, job_ids: Sequence[str]) -> dict[str, str]:

@@ -60,6 +60,9 @@ class JobRow(SQLModel, table=True):
     # added in schema 3: a function job's {"args": [...], "kwargs": {...}}, kept out of
     # ``spec`` so that placement never reads or parses them
     args: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    #: added in schema 11: how many of the jobs it runs after (``spec.after``) have not
+    #: succeeded yet; a queued job is placed only at 0 (see gpulayer.control.after)
+    waiting_for: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
 # added in schema 6: the queue in placement order (priority, then submission), so that a
@@ -69,6 +72,16 @@ Index("ix_gl_jobs_queue", col(JobRow.state), col(JobRow.priority).desc(), col(Jo
 # indexes of state and owner alone, which they begin with)
 Index("ix_gl_jobs_state_created", col(JobRow.state), col(JobRow.created_at))
 Index("ix_gl_jobs_owner_created", col(JobRow.owner), col(JobRow.created_at))
+
+
+class JobAfterRow(SQLModel, table=True):
+    """Job ``job_id`` runs after job ``after_id`` (added in schema 11): a row is kept while
+    ``after_id`` has not ended and ``job_id`` waits; both ends remove it (gpulayer.control.after)."""
+
+    __tablename__ = "gl_job_after"
+
+    after_id: str = Field(primary_key=True)
+    job_id: str = Field(primary_key=True, index=True)
 
 
 class TaskRow(SQLModel, table=True):

@@ -227,3 +227,28 @@ def test_jobs_list_pages_through_every_job_with_before(home: Path, warm: str) ->
     assert bad.returncode == 2
     assert bad.stderr == ("error: --before job-000000000000: no such job; accepted: the id of a job, as gpulayer "
                           "jobs list shows it\n")
+
+
+@pytest.mark.usefixtures("worker")
+def test_submit_after_runs_a_job_once_another_has_succeeded_and_names_bad_ids_as_typed(tmp_path: Path) -> None:
+    marker = tmp_path / "first-done"
+    first = detach(sys.executable, "-c", f"import time, pathlib; time.sleep(0.5); pathlib.Path({str(marker)!r}).touch()")
+    # in the foreground: it runs only once the first has succeeded (the file is there)
+    second = cli("submit", "--after", first, "--", sys.executable, "-c",
+                 f"import pathlib; print(pathlib.Path({str(marker)!r}).exists())", timeout=60)
+    assert second.returncode == 0 and second.stdout.strip() == "True"
+    failed = detach("sh", "-c", "exit 3")
+    assert cli("jobs", "wait", failed, timeout=60).returncode == 3
+    never = cli("submit", "--after", f"{first},{failed}", "--", "true", timeout=60)
+    assert never.returncode == 1
+    assert f"not run: {failed}, which it runs after, failed (gpulayer jobs show {failed})" in never.stderr
+    waiting = detach("true", flags=("--after", detach("sleep", "600")))
+    assert "after     job-" in cli("jobs", "show", waiting, check=True).stdout
+
+    unknown = cli("submit", "--after", "job-0123456789ab", "--", "true")
+    assert unknown.returncode == 2
+    assert "--after job-0123456789ab: no such job; accepted: the id of a stored job" in unknown.stderr
+    typo = cli("submit", "--after", "prepare", "--", "true")
+    assert typo.returncode == 2 and "--after prepare: not a job id; accepted: a job's id" in typo.stderr
+    twice = cli("submit", "--after", f"{first},{first}", "--", "true")
+    assert twice.returncode == 2 and "is listed twice" in twice.stderr

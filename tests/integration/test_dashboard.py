@@ -386,3 +386,11 @@ def test_a_root_path_that_is_not_a_url_path_is_refused(given: str, tmp_path: Pat
     out = cli("server", "start", "--port", "0", "--root-path", given, env={"GPULAYER_HOME": str(tmp_path)})
     assert out.returncode == 2
     assert f"Invalid value for --root-path: {given!r}: accepted: a URL path such as /gpulayer" in out.stderr
+
+
+def test_a_job_that_runs_after_others_links_them_and_says_it_waits(server: ServerProc, admin: Api) -> None:
+    first = submit(admin)
+    later = submit(admin, {**QUEUED, "after": [first]})
+    page = login(server, server.admin_token).get(f"/jobs/{later}").text
+    assert f'<dt>Runs after</dt><dd><a href="/jobs/{first}">{first}</a> (once each has succeeded)</dd>' in page
+    assert f"waiting for {first} to succeed first (it runs after it)" in page

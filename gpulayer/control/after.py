@@ -1,0 +1,166 @@
+"""Jobs that run after others: ``spec.after`` (``gpulayer submit --after JOB``,
+``@gl.remote(after=[handle])``), as Slurm's ``--dependency=afterok`` and Ray's tasks that take
+another's result.
+
+A job that names jobs to run after stays ``queued`` and is not placed (the queue's reads skip
+it: ``gl_jobs.waiting_for`` > 0) until every one of them has succeeded; the first of them to
+end otherwise (failed, cancelled, timed out, unschedulable) ends it as ``failed``, with a
+``dependency`` error that names it, without running it, and so on down the chain. A job named
+that has succeeded already counts as done; one that ended otherwise fails the new job at once.
+
+Both ends are written in the transaction that ends the job run after (the store calls
+:func:`resolve` before any write transaction that ended jobs commits: see
+:attr:`gpulayer.store.Store.on_ended`), so a crash cannot leave a job waiting for one that
+ended. ``gl_job_after`` keeps a row per pair still waiting; a job's own end (a cancel while it
+waits) removes its rows too, so a stored job that has ended is named by none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from sqlmodel import Session
+
+from gpulayer.errors import UnknownAfter
+from gpulayer.records import JobError, JobState, PlacementDecision
+from gpulayer.store import mapping, plain
+
+#: what a write transaction's session keeps in ``info``: the ended jobs already looked at,
+#: and the jobs whose last job to run after succeeded (they join the queue)
+_DONE = "gl_after_done"
+RELEASED = "gl_after_released"
+
+EventSink = Callable[..., None]
+
+_SUCCEEDED = JobState.SUCCEEDED.value
+_QUEUED = JobState.QUEUED.value
+#: how an ended job that was not a success reads in the message of a job that ran after it
+_ENDED_AS = {"failed": "failed", "cancelled": "was cancelled", "timed_out": "timed out",
+             "unschedulable": "was unschedulable"}
+
+
+def hold(s: Session, job_id: str, after: Sequence[str], owner: str | None, now: float, event: EventSink) -> None:
+    """At submit, in its transaction (the job is stored, not yet placed): ``job_id`` waits for
+    the jobs of ``after`` that have not ended, or fails at once if one of them ended without
+    success. An id that names no stored job (none of ``owner``'s, for a client token) is an
+    :class:`~gpulayer.errors.UnknownAfter`, and nothing is stored."""
+    found = {r[0]: (r[1], r[2], r[3]) for r in plain.fetch_in(
+        s, "SELECT id, state, owner, error FROM gl_jobs WHERE id IN ({})", sorted(set(after)))}
+    for i, other in enumerate(after):
+        state_owner = found.get(other)
+        if state_owner is None or (owner is not None and state_owner[1] != owner):
+            raise UnknownAfter(f"after[{i}]={other!r}: no such job"
+                               f"{' of yours' if owner is not None else ''}; accepted: the id of a stored job "
+                               "(gpulayer jobs list)", index=i, job=other)
+    for other in after:
+        state, _, error = found[other]
+        if state in plain.ENDED_STATES and state != _SUCCEEDED:
+            _fail(s, job_id, other, state, error, now, event)
+            return
+    waiting = [other for other in after if found[other][0] not in plain.ENDED_STATES]
+    if not waiting:
+        return
+    for other in waiting:
+        plain.execute(s, "INSERT INTO gl_job_after (after_id, job_id) VALUES (?, ?)", (other, job_id))
+    plain.update_job(s, job_id, waiting_for=len(waiting), decision=waiting_decision(waiting, now).model_dump_json())
+
+
+def waiting_decision(waiting: Sequence[str], now: float) -> PlacementDecision:
+    """What a job that waits for ``waiting`` (ids of jobs it runs after) says about its place."""
+    return PlacementDecision(outcome="waiting", summary=f"waiting for {_listed(waiting)} to succeed first (it runs "
+                                                         f"after {'it' if len(waiting) == 1 else 'them'})", at=now)
+
+
+def resolve(s: Session, now: float, event: EventSink) -> list[str]:
+    """Before a write transaction that ended jobs commits: what their ends mean for the jobs
+    that run after them (released, or failed in turn, down the chain), and the rows of the jobs
+    that ended while they waited removed. The jobs released, in order (the caller places them)."""
+    done: set[str] = s.info.setdefault(_DONE, set())
+    released: list[str] = []
+    while True:
+        new = sorted(plain.ended_in(s) - done)
+        if not new:
+            return released
+        done.update(new)
+        pairs = _pairs_of(s, new)
+        if not pairs:
+            continue
+        _delete_pairs(s, new)
+        ended = set(new)
+        outcome = {r[0]: (r[1], r[2]) for r in plain.fetch_in(
+            s, "SELECT id, state, error FROM gl_jobs WHERE id IN ({})", sorted({a for a, _ in pairs if a in ended}))}
+        succeeded: dict[str, int] = {}
+        for other, job_id in pairs:
+            if job_id in ended or other not in ended:  # (its own end: the row just goes)
+                continue
+            state, error = outcome[other]
+            if state == _SUCCEEDED:
+                succeeded[job_id] = succeeded.get(job_id, 0) + 1
+            elif job_id not in plain.ended_in(s):
+                _fail(s, job_id, other, state, error, now, event)
+        for job_id, count in sorted(succeeded.items()):
+            if job_id in plain.ended_in(s):  # (another it ran after failed)
+                continue
+            plain.execute(s, "UPDATE gl_jobs SET waiting_for = waiting_for - ? WHERE id = ? AND state = ?",
+                          (count, job_id, _QUEUED))
+            left = [r[0] for r in plain.fetch(s, "SELECT after_id FROM gl_job_after WHERE job_id = ? ORDER BY after_id",
+                                              (job_id,))]
+            if left:
+                plain.update_job(s, job_id, decision=waiting_decision(left, now).model_dump_json())
+            else:
+                plain.execute(s, "UPDATE gl_jobs SET waiting_for = 0 WHERE id = ?", (job_id,))
+                event(s, "released", job_id=job_id, message="the jobs it runs after succeeded")
+                s.info.setdefault(RELEASED, set()).add(job_id)
+                released.append(job_id)
+
+
+def released_in(info: dict[str, object]) -> list[str]:
+    """The jobs a committed transaction released (see :func:`resolve`), from its session's ``info``."""
+    found = info.get(RELEASED)
+    return sorted(found) if isinstance(found, set) else []
+
+
+def _pairs_of(s: Session, ended: list[str]) -> list[tuple[str, str]]:
+    """The waiting pairs ``(after_id, job_id)`` that either end of names one of ``ended``."""
+    out: list[tuple[str, str]] = []
+    step = plain.IN_CHUNK // 2
+    for i in range(0, len(ended), step):
+        chunk = ended[i:i + step]
+        marks = ", ".join("?" * len(chunk))
+        out += [(r[0], r[1]) for r in plain.fetch(
+            s, f"SELECT after_id, job_id FROM gl_job_after WHERE after_id IN ({marks}) OR job_id IN ({marks})",
+            (*chunk, *chunk))]
+    return out
+
+
+def _delete_pairs(s: Session, ended: list[str]) -> None:
+    step = plain.IN_CHUNK // 2
+    for i in range(0, len(ended), step):
+        chunk = ended[i:i + step]
+        marks = ", ".join("?" * len(chunk))
+        plain.execute(s, f"DELETE FROM gl_job_after WHERE after_id IN ({marks}) OR job_id IN ({marks})",
+                      (*chunk, *chunk))
+
+
+def _fail(s: Session, job_id: str, other: str, state: str, error: str | None, now: float, event: EventSink) -> None:
+    """End the queued job ``job_id`` without running it: ``other``, which it runs after, ended as ``state``."""
+    cause = mapping.error_of(error)
+    never_ran = cause is not None and cause.type == "dependency"
+    how = "did not run either" if never_ran else _ENDED_AS.get(state, state)
+    message = f"not run: {other}, which it runs after, {how} (gpulayer jobs show {other})"
+    changed = plain.execute(
+        s, "UPDATE gl_jobs SET state = ?, error = ?, updated_at = ?, waiting_for = 0, decision = NULL "
+        "WHERE id = ? AND state = ?",
+        (JobState.FAILED.value, JobError.dependency(message).model_dump_json(), now, job_id, _QUEUED))
+    if changed:
+        plain.note_ended(s, job_id)
+        event(s, "dependency_failed", job_id=job_id, message=message)
+
+
+def _listed(ids: Sequence[str]) -> str:
+    if len(ids) <= 3:
+        return ", ".join(ids[:-1]) + (" and " if len(ids) > 1 else "") + ids[-1]
+    return f"{', '.join(ids[:3])} and {len(ids) - 3} more"
+
+
+__all__ = ["RELEASED", "hold", "released_in", "resolve", "waiting_decision"]

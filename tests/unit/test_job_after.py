@@ -1,0 +1,204 @@
+"""Jobs that run after others (``spec.after``, ``gpulayer submit --after``,
+``f.options(after=...)``): placed once each has succeeded, failed without running (down the
+chain) when one ends otherwise, on SQLite and PostgreSQL (the ``cp`` fixture), through a
+server's client tokens, and from schema 10."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from starlette.testclient import TestClient
+
+from gpulayer.control import ControlPlane
+from gpulayer.errors import InvalidInput, UnknownAfter
+from gpulayer.http_client import connect_http
+from gpulayer.records import JobState, TaskState
+from gpulayer.server.app import create_app
+from gpulayer.specs import CommandJob, Requirements
+from gpulayer.store import Store, migrations
+from tests.factories import cuda_caps, gpu_job, make_capabilities
+
+
+def job(*after: str, **fields: object) -> CommandJob:
+    return CommandJob(command=["true"], after=list(after), **fields)  # type: ignore[arg-type]
+
+
+def pairs(cp: ControlPlane) -> list[tuple[str, str]]:
+    with cp.store.read() as s:
+        return sorted((a, j) for a, j in s.connection().execute(text("SELECT after_id, job_id FROM gl_job_after")))
+
+
+def run(cp: ControlPlane, worker: str, state: TaskState = TaskState.SUCCEEDED) -> list[str]:
+    """Start and end every task the worker is handed; the ids of their jobs."""
+    done = []
+    for a in cp.poll_tasks(worker):
+        cp.start_task(a.task_id, worker_id=worker)
+        cp.finish_task(a.task_id, worker_id=worker, state=state, exit_code=0 if state is TaskState.SUCCEEDED else 1)
+        done.append(a.job_id)
+    return done
+
+
+def test_a_job_is_placed_once_every_job_it_runs_after_has_succeeded(cp: ControlPlane) -> None:
+    w = cp.register_worker(make_capabilities(), cpu_slots=2).id
+    first, second = cp.submit(job()), cp.submit(job())
+    later = cp.submit(job(first.id, second.id))
+
+    assert later.state is JobState.QUEUED and later.spec.after == [first.id, second.id]
+    assert later.decision is not None and later.decision.outcome == "waiting"
+    assert later.decision.summary == f"waiting for {first.id} and {second.id} to succeed first (it runs after them)"
+    handed = cp.poll_tasks(w)
+    assert {a.job_id for a in handed} == {first.id, second.id}  # (two free slots: it took none)
+    for a in handed:
+        cp.start_task(a.task_id, worker_id=w)
+    cp.finish_task(next(a.task_id for a in handed if a.job_id == first.id), worker_id=w,
+                   state=TaskState.SUCCEEDED, exit_code=0)
+    waiting = cp.get_job(later.id)
+    assert waiting.state is JobState.QUEUED and cp.poll_tasks(w) == []  # (a slot is free: it waits still)
+    assert waiting.decision is not None and waiting.decision.summary.startswith(f"waiting for {second.id} to succeed")
+    assert cp.explain_job(later.id).queue_position is None  # (not in the queue placement reads)
+
+    cp.finish_task(next(a.task_id for a in handed if a.job_id == second.id), worker_id=w,
+                   state=TaskState.SUCCEEDED, exit_code=0)
+    # placed in the transaction of the end that released it
+    assert cp.get_job(later.id).state is JobState.ASSIGNED
+    assert [a.job_id for a in cp.poll_tasks(w)] == [later.id]
+    assert "released" in [e.kind for e in cp.events(later.id)]
+    assert pairs(cp) == []
+
+
+def test_a_job_that_ends_otherwise_fails_the_chain_after_it_without_running_it(cp: ControlPlane) -> None:
+    w = cp.register_worker(make_capabilities(), cpu_slots=4).id
+    first = cp.submit(job())
+    second = cp.submit(job(first.id))
+    third = cp.submit(job(second.id, first.id))
+    other = cp.submit(job())
+
+    assert sorted(run(cp, w, TaskState.FAILED)) == sorted([first.id, other.id])
+
+    for ended, why in ((second, f"not run: {first.id}, which it runs after, failed"),
+                       (third, f"not run: {first.id}, which it runs after, failed")):
+        record = cp.get_job(ended.id)
+        assert record.state is JobState.FAILED and not record.tasks and record.decision is None
+        assert record.error is not None and record.error.type == "dependency"
+        assert record.error.message.startswith(why)
+    assert "dependency_failed" in [e.kind for e in cp.events(third.id)]
+    assert cp.poll_tasks(w) == [] and pairs(cp) == []
+
+
+def test_a_chain_fails_link_by_link_with_each_link_named(cp: ControlPlane) -> None:
+    w = cp.register_worker(make_capabilities(), cpu_slots=1).id
+    first = cp.submit(job())
+    second = cp.submit(job(first.id))
+    third = cp.submit(job(second.id))
+    run(cp, w, TaskState.FAILED)
+    error = cp.get_job(third.id).error
+    assert error is not None
+    assert error.message == f"not run: {second.id}, which it runs after, did not run either (gpulayer jobs show {second.id})"
+
+
+def test_a_cancel_of_either_end(cp: ControlPlane) -> None:
+    w = cp.register_worker(make_capabilities(), cpu_slots=1).id
+    busy = cp.submit(job())  # (holds the only slot)
+    first = cp.submit(job())
+    second = cp.submit(job(first.id))
+    third = cp.submit(job(busy.id))
+
+    cp.cancel(first.id)  # (it was queued)
+    record = cp.get_job(second.id)
+    assert record.state is JobState.FAILED and record.error is not None
+    assert record.error.message.startswith(f"not run: {first.id}, which it runs after, was cancelled")
+
+    cp.cancel(third.id)  # a job cancelled while it waits: its pairs go with it
+    assert cp.get_job(third.id).state is JobState.CANCELLED and pairs(cp) == []
+    assert run(cp, w) == [busy.id]
+    assert cp.get_job(third.id).state is JobState.CANCELLED
+
+
+def test_jobs_named_that_ended_already(cp: ControlPlane) -> None:
+    w = cp.register_worker(make_capabilities(), cpu_slots=1).id
+    done = cp.submit(job())
+    failed = cp.submit(job())
+    run(cp, w)
+    run(cp, w, TaskState.FAILED)
+
+    assert cp.submit(job(done.id)).state is JobState.ASSIGNED  # a success counts as done
+    at_once = cp.submit(job(done.id, failed.id))
+    assert at_once.state is JobState.FAILED and at_once.error is not None
+    assert at_once.error.message.startswith(f"not run: {failed.id}, which it runs after, failed")
+    assert pairs(cp) == []
+
+
+def test_an_unknown_job_is_refused_and_nothing_is_stored(cp: ControlPlane) -> None:
+    known = cp.submit(job())
+    before = len(cp.list_jobs())
+    with pytest.raises(UnknownAfter, match=r"after\[1\]='job-0123456789ab': no such job; accepted") as e:
+        cp.submit(job(known.id, "job-0123456789ab"))
+    assert (e.value.index, e.value.job) == (1, "job-0123456789ab")
+    with pytest.raises(UnknownAfter, match=r"specs\[1\]: after\[0\]"):
+        cp.submit_many([job(), job("job-0123456789ab")])
+    assert len(cp.list_jobs()) == before and pairs(cp) == []
+
+
+@pytest.mark.parametrize(("after", "message"), [
+    (["train"], r"CommandJob\(after\[0\]='train'\): not a job id; accepted: a job's id"),
+    (["job-1", "job-1"], r"'job-1' is listed twice; accepted: each job once"),
+    ([f"job-{i:x}" for i in range(101)], r"after=.*at most 100"),
+    ([3], r"after\[0\]=3\): not text"),
+])
+def test_bad_lists_are_refused_naming_the_entry(after: list[object], message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        CommandJob(command=["true"], after=after)  # type: ignore[arg-type]
+
+
+def test_a_job_it_runs_after_that_becomes_unschedulable(cp: ControlPlane) -> None:
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0).id
+    busy = cp.submit(gpu_job())
+    queued = cp.submit(gpu_job())  # waits for the busy worker
+    later = cp.submit(job(queued.id, requirements=Requirements(accelerator="cuda")))
+    cp.deregister_worker(w)  # the only worker that could run it leaves: it fails as unschedulable
+    assert cp.get_job(queued.id).state is JobState.UNSCHEDULABLE
+    record = cp.get_job(later.id)
+    assert record.state is JobState.FAILED and record.error is not None
+    assert record.error.message.startswith(f"not run: {queued.id}, which it runs after, was unschedulable")
+    del busy
+
+
+def test_a_client_token_names_its_own_jobs_only(tmp_path: Path) -> None:
+    control = ControlPlane(Store(f"sqlite:///{tmp_path / 'server.db'}"), heartbeat_timeout=30)
+    with TestClient(create_app(control, background=False)) as tc:
+        alice, bob = (connect_http("http://testserver", token=control.create_token(scope="client").token,
+                                   retry_for=0.5, transport=tc._transport) for _ in range(2))
+        theirs = alice.submit(job(placement={"target": "remote", "on_unschedulable": "wait"}))  # type: ignore[arg-type]
+        mine = bob.submit(job(placement={"target": "remote", "on_unschedulable": "wait"}))  # type: ignore[arg-type]
+        with pytest.raises(UnknownAfter, match="no such job of yours") as e:
+            bob.submit(job(mine.id, theirs.id, placement={"target": "remote", "on_unschedulable": "wait"}))  # type: ignore[arg-type]
+        assert (e.value.index, e.value.job) == (1, theirs.id)
+        later = bob.submit(job(mine.id, placement={"target": "remote", "on_unschedulable": "wait"}))  # type: ignore[arg-type]
+        assert later.spec.after == [mine.id] and later.state is JobState.QUEUED
+        # a job without it is sent as older clients know a spec (they refuse a field they do not know)
+        auth = {"authorization": f"Bearer {bob.token}"}  # type: ignore[attr-defined]
+        assert "after" not in tc.get(f"/v1/jobs/{mine.id}", headers=auth).json()["spec"]
+        assert tc.get(f"/v1/jobs/{later.id}", headers=auth).json()["spec"]["after"] == [mine.id]
+    control.store.dispose()
+
+
+def test_the_migration_from_schema_10(store_url: str) -> None:
+    store = Store(store_url)
+    cp = ControlPlane(store)
+    old = cp.submit(job(placement={"on_unschedulable": "wait"}))  # type: ignore[arg-type]
+    with store.engine.begin() as conn:  # back to schema 10: no table, no column
+        conn.execute(text("DROP TABLE gl_job_after"))
+        conn.execute(text("ALTER TABLE gl_jobs DROP COLUMN waiting_for"))
+        conn.execute(text("UPDATE gl_schema SET version = 10"))
+    store.dispose()
+    cp = ControlPlane(Store(store_url))
+    try:
+        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 11
+        w = cp.register_worker(make_capabilities(), cpu_slots=1).id
+        later = cp.submit(job(old.id))
+        assert [a.job_id for a in cp.poll_tasks(w)] == [old.id]
+        assert cp.get_job(later.id).state is JobState.QUEUED
+    finally:
+        cp.store.dispose()
