@@ -37,6 +37,7 @@ from gpulayer import bundles, config, leaving, logtext
 from gpulayer.api import MAX_BATCH, MAX_LOG_CHUNKS, MAX_LONG_POLL, ControlAPI, LogChunk, log_page_cut
 from gpulayer.errors import (
     BundleMissing,
+    DatabaseFailed,
     GpulayerError,
     InvalidArgument,
     InvalidInput,
@@ -524,8 +525,6 @@ def chunk_text(chunk: LogChunk, *, prefix: bool) -> str:
 
 
 def embedded_client(database_url: str | None = None) -> Client:
-    from sqlalchemy.exc import OperationalError
-
     from gpulayer.control import ControlPlane
     from gpulayer.store import Store
 
@@ -536,10 +535,10 @@ def embedded_client(database_url: str | None = None) -> Client:
     # (`jobs list`, `jobs logs`), and the next process notices the worker instead
     try:
         control.expire_workers()
-    except OperationalError as exc:
+    except DatabaseFailed as exc:
         import logging
 
-        logging.getLogger(__name__).warning("could not mark the workers that are gone offline: %s", exc.orig)
+        logging.getLogger(__name__).warning("could not mark the workers that are gone offline: %s", exc)
     return Client(control, location="embedded", default_target="local", control=control)
 
 

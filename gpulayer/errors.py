@@ -28,6 +28,8 @@ Every error GPUlayer raises on purpose derives from :class:`GpulayerError`::
     │   └── Unschedulable       no registered worker could ever run the job (carries reasons)
     ├── AuthError               missing or unusable token (HTTP 401)
     │   └── Forbidden           a token whose scope may not do this (HTTP 403)
+    ├── DatabaseFailed          the control plane's database could not store or read a change
+    │                           now (a full disk, a database server gone): try again (HTTP 503)
     └── ConnectionFailed        the control plane could not be reached
 
 Each class has a stable ``code``. The server answers an error as
@@ -47,6 +49,7 @@ __all__ = [
     "BundleMissing",
     "Conflict",
     "ConnectionFailed",
+    "DatabaseFailed",
     "Forbidden",
     "GpulayerError",
     "InvalidArgument",
@@ -233,6 +236,21 @@ class MethodNotAllowed(GpulayerError):
 class Conflict(GpulayerError):
     status_code = 409
     code = "conflict"
+
+
+class DatabaseFailed(GpulayerError):
+    """The control plane's database failed under an operation (SQLite's "database or disk is
+    full", a PostgreSQL server that went away): nothing of the operation was stored, and the
+    same operation may succeed once the database can be written again. Embedded, the message
+    names the database file; a server names none of its own paths to its clients."""
+
+    status_code = 503
+    code = "database_failed"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        #: the database's own words ("database or disk is full"), without its name
+        self.reason = reason or message
 
 
 class SubmitWhileImporting(GpulayerError):

@@ -48,7 +48,15 @@ from pydantic import TypeAdapter, ValidationError
 
 from gpulayer import api, config, progress
 from gpulayer.api import ResultJSON
-from gpulayer.errors import AuthError, ConnectionFailed, GpulayerError, InvalidInput, NotFound, error_from_wire
+from gpulayer.errors import (
+    AuthError,
+    ConnectionFailed,
+    DatabaseFailed,
+    GpulayerError,
+    InvalidInput,
+    NotFound,
+    error_from_wire,
+)
 from gpulayer.specs import CHECKED
 from gpulayer.wire import Splice
 
@@ -185,12 +193,14 @@ def tls_verify(url: str, ca: str | None) -> ssl.SSLContext | bool:
 
 def error_from_response(resp: httpx.Response) -> GpulayerError:
     status = resp.status_code
-    if status in RETRY_STATUSES:
-        return ConnectionFailed(f"{resp.request.url}: HTTP {status}")
     try:
         data = resp.json()["error"]
     except (ValueError, KeyError, TypeError):
         data = None
+    # a server of ours that says why it cannot answer now (its database failed: a full disk)
+    # is heard; a proxy's 502/503/504 is a control plane out of reach
+    if status in RETRY_STATUSES and not (isinstance(data, dict) and data.get("code") == DatabaseFailed.code):
+        return ConnectionFailed(f"{resp.request.url}: HTTP {status}")
     return error_from_wire(data, status=status)
 
 

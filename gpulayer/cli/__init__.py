@@ -162,10 +162,12 @@ def main() -> None:
     except GpulayerError as exc:
         import typer
 
-        from gpulayer.errors import ConnectionFailed
+        from gpulayer.errors import ConnectionFailed, DatabaseFailed
 
         typer.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_UNREACHABLE if isinstance(exc, ConnectionFailed) else 2)
+        # (the control plane could not store it now, a full disk: no fault of the input)
+        sys.exit(EXIT_UNREACHABLE if isinstance(exc, ConnectionFailed) else 1 if isinstance(exc, DatabaseFailed)
+                 else 2)
     except KeyboardInterrupt:
         sys.exit(130)
     except BrokenPipeError as exc:  # (the light path's; the full path's: gpulayer.cli.root)

@@ -58,6 +58,7 @@ from gpulayer.control.jobs import job_ids_of, look_gap
 from gpulayer.errors import (
     BadRequest,
     BundleError,
+    DatabaseFailed,
     Forbidden,
     GpulayerError,
     InvalidInput,
@@ -215,6 +216,9 @@ async def _arguments(server: Server, request: Request, route: api.Route, tok: To
 
 
 def error_response(exc: GpulayerError) -> JSONResponse:
+    if isinstance(exc, DatabaseFailed):  # (its log names the database; a client is told no path of ours)
+        log.warning("%s", exc)
+        exc = DatabaseFailed(f"the server's database failed: {exc.reason}", reason=exc.reason)
     return JSONResponse({"error": exc.to_dict()}, status_code=exc.status_code)
 
 

@@ -38,7 +38,7 @@ from sqlalchemy.engine import make_url
 from sqlmodel import Session, SQLModel, create_engine
 
 from gpulayer import config
-from gpulayer.errors import InvalidInput
+from gpulayer.errors import DatabaseFailed, InvalidInput
 from gpulayer.store import marks, migrations, plain
 from gpulayer.store.nudges import Nudges
 from gpulayer.store.tables import (
@@ -95,6 +95,8 @@ class Store:
         GPUlayer cannot use, or a database it cannot create or open, is an
         :class:`~gpulayer.errors.InvalidInput` naming it (see :mod:`gpulayer.store.urls`)."""
         self.url = normalise_url(url or default_url(), where)
+        #: how an error names this database (see :func:`gpulayer.store.urls.given`)
+        self.named = given(url, where)
         self.is_sqlite = self.url.startswith("sqlite")
         #: SQLite: the connections' PRAGMA synchronous (GPULAYER_SQLITE_SYNC), and whether each
         #: commit is thereby synced to the disk (FULL, the default)
@@ -217,23 +219,26 @@ class Store:
         or an OS crash may take back without harm, and that comes often: a worker's signs of
         life (its heartbeats, every 0.5 s embedded), which cost an idle worker two syncs of
         the disk a second. PostgreSQL's commits are as its own settings say."""
-        with self._write_lock or _NO_LOCK, self._connection(write=True) as (conn, session):
-            relaxed = not synced and self.synced
-            try:
-                if relaxed:
-                    _driver(conn).execute("PRAGMA synchronous=NORMAL")
-                with conn.begin():
-                    if lock and not self.is_sqlite:
-                        _advisory_lock(conn)
-                    with session:
-                        yield session
-                        session.flush()
-                        if self.on_ended is not None and plain.ended_in(session):
-                            self.on_ended(session)
+        try:
+            with self._write_lock or _NO_LOCK, self._connection(write=True) as (conn, session):
+                relaxed = not synced and self.synced
+                try:
+                    if relaxed:
+                        _driver(conn).execute("PRAGMA synchronous=NORMAL")
+                    with conn.begin():
+                        if lock and not self.is_sqlite:
+                            _advisory_lock(conn)
+                        with session:
+                            yield session
                             session.flush()
-            finally:
-                if relaxed:
-                    _synced_again(conn)
+                            if self.on_ended is not None and plain.ended_in(session):
+                                self.on_ended(session)
+                                session.flush()
+                finally:
+                    if relaxed:
+                        _synced_again(conn)
+        except (exc.OperationalError, sqlite3.OperationalError) as error:
+            raise self._failed(error) from error
         ended = plain.ended_in(session)
         if ended:
             self._ended.ids = self.take_ended() | ended
@@ -263,10 +268,20 @@ class Store:
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        with self._connection(write=False) as (conn, session):
-            with conn.begin():
-                with session:
-                    yield session
+        try:
+            with self._connection(write=False) as (conn, session):
+                with conn.begin():
+                    with session:
+                        yield session
+        except (exc.OperationalError, sqlite3.OperationalError) as error:
+            raise self._failed(error) from error
+
+    def _failed(self, error: Exception) -> DatabaseFailed:
+        """The database failed under a transaction (a full disk, a lock held too long, a
+        PostgreSQL server gone): nothing of it was stored. Said naming the database, in
+        one line, not as the driver's traceback (see :class:`~gpulayer.errors.DatabaseFailed`)."""
+        why = " ".join(str(getattr(error, "orig", None) or error).split())
+        return DatabaseFailed(f"{self.named}: {why}", reason=why)
 
     def _connection(self, *, write: bool) -> contextlib.AbstractContextManager[tuple[Connection, Session]]:
         """A connection and a session on it for one transaction (``write``: it begins

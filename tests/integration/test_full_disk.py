@@ -6,13 +6,28 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gpulayer import plugins
+from tests.server_support import Api, ServerProc
 from tests.support import cli, mount_small_tmpfs, seed_probe_cache, start_worker, stop_strays, wait_for
+
+
+def fill(folder: Path) -> Path:
+    """Fill the file system of ``folder`` with a file in it, which is returned."""
+    filler = folder / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    return filler
 
 
 @pytest.fixture
@@ -58,6 +73,51 @@ def test_a_full_disk_leaves_jobs_list_working_and_a_submit_says_why(small_home: 
     submitted = cli("submit", "--detach", "--", "true")
     assert submitted.returncode == 1
     assert "Traceback" not in submitted.stderr
-    assert "error: the control plane's database failed: database or disk is full" in submitted.stderr
+    # (which file: a user may have several homes, and must find the disk to clean)
+    assert (f"error: the database in GPULAYER_HOME ({small_home / 'gpulayer.db'}): database or disk is full"
+            in submitted.stderr), submitted.stderr
     os.unlink(small_home.parent / "filler")
     assert '"failed"' in cli("jobs", "list", "--json", check=True).stdout  # lost, once it can be written
+
+
+def test_a_full_disk_under_the_sdk_and_a_server_is_an_error_that_names_the_database(small_home: Path) -> None:
+    """A submit from a script raised SQLAlchemy's OperationalError (a traceback, no file
+    named), and a server answered its clients HTTP 500 ``internal error: OperationalError``
+    (the CLI exited 2, as for bad input). The script is told which file; a server's client is
+    told what failed (503, which it retries), not the server's paths."""
+    worker = start_worker("--cpu-slots", "1")  # (the database open, as a script's would be)
+    try:
+        wait_for(lambda: "online" in cli("worker", "list").stdout, 60, "the worker")
+        filler = fill(small_home.parent)
+        script = ("import gpulayer as gl\n"
+                  "try:\n"
+                  "    gl.submit(gl.CommandJob(command=['true']))\n"
+                  "except gl.GpulayerError as exc:\n"
+                  "    print(type(exc).__name__, exc)\n")
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert done.stdout.strip() == (f"DatabaseFailed the database in GPULAYER_HOME ({small_home / 'gpulayer.db'}): "
+                                       "database or disk is full"), (done.stdout, done.stderr[-2000:])
+        filler.unlink()
+    finally:
+        worker.kill()
+        worker.wait(30)
+    srv = ServerProc(small_home / "server")
+    srv.log_path = small_home.parent.parent / "server.log"  # (its output is not on the full disk)
+    srv.start()
+    try:
+        url, token = srv.url, srv.admin_token
+        Api(url, token)("GET", "/v1/jobs").raise_for_status()
+        filler = fill(small_home.parent)
+        env = {"GPULAYER_URL": url, "GPULAYER_TOKEN": token, "GPULAYER_HTTP_RETRY_SECONDS": "1"}
+        submitted = cli("submit", "--detach", "--on-unschedulable", "wait", "--", "true", env=env)
+        assert submitted.returncode == 1, submitted.stderr
+        assert submitted.stderr.strip() == "error: the server's database failed: database or disk is full"
+        answer = Api(url, token)("POST", "/v1/jobs", json={"spec": {"kind": "command", "command": ["true"],
+                                                                   "placement": {"on_unschedulable": "wait"}}})
+        assert answer.status_code == 503 and answer.json()["error"]["code"] == "database_failed", answer.text
+        assert str(small_home) not in answer.text
+        filler.unlink()
+        submitted = cli("submit", "--detach", "--on-unschedulable", "wait", "--", "true", env=env)
+        assert submitted.returncode == 0, submitted.stderr  # (the server serves on once it has room)
+    finally:
+        srv.stop()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from sqlmodel import SQLModel, select
 
+from gpulayer.errors import DatabaseFailed
 from gpulayer.records import TaskState
 from gpulayer.store import EventRow, JobRow, Store, TaskRow, plain, queries
 
@@ -105,7 +106,6 @@ def test_sqlite_writers_of_every_process_queue_on_the_databases_lock_file(
     gives up naming the file; the Stores of one process on one file share one lock."""
     import fcntl
     import os
-    import sqlite3
 
     from gpulayer.store import _WriterLock
 
@@ -121,7 +121,7 @@ def test_sqlite_writers_of_every_process_queue_on_the_databases_lock_file(
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ...and let go at its end
         # held by "another process": a write waits, then gives up saying why
         monkeypatch.setattr(_WriterLock, "WAIT", 0.2)
-        with pytest.raises(sqlite3.OperationalError, match=r"locked\.db\.writers"), again.write() as s:
+        with pytest.raises(DatabaseFailed, match=r"locked\.db\.writers"), again.write() as s:
             plain.insert_job(s, _job("job_never"))
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
