@@ -34,7 +34,7 @@ from typing import Any
 
 from gpulayer import bundles, config
 from gpulayer.api import TaskAssignment, WorkerAPI
-from gpulayer.errors import AuthError, Conflict, ConnectionFailed, GpulayerError, InvalidInput, NotFound, PluginError
+from gpulayer.errors import AuthError, Conflict, ConnectionFailed, DatabaseFailed, GpulayerError, InvalidInput, NotFound, PluginError
 from gpulayer.hookrecords import Capabilities
 from gpulayer.launchers import launch_command
 from gpulayer.records import JobError, TaskState, WorkerRecord
@@ -383,15 +383,17 @@ class Agent:
 
     def _start_task(self, task_id: str, worker_id: str, how: str) -> None:
         """Starting matters (a task that cannot start is lost, then retried), so keep trying
-        through an outage; the control plane treats a repeated start as success."""
+        through an outage, or while the control plane cannot store it (a full disk: the task
+        has not run, and must not fail for it); a repeated start is success."""
         deadline = time.monotonic() + self.start_for
         while True:
             try:
                 self.api.start_task(task_id, worker_id=worker_id, how=how)
                 return
-            except ConnectionFailed:
+            except (ConnectionFailed, DatabaseFailed) as exc:
                 if time.monotonic() > deadline:
                     raise
+                log.warning("marking %s started failed (%s); retrying in 1 s", task_id, exc)
                 time.sleep(1.0)
 
     def _report(self, task_id: str, outcome: TaskOutcome) -> None:

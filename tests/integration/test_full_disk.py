@@ -4,9 +4,12 @@ root to mount; skipped elsewhere)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,3 +124,31 @@ def test_a_full_disk_under_the_sdk_and_a_server_is_an_error_that_names_the_datab
         assert submitted.returncode == 0, submitted.stderr  # (the server serves on once it has room)
     finally:
         srv.stop()
+
+
+def test_a_task_whose_start_could_not_be_stored_starts_once_the_disk_has_room(small_home: Path) -> None:
+    """The worker's write that marks a task started failed on the full disk and the task was
+    reported failed ('worker error: OperationalError ...'): a job that never ran failed (or
+    spent a retry). The start is tried again, as through an outage of a server, and the job
+    runs once, in its first attempt."""
+    worker = start_worker("--cpu-slots", "1")
+    try:
+        wait_for(lambda: "online" in cli("worker", "list").stdout, 60, "the worker")
+        os.kill(worker.pid, signal.SIGSTOP)  # (it hears of the job only once the disk is full)
+        try:
+            job_id = cli("submit", "--detach", "--", "sh", "-c", "echo ran $GPULAYER_ATTEMPT",
+                         check=True).stdout.strip()
+            filler = fill(small_home.parent)
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
+        time.sleep(3.0)  # (the worker has the task and tries to mark it started meanwhile)
+        filler.unlink()
+        cli("jobs", "wait", job_id, "--timeout", "90")
+        done = json.loads(cli("jobs", "show", job_id, "--json", check=True).stdout)
+        shown = cli("jobs", "show", job_id).stdout
+        assert done["state"] == "succeeded", shown
+        assert len(done["tasks"]) == 1, shown
+        assert cli("jobs", "logs", job_id).stdout == "ran 1\n"
+    finally:
+        worker.kill()
+        worker.wait(30)
