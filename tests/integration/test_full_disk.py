@@ -23,11 +23,10 @@ from tests.support import cli, mount_small_tmpfs, seed_probe_cache, start_worker
 def fill(folder: Path) -> Path:
     """Fill the file system of ``folder`` with a file in it, which is returned."""
     filler = folder / "filler"
-    with open(filler, "wb") as f:
+    with open(filler, "wb", buffering=0) as f:  # (unbuffered: nothing is left to write at close)
         try:
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError:
             pass
     return filler
