@@ -163,7 +163,7 @@ class JobOps(Core):
             id=job_id, kind=spec.kind, spec=spec_json, state=JobState.QUEUED.value, priority=spec.priority,
             created_at=now, updated_at=now, attempt=0, max_attempts=spec.retries + 1, exit_code=None,
             result=None, error=None, decision=None, cancel_requested=False, idempotency_key=key, owner=owner,
-            args=args_json))
+            args=args_json, bundle_digest=spec.bundle_digest))
         self._event(s, "submitted", job_id=job_id, message=spec.kind)
         if spec.after:  # it waits for them, or fails at once if one ended without success
             after.hold(s, job_id, spec.after, owner, now, self._event)

@@ -22,11 +22,10 @@ worker's, a server's housekeeping pass).
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gpulayer import config
@@ -75,7 +74,7 @@ def delete_jobs(plane: Core, job_ids: Sequence[str], owner: str | None) -> JobsD
                 states[j] = JobState(now[j].state)
             else:
                 del states[j]
-        digests = _bundles_named(queries.job_specs(s, ended).values())
+        digests = retention.bundles_of(s, ended)
         retention.delete_jobs(s, ended)
         if digests:
             retention.delete_bundles(s, retention.unused_bundles(s, plane.clock() - FRESH, among=digests))
@@ -133,18 +132,6 @@ def _states(states: Sequence[str] | None) -> list[str]:
         raise InvalidInput(f"states {list(states)!r}: accepted: one or more of the ended states "
                            f"{', '.join(retention.ENDED_STATES)} (a job that has not ended is never deleted)")
     return list(dict.fromkeys(states))
-
-
-def _bundles_named(specs: Iterable[str]) -> set[str]:
-    out: set[str] = set()
-    for text in specs:
-        try:
-            digest = json.loads(text).get("bundle_digest")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(digest, str):
-            out.add(digest)
-    return out
 
 
 def when_due(plane: Core) -> None:

@@ -47,6 +47,7 @@ class Job(NamedTuple):
     args: str | None
     #: how many of the jobs it runs after have not succeeded yet (gpulayer.control.after)
     waiting_for: int = 0
+    bundle_digest: str | None = None  # (schema 11: the spec's, in a column of its own)
 
 
 class Task(NamedTuple):

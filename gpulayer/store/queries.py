@@ -417,17 +417,11 @@ def add_bundle_reader(s: Session, digest: str, reader: str, now: float) -> None:
 
 def worker_runs_bundle(s: Session, worker_id: str, digest: str) -> bool:
     """Whether a task assigned to or running on ``worker_id`` belongs to a job whose code is
-    bundle ``digest`` (the specs are filtered by text first, then read)."""
-    q = (sa_select(col(JobRow.spec)).join(TaskRow, col(TaskRow.job_id) == col(JobRow.id))
+    bundle ``digest``."""
+    q = (sa_select(col(TaskRow.id)).join(JobRow, col(TaskRow.job_id) == col(JobRow.id))
          .where(col(TaskRow.worker_id) == worker_id, col(TaskRow.state).in_(ACTIVE_TASK_STATES),
-                col(JobRow.spec).contains(digest)))
-    for (spec,) in s.execute(q):
-        try:
-            if json.loads(spec).get("bundle_digest") == digest:
-                return True
-        except (ValueError, AttributeError):
-            continue
-    return False
+                col(JobRow.bundle_digest) == digest).limit(1))
+    return s.execute(q).first() is not None
 
 
 # --------------------------------------------------------------------------- tokens

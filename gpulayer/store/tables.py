@@ -63,6 +63,9 @@ class JobRow(SQLModel, table=True):
     #: added in schema 11: how many of the jobs it runs after (``spec.after``) have not
     #: succeeded yet; a queued job is placed only at 0 (see gpulayer.control.after)
     waiting_for: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    # added in schema 11: the spec's ``bundle_digest``, indexed, so that whether a stored job
+    # names a bundle is a lookup, not a read of every spec (deleting jobs and their bundles)
+    bundle_digest: str | None = Field(default=None, index=True)
 
 
 # added in schema 6: the queue in placement order (priority, then submission), so that a

@@ -45,9 +45,10 @@ def in_another_process(url: str, *statements: tuple[str, dict[str, Any]]) -> Non
 
 
 #: the triggers' text as each schema installs them (schema 8 kept 7's; 9 made them anew, a lent
-#: task holding nothing; 10 too, a worker's pause being read by a pass). Databases keep the triggers they were given: a change here (the
-#: columns a pass reads, the active states) needs a schema version whose migration installs
-#: them again; then record the new digest with the new version.
+#: task holding nothing; 10 too, a worker's pause being read by a pass; 11 kept 10's).
+#: Databases keep the triggers they were given: a change here (the columns a pass reads, the
+#: active states) needs a schema version whose migration installs them again; then record the
+#: new digest with the new version.
 TRIGGERS = {7: "3d4aecd4ab38f690ccbd42f80a37f214719b78361571b892e76c41dae4840bb5",
             8: "3d4aecd4ab38f690ccbd42f80a37f214719b78361571b892e76c41dae4840bb5",
             9: "c12b1ae289a0be1198e10b7eb4ff0cc5092078fdfda30e5db5de188577a84fd5",
