@@ -182,3 +182,37 @@ def test_the_jobs_page_says_when_it_shows_only_the_newest_and_keeps_its_limit(tm
         with tc.stream("GET", "/live/jobs?limit=2") as stream:
             name, regions = _events(stream.iter_lines())()
             assert name == "regions" and "Only the 2 newest are shown" in regions["live_jobs_more"]
+
+
+def test_a_job_page_whose_job_is_deleted_says_so_and_ends_its_stream_quietly(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A job deleted while its page is open (by another process here: its changes wake no
+    stream, so the deletion is all there is to find at the next look): the look found no job,
+    which logged a traceback ("live stream ended: looking failed") and left the browser to
+    reconnect, to a page that is gone. The stream now says ``deleted`` (the page shows its
+    message) and ends, and the server logs no warning."""
+    path = tmp_path / "server.db"
+    control = ControlPlane(Store(f"sqlite:///{path}"), heartbeat_timeout=30, results_as_text=True)
+    with TestClient(create_app(control, background=False, dashboard=DashboardOptions(recheck=600))) as tc:
+        assert tc.post("/login", data={"token": control.create_token(scope="admin").token},
+                       follow_redirects=False).status_code == 303
+        w = control.register_worker(make_capabilities(), cpu_slots=1)
+        job = control.submit(CommandJob(command=["a"]))
+        (task,) = control.poll_tasks(w.id)
+        control.start_task(task.task_id, worker_id=w.id)
+        caplog.set_level("DEBUG", logger="gpulayer")
+        # its page, and a page of the jobs submitted before it (the job is that list's cursor)
+        with tc.stream("GET", f"/live/jobs/{job.id}") as page, \
+                tc.stream("GET", f"/live/jobs?before={job.id}") as older:
+            events, older_events = _events(page.iter_lines()), _events(older.iter_lines())
+            assert events()[0] == "regions" and older_events()[0] == "regions"  # (their first looks)
+            other = ControlPlane(Store(f"sqlite:///{path}"), heartbeat_timeout=30)
+            other.finish_task(task.task_id, worker_id=w.id, state=TaskState.SUCCEEDED, exit_code=0)
+            assert other.delete_jobs([job.id]).deleted == [job.id]
+            other.store.dispose()
+            control.submit(CommandJob(command=["b"]))  # a change in this process: every page looks again
+            assert events() == ("deleted", {"message": f"Job {job.id} was deleted; nothing more will change."})
+            assert older_events() == ("deleted", {
+                "message": f"Job {job.id} was deleted: this page lists the jobs submitted before it. "
+                           "Open the list of jobs again to see the newest."})
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= 30 or r.exc_info] == []

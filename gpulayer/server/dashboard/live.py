@@ -11,8 +11,9 @@ a stream also looks every ``recheck`` seconds.
 
 Streams are bounded: one ends when its client goes away (Starlette cancels it), when its
 session ends, when the server shuts down (``begin_shutdown`` wakes every waiting stream),
-when the job it follows has ended and its logs are all sent, and after :data:`MAX_SECONDS`
-at the latest (the browser reconnects by itself).
+when the job it follows has ended and its logs are all sent, when what its page shows was
+deleted (:class:`Gone`: the job of a job's page, the job a list page starts after), and
+after :data:`MAX_SECONDS` at the latest (the browser reconnects by itself).
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ COALESCE = 0.2
 KEEPALIVE = 15.0
 #: how long a browser waits before reconnecting, milliseconds
 RETRY_MS = 3000
+
+
+class Gone(Exception):
+    """What the page shows was deleted (``gpulayer jobs delete``, a prune): its stream says so,
+    with this message for the page (a ``deleted`` event), and ends; nothing is logged, and
+    the browser does not reconnect."""
 
 
 @dataclass
@@ -79,6 +86,10 @@ async def stream(server: Server, look: Callable[[], Frame], *, alive: Callable[[
         change = server.next_change(job_id)  # before looking: a change during the look still wakes us
         try:
             frame = await run_in_threadpool(look)
+        except Gone as gone:
+            log.debug("live stream ended: %s", gone)
+            yield event("deleted", {"message": str(gone)})
+            return
         except Exception:  # the database may be away for a moment: the browser reconnects
             log.warning("live stream ended: looking failed", exc_info=True)
             return

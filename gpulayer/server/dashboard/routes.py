@@ -25,7 +25,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from gpulayer.api import ListJobsQuery
-from gpulayer.errors import AuthError, BadRequest, GpulayerError, InvalidInput, TooLarge
+from gpulayer.errors import AuthError, BadRequest, GpulayerError, InvalidInput, NotFound, TooLarge
 from gpulayer.server.dashboard import live, views
 from gpulayer.server.dashboard.sessions import COOKIE, RECHECK_TOKEN, Login, Session, Sessions, safe_next
 from gpulayer.wording import Spelling, build
@@ -359,9 +359,17 @@ class Dashboard:
     async def live_jobs(self, request: Request, session: Session) -> Response:
         query = self._jobs_query(request)
         extra = {"error": None, "state": query.state.value if query.state else "", **_LIMITS}
-        return self._stream(session, self._regions(request, session, "jobs.html", "jobs", lambda: {
-            **extra, **views.jobs(self.control, session.identity, state=query.state, limit=query.limit,
-                                  before=query.before)}))
+
+        def load() -> dict[str, Any]:
+            try:
+                listed = views.jobs(self.control, session.identity, state=query.state, limit=query.limit,
+                                    before=query.before)
+            except NotFound:  # (the page's first load found it: it was deleted since)
+                raise live.Gone(f"Job {query.before} was deleted: this page lists the jobs submitted before it. "
+                                "Open the list of jobs again to see the newest.") from None
+            return {**extra, **listed}
+
+        return self._stream(session, self._regions(request, session, "jobs.html", "jobs", load))
 
     async def live_job(self, request: Request, session: Session) -> Response:
         job_id = request.path_params["job_id"]
@@ -372,8 +380,11 @@ class Dashboard:
 
         def look() -> live.Frame:
             nonlocal after
-            data = views.job(self.control, session.identity, job_id, logs=False, spec=False)
-            parts, last, more = views.read_logs(self.control, data["job"], after)
+            try:
+                data = views.job(self.control, session.identity, job_id, logs=False, spec=False)
+                parts, last, more = views.read_logs(self.control, data["job"], after)
+            except NotFound:  # (it was there when the stream began)
+                raise live.Gone(f"Job {job_id} was deleted; nothing more will change.") from None
             after = last
             ended = data["job"].state.terminal
             # an ended job's stream looks once more at once: for output that came with the end

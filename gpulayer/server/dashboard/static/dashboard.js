@@ -1,7 +1,8 @@
 // GPUlayer dashboard: live updates over server-sent events. The pages read without this
 // file; it only listens to the stream named by <main data-live> and puts what it says in
 // place: "regions" replaces server-rendered (escaped) fragments by element id, "log"
-// appends output as text (never as HTML), "end" and "expired" close the stream.
+// appends output as text (never as HTML), "end", "deleted" (what the page shows was deleted:
+// its message is said as text) and "expired" close the stream.
 "use strict";
 
 (function () {
@@ -63,6 +64,10 @@
   source.addEventListener("end", function () {
     source.close();
     say("The job has ended; nothing more will change.");
+  });
+  source.addEventListener("deleted", function (event) {
+    source.close();
+    say(JSON.parse(event.data).message);
   });
   source.addEventListener("expired", function () {
     source.close();
