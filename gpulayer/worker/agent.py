@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulayer import bundles, config
-from gpulayer.api import TaskAssignment, WorkerAPI
+from gpulayer.api import LogStream, TaskAssignment, WorkerAPI
 from gpulayer.errors import AuthError, Conflict, ConnectionFailed, DatabaseFailed, GpulayerError, InvalidInput, NotFound, PluginError
 from gpulayer.hookrecords import Capabilities
 from gpulayer.launchers import launch_command
@@ -42,8 +42,9 @@ from gpulayer.worker.cache_keeper import CacheKeeper
 from gpulayer.worker.fork_servers import ForkServers, site_hook
 from gpulayer.worker.forking import RUNNER_PATH, ForkServer
 from gpulayer.worker.logbuffer import LogBuffer
-from gpulayer.worker.outcome import NotStarted, StartMark, TaskOutcome, function_outcome
+from gpulayer.worker.outcome import Deletions, NotStarted, StartMark, TaskOutcome, function_outcome
 from gpulayer.worker.process import Cancel, OrphanSweep, Started, Starter, StartFailed
+from gpulayer.worker.task_env import WORKER_SECRETS, task_environ
 from gpulayer.worker.task_files import INLINE_SPEC_MAX, TaskFiles
 from gpulayer.worker.task_files import sweep as sweep_files
 from gpulayer.worker.threads import WORKER_THREADS, waited_briefly
@@ -52,8 +53,6 @@ log = logging.getLogger("gpulayer.worker")
 
 #: the longest a worker waits between tries to reach a control plane that went away
 RECONNECT_MAX = 2.0
-#: variables of the worker's environment its tasks do not inherit
-WORKER_SECRETS = frozenset({"GPULAYER_TOKEN"})
 #: how many of the tasks it took last a worker remembers (Agent._take)
 TAKEN_KEPT = 1024
 
@@ -124,6 +123,7 @@ class Agent:
         self._taken: dict[str, None] = {}
         self._lock = threading.Lock()
         self._shutdown_ended: set[str] = set()
+        self._deleted = Deletions()  # (tasks whose job was deleted while this worker held them)
         self._last_busy = time.monotonic()
         self._bundle_cache = config.home() / "bundles"
         self._cache_keeper = CacheKeeper(self._bundle_cache)
@@ -332,7 +332,7 @@ class Agent:
                     leased.release()
                 started()  # (a forked task that ended before its child was started: its bundle failed)
             except NotStarted as exc:
-                log.info("not starting %s: %s", a.task_id, exc)
+                log.info("not starting %s: %s", a.task_id, f"job {a.job_id} was deleted" if exc.deleted else exc)
                 return
             with self._lock:  # ended: a poll need not ask about it any more
                 self._ending.add(a.task_id)
@@ -340,7 +340,7 @@ class Agent:
                 log.warning("task %s was killed by a signal while this worker was being stopped by one: "
                             "left to be marked lost", a.task_id)
                 return
-            self._report(a.task_id, outcome)
+            self._report(a.task_id, outcome, a.job_id)
         except Exception as exc:  # a bug or an environment problem: the task must still end
             log.exception("task %s crashed in the worker", a.task_id)
             try:
@@ -350,7 +350,7 @@ class Agent:
             except Exception:
                 pass  # (the report says why; its retries face the same control plane)
             self._report(a.task_id, TaskOutcome(TaskState.FAILED, error=JobError.worker(
-                f"worker error: {type(exc).__name__}: {exc}")))
+                f"worker error: {type(exc).__name__}: {exc}")), a.job_id)
         finally:
             if fork is not None:  # (leased to this task by choose())
                 fork.release()
@@ -359,6 +359,7 @@ class Agent:
                 self._ending.discard(a.task_id)
                 self._done.pop(a.task_id, None)
                 self._last_busy = time.monotonic()
+            self._deleted.forget(a.task_id)
             done.set()
 
     def _died_with_worker(self, task_id: str, outcome: TaskOutcome) -> bool:
@@ -396,9 +397,10 @@ class Agent:
                 log.warning("marking %s started failed (%s); retrying in 1 s", task_id, exc)
                 time.sleep(1.0)
 
-    def _report(self, task_id: str, outcome: TaskOutcome) -> None:
+    def _report(self, task_id: str, outcome: TaskOutcome, job_id: str) -> None:
         """Deliver the outcome, retrying through outages. While this runs the task stays in
-        the heartbeat's running list; one that gives up is found lost by the control plane."""
+        the heartbeat's running list; one that gives up is found lost by the control plane.
+        A task the control plane no longer has (its job was deleted) is said once, calmly."""
         worker_id = self._own_id()
         delay = 0.5
         deadline = time.monotonic() + self.report_for
@@ -406,7 +408,12 @@ class Agent:
             try:
                 more = self.api.finish_task(task_id, worker_id=worker_id, state=outcome.state,
                                             exit_code=outcome.exit_code, result=outcome.result, error=outcome.error)
-            except (Conflict, NotFound, AuthError) as exc:
+            except NotFound:
+                self._deleted.say(task_id, job_id, "its processes were ended as for a cancel"
+                                  if outcome.state is TaskState.CANCELLED
+                                  else f"it had ended ({outcome.state.value}): nothing to report")
+                return
+            except (Conflict, AuthError) as exc:
                 log.info("report for %s refused: %s", task_id, exc)
                 return
             except InvalidInput as exc:
@@ -442,31 +449,21 @@ class Agent:
         return self.task_files.scratch(a.task_id)
 
     def task_env(self, a: TaskAssignment, workdir: Path) -> dict[str, str]:
-        # the worker's own secrets stay with it: a job must not act as its worker (or join
-        # as a new one with a token the worker was started with)
-        env = {k: v for k, v in os.environ.items() if k not in WORKER_SECRETS}
-        env.update(a.spec.env)
-        env["GPULAYER_JOB_ID"] = a.job_id
-        env["GPULAYER_TASK_ID"] = a.task_id
-        env["GPULAYER_ATTEMPT"] = str(a.attempt)
-        env["GPULAYER_NODE_RANK"] = str(a.node_rank)
-        env["GPULAYER_ACCELERATOR"] = a.accelerator or "cpu"
-        env["PYTHONUNBUFFERED"] = "1"
-        from gpulayer.devices import task_environment
-
-        # the granted devices visible, every other device this worker has hidden
-        # devices an override hid are hidden from every task too (their kind's hide_env)
-        have = [*self.capabilities.devices, *self.capabilities.hidden_devices]
-        env.update(task_environment(have, a.accelerator, a.devices))
-        if a.spec.bundle_digest:
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir), env.get("PYTHONPATH", "")) if p)
-        return env
+        return task_environ(a, workdir, self.capabilities)
 
     def _execute(self, a: TaskAssignment, cancel: threading.Event, fork: ForkServer | None,
                  started: StartMark) -> TaskOutcome:
         worker_id = self._own_id()
-        logbuf = LogBuffer(lambda chunks: self.api.append_logs(a.task_id, worker_id=worker_id, chunks=chunks),
-                           retry_for=self.report_for)
+
+        def ship(chunks: list[tuple[LogStream, str]]) -> None:
+            if not self._deleted.said(a.task_id):  # (after that, its output has nowhere to go)
+                try:
+                    self.api.append_logs(a.task_id, worker_id=worker_id, chunks=chunks)
+                except NotFound:  # its job was deleted (a task goes with its job alone): as for a cancel
+                    self._deleted.say(a.task_id, a.job_id, "its processes are ended as for a cancel")
+                    self._end([a.task_id])
+
+        logbuf = LogBuffer(ship, retry_for=self.report_for)
         digest = a.spec.bundle_digest
         held = bundles.bundle_in_use(self._bundle_cache, digest) if digest else contextlib.nullcontext()
         swapped: list[ForkServer] = []  # (a server _run chose instead of ``fork``: leased to it)

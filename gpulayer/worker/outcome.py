@@ -5,6 +5,8 @@ start (:class:`StartMark`)."""
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,8 @@ from gpulayer.errors import AuthError, Conflict, NotFound
 from gpulayer.records import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK, MAX_ERROR_TYPE, JobError, TaskState
 from gpulayer.worker.function_runner import RESULT_PREFIX
 from gpulayer.worker.process import exit_error
+
+log = logging.getLogger("gpulayer.worker")
 
 
 @dataclass
@@ -86,7 +90,38 @@ def _clipped(text: str, limit: int, *, end: bool = False) -> str:
 
 
 class NotStarted(Exception):
-    """The control plane refused the task's start (cancelled, reassigned, unknown)."""
+    """The control plane refused the task's start (cancelled, reassigned, unknown);
+    ``deleted``: it has no such task any more, its job was deleted."""
+
+    def __init__(self, message: str, *, deleted: bool = False) -> None:
+        super().__init__(message)
+        self.deleted = deleted
+
+
+class Deletions:
+    """The tasks a worker holds whose job was deleted meanwhile (``gpulayer jobs delete``, a
+    prune: the control plane answers "no such task" about them, and only a deletion removes
+    a task): each is said once, in one calm line, whichever call finds out first."""
+
+    def __init__(self) -> None:
+        self._said: set[str] = set()
+        self._lock = threading.Lock()
+
+    def say(self, task_id: str, job_id: str, then: str) -> None:
+        """Say (once) that ``task_id``'s job was deleted, and ``then`` what the worker does."""
+        with self._lock:
+            if task_id in self._said:
+                return
+            self._said.add(task_id)
+        log.info("task %s: job %s was deleted; %s", task_id, job_id, then)
+
+    def said(self, task_id: str) -> bool:
+        return task_id in self._said
+
+    def forget(self, task_id: str) -> None:
+        """The task is over here."""
+        with self._lock:
+            self._said.discard(task_id)
 
 
 class StartMark:
@@ -104,5 +139,5 @@ class StartMark:
         try:
             self._write(self.how)
         except (Conflict, NotFound, AuthError) as exc:
-            raise NotStarted(str(exc)) from exc
+            raise NotStarted(str(exc), deleted=isinstance(exc, NotFound)) from exc
         self._done = True
