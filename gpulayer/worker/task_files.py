@@ -12,29 +12,49 @@ PID namespace and :func:`~gpulayer.worker.markers.owner`), so that the next work
 the machine removes those of workers that are gone (:func:`sweep`), as it ends the processes
 they left (:func:`gpulayer.worker.process.reap_orphans`). Only this machine's and this PID
 namespace's: a home on a shared file system is seen by the workers of other machines too.
+
+Earlier versions made each task's scratch folder as ``$GPULAYER_HOME/tasks/<task id>``, with
+no owner file, and a killed worker's stayed for ever. A worker's start removes such a folder
+once no earlier worker can still be using it (:func:`_old_unused`): no process this one can
+read runs that task (each process of a task carries the task's id in its environment,
+``GPULAYER_TASK_ID``, in every version that made such folders), and neither the folder nor
+anything directly in it changed for :data:`OLD_QUIET` seconds (an earlier worker makes the
+folder a moment before it starts the task there; a task on another machine sharing the home,
+or in another container, cannot be seen, and one that writes nothing in its folder for a day
+is what this would take from it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import shutil
 import socket
 import tempfile
 import threading
+import time
 from pathlib import Path
+
+import psutil
 
 from gpulayer import config
 from gpulayer.worker.markers import _pid_namespace, owner, owner_alive
 
-__all__ = ["INLINE_SPEC_MAX", "OWNER", "TaskFiles", "sweep"]
+__all__ = ["INLINE_SPEC_MAX", "OLD_QUIET", "OWNER", "TaskFiles", "sweep"]
 
 #: the largest function spec (its arguments, as JSON) a forked task gets in its request
 #: rather than in a file
 INLINE_SPEC_MAX = 64 * 1024
 #: the file in each of a worker's folders that names the worker
 OWNER = ".gpulayer-owner"
+#: seconds an earlier version's task folder (``tasks/tsk-...``) must have been left unchanged
+#: before a starting worker removes it (see :func:`sweep`)
+OLD_QUIET = 86400.0
 _FILES_PREFIX = "gpulayer-worker-"
 _SCRATCH_PREFIX = "w-"
+#: an earlier version's task folder: named after its task
+_OLD_SCRATCH = re.compile(r"tsk-[0-9a-f]+")
 
 
 def _whose() -> str:
@@ -121,4 +141,46 @@ def sweep() -> list[Path]:
                 if [host, namespace] == mine and not owner_alive(marker):
                     shutil.rmtree(folder, ignore_errors=True)
                     removed.append(folder)
+    removed += _old_unused(config.home() / "tasks")
     return removed
+
+
+def _old_unused(tasks: Path) -> list[Path]:
+    """Remove the earlier versions' task folders in ``tasks`` that no task can still use (see
+    the module); returns them."""
+    try:
+        old = sorted(p for p in tasks.iterdir() if _OLD_SCRATCH.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
+    except OSError:
+        return []
+    cut = time.time() - OLD_QUIET
+    quiet = [p for p in old if _last_change(p) < cut]
+    if not quiet:
+        return []
+    running = _running_task_ids()
+    removed = [p for p in quiet if p.name not in running]
+    for folder in removed:
+        shutil.rmtree(folder, ignore_errors=True)
+    return removed
+
+
+def _last_change(folder: Path) -> float:
+    """When the folder or anything directly in it last changed (now, where it cannot be read)."""
+    try:
+        with os.scandir(folder) as entries:
+            times = [e.stat(follow_symlinks=False).st_mtime for e in entries]
+        return max([folder.stat().st_mtime, *times])
+    except OSError:
+        return time.time()
+
+
+def _running_task_ids() -> set[str]:
+    """The task ids (``GPULAYER_TASK_ID``) in the environments of the processes this one can read."""
+    found: set[str] = set()
+    for proc in psutil.process_iter():
+        try:
+            task_id = proc.environ().get("GPULAYER_TASK_ID")
+        except (psutil.Error, OSError):
+            continue
+        if task_id:
+            found.add(task_id)
+    return found
