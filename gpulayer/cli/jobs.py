@@ -211,6 +211,11 @@ def submit_cmd(
         if as_json:
             echo_json(outcome_record(job))
         raise typer.Exit(EXIT_UNSCHEDULABLE)
+    if detach and job.state.terminal:  # it ended at its submit: a job it runs after had ended without success
+        typer.echo(f"gpulayer: {outcome_text(job)}", err=True)
+        if as_json:
+            echo_json(outcome_record(job))
+        raise typer.Exit(exit_code_for(job))
     if detach:
         if as_json:
             _echo_json({"id": job.id, "state": job.state.value})

@@ -242,6 +242,14 @@ def test_submit_after_runs_a_job_once_another_has_succeeded_and_names_bad_ids_as
     never = cli("submit", "--after", f"{first},{failed}", "--", "true", timeout=60)
     assert never.returncode == 1
     assert f"not run: {failed}, which it runs after, failed (gpulayer jobs show {failed})" in never.stderr
+    # detached, it ends at its submit all the same: said, with the exit code of a failed job
+    # (not the id of a job that will never run, and 0)
+    at_once = cli("submit", "--detach", "--after", failed, "--", "true", timeout=60)
+    assert (at_once.returncode, at_once.stdout) == (1, "")
+    assert at_once.stderr.startswith("gpulayer: job job-") and f"not run: {failed}, which it runs after" in at_once.stderr
+    as_json = cli("submit", "--detach", "--json", "--after", failed, "--", "true", timeout=60)
+    record = json.loads(as_json.stdout)
+    assert as_json.returncode == 1 and (record["state"], record["code"], record["error"]["type"]) == ("failed", 1, "dependency")
     waiting = detach("true", flags=("--after", detach("sleep", "600")))
     assert "after     job-" in cli("jobs", "show", waiting, check=True).stdout
 
