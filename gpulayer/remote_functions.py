@@ -146,9 +146,12 @@ def _main_guards(file: str) -> tuple[tuple[int, int], ...]:
 class RemoteFunction(Generic[T]):
     """A function that runs here when called and on a worker with ``.remote()``."""
 
-    def __init__(self, fn: Callable[..., T], options: JobOptions) -> None:
+    def __init__(self, fn: Callable[..., T], options: JobOptions, *, call: str = "@gl.remote") -> None:
         self._fn = fn
         self.function, default_bundle = function_reference(fn)
+        #: how errors name the call its options were given to (``train.options`` for one
+        #: that :meth:`options` made: its options were checked at the decoration already)
+        self._call = call
         self._options: dict[str, Any] = dict(options)
         bundle = self._options.pop("bundle", default_bundle)
         self._bundle = str(bundle) if bundle is not None else None
@@ -167,8 +170,10 @@ class RemoteFunction(Generic[T]):
     def options(self, **overrides: Unpack[JobOptions]) -> RemoteFunction[T]:
         """The function with these options changed, for the calls made through what this
         returns (as Ray's ``.options()``): ``train.options(gpus=2, after=prep).remote(cfg)``."""
-        check_remote_options(dict(overrides), f"{self.function.partition(':')[2]}.options()")
-        return RemoteFunction(self._fn, cast("JobOptions", {**self._options, "bundle": self._bundle, **overrides}))
+        call = f"{self.function.partition(':')[2]}.options"
+        check_remote_options(dict(overrides), f"{call}()")
+        return RemoteFunction(self._fn, cast("JobOptions", {**self._options, "bundle": self._bundle, **overrides}),
+                              call=call)
 
     def _spec(self, args: list[Any], kwargs: dict[str, Any], *, check_installed: bool = True,
               call: str | None = None) -> FunctionJob:
@@ -184,7 +189,7 @@ class RemoteFunction(Generic[T]):
         check_json(dict(kwargs), "kwargs")
         options = cast("JobOptions", {**self._options, "bundle": self._bundle,
                                       "name": self._options.get("name") or self.function})
-        return joboptions.function_job(self.function, args, kwargs, options, remote_spelling(),
+        return joboptions.function_job(self.function, args, kwargs, options, remote_spelling(self._call),
                                        check_installed=check_installed, arguments_checked=True)
 
     @functools.cached_property
@@ -250,11 +255,12 @@ class RemoteFunction(Generic[T]):
 
 
 @functools.cache
-def remote_spelling() -> Spelling:
-    """How ``@gl.remote``'s options are named in errors and explanations (as keywords)."""
+def remote_spelling(call: str = "@gl.remote") -> Spelling:
+    """How ``@gl.remote``'s options are named in errors and explanations (as keywords of
+    ``call``: ``train.options`` for those given to ``train.options()``)."""
     from gpulayer import joboptions
 
-    return joboptions.keyword_spelling("@gl.remote")
+    return joboptions.keyword_spelling(call)
 
 
 @functools.cache

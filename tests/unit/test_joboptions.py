@@ -168,6 +168,20 @@ PYTHON_BAD: list[tuple[Callable[[], object], type[Exception], str]] = [
     (lambda: launch("x:y", gpus_per_node=2, bundle=None), InvalidRequirement,
      "launch(gpus_per_node=2): devices need an accelerator, and none is named; accepted: gpus_per_node together "
      f"with accelerator='KIND' ({KINDS}), or with a profile= that names one"),
+    # .options(): named as that call, not as the decoration its function had
+    (lambda: gl.remote(double).options(after="prepare"), InvalidInput,
+     "double.options(after[0]='prepare'): not a job id; accepted: a job's id, job- and hexadecimal digits "
+     "(gpulayer jobs list)"),
+    (lambda: gl.remote(accelerator="cuda")(double).options(gpus=-1), InvalidRequirement,
+     "double.options(gpus=-1): must be at least 0; accepted: a whole number >= 0 (devices per node)"),
+    (lambda: gl.remote(double).options(accelerator="npu").spec(1), InvalidRequirement,
+     f"double.options(accelerator='npu'): no installed plugin detects this accelerator kind; known kinds: {KINDS}, "
+     "or cpu for none. For a kind only the server's workers know, pass allow_unknown_accelerator=True"),
+    (lambda: gl.remote(double).options(gpus_per_node=1), InvalidArgument,  # type: ignore[call-arg]
+     "double.options(): unknown option(s) gpus_per_node (did you mean gpus?); accepted: accelerator, after, "
+     "allow_unknown_accelerator, bundle, compute_capability, cpus, env, fallback_targets, frameworks, gpus, labels, "
+     "memory_gb, min_gpu_memory_gb, name, on_unschedulable, os, prefer, priority, profile, python_version, retries, "
+     "target, timeout"),
     (lambda: Trainer("x:y", nodes=2, launcher="nosuch", bundle=None), InvalidInput,
      "Trainer(launcher='nosuch'): no installed plugin offers this distributed launcher; installed launchers: torchrun"),
     (lambda: Trainer("x:y", args=["--tag", "a\x00"], bundle=None), InvalidInput,
