@@ -203,6 +203,7 @@ class Core:
         SAVEPOINT: the pass writes plain statements, and SQLAlchemy's nested transaction
         cost as much as the pass's own reads.)"""
         s.flush()  # what the caller changed goes before the savepoint: it is kept
+        ended = set(plain.ended_in(s))
         plain.control(s, "SAVEPOINT gl_place")
         try:
             result = self._place(s, new_job=new_job, until_full=until_full)
@@ -213,6 +214,9 @@ class Core:
             log.exception("a placement pass failed; the change before it is kept")
             # (not flushed first: the failure may be the flush's, or the transaction aborted)
             plain.control(s, "ROLLBACK TO SAVEPOINT gl_place")
+            # a job the pass found unschedulable is queued again: not ended (the jobs that run
+            # after it would fail, and the waits for it would hear that it ended)
+            plain.undo_ended(s, ended)
             for obj in list(s.new):  # rows the pass added and never wrote
                 s.expunge(obj)
             s.expire_all()  # rows the session loaded may hold what was undone

@@ -252,6 +252,14 @@ def ended_in(s: Session) -> set[str]:
     return ended
 
 
+def undo_ended(s: Session, kept: set[str]) -> None:
+    """A savepoint was rolled back: of the jobs the transaction says it ended, only ``kept``
+    (those it had ended before the savepoint) still are."""
+    ended: set[str] | None = s.info.get(_ENDED)
+    if ended is not None:
+        ended.intersection_update(kept)
+
+
 # ---------------------------------------------------------------- tasks
 
 

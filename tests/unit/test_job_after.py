@@ -202,3 +202,34 @@ def test_the_migration_from_schema_10(store_url: str) -> None:
         assert cp.get_job(later.id).state is JobState.QUEUED
     finally:
         cp.store.dispose()
+
+
+def test_a_placement_pass_that_fails_and_is_undone_ends_nothing_it_had_ended(
+        cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a pass after a submit or a report runs in a savepoint: when it fails, what it wrote is
+    # undone (a job it found unschedulable stays queued), and so must be what it said it ended:
+    # the jobs that run after that job keep waiting, and are not failed for a job still queued
+    gpu = cp.register_worker(cuda_caps(1), cpu_slots=0).id
+    cp.register_worker(make_capabilities(), cpu_slots=1)
+    cp.submit(gpu_job())  # (holds the only device)
+    queued = cp.submit(gpu_job())  # waits for it
+    later = cp.submit(job(queued.id))
+    real = cp._place
+
+    def failing(s: object, **kw: object) -> object:
+        real(s, **kw)  # type: ignore[arg-type]
+        raise RuntimeError("a placement pass failed")
+
+    monkeypatch.setattr(cp, "_place", failing)
+    with pytest.raises(RuntimeError):
+        cp.deregister_worker(gpu)  # (offline; its own pass fails, with nothing after it kept)
+    assert cp.get_job(queued.id).state is JobState.QUEUED
+    cp.submit(job())  # its pass finds `queued` unschedulable, then fails: undone
+    assert cp.get_job(queued.id).state is JobState.QUEUED
+    assert cp.get_job(later.id).state is JobState.QUEUED and pairs(cp) == [(queued.id, later.id)]
+
+    monkeypatch.setattr(cp, "_place", real)
+    cp.schedule()
+    assert cp.get_job(queued.id).state is JobState.UNSCHEDULABLE
+    error = cp.get_job(later.id).error
+    assert error is not None and error.message.startswith(f"not run: {queued.id}, which it runs after, was unschedulable")
