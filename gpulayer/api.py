@@ -378,7 +378,12 @@ class WorkerAPI(Protocol):
         ...
 
     def append_logs(self, task_id: str, *, worker_id: str,
-                    chunks: Sequence[tuple[LogStream, str]]) -> None: ...
+                    chunks: Sequence[tuple[LogStream, str]], offset: int | None = None) -> None:
+        """Store an upload of the task's output. ``offset``: where in the task's output the
+        upload begins (characters, every stream together, in the order written): an upload
+        sent again after its answer was lost is acknowledged and stored once (what it repeats
+        is left out). Without it (a worker from before), every upload is stored as it comes."""
+        ...
 
     def finish_task(self, task_id: str, *, worker_id: str, state: TaskState,
                     exit_code: int | None = None, result: Any = None,

@@ -345,6 +345,8 @@ class HeartbeatBody(Wire):
 
 class LogsBody(Wire):
     chunks: list[tuple[LogStream, str]] = Field(max_length=100_000)
+    #: where in the task's output the upload begins (schema 12; left out by older workers)
+    offset: int | None = Field(default=None, ge=0)
 
 
 class FinishBody(Wire):

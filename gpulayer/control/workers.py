@@ -501,13 +501,22 @@ class WorkerOps(Core):
         # and their followers see the start at their next look, or with its first output)
         self._progressed(task.job_id, output=False)
 
-    def append_logs(self, task_id: str, *, worker_id: str, chunks: Sequence[tuple[LogStream, str]]) -> None:
+    def append_logs(self, task_id: str, *, worker_id: str, chunks: Sequence[tuple[LogStream, str]],
+                    offset: int | None = None) -> None:
+        """Store an upload of the task's output. With ``offset`` (where in the output it
+        begins), an upload sent again is stored once (:func:`~gpulayer.store.plain.claim_output`)."""
         now = self.clock()
+        if offset is not None and offset < 0:
+            raise InvalidInput(f"offset {offset}: expected a count of characters, 0 or more")
         with self.store.write(lock=False) as s:
             task = self._own_task(s, task_id, worker_id)
             for stream, _ in chunks:
                 if stream not in ("stdout", "stderr", "system"):
                     raise InvalidInput(f"log stream {stream!r}: expected stdout, stderr or system")
+            if offset is not None:
+                chunks = plain.claim_output(s, task, offset, chunks)
+                if not chunks:
+                    return  # (stored before: its answer was lost)
             plain.add_logs(s, [(task.job_id, task_id, task.node_rank, stream, stored_log_text(data), now)
                                for stream, data in chunks])
         # heard as progress, by the waits for this job's logs (here, and by a nudge in other

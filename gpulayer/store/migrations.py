@@ -19,7 +19,7 @@ from sqlalchemy import Connection, inspect, text
 
 from gpulayer.errors import GpulayerError
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 # Version 1: the first released schema (no tokens, no idempotent submit).
 SCHEMA_V1 = [
@@ -172,10 +172,19 @@ def _v10_to_v11(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX IF NOT EXISTS ix_gl_jobs_bundle_digest ON gl_jobs (bundle_digest)"))
 
 
+def _v11_to_v12(conn: Connection) -> None:
+    # how many characters of each task's output are stored: a worker's upload says where it
+    # begins, and one sent again after its answer was lost is stored once. Tasks stored
+    # before count 0: their workers' uploads (none numbered before) are stored as they come
+    if "log_chars" not in {c["name"] for c in inspect(conn).get_columns("gl_tasks")}:
+        conn.execute(text("ALTER TABLE gl_tasks ADD COLUMN log_chars BIGINT NOT NULL DEFAULT 0"))
+
+
 #: MIGRATIONS[n] brings a database at version n to version n + 1.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
                                                      5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
-                                                     8: _v8_to_v9, 9: _v9_to_v10, 10: _v10_to_v11}
+                                                     8: _v8_to_v9, 9: _v9_to_v10, 10: _v10_to_v11,
+                                                     11: _v11_to_v12}
 
 
 class SchemaTooNew(GpulayerError):

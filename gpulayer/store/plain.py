@@ -17,7 +17,8 @@ are written with ``?`` placeholders and rewritten once for drivers that want ``%
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple, TypeVar
 
 from sqlmodel import Session
 
@@ -67,6 +68,7 @@ class Task(NamedTuple):
     error: str | None
     rendezvous: str | None
     lent: bool = False  # (SQLite reads it as 0 or 1)
+    log_chars: int = 0
 
 
 JOB_COLUMNS = ", ".join(Job._fields)
@@ -76,6 +78,8 @@ _TASK_TABLE = TaskRow.__tablename__
 _EVENT_TABLE = EventRow.__tablename__
 _LOG_TABLE = LogRow.__tablename__
 _WORKER_TABLE = WorkerRow.__tablename__
+#: a log chunk's stream (:data:`gpulayer.api.LogStream`, which this module does not import)
+S = TypeVar("S", bound=str)
 
 def not_found(what: str, key: str) -> NotFound:
     """``job 'x': no such job``: how every lookup by id says it found nothing."""
@@ -320,6 +324,36 @@ def set_task_lent(s: Session, task_id: str, lent: bool) -> bool:
     return execute(s, f"UPDATE {_TASK_TABLE} SET lent = ? WHERE id = ? AND lent <> ?", (lent, task_id, lent)) == 1
 
 
+def claim_output(s: Session, task: Task, start: int, chunks: Sequence[tuple[S, str]]) -> Sequence[tuple[S, str]]:
+    """Of an upload of ``task``'s output that begins ``start`` characters into it (every
+    stream together, in the order written), the part not stored yet: an upload sent again
+    after its answer was lost (a server killed between its commit and its answer) was stored
+    by the first, whole or in part (a worker sends what it kept with what came since). The
+    task's count of stored characters (``log_chars``) moves to the upload's end in this
+    transaction, by a compare-and-set: an upload of the same task that another transaction
+    stored meanwhile (PostgreSQL: a retry reaching a second server while the first still
+    works) is seen, not stored twice. An upload that begins past the count (output its worker
+    gave up on) is stored whole."""
+    end = start + sum(len(data) for _, data in chunks)
+    stored = task.log_chars
+    while end > stored:
+        if execute(s, f"UPDATE {_TASK_TABLE} SET log_chars = ? WHERE id = ? AND log_chars = ?",
+                   (end, task.id, stored)) == 1:
+            break
+        stored = int(fetch(s, f"SELECT log_chars FROM {_TASK_TABLE} WHERE id = ?", (task.id,))[0][0])
+    else:
+        return []  # all of it stored before
+    skip = stored - start
+    if skip <= 0:
+        return chunks
+    out: list[tuple[S, str]] = []
+    for stream, data in chunks:
+        if skip < len(data):
+            out.append((stream, data[skip:] if skip > 0 else data))
+        skip -= len(data)
+    return out
+
+
 # ---------------------------------------------------------------- workers
 
 
@@ -361,6 +395,7 @@ __all__ = [
     "add_event",
     "add_logs",
     "assigned_of_worker",
+    "claim_output",
     "control",
     "execute",
     "fetch",

@@ -107,6 +107,10 @@ class TaskRow(SQLModel, table=True):
     #: a CPU-slot task whose process waits for jobs (schema 9): its slot is lent to the queue
     #: until the wait ends (it holds nothing a placement pass counts meanwhile)
     lent: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
+    #: how many characters of the task's output are stored (schema 12): where the next upload
+    #: of its worker begins; an upload sent again (its answer lost) is stored once
+    #: (:func:`gpulayer.store.plain.claim_output`)
+    log_chars: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
 
 
 class BundleRow(SQLModel, table=True):

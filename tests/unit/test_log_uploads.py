@@ -1,0 +1,104 @@
+"""A task's output uploaded again (its answer lost) is stored once: each upload says where in
+the task's output it begins, and the control plane keeps how far it stored (schema 12)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from starlette.testclient import TestClient
+
+from gpulayer.control import ControlPlane
+from gpulayer.errors import InvalidInput
+from gpulayer.http_client import RemoteAPI, connect_http
+from gpulayer.server.app import create_app
+from gpulayer.specs import CommandJob, Placement
+from gpulayer.store import Store, migrations
+from tests.factories import make_capabilities
+
+
+def running_task(cp: ControlPlane) -> tuple[str, str, str]:
+    """A job whose one task runs: (job id, task id, worker id)."""
+    w = cp.register_worker(make_capabilities(), cpu_slots=1).id
+    job = cp.submit(CommandJob(command=["true"]))
+    [a] = cp.poll_tasks(w)
+    cp.start_task(a.task_id, worker_id=w)
+    return job.id, a.task_id, w
+
+
+def stored(cp: ControlPlane, job_id: str) -> list[tuple[str, str]]:
+    return [(c.stream, c.data) for c in cp.logs(job_id)]
+
+
+def test_an_upload_sent_again_is_stored_once(cp: ControlPlane) -> None:
+    job_id, task_id, w = running_task(cp)
+    cp.append_logs(task_id, worker_id=w, chunks=[("stdout", "one\n"), ("stderr", "two\n")], offset=0)
+    cp.append_logs(task_id, worker_id=w, chunks=[("stdout", "one\n"), ("stderr", "two\n")], offset=0)  # its answer was lost
+    assert stored(cp, job_id) == [("stdout", "one\n"), ("stderr", "two\n")]
+    # sent again with what came since (the worker kept it and added the rest): the new part alone
+    cp.append_logs(task_id, worker_id=w, chunks=[("stderr", "two\n"), ("stdout", "three\n")], offset=4)
+    assert stored(cp, job_id) == [("stdout", "one\n"), ("stderr", "two\n"), ("stdout", "three\n")]
+    # cut inside a chunk: the part of it not stored yet
+    cp.append_logs(task_id, worker_id=w, chunks=[("stdout", "three\nfour\n")], offset=8)
+    assert stored(cp, job_id)[-1] == ("stdout", "four\n")
+    # past what is stored (output its worker gave up on): stored whole
+    cp.append_logs(task_id, worker_id=w, chunks=[("stdout", "six\n")], offset=100)
+    cp.append_logs(task_id, worker_id=w, chunks=[("stdout", "six\n")], offset=100)
+    assert [d for _, d in stored(cp, job_id)][-2:] == ["four\n", "six\n"]
+    # a worker from before offsets: stored as it comes, as before
+    cp.append_logs(task_id, worker_id=w, chunks=[("stdout", "old\n")])
+    cp.append_logs(task_id, worker_id=w, chunks=[("stdout", "old\n")])
+    assert [d for _, d in stored(cp, job_id)][-2:] == ["old\n", "old\n"]
+    with pytest.raises(InvalidInput, match="offset -1: expected a count of characters, 0 or more"):
+        cp.append_logs(task_id, worker_id=w, chunks=[("stdout", "x")], offset=-1)
+
+
+def test_the_migration_from_schema_11(store_url: str) -> None:
+    store = Store(store_url)
+    cp = ControlPlane(store)
+    job_id, task_id, w = running_task(cp)
+    with store.engine.begin() as conn:  # back to schema 11: no column
+        conn.execute(text("ALTER TABLE gl_tasks DROP COLUMN log_chars"))
+        conn.execute(text("UPDATE gl_schema SET version = 11"))
+    store.dispose()
+    cp = ControlPlane(Store(store_url))
+    try:
+        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 12
+        # a task stored before counts 0 characters stored: its output is taken from there
+        cp.append_logs(task_id, worker_id=w, chunks=[("stdout", "a\n")], offset=0)
+        cp.append_logs(task_id, worker_id=w, chunks=[("stdout", "a\n")], offset=0)
+        assert stored(cp, job_id) == [("stdout", "a\n")]
+    finally:
+        cp.store.dispose()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[ControlPlane, TestClient]]:
+    control = ControlPlane(Store(f"sqlite:///{tmp_path / 'server.db'}"), heartbeat_timeout=30)
+    with TestClient(create_app(control, background=False)) as tc:
+        yield control, tc
+
+
+def remote_task(control: ControlPlane, tc: TestClient) -> tuple[RemoteAPI, str, str, str]:
+    """A worker over HTTP that runs a job's task: (its API, job id, task id, worker id)."""
+    worker = connect_http("http://testserver", retry_for=0.5, transport=tc._transport)
+    join = control.create_token(scope="join", uses=1)
+    reply = worker.join_worker(make_capabilities(), join_token=join.token, name="w", cpu_slots=1, pid=1)
+    worker.token = reply.token  # type: ignore[attr-defined]
+    job = control.submit(CommandJob(command=["true"], placement=Placement(target="remote")))
+    [a] = worker.poll_tasks(reply.worker_id, wait=0)
+    worker.start_task(a.task_id, worker_id=reply.worker_id)
+    return worker, job.id, a.task_id, reply.worker_id
+
+
+def test_an_upload_sent_again_over_http_is_stored_once(served: tuple[ControlPlane, TestClient]) -> None:
+    control, tc = served
+    worker, job_id, task_id, w = remote_task(control, tc)
+    for _ in range(2):
+        worker.append_logs(task_id, worker_id=w, chunks=[("stdout", "one\n")], offset=0)
+    worker.append_logs(task_id, worker_id=w, chunks=[("stdout", "one\ntwo\n")], offset=0)
+    assert stored(control, job_id) == [("stdout", "one\n"), ("stdout", "two\n")]
+    with pytest.raises(InvalidInput, match="offset"):
+        worker.append_logs(task_id, worker_id=w, chunks=[("stdout", "x")], offset=-1)
