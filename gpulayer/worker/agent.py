@@ -41,7 +41,7 @@ from gpulayer.records import JobError, TaskState, WorkerRecord
 from gpulayer.worker.cache_keeper import CacheKeeper
 from gpulayer.worker.fork_servers import ForkServers, site_hook
 from gpulayer.worker.forking import RUNNER_PATH, ForkServer
-from gpulayer.worker.logbuffer import LogBuffer
+from gpulayer.worker.logbuffer import LogBuffer, task_sender
 from gpulayer.worker.outcome import Deletions, NotStarted, StartMark, TaskOutcome, function_outcome
 from gpulayer.worker.process import Cancel, OrphanSweep, Started, Starter, StartFailed
 from gpulayer.worker.task_env import WORKER_SECRETS, task_environ
@@ -454,11 +454,12 @@ class Agent:
     def _execute(self, a: TaskAssignment, cancel: threading.Event, fork: ForkServer | None,
                  started: StartMark) -> TaskOutcome:
         worker_id = self._own_id()
+        sender = task_sender(self.api, a.task_id, worker_id)
 
-        def ship(chunks: list[tuple[LogStream, str]]) -> None:
+        def ship(chunks: list[tuple[LogStream, str]], offset: int) -> None:
             if not self._deleted.said(a.task_id):  # (after that, its output has nowhere to go)
                 try:
-                    self.api.append_logs(a.task_id, worker_id=worker_id, chunks=chunks)
+                    sender(chunks, offset)
                 except NotFound:  # its job was deleted (a task goes with its job alone): as for a cancel
                     self._deleted.say(a.task_id, a.job_id, "its processes are ended as for a cancel")
                     self._end([a.task_id])

@@ -11,7 +11,15 @@ two seconds more at most.) A shipment that fails because the control plane canno
 reached, or cannot store it now (a full disk under its database), is kept for the next one,
 and the last one is tried again for up to ``retry_for`` seconds, as the task's report is; only
 one the control plane refused (the task is not the worker's, or no longer running) is
-dropped."""
+dropped.
+
+Each shipment says where in the task's output it begins (its offset: the characters of
+every stream shipped before it, in the order written), so that one sent again, whose first
+sending was stored and its answer lost (a server killed between its commit and its answer),
+is stored once: the control plane keeps, per task, how far its output is stored, and leaves
+out what a shipment repeats (:func:`gpulayer.store.plain.claim_output`). A control plane
+from before offsets refuses the field; :func:`task_sender` then sends them without it, as
+before, for as long as the worker runs."""
 
 from __future__ import annotations
 
@@ -19,7 +27,9 @@ import codecs
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
+from typing import Any
 
 from gpulayer.api import LogStream
 from gpulayer.errors import AuthError, Conflict, InvalidInput, NotFound
@@ -38,12 +48,34 @@ HOLD_AT = 32 * SHIP_AT
 #: what a refusal of the control plane raises: the same shipment sent again changes nothing
 REFUSED = (Conflict, NotFound, AuthError, InvalidInput)
 
+#: what ships a task's output: its chunks, and where in the output they begin
+Send = Callable[[list[tuple[LogStream, str]], int], None]
+#: the control planes (their API objects) that refused a shipment's offset: from before it
+#: (by identity: an embedded :class:`~gpulayer.control.ControlPlane` is not hashable)
+_UNNUMBERED: list[weakref.ref[Any]] = []
+
+
+def task_sender(api: Any, task_id: str, worker_id: str) -> Send:
+    """Ships the output of ``task_id`` through ``api`` (a :class:`~gpulayer.api.WorkerAPI`)
+    with each shipment's offset, or without it to a control plane that refused it (a server
+    from before offsets: ``body.offset=0: no such field``), which is not sent one again."""
+    def send(chunks: list[tuple[LogStream, str]], offset: int) -> None:
+        if not any(ref() is api for ref in _UNNUMBERED):
+            try:
+                api.append_logs(task_id, worker_id=worker_id, chunks=chunks, offset=offset)
+                return
+            except InvalidInput as exc:
+                if "offset" not in str(exc) or "no such field" not in str(exc):
+                    raise
+                _UNNUMBERED.append(weakref.ref(api))
+        api.append_logs(task_id, worker_id=worker_id, chunks=chunks)
+    return send
+
 
 class LogBuffer:
     """Collects a task's output and ships it in chunks, at most every ``interval`` seconds."""
 
-    def __init__(self, send: Callable[[list[tuple[LogStream, str]]], None], interval: float = 0.1,
-                 retry_for: float = 0.0) -> None:
+    def __init__(self, send: Send, interval: float = 0.1, retry_for: float = 0.0) -> None:
         self._send = send
         self._interval = interval
         self._retry_for = retry_for
@@ -56,6 +88,8 @@ class LogBuffer:
         self._decoders: dict[LogStream, codecs.IncrementalDecoder] = {
             s: codecs.getincrementaldecoder("utf-8")("replace") for s in ("stdout", "stderr")}
         self._size = 0
+        #: characters taken out for shipments (not put back): where the next one begins
+        self._taken = 0
         self._last = time.monotonic()
         self._closed = threading.Event()
         # the shipper: it ships what is waiting every ``interval`` seconds (output that
@@ -131,13 +165,14 @@ class LogBuffer:
         with self._send_lock:
             while True:
                 with self._lock:
+                    offset = self._taken
                     runs = self._take(SHIP_AT)
                     self._last = time.monotonic()
                 if not runs:
                     return True
                 chunks = [(stream, "".join(pieces)) for stream, pieces in runs]
                 try:
-                    self._send(chunks)
+                    self._send(chunks, offset)
                 except REFUSED as exc:  # sent again, it would be refused again
                     log.warning("could not ship %d log chunk(s): %s", len(chunks), exc)
                 except Exception as exc:  # away (its retries ran out) or failing: kept for the next shipment
@@ -161,6 +196,7 @@ class LogBuffer:
             else:
                 del pieces[:n]
         self._size -= size
+        self._taken += size
         return taken
 
     def _keep(self, runs: list[tuple[LogStream, list[str]]], exc: Exception) -> None:
@@ -175,3 +211,4 @@ class LogBuffer:
                 runs[-1][1].extend(self._pending.pop(0)[1])
             self._pending[:0] = runs
             self._size += size
+            self._taken -= size  # (sent again from where it began; one given up on leaves a gap)

@@ -15,7 +15,7 @@ from gpulayer.worker.logbuffer import LogBuffer
 
 def test_a_character_split_across_reads_arrives_whole() -> None:
     sent: list[tuple[str, str]] = []
-    buf = LogBuffer(sent.extend, interval=0.0)  # flush on every write
+    buf = LogBuffer(lambda chunks, offset: sent.extend(chunks), interval=0.0)  # flush on every write
     data = "ééééé€🙂".encode()
     for i in range(len(data)):  # one byte per read: every character is split
         buf.write("stdout", data[i:i + 1])
@@ -27,7 +27,7 @@ def test_chunks_from_several_threads_keep_their_order_per_writer() -> None:
     sent: list[tuple[str, str]] = []
     lock = threading.Lock()
 
-    def send(chunks: list[tuple[str, str]]) -> None:
+    def send(chunks: list[tuple[str, str]], offset: int) -> None:
         with lock:
             sent.extend(chunks)
 
@@ -45,7 +45,7 @@ def test_output_is_shipped_at_once_past_ship_at_and_runs_of_a_stream_stay_whole_
     sent: list[list[tuple[str, str]]] = []
     shipped = threading.Event()
 
-    def send(chunks: list[tuple[str, str]]) -> None:
+    def send(chunks: list[tuple[str, str]], offset: int) -> None:
         sent.append(chunks)
         shipped.set()
 
@@ -65,7 +65,7 @@ def test_output_is_shipped_at_once_past_ship_at_and_runs_of_a_stream_stay_whole_
 
 
 def test_a_failing_send_does_not_break_the_task() -> None:
-    def send(chunks: list[tuple[str, str]]) -> None:
+    def send(chunks: list[tuple[str, str]], offset: int) -> None:
         raise RuntimeError("control plane away")
 
     buf = LogBuffer(send, interval=0.0)
@@ -80,7 +80,7 @@ def test_a_write_does_not_wait_for_a_shipment_held_up_by_an_outage() -> None:
     held, release = threading.Event(), threading.Event()
     sent: list[tuple[str, str]] = []
 
-    def send(chunks: list[tuple[str, str]]) -> None:
+    def send(chunks: list[tuple[str, str]], offset: int) -> None:
         if not sent:  # the first shipment is held up: the control plane is away
             held.set()
             release.wait(60)
@@ -111,7 +111,7 @@ def test_output_kept_during_an_outage_ships_in_shipments_a_server_takes() -> Non
     held, release = threading.Event(), threading.Event()
     sent: list[list[tuple[str, str]]] = []
 
-    def send(chunks: list[tuple[str, str]]) -> None:
+    def send(chunks: list[tuple[str, str]], offset: int) -> None:
         if not sent:
             held.set()
             release.wait(60)
@@ -134,7 +134,7 @@ def test_output_that_could_not_reach_the_control_plane_is_shipped_with_the_next_
 
     sent: list[list[tuple[str, str]]] = []
 
-    def send(chunks: list[tuple[str, str]]) -> None:
+    def send(chunks: list[tuple[str, str]], offset: int) -> None:
         if not sent and chunks[0][1] == "one\n":
             sent.append([])
             raise ConnectionFailed("cannot reach the control plane")  # (its retries ran out)
@@ -158,7 +158,7 @@ def test_output_the_control_plane_could_not_store_is_shipped_once_it_can() -> No
     failures = iter([True, False, True, True, False])  # the first shipment, then the last twice
     sent: list[tuple[str, str]] = []
 
-    def send(chunks: list[tuple[str, str]]) -> None:
+    def send(chunks: list[tuple[str, str]], offset: int) -> None:
         if next(failures, False):
             raise sqlite3.OperationalError("database or disk is full")
         sent.extend(chunks)
@@ -178,7 +178,7 @@ def test_output_the_control_plane_refused_is_not_sent_again() -> None:
 
     calls: list[list[tuple[str, str]]] = []
 
-    def send(chunks: list[tuple[str, str]]) -> None:
+    def send(chunks: list[tuple[str, str]], offset: int) -> None:
         calls.append(chunks)
         raise Conflict("task tsk-1 is already lost")
 
@@ -270,7 +270,7 @@ def test_a_task_handed_over_twice_runs_once(monkeypatch, tmp_path) -> None:  # t
         def start_task(self, task_id, *, worker_id, how=""):  # type: ignore[no-untyped-def]
             self.started.append(task_id)
 
-        def append_logs(self, task_id, *, worker_id, chunks):  # type: ignore[no-untyped-def]
+        def append_logs(self, task_id, *, worker_id, chunks, offset=None):  # type: ignore[no-untyped-def]
             pass
 
         def finish_task(self, task_id, **kw):  # type: ignore[no-untyped-def]
