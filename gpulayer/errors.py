@@ -162,17 +162,20 @@ class UnknownAfter(InvalidInput):
 
     code = "unknown_after"
 
-    def __init__(self, message: str, *, index: int = 0, job: str = "") -> None:
+    def __init__(self, message: str, *, index: int = 0, job: str = "", field: str = "after") -> None:
         super().__init__(message)
         self.index = index
         self.job = job
+        #: ``after`` or ``after_ended``
+        self.field = field
 
     def details(self) -> dict[str, Any]:
-        return {"index": self.index, "job": self.job}
+        return {"index": self.index, "job": self.job, "field": self.field}
 
     @classmethod
     def from_details(cls, message: str, details: dict[str, Any]) -> GpulayerError:
-        return cls(message, index=int(details["index"]), job=str(details["job"]))
+        return cls(message, index=int(details["index"]), job=str(details["job"]),
+                   field=str(details.get("field", "after")))
 
 
 class BadRequest(InvalidInput):

@@ -146,8 +146,10 @@ def render(e: Explanation, spelling: Spelling | None = None, *, command: str | N
             out.append(f"last placement pass: {e.stored_decision.summary}")
         out.append(f"if placed now on its own: {verdict_text(e)}")
     else:
-        if e.spec.after:  # (not placed before they succeed: the verdict is for then)
-            out.append(f"it runs after {', '.join(e.spec.after)}: placed once each has succeeded; then:")
+        if e.spec.after or e.spec.after_ended:  # (not placed before then: the verdict is for then)
+            out.append(f"it runs after {', '.join([*e.spec.after, *e.spec.after_ended])}: placed once "
+                       f"{'each has' if not e.spec.after_ended else 'they have'} "
+                       f"{'succeeded' if not e.spec.after_ended else 'ended as it needs'}; then:")
         out.append(verdict_text(e))
         if e.queue_position is not None and e.queue_position > 1:
             out.append(f"{e.queue_position - 1} queued job(s) would be placed before it")

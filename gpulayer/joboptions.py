@@ -90,6 +90,8 @@ class SharedOptions(TypedDict, total=False):
     #: the jobs it runs after (ids or handles; one alone may be given as itself): it is placed
     #: once each has succeeded, and fails without running if one ends otherwise
     after: Sequence[Any] | str | Any | None
+    #: the same, for jobs whose end (whatever it is) will do: a job that cleans up or reports
+    after_ended: Sequence[Any] | str | Any | None
 
 
 class JobOptions(SharedOptions, total=False):
@@ -122,6 +124,7 @@ OPTION_FIELDS: dict[str, str] = {
     "name": "name",
     "bundle": "bundle",
     "after": "after",
+    "after_ended": "after_ended",
 }
 
 _SWITCH = "allow_unknown_accelerator"
@@ -243,7 +246,7 @@ def _job_fields(options: JobOptions, spelling: Spelling) -> dict[str, Any]:
             value = frameworks(value, spelling)
         elif option == "bundle" and isinstance(value, PathLike):
             value = str(value)
-        elif option == "after" and (isinstance(value, str) or not isinstance(value, Iterable)):
+        elif option in ("after", "after_ended") and (isinstance(value, str) or not isinstance(value, Iterable)):
             value = [value]  # (one job, or its handle)
         head, _, leaf = path.rpartition(".")
         (data.setdefault(head, {}) if head else data)[leaf] = value
@@ -322,6 +325,7 @@ CLI_SPELLING = Spelling(
         "requirements.profile": "--profile", "placement.target": "--target", "placement.fallback_targets": "--fallback",
         "placement.on_unschedulable": "--on-unschedulable", "placement.prefer": "--prefer", "timeout": "--timeout", "retries": "--retries",
         "priority": "--priority", "env": "--env", "name": "--name", "bundle": "--bundle", "after": "--after",
+        "after_ended": "--after-ended",
         "nodes": "--nodes",
         "nproc_per_node": "--nproc-per-node", "launcher": "--launcher",
         "allow_unknown_accelerator": "--allow-unknown-accelerator",

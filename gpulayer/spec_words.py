@@ -31,6 +31,7 @@ _ACCEPTED = {
     "_JobBase.bundle": "the path of a directory",
     "_JobBase.bundle_digest": "64 lowercase hexadecimal digits (a SHA-256)",
     "_JobBase.after": "ids of stored jobs (job- and hexadecimal digits), each listed once, at most 100",
+    "_JobBase.after_ended": "ids of stored jobs (job- and hexadecimal digits), each listed once, at most 100",
     "CommandJob.command": "a list of arguments such as ['python', 'train.py']",
     "FunctionJob.function": "'module:function', e.g. 'train:main' or 'pkg.mod:fn'",
     "FunctionJob.args": "a list of JSON values",

@@ -387,13 +387,19 @@ class _JobBase(_UserRecord):
     #: if one ends otherwise (gpulayer.control.after). Written only when given: an older
     #: control plane refuses a field it does not know
     after: list[JobId] = Field(default_factory=list, max_length=MAX_AFTER, exclude_if=lambda after: not after)
+    #: the same for jobs whose end, whatever it is, will do (Slurm's afterany: a job that
+    #: cleans up or reports)
+    after_ended: list[JobId] = Field(default_factory=list, max_length=MAX_AFTER, exclude_if=lambda ids: not ids)
 
-    @field_validator("after")
+    @field_validator("after", "after_ended")
     @classmethod
-    def _after(cls, v: list[str]) -> list[str]:
+    def _after(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        other = info.data.get("after", []) if info.field_name == "after_ended" else []
         for i, job_id in enumerate(v):
             if job_id in v[:i]:
                 raise InvalidInput(f"{job_id!r} is listed twice; accepted: each job once")
+            if job_id in other:
+                raise InvalidInput(f"{job_id!r} is in after too; accepted: each job in one of the two lists")
         return v
 
     @field_validator("name")

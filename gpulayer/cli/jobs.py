@@ -180,6 +180,8 @@ def submit_cmd(
     label: list[str] = typer.Option([], "--label", metavar="K=V", help="required worker label KEY=VALUE (repeatable)"),
     priority: int = typer.Option(0, "--priority", metavar="P", help="higher runs first"),
     after: list[str] = typer.Option([], "--after", metavar="JOB", help="run once this job has succeeded (repeatable)"),
+    after_ended: list[str] = typer.Option([], "--after-ended", metavar="JOB",
+                                          help="run once this job has ended, whatever its outcome (repeatable)"),
     name: Optional[str] = typer.Option(None, "--name", metavar="NAME"),
     nodes: Optional[int] = typer.Option(None, "--nodes", metavar="N", help="nodes of a distributed job"),
     nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", metavar="K", help="processes per node"),
@@ -205,7 +207,7 @@ def submit_cmd(
     try:
         job = client.submit(spec)
     except UnknownAfter as exc:  # (named as typed: --after job-...)
-        raise InvalidInput(f"{_spelling().input('after', exc.job, (exc.index,))}: {str(exc).partition(': ')[2]}") from None
+        raise InvalidInput(f"{_spelling().input(exc.field, exc.job, (exc.index,))}: {str(exc).partition(': ')[2]}") from None
     if job.state is JobState.UNSCHEDULABLE:
         typer.echo(job.error.message if job.error else "scheduling: no eligible worker", err=True)
         if as_json:
@@ -286,7 +288,7 @@ def spec_from_flags(flags: dict[str, Any]) -> CommandJob | DistributedJob:
         "memory_gb": f["memory"], "labels": _pairs(f["label"], "requirements.labels"), "profile": f["profile"],
         "target": f["target"], "fallback_targets": f["fallback"], "on_unschedulable": f["on_unschedulable"],
         "prefer": f["prefer"], "timeout": f["timeout"], "retries": f["retries"], "priority": f["priority"], "env": _pairs(f["env"], "env"),
-        "name": f["name"], "bundle": f["bundle"], "after": [job for word in f.get("after") or () for job in word.split(",")] or None,
+        "name": f["name"], "bundle": f["bundle"], "after": _ids(f.get("after")), "after_ended": _ids(f.get("after_ended")),
     }
     spec: CommandJob | DistributedJob
     if nproc_per_node is not None or (nodes is not None and nodes != 1) or launcher is not None:
@@ -297,6 +299,11 @@ def spec_from_flags(flags: dict[str, Any]) -> CommandJob | DistributedJob:
     else:
         spec = joboptions.command_job(command, options, spelling)
     return spec
+
+
+def _ids(words: list[str] | None) -> list[str] | None:
+    """Job ids given as repeated flags, each maybe ``JOB,JOB``."""
+    return [job for word in words or () for job in word.split(",")] or None
 
 
 def _background_worker_for_detached_jobs(client: Client) -> None:
@@ -421,8 +428,8 @@ def jobs_show(job_id: str = typer.Argument(..., metavar="JOB"), as_json: bool = 
     typer.echo(f"placement target={job.spec.placement.target} fallback={job.spec.placement.fallback_targets} "
                f"on_unschedulable={job.spec.placement.on_unschedulable}")
     typer.echo(f"attempt   {job.attempt} of {job.spec.retries + 1}")
-    if job.spec.after:
-        typer.echo(f"after     {', '.join(job.spec.after)}")
+    if job.spec.after or job.spec.after_ended:
+        typer.echo(f"after     {', '.join([*job.spec.after, *(f'{i} (any end)' for i in job.spec.after_ended)])}")
     if job.error:
         typer.echo(f"error     {printable_lines(job.error.describe(), ' ' * 10)}")
     for t in job.tasks:

@@ -1,12 +1,15 @@
 """Jobs that run after others: ``spec.after`` (``gpulayer submit --after JOB``,
-``@gl.remote(after=[handle])``), as Slurm's ``--dependency=afterok`` and Ray's tasks that take
-another's result.
+``f.options(after=handle)``), as Slurm's ``--dependency=afterok`` and Ray's tasks that take
+another's result, and ``spec.after_ended`` (``--after-ended JOB``: any end will do, Slurm's
+``afterany``, for a job that cleans up or reports).
 
 A job that names jobs to run after stays ``queued`` and is not placed (the queue's reads skip
-it: ``gl_jobs.waiting_for`` > 0) until every one of them has succeeded; the first of them to
-end otherwise (failed, cancelled, timed out, unschedulable) ends it as ``failed``, with a
-``dependency`` error that names it, without running it, and so on down the chain. A job named
-that has succeeded already counts as done; one that ended otherwise fails the new job at once.
+it: ``gl_jobs.waiting_for`` > 0) until every one of ``after`` has succeeded and every one of
+``after_ended`` has ended; the first of ``after`` to end otherwise (failed, cancelled, timed
+out, unschedulable) ends it as ``failed``, with a ``dependency`` error that names it, without
+running it, and so on down the chain. A job of ``after`` that has succeeded already (of
+``after_ended``, that has ended) counts as done; one of ``after`` that ended otherwise fails
+the new job at once.
 
 Both ends are written in the transaction that ends the job run after (the store calls
 :func:`resolve` before any write transaction that ended jobs commits: see
@@ -39,36 +42,46 @@ _ENDED_AS = {"failed": "failed", "cancelled": "was cancelled", "timed_out": "tim
              "unschedulable": "was unschedulable"}
 
 
-def hold(s: Session, job_id: str, after: Sequence[str], owner: str | None, now: float, event: EventSink) -> None:
+def hold(s: Session, job_id: str, after: Sequence[str], after_ended: Sequence[str], owner: str | None,
+         now: float, event: EventSink) -> None:
     """At submit, in its transaction (the job is stored, not yet placed): ``job_id`` waits for
-    the jobs of ``after`` that have not ended, or fails at once if one of them ended without
-    success. An id that names no stored job (none of ``owner``'s, for a client token) is an
+    the jobs of ``after`` (to succeed) and ``after_ended`` (to end, whatever the outcome) that
+    have not ended, or fails at once if one of ``after`` ended without success. An id that
+    names no stored job (none of ``owner``'s, for a client token) is an
     :class:`~gpulayer.errors.UnknownAfter`, and nothing is stored."""
     found = {r[0]: (r[1], r[2], r[3]) for r in plain.fetch_in(
-        s, "SELECT id, state, owner, error FROM gl_jobs WHERE id IN ({})", sorted(set(after)))}
-    for i, other in enumerate(after):
-        state_owner = found.get(other)
-        if state_owner is None or (owner is not None and state_owner[1] != owner):
-            raise UnknownAfter(f"after[{i}]={other!r}: no such job"
-                               f"{' of yours' if owner is not None else ''}; accepted: the id of a stored job "
-                               "(gpulayer jobs list)", index=i, job=other)
+        s, "SELECT id, state, owner, error FROM gl_jobs WHERE id IN ({})", sorted({*after, *after_ended}))}
+    for field, ids in (("after", after), ("after_ended", after_ended)):
+        for i, other in enumerate(ids):
+            state_owner = found.get(other)
+            if state_owner is None or (owner is not None and state_owner[1] != owner):
+                raise UnknownAfter(f"{field}[{i}]={other!r}: no such job"
+                                   f"{' of yours' if owner is not None else ''}; accepted: the id of a stored job "
+                                   "(gpulayer jobs list)", index=i, job=other, field=field)
     for other in after:
         state, _, error = found[other]
         if state in plain.ENDED_STATES and state != _SUCCEEDED:
             _fail(s, job_id, other, state, error, now, event)
             return
-    waiting = [other for other in after if found[other][0] not in plain.ENDED_STATES]
+    waiting = [(other, False) for other in after if found[other][0] not in plain.ENDED_STATES]
+    waiting += [(other, True) for other in after_ended if found[other][0] not in plain.ENDED_STATES]
     if not waiting:
         return
-    for other in waiting:
-        plain.execute(s, "INSERT INTO gl_job_after (after_id, job_id) VALUES (?, ?)", (other, job_id))
+    for other, any_end in waiting:
+        plain.execute(s, "INSERT INTO gl_job_after (after_id, job_id, any_end) VALUES (?, ?, ?)",
+                      (other, job_id, any_end))
     plain.update_job(s, job_id, waiting_for=len(waiting), decision=waiting_decision(waiting, now).model_dump_json())
 
 
-def waiting_decision(waiting: Sequence[str], now: float) -> PlacementDecision:
-    """What a job that waits for ``waiting`` (ids of jobs it runs after) says about its place."""
-    return PlacementDecision(outcome="waiting", summary=f"waiting for {_listed(waiting)} to succeed first (it runs "
-                                                         f"after {'it' if len(waiting) == 1 else 'them'})", at=now)
+def waiting_decision(waiting: Sequence[tuple[str, bool]], now: float) -> PlacementDecision:
+    """What a job that waits for ``waiting`` (``(id, any end will do)`` of the jobs it runs
+    after) says about its place."""
+    succeed = [other for other, any_end in waiting if not any_end]
+    end = [other for other, any_end in waiting if any_end]
+    parts = [*([f"{_listed(succeed)} to succeed"] if succeed else []), *([f"{_listed(end)} to end"] if end else [])]
+    them = "it" if len(waiting) == 1 else "them"
+    return PlacementDecision(outcome="waiting", summary=f"waiting for {' and '.join(parts)} first (it runs after {them})",
+                             at=now)
 
 
 def resolve(s: Session, now: float, event: EventSink) -> list[str]:
@@ -88,13 +101,13 @@ def resolve(s: Session, now: float, event: EventSink) -> list[str]:
         _delete_pairs(s, new)
         ended = set(new)
         outcome = {r[0]: (r[1], r[2]) for r in plain.fetch_in(
-            s, "SELECT id, state, error FROM gl_jobs WHERE id IN ({})", sorted({a for a, _ in pairs if a in ended}))}
+            s, "SELECT id, state, error FROM gl_jobs WHERE id IN ({})", sorted({a for a, _, _ in pairs if a in ended}))}
         succeeded: dict[str, int] = {}
-        for other, job_id in pairs:
+        for other, job_id, any_end in pairs:
             if job_id in ended or other not in ended:  # (its own end: the row just goes)
                 continue
             state, error = outcome[other]
-            if state == _SUCCEEDED:
+            if state == _SUCCEEDED or any_end:
                 succeeded[job_id] = succeeded.get(job_id, 0) + 1
             elif job_id not in plain.ended_in(s):
                 _fail(s, job_id, other, state, error, now, event)
@@ -103,13 +116,13 @@ def resolve(s: Session, now: float, event: EventSink) -> list[str]:
                 continue
             plain.execute(s, "UPDATE gl_jobs SET waiting_for = waiting_for - ? WHERE id = ? AND state = ?",
                           (count, job_id, _QUEUED))
-            left = [r[0] for r in plain.fetch(s, "SELECT after_id FROM gl_job_after WHERE job_id = ? ORDER BY after_id",
-                                              (job_id,))]
+            left = [(r[0], bool(r[1])) for r in plain.fetch(
+                s, "SELECT after_id, any_end FROM gl_job_after WHERE job_id = ? ORDER BY after_id", (job_id,))]
             if left:
                 plain.update_job(s, job_id, decision=waiting_decision(left, now).model_dump_json())
             else:
                 plain.execute(s, "UPDATE gl_jobs SET waiting_for = 0 WHERE id = ?", (job_id,))
-                event(s, "released", job_id=job_id, message="the jobs it runs after succeeded")
+                event(s, "released", job_id=job_id, message="the jobs it runs after have ended as it needs")
                 s.info.setdefault(RELEASED, set()).add(job_id)
                 released.append(job_id)
 
@@ -120,15 +133,15 @@ def released_in(info: dict[str, object]) -> list[str]:
     return sorted(found) if isinstance(found, set) else []
 
 
-def _pairs_of(s: Session, ended: list[str]) -> list[tuple[str, str]]:
-    """The waiting pairs ``(after_id, job_id)`` that either end of names one of ``ended``."""
-    out: list[tuple[str, str]] = []
+def _pairs_of(s: Session, ended: list[str]) -> list[tuple[str, str, bool]]:
+    """The waiting pairs ``(after_id, job_id, any end will do)`` that either end of names one of ``ended``."""
+    out: list[tuple[str, str, bool]] = []
     step = plain.IN_CHUNK // 2
     for i in range(0, len(ended), step):
         chunk = ended[i:i + step]
         marks = ", ".join("?" * len(chunk))
-        out += [(r[0], r[1]) for r in plain.fetch(
-            s, f"SELECT after_id, job_id FROM gl_job_after WHERE after_id IN ({marks}) OR job_id IN ({marks})",
+        out += [(r[0], r[1], bool(r[2])) for r in plain.fetch(
+            s, f"SELECT after_id, job_id, any_end FROM gl_job_after WHERE after_id IN ({marks}) OR job_id IN ({marks})",
             (*chunk, *chunk))]
     return out
 

@@ -165,8 +165,8 @@ class JobOps(Core):
             result=None, error=None, decision=None, cancel_requested=False, idempotency_key=key, owner=owner,
             args=args_json, bundle_digest=spec.bundle_digest))
         self._event(s, "submitted", job_id=job_id, message=spec.kind)
-        if spec.after:  # it waits for them, or fails at once if one ended without success
-            after.hold(s, job_id, spec.after, owner, now, self._event)
+        if spec.after or spec.after_ended:  # it waits for them, or fails at once if one ended without success
+            after.hold(s, job_id, spec.after, spec.after_ended, owner, now, self._event)
         return job_id
 
     def get_job(self, job_id: str, *, arguments: bool | None = None, brief: bool | None = None) -> JobRecord:

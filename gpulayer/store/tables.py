@@ -85,6 +85,8 @@ class JobAfterRow(SQLModel, table=True):
 
     after_id: str = Field(primary_key=True)
     job_id: str = Field(primary_key=True, index=True)
+    #: any end of ``after_id`` will do (``spec.after_ended``); otherwise only its success
+    any_end: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
 
 
 class TaskRow(SQLModel, table=True):

@@ -253,6 +253,10 @@ def test_submit_after_runs_a_job_once_another_has_succeeded_and_names_bad_ids_as
     waiting = detach("true", flags=("--after", detach("sleep", "600")))
     assert "after     job-" in cli("jobs", "show", waiting, check=True).stdout
 
+    cleanup = cli("submit", "--after-ended", failed, "--", "echo", "cleaned", timeout=60)
+    assert (cleanup.returncode, cleanup.stdout) == (0, "cleaned\n")
+    gone = cli("submit", "--after-ended", "job-0123456789ab", "--", "true")
+    assert gone.returncode == 2 and "--after-ended job-0123456789ab: no such job" in gone.stderr
     unknown = cli("submit", "--after", "job-0123456789ab", "--", "true")
     assert unknown.returncode == 2
     assert "--after job-0123456789ab: no such job; accepted: the id of a stored job" in unknown.stderr

@@ -390,7 +390,10 @@ def test_a_root_path_that_is_not_a_url_path_is_refused(given: str, tmp_path: Pat
 
 def test_a_job_that_runs_after_others_links_them_and_says_it_waits(server: ServerProc, admin: Api) -> None:
     first = submit(admin)
-    later = submit(admin, {**QUEUED, "after": [first]})
+    second = submit(admin)
+    later = submit(admin, {**QUEUED, "after": [first], "after_ended": [second]})
     page = login(server, server.admin_token).get(f"/jobs/{later}").text
     assert f'<dt>Runs after</dt><dd><a href="/jobs/{first}">{first}</a> (once each has succeeded)</dd>' in page
-    assert f"waiting for {first} to succeed first (it runs after it)" in page
+    assert (f'<dt>Runs after the end of</dt><dd><a href="/jobs/{second}">{second}</a> (whatever their outcome)</dd>'
+            in page)
+    assert f"waiting for {first} to succeed and {second} to end first (it runs after them)" in page

@@ -233,3 +233,41 @@ def test_a_placement_pass_that_fails_and_is_undone_ends_nothing_it_had_ended(
     assert cp.get_job(queued.id).state is JobState.UNSCHEDULABLE
     error = cp.get_job(later.id).error
     assert error is not None and error.message.startswith(f"not run: {queued.id}, which it runs after, was unschedulable")
+
+
+def test_after_ended_takes_any_end_and_after_still_needs_a_success(cp: ControlPlane) -> None:
+    w = cp.register_worker(make_capabilities(), cpu_slots=2).id
+    train, other = cp.submit(job()), cp.submit(job())
+    evaluate = cp.submit(job(train.id))
+    cleanup = cp.submit(CommandJob(command=["true"], after_ended=[train.id]))
+    both = cp.submit(CommandJob(command=["true"], after=[other.id], after_ended=[train.id]))
+    assert cleanup.decision is not None and cleanup.decision.summary == (
+        f"waiting for {train.id} to end first (it runs after it)")
+    assert both.decision is not None and both.decision.summary == (
+        f"waiting for {other.id} to succeed and {train.id} to end first (it runs after them)")
+
+    handed = {a.job_id: a for a in cp.poll_tasks(w)}
+    assert set(handed) == {train.id, other.id}
+    for a in handed.values():
+        cp.start_task(a.task_id, worker_id=w)
+    cp.finish_task(handed[train.id].task_id, worker_id=w, state=TaskState.FAILED, exit_code=1)
+
+    assert cp.get_job(evaluate.id).state is JobState.FAILED  # (it needed a success)
+    assert cp.get_job(cleanup.id).state is JobState.ASSIGNED  # any end will do: placed in that transaction
+    record = cp.get_job(both.id)
+    assert record.state is JobState.QUEUED and record.decision is not None
+    assert record.decision.summary.startswith(f"waiting for {other.id} to succeed first")
+    cp.finish_task(handed[other.id].task_id, worker_id=w, state=TaskState.SUCCEEDED, exit_code=0)
+    assert cp.get_job(both.id).state is JobState.ASSIGNED and pairs(cp) == []
+    # one that has ended already counts as done, whatever its end
+    done = cp.submit(CommandJob(command=["true"], after_ended=[evaluate.id]))
+    assert done.state is JobState.QUEUED and pairs(cp) == []  # (in the queue: the two slots are busy)
+    assert cp.explain_job(done.id).queue_position == 1
+
+
+def test_after_ended_ids_are_checked_as_after_s(cp: ControlPlane) -> None:
+    with pytest.raises(UnknownAfter, match=r"after_ended\[0\]='job-0123456789ab': no such job") as e:
+        cp.submit(CommandJob(command=["true"], after_ended=["job-0123456789ab"]))
+    assert (e.value.field, e.value.index) == ("after_ended", 0)
+    with pytest.raises(InvalidInput, match="'job-1' is in after too"):
+        CommandJob(command=["true"], after=["job-1"], after_ended=["job-1"])

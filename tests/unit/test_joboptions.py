@@ -55,7 +55,7 @@ EVERY_OPTION: JobOptions = {
 def test_the_options_cover_every_field_users_set() -> None:
     fields = {f"requirements.{f}" for f in Requirements.model_fields}
     fields |= {f"placement.{f}" for f in Placement.model_fields}
-    fields |= {"timeout", "retries", "priority", "env", "name", "bundle", "after"}
+    fields |= {"timeout", "retries", "priority", "env", "name", "bundle", "after", "after_ended"}
     assert set(joboptions.OPTION_FIELDS.values()) == fields
     assert set(JobOptions.__optional_keys__) == {*joboptions.OPTION_FIELDS, "allow_unknown_accelerator"}
 
@@ -158,7 +158,7 @@ PYTHON_BAD: list[tuple[Callable[[], object], type[Exception], str]] = [
     (lambda: gl.remote(double).spec("\udcff"), InvalidArgument,
      "args[0]: '\\udcff' is not valid UTF-8 (a lone surrogate '\\udcff' at index 0); accepted: valid Unicode text"),
     (lambda: gl.remote(gpus_per_node=1)(double), InvalidArgument,  # type: ignore[call-arg]
-     "@gl.remote: unknown option(s) gpus_per_node (did you mean gpus?); accepted: accelerator, after, "
+     "@gl.remote: unknown option(s) gpus_per_node (did you mean gpus?); accepted: accelerator, after, after_ended, "
      "allow_unknown_accelerator, bundle, compute_capability, cpus, env, fallback_targets, frameworks, gpus, labels, "
      "memory_gb, min_gpu_memory_gb, name, on_unschedulable, os, prefer, priority, profile, python_version, retries, "
      "target, timeout"),
@@ -178,7 +178,7 @@ PYTHON_BAD: list[tuple[Callable[[], object], type[Exception], str]] = [
      f"double.options(accelerator='npu'): no installed plugin detects this accelerator kind; known kinds: {KINDS}, "
      "or cpu for none. For a kind only the server's workers know, pass allow_unknown_accelerator=True"),
     (lambda: gl.remote(double).options(gpus_per_node=1), InvalidArgument,  # type: ignore[call-arg]
-     "double.options(): unknown option(s) gpus_per_node (did you mean gpus?); accepted: accelerator, after, "
+     "double.options(): unknown option(s) gpus_per_node (did you mean gpus?); accepted: accelerator, after, after_ended, "
      "allow_unknown_accelerator, bundle, compute_capability, cpus, env, fallback_targets, frameworks, gpus, labels, "
      "memory_gb, min_gpu_memory_gb, name, on_unschedulable, os, prefer, priority, profile, python_version, retries, "
      "target, timeout"),
@@ -198,7 +198,7 @@ PYTHON_BAD: list[tuple[Callable[[], object], type[Exception], str]] = [
      "Trainer(frameworks[0]='torch>>2'): '>>2' is not a PEP 440 version specifier; accepted: comma-separated clauses "
      "such as '>=2.2', '==2.3.*', '>=1.0,<2'"),
     (lambda: Trainer("x:y", gpus=2, bundle=None), InvalidArgument,  # type: ignore[call-arg]
-     "Trainer: unknown option(s) gpus (did you mean gpus_per_node?); accepted: accelerator, after, allow_unknown_accelerator, "
+     "Trainer: unknown option(s) gpus (did you mean gpus_per_node?); accepted: accelerator, after, after_ended, allow_unknown_accelerator, "
      "args, bundle, client, compute_capability, cpus, env, fallback_targets, frameworks, gpus_per_node, labels, "
      "launcher, memory_gb, min_gpu_memory_gb, name, nodes, nproc_per_node, on_unschedulable, os, prefer, priority, profile, "
      "python_version, retries, target, timeout"),

@@ -66,7 +66,7 @@ HAND_BUILT: list[tuple[Callable[[], object], type[Exception], str]] = [
      f"CommandJob(name='\\ud800'): is not valid UTF-8 (a lone surrogate '\\ud800' at index 0); accepted: {TEXT}"),
     (lambda: CommandJob(command=["true"], gpus=1), InvalidInput,
      "CommandJob(gpus=1): no such field; accepted: name, requirements, placement, timeout, retries, priority, "
-     "env, bundle, bundle_digest, after, kind, command"),
+     "env, bundle, bundle_digest, after, after_ended, kind, command"),
     (lambda: CommandJob(command=["true"], requirements={"gpus": -1}), InvalidRequirement,
      "CommandJob(requirements.gpus=-1): must be at least 0; accepted: a whole number >= 0 (devices per node)"),
     (lambda: Requirements(gpus=1.5), InvalidRequirement,
