@@ -48,6 +48,7 @@ from gpulayer.wire import (  # (re-exported: what goes over the wire is part of 
     MAX_LOG_CHUNKS,
     MAX_LONG_POLL,
     SCOPES,
+    BundleStored,
     CancelManyBody,
     DeleteJobsBody,
     ExplainBody,
@@ -56,18 +57,21 @@ from gpulayer.wire import (  # (re-exported: what goes over the wire is part of 
     JobQuery,
     JobsDeleted,
     JobsPruned,
+    JobsRerun,
     JoinBody,
     LendBody,
     ListJobsQuery,
     LogsBody,
     LogsQuery,
     LogStream,
+    NewToken,
     OffersBody,
     PauseBody,
     PollQuery,
     PruneJobsBody,
     PruneQuery,
     RegisterBody,
+    RerunJobsBody,
     ResultJSON,
     Route,
     SlotLent,
@@ -76,6 +80,7 @@ from gpulayer.wire import (  # (re-exported: what goes over the wire is part of 
     SubmitManyBody,
     SubmitQuery,
     TokenBody,
+    TokenInfo,
     WaitJobsBody,
     WaitJobsQuery,
     WaitQuery,
@@ -105,6 +110,7 @@ __all__ = [
     "JobQuery",
     "JobsDeleted",
     "JobsPruned",
+    "JobsRerun",
     "JoinBody",
     "JoinReply",
     "LendBody",
@@ -120,6 +126,7 @@ __all__ = [
     "PruneJobsBody",
     "PruneQuery",
     "RegisterBody",
+    "RerunJobsBody",
     "ResultJSON",
     "Route",
     "SlotLent",
@@ -197,31 +204,6 @@ class WorkerUsage(Wire):
     busy_cpu_slots: int = 0
 
 
-class BundleStored(Wire):
-    digest: str
-    size: int
-    #: False when a bundle with that address was already stored
-    stored: bool
-
-
-class TokenInfo(Wire):
-    """A token as the server sees it; never carries the secret."""
-
-    id: str
-    scope: str
-    created_at: float
-    expires_at: float | None = None
-    uses_left: int | None = None
-    revoked: bool = False
-    worker_id: str | None = None
-    description: str = ""
-
-
-class NewToken(TokenInfo):
-    #: the secret, shown in this reply only (the server keeps a hash)
-    token: str
-
-
 class JoinReply(Wire):
     worker_id: str
     #: the worker's own credential: every later call of this worker uses it
@@ -279,6 +261,13 @@ class ClientAPI(Protocol):
         and the bundles no stored job names any more; a job that has not ended is left as
         it is (``not_ended``); an id that names no job (or, on a server, not one of the
         caller's) is left out of the answer."""
+        ...
+
+    def rerun_jobs(self, job_ids: list[str], *, downstream: bool = False) -> JobsRerun:
+        """Submit ended jobs again as new jobs (at most :data:`MAX_BATCH`), each with its spec
+        and arguments; ``downstream``: and the ended jobs that run after them, naming the new
+        ones. A job that has not ended is left (``not_ended``); an id that names no job (or,
+        on a server, not one of the caller's) is left out of the answer."""
         ...
 
     def prune_jobs(self, *, older_than: float, states: list[str] | None = None,
@@ -485,6 +474,9 @@ ROUTES: tuple[Route, ...] = (
           f"Delete up to {MAX_BATCH} ended jobs with their tasks, output and events (those that exist and are "
           "yours); jobs that have not ended are named and left; other ids are left out",
           response=JobsDeleted, body=DeleteJobsBody, context={"owner": "owner"}),
+    Route("rerun_jobs", "POST", "/v1/jobs/rerun", READERS,
+          f"Submit up to {MAX_BATCH} ended jobs (yours) again as new jobs; with downstream, the jobs after them too",
+          response=JobsRerun, body=RerunJobsBody, context={"owner": "owner"}, safe=False),
     Route("prune_jobs", "POST", "/v1/jobs/prune", READERS,
           "Delete the jobs (yours, for a client token) that ended at least older_than seconds ago",
           response=JobsPruned, body=PruneJobsBody, context={"owner": "owner"}),

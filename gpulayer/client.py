@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpulayer import bundles, config, leaving, logtext
-from gpulayer.api import MAX_BATCH, MAX_LOG_CHUNKS, MAX_LONG_POLL, ControlAPI, LogChunk, log_page_cut
+from gpulayer.api import MAX_BATCH, MAX_LOG_CHUNKS, MAX_LONG_POLL, ControlAPI, JobsRerun, LogChunk, log_page_cut
 from gpulayer.errors import (
     BundleMissing,
     DatabaseFailed,
@@ -407,6 +407,15 @@ class Client:
                 # growing delay after it; new output is read after at most `delay`
                 job = self._lean(self.api.wait_job, job_id, timeout=delay if stream else FOLLOW_WAIT)
                 delay = min(delay * 1.5, 0.5)
+
+    def rerun(self, job_ids: Sequence[str], *, downstream: bool = False) -> JobsRerun:
+        """Run ended jobs again as new jobs (:meth:`~gpulayer.api.ClientAPI.rerun_jobs`), on this
+        process's worker where it runs local jobs (as :meth:`submit` does)."""
+        self.ensure_local_worker()
+        answer = self.api.rerun_jobs(list(job_ids), downstream=downstream)
+        if self.control is not None or leaving.in_task():
+            leaving.submitted(self, list(answer.rerun.values()))
+        return answer
 
     # ------------------------------------------------------------------ the in-process worker
 

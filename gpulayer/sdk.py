@@ -22,6 +22,7 @@ from gpulayer.api import MAX_BATCH, MAX_LONG_POLL
 from gpulayer.client import Client, connect, prefixes_nodes
 from gpulayer.errors import (
     InvalidArgument,
+    InvalidInput,
     JobFailed,
     RemoteError,
     Unschedulable,
@@ -134,6 +135,16 @@ class JobHandle:
 
     def cancel(self) -> str:
         return self._client.api.cancel(self.id).state.value
+
+    def rerun(self, *, downstream: bool = False) -> JobHandle:
+        """Run this ended job again as a new job, with its spec and arguments: its handle
+        (``downstream``: and the ended jobs that run after it, naming the new one)."""
+        answer = self._client.rerun([self.id], downstream=downstream)
+        if self.id not in answer.rerun:
+            state = answer.not_ended.get(self.id)
+            raise InvalidInput(f"{self.id} is {state.value if state else 'gone'}: a job is run again once it has ended"
+                               + (" (h.cancel() first)" if state else ""))
+        return JobHandle(answer.rerun[self.id], self._client)
 
 
 def result_of(job: JobRecord) -> Any:

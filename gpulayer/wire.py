@@ -280,6 +280,44 @@ class JobsDeleted(Wire):
     not_ended: dict[str, JobState] = Field(default_factory=dict)
 
 
+class RerunJobsBody(Wire):
+    job_ids: list[str] = Field(min_length=1, max_length=MAX_BATCH)
+    downstream: bool = Field(default=False, strict=True, description=(
+        "and every ended job that runs after one of them (after, after_ended), down the chain, naming the new jobs"))
+
+
+class JobsRerun(Wire):
+    #: each job run again -> its new job, in the order given (then the jobs after them, with ``downstream``)
+    rerun: dict[str, str]
+    #: those that exist (and are the caller's) but have not ended: left as they are
+    not_ended: dict[str, JobState] = Field(default_factory=dict)
+
+
+class BundleStored(Wire):
+    digest: str
+    size: int
+    #: False when a bundle with that address was already stored
+    stored: bool
+
+
+class TokenInfo(Wire):
+    """A token as the server sees it; never carries the secret."""
+
+    id: str
+    scope: str
+    created_at: float
+    expires_at: float | None = None
+    uses_left: int | None = None
+    revoked: bool = False
+    worker_id: str | None = None
+    description: str = ""
+
+
+class NewToken(TokenInfo):
+    #: the secret, shown in this reply only (the server keeps a hash)
+    token: str
+
+
 #: the states a job may be deleted in
 EndedState = Literal["succeeded", "failed", "cancelled", "timed_out", "unschedulable"]
 

@@ -141,9 +141,10 @@ def follow_job(client: Client, job_id: str, *, node: int | None = None, progress
 
 
 def register(app: typer.Typer) -> None:
-    from gpulayer.cli import retention
+    from gpulayer.cli import rerun, retention
 
     retention.add_to(jobs_app)
+    jobs_app.command("rerun")(rerun.jobs_rerun)
     app.add_typer(jobs_app, name="jobs")
     app.command(
         "submit",

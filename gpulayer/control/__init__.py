@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpulayer.api import JobsDeleted, JobsPruned, NewToken, SlotLent, TaskAssignment, TokenInfo
-from gpulayer.control import explaining, lending, retention
+from gpulayer.api import JobsDeleted, JobsPruned, JobsRerun, NewToken, SlotLent, TaskAssignment, TokenInfo
+from gpulayer.control import explaining, lending, rerun, retention
 from gpulayer.control.core import ControlObserver
 from gpulayer.control.jobs import JobOps
 from gpulayer.control.machines import MachineOps
@@ -67,6 +67,9 @@ class ControlPlane(JobOps, MachineOps):
 
     def delete_jobs(self, job_ids: Sequence[str], *, owner: str | None = None) -> JobsDeleted:
         return retention.delete_jobs(self, job_ids, owner)
+
+    def rerun_jobs(self, job_ids: Sequence[str], *, downstream: bool = False, owner: str | None = None) -> JobsRerun:
+        return rerun.rerun_jobs(self, job_ids, owner, downstream)
 
     def prune_jobs(self, *, older_than: float, states: Sequence[str] | None = None, dry_run: bool = False,
                    owner: str | None = None) -> JobsPruned:
