@@ -17,11 +17,12 @@ Earlier versions made each task's scratch folder as ``$GPULAYER_HOME/tasks/<task
 no owner file, and a killed worker's stayed for ever. A worker's start removes such a folder
 once no earlier worker can still be using it (:func:`_old_unused`): no process this one can
 read runs that task (each process of a task carries the task's id in its environment,
-``GPULAYER_TASK_ID``, in every version that made such folders), and neither the folder nor
-anything directly in it changed for :data:`OLD_QUIET` seconds (an earlier worker makes the
-folder a moment before it starts the task there; a task on another machine sharing the home,
-or in another container, cannot be seen, and one that writes nothing in its folder for a day
-is what this would take from it).
+``GPULAYER_TASK_ID``, in every version that made such folders) or works in the folder (a
+forked task's readable environment is its fork server's), and nothing in the folder, at any
+depth, changed for :data:`OLD_QUIET` seconds (an earlier worker makes the folder a moment
+before it starts the task there; a task on another machine sharing the home, or in another
+container, cannot be seen, and one that writes nothing in its folder for a day is what this
+would take from it).
 """
 
 from __future__ import annotations
@@ -153,34 +154,52 @@ def _old_unused(tasks: Path) -> list[Path]:
     except OSError:
         return []
     cut = time.time() - OLD_QUIET
-    quiet = [p for p in old if _last_change(p) < cut]
+    quiet = [p for p in old if not _changed_since(p, cut)]
     if not quiet:
         return []
-    running = _running_task_ids()
-    removed = [p for p in quiet if p.name not in running]
+    used = _in_use(tasks, {p.name for p in quiet})
+    removed = [p for p in quiet if p.name not in used]
     for folder in removed:
         shutil.rmtree(folder, ignore_errors=True)
     return removed
 
 
-def _last_change(folder: Path) -> float:
-    """When the folder or anything directly in it last changed (now, where it cannot be read)."""
+def _changed_since(folder: Path, cut: float) -> bool:
+    """Whether the folder or anything in it, at any depth, changed at ``cut`` or later (yes,
+    where some of it cannot be read). At any depth: a task that appends to ``logs/train.log``
+    changes neither its folder nor ``logs``. (The walk ends at the first change; a folder found
+    quiet is walked again by its removal anyway.)"""
     try:
-        with os.scandir(folder) as entries:
-            times = [e.stat(follow_symlinks=False).st_mtime for e in entries]
-        return max([folder.stat().st_mtime, *times])
+        if folder.lstat().st_mtime >= cut:
+            return True
+        below = [str(folder)]
+        while below:
+            with os.scandir(below.pop()) as entries:
+                for entry in entries:
+                    if entry.stat(follow_symlinks=False).st_mtime >= cut:
+                        return True
+                    if entry.is_dir(follow_symlinks=False):
+                        below.append(entry.path)
     except OSError:
-        return time.time()
+        return True
+    return False
 
 
-def _running_task_ids() -> set[str]:
-    """The task ids (``GPULAYER_TASK_ID``) in the environments of the processes this one can read."""
-    found: set[str] = set()
+def _in_use(tasks: Path, names: set[str]) -> set[str]:
+    """Of the folders ``names`` in ``tasks``, those a process this one can read uses: it runs
+    their task (``GPULAYER_TASK_ID`` in its environment), or works in them (its working
+    directory is in one: an earlier version's forked task set its environment after its exec,
+    and the kernel's copy, which is what can be read, is its fork server's)."""
+    root = os.path.realpath(tasks)
+    used: set[str] = set()
     for proc in psutil.process_iter():
-        try:
+        with contextlib.suppress(psutil.Error, OSError):
             task_id = proc.environ().get("GPULAYER_TASK_ID")
-        except (psutil.Error, OSError):
-            continue
-        if task_id:
-            found.add(task_id)
-    return found
+            if task_id in names:
+                used.add(task_id)
+        with contextlib.suppress(psutil.Error, OSError, ValueError):
+            inside = os.path.relpath(proc.cwd(), root)
+            first = inside.split(os.sep, 1)[0]
+            if first in names:
+                used.add(first)
+    return used

@@ -51,3 +51,56 @@ def test_a_starting_worker_removes_old_layout_folders_no_live_task_uses(
         proc.wait()
     # once it ended (and its folder was quiet), the next start removes it
     assert task_files.sweep() == [running]
+
+
+def test_a_live_forked_task_of_an_earlier_version_keeps_its_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An earlier version forked function tasks from a fork server, whose child set the task's
+    environment in ``os.environ`` after its exec: the kernel's copy of the process's
+    environment (what :mod:`psutil` reads) is the server's, without ``GPULAYER_TASK_ID``. Such a
+    task, quiet in its folder for a day, lost the folder it worked in; the folder is its
+    working directory, and that is seen."""
+    monkeypatch.setenv("GPULAYER_HOME", str(tmp_path / "home"))
+    folder = _old_folder(tmp_path / "home" / "tasks", "tsk-0000000000b1", age=task_files.OLD_QUIET + 60)
+    (folder / "data").mkdir()
+    then = time.time() - task_files.OLD_QUIET - 60
+    for path in (folder / "data", folder):
+        os.utime(path, (then, then))
+    env = {k: v for k, v in os.environ.items() if k != "GPULAYER_TASK_ID"}
+    script = ("import os, sys, time\n"
+              f"os.environ['GPULAYER_TASK_ID'] = {folder.name!r}  # (as a forked child set it)\n"
+              "print('ready', flush=True)\n"
+              "time.sleep(600)\n")
+    # (its working directory a folder of its own inside: a task may chdir where it likes)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=folder / "data", env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        assert task_files.sweep() == []
+        assert folder.is_dir()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert task_files.sweep() == [folder]
+
+
+def test_a_folder_whose_task_writes_deeper_in_it_is_not_quiet(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task on another machine sharing the home cannot be seen, so a folder is removed only
+    once nothing in it changed for a day. A task that appends to ``logs/train.log`` changes
+    that file, not the folder nor ``logs`` (a file's change leaves its folder's time alone):
+    only the folder and what is directly in it were looked at, and the folder of a task
+    writing all the while was removed."""
+    monkeypatch.setenv("GPULAYER_HOME", str(tmp_path / "home"))
+    day = task_files.OLD_QUIET + 60
+    busy = _old_folder(tmp_path / "home" / "tasks", "tsk-0000000000c1", age=day)
+    quiet = _old_folder(tmp_path / "home" / "tasks", "tsk-0000000000c2", age=day)
+    for folder in (busy, quiet):
+        (folder / "logs" / "run").mkdir(parents=True)
+        (folder / "logs" / "run" / "train.log").write_text("step 1\n")
+    then = time.time() - day
+    for path in (quiet / "logs" / "run" / "train.log", quiet / "logs" / "run", quiet / "logs", quiet,
+                 busy / "logs" / "run", busy / "logs", busy):  # (busy's train.log: written just now)
+        os.utime(path, (then, then))
+    assert task_files.sweep() == [quiet]
+    assert busy.is_dir() and not quiet.exists()
