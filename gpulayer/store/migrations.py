@@ -157,18 +157,23 @@ def _v10_to_v11(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE gl_jobs ADD COLUMN waiting_for INTEGER NOT NULL DEFAULT 0"))
     JobAfterRow.__table__.create(conn, checkfirst=True)  # type: ignore[attr-defined]
 
+    _bundle_column(conn)
+
+
+def _bundle_column(conn: Connection) -> None:
     # whether a stored job names a bundle (deleting jobs, and the bundles no job names): a
     # column of the spec's bundle_digest, indexed, filled here for the jobs stored before,
-    # in one statement (JSON read by the database; a spec is always a JSON object)
+    # in one statement (JSON read by the database; a spec is always a JSON object). Part of
+    # schema 11 and, where that lacks it, of 12: schema 11 came first without it (68c3ff8)
     if "bundle_digest" not in {c["name"] for c in inspect(conn).get_columns("gl_jobs")}:
         conn.execute(text("ALTER TABLE gl_jobs ADD COLUMN bundle_digest VARCHAR"))
-    if conn.dialect.name == "sqlite":
-        digest = "json_extract(spec, '$.bundle_digest')"
-        is_text = "json_type(spec, '$.bundle_digest') = 'text'"
-    else:
-        digest = "CAST(spec AS json) ->> 'bundle_digest'"
-        is_text = "json_typeof(CAST(spec AS json) -> 'bundle_digest') = 'string'"
-    conn.execute(text(f"UPDATE gl_jobs SET bundle_digest = {digest} WHERE {is_text}"))
+        if conn.dialect.name == "sqlite":
+            digest = "json_extract(spec, '$.bundle_digest')"
+            is_text = "json_type(spec, '$.bundle_digest') = 'text'"
+        else:
+            digest = "CAST(spec AS json) ->> 'bundle_digest'"
+            is_text = "json_typeof(CAST(spec AS json) -> 'bundle_digest') = 'string'"
+        conn.execute(text(f"UPDATE gl_jobs SET bundle_digest = {digest} WHERE {is_text}"))
     conn.execute(text("CREATE INDEX IF NOT EXISTS ix_gl_jobs_bundle_digest ON gl_jobs (bundle_digest)"))
 
 
@@ -178,6 +183,7 @@ def _v11_to_v12(conn: Connection) -> None:
     # before count 0: their workers' uploads (none numbered before) are stored as they come
     if "log_chars" not in {c["name"] for c in inspect(conn).get_columns("gl_tasks")}:
         conn.execute(text("ALTER TABLE gl_tasks ADD COLUMN log_chars BIGINT NOT NULL DEFAULT 0"))
+    _bundle_column(conn)  # (a schema 11 from before it)
 
 
 #: MIGRATIONS[n] brings a database at version n to version n + 1.

@@ -490,3 +490,35 @@ def test_the_migration_from_schema_10_fills_the_jobs_bundle_column(store_url: st
             assert [d for (d,) in s.execute(select(BundleRow.digest))] == [used.digest]
     finally:
         cp.store.dispose()
+
+
+def test_a_database_at_schema_11_from_before_the_bundle_column_gets_it(store_url: str, tmp_path: Path) -> None:
+    """Schema 11 came first without ``gl_jobs.bundle_digest`` (68c3ff8, jobs that run after
+    others), which a later commit added to the same step: a database that GPUlayer of those
+    commits made or migrated is at 11 without it, and the step to 12 left it so: every submit
+    then failed on the missing column."""
+    clock = Clock()
+    store = Store(store_url)
+    cp = ControlPlane(store, heartbeat_timeout=10.0, clock=clock)
+    w = cp.register_worker(cuda_caps(1), cpu_slots=0).id
+    used = _bundle(tmp_path, "a = 1\n")
+    cp.put_bundle(used.digest, used.data)
+    stays = _run(cp, w, bundle_digest=used.digest)
+    with store.engine.begin() as conn:  # schema 11 as 68c3ff8 made it
+        conn.exec_driver_sql("DROP INDEX ix_gl_jobs_bundle_digest")
+        conn.exec_driver_sql("ALTER TABLE gl_jobs DROP COLUMN bundle_digest")
+        conn.exec_driver_sql("ALTER TABLE gl_tasks DROP COLUMN log_chars")
+        conn.exec_driver_sql("UPDATE gl_schema SET version = 11")
+    store.dispose()
+    cp = ControlPlane(Store(store_url), heartbeat_timeout=10.0, clock=clock)
+    try:
+        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 12
+        later = _run(cp, w)
+        with cp.store.read() as s:
+            assert dict(s.execute(select(JobRow.id, JobRow.bundle_digest)).all()) == {  # type: ignore[call-overload]
+                stays: used.digest, later: None}
+        clock.now += 7200
+        cp.heartbeat(w)
+        assert cp.prune_jobs(older_than=3600, states=["failed"]).bundles == 0  # (still named)
+    finally:
+        cp.store.dispose()
