@@ -238,6 +238,8 @@ class Store:
                     if relaxed:
                         _synced_again(conn)
         except (exc.OperationalError, sqlite3.OperationalError) as error:
+            if _refused(error):
+                raise
             raise self._failed(error) from error
         ended = plain.ended_in(session)
         if ended:
@@ -274,11 +276,14 @@ class Store:
                     with session:
                         yield session
         except (exc.OperationalError, sqlite3.OperationalError) as error:
+            if _refused(error):
+                raise
             raise self._failed(error) from error
 
     def _failed(self, error: Exception) -> DatabaseFailed:
         """The database failed under a transaction (a full disk, a lock held too long, a
-        PostgreSQL server gone): nothing of it was stored. Said naming the database, in
+        PostgreSQL server gone; not a statement it refused, see :func:`_refused`): nothing of
+        it was stored. Said naming the database, in
         one line, not as the driver's traceback (see :class:`~gpulayer.errors.DatabaseFailed`)."""
         why = " ".join(str(getattr(error, "orig", None) or error).split())
         return DatabaseFailed(f"{self.named}: {why}", reason=why)
@@ -301,6 +306,15 @@ class Store:
 
 
 _NO_LOCK = contextlib.nullcontext()
+
+
+def _refused(error: Exception) -> bool:
+    """Whether SQLite refused a statement (``SQLITE_ERROR``: no such column or table, a syntax
+    error, too many variables), which it says with the same OperationalError as a full disk
+    or a lock held too long: a mistake of this GPUlayer's (or a schema it does not match), not
+    a :class:`~gpulayer.errors.DatabaseFailed` that may pass; a server answers it 500 and logs
+    its traceback. (Python 3.10's sqlite3 does not say which error: there, every one is.)"""
+    return getattr(getattr(error, "orig", None) or error, "sqlite_errorname", None) == "SQLITE_ERROR"
 
 
 def _driver(conn: Connection) -> Any:

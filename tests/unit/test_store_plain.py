@@ -133,3 +133,22 @@ def test_sqlite_writers_of_every_process_queue_on_the_databases_lock_file(
         assert [plain.find_job(s, j) is not None for j in ("job_locked", "job_after")] == [True, True]
     store.dispose()
     again.dispose()
+
+
+def test_a_statement_the_database_refuses_is_a_bug_not_a_database_that_failed(tmp_path: Path) -> None:
+    """SQLite says "no such column", "no such table", a syntax error and too many variables
+    with the same OperationalError as a full disk or a lock held too long. Those are this
+    GPUlayer's mistakes (or a schema it does not match), not a database that may work again
+    in a moment: they stay the driver's error, so that a server answers them 500 and logs
+    their traceback, and its clients do not retry them as an outage (HTTP 503) for 30 s."""
+    from sqlalchemy import exc, text
+
+    store = Store(f"sqlite:///{tmp_path / 'gl.db'}")
+    try:
+        for sql in ("SELECT no_such_column FROM gl_jobs", "SELECT 1 FROM no_such_table", "SELEC 1"):
+            with pytest.raises(exc.OperationalError), store.write() as s:
+                s.execute(text(sql))
+            with pytest.raises(exc.OperationalError), store.read() as s:
+                s.execute(text(sql))
+    finally:
+        store.dispose()
