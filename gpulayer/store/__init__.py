@@ -285,8 +285,9 @@ class Store:
         PostgreSQL server gone; not a statement it refused, see :func:`_refused`): nothing of
         it was stored. Said naming the database, in
         one line, not as the driver's traceback (see :class:`~gpulayer.errors.DatabaseFailed`)."""
-        why = " ".join(str(getattr(error, "orig", None) or error).split())
-        return DatabaseFailed(f"{self.named}: {why}", reason=why)
+        orig = getattr(error, "orig", None) or error
+        why = " ".join(str(orig).split())
+        return DatabaseFailed(f"{self.named}: {why}", reason=getattr(orig, "reason", why))
 
     def _connection(self, *, write: bool) -> contextlib.AbstractContextManager[tuple[Connection, Session]]:
         """A connection and a session on it for one transaction (``write``: it begins
@@ -439,6 +440,15 @@ class _Lent:
     def __exit__(self, *_exc: object) -> None:
         self.busy = False
 
+class _Locked(sqlite3.OperationalError):
+    """The database is locked (SQLite): another process held it too long. ``reason``: the
+    same without the file's path, for a server's clients (see :meth:`Store._failed`)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"the database is locked: {detail}")
+        self.reason = "the database is locked: another process held it too long"
+
+
 #: how long a new connection keeps trying to put the database in WAL mode while other
 #: processes hold it: SQLite's busy timeout
 _WAL_WAIT = 30.0
@@ -460,9 +470,8 @@ def _wal(cur: sqlite3.Cursor, path: str) -> None:
             if "locked" not in str(exc) and "busy" not in str(exc):
                 raise
             if time.monotonic() >= deadline:
-                raise sqlite3.OperationalError(
-                    f"the database is locked: {path} could not be put in WAL mode within {_WAL_WAIT:g} s "
-                    "(another process holds it)") from exc
+                raise _Locked(f"{path} could not be put in WAL mode within {_WAL_WAIT:g} s "
+                              "(another process holds it)") from exc
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
 
@@ -528,9 +537,8 @@ class _WriterLock:
                 return
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise sqlite3.OperationalError(
-                        f"the database is locked: another process has held {self.path} for "
-                        f"{self.WAIT:g} s (a process stopped while it writes?)") from None
+                    raise _Locked(f"another process has held {self.path} for {self.WAIT:g} s "
+                                  "(a process stopped while it writes?)") from None
                 # (a blocking flock has no timeout; the holder's writes take a millisecond)
                 time.sleep(pause)
                 pause = min(pause * 2, 0.005)

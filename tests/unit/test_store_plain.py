@@ -152,3 +152,35 @@ def test_a_statement_the_database_refuses_is_a_bug_not_a_database_that_failed(tm
                 s.execute(text(sql))
     finally:
         store.dispose()
+
+
+def test_a_server_says_a_lock_held_too_long_without_naming_its_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server answers DatabaseFailed with the database's own words and none of its paths
+    (its log names them); the writers' lock held too long by another process said its lock
+    file's path to every client: 'another process has held /srv/.../gpulayer.db.writers'."""
+    import fcntl
+    import os
+
+    from starlette.testclient import TestClient
+
+    from gpulayer.control import ControlPlane
+    from gpulayer.server.app import create_app
+    from gpulayer.store import _WriterLock
+
+    folder = tmp_path / "private-server-folder"
+    control = ControlPlane(Store(f"sqlite:///{folder / 'gpulayer.db'}"), heartbeat_timeout=30)
+    monkeypatch.setattr(_WriterLock, "WAIT", 0.2)
+    with TestClient(create_app(control, background=False)) as tc:
+        admin = {"authorization": f"Bearer {control.create_token(scope='admin').token}"}
+        fd = os.open(folder / "gpulayer.db.writers", os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # (another process, stopped while it writes)
+            answer = tc.post("/v1/jobs", headers=admin, json={"spec": {"kind": "command", "command": ["true"]}})
+        finally:
+            os.close(fd)
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "database_failed", answer.text
+    message = answer.json()["error"]["message"]
+    assert message.startswith("the server's database failed: the database is locked"), message
+    assert "private-server-folder" not in answer.text
+    control.store.dispose()
