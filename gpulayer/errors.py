@@ -255,6 +255,11 @@ class DatabaseFailed(GpulayerError):
         #: the database's own words ("database or disk is full"), without its name
         self.reason = reason or message
 
+    def for_clients(self) -> DatabaseFailed:
+        """The same as a server says it to its clients (its API's and its dashboard's): what
+        failed, naming none of the server's paths or URLs (its log names them)."""
+        return DatabaseFailed(f"the server's database failed: {self.reason}", reason=self.reason)
+
 
 class SubmitWhileImporting(GpulayerError):
     """A job was submitted by a module's top-level code while a worker imported that module

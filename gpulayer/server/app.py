@@ -218,7 +218,7 @@ async def _arguments(server: Server, request: Request, route: api.Route, tok: To
 def error_response(exc: GpulayerError) -> JSONResponse:
     if isinstance(exc, DatabaseFailed):  # (its log names the database; a client is told no path of ours)
         log.warning("%s", exc)
-        exc = DatabaseFailed(f"the server's database failed: {exc.reason}", reason=exc.reason)
+        exc = exc.for_clients()
     return JSONResponse({"error": exc.to_dict()}, status_code=exc.status_code)
 
 

@@ -25,7 +25,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from gpulayer.api import ListJobsQuery
-from gpulayer.errors import AuthError, BadRequest, GpulayerError, InvalidInput, NotFound, TooLarge
+from gpulayer.errors import AuthError, BadRequest, DatabaseFailed, GpulayerError, InvalidInput, NotFound, TooLarge
 from gpulayer.server.dashboard import live, views
 from gpulayer.server.dashboard.sessions import COOKIE, RECHECK_TOKEN, Login, Session, Sessions, safe_next
 from gpulayer.wording import Spelling, build
@@ -178,6 +178,9 @@ class Dashboard:
                                            "reload the page and try again.")
                 return await endpoint(request, session)
             except GpulayerError as exc:
+                if isinstance(exc, DatabaseFailed):  # (as the API says it: its log names the database)
+                    log.warning("%s", exc)
+                    exc = exc.for_clients()
                 return self._error(request, session, exc.status_code, str(exc))
             except Exception:  # a bug: say so without leaking internals
                 log.exception("%s %s failed", request.method, request.url.path)
