@@ -5,7 +5,8 @@ conventions (docs/cli.md, "Conventions", says the same for people):
 
 * **Exit codes** are the constants below, never bare numbers: 0 done, 2 bad input (any
   :class:`~gpulayer.errors.GpulayerError` that reaches :func:`gpulayer.cli.main`, but
-  :class:`~gpulayer.errors.ConnectionFailed`: :data:`EXIT_UNREACHABLE`), and for
+  :class:`~gpulayer.errors.ConnectionFailed`: :data:`EXIT_UNREACHABLE`, and
+  :class:`~gpulayer.errors.DatabaseFailed`: :data:`EXIT_FAILED`), and for
   commands that report on a job the job's outcome (:func:`exit_code_for`); a wait that ran
   out before the job ended exits :data:`EXIT_STILL_RUNNING`, never a failure code.
 * **``--json``**: every command that prints a result takes :func:`json_option` and prints
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
 
 #: the command did what was asked (for a job: the job succeeded)
 EXIT_OK = 0
-#: the job failed without an exit code of its own
+#: the job failed without an exit code of its own; or the control plane's database could not
+#: store what the command asked (:class:`~gpulayer.errors.DatabaseFailed`: a full disk)
 EXIT_FAILED = 1
 #: bad input (a flag, a spec, a bundle, an id that names nothing): the message names it
 EXIT_BAD_INPUT = 2
@@ -58,7 +60,8 @@ EXIT_READER_LEFT = _EXIT_READER_LEFT
 #: the exit-code table of docs/cli.md, as (code, meaning), for tests and ``--help`` text
 EXIT_CODES = (
     ("N", "the job ran: its own exit code (0 on success)"),
-    (str(EXIT_FAILED), "the job failed without an exit code of its own"),
+    (str(EXIT_FAILED), "the job failed without an exit code of its own; or the control plane's database "
+                       "could not store what the command asked (a full disk)"),
     (str(EXIT_BAD_INPUT), "bad input (a flag, a spec, a bundle, a job id): the message names it"),
     (str(EXIT_UNREACHABLE), "the control plane could not be reached (its retries ran out): try again"),
     (str(EXIT_STILL_RUNNING), "still running: the wait ended before the job did (not a failure)"),
