@@ -184,6 +184,9 @@ def _v11_to_v12(conn: Connection) -> None:
     if "log_chars" not in {c["name"] for c in inspect(conn).get_columns("gl_tasks")}:
         conn.execute(text("ALTER TABLE gl_tasks ADD COLUMN log_chars BIGINT NOT NULL DEFAULT 0"))
     _bundle_column(conn)  # (a schema 11 from before it)
+    # (and gl_job_after.any_end, which schema 11 also came without at first: 68c3ff8)
+    if "any_end" not in {c["name"] for c in inspect(conn).get_columns("gl_job_after")}:
+        conn.execute(text("ALTER TABLE gl_job_after ADD COLUMN any_end BOOLEAN NOT NULL DEFAULT FALSE"))
 
 
 #: MIGRATIONS[n] brings a database at version n to version n + 1.

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, func, select, update
+from sqlalchemy import event, func, inspect, select, update
 from starlette.testclient import TestClient
 
 from gpulayer import bundles, config
@@ -508,11 +508,14 @@ def test_a_database_at_schema_11_from_before_the_bundle_column_gets_it(store_url
         conn.exec_driver_sql("DROP INDEX ix_gl_jobs_bundle_digest")
         conn.exec_driver_sql("ALTER TABLE gl_jobs DROP COLUMN bundle_digest")
         conn.exec_driver_sql("ALTER TABLE gl_tasks DROP COLUMN log_chars")
+        conn.exec_driver_sql("ALTER TABLE gl_job_after DROP COLUMN any_end")  # (nor that one)
         conn.exec_driver_sql("UPDATE gl_schema SET version = 11")
     store.dispose()
     cp = ControlPlane(Store(store_url), heartbeat_timeout=10.0, clock=clock)
     try:
         assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 12
+        with cp.store.engine.connect() as conn:
+            assert "any_end" in {c["name"] for c in inspect(conn).get_columns("gl_job_after")}
         later = _run(cp, w)
         with cp.store.read() as s:
             assert dict(s.execute(select(JobRow.id, JobRow.bundle_digest)).all()) == {  # type: ignore[call-overload]
