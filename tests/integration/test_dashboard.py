@@ -307,7 +307,8 @@ def test_the_live_stream_of_an_ended_job_sends_its_state_and_ends(server: Server
                 events.append((str(name), json.loads(line[6:])))
     assert [n for n, _ in events] == ["regions", "end"]
     assert 'data-state="cancelled"' in events[0][1]["live_job_state"]
-    assert events[0][1]["live_job_actions"].strip() == ""  # no cancel button on an ended job
+    actions = events[0][1]["live_job_actions"]
+    assert "/cancel" not in actions and f'action="/jobs/{job_id}/rerun"' in actions  # an ended job runs again
 
 
 def test_a_waiting_job_shows_its_nearest_miss(server: ServerProc, admin: Api) -> None:
@@ -397,3 +398,22 @@ def test_a_job_that_runs_after_others_links_them_and_says_it_waits(server: Serve
     assert (f'<dt>Runs after the end of</dt><dd><a href="/jobs/{second}">{second}</a> (whatever their outcome)</dd>'
             in page)
     assert f"waiting for {first} to succeed and {second} to end first (it runs after them)" in page
+
+
+def test_an_ended_job_runs_again_from_its_page(server: ServerProc, admin: Api) -> None:
+    ended = submit(admin)
+    admin("POST", f"/v1/jobs/{ended}/cancel")
+    c = login(server, server.admin_token)
+    page = c.get(f"/jobs/{ended}").text
+    assert f'action="/jobs/{ended}/rerun"' in page and "Run again" in page
+    csrf = page.split('name="csrf" value="')[1].split('"')[0]
+    r = c.post(f"/jobs/{ended}/rerun", data={"csrf": csrf}, follow_redirects=False)
+    assert r.status_code == 303
+    new = r.headers["location"].rsplit("/", 1)[1]
+    assert new != ended and new.startswith("job-")
+    shown = c.get(f"/jobs/{new}").text
+    assert f"Job {ended} run again as {new}." in shown
+    assert f'action="/jobs/{new}/cancel"' in shown  # (queued: it can be cancelled, not run again)
+    waiting = c.post(f"/jobs/{new}/rerun", data={"csrf": csrf}, follow_redirects=False)
+    assert waiting.headers["location"].endswith(f"/jobs/{new}")
+    assert f"Job {new} is queued: a job is run again once it has ended." in c.get(f"/jobs/{new}").text

@@ -1,4 +1,4 @@
-"""The dashboard's routes: login and logout, the pages, cancel, and their live streams.
+"""The dashboard's routes: login and logout, the pages, cancel and run again, and their live streams.
 
 Every route in :data:`ROUTES` but the login form needs a session: a page without one
 redirects to the login (303, remembering where it was going), a form is refused the same
@@ -74,6 +74,7 @@ ROUTES: tuple[DashboardRoute, ...] = (
     DashboardRoute("jobs", "GET", "/jobs", "page"),
     DashboardRoute("job", "GET", "/jobs/{job_id}", "page"),
     DashboardRoute("cancel", "POST", "/jobs/{job_id}/cancel", "form"),
+    DashboardRoute("rerun", "POST", "/jobs/{job_id}/rerun", "form"),
     DashboardRoute("workers", "GET", "/workers", "page"),
     DashboardRoute("machines", "GET", "/machines", "page"),
     DashboardRoute("live_overview", "GET", "/live/overview", "live"),
@@ -323,6 +324,22 @@ class Dashboard:
 
         session.notice = await run_in_threadpool(run)
         return RedirectResponse(f"{root(request)}/jobs/{urllib.parse.quote(job_id)}", status_code=303, headers=HEADERS)
+
+    async def rerun(self, request: Request, session: Session) -> Response:
+        """Run an ended job again (gpulayer jobs rerun): the new job's page, or the job's with why not."""
+        job_id = request.path_params["job_id"]
+
+        def run() -> tuple[str, str]:
+            before = views.visible_job(self.control, session.identity, job_id, arguments=False)
+            if not before.state.terminal:
+                return job_id, f"Job {job_id} is {before.state.value}: a job is run again once it has ended."
+            new = self.control.rerun_jobs([job_id], owner=session.identity.owner).rerun.get(job_id)
+            if new is None:  # (it ended and was deleted meanwhile)
+                return job_id, f"Job {job_id} could not be run again."
+            return new, f"Job {job_id} run again as {new}."
+
+        shown, session.notice = await run_in_threadpool(run)
+        return RedirectResponse(f"{root(request)}/jobs/{urllib.parse.quote(shown)}", status_code=303, headers=HEADERS)
 
     async def workers(self, request: Request, session: Session) -> Response:
         context = {**self._base(request, session, "workers"), "live": f"{root(request)}/live/workers"}
