@@ -185,8 +185,9 @@ class RemoteFunction(Generic[T]):
 
         if call is not None:
             self._bind(args, kwargs, call)
-        check_json(list(args), "args")
-        check_json(dict(kwargs), "kwargs")
+        named = f"{call}: " if call else ""  # (.map() names the call itself)
+        check_json(list(args), f"{named}args")
+        check_json(dict(kwargs), f"{named}kwargs")
         options = cast("JobOptions", {**self._options, "bundle": self._bundle,
                                       "name": self._options.get("name") or self.function})
         return joboptions.function_job(self.function, args, kwargs, options, remote_spelling(self._call),

@@ -578,6 +578,11 @@ def _json_problem(value: Any, depth: int) -> tuple[list[str | int], str] | None:
                 found[0].append(key)
                 return found
         return None
+    if type(value).__name__ == "JobHandle" and type(value).__module__ == "gpulayer.sdk":
+        return [], (f"a JobHandle ({getattr(value, 'id', '?')}) is not JSON; a handle does not stand for its "
+                    "job's result here as a Ray ObjectRef does: pass the result (h.result(), which waits for "
+                    "it), or run after the job and pass its id (f.options(after=h).remote(h.id)), which the "
+                    "function reads with gl.get_job(job_id).result()")
     hint = ""
     if callable(value):
         hint = " (functions, lambdas and closures cannot be sent: see docs/adr/0002-json-only-arguments.md)"

@@ -156,7 +156,7 @@ PYTHON_BAD: list[tuple[Callable[[], object], type[Exception], str]] = [
     (lambda: gl.remote(on_unschedulable="sometimes")(double), InvalidInput,
      "@gl.remote(on_unschedulable='sometimes'): not one of the choices; accepted: fail or wait"),
     (lambda: gl.remote(double).spec("\udcff"), InvalidArgument,
-     "args[0]: '\\udcff' is not valid UTF-8 (a lone surrogate '\\udcff' at index 0); accepted: valid Unicode text"),
+     "double.spec(): args[0]: '\\udcff' is not valid UTF-8 (a lone surrogate '\\udcff' at index 0); accepted: valid Unicode text"),
     (lambda: gl.remote(gpus_per_node=1)(double), InvalidArgument,  # type: ignore[call-arg]
      "@gl.remote: unknown option(s) gpus_per_node (did you mean gpus?); accepted: accelerator, after, after_ended, "
      "allow_unknown_accelerator, bundle, compute_capability, cpus, env, fallback_targets, frameworks, gpus, labels, "
