@@ -29,7 +29,7 @@ def lint(session: nox.Session) -> None:
 def types(session: nox.Session) -> None:
     _install(session)
     session.install("mypy", "types-psutil", "types-paramiko")  # (the stubs the dev extra names)
-    session.run("mypy")  # files: gpulayer and plugins (pyproject.toml)
+    session.run("mypy")  # files: gpulayer, plugins and tests/typing (pyproject.toml)
 
 
 @nox.session

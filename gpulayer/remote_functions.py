@@ -22,7 +22,7 @@ import sys
 import sysconfig
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast, overload
 
 from gpulayer.errors import InvalidArgument
 from gpulayer.worker.function_runner import IMPORTING_ENV as IMPORTING_JOB_MODULE
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["RemoteFunction", "function_reference", "remote", "warm"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 ADR = "docs/adr/0002-json-only-arguments.md"
 
 
@@ -143,10 +144,13 @@ def _main_guards(file: str) -> tuple[tuple[int, int], ...]:
     return tuple(guards)
 
 
-class RemoteFunction(Generic[T]):
-    """A function that runs here when called and on a worker with ``.remote()``."""
+class RemoteFunction(Generic[P, T]):
+    """A function that runs here when called and on a worker with ``.remote()``.
 
-    def __init__(self, fn: Callable[..., T], options: JobOptions, *, call: str = "@gl.remote") -> None:
+    Typed as the function it wraps (as Ray's remote functions are): ``.remote()`` takes its
+    parameters and returns a ``JobHandle[T]`` whose ``result()`` is the function's ``T``."""
+
+    def __init__(self, fn: Callable[P, T], options: JobOptions, *, call: str = "@gl.remote") -> None:
         self._fn = fn
         self.function, default_bundle = function_reference(fn)
         #: how errors name the call its options were given to (``train.options`` for one
@@ -164,10 +168,10 @@ class RemoteFunction(Generic[T]):
             self._spec([], {}, check_installed=False)
         functools.update_wrapper(self, fn)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> T:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> T:
         return self._fn(*args, **kwargs)
 
-    def options(self, **overrides: Unpack[JobOptions]) -> RemoteFunction[T]:
+    def options(self, **overrides: Unpack[JobOptions]) -> RemoteFunction[P, T]:
         """The function with these options changed, for the calls made through what this
         returns (as Ray's ``.options()``): ``train.options(gpus=2, after=prep).remote(cfg)``."""
         call = f"{self.function.partition(':')[2]}.options"
@@ -216,14 +220,14 @@ class RemoteFunction(Generic[T]):
                                      return_annotation=signature.empty)  # (a string annotation reads 'int')
             raise InvalidArgument(f"{call + ': ' if call else ''}{exc}; it takes {self._fn.__name__}{bare}") from None
 
-    def remote(self, *args: Any, **kwargs: Any) -> JobHandle:
+    def remote(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle[T]:
         """Submit ``fn(*args, **kwargs)`` as a FunctionJob; returns its handle at once."""
         from gpulayer.sdk import _submit
 
         name = self.function.partition(':')[2]
         return _submit(self._spec(list(args), dict(kwargs), call=f"{name}.remote()"), None, f"{name}.remote()")
 
-    def map(self, *iterables: Iterable[Any]) -> list[JobHandle]:
+    def map(self, *iterables: Iterable[Any]) -> list[JobHandle[T]]:
         """Submit ``fn(x)`` for each ``x`` of one iterable (``fn(x, y)`` for each pair of two
         iterables of the same length, and so on) as FunctionJobs at once
         (:func:`gpulayer.submit_many`); returns their handles, in order."""
@@ -250,7 +254,7 @@ class RemoteFunction(Generic[T]):
                 raise InvalidArgument(f"{self.function}.map(): call {i} (item {i} of {each}): {exc}") from None
         return _submit_many(specs, None, f"{self.function.partition(':')[2]}.map()")
 
-    def spec(self, *args: Any, **kwargs: Any) -> FunctionJob:
+    def spec(self, *args: P.args, **kwargs: P.kwargs) -> FunctionJob:
         """The FunctionJob ``.remote()`` would submit (for inspection and dry runs)."""
         return self._spec(list(args), dict(kwargs), call=f"{self.function.partition(':')[2]}.spec()")
 
@@ -279,7 +283,15 @@ def check_remote_options(options: dict[str, Any], call: str) -> None:
     joboptions.check_option_names(options, remote_options(), call, renamed={"gpus_per_node": "gpus"})
 
 
-def remote(fn: Callable[..., T] | None = None, **options: Unpack[JobOptions]) -> Any:
+@overload
+def remote(fn: Callable[P, T], /) -> RemoteFunction[P, T]: ...
+
+
+@overload
+def remote(fn: None = None, /, **options: Unpack[JobOptions]) -> Callable[[Callable[P, T]], RemoteFunction[P, T]]: ...
+
+
+def remote(fn: Callable[P, T] | None = None, /, **options: Unpack[JobOptions]) -> Any:
     """Decorator: ``@gl.remote`` or ``@gl.remote(accelerator="cuda", gpus=1, ...)``.
 
     Options (:class:`~gpulayer.joboptions.JobOptions`, the same as ``gpulayer submit``'s
@@ -296,7 +308,7 @@ def remote(fn: Callable[..., T] | None = None, **options: Unpack[JobOptions]) ->
     if fn is not None:
         return RemoteFunction(fn, options)
 
-    def wrap(f: Callable[..., T]) -> RemoteFunction[T]:
+    def wrap(f: Callable[P, T]) -> RemoteFunction[P, T]:
         return RemoteFunction(f, options)
 
     return wrap

@@ -15,7 +15,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from gpulayer import leaving
 from gpulayer.api import MAX_BATCH, MAX_LONG_POLL
@@ -51,13 +51,18 @@ from gpulayer.unsent import UnsentFileWarning, note, unsent_in_specs
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+T = TypeVar("T")
+
 __all__ = ["JobHandle", "RemoteFunction", "as_completed", "cancel", "connect", "explain", "function_reference",
            "get_job", "remote", "submit", "submit_many", "wait", "warm"]
 
 
 
-class JobHandle:
+class JobHandle(Generic[T]):
     """A submitted job: ``id``, ``status()``, ``result()``, ``logs()``, ``cancel()``.
+
+    ``JobHandle[T]``: ``result()`` is a ``T``, the return type of the ``@gl.remote`` function
+    whose ``.remote()`` made it (``Any`` for a handle of a spec or of ``gl.get_job``).
 
     Two handles of one job are equal and hash alike (``gl.get_job(ID)`` twice, the handle
     ``.remote()`` returned, one read back from a pickle), as Ray's ObjectRefs are: a handle is
@@ -105,14 +110,14 @@ class JobHandle:
             raise TimeoutError(f"job {self.id} is still {job.state.value} after {timeout} s")
         return job
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> T:
         """Wait for the job; return a function's JSON result (or a command's exit code).
 
         A function that raised comes back as :class:`RemoteError` with the remote type,
         message and traceback; a job no worker could run as :class:`Unschedulable`; any other
         unsuccessful end as :class:`JobFailed` (of which both are kinds).
         """
-        return result_of(self._ended(wait_limit(timeout, "handle.result"), arguments=False))  # (not the arguments)
+        return cast("T", result_of(self._ended(wait_limit(timeout, "handle.result"), arguments=False)))
 
     def logs(self, node: int | None = None) -> str:
         """The output so far; lines of a job of several nodes are prefixed ``[node R]``, as
@@ -174,7 +179,7 @@ def _note_unsent(specs: Iterable[CommandJob | FunctionJob | DistributedJob], who
         warnings.warn(f"{who}: {note(unsent, cli=False)}", UnsentFileWarning, stacklevel=level)
 
 
-def get_job(job_id: str) -> JobHandle:
+def get_job(job_id: str) -> JobHandle[Any]:
     """The handle of a job submitted before, here or elsewhere (another process, ``gpulayer
     submit``), by its id (``h.id``, ``gpulayer jobs list``), on the default control plane. A
     job it does not have is :class:`~gpulayer.errors.NotFound` at the handle's first use."""
@@ -186,7 +191,7 @@ def get_job(job_id: str) -> JobHandle:
     return JobHandle(job_id.strip())
 
 
-def submit(spec: CommandJob | FunctionJob | DistributedJob, *, client: Client | None = None) -> JobHandle:
+def submit(spec: CommandJob | FunctionJob | DistributedJob, *, client: Client | None = None) -> JobHandle[Any]:
     """Submit a job spec; returns its handle.
 
     With ``on_unschedulable="fail"`` (the default) a job no registered worker could ever
@@ -195,7 +200,7 @@ def submit(spec: CommandJob | FunctionJob | DistributedJob, *, client: Client | 
     return _submit(spec, client, "gl.submit")
 
 
-def _submit(spec: CommandJob | FunctionJob | DistributedJob, client: Client | None, who: str) -> JobHandle:
+def _submit(spec: CommandJob | FunctionJob | DistributedJob, client: Client | None, who: str) -> JobHandle[Any]:
     """:func:`submit`, its warnings saying ``who`` submitted (``train.remote()``)."""
     if not isinstance(spec, (CommandJob, FunctionJob, DistributedJob)):
         raise InvalidArgument(f"{who}: the spec is {type(spec).__name__}; accepted: CommandJob, FunctionJob, "
@@ -210,7 +215,7 @@ def _submit(spec: CommandJob | FunctionJob | DistributedJob, client: Client | No
 
 
 def submit_many(specs: Iterable[CommandJob | FunctionJob | DistributedJob], *,
-                client: Client | None = None) -> list[JobHandle]:
+                client: Client | None = None) -> list[JobHandle[Any]]:
     """Submit many job specs at once; returns their handles, in order.
 
     Far cheaper than a loop of :func:`submit`: the specs are stored in one transaction
@@ -225,7 +230,7 @@ def submit_many(specs: Iterable[CommandJob | FunctionJob | DistributedJob], *,
 
 
 def _submit_many(specs: Iterable[CommandJob | FunctionJob | DistributedJob], client: Client | None,
-                 who: str) -> list[JobHandle]:
+                 who: str) -> list[JobHandle[Any]]:
     """:func:`submit_many`, its warnings saying ``who`` submitted (``train.map()``)."""
     if isinstance(specs, (CommandJob, FunctionJob, DistributedJob)):
         raise InvalidArgument("gl.submit_many: specs is one job spec; pass a list of them (or use gl.submit)")
@@ -280,7 +285,7 @@ def explain(what: Any, *, client: Client | None = None, **options: Unpack[JobOpt
     return e
 
 
-def wait(handles: Iterable[JobHandle], timeout: float | None = None) -> list[JobRecord]:
+def wait(handles: Iterable[JobHandle[Any]], timeout: float | None = None) -> list[JobRecord]:
     """Wait for every handle; returns their records in the same order.
 
     Many jobs are waited for together (``wait_jobs``, up to :data:`~gpulayer.api.MAX_BATCH`
@@ -313,7 +318,7 @@ def _wait_for(client: Client, pending: list[str], records: dict[str, JobRecord],
                                + (f" ({len(pending) - 1} more not ended)" if len(pending) > 1 else ""))
 
 
-def cancel(handles: Iterable[JobHandle]) -> list[JobRecord]:
+def cancel(handles: Iterable[JobHandle[Any]]) -> list[JobRecord]:
     """Cancel every handle's job (``handle.cancel()`` for each, together); returns their
     records in the same order, without tasks, results or arguments (``state`` is
     ``cancelled`` for a job that had not started, and stays ``running`` until the processes
@@ -330,7 +335,7 @@ def cancel(handles: Iterable[JobHandle]) -> list[JobRecord]:
     return [records[h.id] for h in hs]
 
 
-def as_completed(handles: Iterable[JobHandle], timeout: float | None = None) -> Iterator[JobHandle]:
+def as_completed(handles: Iterable[JobHandle[T]], timeout: float | None = None) -> Iterator[JobHandle[T]]:
     """Yield handles as their jobs end, first finished first (those that end between two
     looks in the order given). One look at up to :data:`~gpulayer.api.MAX_BATCH` jobs waits
     for the first of them to end (``wait_jobs``). A job given twice (two equal handles) is
@@ -371,7 +376,7 @@ def client_for(client: Any, who: str) -> Client:
     return client
 
 
-def _listed(handles: Iterable[JobHandle], what: str) -> list[JobHandle]:
+def _listed(handles: Iterable[JobHandle[T]], what: str) -> list[JobHandle[T]]:
     """The handles as a list; one handle (or one id) alone is refused, naming ``what``."""
     if isinstance(handles, (JobHandle, str)):
         raise InvalidArgument(f"{what}: {handles!r} is one {'handle' if isinstance(handles, JobHandle) else 'string'}; "
@@ -379,7 +384,7 @@ def _listed(handles: Iterable[JobHandle], what: str) -> list[JobHandle]:
     return list(handles)
 
 
-def _groups(handles: list[JobHandle], what: str = "gl.wait") -> list[tuple[Client, list[str]]]:
+def _groups(handles: list[JobHandle[Any]], what: str = "gl.wait") -> list[tuple[Client, list[str]]]:
     """The handles' job ids by the client they were submitted through, each id once, in
     runs of at most :data:`~gpulayer.api.MAX_BATCH`; anything but a handle is refused,
     naming ``what`` was called."""
@@ -390,7 +395,7 @@ def _groups(handles: list[JobHandle], what: str = "gl.wait") -> list[tuple[Clien
             for i in range(0, len(ids), MAX_BATCH)]
 
 
-def _checked(handles: list[JobHandle], what: str) -> list[JobHandle]:
+def _checked(handles: list[JobHandle[T]], what: str) -> list[JobHandle[T]]:
     """``handles``, where each is a handle; anything else is refused, naming ``what``."""
     for h in handles:
         if not isinstance(h, JobHandle):
@@ -399,7 +404,7 @@ def _checked(handles: list[JobHandle], what: str) -> list[JobHandle]:
     return handles
 
 
-def _ended(handles: list[JobHandle], wait: float) -> set[str]:
+def _ended(handles: list[JobHandle[Any]], wait: float) -> set[str]:
     """The ids of those of these jobs that have ended, waiting up to ``wait`` seconds for
     one to: the other runs of ids are looked at without waiting, and the wait on the first
     run is kept short (1 s) while there are others, so that each is looked at that often."""
