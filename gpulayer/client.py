@@ -561,17 +561,29 @@ def http_client(url: str, *, token: str | None = None, ca: str | None = None,
 
 _clients: dict[tuple[str | None, str | None, str], Client] = {}
 _clients_lock = threading.Lock()
+#: the ``url`` and ``token`` the last :func:`connect` that named one of them was given: what a
+#: call naming neither (``.remote()``, ``gl.submit``, ``gl.get_job``) connects to since
+_chosen: tuple[str | None, str | None] | None = None
 
 
 def connect(url: str | None = None, token: str | None = None) -> Client:
     """The client for ``url`` (default ``$GPULAYER_URL``; none means embedded).
 
-    Calls with the same settings return the same client, so the SDK keeps one in-process
-    worker and one connection pool per process. A client made for other settings stays
-    open for the job handles that use it; :func:`reset` (and the end of the process)
-    closes them all.
+    A call that names ``url`` or ``token`` also makes that control plane the process's
+    default, as ``ray.init(address=...)`` does: ``.remote()``, ``gl.submit``, ``gl.get_job``
+    and every later ``connect()`` naming neither use it (until another such call, or
+    :func:`reset`), where before they kept to ``$GPULAYER_URL``, or the embedded one, and a
+    script's jobs ran on its own machine. Calls with the same settings return the same
+    client, so the SDK keeps one in-process worker and one connection pool per process. A
+    client made for other settings stays open for the job handles that use it; :func:`reset`
+    (and the end of the process) closes them all.
     """
+    global _chosen
     env = config.settings()
+    if url is not None or token is not None:
+        _chosen = (url, token)
+    elif _chosen is not None:
+        url, token = _chosen
     url = url if url is not None else env.url
     token = token if token is not None else env.token
     key = (url, token, str(config.home()) if url is None else "")
@@ -587,8 +599,11 @@ def connect(url: str | None = None, token: str | None = None) -> Client:
 
 
 def reset() -> None:
-    """Close and forget every client of this process (tests)."""
+    """Close and forget every client of this process, and the default :func:`connect` was
+    given (tests)."""
+    global _chosen
     with _clients_lock:
+        _chosen = None
         clients = list(_clients.values())
         _clients.clear()
     for c in clients:
