@@ -15,7 +15,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from gpulayer import leaving
 from gpulayer.api import MAX_BATCH, MAX_LONG_POLL
@@ -285,14 +285,30 @@ def explain(what: Any, *, client: Client | None = None, **options: Unpack[JobOpt
     return e
 
 
-def wait(handles: Iterable[JobHandle[Any]], timeout: float | None = None) -> list[JobRecord]:
-    """Wait for every handle; returns their records in the same order.
+@overload
+def wait(handles: Iterable[JobHandle[Any]], timeout: float | None = None) -> list[JobRecord]: ...
 
-    Many jobs are waited for together (``wait_jobs``, up to :data:`~gpulayer.api.MAX_BATCH`
-    a call), not one after another: one read looks at all of them, and a server answers
-    one long poll for all of them."""
+
+@overload
+def wait(handles: Iterable[JobHandle[T]], timeout: float | None = None, *,
+         num_returns: int) -> tuple[list[JobHandle[T]], list[JobHandle[T]]]: ...
+
+
+def wait(handles: Iterable[JobHandle[Any]], timeout: float | None = None, *,
+         num_returns: int | None = None) -> list[JobRecord] | tuple[list[JobHandle[Any]], list[JobHandle[Any]]]:
+    """Wait for every handle; returns their records in the same order (a job still running
+    after ``timeout`` seconds: :class:`TimeoutError`).
+
+    With ``num_returns``, as Ray's ``ray.wait``: wait until that many of the jobs have ended,
+    or ``timeout`` ran out, and return ``(ended, not_ended)``, two lists of handles in the
+    order given, the first of at most ``num_returns`` (fewer where time ran out: no error);
+    a job given twice counts once. Many jobs are waited for together (``wait_jobs``, up to
+    :data:`~gpulayer.api.MAX_BATCH` a call), not one after another: one read looks at all of
+    them, and a server answers one long poll for all of them."""
     hs = _listed(handles, "gl.wait")
     timeout = wait_limit(timeout, "gl.wait")
+    if num_returns is not None:
+        return _wait_some(hs, num_returns, timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     records: dict[str, JobRecord] = {}
     for client, ids in _groups(hs):
@@ -300,6 +316,29 @@ def wait(handles: Iterable[JobHandle[Any]], timeout: float | None = None) -> lis
         with lent_while_waiting(client, timeout):  # (in a task: its slot is lent meanwhile)
             _wait_for(client, ids, records, deadline, timeout)
     return [records[h.id] for h in hs]
+
+
+def _wait_some(handles: list[JobHandle[T]], num_returns: Any,
+               timeout: float | None) -> tuple[list[JobHandle[T]], list[JobHandle[T]]]:
+    """:func:`wait` with ``num_returns``: ``(ended, not_ended)``, as ``ray.wait``."""
+    given = list(dict.fromkeys(_checked(handles, "gl.wait")))
+    if not given:
+        return [], []
+    if isinstance(num_returns, bool) or not isinstance(num_returns, int) or not 1 <= num_returns <= len(given):
+        raise InvalidArgument(f"gl.wait(num_returns={num_returns!r}): accepted: a whole number from 1 to "
+                              f"{len(given)}, the number of jobs given")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    ended: set[str] = set()
+    pending = given
+    while True:
+        remaining = MAX_LONG_POLL if deadline is None else max(0.0, min(MAX_LONG_POLL, deadline - time.monotonic()))
+        ended |= _ended(pending, remaining)
+        pending = [h for h in pending if h.id not in ended]
+        if len(given) - len(pending) >= num_returns or (deadline is not None and time.monotonic() >= deadline):
+            break
+    ready = [h for h in given if h.id in ended][:num_returns]
+    chosen = {h.id for h in ready}
+    return ready, [h for h in given if h.id not in chosen]
 
 
 def _wait_for(client: Client, pending: list[str], records: dict[str, JobRecord], deadline: float | None,

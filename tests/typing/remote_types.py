@@ -34,6 +34,7 @@ def typed_calls() -> None:
     assert_type(words.remote("a b", upper=True).result(), list[str])
     assert_type(gl.get_job("job-0123456789ab"), gl.JobHandle[Any])
     assert_type(gl.wait([h]), list[JobRecord])
+    assert_type(gl.wait([h], num_returns=1, timeout=5), tuple[list[gl.JobHandle[int]], list[gl.JobHandle[int]]])
     assert_type(next(gl.as_completed([h])), gl.JobHandle[int])
     square.remote("three")  # type: ignore[arg-type]
     words.remote("a", lower=True)  # type: ignore[call-arg]

@@ -5,13 +5,18 @@ before ``.remote()``. Each test is a defect found by trying those idioms."""
 from __future__ import annotations
 
 import pickle
+import threading
 
 import pytest
 
 import gpulayer as gl
 from gpulayer import client as client_mod
 from gpulayer.errors import ConnectionFailed, InvalidArgument
+from gpulayer.specs import CommandJob, Placement
 from tests.server_support import free_port
+
+#: no worker serves the remote target in an embedded home: such a job stays queued
+REMOTE_WAIT = Placement(target="remote", on_unschedulable="wait")
 
 
 def add(a, b):  # type: ignore[no-untyped-def]
@@ -53,3 +58,26 @@ def test_connect_naming_a_server_makes_it_where_remote_calls_go(gpulayer_isolate
         gl.submit(gl.CommandJob(command=["true"]))
     client_mod.reset()  # (forgets the choice: back to $GPULAYER_URL, here none: embedded)
     assert gl.connect().embedded and gl.connect().api.list_jobs() == []
+
+
+def test_wait_with_num_returns_answers_ended_and_not_ended_handles_as_ray_wait_does(
+        gpulayer_isolated: None) -> None:
+    """``ready, not_ready = gl.wait(handles, num_returns=1, timeout=5)`` (``ray.wait``) was a
+    TypeError; ``gl.wait`` without it waits for all of them and answers their records."""
+    a, b, c = gl.submit_many([CommandJob(command=["true"], placement=REMOTE_WAIT) for _ in range(3)])
+    try:
+        b.cancel()
+        assert gl.wait([a, b, c], num_returns=1) == ([b], [a, c])
+        # time runs out: what ended by then, and no error (as ray.wait)
+        assert gl.wait([a, b, c], num_returns=2, timeout=0.2) == ([b], [a, c])
+        assert gl.wait([a, b, c], num_returns=2, timeout=0) == ([b], [a, c])
+        threading.Timer(0.3, a.cancel).start()
+        assert gl.wait([c, b, a], num_returns=2, timeout=60) == ([b, a], [c])  # (in the order given)
+        assert gl.wait([a, b, c], num_returns=1) == ([a], [b, c])  # (at most num_returns ended)
+        assert gl.wait([], num_returns=1) == ([], [])
+        for bad in (0, 4, True, 1.5, "2"):
+            with pytest.raises(InvalidArgument, match=rf"^gl.wait\(num_returns={bad!r}\): accepted: a whole number "
+                                                      r"from 1 to 3, the number of jobs given"):
+                gl.wait([a, b, c], num_returns=bad)  # type: ignore[call-overload]
+    finally:
+        gl.cancel([a, b, c])
