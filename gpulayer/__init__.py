@@ -39,6 +39,18 @@ if TYPE_CHECKING:
     from gpulayer.unsent import UnsentFileWarning
 
 
+#: Ray's names a user coming from Ray reaches for, and what to write here instead
+_RAY_NAMES = {
+    "get": "for Ray's ray.get(refs), a handle's result is h.result(): [h.result() for h in handles]; "
+           "gl.wait(handles) answers their records, gl.as_completed(handles) each as it ends",
+    "init": "for Ray's ray.init(address=...), gl.connect(url=..., token=...) (or GPULAYER_URL and "
+            "GPULAYER_TOKEN); with neither, jobs run on the embedded control plane",
+    "put": "arguments and results are JSON, sent with each call (docs/adr/0002-json-only-arguments.md): "
+           "large data belongs in the bundle, a file or a URL the job reads",
+    "kill": "for Ray's ray.kill/ray.cancel, h.cancel() or gl.cancel(handles)",
+}
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is not None:
@@ -47,7 +59,8 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), name)
         globals()[name] = value  # the next look-up is a plain attribute
         return value
-    raise AttributeError(f"module 'gpulayer' has no attribute {name!r}")
+    hint = _RAY_NAMES.get(name)
+    raise AttributeError(f"module 'gpulayer' has no attribute {name!r}" + (f"; {hint}" if hint else ""))
 
 
 def __dir__() -> list[str]:

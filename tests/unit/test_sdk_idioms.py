@@ -81,3 +81,19 @@ def test_wait_with_num_returns_answers_ended_and_not_ended_handles_as_ray_wait_d
                 gl.wait([a, b, c], num_returns=bad)  # type: ignore[call-overload]
     finally:
         gl.cancel([a, b, c])
+
+
+@pytest.mark.parametrize(("name", "hint"), [
+    ("get", "[h.result() for h in handles]"),
+    ("init", "gl.connect(url=..., token=...)"),
+    ("put", "JSON"),
+    ("kill", "gl.cancel(handles)"),
+])
+def test_a_ray_name_gpulayer_lacks_says_what_to_use(name: str, hint: str) -> None:
+    """``gl.get(handles)`` said only "module 'gpulayer' has no attribute 'get'"."""
+    with pytest.raises(AttributeError) as info:
+        getattr(gl, name)
+    message = str(info.value)
+    assert message.startswith(f"module 'gpulayer' has no attribute {name!r}; ") and hint in message
+    with pytest.raises(AttributeError, match=r"^module 'gpulayer' has no attribute 'nothing'$"):
+        gl.nothing  # type: ignore[attr-defined]  # noqa: B018
