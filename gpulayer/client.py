@@ -584,6 +584,7 @@ def connect(url: str | None = None, token: str | None = None) -> Client:
         _chosen = (url, token)
     elif _chosen is not None:
         url, token = _chosen
+    given = _chosen is not None and (url, token) == _chosen  # (the program named them: its errors say so)
     url = url if url is not None else env.url
     token = token if token is not None else env.token
     key = (url, token, str(config.home()) if url is None else "")
@@ -595,6 +596,9 @@ def connect(url: str | None = None, token: str | None = None) -> Client:
             else:
                 client = http_client(url, token=token, ca=env.ca)
             _clients[key] = client
+        if given and client.control is None:  # (the HTTP client's)
+            client.api.given_in = "gl.connect"  # type: ignore[attr-defined]
+            client.api.token_given = _chosen is not None and _chosen[1] is not None  # type: ignore[attr-defined]
         return client
 
 

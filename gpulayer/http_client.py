@@ -232,6 +232,11 @@ class HttpAPI:
         self.token = token
         #: the file the token was read from, where it came from none of the settings
         self.token_from: str | None = None
+        #: how the program named the server and its token, where it did (``gl.connect``): a
+        #: refused token's hint names that, not the settings
+        self.given_in: str | None = None
+        #: whether the token was named there too (not read from GPULAYER_TOKEN)
+        self.token_given = False
         self.retry_for = retry_for
         verify = True if transport is not None else tls_verify(self.url, ca)
         self.http = httpx.Client(base_url=self.url, verify=verify, transport=transport,
@@ -278,9 +283,14 @@ class HttpAPI:
                         # (the hint names the settings; this token came from neither)
                         error.args = (str(error).replace("check GPULAYER_TOKEN / --token",
                                                          f"the admin token read from {self.token_from}"),)
+                    elif isinstance(error, AuthError) and token and token == self.token and self.token_given:
+                        # (the program gave it: the settings are not where it is wrong)
+                        error.args = (str(error).replace("check GPULAYER_TOKEN / --token",
+                                                         f"check the token given to {self.given_in}(token=...)"),)
                     elif isinstance(error, AuthError) and not token and str(error).startswith("missing token"):
                         # (the server's words are for HTTP: a user of this client gave no setting)
-                        error.args = (f"missing token: {self.url} needs one; give --token TOKEN or set "
+                        give = f"give it as {self.given_in}(token=...)" if self.given_in else "give --token TOKEN"
+                        error.args = (f"missing token: {self.url} needs one; {give} or set "
                                       "GPULAYER_TOKEN (what gpulayer token create printed)",)
                     raise error
             time.sleep(delay)
