@@ -141,7 +141,7 @@ class JobHandle(Generic[T]):
     def cancel(self) -> str:
         return self._client.api.cancel(self.id).state.value
 
-    def rerun(self, *, downstream: bool = False) -> JobHandle:
+    def rerun(self, *, downstream: bool = False) -> JobHandle[T]:
         """Run this ended job again as a new job, with its spec and arguments: its handle
         (``downstream``: and the ended jobs that run after it, naming the new one)."""
         answer = self._client.rerun([self.id], downstream=downstream)
@@ -149,7 +149,7 @@ class JobHandle(Generic[T]):
             state = answer.not_ended.get(self.id)
             raise InvalidInput(f"{self.id} is {state.value if state else 'gone'}: a job is run again once it has ended"
                                + (" (h.cancel() first)" if state else ""))
-        return JobHandle(answer.rerun[self.id], self._client)
+        return JobHandle[T](answer.rerun[self.id], self._client)
 
 
 def result_of(job: JobRecord) -> Any:
