@@ -185,7 +185,7 @@ def test_result_reads_the_outcome_without_the_arguments_and_falls_back_where_not
     handle = countmod.count.remote(list(range(5)), b=1, a=2)
     # checked where .remote() was called, and by the submit (an in-process caller's spec
     # may change after it was built: see the test above)
-    assert walked == ["args", "kwargs"] * 2
+    assert walked == ["count.remote(): args", "count.remote(): kwargs", "args", "kwargs"]
     assert submits == [False]  # (its answer without them: the handle needs its id and state)
     real = client.api.wait_job
     asked: list[object] = []
