@@ -191,6 +191,20 @@ def tls_verify(url: str, ca: str | None) -> ssl.SSLContext | bool:
     return True
 
 
+def _tls_refused(exc: BaseException) -> str:
+    """Why a TLS handshake that no retry can mend failed (a hint for the user), or '': a
+    certificate this client does not trust, or TLS spoken to a server that speaks plain HTTP.
+    A server that restarts refuses connections instead, and those are retried."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return " (the server's certificate is not one this client trusts: give its CA with --ca / GPULAYER_CA)"
+        if isinstance(cause, ssl.SSLError) and cause.reason == "WRONG_VERSION_NUMBER":
+            return " (the server does not speak TLS there: an http:// URL?)"
+        cause = cause.__cause__ or cause.__context__
+    return ""
+
+
 def error_from_response(resp: httpx.Response) -> GpulayerError:
     status = resp.status_code
     try:
@@ -269,9 +283,10 @@ class HttpAPI:
                                          headers=headers, timeout=timeout)
             except httpx.TransportError as exc:
                 retryable = route.safe or isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
-                if not retryable or time.monotonic() + delay > deadline:
+                refused = _tls_refused(exc)
+                if refused or not retryable or time.monotonic() + delay > deadline:
                     raise ConnectionFailed(f"cannot reach the control plane at {self.url}: "
-                                           f"{type(exc).__name__}: {exc}") from None
+                                           f"{type(exc).__name__}: {exc}{refused}") from None
             else:
                 if resp.status_code in ok:
                     return resp
