@@ -14,9 +14,10 @@ waits for a worker to come (back).
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from sqlmodel import Session
 
@@ -29,6 +30,8 @@ from gpulayer.scheduling import nearest
 from gpulayer.scheduling.shapes import Shape, shape_of
 from gpulayer.specs import JobSpec
 from gpulayer.store import mapping, marks, plain, queries
+
+log = logging.getLogger("gpulayer.control")
 
 #: records an event in the transaction: ``event(s, kind, job_id=..., message=...)``
 EventSink = Callable[..., None]
@@ -278,8 +281,9 @@ def assign(s: Session, job: plain.Job, spec: JobSpec, a: scheduling.Assignment, 
     rdzv = None
     if spec.kind == "distributed":
         rank0 = next(n for n in a.nodes if n.node_rank == 0)
-        rdzv = Rendezvous(master_addr=addresses.get(rank0.worker_id, "127.0.0.1"),
-                          master_port=rendezvous_port(), nnodes=len(a.nodes),
+        master_addr = addresses.get(rank0.worker_id, "127.0.0.1")
+        rdzv = Rendezvous(master_addr=master_addr, master_port=rendezvous_port(held_ports(s, master_addr, job.id)),
+                          nnodes=len(a.nodes),
                           run_id=f"{job.id}-{attempt}")
     tasks = [plain.Task(
         id=new_id("tsk"), job_id=job.id, attempt=attempt, node_rank=n.node_rank, worker_id=n.worker_id,
@@ -309,11 +313,42 @@ def record_decision(s: Session, job: plain.Job, spec: JobSpec, decision: Placeme
         plain.update_job(s, job.id, decision=final.model_dump_json())
 
 
-def rendezvous_port() -> int:
-    """A port for rank 0 of a distributed job, from ``GPULAYER_RENDEZVOUS_PORTS``."""
+def held_ports(s: Session, master_addr: str, job_id: str) -> set[int]:
+    """The rendezvous ports a new attempt of ``job_id`` at ``master_addr`` must not take: those
+    of the active groups whose rank 0 is at that address (two groups on one port: the second's
+    torchrun fails to listen, or its nodes meet the first's store), and those of the job's
+    earlier attempts (what a lost node left running may still hold one)."""
+    rows = plain.fetch(s, "SELECT rendezvous, job_id FROM gl_tasks WHERE node_rank = 0 AND rendezvous IS NOT NULL"
+                          " AND (state IN (?, ?) OR job_id = ?)",
+                       (TaskState.ASSIGNED.value, TaskState.RUNNING.value, job_id))
+    held = set()
+    for text, owner in rows:
+        try:
+            rdzv = Rendezvous.model_validate_json(text)
+        except ValueError:
+            continue
+        if owner == job_id or rdzv.master_addr == master_addr:
+            held.add(rdzv.master_port)
+    return held
+
+
+def rendezvous_port(held: Collection[int] = ()) -> int:
+    """A port for rank 0 of a distributed job, from ``GPULAYER_RENDEZVOUS_PORTS``, at random
+    among those not ``held``; when the range has none free, at random among all of them."""
     low, high = config.settings().rendezvous_ports
-    return low + secrets.randbelow(high - low + 1)
+    taken = {p for p in held if low <= p <= high}
+    free = high - low + 1 - len(taken)
+    if free <= 0:
+        log.warning("every port of GPULAYER_RENDEZVOUS_PORTS=%d-%d is held by a running distributed job at this "
+                    "address (or an earlier attempt of this one): one is given twice; widen the range", low, high)
+        return low + secrets.randbelow(high - low + 1)
+    if free * 2 >= high - low + 1:  # mostly free: a draw or two
+        while True:
+            port = low + secrets.randbelow(high - low + 1)
+            if port not in taken:
+                return port
+    return secrets.choice([p for p in range(low, high + 1) if p not in taken])
 
 
-__all__ = ["RENDEZVOUS_PORTS", "Cache", "Hints", "assign", "departed", "fleet", "has_room", "record_decision",
-           "rendezvous_port", "run", "settled"]
+__all__ = ["RENDEZVOUS_PORTS", "Cache", "Hints", "assign", "departed", "fleet", "has_room", "held_ports",
+           "record_decision", "rendezvous_port", "run", "settled"]

@@ -407,6 +407,32 @@ def test_rendezvous_ports_stay_below_the_ephemeral_range(monkeypatch: pytest.Mon
         _rendezvous_port()
 
 
+def test_a_rendezvous_port_is_one_no_running_group_at_that_address_holds(
+        cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the port was drawn at random: two groups whose rank 0 ran on one machine could get the
+    # same one (with a narrow GPULAYER_RENDEZVOUS_PORTS, most times), and the second's torchrun
+    # failed with EADDRINUSE or met the first group's store; a retry could get its last port
+    from gpulayer.specs import DistributedJob
+
+    monkeypatch.setenv("GPULAYER_RENDEZVOUS_PORTS", "25000-25001")
+    for _ in range(2):
+        cp.register_worker(make_capabilities(), cpu_slots=2)
+    gangs = [cp.submit(DistributedJob(nodes=2, entry="train.py", retries=1)) for _ in range(2)]
+    ports = [cp.get_job(g.id).tasks[0].rendezvous.master_port for g in gangs]  # type: ignore[union-attr]
+    assert sorted(ports) == [25000, 25001]
+    # the first group's retry: the other port is held by the second group, and its own last
+    # one may still be held by what a lost node left running: a third is free
+    first = cp.get_job(gangs[0].id)
+    for t in first.tasks:
+        cp.start_task(t.id, worker_id=t.worker_id)
+    monkeypatch.setenv("GPULAYER_RENDEZVOUS_PORTS", "25000-25002")
+    for t in first.tasks:
+        cp.finish_task(t.id, worker_id=t.worker_id, state=TaskState.FAILED, exit_code=1)
+    retried = cp.get_job(gangs[0].id)
+    assert retried.attempt == 2
+    assert {t.rendezvous.master_port for t in retried.tasks if t.attempt == 2} == {25002}  # type: ignore[union-attr]
+
+
 def test_a_decision_that_cannot_be_read_is_rewritten(cp: ControlPlane) -> None:
     from gpulayer.store import JobRow
 
