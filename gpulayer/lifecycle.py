@@ -13,7 +13,8 @@ Rules:
 
 * One group, one fate: the job's end is decided only once no node of the attempt still
   runs, from the root cause: the node that ended badly first and was not cancelled because
-  of another (its error is the job's, and so is its exit code when the job ends with it).
+  of another (its error is the job's, and so is its exit code when the job ends with it;
+  the control plane adds which node and worker it was, for a group of several).
 * A failed or lost attempt is retried while the job has attempts left (``attempt <
   max_attempts``); a timed-out or cancelled one is not. A cancel request always wins, and
   its reason (stored with the request) is the job's error.

@@ -22,7 +22,7 @@ from gpulayer import config, lifecycle, scheduling, tokens
 from gpulayer.control import after, placement
 from gpulayer.control.pauses import Pauses
 from gpulayer.errors import Forbidden
-from gpulayer.records import JobError, JobState, TaskState
+from gpulayer.records import MAX_ERROR_MESSAGE, JobError, JobState, TaskState
 from gpulayer.store import JobRow, Store, TaskRow, mapping, plain, queries
 from gpulayer.store.nudges import MAX_NEWS
 
@@ -299,7 +299,11 @@ class Core:
         values: dict[str, Any] = dict(also or {})
         if out.state is not None:
             if out.state.terminal or out.retry:  # a running or assigned job keeps its last error
-                values["error"] = out.error.model_dump_json() if out.error else None
+                error = out.error
+                root = next((t for t in tasks if t.id == out.root), None)
+                if error is not None and root is not None and len(tasks) > 1 and not job.cancel_requested:
+                    error = _on_node(error, root.node_rank, root.worker_id)
+                values["error"] = error.model_dump_json() if error else None
             if out.state in (JobState.FAILED, JobState.TIMED_OUT) and out.root is not None:
                 # the exit code of the node it ended because of, not node 0's (which may be
                 # the signal that ended it with its group)
@@ -504,3 +508,10 @@ def _assigned(result: scheduling.PlacementResult | None) -> frozenset[str]:
 def _view(job: JobRow | plain.Job) -> lifecycle.JobView:
     return lifecycle.JobView(state=JobState(job.state), attempt=job.attempt, max_attempts=job.max_attempts,
                              cancel_requested=job.cancel_requested, error=mapping.error_of(job.error))
+
+
+def _on_node(error: JobError, node_rank: int, worker_id: str) -> JobError:
+    """A group's error: its root node's, saying which node and worker it came from (the
+    node's own words say "this worker", "exit code 1"); the task keeps them as they were."""
+    where = f"node {node_rank} (worker {worker_id}): "
+    return error.model_copy(update={"message": (where + error.message)[:MAX_ERROR_MESSAGE]})

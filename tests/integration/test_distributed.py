@@ -258,9 +258,11 @@ def test_a_failing_rank_ends_the_group_and_fails_the_job(cluster: Cluster) -> No
     assert states == {0: TaskState.CANCELLED, 1: TaskState.FAILED}
     failed = next(t for t in job.tasks if t.node_rank == 1)
     assert failed.exit_code not in (None, 0)
-    # the job ended because of node 1: its error and exit code, not those of node 0, which
-    # its worker ended with the group (and reported last)
-    assert (job.error, job.exit_code) == (failed.error, failed.exit_code), job
+    # the job ended because of node 1: its error (saying which node and worker) and exit
+    # code, not those of node 0, which its worker ended with the group (and reported last)
+    assert failed.error is not None and job.error is not None
+    assert job.error.type == failed.error.type and job.exit_code == failed.exit_code, job
+    assert job.error.message == f"node 1 (worker {failed.worker_id}): {failed.error.message}"
     ended = next(t for t in job.tasks if t.node_rank == 0)
     assert ended.error is not None and ended.error.message == "another node of the job ended"
     shown = cli("jobs", "show", h.id, check=True).stdout

@@ -354,11 +354,42 @@ def test_a_failed_node_keeps_its_siblings_devices_busy_until_they_have_ended(cp:
                    error=JobError.cancelled())
     done = cp.get_job(gang.id)
     # the root cause's state, error and exit code, not those of the sibling that reported last
-    assert (done.state, done.error, done.exit_code) == (JobState.FAILED, raised, 3)
+    on_node = raised.model_copy(update={"message": f"node 1 (worker {failed_node}): rank 1 failing"})
+    assert (done.state, done.error, done.exit_code) == (JobState.FAILED, on_node, 3)
     assert sorted(t.state.value for t in done.tasks) == ["cancelled", "failed"]
     sibling = next(t for t in done.tasks if t.node_rank == 0)
     assert sibling.error == JobError.cancelled("another node of the job ended")
     assert cp.get_job(waiting.id).state is JobState.ASSIGNED
+
+
+def test_a_group_s_error_names_the_node_and_the_worker_it_ended_because_of(cp: ControlPlane) -> None:
+    # the job's error was the node's alone: "launcher 'torchrun' is not installed on this
+    # worker", "exit code 1", with nothing to say which of the nodes (and so which worker)
+    from gpulayer.specs import DistributedJob
+
+    workers = [cp.register_worker(make_capabilities(), cpu_slots=1).id for _ in range(3)]
+    gang = cp.submit(DistributedJob(nodes=3, entry="train.py"))
+    tasks = {t.node_rank: t for t in cp.get_job(gang.id).tasks}
+    assert sorted(t.worker_id for t in tasks.values()) == sorted(workers)
+    for t in (tasks[0], tasks[1]):
+        cp.start_task(t.id, worker_id=t.worker_id)
+    why = "launcher 'torchrun' is not installed on this worker (installed: none)"
+    cp.finish_task(tasks[2].id, worker_id=tasks[2].worker_id, state=TaskState.FAILED, error=JobError.launcher(why))
+    for t in (tasks[0], tasks[1]):
+        cp.finish_task(t.id, worker_id=t.worker_id, state=TaskState.CANCELLED, exit_code=-15,
+                       error=JobError.cancelled())
+    done = cp.get_job(gang.id)
+    assert done.state is JobState.FAILED
+    assert done.error == JobError.launcher(f"node 2 (worker {tasks[2].worker_id}): {why}")
+    assert done.error.describe() == f"launcher: node 2 (worker {tasks[2].worker_id}): {why}"
+    # the task keeps its own words; a one-node job's error is its task's, as before
+    assert next(t for t in done.tasks if t.node_rank == 2).error == JobError.launcher(why)
+    single = cp.submit(CommandJob(command=["true"]))
+    [a] = [t for t in cp.get_job(single.id).tasks]
+    cp.start_task(a.id, worker_id=a.worker_id)
+    cp.finish_task(a.id, worker_id=a.worker_id, state=TaskState.FAILED, exit_code=1,
+                   error=JobError.ended(TaskState.FAILED, "exit code 1"))
+    assert cp.get_job(single.id).error == JobError.ended(TaskState.FAILED, "exit code 1")
 
 
 def test_a_running_task_its_worker_no_longer_reports_is_lost(cp: ControlPlane) -> None:
