@@ -264,12 +264,16 @@ class Core:
             raise Forbidden(f"task {task_id} is not assigned to worker {worker_id}")
         return task
 
-    def _lose(self, s: Session, t: TaskRow, now: float, why: str) -> None:
+    def _lose(self, s: Session, t: TaskRow, now: float, why: str, last_heard: float | None = None) -> None:
         """The task's worker is gone (or going): the task is lost. One that never started
-        goes back to the queue without spending the job's retry budget."""
+        goes back to the queue without spending the job's retry budget. ``last_heard``: the
+        worker died, last heard from then; the task ended then as far as anyone knows (so a
+        peer that its death cut off, which failed before the loss was found, is not taken
+        for the group's root cause)."""
         unstarted = t.state == TaskState.ASSIGNED.value
         error = JobError.lost(f"{why} (never started)" if unstarted else why)
-        if not queries.transition_task(s, t.id, TaskState.LOST, ended_at=now, error=error):
+        ended = now if last_heard is None else min(now, max(last_heard, t.started_at or t.created_at))
+        if not queries.transition_task(s, t.id, TaskState.LOST, ended_at=ended, error=error):
             return
         if not unstarted:
             self._event(s, "task_lost", job_id=t.job_id, task_id=t.id, worker_id=t.worker_id, message=why)

@@ -353,7 +353,7 @@ class WorkerOps(Core):
                 why = (f"worker {wid} (pid {row.pid}) is gone" if row.origin == "local" and row.hostname == here
                        and row.pid and not pid_alive(row.pid) else f"worker {wid} stopped sending heartbeats")
                 for t in queries.active_tasks_of_worker(s, wid):
-                    self._lose(s, t, now, why)
+                    self._lose(s, t, now, why, last_heard=row.last_heartbeat)
                 self._event(s, "worker_offline", worker_id=wid)
                 if row.name == IN_PROCESS_NAME and row.origin == "local":
                     scripts.append(wid)

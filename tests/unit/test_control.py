@@ -392,6 +392,37 @@ def test_a_group_s_error_names_the_node_and_the_worker_it_ended_because_of(cp: C
     assert cp.get_job(single.id).error == JobError.ended(TaskState.FAILED, "exit code 1")
 
 
+def test_a_group_whose_worker_died_ends_lost_though_the_peer_it_cut_off_failed_before_it_was_found(
+        cp: ControlPlane) -> None:
+    # a remote worker killed: its peer's rank fails at once (gloo: connection closed by peer,
+    # exit 1), but the loss is only found a heartbeat timeout later, so the peer's failure
+    # came first and the job ended "failed: exit code 1" instead of the worker's loss
+    from gpulayer.specs import DistributedJob
+
+    clock: Clock = cp.clock  # type: ignore[assignment]
+    for _ in range(2):
+        cp.register_worker(make_capabilities(), cpu_slots=1)
+    gang = cp.submit(DistributedJob(nodes=2, entry="train.py"))
+    tasks = {t.node_rank: t for t in cp.get_job(gang.id).tasks}
+    for t in tasks.values():
+        cp.start_task(t.id, worker_id=t.worker_id)
+    dead, peer = tasks[0], tasks[1]
+    clock.now += 2  # node 0's worker dies; node 1's rank loses its connection to it
+    cp.heartbeat(peer.worker_id, running=[peer.id])
+    cp.finish_task(peer.id, worker_id=peer.worker_id, state=TaskState.FAILED, exit_code=1,
+                   error=JobError.ended(TaskState.FAILED, "exit code 1"))
+    for step in (3, 3, 3):  # (steps under half the timeout: a longer one is taken for a pause)
+        clock.now += step
+        cp.heartbeat(peer.worker_id)
+    assert cp.expire_workers() == [dead.worker_id]
+    done = cp.get_job(gang.id)
+    assert done.state is JobState.FAILED
+    assert done.error == JobError.lost(f"node 0 (worker {dead.worker_id}): worker {dead.worker_id} "
+                                       "stopped sending heartbeats"), done.error
+    lost = next(t for t in done.tasks if t.node_rank == 0)
+    assert lost.state is TaskState.LOST and lost.ended_at is not None and lost.ended_at < clock.now
+
+
 def test_a_running_task_its_worker_no_longer_reports_is_lost(cp: ControlPlane) -> None:
     clock: Clock = cp.clock  # type: ignore[assignment]
     w = cp.register_worker(cuda_caps(1), cpu_slots=0)
