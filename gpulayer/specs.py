@@ -26,11 +26,12 @@ from types import MappingProxyType
 from typing import Annotated, Any, Literal, cast
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic._internal._model_construction import ModelMetaclass
 
 from gpulayer._base import Record
 from gpulayer.errors import InvalidArgument, InvalidInput, InvalidRequirement
+from gpulayer.jobids import MAX_AFTER, JobId
 from gpulayer.wording import ACCEPTED, TEXT, Spelling, build, invalid_input
 
 __all__ = [
@@ -344,30 +345,6 @@ class Placement(_UserRecord):
 
 
 # --------------------------------------------------------------------------- job specs
-
-
-def _job_id(value: object) -> object:
-    """A job's handle (anything with a ``job_id`` or an ``id`` of text) stands for its id."""
-    for name in ("job_id", "id"):
-        found = getattr(value, name, None)
-        if isinstance(found, str) and not isinstance(value, str):
-            return found
-    return value
-
-
-_JOB_ID_RE = re.compile(r"^job-[0-9a-f]{1,64}$")
-
-
-def _check_job_id(value: str) -> str:
-    if not _JOB_ID_RE.match(value):
-        raise InvalidInput("not a job id; accepted: a job's id, job- and hexadecimal digits (gpulayer jobs list)")
-    return value
-
-
-#: a job's id (``job-`` and hexadecimal digits), or a handle of one (see _job_id)
-JobId = Annotated[str, BeforeValidator(_job_id), AfterValidator(_check_job_id)]
-#: the most jobs one job may run after
-MAX_AFTER = 100
 
 
 class _JobBase(_UserRecord):
