@@ -127,6 +127,19 @@ def resolve(s: Session, now: float, event: EventSink) -> list[str]:
                 released.append(job_id)
 
 
+def overdue(s: Session) -> list[str]:
+    """The ended jobs that either end of a waiting pair still names: ended by a process of a
+    GPUlayer from before jobs ran after others (schema 11), which writes a job's state and not
+    the pairs, still running on the database an upgrade migrated (an embedded home's worker
+    started before it). :func:`resolve` does for them now what their ends would have done.
+    (Only pairs still waiting are read: a short table.)"""
+    marks = ", ".join("?" * len(plain.ENDED_STATES))
+    return [r[0] for r in plain.fetch(
+        s, f"SELECT a.after_id FROM gl_job_after a JOIN gl_jobs j ON j.id = a.after_id WHERE j.state IN ({marks}) "
+        f"UNION SELECT a.job_id FROM gl_job_after a JOIN gl_jobs j ON j.id = a.job_id WHERE j.state IN ({marks})",
+        (*plain.ENDED_STATES, *plain.ENDED_STATES))]
+
+
 def released_in(info: dict[str, object]) -> list[str]:
     """The jobs a committed transaction released (see :func:`resolve`), from its session's ``info``."""
     found = info.get(RELEASED)
@@ -176,4 +189,4 @@ def _listed(ids: Sequence[str]) -> str:
     return f"{', '.join(ids[:3])} and {len(ids) - 3} more"
 
 
-__all__ = ["RELEASED", "hold", "released_in", "resolve", "waiting_decision"]
+__all__ = ["RELEASED", "hold", "overdue", "released_in", "resolve", "waiting_decision"]

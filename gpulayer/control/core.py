@@ -233,6 +233,16 @@ class Core:
             after.resolve(s, self.clock(), self._event)  # (those the pass found unschedulable)
             s.info[_PLACED] = (result, started)
 
+    def release_overdue(self) -> None:
+        """Do for the jobs an older GPUlayer ended what their ends do here (:func:`after.overdue`):
+        the jobs after them are released and placed, or fail in turn."""
+        with self.store.read() as s:
+            if not after.overdue(s):
+                return
+        with self.store.write() as s:
+            for job_id in after.overdue(s):
+                plain.note_ended(s, job_id)  # (the commit resolves them: _on_ended)
+
     def _after_ended(self, info: dict[str, Any]) -> None:
         """Once that transaction committed: wake the workers its pass gave tasks to."""
         placed = info.pop(_PLACED, None)

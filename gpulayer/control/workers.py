@@ -324,7 +324,9 @@ class WorkerOps(Core):
             queries.touch_workers(s, alive, self.clock())
 
     def expire_workers(self) -> list[str]:
-        """Mark silent workers offline and their tasks lost; returns their ids."""
+        """Mark silent workers offline and their tasks lost; returns their ids. (And the
+        jobs after those an older GPUlayer ended are released: :meth:`release_overdue`.)"""
+        self.release_overdue()
         now = self.clock()
         self._last_expiry = now
         self._reconcile(now)

@@ -271,3 +271,32 @@ def test_after_ended_ids_are_checked_as_after_s(cp: ControlPlane) -> None:
     assert (e.value.field, e.value.index) == ("after_ended", 0)
     with pytest.raises(InvalidInput, match="'job-1' is in after too"):
         CommandJob(command=["true"], after=["job-1"], after_ended=["job-1"])
+
+
+def test_jobs_that_an_older_gpulayer_ended_release_the_jobs_after_them_at_the_next_look(cp: ControlPlane) -> None:
+    """A process of a GPUlayer from before schema 11 that still runs on the database an upgrade
+    migrated (an embedded home's worker, started before the upgrade) ends a job as it always
+    did: its state, not the waiting pairs. The job after it waited for ever ("waiting for ... to
+    succeed first" of a job that had succeeded); the next look of a newer one releases it."""
+    w = cp.register_worker(make_capabilities(), cpu_slots=2).id
+    good, bad = cp.submit(job()), cp.submit(job())
+    after_good, after_bad = cp.submit(job(good.id)), cp.submit(job(bad.id))
+    cancelled_while_waiting = cp.submit(job(good.id))
+    for a in cp.poll_tasks(w):
+        cp.start_task(a.task_id, worker_id=w)
+    with cp.store.write() as s:  # (what the older process wrote: the jobs' and tasks' states alone)
+        for job_id, state in ((good.id, "succeeded"), (bad.id, "failed"), (cancelled_while_waiting.id, "cancelled")):
+            s.connection().execute(text("UPDATE gl_jobs SET state = :state WHERE id = :id"), {"state": state, "id": job_id})
+            s.connection().execute(text("UPDATE gl_tasks SET state = :state WHERE job_id = :id"),
+                                   {"state": state, "id": job_id})
+    assert cp.get_job(after_good.id).state is JobState.QUEUED
+
+    cp.expire_workers()  # (a newer process's look: every embedded command's, the periodic one of a server or worker)
+
+    assert cp.get_job(after_good.id).state is JobState.ASSIGNED
+    error = cp.get_job(after_bad.id).error
+    assert cp.get_job(after_bad.id).state is JobState.FAILED and error is not None
+    assert error.message.startswith(f"not run: {bad.id}, which it runs after, failed")
+    assert cp.get_job(cancelled_while_waiting.id).state is JobState.CANCELLED
+    assert "released" not in [e.kind for e in cp.events(cancelled_while_waiting.id)]
+    assert pairs(cp) == []
