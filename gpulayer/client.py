@@ -411,7 +411,11 @@ class Client:
         """Run ended jobs again as new jobs (:meth:`~gpulayer.api.ClientAPI.rerun_jobs`), on this
         process's worker where it runs local jobs (as :meth:`submit` does)."""
         self.ensure_local_worker()
-        answer = self.api.rerun_jobs(list(job_ids), downstream=downstream)
+        try:
+            answer = self.api.rerun_jobs(list(job_ids), downstream=downstream)
+        except MethodNotAllowed:  # (a server from before it: no such route)
+            raise InvalidInput(f"the control plane at {self.location} does not run jobs again: its server is older "
+                               "than job reruns; upgrade it") from None
         if self.control is not None or leaving.in_task():
             leaving.submitted(self, list(answer.rerun.values()))
         return answer

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from starlette.testclient import TestClient
 
 from gpulayer.control import ControlPlane
+from gpulayer.errors import InvalidInput
 from gpulayer.http_client import connect_http
 from gpulayer.records import JobState, TaskState
 from gpulayer.server.app import create_app
@@ -111,4 +113,21 @@ def test_a_client_token_runs_its_own_jobs_again(tmp_path: Path) -> None:
         new = bob.get_job(answer.rerun[mine.id])
         assert new.spec == mine.spec and new.state is JobState.UNSCHEDULABLE
         assert [j.id for j in alice.list_jobs()] == [theirs.id]  # (nothing of bob's)
+    control.store.dispose()
+
+
+def test_a_server_from_before_reruns_is_said_to_be_older(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpulayer import api as api_mod
+    from gpulayer.client import Client
+
+    control = ControlPlane(Store(f"sqlite:///{tmp_path / 'old.db'}"), heartbeat_timeout=30)
+    monkeypatch.setattr(api_mod, "ROUTES", tuple(r for r in api_mod.ROUTES if r.op != "rerun_jobs"))
+    with TestClient(create_app(control, background=False)) as tc:
+        remote = connect_http("http://testserver", token=control.create_token(scope="admin").token, retry_for=0.5,
+                              transport=tc._transport)
+        client = Client(remote, location="http://testserver", default_target="remote")
+        job = client.api.submit(CommandJob(command=["true"], placement={"target": "remote"}))  # type: ignore[arg-type]
+        with pytest.raises(InvalidInput, match="the control plane at http://testserver does not run jobs again: its "
+                                               "server is older than job reruns; upgrade it"):
+            client.rerun([job.id])
     control.store.dispose()
