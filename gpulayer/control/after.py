@@ -148,24 +148,22 @@ def released_in(info: dict[str, object]) -> list[str]:
 
 def _pairs_of(s: Session, ended: list[str]) -> list[tuple[str, str, bool]]:
     """The waiting pairs ``(after_id, job_id, any end will do)`` that either end of names one of ``ended``."""
-    out: list[tuple[str, str, bool]] = []
-    step = plain.IN_CHUNK // 2
-    for i in range(0, len(ended), step):
-        chunk = ended[i:i + step]
-        marks = ", ".join("?" * len(chunk))
-        out += [(r[0], r[1], bool(r[2])) for r in plain.fetch(
-            s, f"SELECT after_id, job_id, any_end FROM gl_job_after WHERE after_id IN ({marks}) OR job_id IN ({marks})",
-            (*chunk, *chunk))]
-    return out
+    return [(r[0], r[1], bool(r[2])) for chunk, marks in _chunks(ended) for r in plain.fetch(
+        s, f"SELECT after_id, job_id, any_end FROM gl_job_after WHERE after_id IN ({marks}) OR job_id IN ({marks})",
+        (*chunk, *chunk))]
 
 
 def _delete_pairs(s: Session, ended: list[str]) -> None:
-    step = plain.IN_CHUNK // 2
-    for i in range(0, len(ended), step):
-        chunk = ended[i:i + step]
-        marks = ", ".join("?" * len(chunk))
+    for chunk, marks in _chunks(ended):
         plain.execute(s, f"DELETE FROM gl_job_after WHERE after_id IN ({marks}) OR job_id IN ({marks})",
                       (*chunk, *chunk))
+
+
+def _chunks(ids: list[str]) -> list[tuple[list[str], str]]:
+    """``ids`` in chunks that fit a statement naming each twice (old SQLite: 999 variables),
+    each with its ``?, ?...``."""
+    step = plain.IN_CHUNK // 2
+    return [(ids[i:i + step], ", ".join("?" * len(ids[i:i + step]))) for i in range(0, len(ids), step)]
 
 
 def _fail(s: Session, job_id: str, other: str, state: str, error: str | None, now: float, event: EventSink) -> None:

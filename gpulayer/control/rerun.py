@@ -88,8 +88,8 @@ def _in_order(rows: list[JobRow]) -> list[JobRow]:
     """``rows`` with each job after those of them it runs after (stable otherwise), so that
     its new spec can name their new ids."""
     ids = {r.id for r in rows}
-    upstream = {r.id: {a for a in (*mapping.spec(r.spec).after, *mapping.spec(r.spec).after_ended) if a in ids}
-                for r in rows}
+    specs = {r.id: mapping.spec(r.spec) for r in rows}
+    upstream = {j: {a for a in (*spec.after, *spec.after_ended) if a in ids} for j, spec in specs.items()}
     done: set[str] = set()
     out: list[JobRow] = []
     while len(out) < len(rows):

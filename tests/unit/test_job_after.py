@@ -19,6 +19,7 @@ from gpulayer.server.app import create_app
 from gpulayer.specs import CommandJob, Requirements
 from gpulayer.store import Store, migrations
 from tests.factories import cuda_caps, gpu_job, make_capabilities
+from tests.factories import run_handed as run
 
 
 def job(*after: str, **fields: object) -> CommandJob:
@@ -29,15 +30,6 @@ def pairs(cp: ControlPlane) -> list[tuple[str, str]]:
     with cp.store.read() as s:
         return sorted((a, j) for a, j in s.connection().execute(text("SELECT after_id, job_id FROM gl_job_after")))
 
-
-def run(cp: ControlPlane, worker: str, state: TaskState = TaskState.SUCCEEDED) -> list[str]:
-    """Start and end every task the worker is handed; the ids of their jobs."""
-    done = []
-    for a in cp.poll_tasks(worker):
-        cp.start_task(a.task_id, worker_id=worker)
-        cp.finish_task(a.task_id, worker_id=worker, state=state, exit_code=0 if state is TaskState.SUCCEEDED else 1)
-        done.append(a.job_id)
-    return done
 
 
 def test_a_job_is_placed_once_every_job_it_runs_after_has_succeeded(cp: ControlPlane) -> None:

@@ -18,15 +18,7 @@ from gpulayer.server.app import create_app
 from gpulayer.specs import CommandJob, FunctionJob
 from gpulayer.store import Store
 from tests.factories import make_capabilities
-
-
-def run_all(cp: ControlPlane, worker: str, state: TaskState = TaskState.SUCCEEDED) -> list[str]:
-    done = []
-    for a in cp.poll_tasks(worker):
-        cp.start_task(a.task_id, worker_id=worker)
-        cp.finish_task(a.task_id, worker_id=worker, state=state, exit_code=0 if state is TaskState.SUCCEEDED else 1)
-        done.append(a.job_id)
-    return done
+from tests.factories import run_handed as run_all
 
 
 def test_a_rerun_is_a_new_job_with_the_same_spec_and_arguments(cp: ControlPlane) -> None:
