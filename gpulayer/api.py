@@ -27,9 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from pydantic import Field
-
-from gpulayer.hookrecords import Capabilities, MachineOffer, Rendezvous
+from gpulayer.hookrecords import Capabilities, MachineOffer
 from gpulayer.records import (
     Explanation,
     JobError,
@@ -54,13 +52,17 @@ from gpulayer.wire import (  # (re-exported: what goes over the wire is part of 
     ExplainBody,
     FinishBody,
     HeartbeatBody,
+    HeartbeatReply,
+    JobEvent,
     JobQuery,
     JobsDeleted,
     JobsPruned,
     JobsRerun,
     JoinBody,
+    JoinReply,
     LendBody,
     ListJobsQuery,
+    LogChunk,
     LogsBody,
     LogsQuery,
     LogStream,
@@ -79,12 +81,16 @@ from gpulayer.wire import (  # (re-exported: what goes over the wire is part of 
     SubmitBody,
     SubmitManyBody,
     SubmitQuery,
+    TaskArtifacts,
+    TaskAssignment,
     TokenBody,
     TokenInfo,
     WaitJobsBody,
     WaitJobsQuery,
     WaitQuery,
     Wire,
+    WorkerUsage,
+    WorkPoll,
     log_page_cut,
 )
 
@@ -134,6 +140,7 @@ __all__ = [
     "SubmitBody",
     "SubmitManyBody",
     "SubmitQuery",
+    "TaskArtifacts",
     "TaskAssignment",
     "TokenBody",
     "TokenInfo",
@@ -147,70 +154,6 @@ __all__ = [
     "log_page_cut",
     "route_for",
 ]
-
-# --------------------------------------------------------------------------- replies
-
-
-class LogChunk(Wire):
-    id: int
-    task_id: str
-    node_rank: int
-    stream: LogStream
-    data: str
-    ts: float
-
-
-class TaskAssignment(Wire):
-    """What a worker needs to start one task."""
-
-    task_id: str
-    job_id: str
-    attempt: int
-    node_rank: int
-    accelerator: str | None
-    devices: list[int]
-    spec: JobSpec
-    rendezvous: Rendezvous | None = None
-
-
-class HeartbeatReply(Wire):
-    #: False when the control plane has no such worker: register again
-    known: bool = True
-    #: task ids the worker must end now
-    cancel: list[str] = Field(default_factory=list)
-
-
-class WorkPoll(Wire):
-    """What a worker's long poll answers: tasks to start, and running tasks to end."""
-
-    #: tasks assigned to the worker and not started yet
-    tasks: list[TaskAssignment] = Field(default_factory=list)
-    #: of the task ids the worker said it runs, those it must end now (as a heartbeat's reply)
-    cancel: list[str] = Field(default_factory=list)
-
-
-class JobEvent(Wire):
-    ts: float
-    kind: str
-    task_id: str | None = None
-    worker_id: str | None = None
-    message: str = ""
-
-
-class WorkerUsage(Wire):
-    """What an online worker has in use now: ``kind:index`` of busy devices, busy CPU slots."""
-
-    busy_devices: list[str] = Field(default_factory=list)
-    busy_cpu_slots: int = 0
-
-
-class JoinReply(Wire):
-    worker_id: str
-    #: the worker's own credential: every later call of this worker uses it
-    token: str
-    token_id: str
-    worker: WorkerRecord
-
 
 # --------------------------------------------------------------------------- the Protocols
 
@@ -322,6 +265,14 @@ class ClientAPI(Protocol):
         """A task of the job lends its CPU slot while it waits (:mod:`gpulayer.control.lending`)."""
         ...
 
+    def list_artifacts(self, job_id: str) -> list[TaskArtifacts]:
+        """The artifacts stored for the job's tasks (each task's, of every attempt), oldest first."""
+        ...
+
+    def get_artifacts(self, job_id: str, task_id: str) -> bytes:
+        """One task's artifacts: the zip of what it left in ``GPULAYER_ARTIFACTS_DIR``."""
+        ...
+
     def has_bundle(self, digest: str) -> bool: ...
 
     def put_bundle(self, digest: str, data: bytes) -> BundleStored: ...
@@ -383,6 +334,11 @@ class WorkerAPI(Protocol):
         ``result`` may be a :class:`ResultJSON`: its JSON text, stored as it is by an embedded
         control plane, and sent as it is in the request's body over HTTP (where the server
         parses the body, as it does any)."""
+        ...
+
+    def put_artifacts(self, task_id: str, digest: str, data: bytes, *, worker_id: str) -> TaskArtifacts:
+        """Store the task's artifacts (a zip addressed by its SHA-256, ``digest``) before its
+        final report; sent again, it replaces what was stored."""
         ...
 
     def get_bundle(self, digest: str) -> bytes: ...
@@ -506,6 +462,12 @@ ROUTES: tuple[Route, ...] = (
     Route("explain", "POST", "/v1/explain", READERS,
           "Could a job with this (resolved) spec run now, and if not, what comes closest; nothing is stored",
           response=Explanation, body=ExplainBody, context={"owner": "owner"}),
+    Route("list_artifacts", "GET", "/v1/jobs/{job_id}/artifacts", READERS,
+          "The artifacts stored for the job's tasks (what each left in GPULAYER_ARTIFACTS_DIR), oldest first",
+          response=list[TaskArtifacts], own_job=True, errors=(404,)),
+    Route("get_artifacts", "GET", "/v1/jobs/{job_id}/artifacts/{task_id}", READERS,
+          "Download one task's artifacts (a zip)", response=bytes, raw_response="application/zip",
+          own_job=True, errors=(404,)),
     # ---------------------------------------------------------------- bundles
     Route("has_bundle", "HEAD", "/v1/bundles/{digest}", BUNDLE_READERS,
           "Whether a bundle you may read is stored (200 or 404)",
@@ -547,6 +509,11 @@ ROUTES: tuple[Route, ...] = (
           status=204, query=StartQuery, context={"worker_id": "worker"}, errors=(404, 409)),
     Route("append_logs", "POST", "/v1/tasks/{task_id}/logs", WORKERS, "Append log chunks",
           status=204, body=LogsBody, context={"worker_id": "worker"}, safe=False, errors=(404, 409)),
+    Route("put_artifacts", "PUT", "/v1/tasks/{task_id}/artifacts/{digest}", WORKERS,
+          "Store a task's artifacts before its final report; the body must hash to the digest, fit "
+          "GPULAYER_MAX_ARTIFACTS_MB and be a safe archive", response=TaskArtifacts, status=201,
+          raw_body="application/zip", path_patterns=_DIGEST, context={"worker_id": "worker"},
+          errors=(404, 409, 413)),
     Route("finish_task", "POST", "/v1/tasks/{task_id}/finish", WORKERS,
           "The task's final report (409 when it already ended); answers the worker's tasks not started",
           response=list[TaskAssignment], body=FinishBody, context={"worker_id": "worker"}, errors=(404, 409)),

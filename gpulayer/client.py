@@ -33,8 +33,9 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpulayer import bundles, config, leaving, logtext
+from gpulayer import artifacts, bundles, config, leaving, logtext
 from gpulayer.api import MAX_BATCH, MAX_LOG_CHUNKS, MAX_LONG_POLL, ControlAPI, JobsRerun, LogChunk, log_page_cut
+from gpulayer.artifacts import Downloaded
 from gpulayer.errors import (
     BundleMissing,
     GpulayerError,
@@ -419,6 +420,21 @@ class Client:
         if self.control is not None or leaving.in_task():
             leaving.submitted(self, list(answer.rerun.values()))
         return answer
+
+    def artifacts(self, job_id: str, to: str | os.PathLike[str] | None = None, *, where: str = "to") -> Downloaded:
+        """Extract the job's artifacts (:func:`gpulayer.artifacts.download`) into ``to``;
+        ``where``: how the caller names ``to`` in errors."""
+        job = self.api.get_job(job_id, brief=True)
+        try:
+            return artifacts.download(self.api, job_id, to, nodes=getattr(job.spec, "nodes", 1), where=where)
+        except NotFound as exc:
+            if str(exc).endswith(": no such route"):  # (a server from before them)
+                raise InvalidInput(f"the control plane at {self.location} keeps no artifacts: its server is older "
+                                   "than artifacts; upgrade it") from None
+            if not job.state.terminal:
+                raise NotFound(f"{job_id} is {job.state.value}: its tasks' artifacts are stored as they end "
+                               f"(gpulayer jobs wait {job_id})") from None
+            raise
 
     # ------------------------------------------------------------------ the in-process worker
 

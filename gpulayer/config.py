@@ -27,7 +27,7 @@ from gpulayer.errors import InvalidInput
 if TYPE_CHECKING:
     from pathlib import Path
 
-__all__ = ["SETTINGS", "Setting", "Settings", "home", "max_bundle_bytes", "parse_device_refs", "settings"]
+__all__ = ["SETTINGS", "Setting", "Settings", "home", "max_artifacts_bytes", "max_bundle_bytes", "parse_device_refs", "settings"]
 
 
 # (named tuples, not dataclasses: the CLI's start-up reads the settings, and dataclasses
@@ -325,6 +325,9 @@ SETTINGS: tuple[Setting, ...] = (
             "files over 1 MB; a higher one is refused as a compression bomb"),
     Setting("GPULAYER_MAX_BUNDLE_FILES", "max_bundle_files", _count(1), 100_000, "`100000`",
             "most entries a source bundle may hold"),
+    Setting("GPULAYER_MAX_ARTIFACTS_MB", "max_artifacts_mb", _positive, 500.0, "`500`",
+            "largest zip of the files one task leaves in `GPULAYER_ARTIFACTS_DIR` that a control plane stores, "
+            "in MB (2^20 bytes); a worker checks it before it sends them, a server as they come"),
     Setting("GPULAYER_BUNDLE_CACHE_MB", "bundle_cache_mb", _positive, 10240.0, "`10240`",
             "size a worker's extracted bundles (`$GPULAYER_HOME/bundles`) may reach before the least recently "
             "used are deleted, in MB (2^20 bytes); bundles of running tasks are kept"),
@@ -411,6 +414,7 @@ class Settings(NamedTuple):
     max_bundle_unpacked_mb: float
     max_bundle_ratio: float
     max_bundle_files: int
+    max_artifacts_mb: float
     bundle_cache_mb: float
     bundle_cache_days: float
     max_args_mb: float
@@ -515,3 +519,7 @@ def home() -> Path:
 
 def max_bundle_bytes() -> int:
     return int(settings().max_bundle_mb * 1024 * 1024)
+
+
+def max_artifacts_bytes() -> int:
+    return int(settings().max_artifacts_mb * 1024 * 1024)

@@ -15,6 +15,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from gpulayer import leaving
@@ -150,6 +151,14 @@ class JobHandle(Generic[T]):
             raise InvalidInput(f"{self.id} is {state.value if state else 'gone'}: a job is run again once it has ended"
                                + (" (h.cancel() first)" if state else ""))
         return JobHandle[T](answer.rerun[self.id], self._client)
+
+
+    def artifacts(self, to: str | os.PathLike[str] | None = None) -> Path:
+        """Download the files the job's tasks left in ``$GPULAYER_ARTIFACTS_DIR`` (its last
+        attempt's) into the folder ``to`` (default: a folder named after the job, here), which
+        must not exist or be empty; a job of several nodes gets ``node-0``, ``node-1``, ...
+        Returns the folder."""
+        return self._client.artifacts(self.id, to).to
 
 
 def result_of(job: JobRecord) -> Any:

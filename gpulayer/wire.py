@@ -17,8 +17,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gpulayer.hookrecords import Capabilities
-from gpulayer.records import JobError, JobState, TaskState
+from gpulayer.hookrecords import Capabilities, Rendezvous
+from gpulayer.records import JobError, JobState, TaskState, WorkerRecord
 from gpulayer.specs import JobSpec, Requirements
 
 #: the longest a long poll (``wait_job``, ``poll_tasks``) may wait in one request, seconds
@@ -293,6 +293,23 @@ class JobsRerun(Wire):
     not_ended: dict[str, JobState] = Field(default_factory=dict)
 
 
+class TaskArtifacts(Wire):
+    """The files one task left in its artifacts folder (``GPULAYER_ARTIFACTS_DIR``), stored
+    as a zip when the task ended (the zip itself: :meth:`~gpulayer.api.ClientAPI.get_artifacts`)."""
+
+    task_id: str
+    job_id: str
+    attempt: int
+    node_rank: int
+    #: SHA-256 of the zip
+    digest: str
+    #: bytes of the zip, and of its files unpacked
+    size: int
+    unpacked: int
+    files: int
+    created_at: float
+
+
 class BundleStored(Wire):
     digest: str
     size: int
@@ -469,3 +486,67 @@ class Route:
     @property
     def path_params(self) -> list[str]:
         return re.findall(r"\{(\w+)\}", self.path)
+
+
+# --------------------------------------------------------------------------- replies
+
+
+class LogChunk(Wire):
+    id: int
+    task_id: str
+    node_rank: int
+    stream: LogStream
+    data: str
+    ts: float
+
+
+class TaskAssignment(Wire):
+    """What a worker needs to start one task."""
+
+    task_id: str
+    job_id: str
+    attempt: int
+    node_rank: int
+    accelerator: str | None
+    devices: list[int]
+    spec: JobSpec
+    rendezvous: Rendezvous | None = None
+
+
+class HeartbeatReply(Wire):
+    #: False when the control plane has no such worker: register again
+    known: bool = True
+    #: task ids the worker must end now
+    cancel: list[str] = Field(default_factory=list)
+
+
+class WorkPoll(Wire):
+    """What a worker's long poll answers: tasks to start, and running tasks to end."""
+
+    #: tasks assigned to the worker and not started yet
+    tasks: list[TaskAssignment] = Field(default_factory=list)
+    #: of the task ids the worker said it runs, those it must end now (as a heartbeat's reply)
+    cancel: list[str] = Field(default_factory=list)
+
+
+class JobEvent(Wire):
+    ts: float
+    kind: str
+    task_id: str | None = None
+    worker_id: str | None = None
+    message: str = ""
+
+
+class WorkerUsage(Wire):
+    """What an online worker has in use now: ``kind:index`` of busy devices, busy CPU slots."""
+
+    busy_devices: list[str] = Field(default_factory=list)
+    busy_cpu_slots: int = 0
+
+
+class JoinReply(Wire):
+    worker_id: str
+    #: the worker's own credential: every later call of this worker uses it
+    token: str
+    token_id: str
+    worker: WorkerRecord

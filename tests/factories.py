@@ -204,3 +204,12 @@ def run_handed(cp: Any, worker: str, state: Any = None) -> list[str]:
         cp.finish_task(a.task_id, worker_id=worker, state=state, exit_code=0 if state is TaskState.SUCCEEDED else 1)
         done.append(a.job_id)
     return done
+
+
+def running_task(cp: Any) -> tuple[str, str, str]:
+    """A job of ``cp`` (a control plane) whose one task runs: (job id, task id, worker id)."""
+    w = cp.register_worker(make_capabilities(), cpu_slots=1).id
+    job = cp.submit(CommandJob(command=["true"]))
+    [a] = cp.poll_tasks(w)
+    cp.start_task(a.task_id, worker_id=w)
+    return job.id, a.task_id, w

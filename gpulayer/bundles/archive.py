@@ -42,6 +42,7 @@ __all__ = [
     "check_archive",
     "compute_digest",
     "extract_bundle",
+    "extract_into",
     "format_size",
     "is_digest",
     "verify_digest",
@@ -505,3 +506,14 @@ def extract_bundle(
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
     return final
+
+
+def extract_into(data: bytes, digest: str, dest: str | os.PathLike[str], *, limits: Limits) -> list[str]:
+    """Extract an archive checked as :func:`extract_bundle` checks one (under ``limits``) into
+    the folder ``dest``, which exists; a file already there is not replaced (refused). Returns
+    the files' paths. Not atomic: what was written before a refusal stays (the caller's folder)."""
+    verify_digest(data, digest)
+    zf, members = _open_checked(data, digest, limits)
+    with zf:
+        _extract_members(zf, members, Path(dest), max_total=limits.max_unpacked)
+    return ["/".join(m.parts) for m in members if not m.is_dir]

@@ -141,10 +141,11 @@ def follow_job(client: Client, job_id: str, *, node: int | None = None, progress
 
 
 def register(app: typer.Typer) -> None:
-    from gpulayer.cli import rerun, retention
+    from gpulayer.cli import artifacts, rerun, retention
 
     retention.add_to(jobs_app)
     jobs_app.command("rerun")(rerun.jobs_rerun)
+    jobs_app.command("artifacts")(artifacts.jobs_artifacts)
     app.add_typer(jobs_app, name="jobs")
     app.command(
         "submit",
@@ -441,6 +442,9 @@ def jobs_show(job_id: str = typer.Argument(..., metavar="JOB"), as_json: bool = 
                    + (f" ({printable(why)})" if why else "") + (" (waiting for jobs: its CPU slot lent)" if t.lent else ""))
     if job.decision:
         typer.echo("placement " + job.decision.render().replace("\n", "\n          "))
+    from gpulayer.cli.artifacts import stored_line
+    if (line := stored_line(_client(), job)) is not None:
+        typer.echo(f"artifacts {line}")
     if "cloud" in job.spec.placement.targets:
         from gpulayer.provisioning import history
 

@@ -25,8 +25,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpulayer.api import JobsDeleted, JobsPruned, JobsRerun, NewToken, SlotLent, TaskAssignment, TokenInfo
-from gpulayer.control import explaining, lending, rerun, retention
+from gpulayer.api import (
+    JobsDeleted,
+    JobsPruned,
+    JobsRerun,
+    NewToken,
+    SlotLent,
+    TaskArtifacts,
+    TaskAssignment,
+    TokenInfo,
+)
+from gpulayer.control import artifacts, explaining, lending, rerun, retention
 from gpulayer.control.core import ControlObserver
 from gpulayer.control.jobs import JobOps
 from gpulayer.control.machines import MachineOps
@@ -62,6 +71,17 @@ class ControlPlane(JobOps, MachineOps):
         """A task of the job that waits lends its CPU slot to the queue, or takes it back
         (:mod:`.lending`)."""
         return lending.lend_slot(self, job_id, task_id, lent)
+
+    # ------------------------------------------------------------------ tasks' artifacts (:mod:`.artifacts`)
+
+    def put_artifacts(self, task_id: str, digest: str, data: bytes, *, worker_id: str) -> TaskArtifacts:
+        return artifacts.put_artifacts(self, task_id, digest, data, worker_id)
+
+    def list_artifacts(self, job_id: str) -> list[TaskArtifacts]:
+        return artifacts.list_artifacts(self, job_id)
+
+    def get_artifacts(self, job_id: str, task_id: str) -> bytes:
+        return artifacts.get_artifacts(self, job_id, task_id)
 
     # ------------------------------------------------------------------ deleting ended jobs (:mod:`.retention`)
 

@@ -51,7 +51,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, request_response
 from starlette.routing import Route as StarletteRoute
 
-from gpulayer import api, config
+from gpulayer import api, artifacts, config
 from gpulayer.api import TokenInfo
 from gpulayer.control import ControlPlane
 from gpulayer.control.jobs import job_ids_of, look_gap
@@ -334,10 +334,26 @@ async def _put_bundle(server: Server, request: Request, kw: dict[str, Any]) -> A
     return JSONResponse(stored.model_dump(mode="json"), status_code=201 if stored.stored else 200)
 
 
+async def _put_artifacts(server: Server, request: Request, kw: dict[str, Any]) -> Any:
+    limit = config.max_artifacts_bytes()
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise TooLarge(artifacts.too_large(int(declared)))
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > limit:
+            raise TooLarge(artifacts.too_large())
+    stored = await run_in_threadpool(functools.partial(server.control.put_artifacts, kw["task_id"], kw["digest"],
+                                                         bytes(buf), worker_id=kw["worker_id"]))
+    return JSONResponse(stored.model_dump(mode="json"), status_code=201)
+
+
 #: operations the generic endpoint cannot serve as a plain call
 SPECIAL: dict[str, Handler] = {
     "logs": _logs, "wait_job": _wait_job, "wait_jobs": _wait_jobs, "poll_tasks": worker_polls.poll_tasks,
     "poll_work": worker_polls.poll_work, "heartbeat": worker_polls.heartbeat, "put_bundle": _put_bundle,
+    "put_artifacts": _put_artifacts,
 }
 
 

@@ -42,6 +42,7 @@ from gpulayer.errors import DatabaseFailed, InvalidInput
 from gpulayer.store import marks, migrations, plain
 from gpulayer.store.nudges import Nudges
 from gpulayer.store.tables import (
+    ArtifactsRow,
     BundleReaderRow,
     BundleRow,
     EventRow,
@@ -64,6 +65,7 @@ except ImportError:  # pragma: no cover - Windows: SQLite's own busy handler onl
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
+    "ArtifactsRow",
     "BundleReaderRow",
     "BundleRow",
     "EventRow",
@@ -194,7 +196,7 @@ class Store:
                 if found is None:
                     tables: list[Any] = [SchemaRow, WorkerRow, JobRow, TaskRow, BundleRow, LogRow,
                                          EventRow, TokenRow, BundleReaderRow, JobAfterRow,
-                                         MachineRow, MetaRow, MarkRow]
+                                         MachineRow, MetaRow, MarkRow, ArtifactsRow]
                     SQLModel.metadata.create_all(conn, tables=[t.__table__ for t in tables])
                     marks.install(conn)
                     conn.execute(text("INSERT INTO gl_schema (id, version) VALUES (1, :v)"),

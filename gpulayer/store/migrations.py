@@ -19,7 +19,7 @@ from sqlalchemy import Connection, inspect, text
 
 from gpulayer.errors import GpulayerError
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 # Version 1: the first released schema (no tokens, no idempotent submit).
 SCHEMA_V1 = [
@@ -189,11 +189,18 @@ def _v11_to_v12(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE gl_job_after ADD COLUMN any_end BOOLEAN NOT NULL DEFAULT FALSE"))
 
 
+def _v12_to_v13(conn: Connection) -> None:
+    # the files each task left in its artifacts folder (GPULAYER_ARTIFACTS_DIR), as a zip
+    from gpulayer.store.tables import ArtifactsRow
+
+    ArtifactsRow.__table__.create(conn, checkfirst=True)  # type: ignore[attr-defined]
+
+
 #: MIGRATIONS[n] brings a database at version n to version n + 1.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
                                                      5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
                                                      8: _v8_to_v9, 9: _v9_to_v10, 10: _v10_to_v11,
-                                                     11: _v11_to_v12}
+                                                     11: _v11_to_v12, 12: _v12_to_v13}
 
 
 class SchemaTooNew(GpulayerError):

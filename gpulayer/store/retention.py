@@ -18,7 +18,7 @@ from sqlmodel import Session, col
 
 from gpulayer.records import JobState
 from gpulayer.store import plain
-from gpulayer.store.tables import BundleReaderRow, BundleRow, EventRow, JobRow, LogRow, TaskRow
+from gpulayer.store.tables import ArtifactsRow, BundleReaderRow, BundleRow, EventRow, JobRow, LogRow, TaskRow
 
 #: the states a job may be deleted in
 ENDED_STATES: tuple[str, ...] = tuple(s.value for s in JobState if s.terminal)
@@ -67,12 +67,13 @@ def delete_logs(s: Session, job_ids: Sequence[str], limit: int) -> int:
 
 
 def delete_jobs(s: Session, job_ids: Sequence[str]) -> None:
-    """Delete these jobs with their tasks, output and events."""
+    """Delete these jobs with their tasks, output, artifacts and events."""
     ids = list(job_ids)
     for i in range(0, len(ids), plain.IN_CHUNK):  # (old SQLite: 999 variables a statement)
         chunk = ids[i:i + plain.IN_CHUNK]
         s.execute(delete(LogRow).where(col(LogRow.job_id).in_(chunk)))
         s.execute(delete(EventRow).where(col(EventRow.job_id).in_(chunk)))
+        s.execute(delete(ArtifactsRow).where(col(ArtifactsRow.job_id).in_(chunk)))
         s.execute(delete(TaskRow).where(col(TaskRow.job_id).in_(chunk)))
         s.execute(delete(JobRow).where(col(JobRow.id).in_(chunk)))
 

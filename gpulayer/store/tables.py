@@ -135,6 +135,24 @@ class BundleReaderRow(SQLModel, table=True):
     created_at: float = 0.0
 
 
+class ArtifactsRow(SQLModel, table=True):
+    """What one task left in its artifacts folder, as a zip (added in schema 13): stored by
+    its worker before the task's final report, deleted with its job."""
+
+    __tablename__ = "gl_artifacts"
+
+    task_id: str = Field(primary_key=True)
+    job_id: str = Field(index=True)
+    attempt: int
+    node_rank: int
+    digest: str
+    size: int = Field(sa_column=Column(BigInteger, nullable=False))
+    unpacked: int = Field(sa_column=Column(BigInteger, nullable=False))
+    files: int
+    data: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+    created_at: float = 0.0
+
+
 class LogRow(SQLModel, table=True):
     __tablename__ = "gl_logs"
 

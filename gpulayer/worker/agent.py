@@ -38,6 +38,7 @@ from gpulayer.errors import AuthError, Conflict, ConnectionFailed, DatabaseFaile
 from gpulayer.hookrecords import Capabilities
 from gpulayer.launchers import launch_command
 from gpulayer.records import JobError, TaskState, WorkerRecord
+from gpulayer.worker.artifacts import keep as keep_artifacts
 from gpulayer.worker.cache_keeper import CacheKeeper
 from gpulayer.worker.fork_servers import ForkServers, site_hook
 from gpulayer.worker.forking import RUNNER_PATH, ForkServer
@@ -134,8 +135,7 @@ class Agent:
         #: started on first use with the environment every task inherits
         self.forks = ForkServers(self.python, {k: v for k, v in os.environ.items() if k not in WORKER_SECRETS},
                                  config.settings().preload if preload is None else preload, follow=WORKER_SECRETS)
-        #: its FunctionJob tasks' spec and result files
-        self.task_files = TaskFiles()
+        self.task_files = TaskFiles()  # (its tasks' spec, result, scratch and artifacts folders)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -437,9 +437,8 @@ class Agent:
                 return
 
     def _workdir(self, a: TaskAssignment) -> Path:
-        """The working directory of a task whose bundle is not in the cache yet: the bundle
-        fetched and extracted there (held by the running task, see :meth:`_execute`), or a
-        scratch folder for a task without one. (One in the cache: see :meth:`_run`.)"""
+        """The working directory of a task whose bundle is not in the cache yet (see :meth:`_run`): the
+        bundle fetched and extracted (held by the task, see :meth:`_execute`), or a scratch folder."""
         digest = a.spec.bundle_digest
         if digest:
             data = self.api.get_bundle(digest)
@@ -449,7 +448,7 @@ class Agent:
         return self.task_files.scratch(a.task_id)
 
     def task_env(self, a: TaskAssignment, workdir: Path) -> dict[str, str]:
-        return task_environ(a, workdir, self.capabilities)
+        return task_environ(a, workdir, self.capabilities, self.task_files.artifacts(a.task_id))
 
     def _execute(self, a: TaskAssignment, cancel: threading.Event, fork: ForkServer | None,
                  started: StartMark) -> TaskOutcome:
@@ -470,7 +469,10 @@ class Agent:
         swapped: list[ForkServer] = []  # (a server _run chose instead of ``fork``: leased to it)
         try:
             with held:
-                return self._run(a, cancel, logbuf, fork, started, swapped)
+                outcome = self._run(a, cancel, logbuf, fork, started, swapped)
+            if not self._deleted.said(a.task_id):  # (stored before the report: there when the job has ended)
+                keep_artifacts(self.api, a, worker_id, self.task_files.artifacts(a.task_id), logbuf)
+            return outcome
         finally:
             for server in swapped:
                 server.release()

@@ -13,8 +13,9 @@ from gpulayer.hookrecords import Capabilities
 WORKER_SECRETS = frozenset({"GPULAYER_TOKEN"})
 
 
-def task_environ(a: TaskAssignment, workdir: Path, capabilities: Capabilities) -> dict[str, str]:
-    """The environment of task ``a`` run in ``workdir`` on a worker with ``capabilities``."""
+def task_environ(a: TaskAssignment, workdir: Path, capabilities: Capabilities, artifacts: Path) -> dict[str, str]:
+    """The environment of task ``a`` run in ``workdir`` on a worker with ``capabilities``;
+    ``artifacts``: the folder whose files are kept with its job when it ends."""
     # the worker's own secrets stay with it: a job must not act as its worker (or join
     # as a new one with a token the worker was started with)
     env = {k: v for k, v in os.environ.items() if k not in WORKER_SECRETS}
@@ -24,6 +25,7 @@ def task_environ(a: TaskAssignment, workdir: Path, capabilities: Capabilities) -
     env["GPULAYER_ATTEMPT"] = str(a.attempt)
     env["GPULAYER_NODE_RANK"] = str(a.node_rank)
     env["GPULAYER_ACCELERATOR"] = a.accelerator or "cpu"
+    env["GPULAYER_ARTIFACTS_DIR"] = str(artifacts)
     env["PYTHONUNBUFFERED"] = "1"
     from gpulayer.devices import task_environment
 

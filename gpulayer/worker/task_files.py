@@ -6,7 +6,10 @@ no bundle (its working directory), under one folder of the worker's own,
 journaled file system making and removing a folder for each task cost more than the rest of
 a no-op task's files (0.25 ms).
 
-A worker removes both as it stops; one that was killed (SIGKILL, the OOM killer, a power
+Each task also gets an artifacts folder beside its scratch folder, ``<task id>.artifacts``
+(``GPULAYER_ARTIFACTS_DIR``), removed once what it holds is stored.
+
+A worker removes its folders as it stops; one that was killed (SIGKILL, the OOM killer, a power
 loss) could not, and each folder carries a file (:data:`OWNER`) that names its worker (host,
 PID namespace and :func:`~gpulayer.worker.markers.owner`), so that the next worker started on
 the machine removes those of workers that are gone (:func:`sweep`), as it ends the processes
@@ -90,10 +93,18 @@ class TaskFiles:
 
     def scratch(self, task_id: str) -> Path:
         """The task's scratch folder (made here)."""
+        return self._in_root(task_id)
+
+    def artifacts(self, task_id: str) -> Path:
+        """The task's artifacts folder (``GPULAYER_ARTIFACTS_DIR``: what it leaves there is kept
+        with its job, see :mod:`gpulayer.worker.artifacts`), made here."""
+        return self._in_root(f"{task_id}.artifacts")
+
+    def _in_root(self, name: str) -> Path:
         with self._lock:
             if self.scratch_root is None or not self.scratch_root.is_dir():
                 self.scratch_root = _made(config.home() / "tasks", _SCRATCH_PREFIX)
-            folder = self.scratch_root / task_id
+            folder = self.scratch_root / name
         folder.mkdir(exist_ok=True)
         return folder
 
@@ -104,6 +115,7 @@ class TaskFiles:
         does not look for them (a failed unlink lists the folder)."""
         if self.scratch_root is not None:
             shutil.rmtree(self.scratch_root / task_id, ignore_errors=True)
+            shutil.rmtree(self.scratch_root / f"{task_id}.artifacts", ignore_errors=True)
         folder = self.folder
         if folder is None or not function:
             return

@@ -81,6 +81,33 @@ def test_a_job_goes_from_queued_to_succeeded_with_its_logs_arriving_live(page: A
     assert dash.state(holder) == "succeeded"
 
 
+def test_a_jobs_artifacts_appear_as_it_ends_and_download_as_a_zip(page: Any, dash: Dash) -> None:
+    import io
+    import zipfile
+
+    gate = dash.gate()
+    job_id = dash.submit(["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.1; done; "
+                                      'mkdir "$GPULAYER_ARTIFACTS_DIR/plots"; echo 0.1 > "$GPULAYER_ARTIFACTS_DIR/loss.txt"; '
+                                      'echo png > "$GPULAYER_ARTIFACTS_DIR/plots/a.png"'])
+    page.goto(f"{dash.url}/jobs/{job_id}")
+    expect(page.locator("#live_job_state")).to_contain_text("running", timeout=JOB_WAIT_MS)
+    expect(page.locator("#artifacts")).to_have_count(0)
+    gate.touch()
+    link = page.locator("#artifacts a")
+    expect(link).to_have_text("2 file(s), 8 B", timeout=JOB_WAIT_MS)  # (the page is live: no reload)
+    expect(page.locator("#artifacts")).to_contain_text(f"gpulayer jobs artifacts {job_id}")
+    with page.expect_download() as info:
+        link.click()
+    download = info.value
+    assert download.suggested_filename.startswith(f"{job_id}-tsk-") and download.suggested_filename.endswith(".zip")
+    with zipfile.ZipFile(io.BytesIO(open(download.path(), "rb").read())) as zf:
+        assert sorted(zf.namelist()) == ["loss.txt", "plots/a.png"] and zf.read("loss.txt") == b"0.1\n"
+    other = page.context.new_page()  # (a task of no artifacts: the error page, not a zip)
+    response = other.goto(f"{dash.url}/jobs/{job_id}/artifacts/tsk-000000000000")
+    assert response is not None and response.status == 404
+    expect(other.locator("body")).to_contain_text("no artifacts stored")
+
+
 def test_cancel_a_running_job(page: Any, dash: Dash) -> None:
     job_id = dash.submit(["sh", "-c", "echo started; sleep 600"], name="to cancel")
     page.goto(f"{dash.url}/jobs/{job_id}")

@@ -109,6 +109,9 @@ def write_project(project: Path) -> Path:
     """The source bundle the jobs run: the scripts above and a package for function entries."""
     (project / "trainlib").mkdir(parents=True)
     (project / "allreduce.py").write_text(ALLREDUCE)
+    (project / "leave_rank.py").write_text(
+        "import os\nrank = os.environ['RANK']\n"
+        "open(os.path.join(os.environ['GPULAYER_ARTIFACTS_DIR'], f'rank-{rank}.txt'), 'w').write(rank)\n")
     (project / "fail_one_rank.py").write_text(FAIL_ONE_RANK)
     (project / "trainlib" / "__init__.py").write_text("")
     (project / "trainlib" / "ops.py").write_text(OPS)
@@ -247,6 +250,16 @@ def test_two_nodes_by_two_processes_all_reduce(cluster: Cluster) -> None:
     shown = rank_lines(proc.stdout)
     assert sorted((d["_node_prefix"], d["rank"]) for d in shown) == [(0, 0), (0, 1), (1, 2), (1, 3)]
     print(f"2x2 all_reduce: {time.monotonic() - started:.1f} s")
+
+
+def test_each_node_leaves_its_own_artifacts(cluster: Cluster, tmp_path: Path) -> None:
+    h = gl.submit(DistributedJob(nodes=2, nproc_per_node=2, entry="leave_rank.py", bundle=str(cluster.project),
+                                 timeout=120))
+    assert h.wait(120).state is JobState.SUCCEEDED, h.logs()
+    got = h.artifacts(tmp_path / "out")
+    assert sorted(str(p.relative_to(got)) for p in got.rglob("*") if p.is_file()) == [
+        "node-0/rank-0.txt", "node-0/rank-1.txt", "node-1/rank-2.txt", "node-1/rank-3.txt"]
+    assert (got / "node-1" / "rank-3.txt").read_text() == "3"
 
 
 def test_a_failing_rank_ends_the_group_and_fails_the_job(cluster: Cluster) -> None:

@@ -21,16 +21,7 @@ from gpulayer.specs import CommandJob, Placement
 from gpulayer.store import Store, migrations
 from gpulayer.wire import Wire
 from gpulayer.worker.logbuffer import LogBuffer, task_sender
-from tests.factories import make_capabilities
-
-
-def running_task(cp: ControlPlane) -> tuple[str, str, str]:
-    """A job whose one task runs: (job id, task id, worker id)."""
-    w = cp.register_worker(make_capabilities(), cpu_slots=1).id
-    job = cp.submit(CommandJob(command=["true"]))
-    [a] = cp.poll_tasks(w)
-    cp.start_task(a.task_id, worker_id=w)
-    return job.id, a.task_id, w
+from tests.factories import make_capabilities, running_task
 
 
 def stored(cp: ControlPlane, job_id: str) -> list[tuple[str, str]]:
@@ -84,7 +75,7 @@ def test_the_migration_from_schema_11(store_url: str) -> None:
     store.dispose()
     cp = ControlPlane(Store(store_url))
     try:
-        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 12
+        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 13
         # a task stored before counts 0 characters stored: its output is taken from there
         cp.append_logs(task_id, worker_id=w, chunks=[("stdout", "a\n")], offset=0)
         cp.append_logs(task_id, worker_id=w, chunks=[("stdout", "a\n")], offset=0)

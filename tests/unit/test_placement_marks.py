@@ -54,7 +54,8 @@ TRIGGERS = {7: "3d4aecd4ab38f690ccbd42f80a37f214719b78361571b892e76c41dae4840bb5
             9: "c12b1ae289a0be1198e10b7eb4ff0cc5092078fdfda30e5db5de188577a84fd5",
             10: "6bc5489bba45bf8e3fe13ab7542436a1381dcc572b827cd85b72d4604a129f82",
             11: "6bc5489bba45bf8e3fe13ab7542436a1381dcc572b827cd85b72d4604a129f82",
-            12: "6bc5489bba45bf8e3fe13ab7542436a1381dcc572b827cd85b72d4604a129f82"}
+            12: "6bc5489bba45bf8e3fe13ab7542436a1381dcc572b827cd85b72d4604a129f82",
+            13: "6bc5489bba45bf8e3fe13ab7542436a1381dcc572b827cd85b72d4604a129f82"}
 
 
 def test_the_triggers_change_only_with_the_schema() -> None:

@@ -75,6 +75,7 @@ ROUTES: tuple[DashboardRoute, ...] = (
     DashboardRoute("job", "GET", "/jobs/{job_id}", "page"),
     DashboardRoute("cancel", "POST", "/jobs/{job_id}/cancel", "form"),
     DashboardRoute("rerun", "POST", "/jobs/{job_id}/rerun", "form"),
+    DashboardRoute("artifacts", "GET", "/jobs/{job_id}/artifacts/{task_id}", "page"),
     DashboardRoute("workers", "GET", "/workers", "page"),
     DashboardRoute("machines", "GET", "/machines", "page"),
     DashboardRoute("live_overview", "GET", "/live/overview", "live"),
@@ -340,6 +341,19 @@ class Dashboard:
 
         shown, session.notice = await run_in_threadpool(run)
         return RedirectResponse(f"{root(request)}/jobs/{urllib.parse.quote(shown)}", status_code=303, headers=HEADERS)
+
+    async def artifacts(self, request: Request, session: Session) -> Response:
+        """One task's artifacts, as a zip to save (gpulayer jobs artifacts)."""
+        job_id, task_id = request.path_params["job_id"], request.path_params["task_id"]
+
+        def read() -> bytes:
+            views.visible_job(self.control, session.identity, job_id, arguments=False)
+            return self.control.get_artifacts(job_id, task_id)
+
+        data = await run_in_threadpool(read)
+        name = urllib.parse.quote(f"{job_id}-{task_id}-artifacts.zip")
+        return Response(data, media_type="application/zip",
+                        headers={**HEADERS, "content-disposition": f"attachment; filename*=UTF-8''{name}"})
 
     async def workers(self, request: Request, session: Session) -> Response:
         context = {**self._base(request, session, "workers"), "live": f"{root(request)}/live/workers"}

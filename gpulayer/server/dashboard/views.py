@@ -27,6 +27,8 @@ from typing import Any
 import jinja2
 
 from gpulayer.api import MAX_LOG_CHUNKS, LogChunk, ResultJSON, log_page_cut
+from gpulayer.artifacts import format_size
+from gpulayer.artifacts import latest as latest_artifacts
 from gpulayer.client import chunk_text, prefixes_nodes
 from gpulayer.control import ControlPlane
 from gpulayer.errors import NotFound
@@ -113,7 +115,7 @@ def result_json(result: Any) -> str:
     return result.text if isinstance(result, ResultJSON) else json.dumps(result)
 
 
-ENV.filters.update(gb=format_gb, when=when, iso=iso, what=what, needs=needs, result_json=result_json)
+ENV.filters.update(size=format_size, gb=format_gb, when=when, iso=iso, what=what, needs=needs, result_json=result_json)
 ENV.globals.update(age=age, states=[s.value for s in JobState])
 
 
@@ -194,7 +196,8 @@ def job(control: ControlPlane, who: Identity, job_id: str, *, logs: bool = True,
         attempts.setdefault(t.attempt, []).append(TaskView(t, names.get(t.worker_id, "")))
     out: dict[str, Any] = {"job": record, "attempts": attempts, "events": control.events(job_id),
                            "now": time.time(), "spec_json": spec_json(record) if spec else "",
-                           "nearest": nearest_miss(control, who, record)}
+                           "nearest": nearest_miss(control, who, record),
+                           "artifacts": latest_artifacts(control.list_artifacts(job_id))}
     if logs:
         parts, last, more = read_logs(control, record, 0)
         out.update(log=parts, log_after=last, log_more=more)

@@ -1,0 +1,215 @@
+"""Artifacts in parts: what a worker packs of a task's folder (and leaves out, or refuses),
+what it says when the control plane does not store them, what the control plane accepts
+(on SQLite and PostgreSQL), and how a reader extracts them. End to end:
+tests/integration/test_artifacts.py."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpulayer import artifacts
+from gpulayer.api import TaskAssignment
+from gpulayer.bundles.archive import extract_into
+from gpulayer.client import Client
+from gpulayer.control import ControlPlane
+from gpulayer.errors import BundleError, Forbidden, InvalidInput, NotFound, TooLarge
+from gpulayer.records import JobState, TaskState
+from gpulayer.specs import CommandJob
+from gpulayer.store import plain
+from gpulayer.worker.artifacts import Refused, keep, pack
+from tests.bundle_attacks import make_zip
+from tests.factories import make_capabilities, running_task
+
+
+def _zip(files: dict[str, bytes]) -> tuple[bytes, str]:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    data = buf.getvalue()
+    return data, hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------- the worker's side
+
+
+def test_pack_keeps_regular_files_by_path_and_leaves_out_the_rest(tmp_path: Path) -> None:
+    assert pack(tmp_path / "missing") is None
+    folder = tmp_path / "a"
+    folder.mkdir()
+    assert pack(folder) is None  # (nothing left: nothing to store)
+    (folder / "z.txt").write_text("z")
+    (folder / "d" / "e").mkdir(parents=True)
+    (folder / "d" / "e" / "deep.bin").write_bytes(b"\0" * 100)
+    (folder / "d" / "empty").mkdir()
+    os.symlink(tmp_path, folder / "d" / "dirlink")
+    os.symlink("/etc/hostname", folder / "filelink")
+    os.mkfifo(folder / "pipe")
+    got = pack(folder)
+    assert got is not None
+    assert got.files == 2 and got.unpacked == 101 and got.digest == hashlib.sha256(got.data).hexdigest()
+    assert got.left_out == ["d/dirlink", "filelink", "pipe"]
+    with zipfile.ZipFile(io.BytesIO(got.data)) as zf:
+        assert zf.namelist() == ["d/e/deep.bin", "z.txt"]
+        assert zf.read("d/e/deep.bin") == b"\0" * 100
+    only_links = tmp_path / "b"
+    only_links.mkdir()
+    os.symlink("/etc/hostname", only_links / "l")
+    lonely = pack(only_links)
+    assert lonely is not None and lonely.files == 0 and lonely.left_out == ["l"]
+
+
+def test_pack_refuses_more_than_the_control_plane_keeps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "a"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"f{i}").write_bytes(os.urandom(40_000))
+    monkeypatch.setenv("GPULAYER_MAX_BUNDLE_FILES", "2")
+    with pytest.raises(Refused, match=r"^3 files, more than the 2 allowed \(GPULAYER_MAX_BUNDLE_FILES\)$"):
+        pack(folder)
+    monkeypatch.delenv("GPULAYER_MAX_BUNDLE_FILES")
+    monkeypatch.setenv("GPULAYER_MAX_ARTIFACTS_MB", "0.05")  # 52,428 bytes: 120,000 random ones do not fit
+    with pytest.raises(Refused, match=r"^artifacts are over the control plane's limit: the limit is 51.2 KB "
+                                      r"\(52428 bytes, GPULAYER_MAX_ARTIFACTS_MB\)$"):
+        pack(folder)
+
+
+class _Api:
+    """A worker's control plane that answers put_artifacts with ``answer`` (raised)."""
+
+    def __init__(self, answer: Exception | None = None) -> None:
+        self.answer = answer
+        self.sent: list[tuple[str, str, bytes, str]] = []
+
+    def put_artifacts(self, task_id: str, digest: str, data: bytes, *, worker_id: str) -> None:
+        self.sent.append((task_id, digest, data, worker_id))
+        if self.answer is not None:
+            raise self.answer
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+
+    def add(self, stream: str, text: str) -> None:
+        self.lines.append((stream, text))
+
+
+def _assignment() -> TaskAssignment:
+    return TaskAssignment(task_id="tsk-1", job_id="job-1", attempt=1, node_rank=0, accelerator=None, devices=[],
+                          spec=CommandJob(command=["true"]))
+
+
+@pytest.mark.parametrize(("answer", "said"), [
+    (None, []),
+    (NotFound("PUT /v1/tasks/tsk-1/artifacts/ab: no such route"),
+     ["gpulayer: artifacts not kept (1 file(s), 5 B): PUT /v1/tasks/tsk-1/artifacts/ab: no such route\n"]),
+    (TooLarge("artifacts are over the control plane's limit: the limit is 1.0 MB"),
+     ["gpulayer: artifacts not kept (1 file(s), 5 B): artifacts are over the control plane's limit: the limit is 1.0 MB\n"]),
+])
+def test_keep_sends_them_or_says_in_the_output_why_not(tmp_path: Path, answer: Exception | None,
+                                                         said: list[str]) -> None:
+    (tmp_path / "out.txt").write_text("hello")
+    api, log = _Api(answer), _Log()
+    keep(api, _assignment(), "wkr-1", tmp_path, log)  # type: ignore[arg-type]
+    [(task_id, digest, data, worker)] = api.sent
+    assert (task_id, worker) == ("tsk-1", "wkr-1") and digest == hashlib.sha256(data).hexdigest()
+    assert [text for _, text in log.lines] == said and all(stream == "stderr" for stream, _ in log.lines)
+
+
+def test_keep_sends_nothing_for_nothing_and_says_what_it_refused(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    api, log = _Api(), _Log()
+    keep(api, _assignment(), "wkr-1", tmp_path, log)  # type: ignore[arg-type]
+    assert api.sent == [] and log.lines == []
+    (tmp_path / "a").write_bytes(b"1")
+    (tmp_path / "b").write_bytes(b"2")
+    monkeypatch.setenv("GPULAYER_MAX_BUNDLE_FILES", "1")
+    keep(api, _assignment(), "wkr-1", tmp_path, log)  # type: ignore[arg-type]
+    assert api.sent == []
+    assert log.lines == [("stderr", "gpulayer: artifacts not kept: 2 files, more than the 1 allowed "
+                                    "(GPULAYER_MAX_BUNDLE_FILES)\n")]
+
+
+# --------------------------------------------------------------------------- the control plane's side
+
+
+def test_a_worker_stores_its_tasks_artifacts_once_and_readers_get_them(cp: ControlPlane) -> None:
+    job_id, task_id, w = running_task(cp)
+    data, digest = _zip({"a.txt": b"one", "d/b.txt": b"two!"})
+    stored = cp.put_artifacts(task_id, digest, data, worker_id=w)
+    assert (stored.job_id, stored.files, stored.unpacked, stored.size) == (job_id, 2, 7, len(data))
+    again, digest2 = _zip({"c.txt": b"three"})  # (its answer lost: sent again, it replaces the first)
+    cp.put_artifacts(task_id, digest2, again, worker_id=w)
+    [listed] = cp.list_artifacts(job_id)
+    assert (listed.task_id, listed.digest, listed.files) == (task_id, digest2, 1)
+    assert cp.get_artifacts(job_id, task_id) == again
+    assert any(e.kind == "artifacts_stored" and e.message == "1 file(s), 5 B" for e in cp.events(job_id))
+    cp.finish_task(task_id, worker_id=w, state=TaskState.SUCCEEDED, exit_code=0)
+    assert cp.get_job(job_id).state is JobState.SUCCEEDED
+    with pytest.raises(NotFound, match=r"no artifacts stored"):
+        cp.get_artifacts(job_id, "tsk-000000000000")
+    with pytest.raises(NotFound, match="no such job"):
+        cp.list_artifacts("job-000000000000")
+
+    cp.delete_jobs([job_id])  # (deleted with their job)
+    with cp.store.read() as s:
+        assert plain.fetch(s, "SELECT COUNT(*) FROM gl_artifacts", ())[0][0] == 0
+
+
+def test_the_control_plane_refuses_what_is_not_a_tasks_safe_zip(cp: ControlPlane,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    job_id, task_id, w = running_task(cp)
+    data, digest = _zip({"a.txt": b"one"})
+    other = cp.register_worker(make_capabilities(), cpu_slots=1).id
+    with pytest.raises(Forbidden, match=f"task {task_id} is not assigned to worker {other}"):
+        cp.put_artifacts(task_id, digest, data, worker_id=other)
+    with pytest.raises(BundleError, match="does not match"):
+        cp.put_artifacts(task_id, "0" * 64, data, worker_id=w)
+    escape = make_zip([("../evil.txt", b"x", 0o644)])
+    with pytest.raises(BundleError, match=r"\.\."):
+        cp.put_artifacts(task_id, hashlib.sha256(escape).hexdigest(), escape, worker_id=w)
+    with pytest.raises(NotFound):
+        cp.put_artifacts("tsk-000000000000", digest, data, worker_id=w)
+    monkeypatch.setenv("GPULAYER_MAX_ARTIFACTS_MB", "0.0001")
+    with pytest.raises(TooLarge, match=r"^artifacts are over the control plane's limit: 111 B zipped; the limit is "
+                                       r"104 B \(104 bytes, GPULAYER_MAX_ARTIFACTS_MB\)$"):
+        cp.put_artifacts(task_id, digest, data, worker_id=w)
+    assert cp.list_artifacts(job_id) == []  # (nothing stored by any of them)
+
+
+# --------------------------------------------------------------------------- the reader's side
+
+
+def test_extract_into_refuses_to_replace_a_file(tmp_path: Path) -> None:
+    data, digest = _zip({"a.txt": b"new", "d/b.txt": b"b"})
+    (tmp_path / "a.txt").write_text("mine")
+    with pytest.raises(BundleError, match="collides"):
+        extract_into(data, digest, tmp_path, limits=artifacts.limits())
+    assert (tmp_path / "a.txt").read_text() == "mine"
+    (tmp_path / "fresh").mkdir()
+    assert extract_into(data, digest, tmp_path / "fresh", limits=artifacts.limits()) == ["a.txt", "d/b.txt"]
+    assert (tmp_path / "fresh" / "d" / "b.txt").read_bytes() == b"b"
+
+
+def test_a_reader_of_an_older_server_is_told_so(tmp_path: Path) -> None:
+    class OldServer:
+        def get_job(self, job_id: str, **_: Any) -> Any:
+            return type("J", (), {"spec": CommandJob(command=["true"]), "state": JobState.SUCCEEDED})()
+
+        def list_artifacts(self, job_id: str) -> Any:
+            raise NotFound(f"GET /v1/jobs/{job_id}/artifacts: no such route")
+
+    client = Client.__new__(Client)
+    client.api = OldServer()  # type: ignore[assignment]
+    client.location = "https://old.example:8443"  # type: ignore[misc]
+    with pytest.raises(InvalidInput, match=r"^the control plane at https://old.example:8443 keeps no artifacts: its "
+                                           r"server is older than artifacts; upgrade it$"):
+        client.artifacts("job-1", tmp_path / "x")
