@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import re
 
-__all__ = ["QUOTED", "NodeLines", "log_text", "node_refused", "prefixes_nodes", "shown_text", "stored_log_text"]
+__all__ = ["QUOTED", "NodeLines", "log_text", "node_refused", "prefixes_nodes", "shown_text", "stored_log_text",
+           "utf8_text"]
 
 #: marks a stored chunk whose text is JSON-quoted (a private-use character that output
 #: essentially never starts with)
@@ -21,15 +22,24 @@ QUOTED = "\ue000"
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def stored_log_text(data: str) -> str:
-    """Log text as stored: lone surrogates (not encodable) replaced by U+FFFD, NUL kept.
-    (Looked for only in text that does not encode: the regular expression scanned each
-    64 kB chunk character by character, 28% of a chatty task's worker CPU; the encode is C.)"""
+def utf8_text(data: str) -> str:
+    """``data`` as UTF-8 can hold it: each lone surrogate (``'\\udcff'``, what a byte that is not
+    UTF-8 becomes in a path or an error message decoded with ``surrogateescape``) replaced by
+    U+FFFD, as that byte in a task's output is. (Looked for only in text that does not
+    encode: the regular expression scanned each 64 kB chunk character by character, 28% of a
+    chatty task's worker CPU; the encode is C.)"""
     if not data.isascii():
         try:
             data.encode()
         except UnicodeEncodeError:
-            data = _LONE_SURROGATE.sub("\ufffd", data)
+            return _LONE_SURROGATE.sub("\ufffd", data)
+    return data
+
+
+def stored_log_text(data: str) -> str:
+    """Log text as stored: lone surrogates (not encodable) replaced by U+FFFD (:func:`utf8_text`),
+    NUL kept."""
+    data = utf8_text(data)
     if "\x00" in data or data.startswith(QUOTED):
         return QUOTED + json.dumps(data)
     return data

@@ -43,7 +43,7 @@ from gpulayer.worker.cache_keeper import CacheKeeper
 from gpulayer.worker.fork_servers import ForkServers, site_hook
 from gpulayer.worker.forking import RUNNER_PATH, ForkServer
 from gpulayer.worker.logbuffer import LogBuffer, task_sender
-from gpulayer.worker.outcome import Deletions, NotStarted, StartMark, TaskOutcome, function_outcome
+from gpulayer.worker.outcome import Deletions, NotStarted, StartMark, TaskOutcome, error_text, function_outcome
 from gpulayer.worker.process import Cancel, OrphanSweep, Started, Starter, StartFailed
 from gpulayer.worker.task_env import WORKER_SECRETS, task_environ
 from gpulayer.worker.task_files import INLINE_SPEC_MAX, TaskFiles
@@ -515,12 +515,12 @@ class Agent:
                 workdir = self._workdir(a)
             except (GpulayerError, OSError) as exc:
                 logbuf.add("stderr", f"gpulayer: could not prepare the source bundle: {exc}\n")
-                return TaskOutcome(TaskState.FAILED, error=JobError.bundle(str(exc)))
+                return TaskOutcome(TaskState.FAILED, error=JobError.bundle(error_text(exc)))
         try:
             env = self.task_env(a, workdir)
         except PluginError as exc:  # (the granted devices' environment: the plugin is named)
             logbuf.add("stderr", f"gpulayer: {exc}\n")
-            return TaskOutcome(TaskState.FAILED, error=JobError.plugin(str(exc)))
+            return TaskOutcome(TaskState.FAILED, error=JobError.plugin(error_text(exc)))
         if fork is not None and (hook := site_hook([str(workdir), *a.spec.env.get("PYTHONPATH", "").split(os.pathsep)])):
             fork = None  # (its server ran site's hooks as it started, from the worker's own path)
             started.how = f"spawned: {hook} would not run in a forked process"
@@ -578,7 +578,7 @@ class Agent:
                 cmd = launch_command(spec, a.rendezvous, a.node_rank, self.python)
             except PluginError as exc:
                 logbuf.add("stderr", f"gpulayer: {exc}\n")
-                return TaskOutcome(TaskState.FAILED, error=JobError.launcher(str(exc)))
+                return TaskOutcome(TaskState.FAILED, error=JobError.launcher(error_text(exc)))
             argv = list(cmd.argv)
             env.update(cmd.env)
         else:  # pragma: no cover - the spec union is closed
@@ -593,7 +593,7 @@ class Agent:
             outcome.error = f"the worker stopped before the task finished (grace {self._stop_grace:g} s)"
         report = TaskOutcome(state, exit_code=outcome.exit_code)
         if outcome.error and state is not TaskState.SUCCEEDED:
-            report.error = JobError.ended(state, outcome.error)
+            report.error = JobError.ended(state, error_text(outcome.error))
         if result_path is not None and state in (TaskState.SUCCEEDED, TaskState.FAILED):
             return function_outcome(report, result_path, getattr(spec, "python", None))  # (a FunctionJob)
         return report

@@ -33,6 +33,7 @@ from typing import Any
 
 from gpulayer.api import LogStream
 from gpulayer.errors import AuthError, Conflict, InvalidInput, NotFound
+from gpulayer.logtext import utf8_text
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +147,12 @@ class LogBuffer:
             self._due.set()
 
     def add(self, stream: LogStream, text: str) -> None:
+        """Add the worker's own ``text`` (a line saying why the task did not run): a lone
+        surrogate in it (an error naming a path that is not UTF-8) becomes U+FFFD, as that byte
+        written by the task does. (Sent as it was, its shipment could not be encoded: it failed
+        until the worker gave up on it, and the task's output after it was lost.)"""
         with self._lock:
-            self._append(stream, text)
+            self._append(stream, utf8_text(text))
 
     def _append(self, stream: LogStream, text: str) -> None:
         if not text:

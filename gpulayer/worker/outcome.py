@@ -51,9 +51,9 @@ def function_outcome(report: TaskOutcome, result_path: Path, python: str | None 
     elif isinstance(payload, dict) and isinstance(payload.get("error"), dict):
         err = payload["error"]
         report.state = TaskState.FAILED
-        report.error = JobError.raised_by(_text(err.get("type"))[:MAX_ERROR_TYPE] or "Exception",
-                                          _clipped(_text(err.get("message")), MAX_ERROR_MESSAGE),
-                                          _clipped(_text(err.get("traceback")), MAX_ERROR_TRACEBACK, end=True))
+        report.error = JobError.raised_by(error_text(err.get("type"))[:MAX_ERROR_TYPE] or "Exception",
+                                          _clipped(error_text(err.get("message")), MAX_ERROR_MESSAGE),
+                                          _clipped(error_text(err.get("traceback")), MAX_ERROR_TRACEBACK, end=True))
     elif report.state is TaskState.SUCCEEDED:
         report.state = TaskState.FAILED
         report.error = JobError(type="runner", message="the function runner wrote no result")
@@ -69,7 +69,7 @@ def function_outcome(report: TaskOutcome, result_path: Path, python: str | None 
     return report
 
 
-def _text(value: object) -> str:
+def error_text(value: object) -> str:
     """``value`` as text that can be stored and sent: a lone surrogate (an exception's
     message made from bytes decoded with ``surrogateescape``, or ``'\\udcff'`` itself) as
     its escape, as the job's stderr shows it. A message with one was refused by the

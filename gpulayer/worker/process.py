@@ -44,6 +44,7 @@ from typing import Protocol
 
 import psutil
 
+from gpulayer.logtext import utf8_text
 from gpulayer.worker import TREE_ID_ENV
 from gpulayer.worker.deathsig import die_with_parent, spawn_argv
 from gpulayer.worker.markers import PidMark, every_marker, marked, owner, owner_alive, process_of
@@ -504,7 +505,7 @@ def run_process(
 
 
 def _emit_safely(on_output: Callable[[str, bytes], None], message: str) -> None:
-    try:
-        on_output("stderr", f"gpulayer: {message}\n".encode())
+    try:  # (a lone surrogate, from a path that is not UTF-8, as U+FFFD: it does not encode)
+        on_output("stderr", f"gpulayer: {utf8_text(message)}\n".encode())
     except Exception:
         log.exception("on_output raised")

@@ -210,6 +210,19 @@ def test_cwd_is_used(tmp_path: Path) -> None:
     assert os.path.samefile(out.text("stdout").strip(), tmp_path)
 
 
+def test_a_command_that_cannot_start_in_a_folder_whose_name_is_not_utf8_says_so(tmp_path: Path) -> None:
+    """The worker's line naming a folder with a byte that is not UTF-8 (a lone surrogate as
+    Python reads it) could not be encoded: it was lost, with "on_output raised" in the
+    worker's log. Now the byte reads U+FFFD, as in the task's own output."""
+    folder = tmp_path / b"dir\xff".decode("utf-8", "surrogateescape")
+    folder.mkdir()
+    out = Output()
+    result = run_process(["gpulayer-no-such-command"], env=env(), cwd=str(folder), on_output=out)
+    assert (result.state, result.exit_code) == ("failed", 127)
+    assert out.text("stderr") == f"gpulayer: {result.error}\n".replace("\udcff", "\ufffd")
+    assert out.text("stderr").startswith(f"gpulayer: cannot start gpulayer-no-such-command in {tmp_path}/dir\ufffd: ")
+
+
 TREE = """
 import os, subprocess, sys, time
 child = subprocess.Popen(["sleep", "100"])
