@@ -40,6 +40,8 @@ class Relay:
 
     def cut(self) -> None:
         """End every connection and refuse new ones, for good."""
+        with contextlib.suppress(OSError):  # (wakes the accept: a close alone leaves it listening)
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         with self._lock:
             for s in self._open:

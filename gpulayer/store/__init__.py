@@ -41,6 +41,7 @@ from gpulayer import config
 from gpulayer.errors import DatabaseFailed, InvalidInput
 from gpulayer.store import marks, migrations, plain
 from gpulayer.store.nudges import Nudges
+from gpulayer.store.outages import client_reason
 from gpulayer.store.tables import (
     ArtifactsRow,
     BundleReaderRow,
@@ -289,7 +290,10 @@ class Store:
         one line, not as the driver's traceback (see :class:`~gpulayer.errors.DatabaseFailed`)."""
         orig = getattr(error, "orig", None) or error
         why = " ".join(str(orig).split())
-        return DatabaseFailed(f"{self.named}: {why}", reason=getattr(orig, "reason", why))
+        # (a client of a server is told the reason: PostgreSQL's own words name its host,
+        # port, user and files, so it is said in ours; SQLite's name none)
+        reason = getattr(orig, "reason", None) or (why if self.is_sqlite else client_reason(orig))
+        return DatabaseFailed(f"{self.named}: {why}", reason=reason)
 
     def _connection(self, *, write: bool) -> contextlib.AbstractContextManager[tuple[Connection, Session]]:
         """A connection and a session on it for one transaction (``write``: it begins

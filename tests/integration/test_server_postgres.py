@@ -1,5 +1,6 @@
-"""The server on PostgreSQL: jobs run, a restart resumes, and two servers sharing one
-database never hand out the same task twice."""
+"""The server on PostgreSQL: jobs run, a restart resumes, two servers sharing one database
+never hand out the same task twice, and a database that goes away is said to clients
+without its host or port."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import signal
 import threading
 from collections import Counter
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from gpulayer.client import Client, http_client
 from gpulayer.records import JobState, TaskState
 from gpulayer.specs import CommandJob, Placement
+from tests.relay import Relay
 from tests.server_support import Api, ServerProc, start_remote_worker, stop_proc, wait_workers
+from tests.support import cli
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(400)]
 
@@ -131,3 +135,29 @@ def test_the_start_says_the_database_as_given_with_its_password_hidden(postgres_
     assert ready["database"] == shown
     assert f"(database {shown})" in log
     assert "s3cret" not in log
+
+
+def test_a_database_server_that_goes_away_is_said_to_clients_without_its_host_or_port(
+        postgres_url: str, tmp_path: Path) -> None:
+    """A server whose PostgreSQL went away answered its clients 503 with psycopg's words:
+    'connection to server at "127.0.0.1", port 5432 failed: Connection refused ...'. A client
+    is now told the kind of failure alone, as for SQLite's files; the server's log keeps
+    psycopg's words. (The database is reached through a relay, cut after the start.)"""
+    parts = urlsplit(postgres_url)
+    relay = Relay(parts.port or 5432)
+    through = urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{relay.port}"))
+    srv = ServerProc(tmp_path / "s", database=through).start()
+    try:
+        admin = Api(srv.url, srv.admin_token)
+        assert admin("GET", "/v1/jobs").status_code == 200
+        relay.cut()
+        said = "the server's database failed: could not connect to the database server (connection refused)"
+        answer = admin("POST", "/v1/jobs", json={"spec": {"kind": "command", "command": ["true"]}})
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"] == {"code": "database_failed", "message": said}
+        listed = cli("--url", srv.url, "--token", srv.admin_token, "jobs", "list", env={"GPULAYER_HTTP_RETRY_SECONDS": "1"})
+        assert (listed.returncode, listed.stdout, listed.stderr.strip()) == (1, "", f"error: {said}"), listed.stderr
+    finally:
+        relay.cut()
+        srv.stop()
+    assert f'port {relay.port} failed: Connection refused' in srv.log()

@@ -184,3 +184,37 @@ def test_a_server_says_a_lock_held_too_long_without_naming_its_files(
     assert message.startswith("the server's database failed: the database is locked"), message
     assert "private-server-folder" not in answer.text
     control.store.dispose()
+
+
+@pytest.mark.postgres
+def test_a_server_says_postgresqls_failures_without_its_host_user_or_files(postgres_url: str) -> None:
+    """PostgreSQL's own words name its files, its users and its host; a client of a server
+    is told the kind of failure (by its SQLSTATE, or libpq's cause), the log the words."""
+    import psycopg
+
+    store = Store(postgres_url)
+    try:
+        for error, said in [
+            (psycopg.errors.DiskFull('could not extend file "base/16384/2619": No space left on device'),
+             "the database server's disk is full (SQLSTATE 53100)"),
+            (psycopg.errors.InvalidPassword('password authentication failed for user "gl_private"'),
+             "the database server refused this server's credentials (SQLSTATE 28P01)"),
+            (psycopg.errors.AdminShutdown("terminating connection due to administrator command"),
+             "the database server is shutting down (SQLSTATE 57P01)"),
+            (psycopg.errors.IoError('could not read block 0 in file "base/16384/2619": read only 0 of 8192 bytes'),
+             "the database server failed a statement (SQLSTATE 58030)"),
+            (psycopg.OperationalError('connection failed: connection to server at "10.9.8.7", port 6543 failed: '
+                                      'FATAL:  password authentication failed for user "gl_private"'),
+             "the database server refused this server's credentials"),
+            (psycopg.OperationalError('consuming input failed: server closed the connection unexpectedly\n'
+                                      '\tThis probably means the server terminated abnormally'),
+             "the connection to the database server was lost"),
+            (psycopg.OperationalError('connection failed: connection to server at "10.9.8.7", port 6543 failed: '
+                                      'something new'),
+             "the database server could not be reached"),
+        ]:
+            failed = store._failed(error)
+            assert str(failed).endswith(" ".join(str(error).split())), failed  # (the log's words)
+            assert str(failed.for_clients()) == f"the server's database failed: {said}"
+    finally:
+        store.dispose()
