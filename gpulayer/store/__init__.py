@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sqlite3
 import threading
@@ -135,6 +136,8 @@ class Store:
             raise migrations.SchemaTooNew(f"{given(url, where)}: {error}") from None
         except (exc.SQLAlchemyError, OSError) as error:  # (not a database, unreachable, refused)
             self.dispose()
+            if _outage(error):  # (a full disk under an upgrade: nothing of it was stored)
+                raise self._failed(error) from None
             why = " ".join(str(getattr(error, "orig", None) or error).split())
             raise InvalidInput(f"{given(url, where)}: cannot open the database: {why}") from None
 
@@ -322,6 +325,23 @@ def _refused(error: Exception) -> bool:
     a :class:`~gpulayer.errors.DatabaseFailed` that may pass; a server answers it 500 and logs
     its traceback. (Python 3.10's sqlite3 does not say which error: there, every one is.)"""
     return getattr(getattr(error, "orig", None) or error, "sqlite_errorname", None) == "SQLITE_ERROR"
+
+
+#: what a database that failed says (SQLite's result codes, errno, PostgreSQL's SQLSTATE classes)
+#: where it was found and could be read, but not written now: an outage, not a wrong database
+_OUTAGES = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_NOMEM")
+
+
+def _outage(error: Exception) -> bool:
+    """Whether opening the database failed for a reason that passes (a full disk, an I/O
+    error, a lock held too long: while its schema was upgraded, in one transaction, which
+    left it as it was): a :class:`~gpulayer.errors.DatabaseFailed`, not a database URL
+    or file to correct."""
+    orig = getattr(error, "orig", None) or error
+    if isinstance(orig, OSError) and not isinstance(orig, sqlite3.Error):
+        return orig.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO)
+    name = getattr(orig, "sqlite_errorname", None) or ""
+    return name.startswith(_OUTAGES) or isinstance(orig, _Locked) or str(getattr(orig, "sqlstate", "")).startswith("53")
 
 
 def _driver(conn: Connection) -> Any:

@@ -151,3 +151,39 @@ def test_a_task_whose_start_could_not_be_stored_starts_once_the_disk_has_room(sm
     finally:
         worker.kill()
         worker.wait(30)
+
+
+def test_a_full_disk_during_a_schema_upgrade_is_an_outage_and_leaves_the_database_as_it_was(small_home: Path) -> None:
+    """A home of an older GPUlayer (schema 1) upgraded on a full disk: the command exited 2,
+    'cannot open the database: database or disk is full', as if the home given were wrong.
+    It is an outage (exit 1, the words of any other full disk); the upgrade, one
+    transaction, left the database as it was, and runs once the disk has room."""
+    import sqlite3
+
+    from gpulayer.specs import CommandJob
+    from gpulayer.store import migrations
+
+    path = small_home / "gpulayer.db"
+    db = sqlite3.connect(path)
+    for statement in migrations.HISTORY[1]:
+        db.execute(statement)
+    # jobs with a bundle, each of which the upgrade rewrites (schema 11: gl_jobs.bundle_digest)
+    spec = CommandJob(command=["echo", "x" * 2000], bundle_digest="0" * 64).model_dump_json()
+    db.executemany("INSERT INTO gl_jobs (id, kind, spec, state, priority, created_at, updated_at, attempt,"
+                   " max_attempts, cancel_requested) VALUES (?, 'command', ?, 'succeeded', 0, 1.0, 2.0, 1, 1, 0)",
+                   [(f"job-{i:012x}", spec) for i in range(300)])
+    db.commit()
+    before = list(db.iterdump())
+    db.close()
+    filler = fill(small_home.parent)
+    with open(filler, "r+b") as f:  # room for the database's shared memory and a few pages, not the upgrade
+        f.truncate(os.path.getsize(filler) - 128 * 1024)
+    listed = cli("jobs", "list", "--json")
+    assert (listed.returncode, listed.stderr.strip()) == (
+        1, f"error: the database in GPULAYER_HOME ({path}): database or disk is full"), listed.stderr
+    db = sqlite3.connect(path)  # (in WAL mode now, as the open leaves it: its tables and rows as they were)
+    assert list(db.iterdump()) == before and db.execute("SELECT version FROM gl_schema").fetchall() == [(1,)]
+    db.close()
+    filler.unlink()
+    listed = cli("jobs", "list", "--json", "--limit", "1000", check=True)  # (upgraded, now it has room)
+    assert len(json.loads(listed.stdout)) == 300
