@@ -91,6 +91,7 @@ from gpulayer.wire import (  # (re-exported: what goes over the wire is part of 
     Wire,
     WorkerUsage,
     WorkPoll,
+    deleted_again,
     log_page_cut,
 )
 
@@ -429,7 +430,7 @@ ROUTES: tuple[Route, ...] = (
     Route("delete_jobs", "POST", "/v1/jobs/delete", READERS,
           f"Delete up to {MAX_BATCH} ended jobs with their tasks, output and events (those that exist and are "
           "yours); jobs that have not ended are named and left; other ids are left out",
-          response=JobsDeleted, body=DeleteJobsBody, context={"owner": "owner"}),
+          response=JobsDeleted, body=DeleteJobsBody, context={"owner": "owner"}, again=deleted_again),
     Route("rerun_jobs", "POST", "/v1/jobs/rerun", READERS,
           f"Submit up to {MAX_BATCH} ended jobs (yours) again as new jobs; with downstream, the jobs after them too",
           response=JobsRerun, body=RerunJobsBody, context={"owner": "owner"}, safe=False),

@@ -18,6 +18,10 @@ Retries: connection errors and 502/503/504 are retried with exponential backoff 
 that are safe to repeat (``Route.safe``: reads, heartbeats, reports, cancel, uploads, and
 submit, which carries an idempotency key); a request that could not even connect is retried
 for any route. When retries run out the call raises :class:`~gpulayer.errors.ConnectionFailed`.
+A request sent again after a try that may have been carried out (its connection broke after
+it was sent, or a proxy answered 502, 503 or 504) has its answer read by its route's
+``again``, where it has one: a delete sent again finds gone the jobs the first try deleted,
+and says them deleted (:func:`gpulayer.wire.deleted_again`).
 
 Transport: ``transport=`` takes any :class:`httpx.BaseTransport`, so the same client runs
 in-process against the Starlette app in tests.
@@ -63,6 +67,9 @@ from gpulayer.wire import Splice
 __all__ = ["HttpAPI", "RemoteAPI", "connect_http", "fingerprint_of_pem", "server_info", "tls_verify"]
 
 RETRY_STATUSES = (502, 503, 504)
+#: a response's extension: whether its request was sent again after a try that may have
+#: been carried out (its answer lost), which a route's ``again`` reads
+RESENT = "gpulayer.resent"
 #: raw bodies at least this large get a progress bar on a terminal; smaller ones are sent
 #: before a bar could be read
 PROGRESS_BYTES = 4 * 1024 * 1024
@@ -205,6 +212,13 @@ def _tls_refused(exc: BaseException) -> str:
     return ""
 
 
+def _database_failed(resp: httpx.Response) -> bool:
+    try:
+        return bool(resp.json()["error"]["code"] == DatabaseFailed.code)
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 def error_from_response(resp: httpx.Response) -> GpulayerError:
     status = resp.status_code
     try:
@@ -213,7 +227,7 @@ def error_from_response(resp: httpx.Response) -> GpulayerError:
         data = None
     # a server of ours that says why it cannot answer now (its database failed: a full disk)
     # is heard; a proxy's 502/503/504 is a control plane out of reach
-    if status in RETRY_STATUSES and not (isinstance(data, dict) and data.get("code") == DatabaseFailed.code):
+    if status in RETRY_STATUSES and not _database_failed(resp):
         return ConnectionFailed(f"{resp.request.url}: HTTP {status}")
     return error_from_wire(data, status=status)
 
@@ -274,6 +288,7 @@ class HttpAPI:
             and progress.is_terminal(sys.stderr)
         if shown:
             headers["content-length"] = str(len(content or b""))  # streamed, yet the server may refuse early
+        resent = False  # (an earlier try may have been carried out: its answer was lost)
         while True:
             body: bytes | Iterator[bytes] | None = content
             if shown:  # a fresh stream, and bar, for each attempt: a retry sends the whole body again
@@ -287,9 +302,14 @@ class HttpAPI:
                 if refused or not retryable or time.monotonic() + delay > deadline:
                     raise ConnectionFailed(f"cannot reach the control plane at {self.url}: "
                                            f"{type(exc).__name__}: {exc}{refused}") from None
+                resent = resent or not isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
             else:
                 if resp.status_code in ok:
+                    resp.extensions[RESENT] = resent
                     return resp
+                # (a proxy's 502, 503 or 504 may come after its server carried the request
+                # out; our own server's database_failed stored nothing of it)
+                resent = resent or (resp.status_code in RETRY_STATUSES and not _database_failed(resp))
                 if not (route.safe and resp.status_code in RETRY_STATUSES and time.monotonic() + delay <= deadline):
                     error = error_from_response(resp)
                     if route.method == "HEAD" and resp.status_code not in RETRY_STATUSES:
@@ -400,7 +420,10 @@ def _operation(route: api.Route) -> Callable[..., Any]:
         # and a field this client does not know, which a newer server sends, is left out: a
         # client reads what it knows of a record, as Ray's and Kubernetes' clients do; what a
         # user writes, and a request a server reads, still refuse an unknown field)
-        return adapter[0].validate_json(resp.content, context=CHECKED, extra="ignore")
+        answer = adapter[0].validate_json(resp.content, context=CHECKED, extra="ignore")
+        if route.again is not None and resp.extensions.get(RESENT):
+            return route.again(json_body, answer)
+        return answer
 
     call.__name__ = call.__qualname__ = route.op
     call.__doc__ = proto.__doc__

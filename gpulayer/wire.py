@@ -280,6 +280,16 @@ class JobsDeleted(Wire):
     not_ended: dict[str, JobState] = Field(default_factory=dict)
 
 
+def deleted_again(body: dict[str, Any], answer: JobsDeleted) -> JobsDeleted:
+    """A delete sent again after a try whose answer was lost (a connection that broke, a
+    server killed after its commit): that try may have deleted any of the ids, which this one
+    then finds no job for. Each id not found ended as asked, no such job stored: it reads as
+    deleted, as a cancel sent again reads as cancelled. (An id that never named a job reads
+    so too, in this case alone: the client cannot tell the two apart.)"""
+    gone = [job_id for job_id in dict.fromkeys(body["job_ids"]) if job_id not in answer.not_ended]
+    return JobsDeleted(deleted=gone, not_ended=answer.not_ended)
+
+
 class RerunJobsBody(Wire):
     job_ids: list[str] = Field(min_length=1, max_length=MAX_BATCH)
     downstream: bool = Field(default=False, strict=True, description=(
@@ -473,6 +483,10 @@ class Route:
     own_worker: bool = False
     #: safe to repeat after a lost answer (so the client retries it through outages)
     safe: bool = True
+    #: how the answer to a request sent again reads, given the request's JSON body, where an
+    #: earlier try of it may have been carried out and its answer lost (a delete: what that
+    #: try deleted, this one finds gone)
+    again: Callable[[Any, Any], Any] | None = None
     #: the query field that bounds how long the server may hold the request
     long_poll: str | None = None
     #: error statuses this route may answer besides 400/401/403/422 (documented)

@@ -128,3 +128,42 @@ def test_keep_jobs_deletes_old_jobs_in_a_server(tmp_path: Path) -> None:
         assert "GPULAYER_KEEP_JOBS: deleted 2 job(s)" in srv.log()
     finally:
         srv.stop()
+
+
+def test_a_delete_sent_again_after_its_answer_was_lost_says_the_jobs_deleted(tmp_path: Path) -> None:
+    """The answer to ``POST /v1/jobs/delete`` lost on the way (a relay closes the connection
+    as it comes out of the server): the CLI sent it again, the server found no such jobs any
+    more, and the command said "no such job" for each and exited 2, for a delete that did what
+    it was asked. A job the first try left (not ended) is still said as such."""
+    import re
+
+    from tests.relay import Relay
+    from tests.server_support import Api, ServerProc
+
+    srv = ServerProc(tmp_path / "server").start()
+    relay = Relay(srv.port)
+    try:
+        admin = Api(srv.url, srv.admin_token)
+        spec = {"spec": {"kind": "command", "command": ["true"],
+                         "placement": {"target": "remote", "on_unschedulable": "wait"}}}
+        jobs = []
+        for _ in range(3):
+            r = admin("POST", "/v1/jobs", json=spec)
+            assert r.status_code == 201, r.text
+            jobs.append(r.json()["id"])
+        for job_id in jobs[:2]:
+            assert admin("POST", f"/v1/jobs/{job_id}/cancel").status_code == 200
+        env = {"GPULAYER_URL": relay.url, "GPULAYER_TOKEN": srv.admin_token}
+        relay.drop_next(re.compile(rb"POST /v1/jobs/delete "))
+        deleted = cli("jobs", "delete", *jobs, env=env)
+        assert relay.fired.is_set()
+        assert deleted.stdout.splitlines() == [f"deleted {jobs[0]}", f"deleted {jobs[1]}"], deleted.stderr
+        assert (deleted.returncode, deleted.stderr.strip()) == (
+            2, f"error: job {jobs[2]} is queued: only a job that has ended is deleted; cancel it first "
+               f"(gpulayer jobs cancel {jobs[2]})")
+        assert [j["id"] for j in admin("GET", "/v1/jobs").json()] == [jobs[2]]
+        again = cli("jobs", "delete", jobs[0], env=env)  # (no answer lost: no such job, as before)
+        assert (again.returncode, again.stderr.strip()) == (2, f"error: job {jobs[0]!r}: no such job")
+    finally:
+        relay.close()
+        srv.stop()

@@ -525,3 +525,36 @@ def test_a_database_at_schema_11_from_before_the_bundle_column_gets_it(store_url
         assert cp.prune_jobs(older_than=3600, states=["failed"]).bundles == 0  # (still named)
     finally:
         cp.store.dispose()
+
+
+@pytest.mark.parametrize(("first", "said_deleted"), [
+    ("read error", True),  # (the request reached the server: its answer was lost)
+    ("502", True),  # (a proxy's: its server may have carried the request out)
+    ("connect error", False),  # (it never reached the server: nothing was deleted then)
+    ("503 database_failed", False),  # (our server's: nothing of it was stored)
+])
+def test_a_delete_sent_again_reads_the_ids_it_finds_gone_as_deleted_when_a_try_may_have_run(
+        first: str, said_deleted: bool) -> None:
+    """Only where the first try may have been carried out: otherwise an id that names no job
+    is still said so (the CLI's "no such job", exit 2)."""
+    import httpx
+
+    tries: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        tries.append(request.url.path)
+        if len(tries) == 1:
+            if first == "read error":
+                raise httpx.ReadError("the connection broke", request=request)
+            if first == "connect error":
+                raise httpx.ConnectError("connection refused", request=request)
+            if first == "502":
+                return httpx.Response(502, text="bad gateway")
+            return httpx.Response(503, json={"error": {"code": "database_failed", "message": "full"}})
+        return httpx.Response(200, json={"deleted": [], "not_ended": {"job-000000000003": "running"}})
+
+    api = connect_http("http://testserver", token="t", retry_for=5, transport=httpx.MockTransport(handle))
+    answer = api.delete_jobs(["job-000000000001", "job-000000000002", "job-000000000003"])
+    assert tries == ["/v1/jobs/delete"] * 2
+    assert answer.deleted == (["job-000000000001", "job-000000000002"] if said_deleted else [])
+    assert answer.not_ended == {"job-000000000003": JobState.RUNNING}
