@@ -16,6 +16,13 @@ Both ends are written in the transaction that ends the job run after (the store 
 :attr:`gpulayer.store.Store.on_ended`), so a crash cannot leave a job waiting for one that
 ended. ``gl_job_after`` keeps a row per pair still waiting; a job's own end (a cancel while it
 waits) removes its rows too, so a stored job that has ended is named by none.
+
+A job ended by its loss (its worker went silent, no retries left) may still succeed, when that
+worker's late report comes (:func:`gpulayer.lifecycle.late_report_accepted`): the jobs that its
+loss failed without running, and only it (not run again, never run, still stored; none other of
+their ``after`` ended otherwise), wait again, in the report's transaction, for what they run
+after as it stands then, and so do the jobs that failed because of them, down the chain
+(:func:`note_revived`), as a cleared upstream task in Airflow sends its downstream back to wait.
 """
 
 from __future__ import annotations
@@ -29,14 +36,19 @@ from gpulayer.records import JobError, JobState, PlacementDecision
 from gpulayer.store import mapping, plain
 
 #: what a write transaction's session keeps in ``info``: the ended jobs already looked at,
-#: and the jobs whose last job to run after succeeded (they join the queue)
+#: the jobs whose last job to run after succeeded (they join the queue), and the jobs a late
+#: report revived (see :func:`note_revived`)
 _DONE = "gl_after_done"
 RELEASED = "gl_after_released"
+_REVIVED = "gl_after_revived"
 
 EventSink = Callable[..., None]
 
 _SUCCEEDED = JobState.SUCCEEDED.value
 _QUEUED = JobState.QUEUED.value
+_FAILED = JobState.FAILED.value
+#: how the error of a job that failed because of job ``{}``, which it runs after, begins (see :func:`_fail`)
+_NOT_RUN = "not run: {}, which it runs after, "
 #: how an ended job that was not a success reads in the message of a job that ran after it
 _ENDED_AS = {"failed": "failed", "cancelled": "was cancelled", "timed_out": "timed out",
              "unschedulable": "was unschedulable"}
@@ -95,6 +107,9 @@ def resolve(s: Session, now: float, event: EventSink) -> list[str]:
         if not new:
             return released
         done.update(new)
+        revived = s.info.get(_REVIVED, set()).intersection(new)
+        if revived:
+            released += _wait_again(s, sorted(revived), now, event)
         pairs = _pairs_of(s, new)
         if not pairs:
             continue
@@ -122,9 +137,76 @@ def resolve(s: Session, now: float, event: EventSink) -> list[str]:
                 plain.update_job(s, job_id, decision=waiting_decision(left, now).model_dump_json())
             else:
                 plain.execute(s, "UPDATE gl_jobs SET waiting_for = 0 WHERE id = ?", (job_id,))
-                event(s, "released", job_id=job_id, message="the jobs it runs after have ended as it needs")
-                s.info.setdefault(RELEASED, set()).add(job_id)
+                _release(s, job_id, event)
                 released.append(job_id)
+
+
+def note_revived(s: Session, job_id: str) -> None:
+    """In the transaction of a late report that revives ``job_id``, which its loss had ended
+    (see :func:`gpulayer.lifecycle.late_report_accepted`): if it succeeds, :func:`resolve`
+    puts the jobs that the loss failed back to wait (see the module)."""
+    s.info.setdefault(_REVIVED, set()).add(job_id)
+
+
+def _wait_again(s: Session, revived: list[str], now: float, event: EventSink) -> list[str]:
+    """The jobs that failed without running only because one of ``revived`` ended by its loss,
+    for those that succeeded after all, back to wait, down the chain; those that need wait
+    for nothing are released (the caller places them), in order."""
+    released: list[str] = []
+    todo = [(root, f"{root}, which it runs after, succeeded after all (a late report)", root)
+            for root, state in plain.fetch_in(s, "SELECT id, state FROM gl_jobs WHERE id IN ({})", revived)
+            if state == _SUCCEEDED]
+    while todo:
+        other, why, root = todo.pop(0)
+        for job_id, waiting in _failed_because_of(s, other):
+            decision = waiting_decision(waiting, now).model_dump_json() if waiting else None
+            if not plain.execute(
+                    s, "UPDATE gl_jobs SET state = ?, error = NULL, updated_at = ?, waiting_for = ?, decision = ? "
+                    "WHERE id = ? AND state = ?", (_QUEUED, now, len(waiting), decision, job_id, _FAILED)):
+                continue
+            for after_id, any_end in waiting:
+                plain.execute(s, "INSERT INTO gl_job_after (after_id, job_id, any_end) VALUES (?, ?, ?)",
+                              (after_id, job_id, any_end))
+            event(s, "waits_again", job_id=job_id, message=f"waits again: {why}")
+            if not waiting:
+                _release(s, job_id, event)
+                released.append(job_id)
+            todo.append((job_id, f"{job_id}, which it runs after, will run after all "
+                                 f"({root} succeeded after all: a late report)", root))
+    return released
+
+
+def _failed_because_of(s: Session, other: str) -> list[tuple[str, list[tuple[str, bool]]]]:
+    """The jobs that failed without running because ``other``, which they run after, ended
+    otherwise, and because of it alone: never run (no task), not run again (a rerun names
+    the new job, which is the user's run now), none other of their ``after`` ended without
+    success (or was deleted); each with what it would wait for now (as :func:`waiting_decision`
+    takes it). (Read from the failed jobs' errors, which name it: on a late report alone.)"""
+    prefix = _NOT_RUN.format(other)
+    found: list[tuple[str, list[tuple[str, bool]]]] = []
+    for job_id, spec_json, error_json in plain.fetch(
+            s, "SELECT j.id, j.spec, j.error FROM gl_jobs j WHERE j.state = ? AND j.error LIKE ? "
+               "AND NOT EXISTS (SELECT 1 FROM gl_tasks t WHERE t.job_id = j.id) "
+               "AND NOT EXISTS (SELECT 1 FROM gl_events e WHERE e.job_id = j.id AND e.kind = ?) "
+               "ORDER BY j.created_at, j.id", (_FAILED, f"%{prefix}%", "rerun")):
+        error, spec = mapping.error_of(error_json), mapping.spec(spec_json)
+        if error is None or error.type != "dependency" or not error.message.startswith(prefix) \
+                or other not in spec.after:
+            continue
+        states = {r[0]: r[1] for r in plain.fetch_in(
+            s, "SELECT id, state FROM gl_jobs WHERE id IN ({})", sorted({*spec.after, *spec.after_ended}))}
+        if any(states.get(a) is None or (states[a] in plain.ENDED_STATES and states[a] != _SUCCEEDED)
+               for a in spec.after):
+            continue
+        # (one of after_ended that is gone had ended: a job is deleted once it has)
+        found.append((job_id, [(a, False) for a in spec.after if states[a] not in plain.ENDED_STATES]
+                      + [(a, True) for a in spec.after_ended if states.get(a, _SUCCEEDED) not in plain.ENDED_STATES]))
+    return found
+
+
+def _release(s: Session, job_id: str, event: EventSink) -> None:
+    event(s, "released", job_id=job_id, message="the jobs it runs after have ended as it needs")
+    s.info.setdefault(RELEASED, set()).add(job_id)
 
 
 def overdue(s: Session) -> list[str]:
@@ -171,7 +253,7 @@ def _fail(s: Session, job_id: str, other: str, state: str, error: str | None, no
     cause = mapping.error_of(error)
     never_ran = cause is not None and cause.type == "dependency"
     how = "did not run either" if never_ran else _ENDED_AS.get(state, state)
-    message = f"not run: {other}, which it runs after, {how} (gpulayer jobs show {other})"
+    message = f"{_NOT_RUN.format(other)}{how} (gpulayer jobs show {other})"
     changed = plain.execute(
         s, "UPDATE gl_jobs SET state = ?, error = ?, updated_at = ?, waiting_for = 0, decision = NULL "
         "WHERE id = ? AND state = ?",
@@ -187,4 +269,4 @@ def _listed(ids: Sequence[str]) -> str:
     return f"{', '.join(ids[:3])} and {len(ids) - 3} more"
 
 
-__all__ = ["RELEASED", "hold", "overdue", "released_in", "resolve", "waiting_decision"]
+__all__ = ["RELEASED", "hold", "note_revived", "overdue", "released_in", "resolve", "waiting_decision"]

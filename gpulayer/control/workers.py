@@ -21,7 +21,7 @@ from gpulayer.api import (
     WorkerUsage,
     WorkPoll,
 )
-from gpulayer.control import placement, retention
+from gpulayer.control import after, placement, retention
 from gpulayer.control.core import Core, _assigned, _view
 from gpulayer.control.jobs import _result_json
 from gpulayer.control.pauses import pause_limit
@@ -560,6 +560,8 @@ class WorkerOps(Core):
                                    "attempt is refused")
                 # the loss was only a silence: the job is back to this attempt, settled below
                 changes["state"] = JobState.RUNNING.value
+                if job.state in plain.ENDED_STATES:  # (its loss failed the jobs after it: control.after)
+                    after.note_revived(s, job.id)
                 self._event(s, "late_report_accepted", job_id=task.job_id, task_id=task_id, worker_id=worker_id,
                             message="the task was marked lost, but its worker finished it")
             if task.attempt == job.attempt and task.node_rank == 0:

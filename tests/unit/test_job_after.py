@@ -18,7 +18,7 @@ from gpulayer.records import JobState, TaskState
 from gpulayer.server.app import create_app
 from gpulayer.specs import CommandJob, Requirements
 from gpulayer.store import Store, migrations
-from tests.factories import cuda_caps, gpu_job, make_capabilities
+from tests.factories import Clock, cuda_caps, gpu_job, make_capabilities
 from tests.factories import run_handed as run
 
 
@@ -292,3 +292,89 @@ def test_jobs_that_an_older_gpulayer_ended_release_the_jobs_after_them_at_the_ne
     assert cp.get_job(cancelled_while_waiting.id).state is JobState.CANCELLED
     assert "released" not in [e.kind for e in cp.events(cancelled_while_waiting.id)]
     assert pairs(cp) == []
+
+
+def test_a_late_success_of_a_lost_job_puts_the_jobs_failed_because_of_it_back_to_wait(cp: ControlPlane) -> None:
+    """The loss was only a silence: the job's worker reports it succeeded after all (see
+    test_control's late reports). The jobs that failed without running because of it, down
+    the chain, wait again, in the report's transaction, for what they run after as it stands
+    now; those a user ran again or deleted, or that ran, are left as they are."""
+    clock: Clock = cp.clock  # type: ignore[assignment]
+    one = Requirements(labels={"node": "one"})
+    silent = cp.register_worker(make_capabilities(labels={"node": "one"}), cpu_slots=1).id
+    lost = cp.submit(job(requirements=one))
+    [a] = cp.poll_tasks(silent)
+    cp.start_task(a.task_id, worker_id=silent)
+    w = cp.register_worker(make_capabilities(), cpu_slots=1).id
+    bad = cp.submit(job())  # (runs on w: its failure fails `two_failed` too)
+    never = cp.submit(job(requirements=Requirements(accelerator="cuda"),
+                          placement={"on_unschedulable": "wait"}))  # type: ignore[arg-type]  # (never ends)
+    following = cp.submit(job(lost.id))
+    second = cp.submit(job(following.id))  # (the chain's second link)
+    also_ended = cp.submit(CommandJob(command=["true"], after=[lost.id], after_ended=[never.id]))
+    any_end = cp.submit(CommandJob(command=["true"], after_ended=[lost.id]))
+    two_failed = cp.submit(job(lost.id, bad.id))
+    rerun = cp.submit(job(lost.id))
+    deleted = cp.submit(job(lost.id))
+    assert run(cp, w, TaskState.FAILED) == [bad.id]
+    clock.now += 6
+    cp.heartbeat(w)
+    clock.now += 5  # `silent` has been silent for 11 s > 10 s
+    cp.expire_workers()
+    assert cp.get_job(lost.id).state is JobState.FAILED
+    for failed in (following, second, also_ended, two_failed, rerun, deleted):
+        error = cp.get_job(failed.id).error
+        assert error is not None and error.type == "dependency", failed
+    assert run(cp, w) == [any_end.id]  # (any end will do: it ran)
+    [again] = cp.rerun_jobs([rerun.id]).rerun.values()  # (fails at once: it runs after the lost job too)
+    assert cp.get_job(again).state is JobState.FAILED
+    cp.delete_jobs([deleted.id])
+
+    cp.finish_task(a.task_id, worker_id=silent, state=TaskState.SUCCEEDED, exit_code=0)
+
+    assert cp.get_job(lost.id).state is JobState.SUCCEEDED
+    # released (nothing else to wait for), and placed in the same transaction
+    record = cp.get_job(following.id)
+    assert record.state is JobState.ASSIGNED and record.error is None
+    events = [(e.kind, e.message) for e in cp.events(following.id)]
+    assert ("waits_again", f"waits again: {lost.id}, which it runs after, succeeded after all (a late report)") \
+        in events
+    assert "released" in [kind for kind, _ in events]
+    # the next link waits for it again
+    record = cp.get_job(second.id)
+    assert record.state is JobState.QUEUED and record.error is None and record.decision is not None
+    assert record.decision.summary == f"waiting for {following.id} to succeed first (it runs after it)"
+    assert ("waits_again", f"waits again: {following.id}, which it runs after, will run after all "
+            f"({lost.id} succeeded after all: a late report)") in [(e.kind, e.message) for e in cp.events(second.id)]
+    # what it waits for is what its spec names, as they stand now: `never` has not ended
+    record = cp.get_job(also_ended.id)
+    assert record.state is JobState.QUEUED and record.decision is not None
+    assert record.decision.summary == f"waiting for {never.id} to end first (it runs after it)"
+    # the job run again waits (it is the user's run now); the one it was run again of stays
+    assert cp.get_job(again).state is JobState.QUEUED
+    assert cp.get_job(rerun.id).state is JobState.FAILED
+    # one whose other job failed too did not fail because of the lost job alone
+    assert cp.get_job(two_failed.id).state is JobState.FAILED
+    assert cp.get_job(any_end.id).state is JobState.SUCCEEDED
+    assert pairs(cp) == sorted([(following.id, second.id), (never.id, also_ended.id)])
+
+    # and the chain runs on as any does
+    assert run(cp, w) == [following.id]
+    assert sorted(run(cp, w) + run(cp, w)) == sorted([second.id, again])  # (one slot)
+    assert cp.get_job(second.id).state is JobState.SUCCEEDED
+
+
+def test_a_late_report_that_the_lost_job_failed_leaves_the_jobs_after_it_failed(cp: ControlPlane) -> None:
+    clock: Clock = cp.clock  # type: ignore[assignment]
+    silent = cp.register_worker(make_capabilities(), cpu_slots=1).id
+    lost = cp.submit(job())
+    [a] = cp.poll_tasks(silent)
+    cp.start_task(a.task_id, worker_id=silent)
+    following = cp.submit(job(lost.id))
+    clock.now += 11
+    cp.expire_workers()
+    cp.finish_task(a.task_id, worker_id=silent, state=TaskState.FAILED, exit_code=1)
+    assert cp.get_job(lost.id).state is JobState.FAILED
+    record = cp.get_job(following.id)
+    assert record.state is JobState.FAILED and record.error is not None and record.error.type == "dependency"
+    assert "waits_again" not in [e.kind for e in cp.events(following.id)]
