@@ -457,7 +457,7 @@ class WorkerOps(Core):
         taken = set(running)
         return [TaskAssignment.model_validate(dict(
             task_id=t.id, job_id=t.job_id, attempt=t.attempt, node_rank=t.node_rank,
-            accelerator=t.accelerator, devices=json.loads(t.devices), spec=mapping.spec_with_args(spec, args),
+            accelerator=t.accelerator, devices=json.loads(t.devices), spec=mapping.worker_spec(spec, args),
             rendezvous=Rendezvous.model_validate_json(t.rendezvous) if t.rendezvous else None,
         ), context=CHECKED) for t, spec, args in plain.assigned_of_worker(s, worker_id) if t.id not in taken]
 

@@ -67,6 +67,16 @@ def spec_with_args(stored: str, args: str | None) -> Any:
     return SPEC.validate_python(data, context=CHECKED)
 
 
+def worker_spec(stored: str, args: str | None) -> Any:
+    """:func:`spec_with_args` as a worker is handed it: without the jobs it runs after, which
+    the control plane resolved before it placed the job (a worker from before schema 11,
+    which has no such fields, refuses a spec with them: every poll that handed it one failed)."""
+    spec_ = spec_with_args(stored, args)
+    if spec_.after or spec_.after_ended:
+        return spec_.model_copy(update={"after": [], "after_ended": []})  # (empty: not written)
+    return spec_
+
+
 def _without_arguments(spec_: Any) -> Any:
     """(A job stored before the arguments had a column of their own has them in its spec.)"""
     if spec_.kind == "function" and (spec_.args or spec_.kwargs):

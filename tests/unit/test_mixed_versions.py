@@ -10,6 +10,7 @@ from starlette.testclient import TestClient
 
 from gpulayer.control import ControlPlane
 from gpulayer.http_client import connect_http
+from gpulayer.records import TaskState
 from gpulayer.server.app import create_app
 from gpulayer.specs import CommandJob, Placement
 from gpulayer.store import Store
@@ -58,3 +59,22 @@ def test_a_task_that_lends_nothing_is_sent_as_older_clients_read_it(served: tupl
     assert sent()["lent"] is True and client.get_job(job.id).tasks[0].lent is True
     assert client.lend_slot(job.id, task_id=task.task_id, lent=False).lent is False
     assert set(sent()) <= TASK_FIELDS_BEFORE_LENDING
+
+
+def test_a_job_that_runs_after_others_is_handed_to_its_worker_without_those_fields(cp: ControlPlane) -> None:
+    """The control plane placed it once what it runs after had ended: a worker has nothing to
+    do with ``after`` and ``after_ended``, and one from before schema 11 refuses a spec with
+    them (a real server's answers: tests/integration/test_older_workers.py). Here, in process."""
+    w = cp.register_worker(make_capabilities(), cpu_slots=2).id
+    first = cp.submit(CommandJob(command=["true"]))
+    later = cp.submit(CommandJob(command=["true"], after=[first.id]))
+    cleanup = cp.submit(CommandJob(command=["true"], after_ended=[first.id]))
+    [a] = cp.poll_tasks(w)
+    cp.start_task(a.task_id, worker_id=w)
+    assert cp.finish_task(a.task_id, worker_id=w, state=TaskState.SUCCEEDED, exit_code=0) == []  # (placed after)
+    handed = {t.job_id: t for t in cp.poll_work(w).tasks}
+    assert set(handed) == {later.id, cleanup.id}
+    for t in handed.values():
+        assert t.spec.after == [] and t.spec.after_ended == []
+        assert not {"after", "after_ended"} & set(t.model_dump(mode="json")["spec"])
+    assert cp.get_job(later.id).spec.after == [first.id]  # (the control plane keeps them)
