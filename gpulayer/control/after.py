@@ -21,8 +21,9 @@ A job ended by its loss (its worker went silent, no retries left) may still succ
 worker's late report comes (:func:`gpulayer.lifecycle.late_report_accepted`): the jobs that its
 loss failed without running, and only it (not run again, never run, still stored; none other of
 their ``after`` ended otherwise), wait again, in the report's transaction, for what they run
-after as it stands then, and so do the jobs that failed because of them, down the chain
-(:func:`note_revived`), as a cleared upstream task in Airflow sends its downstream back to wait.
+after as it stands then, and so do the jobs that failed because of them, down the chain, and
+the jobs that run after the end of one of those and have not run (:func:`note_revived`), as a
+cleared upstream task in Airflow sends its downstream back to wait.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from sqlmodel import Session
 
 from gpulayer.errors import UnknownAfter
 from gpulayer.records import JobError, JobState, PlacementDecision
+from gpulayer.specs import JobSpec
 from gpulayer.store import mapping, plain
 
 #: what a write transaction's session keeps in ``info``: the ended jobs already looked at,
@@ -149,16 +151,20 @@ def note_revived(s: Session, job_id: str) -> None:
 
 
 def _wait_again(s: Session, revived: list[str], now: float, event: EventSink) -> list[str]:
-    """The jobs that failed without running only because one of ``revived`` ended by its loss,
-    for those that succeeded after all, back to wait, down the chain; those that need wait
-    for nothing are released (the caller places them), in order."""
-    released: list[str] = []
-    todo = [(root, f"{root}, which it runs after, succeeded after all (a late report)", root)
+    """For those of ``revived`` that succeeded after all: the jobs that failed without running
+    only because one ended by its loss wait again, and so, down the chain, do the jobs that
+    failed because of those, and the jobs that run after their end and have not run. Those
+    that wait for nothing are released (the caller places them), in order."""
+    back: list[str] = []  # (in the order they went back)
+    todo = [(root, f"{root}, which it runs after, succeeded after all (a late report)", root, False)
             for root, state in plain.fetch_in(s, "SELECT id, state FROM gl_jobs WHERE id IN ({})", revived)
             if state == _SUCCEEDED]
     while todo:
-        other, why, root = todo.pop(0)
-        for job_id, waiting in _failed_because_of(s, other):
+        other, why, root, waits = todo.pop(0)
+        for job_id, spec in _failed_because_of(s, other):
+            waiting = _waits_now(s, spec)
+            if waiting is None:  # (another it runs after ended otherwise: it failed because of that too)
+                continue
             decision = waiting_decision(waiting, now).model_dump_json() if waiting else None
             if not plain.execute(
                     s, "UPDATE gl_jobs SET state = ?, error = NULL, updated_at = ?, waiting_for = ?, decision = ? "
@@ -168,40 +174,70 @@ def _wait_again(s: Session, revived: list[str], now: float, event: EventSink) ->
                 plain.execute(s, "INSERT INTO gl_job_after (after_id, job_id, any_end) VALUES (?, ?, ?)",
                               (after_id, job_id, any_end))
             event(s, "waits_again", job_id=job_id, message=f"waits again: {why}")
-            if not waiting:
-                _release(s, job_id, event)
-                released.append(job_id)
+            back.append(job_id)
             todo.append((job_id, f"{job_id}, which it runs after, will run after all "
-                                 f"({root} succeeded after all: a late report)", root))
+                                 f"({root} succeeded after all: a late report)", root, True))
+        if waits:  # (``other`` has not ended any more: the jobs after its end that have not run wait for it)
+            for job_id in _unstarted_after_end_of(s, other):
+                plain.execute(s, "INSERT INTO gl_job_after (after_id, job_id, any_end) VALUES (?, ?, ?)",
+                              (other, job_id, True))
+                plain.execute(s, "UPDATE gl_jobs SET waiting_for = waiting_for + 1, updated_at = ? WHERE id = ?",
+                              (now, job_id))
+                left = [(r[0], bool(r[1])) for r in plain.fetch(
+                    s, "SELECT after_id, any_end FROM gl_job_after WHERE job_id = ? ORDER BY after_id", (job_id,))]
+                plain.update_job(s, job_id, decision=waiting_decision(left, now).model_dump_json())
+                event(s, "waits_again", job_id=job_id, message=f"waits again: {why}")
+                back.append(job_id)
+    released: list[str] = []
+    for job_id in dict.fromkeys(back):
+        if not plain.fetch(s, "SELECT waiting_for FROM gl_jobs WHERE id = ?", (job_id,))[0][0]:
+            _release(s, job_id, event)
+            released.append(job_id)
     return released
 
 
-def _failed_because_of(s: Session, other: str) -> list[tuple[str, list[tuple[str, bool]]]]:
-    """The jobs that failed without running because ``other``, which they run after, ended
-    otherwise, and because of it alone: never run (no task), not run again (a rerun names
-    the new job, which is the user's run now), none other of their ``after`` ended without
-    success (or was deleted); each with what it would wait for now (as :func:`waiting_decision`
-    takes it). (Read from the failed jobs' errors, which name it: on a late report alone.)"""
+def _failed_because_of(s: Session, other: str) -> list[tuple[str, JobSpec]]:
+    """The jobs (with their specs) that failed without running because ``other``, which they
+    run after, ended otherwise: never run (no task), not run again (a rerun names the new job,
+    which is the user's run now). (Read from the failed jobs' errors, which name it: on a late
+    report alone.)"""
     prefix = _NOT_RUN.format(other)
-    found: list[tuple[str, list[tuple[str, bool]]]] = []
+    found: list[tuple[str, JobSpec]] = []
     for job_id, spec_json, error_json in plain.fetch(
             s, "SELECT j.id, j.spec, j.error FROM gl_jobs j WHERE j.state = ? AND j.error LIKE ? "
                "AND NOT EXISTS (SELECT 1 FROM gl_tasks t WHERE t.job_id = j.id) "
                "AND NOT EXISTS (SELECT 1 FROM gl_events e WHERE e.job_id = j.id AND e.kind = ?) "
                "ORDER BY j.created_at, j.id", (_FAILED, f"%{prefix}%", "rerun")):
         error, spec = mapping.error_of(error_json), mapping.spec(spec_json)
-        if error is None or error.type != "dependency" or not error.message.startswith(prefix) \
-                or other not in spec.after:
-            continue
-        states = {r[0]: r[1] for r in plain.fetch_in(
-            s, "SELECT id, state FROM gl_jobs WHERE id IN ({})", sorted({*spec.after, *spec.after_ended}))}
-        if any(states.get(a) is None or (states[a] in plain.ENDED_STATES and states[a] != _SUCCEEDED)
-               for a in spec.after):
-            continue
-        # (one of after_ended that is gone had ended: a job is deleted once it has)
-        found.append((job_id, [(a, False) for a in spec.after if states[a] not in plain.ENDED_STATES]
-                      + [(a, True) for a in spec.after_ended if states.get(a, _SUCCEEDED) not in plain.ENDED_STATES]))
+        if error is not None and error.type == "dependency" and error.message.startswith(prefix) \
+                and other in spec.after:
+            found.append((job_id, spec))
     return found
+
+
+def _waits_now(s: Session, spec: JobSpec) -> list[tuple[str, bool]] | None:
+    """What a job of ``spec`` would wait for now (as :func:`waiting_decision` takes it), or
+    None where one of its ``after`` ended without success (or was deleted): it did not fail
+    because of one job alone."""
+    states = {r[0]: r[1] for r in plain.fetch_in(
+        s, "SELECT id, state FROM gl_jobs WHERE id IN ({})", sorted({*spec.after, *spec.after_ended}))}
+    if any(states.get(a) is None or (states[a] in plain.ENDED_STATES and states[a] != _SUCCEEDED)
+           for a in spec.after):
+        return None
+    # (one of after_ended that is gone had ended: a job is deleted once it has)
+    return ([(a, False) for a in spec.after if states[a] not in plain.ENDED_STATES]
+            + [(a, True) for a in spec.after_ended if states.get(a, _SUCCEEDED) not in plain.ENDED_STATES])
+
+
+def _unstarted_after_end_of(s: Session, other: str) -> list[str]:
+    """The queued jobs that never ran and run after ``other``'s end (``after_ended``), whose
+    end released them (or left them waiting for others): no pair names the two."""
+    return [job_id for job_id, spec_json in plain.fetch(
+        s, "SELECT j.id, j.spec FROM gl_jobs j WHERE j.state = ? AND j.spec LIKE ? "
+           "AND NOT EXISTS (SELECT 1 FROM gl_tasks t WHERE t.job_id = j.id) "
+           "AND NOT EXISTS (SELECT 1 FROM gl_job_after a WHERE a.job_id = j.id AND a.after_id = ?) "
+           "ORDER BY j.created_at, j.id", (_QUEUED, f"%{other}%", other))
+        if other in mapping.spec(spec_json).after_ended]
 
 
 def _release(s: Session, job_id: str, event: EventSink) -> None:

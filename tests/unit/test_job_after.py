@@ -294,17 +294,35 @@ def test_jobs_that_an_older_gpulayer_ended_release_the_jobs_after_them_at_the_ne
     assert pairs(cp) == []
 
 
+def _started_on_a_worker_that_goes_silent(cp: ControlPlane) -> tuple[str, str, str]:
+    """A job started on a worker of its own (which :func:`_written_off` writes off): (the
+    worker, the task, the job)."""
+    silent = cp.register_worker(make_capabilities(labels={"node": "one"}), cpu_slots=1).id
+    lost = cp.submit(job(requirements=Requirements(labels={"node": "one"})))
+    [a] = cp.poll_tasks(silent)
+    cp.start_task(a.task_id, worker_id=silent)
+    return silent, a.task_id, lost.id
+
+
+def _written_off(cp: ControlPlane, lost: str, heard: str) -> None:
+    """That worker has been silent past the timeout (``heard`` has not): its task is lost,
+    and the job, with no retries left, fails."""
+    clock: Clock = cp.clock  # type: ignore[assignment]
+    clock.now += 6
+    cp.heartbeat(heard)
+    clock.now += 5  # silent for 11 s > 10 s
+    cp.expire_workers()
+    error = cp.get_job(lost).error
+    assert cp.get_job(lost).state is JobState.FAILED and error is not None and error.type == "lost"
+
+
 def test_a_late_success_of_a_lost_job_puts_the_jobs_failed_because_of_it_back_to_wait(cp: ControlPlane) -> None:
     """The loss was only a silence: the job's worker reports it succeeded after all (see
     test_control's late reports). The jobs that failed without running because of it, down
     the chain, wait again, in the report's transaction, for what they run after as it stands
     now; those a user ran again or deleted, or that ran, are left as they are."""
-    clock: Clock = cp.clock  # type: ignore[assignment]
-    one = Requirements(labels={"node": "one"})
-    silent = cp.register_worker(make_capabilities(labels={"node": "one"}), cpu_slots=1).id
-    lost = cp.submit(job(requirements=one))
-    [a] = cp.poll_tasks(silent)
-    cp.start_task(a.task_id, worker_id=silent)
+    silent, task, lost_id = _started_on_a_worker_that_goes_silent(cp)
+    lost = cp.get_job(lost_id)
     w = cp.register_worker(make_capabilities(), cpu_slots=1).id
     bad = cp.submit(job())  # (runs on w: its failure fails `two_failed` too)
     never = cp.submit(job(requirements=Requirements(accelerator="cuda"),
@@ -317,11 +335,7 @@ def test_a_late_success_of_a_lost_job_puts_the_jobs_failed_because_of_it_back_to
     rerun = cp.submit(job(lost.id))
     deleted = cp.submit(job(lost.id))
     assert run(cp, w, TaskState.FAILED) == [bad.id]
-    clock.now += 6
-    cp.heartbeat(w)
-    clock.now += 5  # `silent` has been silent for 11 s > 10 s
-    cp.expire_workers()
-    assert cp.get_job(lost.id).state is JobState.FAILED
+    _written_off(cp, lost.id, w)
     for failed in (following, second, also_ended, two_failed, rerun, deleted):
         error = cp.get_job(failed.id).error
         assert error is not None and error.type == "dependency", failed
@@ -330,7 +344,7 @@ def test_a_late_success_of_a_lost_job_puts_the_jobs_failed_because_of_it_back_to
     assert cp.get_job(again).state is JobState.FAILED
     cp.delete_jobs([deleted.id])
 
-    cp.finish_task(a.task_id, worker_id=silent, state=TaskState.SUCCEEDED, exit_code=0)
+    cp.finish_task(task, worker_id=silent, state=TaskState.SUCCEEDED, exit_code=0)
 
     assert cp.get_job(lost.id).state is JobState.SUCCEEDED
     # released (nothing else to wait for), and placed in the same transaction
@@ -364,17 +378,48 @@ def test_a_late_success_of_a_lost_job_puts_the_jobs_failed_because_of_it_back_to
     assert cp.get_job(second.id).state is JobState.SUCCEEDED
 
 
+def test_a_late_success_sends_the_jobs_after_a_link_that_waits_again_back_to_wait_for_it(cp: ControlPlane) -> None:
+    """A job of the chain that waits again has not ended any more: the jobs that run after its
+    end (``after_ended``) and have not run wait for it again, whether its end had released
+    them (they wait for a free slot) or failed them for another job they run after."""
+    silent, task, lost = _started_on_a_worker_that_goes_silent(cp)
+    w = cp.register_worker(make_capabilities(), cpu_slots=1).id
+    busy = cp.submit(job())  # (holds w's slot)
+    [held] = cp.poll_tasks(w)
+    cp.start_task(held.task_id, worker_id=w)
+    link = cp.submit(job(lost))
+    cleanup = cp.submit(CommandJob(command=["true"], after_ended=[link.id]))
+    both = cp.submit(CommandJob(command=["true"], after=[lost], after_ended=[link.id]))
+    _written_off(cp, lost, w)
+    assert cp.get_job(link.id).state is JobState.FAILED
+    record = cp.get_job(cleanup.id)  # released by the link's end: it waits for a free slot
+    assert record.state is JobState.QUEUED and not record.tasks and pairs(cp) == []
+    assert cp.get_job(both.id).state is JobState.FAILED
+
+    cp.finish_task(task, worker_id=silent, state=TaskState.SUCCEEDED, exit_code=0)
+
+    assert cp.get_job(link.id).state is JobState.QUEUED  # (released: it waits for the slot)
+    for waiting, why in ((cleanup, f"{link.id}, which it runs after, will run after all ({lost} succeeded after "
+                                   "all: a late report)"),
+                         (both, f"{lost}, which it runs after, succeeded after all (a late report)")):
+        record = cp.get_job(waiting.id)
+        assert record.state is JobState.QUEUED and record.decision is not None, waiting
+        assert record.decision.summary == f"waiting for {link.id} to end first (it runs after it)", waiting
+        assert ("waits_again", f"waits again: {why}") in [(e.kind, e.message) for e in cp.events(waiting.id)]
+    assert pairs(cp) == sorted([(link.id, cleanup.id), (link.id, both.id)])
+    cp.finish_task(held.task_id, worker_id=w, state=TaskState.SUCCEEDED, exit_code=0)
+    assert run(cp, w) == [link.id]  # (before the jobs after its end)
+    assert sorted(run(cp, w) + run(cp, w)) == sorted([cleanup.id, both.id])
+    del busy
+
+
 def test_a_late_report_that_the_lost_job_failed_leaves_the_jobs_after_it_failed(cp: ControlPlane) -> None:
-    clock: Clock = cp.clock  # type: ignore[assignment]
-    silent = cp.register_worker(make_capabilities(), cpu_slots=1).id
-    lost = cp.submit(job())
-    [a] = cp.poll_tasks(silent)
-    cp.start_task(a.task_id, worker_id=silent)
-    following = cp.submit(job(lost.id))
-    clock.now += 11
-    cp.expire_workers()
-    cp.finish_task(a.task_id, worker_id=silent, state=TaskState.FAILED, exit_code=1)
-    assert cp.get_job(lost.id).state is JobState.FAILED
+    silent, task, lost = _started_on_a_worker_that_goes_silent(cp)
+    w = cp.register_worker(make_capabilities(), cpu_slots=1).id
+    following = cp.submit(job(lost))
+    _written_off(cp, lost, w)
+    cp.finish_task(task, worker_id=silent, state=TaskState.FAILED, exit_code=1)
+    assert cp.get_job(lost).state is JobState.FAILED
     record = cp.get_job(following.id)
     assert record.state is JobState.FAILED and record.error is not None and record.error.type == "dependency"
     assert "waits_again" not in [e.kind for e in cp.events(following.id)]
