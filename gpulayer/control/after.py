@@ -82,8 +82,7 @@ def hold(s: Session, job_id: str, after: Sequence[str], after_ended: Sequence[st
     if not waiting:
         return
     for other, any_end in waiting:
-        plain.execute(s, "INSERT INTO gl_job_after (after_id, job_id, any_end) VALUES (?, ?, ?)",
-                      (other, job_id, any_end))
+        _pair(s, other, job_id, any_end)
     plain.update_job(s, job_id, waiting_for=len(waiting), decision=waiting_decision(waiting, now).model_dump_json())
 
 
@@ -133,8 +132,7 @@ def resolve(s: Session, now: float, event: EventSink) -> list[str]:
                 continue
             plain.execute(s, "UPDATE gl_jobs SET waiting_for = waiting_for - ? WHERE id = ? AND state = ?",
                           (count, job_id, _QUEUED))
-            left = [(r[0], bool(r[1])) for r in plain.fetch(
-                s, "SELECT after_id, any_end FROM gl_job_after WHERE job_id = ? ORDER BY after_id", (job_id,))]
+            left = _left(s, job_id)
             if left:
                 plain.update_job(s, job_id, decision=waiting_decision(left, now).model_dump_json())
             else:
@@ -171,21 +169,17 @@ def _wait_again(s: Session, revived: list[str], now: float, event: EventSink) ->
                     "WHERE id = ? AND state = ?", (_QUEUED, now, len(waiting), decision, job_id, _FAILED)):
                 continue
             for after_id, any_end in waiting:
-                plain.execute(s, "INSERT INTO gl_job_after (after_id, job_id, any_end) VALUES (?, ?, ?)",
-                              (after_id, job_id, any_end))
+                _pair(s, after_id, job_id, any_end)
             event(s, "waits_again", job_id=job_id, message=f"waits again: {why}")
             back.append(job_id)
             todo.append((job_id, f"{job_id}, which it runs after, will run after all "
                                  f"({root} succeeded after all: a late report)", root, True))
         if waits:  # (``other`` has not ended any more: the jobs after its end that have not run wait for it)
             for job_id in _unstarted_after_end_of(s, other):
-                plain.execute(s, "INSERT INTO gl_job_after (after_id, job_id, any_end) VALUES (?, ?, ?)",
-                              (other, job_id, True))
+                _pair(s, other, job_id, True)
                 plain.execute(s, "UPDATE gl_jobs SET waiting_for = waiting_for + 1, updated_at = ? WHERE id = ?",
                               (now, job_id))
-                left = [(r[0], bool(r[1])) for r in plain.fetch(
-                    s, "SELECT after_id, any_end FROM gl_job_after WHERE job_id = ? ORDER BY after_id", (job_id,))]
-                plain.update_job(s, job_id, decision=waiting_decision(left, now).model_dump_json())
+                plain.update_job(s, job_id, decision=waiting_decision(_left(s, job_id), now).model_dump_json())
                 event(s, "waits_again", job_id=job_id, message=f"waits again: {why}")
                 back.append(job_id)
     released: list[str] = []
@@ -238,6 +232,16 @@ def _unstarted_after_end_of(s: Session, other: str) -> list[str]:
            "AND NOT EXISTS (SELECT 1 FROM gl_job_after a WHERE a.job_id = j.id AND a.after_id = ?) "
            "ORDER BY j.created_at, j.id", (_QUEUED, f"%{other}%", other))
         if other in mapping.spec(spec_json).after_ended]
+
+
+def _pair(s: Session, after_id: str, job_id: str, any_end: bool) -> None:
+    plain.execute(s, "INSERT INTO gl_job_after (after_id, job_id, any_end) VALUES (?, ?, ?)", (after_id, job_id, any_end))
+
+
+def _left(s: Session, job_id: str) -> list[tuple[str, bool]]:
+    """What the job still waits for (as :func:`waiting_decision` takes it)."""
+    return [(r[0], bool(r[1])) for r in plain.fetch(
+        s, "SELECT after_id, any_end FROM gl_job_after WHERE job_id = ? ORDER BY after_id", (job_id,))]
 
 
 def _release(s: Session, job_id: str, event: EventSink) -> None:
