@@ -304,12 +304,12 @@ def _started_on_a_worker_that_goes_silent(cp: ControlPlane) -> tuple[str, str, s
     return silent, a.task_id, lost.id
 
 
-def _written_off(cp: ControlPlane, lost: str, heard: str) -> None:
-    """That worker has been silent past the timeout (``heard`` has not): its task is lost,
-    and the job, with no retries left, fails."""
+def _written_off(cp: ControlPlane, lost: str, heard: str, running: tuple[str, ...] = ()) -> None:
+    """That worker has been silent past the timeout (``heard``, which runs ``running``, has
+    not): its task is lost, and the job, with no retries left, fails."""
     clock: Clock = cp.clock  # type: ignore[assignment]
     clock.now += 6
-    cp.heartbeat(heard)
+    cp.heartbeat(heard, running=running)
     clock.now += 5  # silent for 11 s > 10 s
     cp.expire_workers()
     error = cp.get_job(lost).error
@@ -324,7 +324,7 @@ def test_a_late_success_of_a_lost_job_puts_the_jobs_failed_because_of_it_back_to
     silent, task, lost_id = _started_on_a_worker_that_goes_silent(cp)
     lost = cp.get_job(lost_id)
     w = cp.register_worker(make_capabilities(), cpu_slots=1).id
-    bad = cp.submit(job())  # (runs on w: its failure fails `two_failed` too)
+    bad = cp.submit(job())  # (runs on w, and fails after the loss: `two_failed` failed because of both)
     never = cp.submit(job(requirements=Requirements(accelerator="cuda"),
                           placement={"on_unschedulable": "wait"}))  # type: ignore[arg-type]  # (never ends)
     following = cp.submit(job(lost.id))
@@ -334,11 +334,14 @@ def test_a_late_success_of_a_lost_job_puts_the_jobs_failed_because_of_it_back_to
     two_failed = cp.submit(job(lost.id, bad.id))
     rerun = cp.submit(job(lost.id))
     deleted = cp.submit(job(lost.id))
-    assert run(cp, w, TaskState.FAILED) == [bad.id]
-    _written_off(cp, lost.id, w)
+    [b] = cp.poll_tasks(w)
+    cp.start_task(b.task_id, worker_id=w)
+    _written_off(cp, lost.id, w, running=(b.task_id,))
     for failed in (following, second, also_ended, two_failed, rerun, deleted):
         error = cp.get_job(failed.id).error
         assert error is not None and error.type == "dependency", failed
+    assert cp.get_job(two_failed.id).error.message.startswith(f"not run: {lost.id},")  # type: ignore[union-attr]
+    cp.finish_task(b.task_id, worker_id=w, state=TaskState.FAILED, exit_code=1)
     assert run(cp, w) == [any_end.id]  # (any end will do: it ran)
     [again] = cp.rerun_jobs([rerun.id]).rerun.values()  # (fails at once: it runs after the lost job too)
     assert cp.get_job(again).state is JobState.FAILED
