@@ -52,7 +52,9 @@ def run(args: list[str], home: Path, *, entry: str = "main", env: dict[str, str]
 
 def _disk_masked(result: tuple[Any, ...]) -> tuple[Any, ...]:
     code, out, err = result
-    return code, re.sub(rb"[0-9.]+ GB free disk", b"N GB free disk", out), err
+    # (the summary's "N GB free disk", and --explain's "disk free   N GB" row)
+    out = re.sub(rb"[0-9.]+ GB free disk", b"N GB free disk", out)
+    return code, re.sub(rb"(disk free +)[0-9.]+ GB", rb"\1N GB", out), err
 
 
 def full_then_light(args: list[str], home: Path, env: dict[str, str] | None = None) -> tuple[Result, Result]:
