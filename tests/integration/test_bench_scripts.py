@@ -39,6 +39,7 @@ SCRIPTS = [
     ("follow_latency.py", ["--runs", "1", "--lines", "2", "--gap", "0.05"], "a server (HTTP, SQLite): worst"),
     ("result_size.py", ["--runs", "1", "--mb", "0.01", "--list", "2"], "MB result, .remote().result()"),
     ("argument_size.py", ["--runs", "1", "--mb", "0.01"], "of arguments, through a server"),
+    ("artifacts.py", ["--runs", "1", "--mb", "0.1"], "MB, download via a server"),
     ("distributed_launch.py", ["--runs", "1"], "its torchrun commands by hand"),
     ("bundle_walk.py", ["--runs", "1", "--files", "60", "--settle", "0"], ".remote().result() in the project"),
     ("preload.py", ["--runs", "1", "--rounds", "1", "--module", "decimal"], "--preload decimal"),

@@ -66,6 +66,18 @@ def test_pack_keeps_regular_files_by_path_and_leaves_out_the_rest(tmp_path: Path
     assert lonely is not None and lonely.files == 0 and lonely.left_out == ["l"]
 
 
+def test_pack_stores_a_large_file_that_does_not_compress_and_deflates_the_rest(tmp_path: Path) -> None:
+    (tmp_path / "ckpt.bin").write_bytes(os.urandom(200_000))
+    (tmp_path / "log.txt").write_text("epoch 1 loss 0.25\n" * 10_000)
+    (tmp_path / "small.bin").write_bytes(os.urandom(1000))
+    got = pack(tmp_path)
+    assert got is not None
+    with zipfile.ZipFile(io.BytesIO(got.data)) as zf:
+        how = {i.filename: i.compress_type for i in zf.infolist()}
+        assert zf.read("ckpt.bin") == (tmp_path / "ckpt.bin").read_bytes()
+    assert how == {"ckpt.bin": zipfile.ZIP_STORED, "log.txt": zipfile.ZIP_DEFLATED, "small.bin": zipfile.ZIP_DEFLATED}
+
+
 def test_pack_refuses_more_than_the_control_plane_keeps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = tmp_path / "a"
     folder.mkdir()
