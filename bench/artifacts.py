@@ -5,9 +5,10 @@ submit to result, then the download, each next to its floor in the same run.
 
 Embedded (a temporary home, the SDK's own worker): the job copies a prepared file of random
 bytes (incompressible, as a checkpoint is) into its artifacts folder; its floor is the same
-job copying it into a folder of the bench's, which nothing keeps. The difference is what
-keeping them costs the job: the worker's zip of the file, its store in the control plane's
-database, before the task's report. Then ``handle.artifacts(to)`` (the listing, the zip read
+job copying it into a folder of the bench's, which nothing keeps. The difference (run by run) is
+what keeping them costs the job: the worker's zip of the file, its store in the control
+plane's database (synced to the disk), before the task's report; its floor is a copy of the
+file written and ``fdatasync``'d. Then ``handle.artifacts(to)`` (the listing, the zip read
 back, checked and extracted) next to ``shutil.copyfile`` of the same file (what bringing a
 file back costs at least on one machine). The first size also through a ``gpulayer server
 start`` (HTTP, SQLite) and a ``gpulayer worker start`` joined to it, in turn with the rest
@@ -55,7 +56,7 @@ def main() -> None:
             src.write_bytes(os.urandom(int(mb * 2**20)))
             plain = tmp / "plain"
             plain.mkdir(exist_ok=True)
-            kept, floor, down, copy, through, through_floor, through_down = [], [], [], [], [], [], []
+            kept, floor, down, copy, synced, through, through_floor, through_down = [], [], [], [], [], [], [], []
             for i in range(args.runs):  # (in turn, so that a change of load weighs on all)
                 t0 = time.perf_counter()
                 h = gl.submit(gl.CommandJob(command=[sys.executable, "-c", COPY, str(src), "-"]))
@@ -76,6 +77,12 @@ def main() -> None:
                 t0 = time.perf_counter()
                 shutil.copyfile(src, tmp / "copied.bin")
                 copy.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                with open(src, "rb") as r, open(tmp / "synced.bin", "wb") as f:  # (storing them durably, at least)
+                    shutil.copyfileobj(r, f)
+                    f.flush()
+                    os.fdatasync(f.fileno())
+                synced.append(time.perf_counter() - t0)
                 shutil.rmtree(to)
                 if served is not None and mb == args.mb[0]:
                     client = served[0]
@@ -95,6 +102,8 @@ def main() -> None:
                     through_down.append(time.perf_counter() - t0)
                     shutil.rmtree(tmp / f"through-{i}")
             rows.append((f"{mb:g} MB left as artifacts, job", kept, "the same copy, not kept", floor))
+            rows.append((f"{mb:g} MB: what keeping them added", [k - f for k, f in zip(kept, floor, strict=True)],
+                         "a copy of the file, fdatasync'd", synced))
             rows.append((f"{mb:g} MB, handle.artifacts()", down, "shutil.copyfile", copy))
             src.unlink()
             if through:
