@@ -16,8 +16,10 @@ from collections.abc import Callable
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_core import PydanticSerializationError
 
 from gpulayer._base import Record
+from gpulayer.logtext import escaped_text
 from gpulayer.specs import DistributedJob, Requirements
 from gpulayer.units import format_gb, gb
 
@@ -136,6 +138,29 @@ class Capabilities(Record):
     def overridden(self, key: str) -> bool:
         """Whether the value at provenance ``key`` was set by an override."""
         return key in self.overrides
+
+    def storable(self) -> Capabilities:
+        """This record as it is stored and sent: itself, or, where a text holds a lone
+        surrogate, a copy with each as its escape (``\\udcff``, as an error's text shows it).
+        A path that is not UTF-8 (a ``$GPULAYER_HOME`` or job Python with the byte 0xff, which
+        Python decodes to ``'\\udcff'``) is in it, and neither UTF-8, JSON nor a database can
+        hold that; the worker keeps its own record as it is (it runs that Python)."""
+        try:
+            self.model_dump_json()
+        except PydanticSerializationError:
+            return Capabilities.model_validate(_escaped(self.model_dump()))
+        return self
+
+
+def _escaped(value: Any) -> Any:
+    """``value`` (what ``model_dump`` gives) with every text, keys too, as :func:`escaped_text` writes it."""
+    if isinstance(value, str):
+        return escaped_text(value)
+    if isinstance(value, dict):
+        return {_escaped(k): _escaped(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_escaped(v) for v in value]
+    return value
 
 
 # --------------------------------------------------------------------------- hook records

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import re
 
-__all__ = ["QUOTED", "NodeLines", "log_text", "node_refused", "prefixes_nodes", "shown_text", "stored_log_text",
-           "utf8_text"]
+__all__ = ["QUOTED", "NodeLines", "escaped_text", "log_text", "node_refused", "prefixes_nodes", "shown_text",
+           "stored_log_text", "utf8_text"]
 
 #: marks a stored chunk whose text is JSON-quoted (a private-use character that output
 #: essentially never starts with)
@@ -34,6 +34,13 @@ def utf8_text(data: str) -> str:
         except UnicodeEncodeError:
             return _LONE_SURROGATE.sub("\ufffd", data)
     return data
+
+
+def escaped_text(data: str) -> str:
+    """``data`` as UTF-8 can hold it, each lone surrogate as its escape (``'\\udcff'``, as
+    Python's ``repr`` and a job's stderr show it): for a message or a path that is shown,
+    which says which byte it was, where output keeps U+FFFD (:func:`utf8_text`)."""
+    return data.encode("utf-8", "backslashreplace").decode("utf-8") if not data.isascii() else data
 
 
 def stored_log_text(data: str) -> str:

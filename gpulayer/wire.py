@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpulayer.hookrecords import Capabilities, Rendezvous
 from gpulayer.records import JobError, JobState, TaskState, WorkerRecord
@@ -387,6 +387,12 @@ class RegisterBody(Wire):
     name: str | None = Field(default=None, max_length=200)
     cpu_slots: int = Field(default=1, ge=0, le=100_000)
     pid: int | None = Field(default=None, ge=0, le=2**31)
+
+    @field_validator("capabilities")
+    @classmethod
+    def _storable(cls, value: Capabilities) -> Capabilities:
+        # (a path that is not UTF-8 as its escape: httpx could not encode it, and no server store it)
+        return value.storable()
 
 
 class StartQuery(Wire):

@@ -85,6 +85,7 @@ class WorkerOps(Core):
         if row is None:
             row = WorkerRow(id=worker_id or new_id("wkr"), name=name or socket.gethostname(),
                             origin=origin or "local", capabilities="{}", registered_at=now)
+        capabilities = capabilities.storable()  # (a path that is not UTF-8 as its escape)
         row.capabilities = capabilities.model_dump_json()
         row.name = name or row.name
         row.cpu_slots = cpu_slots

@@ -14,6 +14,7 @@ from typing import Any
 
 from gpulayer.api import ResultJSON
 from gpulayer.errors import AuthError, Conflict, NotFound
+from gpulayer.logtext import escaped_text
 from gpulayer.records import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK, MAX_ERROR_TYPE, JobError, TaskState
 from gpulayer.worker.function_runner import RESULT_PREFIX
 from gpulayer.worker.process import exit_error
@@ -74,8 +75,7 @@ def error_text(value: object) -> str:
     message made from bytes decoded with ``surrogateescape``, or ``'\\udcff'`` itself) as
     its escape, as the job's stderr shows it. A message with one was refused by the
     record, and the task ended as "worker error: ValidationError ..." without it."""
-    text = "" if value is None else str(value)
-    return text.encode("utf-8", "backslashreplace").decode("utf-8") if not text.isascii() else text
+    return escaped_text("" if value is None else str(value))
 
 
 def _clipped(text: str, limit: int, *, end: bool = False) -> str:

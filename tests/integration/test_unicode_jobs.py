@@ -8,13 +8,15 @@ server process on SQLite and on PostgreSQL.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+from gpulayer.testing import no_real_devices_env
 from tests.integration.conftest import Plane
-from tests.support import cli
+from tests.support import cli, seed_probe_cache, stop_strays
 
 
 def test_a_functions_text_past_the_bmp_and_its_lone_surrogates_end_as_said(plane: Plane, tmp_path: Path) -> None:
@@ -66,3 +68,39 @@ def test_a_functions_text_past_the_bmp_and_its_lone_surrogates_end_as_said(plane
     shown = cli("jobs", "show", job_id, "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["state"] == "failed"
+
+
+def test_a_worker_whose_home_is_not_utf8_runs_jobs_embedded_and_joins_a_server(
+        tmp_path: Path, probed_frameworks: Path) -> None:
+    """A ``$GPULAYER_HOME`` whose path is not UTF-8 (its byte 0xff, which Python holds as the
+    lone surrogate ``'\\udcff'``) is in the worker's capabilities ("free space under HOME"):
+    they could not be stored (an embedded ``submit`` failed with pydantic's "surrogates not
+    allowed") nor sent (``worker start --url`` failed in httpx's JSON encoding). Now the path
+    is stored and sent with that byte as its escape, as an error's text is."""
+    from tests.server_support import Api, ServerProc, start_remote_worker, stop_proc, wait_workers
+
+    home = Path(os.fsdecode(os.fsencode(tmp_path) + b"/\xff-home"))
+    shown = f"free space under {tmp_path}/\\udcff-home"
+    home.mkdir()
+    seed_probe_cache(home, probed_frameworks)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
+    env.update(no_real_devices_env(), GPULAYER_HOME=str(home))
+    ran = cli("submit", "--", "echo", "hello", env=env, timeout=180)
+    assert (ran.returncode, ran.stdout) == (0, "hello\n"), ran.stderr
+    started = cli("worker", "start", "--cpu-slots", "1", "--idle-exit", "0.5", "--json", env=env, timeout=180)
+    assert started.returncode == 0, started.stderr
+    wid = json.loads(started.stdout.splitlines()[0])["id"]
+    listed = json.loads(cli("worker", "list", "--json", env=env, check=True).stdout)
+    assert [w["capabilities"]["provenance"]["host.disk_free_bytes"]["source"] for w in listed if w["id"] == wid] == [shown]
+
+    server = ServerProc(tmp_path / "server").start()
+    worker = None
+    try:
+        admin = Api(server.url, server.admin_token)
+        worker = start_remote_worker(server.url, admin.token_for("join")["token"], home)
+        joined = wait_workers(admin, 1)
+        assert joined[0]["capabilities"]["provenance"]["host.disk_free_bytes"]["source"] == shown
+    finally:
+        stop_proc(worker)
+        server.stop()
+        stop_strays(home)
