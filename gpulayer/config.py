@@ -17,12 +17,13 @@ belong (docs/concepts.md, the plugin's docstring).
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from gpulayer.errors import InvalidInput
+from gpulayer.errors import DatabaseFailed, InvalidInput
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -507,6 +508,9 @@ def home() -> Path:
             given = f"--home {raw!r}"
         else:
             given = f"GPULAYER_HOME={raw!r}" if settings().home else f"the default home (~/.gpulayer)={raw!r}"
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):  # (a full disk: no fault of the home given)
+            raise DatabaseFailed(f"{given}: cannot create the state directory: {exc.strerror}",
+                                 reason=exc.strerror) from None
         raise InvalidInput(f"{given}: cannot be the state directory: {exc.strerror}; expected a folder "
                            "this user may create or write in") from None
     st = path.stat()

@@ -227,11 +227,12 @@ def need_root(why: str) -> None:
     pytest.skip(why)
 
 
-def mount_small_tmpfs(mount: Path, size: str) -> None:
-    """Mount a tmpfs of ``size`` (``4m``) on the empty folder ``mount``: a real file system
-    that fills up (it needs root: :func:`need_root`)."""
+def mount_small_tmpfs(mount: Path, size: str, *, inodes: int | None = None) -> None:
+    """Mount a tmpfs of ``size`` (``4m``), and of at most ``inodes`` files and folders, on the
+    empty folder ``mount``: a real file system that fills up (it needs root: :func:`need_root`)."""
     if os.geteuid() == 0:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
+        options = f"size={size}" + (f",nr_inodes={inodes}" if inodes is not None else "")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)],
                               capture_output=True, text=True)
         if done.returncode == 0:
             return

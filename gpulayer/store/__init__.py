@@ -42,7 +42,7 @@ from gpulayer import config
 from gpulayer.errors import DatabaseFailed, InvalidInput
 from gpulayer.store import marks, migrations, plain
 from gpulayer.store.nudges import Nudges
-from gpulayer.store.outages import client_reason
+from gpulayer.store.outages import FULL, cannot_open_full, client_reason
 from gpulayer.store.tables import (
     ArtifactsRow,
     BundleReaderRow,
@@ -115,8 +115,10 @@ class Store:
             self._write_lock = _WriterLock.of(self._lock_path()) if self.is_sqlite else None
         except OSError as error:  # (its folder, its file or its lock file cannot be made)
             path, on = make_url(self.url).database, error.filename
-            raise InvalidInput(f"{given(url, where)}: cannot create the database file {path}: "
-                               f"{f'{on}: ' if on and on != path else ''}{error.strerror}") from None
+            why = f"cannot create the database file {path}: {f'{on}: ' if on and on != path else ''}{error.strerror}"
+            if _outage(error):  # (a full disk: the URL is right, and will do once it has room)
+                raise DatabaseFailed(f"{self.named}: {why}", reason=error.strerror) from None
+            raise InvalidInput(f"{given(url, where)}: {why}") from None
         #: wake-ups between the processes that share this SQLite file (None: not shared, or
         #: not supported here)
         self.nudges = Nudges.of(make_url(self.url).database) if self.is_sqlite else None
@@ -138,6 +140,8 @@ class Store:
             self.dispose()
             if _outage(error):  # (a full disk under an upgrade: nothing of it was stored)
                 raise self._failed(error) from None
+            if self.is_sqlite and cannot_open_full(error, make_url(self.url).database):
+                raise DatabaseFailed(f"{self._failed(error)} ({FULL})", reason=FULL) from None
             why = " ".join(str(getattr(error, "orig", None) or error).split())
             raise InvalidInput(f"{given(url, where)}: cannot open the database: {why}") from None
 

@@ -8,11 +8,19 @@ whole (:meth:`gpulayer.store.Store._failed`), a client is told the kind of failu
 A failure the database server answered carries its SQLSTATE, which says the kind; one of
 the driver's own (no answer: the server could not be reached, or the connection was lost)
 carries none, and is told by the words libpq uses for each cause.
+
+Also which SQLite failure to open a database is a full disk (:func:`cannot_open_full`).
 """
 
 from __future__ import annotations
 
-__all__ = ["client_reason"]
+import os
+from pathlib import Path
+
+__all__ = ["FULL", "cannot_open_full", "client_reason"]
+
+#: what is said of a SQLite database that could not be opened for a full file system
+FULL = "no space left on its file system"
 
 #: a SQLSTATE (its class, two characters, or the whole code) -> what is said
 _STATES = {
@@ -63,3 +71,18 @@ def client_reason(error: BaseException) -> str:
         if words in text:
             return said
     return "the database server could not be reached"
+
+
+def cannot_open_full(error: BaseException, path: str | None) -> bool:
+    """Whether SQLite could not open the database file at ``path`` (``SQLITE_CANTOPEN``,
+    "unable to open database file", which says no more) because its file system is full:
+    its write-ahead log and shared memory files could not be made, for want of a block or
+    an inode. An outage, not a path to correct."""
+    orig = getattr(error, "orig", None) or error
+    if not path or getattr(orig, "sqlite_errorname", None) != "SQLITE_CANTOPEN":
+        return False
+    try:
+        st = os.statvfs(Path(path).parent)
+    except OSError:
+        return False
+    return st.f_bavail == 0 or (st.f_files > 0 and st.f_favail == 0)

@@ -4,6 +4,7 @@ root to mount; skipped elsewhere)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -187,3 +188,47 @@ def test_a_full_disk_during_a_schema_upgrade_is_an_outage_and_leaves_the_databas
     filler.unlink()
     listed = cli("jobs", "list", "--json", "--limit", "1000", check=True)  # (upgraded, now it has room)
     assert len(json.loads(listed.stdout)) == 300
+
+
+def test_a_new_database_on_a_full_disk_is_an_outage_not_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first command on a disk with no room for a new file (its inodes used up, as a full
+    ext4 also refuses a new folder or file): the home's folder, the database's file or its
+    write-ahead log could not be made, and the command exited 2 (bad input), one telling
+    the user to choose "a folder this user may create or write in", as if the home given
+    were wrong. Each is an outage, exit 1, as a full disk under an existing database is."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    mount_small_tmpfs(mount, "4m", inodes=32)
+    monkeypatch.setenv("GPULAYER_WARM_CLI", "0")
+    for name in ("GPULAYER_URL", "GPULAYER_TOKEN", "GPULAYER_DATABASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    try:
+        home = mount / "home"
+        taken = []
+        with contextlib.suppress(OSError):  # every inode used
+            while True:
+                (mount / f"f{len(taken)}").touch()
+                taken.append(mount / f"f{len(taken)}")
+        monkeypatch.setenv("GPULAYER_HOME", str(home))
+        listed = cli("jobs", "list")
+        assert (listed.returncode, listed.stderr.strip()) == (
+            1, f"error: GPULAYER_HOME={str(home)!r}: cannot create the state directory: No space left on device"), \
+            listed.stderr
+        taken.pop(0).unlink()
+        home.mkdir()  # (room for the folder, none for the database)
+        db = home / "gpulayer.db"
+        listed = cli("jobs", "list")
+        assert (listed.returncode, listed.stderr.strip()) == (
+            1, f"error: the database in GPULAYER_HOME ({db}): cannot create the database file {db}: "
+               "No space left on device"), listed.stderr
+        taken.pop(0).unlink()
+        taken.pop(0).unlink()  # (room for the database and its lock file, none for its write-ahead log)
+        listed = cli("jobs", "list")
+        assert (listed.returncode, listed.stderr.strip()) == (
+            1, f"error: the database in GPULAYER_HOME ({db}): unable to open database file "
+               "(no space left on its file system)"), listed.stderr
+        for f in taken:
+            f.unlink()
+        assert cli("jobs", "list").returncode == 0  # (room again: the database is made)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
