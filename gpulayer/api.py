@@ -93,6 +93,7 @@ from gpulayer.wire import (  # (re-exported: what goes over the wire is part of 
     WorkPoll,
     deleted_again,
     log_page_cut,
+    pruned_again,
 )
 
 __all__ = [
@@ -218,7 +219,8 @@ class ClientAPI(Protocol):
                    dry_run: bool = False) -> JobsPruned:
         """Delete the jobs (the caller's, for a client token) that ended at least
         ``older_than`` seconds ago, in ``states`` (default: every ended state), as
-        :meth:`delete_jobs` does; ``dry_run``: count them only."""
+        :meth:`delete_jobs` does; ``dry_run``: count them only. Sent again after a try whose
+        answer was lost, the counts are a lower bound (``at_least``)."""
         ...
 
     def logs(self, job_id: str, *, after: int = 0, node: int | None = None,
@@ -436,7 +438,7 @@ ROUTES: tuple[Route, ...] = (
           response=JobsRerun, body=RerunJobsBody, context={"owner": "owner"}, safe=False),
     Route("prune_jobs", "POST", "/v1/jobs/prune", READERS,
           "Delete the jobs (yours, for a client token) that ended at least older_than seconds ago",
-          response=JobsPruned, body=PruneJobsBody, context={"owner": "owner"}),
+          response=JobsPruned, body=PruneJobsBody, context={"owner": "owner"}, again=pruned_again),
     Route("lend_slot", "POST", "/v1/jobs/{job_id}/lend", READERS,
           "A running task of the job lends its CPU slot to the queue while it waits, or takes it back",
           response=SlotLent, body=LendBody, own_job=True, errors=(404,)),

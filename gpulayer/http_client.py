@@ -21,7 +21,8 @@ for any route. When retries run out the call raises :class:`~gpulayer.errors.Con
 A request sent again after a try that may have been carried out (its connection broke after
 it was sent, or a proxy answered 502, 503 or 504) has its answer read by its route's
 ``again``, where it has one: a delete sent again finds gone the jobs the first try deleted,
-and says them deleted (:func:`gpulayer.wire.deleted_again`).
+and says them deleted (:func:`gpulayer.wire.deleted_again`); a prune's counts are then a
+lower bound, and say so (:func:`gpulayer.wire.pruned_again`).
 
 Transport: ``transport=`` takes any :class:`httpx.BaseTransport`, so the same client runs
 in-process against the Starlette app in tests.

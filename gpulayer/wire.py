@@ -364,6 +364,18 @@ class JobsPruned(Wire):
     #: and none for a client token: only an admin's or an embedded prune removes bundles)
     bundles: int = 0
     dry_run: bool = False
+    #: the counts are a lower bound: the prune was sent again after a try whose answer was
+    #: lost, and what that try deleted the last one found gone (set by the client: a
+    #: server's answer counts what its request deleted, exactly, and says false)
+    at_least: bool = False
+
+
+def pruned_again(body: dict[str, Any], answer: JobsPruned) -> JobsPruned:
+    """A prune sent again after a try whose answer was lost: that try may have deleted jobs
+    (and bundles), which this one finds gone and does not count, and which no one can count
+    now. The counts are said as what they are, a lower bound, not made up. (A dry run
+    deletes nothing: its count is exact.)"""
+    return answer if body.get("dry_run") else answer.model_copy(update={"at_least": True})
 
 
 class LendBody(Wire):

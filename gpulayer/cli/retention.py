@@ -113,6 +113,10 @@ def jobs_prune(
         typer.echo(f"would delete {pruned.jobs} job(s) that {age} (nothing deleted: --dry-run)")
         return
     bundles = f", and {pruned.bundles} bundle(s) no stored job names" if pruned.bundles else ""
+    if pruned.at_least:  # (an earlier try, whose answer was lost, deleted what it did uncounted)
+        typer.echo(f"deleted at least {pruned.jobs} job(s) that {age}, with their output, results and events"
+                   f"{bundles} (its answer lost, the prune was sent again: what the first try deleted is not counted)")
+        return
     typer.echo(f"deleted {pruned.jobs} job(s) that {age}, with their output, results and events{bundles}")
 
 

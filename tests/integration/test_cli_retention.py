@@ -64,7 +64,7 @@ def test_delete_and_prune_as_a_user_runs_them() -> None:
     assert dry.stdout == "would delete 2 job(s) that have ended (nothing deleted: --dry-run)\n"
     assert cli("jobs", "prune", "--older-than", "1h", check=True).stdout.startswith("deleted 0 job(s) that ended at least 1h ago")
     pruned = cli("jobs", "prune", "--older-than", "0", "--state", "failed", "--json", check=True)
-    assert json.loads(pruned.stdout) == {"jobs": 1, "bundles": 0, "dry_run": False}
+    assert json.loads(pruned.stdout) == {"jobs": 1, "bundles": 0, "dry_run": False, "at_least": False}
     assert _ids() == {ok2, slow}
     assert cli("jobs", "delete", ok2, check=True).stdout == f"deleted {ok2}\n"
     cli("jobs", "cancel", slow, check=True)
@@ -120,7 +120,7 @@ def test_keep_jobs_deletes_old_jobs_in_a_server(tmp_path: Path) -> None:
             jobs.append(r.json()["id"])
             assert user("POST", f"/v1/jobs/{jobs[-1]}/cancel").status_code == 200
         pruned = users[0]("POST", "/v1/jobs/prune", json={"older_than": 0, "dry_run": True})
-        assert pruned.status_code == 200 and pruned.json() == {"jobs": 1, "bundles": 0, "dry_run": True}
+        assert pruned.status_code == 200 and pruned.json() == {"jobs": 1, "bundles": 0, "dry_run": True, "at_least": False}
         deadline = time.monotonic() + 30
         while admin("GET", "/v1/jobs").json() and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -164,6 +164,51 @@ def test_a_delete_sent_again_after_its_answer_was_lost_says_the_jobs_deleted(tmp
         assert [j["id"] for j in admin("GET", "/v1/jobs").json()] == [jobs[2]]
         again = cli("jobs", "delete", jobs[0], env=env)  # (no answer lost: no such job, as before)
         assert (again.returncode, again.stderr.strip()) == (2, f"error: job {jobs[0]!r}: no such job")
+    finally:
+        relay.close()
+        srv.stop()
+
+
+def test_a_prune_sent_again_after_its_answer_was_lost_says_its_count_may_be_short(tmp_path: Path) -> None:
+    """The answer to ``POST /v1/jobs/prune`` lost on the way: the CLI sent it again, the
+    server found the jobs the first try deleted gone, and the command said "deleted 0 job(s)"
+    for a prune that deleted two. What the first try deleted cannot be known; the count is
+    said to be a lower bound, in words and in ``--json``, and a prune whose answer came
+    (or an embedded one) says its count as it is."""
+    import re
+
+    from tests.relay import Relay
+    from tests.server_support import Api, ServerProc
+
+    srv = ServerProc(tmp_path / "server").start()
+    relay = Relay(srv.port)
+    try:
+        admin = Api(srv.url, srv.admin_token)
+        spec = {"spec": {"kind": "command", "command": ["true"],
+                         "placement": {"target": "remote", "on_unschedulable": "wait"}}}
+
+        def ended_jobs(n: int) -> None:
+            for _ in range(n):
+                r = admin("POST", "/v1/jobs", json=spec)
+                assert r.status_code == 201, r.text
+                assert admin("POST", f"/v1/jobs/{r.json()['id']}/cancel").status_code == 200
+
+        env = {"GPULAYER_URL": relay.url, "GPULAYER_TOKEN": srv.admin_token}
+        ended_jobs(2)
+        relay.drop_next(re.compile(rb"POST /v1/jobs/prune "))
+        pruned = cli("jobs", "prune", "--older-than", "0", env=env)
+        assert relay.fired.is_set()
+        assert (pruned.returncode, pruned.stdout.strip()) == (
+            0, "deleted at least 0 job(s) that have ended, with their output, results and events (its answer "
+               "lost, the prune was sent again: what the first try deleted is not counted)"), pruned.stderr
+        assert admin("GET", "/v1/jobs").json() == []
+        ended_jobs(1)
+        relay.drop_next(re.compile(rb"POST /v1/jobs/prune "))
+        pruned = cli("jobs", "prune", "--older-than", "0", "--json", env=env)
+        assert json.loads(pruned.stdout) == {"jobs": 0, "bundles": 0, "dry_run": False, "at_least": True}
+        ended_jobs(1)
+        pruned = cli("jobs", "prune", "--older-than", "0", env=env)  # (no answer lost: the count as it is)
+        assert pruned.stdout.strip() == "deleted 1 job(s) that have ended, with their output, results and events"
     finally:
         relay.close()
         srv.stop()
