@@ -97,9 +97,18 @@ def test_a_worker_whose_home_is_not_utf8_runs_jobs_embedded_and_joins_a_server(
     worker = None
     try:
         admin = Api(server.url, server.admin_token)
-        worker = start_remote_worker(server.url, admin.token_for("join")["token"], home)
+        join = admin.token_for("join")["token"]
+        worker = start_remote_worker(server.url, join, home)
         joined = wait_workers(admin, 1)
         assert joined[0]["capabilities"]["provenance"]["host.disk_free_bytes"]["source"] == shown
+        # (a client of its own that sends the byte as JSON's escape of the lone surrogate)
+        caps = joined[0]["capabilities"]
+        caps["host"]["python_path"] = "/opt/\udcff-py"
+        body = json.dumps({"capabilities": caps})  # (written "\\udcff", as JSON escapes it)
+        answer = Api(server.url, join)("POST", "/v1/workers/join", content=body,
+                                       headers={"content-type": "application/json"})
+        assert answer.status_code == 201, answer.text
+        assert answer.json()["worker"]["capabilities"]["host"]["python_path"] == "/opt/\\udcff-py"
     finally:
         stop_proc(worker)
         server.stop()
