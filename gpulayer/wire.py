@@ -366,8 +366,9 @@ class JobsPruned(Wire):
     dry_run: bool = False
     #: the counts are a lower bound: the prune was sent again after a try whose answer was
     #: lost, and what that try deleted the last one found gone (set by the client: a
-    #: server's answer counts what its request deleted, exactly, and says false)
-    at_least: bool = False
+    #: server's answer counts what its request deleted, exactly, and says false). Written only
+    #: when true: an older client refuses an answer with a field it does not know
+    at_least: bool = Field(default=False, exclude_if=lambda at_least: not at_least)
 
 
 def pruned_again(body: dict[str, Any], answer: JobsPruned) -> JobsPruned:

@@ -113,7 +113,7 @@ def test_prune_deletes_by_end_time_and_state_in_batches(cp: ControlPlane, monkey
     cp.heartbeat(w)  # (the worker stays online as the clock moves)
     monkeypatch.setattr(retention, "BATCH", 2)
 
-    assert cp.prune_jobs(older_than=3 * 86400, dry_run=True).model_dump() == {"jobs": 6, "bundles": 0, "dry_run": True, "at_least": False}
+    assert cp.prune_jobs(older_than=3 * 86400, dry_run=True).model_dump() == {"jobs": 6, "bundles": 0, "dry_run": True}
     assert _rows(cp, JobRow) == 8  # a dry run deletes nothing
     assert cp.prune_jobs(older_than=3 * 86400, states=["failed"]).jobs == 1
     assert cp.prune_jobs(older_than=3 * 86400).jobs == 5  # over three batches of two
@@ -227,7 +227,7 @@ def test_bundles_go_once_no_stored_job_names_them(cp: ControlPlane, tmp_path: Pa
     assert _rows(cp, BundleRow, digest=shared.digest) == 1  # another job names it
     assert _rows(cp, BundleRow, digest=unused.digest) == 1  # a delete removes only its jobs' bundles
 
-    assert cp.prune_jobs(older_than=3600, owner="tok-a").model_dump() == {"jobs": 1, "bundles": 0, "dry_run": False, "at_least": False}
+    assert cp.prune_jobs(older_than=3600, owner="tok-a").model_dump() == {"jobs": 1, "bundles": 0, "dry_run": False}
     assert _rows(cp, BundleRow) == 3  # a client's prune leaves bundles to the admin's
     assert cp.prune_jobs(older_than=3600).bundles == 2  # shared (its last job went) and unused
     with cp.store.read() as s:
@@ -266,7 +266,7 @@ def test_whether_a_stored_job_names_a_bundle_is_an_index_lookup(cp: ControlPlane
         assert _rows(cp, BundleRow) == 8  # their 4 bundles went
         # the 4 no job ever named go; those of the kept jobs stay
         assert cp.prune_jobs(older_than=3600, states=["failed"]).model_dump() == {
-            "jobs": 0, "bundles": 4, "dry_run": False, "at_least": False}
+            "jobs": 0, "bundles": 4, "dry_run": False}
     finally:
         event.remove(cp.store.engine, "before_cursor_execute", seen)
     with cp.store.read() as s:
@@ -317,7 +317,7 @@ def test_a_client_uploads_a_deleted_bundle_again(gpulayer_isolated: None, tmp_pa
     first = client.submit(spec)
     assert client.control is not None
     client.control.cancel(first.id)
-    assert client.control.prune_jobs(older_than=0).model_dump() == {"jobs": 1, "bundles": 1, "dry_run": False, "at_least": False}
+    assert client.control.prune_jobs(older_than=0).model_dump() == {"jobs": 1, "bundles": 1, "dry_run": False}
 
     again = client.submit(spec)
     assert client.control.get_job(again.id).spec.bundle_digest == first.spec.bundle_digest
