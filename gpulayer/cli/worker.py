@@ -50,12 +50,13 @@ def worker_start(
     """Start a worker: embedded (this machine's $GPULAYER_HOME) or, with --url, for a server."""
     import logging
     import signal
-    import threading
+
+    from gpulayer.worker.stop_signals import StopSignals
 
     # a SIGTERM before the worker serves (during its detection, its join) stops it as soon as it
     # does, drained and deregistered: it killed the process, which left its record online
-    asked = threading.Event()
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: asked.set())
+    asked = StopSignals()
+    asked.install(signal.SIGTERM)
 
     from gpulayer import config
     from gpulayer.resources import detect_capabilities

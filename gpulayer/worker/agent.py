@@ -45,6 +45,7 @@ from gpulayer.worker.forking import RUNNER_PATH, ForkServer
 from gpulayer.worker.logbuffer import LogBuffer, task_sender
 from gpulayer.worker.outcome import Deletions, NotStarted, StartMark, TaskOutcome, error_text, function_outcome
 from gpulayer.worker.process import Cancel, OrphanSweep, Started, Starter, StartFailed
+from gpulayer.worker.stop_signals import StopSignals
 from gpulayer.worker.task_env import WORKER_SECRETS, task_environ
 from gpulayer.worker.task_files import INLINE_SPEC_MAX, TaskFiles
 from gpulayer.worker.task_files import sweep as sweep_files
@@ -158,21 +159,15 @@ class Agent:
         self.worker_id = record.id
         return record
 
-    def run_forever(self, asked: threading.Event | None = None) -> None:
+    def run_forever(self, asked: StopSignals | None = None) -> None:
         """Serve (start first if need be) until SIGINT/SIGTERM or ``idle_exit`` idle seconds,
-        then drain and stop; at once if ``asked`` is set (a SIGTERM came before)."""
+        then drain and stop; at once if ``asked`` heard one before (installed as the process
+        started). Its handler takes no lock (see :mod:`gpulayer.worker.stop_signals`)."""
         if not self._started:
             self.start()
-
-        def _on_signal(signum: int, _frame: Any) -> None:
-            log.warning("%s: draining (grace %g s)", signal.Signals(signum).name, self.grace)
-            self._signalled.set()
-            self._stopping.set()
-
-        signal.signal(signal.SIGTERM, _on_signal)
-        signal.signal(signal.SIGINT, _on_signal)
-        if asked is not None and asked.is_set():
-            _on_signal(signal.SIGTERM, None)
+        signals = asked if asked is not None else StopSignals()
+        signals.install(signal.SIGTERM, signal.SIGINT)
+        signals.follow(self._on_signal)
         while not self._stopping.wait(0.5):
             if self.idle_exit is not None:
                 with self._lock:
@@ -182,6 +177,11 @@ class Agent:
                 elif time.monotonic() - self._last_busy > self.idle_exit:
                     break
         self.stop()
+
+    def _on_signal(self, signum: int) -> None:
+        log.warning("%s: draining (grace %g s)", signal.Signals(signum).name, self.grace)
+        self._signalled.set()
+        self._stopping.set()
 
     def stop(self, grace: float | None = None) -> None:
         """Stop taking work; give running tasks ``grace`` seconds, then end them; report all."""

@@ -3,6 +3,7 @@ the deregistration brought the worker back (``draining`` instead of ``offline``)
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from pathlib import Path
@@ -72,3 +73,79 @@ def test_a_grace_of_centuries_lets_running_tasks_end(tmp_path: Path, monkeypatch
     threading.Timer(0.5, go.touch).start()  # (the task ends during the grace)
     worker.stop(grace=1e10)
     assert cp.get_job(job.id).state is JobState.SUCCEEDED
+
+
+class OwnLock:
+    """A lock that fails when the thread that holds it asks for it again: a plain one (an
+    Event's) waits for ever there, and so would this test."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if blocking and self._owner == threading.get_ident():
+            raise AssertionError("the thread that holds this lock waits for it: a deadlock")
+        if not self._lock.acquire(blocking, timeout):
+            return False
+        self._owner = threading.get_ident()
+        return True
+
+    def release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class SignalInside(threading.Condition):
+    """An Event's condition on an :class:`OwnLock` whose holder, the main thread, runs the
+    SIGTERM handler once while it holds it, as Python does when a second SIGTERM lands there
+    (it runs a handler between two bytecodes of the main thread, whatever that holds)."""
+
+    def __init__(self) -> None:
+        super().__init__(OwnLock())  # type: ignore[arg-type]
+        self.ran = False
+
+    def notify_all(self) -> None:
+        if threading.current_thread() is threading.main_thread() and not self.ran:
+            self.ran = True
+            handler = signal.getsignal(signal.SIGTERM)
+            assert callable(handler)
+            handler(signal.SIGTERM, None)
+        super().notify_all()
+
+
+def test_a_second_sigterm_while_the_main_thread_holds_a_lock_leaves_the_stop_to_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test of a task killed by the signal that stops its worker once saw the worker hang
+    after its task ended, for ever: the test's two SIGTERMs (its own and its ``stop``'s), the
+    second landing in the main thread while it held the lock of the Event that the first's
+    handler was setting, whose handler then waited for that lock."""
+    monkeypatch.setenv("GPULAYER_HOME", str(tmp_path / "home"))
+    cp = ControlPlane(Store())
+    worker = Agent(cp, capabilities=make_capabilities(), cpu_slots=1, grace=0)
+    worker.start()
+    conditions = [SignalInside(), SignalInside()]
+    worker._stopping._cond, worker._signalled._cond = conditions  # type: ignore[attr-defined]
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def first_sigterm() -> None:  # (once the worker handles it: before, it would end this process)
+        wait_for(lambda: signal.getsignal(signal.SIGTERM) is not before[signal.SIGTERM], what="the worker's handler")
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
+
+    threading.Thread(target=first_sigterm, daemon=True).start()
+    try:
+        worker.run_forever()
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        for c in conditions:
+            c.ran = True  # (no handler to run any more)
+        worker.stop(grace=0)
+    assert any(c.ran for c in conditions)  # (the second SIGTERM came: the stop went on)
+    assert not cp.get_worker(str(worker.worker_id)).online
