@@ -198,8 +198,9 @@ class Agent:
             for task_id, event in self._running.items():
                 self._shutdown_ended.add(task_id)
                 event.set()
+        deadline = time.monotonic() + self.kill_grace + 5  # (for them all, not each: N slots, N times)
         for done in list(self._done.values()):
-            done.wait(self.kill_grace + 5)
+            done.wait(max(0.0, deadline - time.monotonic()))
         self._stopped.set()
         if self._heartbeats is not None:  # (a heartbeat that lands after the deregistration
             self._heartbeats.join(self.kill_grace + 5)  # below would bring this worker back)

@@ -1,5 +1,6 @@
-"""A worker that stops deregisters after its last heartbeat: a heartbeat that landed after
-the deregistration brought the worker back (``draining`` instead of ``offline``)."""
+"""How a worker stops: it deregisters after its last heartbeat (a heartbeat that landed after
+the deregistration brought the worker back: ``draining`` instead of ``offline``); a second
+stopping signal cannot hang it; each of its waits is bounded, once for all its tasks."""
 
 from __future__ import annotations
 
@@ -149,3 +150,46 @@ def test_a_second_sigterm_while_the_main_thread_holds_a_lock_leaves_the_stop_to_
         worker.stop(grace=0)
     assert any(c.ran for c in conditions)  # (the second SIGTERM came: the stop went on)
     assert not cp.get_worker(str(worker.worker_id)).online
+
+
+class Clock:
+    """The agent's clock, which moves only as far as the waits below run out."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.waits: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class NeverDone:
+    """A task's end that never comes: each wait for it runs out, moving ``clock`` on."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
+    def wait(self, timeout: float | None = None) -> bool:
+        assert timeout is not None
+        self.clock.waits.append(timeout)
+        self.clock.now += timeout
+        return False
+
+
+def test_tasks_that_do_not_end_once_killed_are_waited_for_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the grace a stopping worker ends its tasks and waits ``kill_grace + 5`` seconds
+    for them to end and report: once for them all, not once each (four slots whose reports
+    could not be delivered kept a worker 40 s)."""
+    import gpulayer.worker.agent as agent_module
+
+    monkeypatch.setenv("GPULAYER_HOME", str(tmp_path / "home"))
+    clock = Clock()
+    monkeypatch.setattr(agent_module, "time", clock)
+    worker = Agent(ControlPlane(Store()), capabilities=make_capabilities(), cpu_slots=4, grace=0, kill_grace=5)
+    for task_id in ("tsk-1", "tsk-2", "tsk-3", "tsk-4"):
+        worker._done[task_id] = NeverDone(clock)  # type: ignore[assignment]
+    worker.stop()
+    assert sum(clock.waits) == pytest.approx(worker.kill_grace + 5)
