@@ -160,9 +160,8 @@ class Agent:
         return record
 
     def run_forever(self, asked: StopSignals | None = None) -> None:
-        """Serve (start first if need be) until SIGINT/SIGTERM or ``idle_exit`` idle seconds,
-        then drain and stop; at once if ``asked`` heard one before (installed as the process
-        started). Its handler takes no lock (see :mod:`gpulayer.worker.stop_signals`)."""
+        """Serve (start first if need be) until SIGINT/SIGTERM or ``idle_exit`` idle seconds, then drain
+        and stop; at once if ``asked`` heard one already (its handler takes no lock: :mod:`.stop_signals`)."""
         if not self._started:
             self.start()
         signals = asked if asked is not None else StopSignals()
