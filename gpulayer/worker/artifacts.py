@@ -5,7 +5,13 @@ zipped and stored with the control plane when the task ends, before its final re
 
 Regular files are kept, at any depth, with their modification times; a link, a device or
 a socket in the folder is left out, and the task's output says so (a link may point
-anywhere on the worker's machine: following it could send what the task never meant to).
+anywhere on the worker's machine: following it could send what the task never meant to;
+a file is opened without following one, and without waiting, as one may be swapped in
+after the look). So is what cannot be read, and a name the control plane would refuse the
+whole zip for (not UTF-8, ...): each costs only itself. A file removed while they are zipped
+(the task's own process, still at it) is not there to keep; one still written is kept as
+large as it was when it was seen. The zip is built in memory, and its size checked as each
+megabyte goes in, so it never holds much more than the limit.
 What a task leaves is refused before a byte is sent when it is more than the control plane
 keeps (``GPULAYER_MAX_ARTIFACTS_MB`` zipped, as this worker reads it; the bundle limits'
 number of files): its output says why, and the task's outcome is what it was.
@@ -13,10 +19,13 @@ number of files): its output says why, and the task's outcome is what it was.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
+import re
 import stat
+import time
 import zipfile
 import zlib
 from pathlib import Path
@@ -34,6 +43,10 @@ __all__ = ["Packed", "Refused", "keep", "pack"]
 _LEVEL = 1
 #: bytes of a large file compressed to tell whether it compresses at all (see _how)
 _SAMPLE = 64 * 1024
+#: bytes read at a time: the zip's size is checked after each
+_CHUNK = 1 << 20
+#: a path the control plane refuses: one that starts with a drive letter
+_DRIVE = re.compile(r"^[A-Za-z]:")
 
 
 class Refused(Exception):
@@ -47,61 +60,162 @@ class Packed(NamedTuple):
     unpacked: int
     #: what was left out (links, devices), as paths inside the folder
     left_out: list[str]
+    #: what could not be read (a folder's path ends with ``/``)
+    unreadable: list[str]
+    #: what is named in a way the control plane does not store (not UTF-8, a backslash, ...)
+    misnamed: list[str]
+
+
+class _Found(NamedTuple):
+    #: (path in the zip, path on disk, size)
+    files: list[tuple[str, str, int]]
+    left_out: list[str]
+    unreadable: list[str]
+    misnamed: list[str]
 
 
 def pack(folder: Path) -> Packed | None:
-    """The zip of what is in ``folder`` (None: nothing, or no folder)."""
-    found: list[tuple[str, str, int]] = []  # (path in the zip, path on disk, size)
-    left_out: list[str] = []
-    try:
-        for top, dirs, files in os.walk(folder, onerror=_raise):
-            for name in files + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
-                path = os.path.join(top, name)
-                rel = os.path.relpath(path, folder).replace(os.sep, "/")
-                st = os.lstat(path)
-                if stat.S_ISREG(st.st_mode):
-                    found.append((rel, path, st.st_size))
-                else:
-                    left_out.append(rel)
-    except FileNotFoundError:
+    """The zip of what is in ``folder`` (None: nothing, or no folder). What cannot be kept is
+    left out, each kind in its own list: a file that is gone by the time it is read (the
+    task's own process removed it) is not there to keep, and one that cannot be read, or
+    whose name cannot be stored, costs only itself, not the others."""
+    found = _look(str(folder))
+    if found is None:
         return None
-    found.sort()  # (by path: a listing reads as a tree)
-    left_out.sort()
-    if not found:
-        return None if not left_out else Packed(b"", "", 0, 0, left_out)
+    files, left_out, unreadable, misnamed = found
+    if not files:
+        return Packed(b"", "", 0, 0, left_out, unreadable, misnamed) if left_out or unreadable or misnamed else None
     most = limits()
-    unpacked = sum(size for _, _, size in found)
-    if len(found) > most.max_entries:
-        raise Refused(f"{len(found)} files, more than the {most.max_entries} allowed (GPULAYER_MAX_BUNDLE_FILES)")
+    unpacked = sum(size for _, _, size in files)
+    if len(files) > most.max_entries:
+        raise Refused(f"{len(files)} files, more than the {most.max_entries} allowed (GPULAYER_MAX_BUNDLE_FILES)")
     if unpacked > most.max_unpacked:
         raise Refused(f"{bundles.format_size(unpacked)} of files, more than the {bundles.format_size(most.max_unpacked)} "
                       "allowed (GPULAYER_MAX_ARTIFACTS_MB, GPULAYER_MAX_BUNDLE_UNPACKED_MB)")
     limit = config.max_artifacts_bytes()
     buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=_LEVEL, strict_timestamps=False) as zf:
-        for rel, path, size in found:
-            zf.write(path, rel, compress_type=_how(path, size))
-            if buf.tell() > limit:
-                raise Refused(too_large())
+    kept: list[tuple[str, int]] = []
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=_LEVEL) as zf:
+        for rel, path, size in files:
+            got = _add(zf, buf, rel, path, size, limit)
+            if got is None:
+                continue  # gone: removed since it was seen
+            if isinstance(got, str):
+                (left_out if got == "left out" else unreadable).append(rel)
+            else:
+                kept.append((rel, got))
+    if not kept:
+        return Packed(b"", "", 0, 0, sorted(left_out), sorted(unreadable), misnamed) \
+            if left_out or unreadable or misnamed else None
     data = buf.getvalue()
     if len(data) > limit:
         raise Refused(too_large(len(data)))
-    return Packed(data, hashlib.sha256(data).hexdigest(), len(found), unpacked, left_out)
+    return Packed(data, hashlib.sha256(data).hexdigest(), len(kept), sum(n for _, n in kept), sorted(left_out),
+                  sorted(unreadable), misnamed)
 
 
-def _how(path: str, size: int) -> int:
+def _look(folder: str) -> _Found | None:
+    """The regular files under ``folder``, by path, and what is left out (None: no folder).
+    Each entry's kind is its directory entry's (no system call for most); a file's size is
+    read once, here."""
+    found = _Found([], [], [], [])
+    below: list[tuple[str, str]] = [("", folder)]
+    while below:
+        prefix, path = below.pop()
+        try:
+            with os.scandir(path) as it:
+                entries = list(it)
+        except FileNotFoundError:
+            if not prefix:
+                return None
+            continue  # (removed since it was seen)
+        except OSError:
+            if not prefix:
+                raise
+            found.unreadable.append(prefix)
+            continue
+        for entry in entries:
+            rel = prefix + entry.name
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if _misnamed(rel + "/"):
+                        found.misnamed.append(rel + "/")
+                    else:
+                        below.append((rel + "/", entry.path))
+                elif not entry.is_file(follow_symlinks=False):
+                    found.left_out.append(rel)
+                elif _misnamed(rel):
+                    found.misnamed.append(rel)
+                else:
+                    found.files.append((rel, entry.path, entry.stat(follow_symlinks=False).st_size))
+            except FileNotFoundError:
+                continue
+            except OSError:
+                found.unreadable.append(rel)
+    for kept in found:
+        kept.sort()  # (by path: a listing reads as a tree)
+    return found
+
+
+def _misnamed(rel: str) -> bool:
+    """Whether the control plane refuses a zip holding this path (see
+    :func:`gpulayer.bundles.check_archive`): a name that is not UTF-8 (it cannot even be
+    written in a zip), a backslash, a leading drive letter, deeper than it allows."""
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return "\\" in rel or _DRIVE.match(rel) is not None or rel.rstrip("/").count("/") > bundles.MAX_DEPTH
+
+
+def _add(zf: zipfile.ZipFile, buf: io.BytesIO, rel: str, path: str, size: int, limit: int) -> int | str | None:
+    """Zip the file at ``path`` as ``rel``: its first ``size`` bytes (its size when it was
+    seen: what the limits were checked against; a file the task still writes is kept as it
+    was then). Returns the bytes kept, None for a file gone, or why it was left out ("left
+    out": no longer a regular file; "unreadable"). Opened without following a link and
+    without waiting (what was a file may have been replaced by a link or a pipe since)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return "left out" if exc.errno in (errno.ELOOP, errno.ENXIO) else "unreadable"
+    with open(fd, "rb") as src:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "left out"
+        size = min(size, st.st_size)
+        info = zipfile.ZipInfo(rel, date_time=_date_time(st.st_mtime))
+        info.create_system = 3  # Unix, so that the mode in external_attr is honoured
+        info.external_attr = (st.st_mode & 0xFFFF) << 16
+        info.compress_type = _how(fd, size)
+        # ``compress_level`` since Python 3.13, ``_compresslevel`` before
+        setattr(info, "compress_level" if hasattr(info, "compress_level") else "_compresslevel", _LEVEL)
+        info.file_size = size  # (zip64 chosen by it)
+        left = size
+        with zf.open(info, "w") as dst:  # (a read that fails now fails the whole: an entry is half written)
+            while left > 0 and (chunk := src.read(min(_CHUNK, left))):
+                dst.write(chunk)
+                left -= len(chunk)
+                if buf.tell() > limit:  # (checked as it goes: the zip is held in memory)
+                    raise Refused(too_large())
+    return size - left
+
+
+def _how(fd: int, size: int) -> int:
     """How a file goes into the zip: deflated, unless a sample of a large one shows it does
     not compress (a checkpoint's floats, an image, an archive): then stored as it is, at the
     cost of a copy (deflating 1 MB of random bytes took 18 ms for nothing)."""
     if size < _SAMPLE:
         return zipfile.ZIP_DEFLATED
-    with open(path, "rb") as f:
-        sample = f.read(_SAMPLE)
+    sample = os.pread(fd, _SAMPLE, 0)
     return zipfile.ZIP_STORED if len(zlib.compress(sample, _LEVEL)) > 0.9 * len(sample) else zipfile.ZIP_DEFLATED
 
 
-def _raise(exc: OSError) -> None:
-    raise exc
+def _date_time(mtime: float) -> tuple[int, int, int, int, int, int]:
+    """A zip entry's date and time: a zip has none before 1980 or after 2107."""
+    t = time.localtime(mtime)[:6]
+    return max(min(t, (2107, 12, 31, 23, 59, 59)), (1980, 1, 1, 0, 0, 0))
 
 
 def keep(api: WorkerAPI, a: TaskAssignment, worker_id: str, folder: Path, logbuf: LogBuffer) -> None:
@@ -117,13 +231,17 @@ def keep(api: WorkerAPI, a: TaskAssignment, worker_id: str, folder: Path, logbuf
         note(f"gpulayer: artifacts not kept: {exc}\n")
         return
     except OSError as exc:
-        note(f"gpulayer: artifacts not kept: {exc.strerror or exc}: {exc.filename}\n")
+        note(f"gpulayer: artifacts not kept: {exc.strerror or exc}" + (f": {exc.filename}\n" if exc.filename else "\n"))
         return
     if packed is None:
         return
-    if packed.left_out:
-        shown = ", ".join(packed.left_out[:5]) + (f" and {len(packed.left_out) - 5} more" if len(packed.left_out) > 5 else "")
-        note(f"gpulayer: artifacts: left out {shown} (only regular files are kept, not links or devices)\n")
+    for paths, why in ((packed.left_out, "only regular files are kept, not links or devices"),
+                       (packed.unreadable, "they cannot be read"),
+                       (packed.misnamed, "names a zip does not keep: not UTF-8, a backslash, a drive letter, "
+                                         "too deep")):
+        if paths:
+            shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+            note(f"gpulayer: artifacts: left out {shown} ({why})\n")
     if not packed.files:
         return
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import tracemalloc
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 
 from gpulayer import artifacts
 from gpulayer.api import TaskAssignment
-from gpulayer.bundles.archive import extract_into
+from gpulayer.bundles.archive import check_archive, extract_into
 from gpulayer.client import Client
 from gpulayer.control import ControlPlane
 from gpulayer.errors import BundleError, Forbidden, InvalidInput, NotFound, TooLarge
@@ -148,6 +149,135 @@ def test_keep_sends_nothing_for_nothing_and_says_what_it_refused(tmp_path: Path,
     assert api.sent == []
     assert log.lines == [("stderr", "gpulayer: artifacts not kept: 2 files, more than the 1 allowed "
                                     "(GPULAYER_MAX_BUNDLE_FILES)\n")]
+
+
+def _after_listing(monkeypatch: pytest.MonkeyPatch, folder: Path, then: Any) -> None:
+    """Run ``then()`` once, as ``folder`` has just been listed (a task's process still at work)."""
+    real = os.scandir
+
+    def scandir(path: Any = ".") -> Any:
+        entries = list(real(path))
+        if os.fspath(path) == os.fspath(folder):
+            then()
+        return _Listing(entries)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+
+
+class _Listing:
+    """What os.scandir answers: an iterator of entries, and a context manager."""
+
+    def __init__(self, entries: list[Any]) -> None:
+        self._it = iter(entries)
+
+    def __iter__(self) -> _Listing:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._it)
+
+    def __enter__(self) -> _Listing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_file_removed_while_they_are_packed_costs_only_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "gone.txt").write_text("x")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "kept.txt").write_text("kept")
+    (tmp_path / "z.txt").write_text("z")
+    # one gone right after the listing that names it, one after its size was read
+    _after_listing(monkeypatch, tmp_path, lambda: (tmp_path / "gone.txt").unlink())
+    got = pack(tmp_path)
+    assert got is not None and (got.files, got.left_out, got.unreadable) == (2, [], [])
+    monkeypatch.undo()
+    (tmp_path / "gone.txt").write_text("x")
+    _after_listing(monkeypatch, tmp_path / "sub", lambda: (tmp_path / "z.txt").unlink())
+    api, log = _Api(), _Log()
+    keep(api, _assignment(), "wkr-1", tmp_path, log)  # type: ignore[arg-type]
+    [(_, _, data, _)] = api.sent
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        assert sorted(zf.namelist()) == ["gone.txt", "sub/kept.txt"]
+    assert log.lines == []
+
+
+def test_what_cannot_be_read_is_left_out_and_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "ok.txt").write_text("ok")
+    (tmp_path / "secret.txt").write_text("s")
+    (tmp_path / "closed").mkdir()
+    (tmp_path / "closed" / "in.txt").write_text("in")
+    # (as root, mode 000 is no refusal: the refusals are made here)
+    real_scandir, real_open = os.scandir, os.open
+
+    def scandir(path: Any = ".") -> Any:
+        if os.fspath(path) == str(tmp_path / "closed"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+
+    def open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if os.fspath(path) == str(tmp_path / "secret.txt"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "open", open_)
+    api, log = _Api(), _Log()
+    keep(api, _assignment(), "wkr-1", tmp_path, log)  # type: ignore[arg-type]
+    [(_, _, data, _)] = api.sent
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        assert zf.namelist() == ["ok.txt"]
+    assert log.lines == [("stderr", "gpulayer: artifacts: left out closed/, secret.txt (they cannot be read)\n")]
+
+
+def test_a_link_swapped_in_after_the_look_is_not_followed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = tmp_path / "worker-secret"
+    secret.write_text("the worker's own")
+    folder = tmp_path / "a"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "f.txt").write_text("mine")
+
+    def swap() -> None:
+        (folder / "f.txt").unlink()
+        os.symlink(secret, folder / "f.txt")
+
+    _after_listing(monkeypatch, folder / "sub", swap)  # (f.txt was seen a regular file)
+    got = pack(folder)
+    assert got is not None and got.files == 0 and got.left_out == ["f.txt"] and got.data == b""
+
+
+def test_names_the_control_plane_refuses_are_left_out_not_the_rest(tmp_path: Path) -> None:
+    (tmp_path / "ok.txt").write_text("ok")
+    with open(os.path.join(os.fsencode(tmp_path), b"caf\xe9.txt"), "wb") as f:  # (latin-1: not UTF-8)
+        f.write(b"x")
+    (tmp_path / "a\\b.txt").write_text("x")
+    (tmp_path / "c:notes").write_text("x")
+    api, log = _Api(), _Log()
+    keep(api, _assignment(), "wkr-1", tmp_path, log)  # type: ignore[arg-type]
+    [(_, digest, data, _)] = api.sent
+    assert check_archive(data, digest, limits=artifacts.limits()) == ["ok.txt"]
+    [(stream, text)] = log.lines
+    assert stream == "stderr" and text == ("gpulayer: artifacts: left out a\\b.txt, c:notes, caf\udce9.txt (names a zip "
+                                           "does not keep: not UTF-8, a backslash, a drive letter, too deep)\n")
+
+
+def test_the_zip_is_refused_as_it_grows_past_the_limit_not_after(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 8 MB that do not compress, under the files' own limit (1,000 MB by default) but over
+    # the zip's: refused having held about 1 MB, not all 8
+    (tmp_path / "big.bin").write_bytes(os.urandom(8 * 2**20))
+    monkeypatch.setenv("GPULAYER_MAX_ARTIFACTS_MB", "1")
+    tracemalloc.start()
+    try:
+        with pytest.raises(Refused, match="over the control plane's limit"):
+            pack(tmp_path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2**20
 
 
 # --------------------------------------------------------------------------- the control plane's side
