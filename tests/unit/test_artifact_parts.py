@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 import tracemalloc
 import zipfile
 from pathlib import Path
@@ -25,6 +26,7 @@ from gpulayer.records import JobState, TaskState
 from gpulayer.specs import CommandJob
 from gpulayer.store import plain
 from gpulayer.worker.artifacts import Refused, keep, pack
+from gpulayer.worker.task_files import TaskFiles
 from tests.bundle_attacks import make_zip
 from tests.factories import make_capabilities, running_task
 
@@ -140,15 +142,37 @@ def test_keep_sends_them_or_says_in_the_output_why_not(tmp_path: Path, answer: E
 def test_keep_sends_nothing_for_nothing_and_says_what_it_refused(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     api, log = _Api(), _Log()
-    keep(api, _assignment(), "wkr-1", tmp_path, log)  # type: ignore[arg-type]
-    assert api.sent == [] and log.lines == []
-    (tmp_path / "a").write_bytes(b"1")
-    (tmp_path / "b").write_bytes(b"2")
+    folder = tmp_path / "a.artifacts"
+    for nothing in (None, tmp_path / "never-made", folder):
+        folder.mkdir(exist_ok=True)
+        keep(api, _assignment(), "wkr-1", nothing, log)  # type: ignore[arg-type]
+    assert api.sent == [] and log.lines == [] and not folder.exists()  # (an empty one is removed at once)
+    folder.mkdir()
+    (folder / "a").write_bytes(b"1")
+    (folder / "b").write_bytes(b"2")
     monkeypatch.setenv("GPULAYER_MAX_BUNDLE_FILES", "1")
-    keep(api, _assignment(), "wkr-1", tmp_path, log)  # type: ignore[arg-type]
+    keep(api, _assignment(), "wkr-1", folder, log)  # type: ignore[arg-type]
     assert api.sent == []
     assert log.lines == [("stderr", "gpulayer: artifacts not kept: 2 files, more than the 1 allowed "
                                     "(GPULAYER_MAX_BUNDLE_FILES)\n")]
+
+
+def test_a_tasks_folders_are_made_empty_and_removed_whatever_they_hold(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPULAYER_HOME", str(tmp_path))
+    files = TaskFiles()
+    assert files.artifacts_made("tsk-1") is None  # (none made: nothing to keep)
+    folder, scratch = files.artifacts("tsk-1"), files.scratch("tsk-1")
+    assert folder == files.artifacts_made("tsk-1") and folder.is_dir() and list(folder.iterdir()) == []
+    (folder / "d").mkdir()
+    (folder / "d" / "f").write_text("x")
+    files.remove("tsk-1", function=False)
+    assert not folder.exists() and not scratch.exists()
+    shutil.rmtree(folder.parent)  # (its root removed under it: made again)
+    again = files.artifacts("tsk-2")
+    assert again.is_dir() and again.parent != folder.parent
+    files.close()
+    assert not again.parent.exists()
 
 
 def _after_listing(monkeypatch: pytest.MonkeyPatch, folder: Path, then: Any) -> None:
