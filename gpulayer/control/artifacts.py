@@ -18,12 +18,15 @@ import zipfile
 from io import BytesIO
 from typing import TYPE_CHECKING
 
+from sqlalchemy import select
+from sqlmodel import col
+
 from gpulayer import bundles, config
 from gpulayer.artifacts import limits, too_large
 from gpulayer.errors import NotFound, TooLarge
 from gpulayer.store import artifacts as rows
 from gpulayer.store import plain
-from gpulayer.store.tables import ArtifactsRow
+from gpulayer.store.tables import ArtifactsRow, TaskRow
 from gpulayer.wire import TaskArtifacts
 
 if TYPE_CHECKING:
@@ -43,6 +46,10 @@ def put_artifacts(cp: ControlPlane, task_id: str, digest: str, data: bytes, work
         unpacked = sum(i.file_size for i in zf.infolist() if not i.is_dir())
     now = cp.clock()
     with cp.store.write(lock=False) as s:
+        if not cp.store.is_sqlite:
+            # (PostgreSQL, where this takes no writers' lock: a delete of the job waits for
+            # this row, and deletes the artifacts after the task: none left without a job)
+            s.execute(select(col(TaskRow.id)).where(col(TaskRow.id) == task_id).with_for_update())
         task = cp._own_task(s, task_id, worker_id)
         row = ArtifactsRow(task_id=task_id, job_id=task.job_id, attempt=task.attempt, node_rank=task.node_rank,
                            digest=digest, size=len(data), unpacked=unpacked, files=len(names), data=data,

@@ -73,8 +73,10 @@ def delete_jobs(s: Session, job_ids: Sequence[str]) -> None:
         chunk = ids[i:i + plain.IN_CHUNK]
         s.execute(delete(LogRow).where(col(LogRow.job_id).in_(chunk)))
         s.execute(delete(EventRow).where(col(EventRow.job_id).in_(chunk)))
-        s.execute(delete(ArtifactsRow).where(col(ArtifactsRow.job_id).in_(chunk)))
+        # (the tasks first: on PostgreSQL a task's artifacts being stored hold its row, and
+        # are committed, to be deleted here, by the time its delete goes by)
         s.execute(delete(TaskRow).where(col(TaskRow.job_id).in_(chunk)))
+        s.execute(delete(ArtifactsRow).where(col(ArtifactsRow.job_id).in_(chunk)))
         s.execute(delete(JobRow).where(col(JobRow.id).in_(chunk)))
 
 

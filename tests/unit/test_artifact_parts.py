@@ -9,6 +9,7 @@ import hashlib
 import io
 import os
 import shutil
+import threading
 import tracemalloc
 import zipfile
 from pathlib import Path
@@ -21,6 +22,7 @@ from gpulayer.api import TaskAssignment
 from gpulayer.bundles.archive import check_archive, extract_into
 from gpulayer.client import Client
 from gpulayer.control import ControlPlane
+from gpulayer.control import artifacts as control_artifacts
 from gpulayer.errors import BundleError, Forbidden, InvalidInput, NotFound, TooLarge
 from gpulayer.records import JobState, TaskState
 from gpulayer.specs import CommandJob
@@ -349,6 +351,49 @@ def test_the_control_plane_refuses_what_is_not_a_tasks_safe_zip(cp: ControlPlane
                                        r"104 B \(104 bytes, GPULAYER_MAX_ARTIFACTS_MB\)$"):
         cp.put_artifacts(task_id, digest, data, worker_id=w)
     assert cp.list_artifacts(job_id) == []  # (nothing stored by any of them)
+
+
+def test_a_job_deleted_while_its_tasks_artifacts_are_stored_leaves_none_behind(cp: ControlPlane,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # its worker went silent (a suspended machine): the task is lost and the job failed, and
+    # the worker, back, stores what the task left as it ends; a delete of the ended job
+    # meanwhile takes them too (on PostgreSQL the upload takes no writers' lock: the delete
+    # went by between its look at the task and its insert, leaving a row no delete or prune
+    # would find again)
+    job_id, task_id, w = running_task(cp)
+    cp.clock.now += 11  # type: ignore[attr-defined]
+    cp.expire_workers()
+    assert cp.get_job(job_id).state is JobState.FAILED
+    data, digest = _zip({"a.txt": b"one"})
+    inside, go = threading.Event(), threading.Event()
+    real_put = control_artifacts.rows.put
+
+    def put(s: Any, row: Any) -> None:
+        inside.set()
+        go.wait(30)
+        real_put(s, row)
+
+    monkeypatch.setattr(control_artifacts.rows, "put", put)
+    answers: list[object] = []
+
+    def upload() -> None:
+        try:
+            answers.append(cp.put_artifacts(task_id, digest, data, worker_id=w))
+        except NotFound as exc:
+            answers.append(exc)
+
+    uploading = threading.Thread(target=upload)
+    uploading.start()
+    assert inside.wait(30)
+    deleting = threading.Thread(target=cp.delete_jobs, args=([job_id],))
+    deleting.start()
+    deleting.join(2)  # (it waits for the upload's end, or it is done: either way, the upload goes on)
+    go.set()
+    uploading.join(30)
+    deleting.join(30)
+    assert len(answers) == 1
+    with cp.store.read() as s:
+        assert plain.fetch(s, "SELECT COUNT(*) FROM gl_artifacts", ())[0][0] == 0
 
 
 # --------------------------------------------------------------------------- the reader's side
