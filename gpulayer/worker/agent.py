@@ -471,7 +471,7 @@ class Agent:
             with held:
                 outcome = self._run(a, cancel, logbuf, fork, started, swapped)
             if not self._deleted.said(a.task_id):  # (stored before the report: there when the job has ended)
-                keep_artifacts(self.api, a, worker_id, self.task_files.artifacts_made(a.task_id), logbuf)
+                keep_artifacts(self.api, a, worker_id, self.task_files.artifacts_made(a.task_id), logbuf, self.report_for)
             return outcome
         finally:
             for server in swapped:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import io
+import logging
 import os
 import re
 import stat
@@ -34,10 +35,12 @@ from typing import NamedTuple
 from gpulayer import bundles, config
 from gpulayer.api import TaskAssignment, WorkerAPI
 from gpulayer.artifacts import limits, too_large
-from gpulayer.errors import GpulayerError
+from gpulayer.errors import ConnectionFailed, DatabaseFailed, GpulayerError
 from gpulayer.worker.logbuffer import LogBuffer
 
 __all__ = ["Packed", "Refused", "keep", "pack"]
+
+log = logging.getLogger("gpulayer.worker")
 
 #: zlib's fastest level: text compresses well even so
 _LEVEL = 1
@@ -45,6 +48,8 @@ _LEVEL = 1
 _SAMPLE = 64 * 1024
 #: bytes read at a time: the zip's size is checked after each
 _CHUNK = 1 << 20
+#: the longest wait between two tries to send them through an outage
+_RETRY_MAX = 2.0
 #: a path the control plane refuses: one that starts with a drive letter
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
@@ -218,10 +223,13 @@ def _date_time(mtime: float) -> tuple[int, int, int, int, int, int]:
     return max(min(t, (2107, 12, 31, 23, 59, 59)), (1980, 1, 1, 0, 0, 0))
 
 
-def keep(api: WorkerAPI, a: TaskAssignment, worker_id: str, folder: Path | None, logbuf: LogBuffer) -> None:
+def keep(api: WorkerAPI, a: TaskAssignment, worker_id: str, folder: Path | None, logbuf: LogBuffer,
+         retry_for: float = 600.0) -> None:
     """Store what the task left in ``folder`` (None: it has none) with the control plane;
     what was left out, or why nothing was kept, is added to the task's output (``logbuf``).
-    An empty folder, most tasks', is removed here: one system call, where a listing takes four."""
+    An empty folder, most tasks', is removed here: one system call, where a listing takes four.
+    They are sent again through an outage of the control plane (it cannot be reached, its
+    database failed) for ``retry_for`` seconds, as the task's report is after them."""
 
     def note(text: str) -> None:
         logbuf.add("stderr", text)
@@ -254,7 +262,20 @@ def keep(api: WorkerAPI, a: TaskAssignment, worker_id: str, folder: Path | None,
             note(f"gpulayer: artifacts: left out {shown} ({why})\n")
     if not packed.files:
         return
-    try:
-        api.put_artifacts(a.task_id, packed.digest, packed.data, worker_id=worker_id)
-    except GpulayerError as exc:
-        note(f"gpulayer: artifacts not kept ({packed.files} file(s), {bundles.format_size(packed.unpacked)}): {exc}\n")
+    what = f"{packed.files} file(s), {bundles.format_size(packed.unpacked)}"
+    deadline = time.monotonic() + retry_for
+    delay = 0.5
+    while True:
+        try:
+            api.put_artifacts(a.task_id, packed.digest, packed.data, worker_id=worker_id)
+            return
+        except (ConnectionFailed, DatabaseFailed) as exc:
+            if time.monotonic() + delay > deadline:
+                note(f"gpulayer: artifacts not kept ({what}): {exc}\n")
+                return
+            log.warning("storing the artifacts of %s failed (%s); retrying in %.1f s", a.task_id, exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, _RETRY_MAX)
+        except GpulayerError as exc:
+            note(f"gpulayer: artifacts not kept ({what}): {exc}\n")
+            return

@@ -23,7 +23,15 @@ from gpulayer.bundles.archive import check_archive, extract_into
 from gpulayer.client import Client
 from gpulayer.control import ControlPlane
 from gpulayer.control import artifacts as control_artifacts
-from gpulayer.errors import BundleError, Forbidden, InvalidInput, NotFound, TooLarge
+from gpulayer.errors import (
+    BundleError,
+    ConnectionFailed,
+    DatabaseFailed,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    TooLarge,
+)
 from gpulayer.records import JobState, TaskState
 from gpulayer.specs import CommandJob
 from gpulayer.store import plain
@@ -139,6 +147,29 @@ def test_keep_sends_them_or_says_in_the_output_why_not(tmp_path: Path, answer: E
     [(task_id, digest, data, worker)] = api.sent
     assert (task_id, worker) == ("tsk-1", "wkr-1") and digest == hashlib.sha256(data).hexdigest()
     assert [text for _, text in log.lines] == said and all(stream == "stderr" for stream, _ in log.lines)
+
+
+def test_keep_sends_them_again_through_an_outage_as_the_report_is(tmp_path: Path) -> None:
+    # (the report of the task's end is retried for minutes: artifacts given up on after the
+    # HTTP client's own 30 s were missing from a job that ended as a server restarted)
+    (tmp_path / "out.txt").write_text("hello")
+
+    class Away(_Api):
+        def put_artifacts(self, task_id: str, digest: str, data: bytes, *, worker_id: str) -> None:
+            super().put_artifacts(task_id, digest, data, worker_id=worker_id)
+            if len(self.sent) == 1:
+                raise ConnectionFailed("cannot reach the control plane at http://127.0.0.1:1: ConnectError")
+            if len(self.sent) == 2:
+                raise DatabaseFailed("the control plane's database failed: disk full")
+
+    api, log = Away(), _Log()
+    keep(api, _assignment(), "wkr-1", tmp_path, log)  # type: ignore[arg-type]
+    assert len(api.sent) == 3 and log.lines == []
+    api, log = Away(), _Log()
+    keep(api, _assignment(), "wkr-1", tmp_path, log, retry_for=0)  # type: ignore[arg-type]
+    assert len(api.sent) == 1
+    assert log.lines == [("stderr", "gpulayer: artifacts not kept (1 file(s), 5 B): cannot reach the control plane "
+                                    "at http://127.0.0.1:1: ConnectError\n")]
 
 
 def test_keep_sends_nothing_for_nothing_and_says_what_it_refused(tmp_path: Path,
