@@ -71,13 +71,16 @@ def download(api: ClientAPI, job_id: str, to: str | os.PathLike[str] | None, *, 
     if not chosen:
         raise NotFound(f"{job_id} has no artifacts: none of its tasks left a file in $GPULAYER_ARTIFACTS_DIR")
     dest = Path(job_id if to is None else to)
+    # (named as given; the default, which no one typed, as the default)
+    shown = f"{where} {dest}" if to is not None else \
+        f"{dest} (the folder by default; give {where + ' DIR' if where.startswith('-') else where + '=...'} for another)"
     try:
         if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-            raise InvalidInput(f"{where} {dest}: {'is not a folder' if not dest.is_dir() else 'is not empty'}; "
+            raise InvalidInput(f"{shown}: {'is not a folder' if not dest.is_dir() else 'is not empty'}; "
                                "artifacts go into a new or empty folder")
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InvalidInput(f"{where} {dest}: {exc.strerror or exc}") from None
+        raise InvalidInput(f"{shown}: {exc.strerror or exc}") from None
     files: list[str] = []
     for t in chosen:
         data = api.get_artifacts(job_id, t.task_id)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import shutil
 import threading
 import tracemalloc
@@ -35,6 +36,7 @@ from gpulayer.errors import (
 from gpulayer.records import JobState, TaskState
 from gpulayer.specs import CommandJob
 from gpulayer.store import plain
+from gpulayer.wire import TaskArtifacts
 from gpulayer.worker.artifacts import Refused, keep, pack
 from gpulayer.worker.task_files import TaskFiles
 from tests.bundle_attacks import make_zip
@@ -439,6 +441,22 @@ def test_extract_into_refuses_to_replace_a_file(tmp_path: Path) -> None:
     (tmp_path / "fresh").mkdir()
     assert extract_into(data, digest, tmp_path / "fresh", limits=artifacts.limits()) == ["a.txt", "d/b.txt"]
     assert (tmp_path / "fresh" / "d" / "b.txt").read_bytes() == b"b"
+
+
+@pytest.mark.parametrize(("where", "give"), [("--to", "--to DIR"), ("to", "to=...")])
+def test_the_default_folder_is_named_as_the_default_not_as_what_was_not_typed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, give: str) -> None:
+    class Api:
+        def list_artifacts(self, job_id: str) -> list[TaskArtifacts]:
+            return [TaskArtifacts(task_id="tsk-1", job_id=job_id, attempt=1, node_rank=0, digest="0" * 64, size=1,
+                                  unpacked=1, files=1, created_at=0.0)]
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job-1").mkdir()
+    (tmp_path / "job-1" / "mine.txt").write_text("keep me")
+    with pytest.raises(InvalidInput, match=rf"^job-1 \(the folder by default; give {re.escape(give)} for another\): "
+                                           r"is not empty; artifacts go into a new or empty folder$"):
+        artifacts.download(Api(), "job-1", None, where=where)  # type: ignore[arg-type]
 
 
 def test_a_reader_of_an_older_server_is_told_so(tmp_path: Path) -> None:
