@@ -218,9 +218,14 @@ def _how(fd: int, size: int) -> int:
 
 
 def _date_time(mtime: float) -> tuple[int, int, int, int, int, int]:
-    """A zip entry's date and time: a zip has none before 1980 or after 2107."""
-    t = time.localtime(mtime)[:6]
-    return max(min(t, (2107, 12, 31, 23, 59, 59)), (1980, 1, 1, 0, 0, 0))
+    """A zip entry's date and time: a zip has none before 1980 or after 2107, and the clock
+    none for a time of billions of years (tmpfs keeps one)."""
+    first, last = (1980, 1, 1, 0, 0, 0), (2107, 12, 31, 23, 59, 59)
+    try:
+        t = time.localtime(mtime)[:6]
+    except (OverflowError, OSError, ValueError):
+        return first if mtime < 0 else last
+    return max(min(t, last), first)
 
 
 def keep(api: WorkerAPI, a: TaskAssignment, worker_id: str, folder: Path | None, logbuf: LogBuffer,

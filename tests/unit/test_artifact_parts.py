@@ -324,6 +324,31 @@ def test_names_the_control_plane_refuses_are_left_out_not_the_rest(tmp_path: Pat
                                            "does not keep: not UTF-8, a backslash, a drive letter, too deep)\n")
 
 
+def test_a_file_dated_beyond_what_a_zip_or_the_clock_can_say_is_kept(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # (tmpfs keeps a modification time of 1e18 s; the local time of it is an OSError, which
+    # lost every file the task left)
+    (tmp_path / "future.txt").write_text("f")
+    (tmp_path / "past.txt").write_text("p")
+    dated = {(tmp_path / "future.txt").stat().st_ino: 1e18, (tmp_path / "past.txt").stat().st_ino: -1e18}
+    real_stat, real_fstat = os.stat, os.fstat
+
+    def redated(st: os.stat_result) -> os.stat_result:
+        if st.st_ino not in dated:
+            return st
+        when = dated[st.st_ino]
+        return os.stat_result((*st[:8], int(when), int(st.st_ctime)),
+                              {"st_atime": st.st_atime, "st_mtime": when, "st_ctime": st.st_ctime})
+
+    monkeypatch.setattr(os, "stat", lambda *a, **k: redated(real_stat(*a, **k)))
+    monkeypatch.setattr(os, "fstat", lambda fd: redated(real_fstat(fd)))
+    got = pack(tmp_path)
+    assert got is not None and got.files == 2
+    with zipfile.ZipFile(io.BytesIO(got.data)) as zf:
+        assert {i.filename: i.date_time for i in zf.infolist()} == {"future.txt": (2107, 12, 31, 23, 59, 58),
+                                                                    "past.txt": (1980, 1, 1, 0, 0, 0)}
+
+
 def test_the_zip_is_refused_as_it_grows_past_the_limit_not_after(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # 8 MB that do not compress, under the files' own limit (1,000 MB by default) but over
     # the zip's: refused having held about 1 MB, not all 8
