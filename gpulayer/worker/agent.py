@@ -205,7 +205,7 @@ class Agent:
             self._heartbeats.join(self.kill_grace + 5)  # below would bring this worker back)
         self._cache_keeper.close(self.kill_grace + 5)
         self.forks.close()
-        self.task_files.close()
+        self.task_files.close(self.running_tasks)  # (a task still at its end keeps its folders)
         if self.worker_id is not None:
             waited_briefly("deregister the worker", self._leave_call)
 

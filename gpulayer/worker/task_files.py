@@ -40,6 +40,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import psutil
@@ -149,8 +150,26 @@ class TaskFiles:
         except OSError:
             pass
 
-    def close(self) -> None:
-        """Remove the folders (the worker stopped)."""
+    def close(self, running: Collection[str] = ()) -> None:
+        """Remove the folders (the worker stopped). What is still ``running`` tasks' (ended,
+        and still at their end past the stop's wait: packing, sending their artifacts) is
+        left to them, and their folders' roots with it (a later worker's :func:`sweep`
+        removes those, where the worker's process ends first)."""
+        if running:
+            for folder in (self.folder, self.scratch_root):
+                try:
+                    entries = list(os.scandir(folder)) if folder is not None else []
+                except OSError:
+                    continue
+                for entry in entries:  # (a task's are named after it: TASK, TASK.artifacts, TASK.json, ...)
+                    if entry.name == OWNER or entry.name.split(".", 1)[0] in running:
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        _remove_folder(Path(entry.path))
+                    else:
+                        with contextlib.suppress(OSError):
+                            os.unlink(entry.path)
+            return
         with self._lock:
             folders, self.folder, self.scratch_root = (self.folder, self.scratch_root), None, None
         for folder in folders:

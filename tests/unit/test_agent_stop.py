@@ -193,3 +193,44 @@ def test_tasks_that_do_not_end_once_killed_are_waited_for_together(tmp_path: Pat
         worker._done[task_id] = NeverDone(clock)  # type: ignore[assignment]
     worker.stop()
     assert sum(clock.waits) == pytest.approx(worker.kill_grace + 5)
+
+
+def test_a_task_still_packing_its_artifacts_as_the_stop_ends_keeps_its_files(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stop waits for a task's end a while after ending it, then removes the worker's
+    folders: those of a task still at its end (packing, sending its artifacts) are left to it,
+    not removed under it (what it had left went missing from its zip, unsaid)."""
+    import sys
+
+    from gpulayer.records import JobState
+    from gpulayer.specs import CommandJob
+    from gpulayer.worker import artifacts as worker_artifacts
+
+    monkeypatch.setenv("GPULAYER_HOME", str(tmp_path / "home"))
+    cp = ControlPlane(Store())
+    worker = Agent(cp, capabilities=make_capabilities(), cpu_slots=1, kill_grace=0.1)
+    worker.start()
+    closed = threading.Event()
+    real_close, real_pack = worker.task_files.close, worker_artifacts.pack
+
+    def close(*args: Any) -> None:
+        real_close(*args)
+        closed.set()
+
+    def pack(folder: Path) -> Any:
+        assert closed.wait(30)  # (a pack of many files, still going as the stop ends)
+        return real_pack(folder)
+
+    monkeypatch.setattr(worker.task_files, "close", close)
+    monkeypatch.setattr(worker_artifacts, "pack", pack)
+    leave = ("import os, time\nd = os.environ['GPULAYER_ARTIFACTS_DIR']\n"
+             "for n in ('a', 'b', 'c'):\n    open(os.path.join(d, n), 'w').write(n)\n"
+             "open(os.path.join(d, 'ready'), 'w').close()\ntime.sleep(60)")
+    job = cp.submit(CommandJob(command=[sys.executable, "-c", leave]))
+    wait_for(lambda: any(p.name == "ready" for p in (tmp_path / "home").rglob("ready")), what="the files left")
+    worker.stop(grace=0)
+    wait_for(lambda: cp.list_artifacts(job.id), what="the artifacts stored")
+    [stored] = cp.list_artifacts(job.id)
+    assert stored.files == 4
+    wait_for(lambda: not any((tmp_path / "home" / "tasks").rglob(f"{stored.task_id}*")), what="its folders removed")
+    assert cp.get_job(job.id).state is JobState.FAILED  # (lost: its worker left before its report)

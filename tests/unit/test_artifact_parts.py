@@ -206,6 +206,15 @@ def test_a_tasks_folders_are_made_empty_and_removed_whatever_they_hold(tmp_path:
     shutil.rmtree(folder.parent)  # (its root removed under it: made again)
     again = files.artifacts("tsk-2")
     assert again.is_dir() and again.parent != folder.parent
+    # a stop: what a task still at its end has is left to it, the rest removed
+    ending, spec = files.artifacts("tsk-3"), files.paths("tsk-3")[0]
+    spec.write_text("{}")
+    (ending / "ckpt").write_text("x")
+    files.close(["tsk-3"])
+    assert not again.exists() and not files.paths("tsk-2")[0].exists()
+    assert (ending / "ckpt").read_text() == "x" and spec.exists()
+    files.remove("tsk-3", function=True)
+    assert not ending.exists() and not spec.exists()
     files.close()
     assert not again.parent.exists()
 
