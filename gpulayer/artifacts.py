@@ -21,7 +21,7 @@ from gpulayer.wire import TaskArtifacts
 if TYPE_CHECKING:
     from gpulayer.api import ClientAPI
 
-__all__ = ["Downloaded", "download", "format_size", "latest", "limits", "too_large"]
+__all__ = ["Downloaded", "download", "format_size", "latest", "limits", "older_server", "too_large"]
 
 
 def limits() -> Limits:
@@ -39,6 +39,14 @@ def too_large(size: int | None = None) -> str:
     got = "" if size is None else f"{format_size(size)} zipped; "
     return (f"artifacts are over the control plane's limit: {got}the limit is {format_size(most)} "
             f"({most} bytes, GPULAYER_MAX_ARTIFACTS_MB)")
+
+
+def older_server(exc: NotFound, location: str) -> str | None:
+    """What a server from before artifacts answers (404, ``no such route``) means, as a reader
+    of them is told and a task's output says (None: ``exc`` is another 404)."""
+    if not str(exc).endswith(": no such route"):
+        return None
+    return f"the control plane at {location} keeps no artifacts: its server is older than artifacts; upgrade it"
 
 
 def latest(listing: list[TaskArtifacts]) -> list[TaskArtifacts]:

@@ -428,9 +428,8 @@ class Client:
         try:
             return artifacts.download(self.api, job_id, to, nodes=getattr(job.spec, "nodes", 1), where=where)
         except NotFound as exc:
-            if str(exc).endswith(": no such route"):  # (a server from before them)
-                raise InvalidInput(f"the control plane at {self.location} keeps no artifacts: its server is older "
-                                   "than artifacts; upgrade it") from None
+            if (older := artifacts.older_server(exc, self.location)) is not None:  # (a server from before them)
+                raise InvalidInput(older) from None
             if not job.state.terminal:
                 raise NotFound(f"{job_id} is {job.state.value}: its tasks' artifacts are stored as they end "
                                f"(gpulayer jobs wait {job_id})") from None

@@ -34,8 +34,8 @@ from typing import NamedTuple
 
 from gpulayer import bundles, config
 from gpulayer.api import TaskAssignment, WorkerAPI
-from gpulayer.artifacts import limits, too_large
-from gpulayer.errors import ConnectionFailed, DatabaseFailed, GpulayerError
+from gpulayer.artifacts import limits, older_server, too_large
+from gpulayer.errors import ConnectionFailed, DatabaseFailed, GpulayerError, NotFound
 from gpulayer.worker.logbuffer import LogBuffer
 
 __all__ = ["Packed", "Refused", "keep", "pack"]
@@ -282,5 +282,8 @@ def keep(api: WorkerAPI, a: TaskAssignment, worker_id: str, folder: Path | None,
             time.sleep(delay)
             delay = min(delay * 2, _RETRY_MAX)
         except GpulayerError as exc:
-            note(f"gpulayer: artifacts not kept ({what}): {exc}\n")
+            why = str(exc)
+            if isinstance(exc, NotFound):  # (a server from before them: said as its readers are told)
+                why = older_server(exc, str(getattr(api, "url", ""))) or why
+            note(f"gpulayer: artifacts not kept ({what}): {why}\n")
             return

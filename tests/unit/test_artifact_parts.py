@@ -111,6 +111,8 @@ def test_pack_refuses_more_than_the_control_plane_keeps(tmp_path: Path, monkeypa
 class _Api:
     """A worker's control plane that answers put_artifacts with ``answer`` (raised)."""
 
+    url = "https://cp.example:8765"
+
     def __init__(self, answer: Exception | None = None) -> None:
         self.answer = answer
         self.sent: list[tuple[str, str, bytes, str]] = []
@@ -136,8 +138,11 @@ def _assignment() -> TaskAssignment:
 
 @pytest.mark.parametrize(("answer", "said"), [
     (None, []),
-    (NotFound("PUT /v1/tasks/tsk-1/artifacts/ab: no such route"),
-     ["gpulayer: artifacts not kept (1 file(s), 5 B): PUT /v1/tasks/tsk-1/artifacts/ab: no such route\n"]),
+    (NotFound("PUT /v1/tasks/tsk-1/artifacts/ab: no such route"),  # (a server from before them)
+     ["gpulayer: artifacts not kept (1 file(s), 5 B): the control plane at https://cp.example:8765 keeps no "
+      "artifacts: its server is older than artifacts; upgrade it\n"]),
+    (NotFound("task 'tsk-1': no such task"),
+     ["gpulayer: artifacts not kept (1 file(s), 5 B): task 'tsk-1': no such task\n"]),
     (TooLarge("artifacts are over the control plane's limit: the limit is 1.0 MB"),
      ["gpulayer: artifacts not kept (1 file(s), 5 B): artifacts are over the control plane's limit: the limit is 1.0 MB\n"]),
 ])

@@ -8,12 +8,15 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
+from gpulayer import api
 from gpulayer.control import ControlPlane
 from gpulayer.http_client import connect_http
-from gpulayer.records import TaskState
+from gpulayer.records import JobState, TaskState
 from gpulayer.server.app import create_app
 from gpulayer.specs import CommandJob, Placement
 from gpulayer.store import Store
+from gpulayer.worker.artifacts import keep as keep_artifacts
+from gpulayer.worker.logbuffer import LogBuffer, task_sender
 from tests.factories import make_capabilities
 
 #: a task's record as the clients before the lenient read of records knew it: they refuse
@@ -78,3 +81,30 @@ def test_a_job_that_runs_after_others_is_handed_to_its_worker_without_those_fiel
         assert t.spec.after == [] and t.spec.after_ended == []
         assert not {"after", "after_ended"} & set(t.model_dump(mode="json")["spec"])
     assert cp.get_job(later.id).spec.after == [first.id]  # (the control plane keeps them)
+
+
+def test_a_worker_whose_server_is_older_than_artifacts_says_so_and_reports(
+        served: tuple[ControlPlane, TestClient], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server of schema 12 has no artifacts route (404, ``no such route``): the task's output
+    says its artifacts were not kept because the server is older, in the words a reader of
+    them is told (not the route's digest), and the task's report is stored as ever."""
+    control = served[0]
+    monkeypatch.setattr(api, "ROUTES", tuple(r for r in api.ROUTES if r.op != "put_artifacts"))
+    with TestClient(create_app(control, background=False)) as older:
+        worker = connect_http("http://testserver", retry_for=0.5, transport=older._transport)
+        reply = worker.join_worker(make_capabilities(), join_token=control.create_token(scope="join", uses=1).token,
+                                   name="w", cpu_slots=1, pid=1)
+        worker.token = reply.token
+        job = control.submit(CommandJob(command=["true"], placement=Placement(target="remote")))
+        [a] = worker.poll_tasks(reply.worker_id, wait=0)
+        worker.start_task(a.task_id, worker_id=reply.worker_id)
+        (tmp_path / "left").mkdir()
+        (tmp_path / "left" / "loss.txt").write_text("0.1\n")
+        logbuf = LogBuffer(task_sender(worker, a.task_id, reply.worker_id))
+        keep_artifacts(worker, a, reply.worker_id, tmp_path / "left", logbuf)
+        logbuf.close()
+        worker.finish_task(a.task_id, worker_id=reply.worker_id, state=TaskState.SUCCEEDED, exit_code=0)
+    assert [(c.stream, c.data) for c in control.logs(job.id)] == [
+        ("stderr", "gpulayer: artifacts not kept (1 file(s), 4 B): the control plane at http://testserver keeps no "
+                   "artifacts: its server is older than artifacts; upgrade it\n")]
+    assert control.get_job(job.id).state is JobState.SUCCEEDED
