@@ -9,7 +9,9 @@ A bundle goes once no stored job names it and it was stored :data:`FRESH` second
 more (after a delete, those the deleted jobs named; after an admin's or an embedded prune,
 any bundle stored before the cut that no job names):
 a client whose next job reuses a bundle deleted meanwhile uploads it again
-(:class:`~gpulayer.errors.BundleMissing`).
+(:class:`~gpulayer.errors.BundleMissing`). An admin's or an embedded prune also deletes the
+artifacts whose job is gone, which an older GPUlayer left running after an upgrade leaves
+when it deletes jobs (:func:`gpulayer.store.retention.delete_artifacts_of_gone_jobs`).
 
 A prune deletes :data:`BATCH` jobs per transaction, and a delete or a prune deletes their
 output before them, :data:`LOG_BATCH` chunks per transaction, so the writers' lock is never
@@ -108,6 +110,7 @@ def prune_jobs(plane: Core, older_than: float, states: Sequence[str] | None, dry
         with plane.store.write() as s:
             bundles = retention.unused_bundles(s, min(cut, now - FRESH))
             retention.delete_bundles(s, bundles)
+            retention.delete_artifacts_of_gone_jobs(s)  # (an older process's delete left them)
     return JobsPruned(jobs=deleted, bundles=len(bundles))
 
 

@@ -80,6 +80,16 @@ def delete_jobs(s: Session, job_ids: Sequence[str]) -> None:
         s.execute(delete(JobRow).where(col(JobRow.id).in_(chunk)))
 
 
+def delete_artifacts_of_gone_jobs(s: Session) -> None:
+    """Delete the artifacts whose job is gone: a GPUlayer of schema 12 or older, left running
+    on a database a newer one migrated, deletes jobs without them (it does not know their
+    table). One lookup in the jobs' primary key for each task's artifacts stored: a scalar
+    subquery with a limit, as :func:`unused_bundles` asks (a ``NOT EXISTS`` became a merge with
+    the whole index on PostgreSQL)."""
+    job = sa_select(col(JobRow.id)).where(col(JobRow.id) == col(ArtifactsRow.job_id)).limit(1).scalar_subquery()
+    s.execute(delete(ArtifactsRow).where(job.is_(None)), execution_options={"synchronize_session": False})
+
+
 def unused_bundles(s: Session, cut: float, among: Collection[str] | None = None) -> list[str]:
     """Bundles stored before ``cut`` (of those ``among``, if given) that no stored job names:
     for each, a lookup in the index of the jobs' ``bundle_digest`` (schema 11), whatever the
@@ -114,5 +124,5 @@ def delete_bundles(s: Session, digests: Iterable[str]) -> None:
         s.execute(delete(BundleRow).where(col(BundleRow.digest).in_(ids)))
 
 
-__all__ = ["ENDED_STATES", "bundles_of", "count_ended_before", "delete_bundles", "delete_jobs", "delete_logs",
-           "ended_before", "still_ended", "unused_bundles"]
+__all__ = ["ENDED_STATES", "bundles_of", "count_ended_before", "delete_artifacts_of_gone_jobs", "delete_bundles",
+           "delete_jobs", "delete_logs", "ended_before", "still_ended", "unused_bundles"]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
+from sqlmodel import select
 from starlette.testclient import TestClient
 
 from gpulayer import api
@@ -15,8 +18,10 @@ from gpulayer.records import JobState, TaskState
 from gpulayer.server.app import create_app
 from gpulayer.specs import CommandJob, Placement
 from gpulayer.store import Store
+from gpulayer.store.tables import ArtifactsRow
 from gpulayer.worker.artifacts import keep as keep_artifacts
 from gpulayer.worker.logbuffer import LogBuffer, task_sender
+from tests.bundle_attacks import make_zip
 from tests.factories import make_capabilities
 
 #: a task's record as the clients before the lenient read of records knew it: they refuse
@@ -108,3 +113,26 @@ def test_a_worker_whose_server_is_older_than_artifacts_says_so_and_reports(
         ("stderr", "gpulayer: artifacts not kept (1 file(s), 4 B): the control plane at http://testserver keeps no "
                    "artifacts: its server is older than artifacts; upgrade it\n")]
     assert control.get_job(job.id).state is JobState.SUCCEEDED
+
+
+def test_artifacts_an_older_process_left_when_it_deleted_their_job_go_with_an_admins_prune(cp: ControlPlane) -> None:
+    """A GPUlayer of schema 12 left running on a database a newer one migrated (an embedded
+    worker whose heartbeats run GPULAYER_KEEP_JOBS' prune) deletes jobs as it knows them,
+    without the artifacts, whose table it does not know: a prune of the newer version deletes
+    those whose job is gone, and no other."""
+    w = cp.register_worker(make_capabilities(), cpu_slots=2).id
+    kept_job, gone_job = (cp.submit(CommandJob(command=["true"])).id for _ in range(2))
+    tasks = {a.job_id: a.task_id for a in cp.poll_tasks(w)}
+    for job_id, task_id in tasks.items():
+        cp.start_task(task_id, worker_id=w)
+        data = make_zip([(f"{job_id}.txt", b"left", 0o100644)])
+        cp.put_artifacts(task_id, hashlib.sha256(data).hexdigest(), data, worker_id=w)
+        cp.finish_task(task_id, worker_id=w, state=TaskState.SUCCEEDED, exit_code=0)
+    with cp.store.write() as s:  # (what the delete of schema 12, gpulayer.store.retention.delete_jobs, ran)
+        for table in ("gl_logs", "gl_events", "gl_tasks"):
+            s.execute(text(f"DELETE FROM {table} WHERE job_id = :j"), {"j": gone_job})
+        s.execute(text("DELETE FROM gl_jobs WHERE id = :j"), {"j": gone_job})
+    cp.prune_jobs(older_than=3600)  # (deletes no job: they ended a moment ago)
+    with cp.store.read() as s:
+        assert sorted((r.job_id, r.task_id) for r in s.exec(select(ArtifactsRow))) == [(kept_job, tasks[kept_job])]
+    assert [t.task_id for t in cp.list_artifacts(kept_job)] == [tasks[kept_job]]
