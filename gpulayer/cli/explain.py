@@ -78,6 +78,38 @@ def placement_check(client: Client, spec: JobSpec) -> tuple[dict[str, Any], list
 _JOB_ID = re.compile(r"^job-[0-9a-f]{12}$")
 
 
+def dry_run(client: Client, spec: JobSpec, as_json: bool) -> None:
+    """``gpulayer submit --dry-run``: the spec, the bundle's contents and the placement verdict."""
+    import json
+
+    from gpulayer import bundles
+    from gpulayer.profiles import resolve_requirements
+
+    resolved = spec.model_copy(update={"requirements": resolve_requirements(spec.requirements)})
+    data: dict[str, Any] = {"spec": json.loads(resolved.model_dump_json(exclude_defaults=True))}
+    if spec.bundle:
+        ins = bundles.inspect_directory(spec.bundle)
+        data["bundle"] = {
+            "files": [f.path for f in ins.included], "total_bytes": ins.total_size,
+            "excluded": [{"path": e[0], "rule": e[1]} for e in ins.excluded],
+            "largest": [{"path": f.path, "bytes": f.size} for f in ins.largest(5)],
+        }
+    data["placement"], lines = placement_check(client, spec)
+    if as_json:
+        jobs._echo_json(data)
+        return
+    typer.echo(json.dumps(data["spec"], indent=2))
+    if "bundle" in data:
+        b = data["bundle"]
+        typer.echo(f"bundle: {len(b['files'])} file(s), {b['total_bytes']} bytes")
+        for f in b["files"]:
+            typer.echo(f"  + {f}")
+        for e in b["excluded"]:
+            typer.echo(f"  - {e['path']}  ({e['rule']})")
+    for line in lines:
+        typer.echo(line)
+
+
 def explain_cmd(**flags: Any) -> None:
     command = flags.get("command") or []
     if len(command) == 1 and _JOB_ID.match(command[0]):

@@ -201,7 +201,9 @@ def submit_cmd(
     if unsent is not None:
         typer.echo(f"gpulayer: {note(unsent, cli=True)}", err=True)
     if dry_run:
-        _dry_run(spec, as_json)
+        from gpulayer.cli.explain import dry_run as show_dry_run
+
+        show_dry_run(_client(), spec, as_json)
         return
     client = _client()
     if detach:
@@ -339,39 +341,6 @@ def _pairs(items: list[str], path: str) -> dict[str, str]:
         k, v = item.split("=", 1)
         out[k] = v
     return out
-
-
-def _dry_run(spec: CommandJob | DistributedJob, as_json: bool) -> None:
-    import json
-
-    from gpulayer import bundles
-    from gpulayer.profiles import resolve_requirements
-
-    resolved = spec.model_copy(update={"requirements": resolve_requirements(spec.requirements)})
-    data: dict[str, Any] = {"spec": json.loads(resolved.model_dump_json(exclude_defaults=True))}
-    if spec.bundle:
-        ins = bundles.inspect_directory(spec.bundle)
-        data["bundle"] = {
-            "files": [f.path for f in ins.included], "total_bytes": ins.total_size,
-            "excluded": [{"path": e[0], "rule": e[1]} for e in ins.excluded],
-            "largest": [{"path": f.path, "bytes": f.size} for f in ins.largest(5)],
-        }
-    from gpulayer.cli.explain import placement_check
-
-    data["placement"], lines = placement_check(_client(), spec)
-    if as_json:
-        _echo_json(data)
-        return
-    typer.echo(json.dumps(data["spec"], indent=2))
-    if "bundle" in data:
-        b = data["bundle"]
-        typer.echo(f"bundle: {len(b['files'])} file(s), {b['total_bytes']} bytes")
-        for f in b["files"]:
-            typer.echo(f"  + {f}")
-        for e in b["excluded"]:
-            typer.echo(f"  - {e['path']}  ({e['rule']})")
-    for line in lines:
-        typer.echo(line)
 
 
 # --------------------------------------------------------------------------- jobs group
