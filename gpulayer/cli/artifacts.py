@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from gpulayer.client import Client
     from gpulayer.records import JobRecord
 
-__all__ = ["jobs_artifacts", "stored_line"]
+__all__ = ["check_folder", "download_after", "jobs_artifacts", "stored_line"]
 
 
 def jobs_artifacts(
@@ -52,3 +52,41 @@ def stored_line(client: Client, job: JobRecord) -> str | None:
         return None
     files, size = sum(t.files for t in chosen), sum(t.unpacked for t in chosen)
     return f"{files} file(s), {format_size(size)}, attempt {chosen[0].attempt}: gpulayer jobs artifacts {job.id}"
+
+
+def check_folder(to: Path | None, detach: bool) -> None:
+    """``gpulayer submit --artifacts DIR``, before anything is submitted: the folder must be
+    new or empty (the job's files go there once it ends), and the job must end here."""
+    from gpulayer.errors import InvalidInput
+
+    if to is None:
+        return
+    if detach:
+        raise InvalidInput("--artifacts: the job's files are downloaded once it ends, and --detach does not wait "
+                           "for it; accepted: one of them (gpulayer jobs artifacts JOB --to DIR, once it ended)")
+    try:
+        if to.exists() and (not to.is_dir() or any(to.iterdir())):
+            raise InvalidInput(f"--artifacts {to}: {'is not a folder' if not to.is_dir() else 'is not empty'}; "
+                               "artifacts go into a new or empty folder")
+    except OSError as exc:
+        raise InvalidInput(f"--artifacts {to}: {exc.strerror or exc}") from None
+
+
+def download_after(client: Client, job: JobRecord, to: Path | None) -> None:
+    """Once the job of a foreground submit ended: its artifacts into ``to`` (said on stderr,
+    as the job's status lines are; a job that left none is said, and exits as it ended)."""
+    from gpulayer.artifacts import format_size
+    from gpulayer.errors import GpulayerError
+
+    if to is None:
+        return
+    try:
+        got = client.artifacts(job.id, to, where="--artifacts")
+    except NotFound as exc:
+        typer.echo(f"gpulayer: no artifacts: {exc}", err=True)
+        return
+    except GpulayerError as exc:  # (the job ran: its outcome is the command's; what failed here is said)
+        typer.echo(f"gpulayer: artifacts not downloaded: {exc}", err=True)
+        return
+    typer.echo(f"gpulayer: {len(got.files)} file(s), {format_size(got.unpacked)}, of {got.job_id} in {got.to}/",
+               err=True)

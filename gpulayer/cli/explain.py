@@ -43,19 +43,26 @@ def _show(e: Explanation, as_json: bool, command: str | None) -> None:
 
 def command_line(argv: list[str] | None = None) -> str:
     """This command line as ``gpulayer explain`` would take it: ``submit`` -> ``explain``,
-    without the flags explain does not take, ``--dry-run`` and ``--detach`` (for ``submit
+    without the flags explain does not take, ``--dry-run``, ``--detach`` and ``--artifacts DIR`` (for ``submit
     --dry-run`` to say what to run next). The words after ``--`` are the job's, as given."""
     args = list(sys.argv[1:] if argv is None else argv)
     end = args.index("--") if "--" in args else len(args)
     head, tail = args[:end], args[end:]
     if "submit" in head:
         head[head.index("submit")] = "explain"
-    head = [a for a in head if a not in _NOT_EXPLAIN_S]
-    return "gpulayer " + shlex.join(head + tail)
+    kept: list[str] = []
+    for a in head:
+        if kept and kept[-1] == _VALUED:  # (--artifacts DIR: the flag and its value go)
+            kept.pop()
+        elif a not in _NOT_EXPLAIN_S and not a.startswith(_VALUED + "="):
+            kept.append(a)
+    return "gpulayer " + shlex.join(kept + tail)
 
 
 #: ``gpulayer submit``'s flags that ``gpulayer explain`` refuses (:data:`jobs.ACTION_FLAGS`)
 _NOT_EXPLAIN_S = frozenset({"--dry-run", "--detach", "-d"})
+#: and the one of them that takes a value
+_VALUED = "--artifacts"
 
 
 def placement_check(client: Client, spec: JobSpec) -> tuple[dict[str, Any], list[str]]:

@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
@@ -189,6 +190,8 @@ def submit_cmd(
     nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", metavar="K", help="processes per node"),
     launcher: Optional[str] = typer.Option(None, "--launcher", metavar="NAME", help="launcher of a distributed job (default: torchrun)"),
     detach: bool = typer.Option(False, "--detach", "-d", help="print the job id and return"),
+    artifacts_to: Optional[Path] = typer.Option(None, "--artifacts", metavar="DIR", help="once the job ends, download the "
+                                                "files it left in $GPULAYER_ARTIFACTS_DIR into DIR (new or empty)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="show the spec and the bundle's contents; submit nothing"),
     as_json: bool = typer.Option(False, "--json", help="print JSON: the job's id (--detach), the spec (--dry-run), "
                                  "or its outcome once it ends, with the job's output on stderr"),
@@ -205,6 +208,9 @@ def submit_cmd(
 
         show_dry_run(_client(), spec, as_json)
         return
+    from gpulayer.cli import artifacts
+
+    artifacts.check_folder(artifacts_to, detach)  # (before the job runs: not after, when its files are there)
     client = _client()
     if detach:
         _background_worker_for_detached_jobs(client)
@@ -243,6 +249,7 @@ def submit_cmd(
         raise
     if final.state is not JobState.SUCCEEDED:
         typer.echo(f"gpulayer: {outcome_text(final)}", err=True)
+    artifacts.download_after(client, final, artifacts_to)
     if as_json:
         echo_json(outcome_record(final))
     raise typer.Exit(exit_code_for(final))
@@ -274,7 +281,7 @@ def _entry_words(command: list[str]) -> tuple[str, list[str]]:
 
 
 #: ``gpulayer submit``'s flags that say what to do with the job rather than describe it
-ACTION_FLAGS = ("detach", "dry_run")
+ACTION_FLAGS = ("detach", "dry_run", "artifacts_to")
 
 
 def spec_from_flags(flags: dict[str, Any]) -> CommandJob | DistributedJob:

@@ -5,6 +5,7 @@ server on SQLite and PostgreSQL (the ``plane`` fixture), with real workers."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -116,6 +117,29 @@ def test_what_cannot_be_downloaded_says_why(plane: Plane, tmp_path: Path) -> Non
     cli("jobs", "delete", leaves.id, check=True)
     with pytest.raises(NotFound):
         gl.connect().api.list_artifacts(leaves.id)
+
+
+def test_a_foreground_submit_downloads_what_the_job_left(plane: Plane, tmp_path: Path) -> None:
+    plane.ensure_worker()
+    out = tmp_path / "out"
+    leave = 'echo 0.1 > "$GPULAYER_ARTIFACTS_DIR/loss.txt"; exit 3'
+    done = cli("submit", "--artifacts", str(out), "--", "sh", "-c", leave)
+    assert done.returncode == 3, done.stderr  # (the job's outcome, its files downloaded all the same)
+    assert (out / "loss.txt").read_text() == "0.1\n"
+    assert re.search(rf"gpulayer: 1 file\(s\), 4 B, of job-[0-9a-f]{{12}} in {re.escape(str(out))}/\n", done.stderr)
+
+    none = cli("submit", "--artifacts", str(tmp_path / "none"), "--", "true")
+    assert none.returncode == 0 and "gpulayer: no artifacts: job-" in none.stderr and "has no artifacts" in none.stderr
+    assert not (tmp_path / "none").exists()
+
+    before = len(gl.connect().api.list_jobs(limit=100))
+    refused = cli("submit", "--artifacts", str(out), "--", "true")  # (not empty: refused before it runs)
+    assert refused.returncode == 2
+    assert refused.stderr == f"error: --artifacts {out}: is not empty; artifacts go into a new or empty folder\n"
+    detached = cli("submit", "--artifacts", str(tmp_path / "d"), "--detach", "--", "true")
+    assert detached.returncode == 2 and detached.stderr.startswith(
+        "error: --artifacts: the job's files are downloaded once it ends, and --detach does not wait for it")
+    assert len(gl.connect().api.list_jobs(limit=100)) == before  # (nothing submitted by either)
 
 
 def test_a_server_refuses_artifacts_over_its_limit_and_the_task_says_so(tmp_path: Path) -> None:

@@ -72,7 +72,7 @@ def test_explain_takes_exactly_submits_options_and_words_bad_input_the_same() ->
     def options(name: str) -> set[str]:
         return {o for p in commands[name].params for o in p.opts + p.secondary_opts}
 
-    assert options("explain") == options("submit") - {"--detach", "-d", "--dry-run"}
+    assert options("explain") == options("submit") - {"--detach", "-d", "--dry-run", "--artifacts"}
     submitted = cli("submit", "--timeout", "inf", "--", "true")
     explained = cli("explain", "--timeout", "inf", "--", "true")
     assert submitted.returncode == explained.returncode == 2
@@ -118,6 +118,10 @@ def test_dry_run_adds_the_placement_verdict(home: Path) -> None:
     # explain takes no --detach ("No such option: --detach", exit 2)
     (["--home", "h", "submit", "--detach", "--dry-run", "--json", "--", "true"], "gpulayer --home h explain --json -- true"),
     (["submit", "-d", "--dry-run", "--", "true"], "gpulayer explain -- true"),
+    # nor --artifacts DIR (where a job's files go once it ended: explain runs nothing)
+    (["submit", "--artifacts", "out", "--dry-run", "--cpus", "2", "--", "true", "--artifacts", "x"],
+     "gpulayer explain --cpus 2 -- true --artifacts x"),
+    (["submit", "--artifacts=out", "--dry-run", "--", "true"], "gpulayer explain -- true"),
     # the job's own words stay as given: a --dry-run of train.py's, a word 'submit'
     (["submit", "--dry-run", "--", "python", "train.py", "--dry-run", "submit", "-d"],
      "gpulayer explain -- python train.py --dry-run submit -d"),
