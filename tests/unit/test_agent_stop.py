@@ -145,10 +145,11 @@ def test_a_second_sigterm_while_the_main_thread_holds_a_lock_leaves_the_stop_to_
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
+        came = [c.ran for c in conditions]  # (read before the line below sets them all)
         for c in conditions:
             c.ran = True  # (no handler to run any more)
         worker.stop(grace=0)
-    assert any(c.ran for c in conditions)  # (the second SIGTERM came: the stop went on)
+    assert any(came)  # (the second SIGTERM came: the stop went on)
     assert not cp.get_worker(str(worker.worker_id)).online
 
 
