@@ -71,7 +71,8 @@ RETRY_STATUSES = (502, 503, 504)
 #: a response's extension: whether its request was sent again after a try that may have
 #: been carried out (its answer lost), which a route's ``again`` reads
 RESENT = "gpulayer.resent"
-#: raw bodies at least this large get a progress bar on a terminal; smaller ones are sent
+#: raw bodies a client sends (a bundle) at least this large get a progress bar on a terminal
+#: (a worker's, its tasks' artifacts, none: its stderr is its log); smaller ones are sent
 #: before a bar could be read
 PROGRESS_BYTES = 4 * 1024 * 1024
 
@@ -285,8 +286,9 @@ class HttpAPI:
         if content is not None:  # (a raw body, or JSON encoded here: see _operation)
             headers["content-type"] = route.raw_body or "application/json"
         timeout = httpx.Timeout(max(30.0, (read_timeout or 0) + 10.0), connect=5.0)
-        shown = route.raw_body is not None and content is not None and len(content) >= PROGRESS_BYTES \
-            and progress.is_terminal(sys.stderr)
+        # (a user's upload, a bundle: a worker's, its tasks' artifacts, would draw into its log)
+        shown = route.raw_body is not None and "client" in route.scopes and content is not None \
+            and len(content) >= PROGRESS_BYTES and progress.is_terminal(sys.stderr)
         if shown:
             headers["content-length"] = str(len(content or b""))  # streamed, yet the server may refuse early
         resent = False  # (an earlier try may have been carried out: its answer was lost)

@@ -512,3 +512,37 @@ def test_a_reader_of_an_older_server_is_told_so(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match=r"^the control plane at https://old.example:8443 keeps no artifacts: its "
                                            r"server is older than artifacts; upgrade it$"):
         client.artifacts("job-1", tmp_path / "x")
+
+
+def test_a_worker_draws_no_progress_bar_as_it_sends_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (a bar is for a user's own upload at a terminal, submit's bundle; a worker's stderr is
+    # its log, where its tasks' uploads drew bars, over each other's when tasks ended at once)
+    import httpx
+
+    from gpulayer import progress
+    from gpulayer.http_client import PROGRESS_BYTES, connect_http
+
+    drawn: list[str] = []
+
+    def upload(data: bytes, description: str) -> Any:
+        drawn.append(description)
+        yield data
+
+    monkeypatch.setattr(progress, "is_terminal", lambda stream: True)
+    monkeypatch.setattr(progress, "upload", upload)
+    data = bytes(PROGRESS_BYTES)
+    digest = hashlib.sha256(data).hexdigest()
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        request.read()
+        if request.url.path.startswith("/v1/bundles/"):
+            return httpx.Response(201, json={"digest": digest, "size": len(data), "stored": True})
+        return httpx.Response(201, json=TaskArtifacts(task_id="tsk-1", job_id="job-1", attempt=1, node_rank=0,
+                                                      digest=digest, size=len(data), unpacked=0, files=0,
+                                                      created_at=0.0).model_dump(mode="json"))
+
+    api = connect_http("http://testserver", token="t", retry_for=5, transport=httpx.MockTransport(handle))
+    api.put_artifacts("tsk-1", digest, data, worker_id="wkr-1")
+    assert drawn == []
+    api.put_bundle(digest, data)  # (a client's: drawn)
+    assert drawn == [f"upload {digest[:12]}"]
