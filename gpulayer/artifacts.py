@@ -10,6 +10,7 @@ Imports the standard library and GPUlayer's light modules only (a worker and the
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -73,6 +74,7 @@ def download(api: ClientAPI, job_id: str, to: str | os.PathLike[str] | None, *, 
     """Extract the job's artifacts (its last attempt's that left any) into ``to`` (default:
     a folder named after the job in the working directory), which must not exist or be
     empty; a job of several ``nodes`` gets a folder per node (``node-0``, ``node-1``, ...).
+    One cut short (an outage) leaves the folder as it was, to be tried again.
     ``where``: how the caller names ``to`` in errors (``--to``)."""
     listing = api.list_artifacts(job_id)
     chosen = latest(listing)
@@ -83,21 +85,40 @@ def download(api: ClientAPI, job_id: str, to: str | os.PathLike[str] | None, *, 
     shown = f"{where} {dest}" if to is not None else \
         f"{dest} (the folder by default; give {where + ' DIR' if where.startswith('-') else where + '=...'} for another)"
     try:
-        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        made = not dest.exists()
+        if not made and (not dest.is_dir() or any(dest.iterdir())):
             raise InvalidInput(f"{shown}: {'is not a folder' if not dest.is_dir() else 'is not empty'}; "
                                "artifacts go into a new or empty folder")
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InvalidInput(f"{shown}: {exc.strerror or exc}") from None
     files: list[str] = []
-    for t in chosen:
-        data = api.get_artifacts(job_id, t.task_id)
-        inner = dest / f"node-{t.node_rank}" if nodes > 1 else dest
-        inner.mkdir(exist_ok=True)
-        try:
-            got = extract_into(data, t.digest, inner, limits=limits())
-        except BundleError as exc:
-            raise GpulayerError(f"the artifacts of {job_id} (task {t.task_id}) cannot be extracted: {exc}") from None
-        prefix = f"node-{t.node_rank}/" if nodes > 1 else ""
-        files += [prefix + f for f in got]
+    try:
+        for t in chosen:
+            data = api.get_artifacts(job_id, t.task_id)
+            inner = dest / f"node-{t.node_rank}" if nodes > 1 else dest
+            inner.mkdir(exist_ok=True)
+            try:
+                got = extract_into(data, t.digest, inner, limits=limits())
+            except BundleError as exc:
+                raise GpulayerError(f"the artifacts of {job_id} (task {t.task_id}) cannot be extracted: {exc}") \
+                    from None
+            prefix = f"node-{t.node_rank}/" if nodes > 1 else ""
+            files += [prefix + f for f in got]
+    except BaseException:  # (an outage, a Ctrl-C: the folder as it was, new or empty, to be tried again)
+        _undo(dest, made)
+        raise
     return Downloaded(job_id, dest, chosen[0].attempt, files, sum(t.unpacked for t in chosen))
+
+
+def _undo(dest: Path, made: bool) -> None:
+    """Remove what a download cut short wrote into ``dest``: the folder, which it ``made``, or
+    what it put in it (it was empty)."""
+    if made:
+        shutil.rmtree(dest, ignore_errors=True)
+        return
+    for entry in list(dest.iterdir()):
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)

@@ -498,6 +498,36 @@ def test_the_default_folder_is_named_as_the_default_not_as_what_was_not_typed(
         artifacts.download(Api(), "job-1", None, where=where)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("empty_before", [False, True])
+def test_a_download_cut_short_leaves_the_folder_as_it_was_so_that_it_may_be_tried_again(
+        tmp_path: Path, empty_before: bool) -> None:
+    # (node 0's files extracted, node 1's lost to an outage, exit 69 "try again": the try
+    # again was refused, the folder "not empty")
+    zips = {"tsk-0": _zip({"a.txt": b"zero"}), "tsk-1": _zip({"b.txt": b"one"})}
+
+    class Api:
+        outage = True
+
+        def list_artifacts(self, job_id: str) -> list[TaskArtifacts]:
+            return [TaskArtifacts(task_id=f"tsk-{r}", job_id=job_id, attempt=1, node_rank=r, digest=zips[f"tsk-{r}"][1],
+                                  size=1, unpacked=4, files=1, created_at=0.0) for r in (0, 1)]
+
+        def get_artifacts(self, job_id: str, task_id: str) -> bytes:
+            if task_id == "tsk-1" and self.outage:
+                self.outage = False
+                raise ConnectionFailed("cannot reach the control plane at http://127.0.0.1:1: ReadError")
+            return zips[task_id][0]
+
+    api, to = Api(), tmp_path / "out"
+    if empty_before:
+        to.mkdir()
+    with pytest.raises(ConnectionFailed):
+        artifacts.download(api, "job-1", to, nodes=2)  # type: ignore[arg-type]
+    assert (list(to.iterdir()) == []) if empty_before else not to.exists()
+    got = artifacts.download(api, "job-1", to, nodes=2)  # type: ignore[arg-type]
+    assert got.files == ["node-0/a.txt", "node-1/b.txt"] and (to / "node-1" / "b.txt").read_bytes() == b"one"
+
+
 def test_a_reader_of_an_older_server_is_told_so(tmp_path: Path) -> None:
     class OldServer:
         def get_job(self, job_id: str, **_: Any) -> Any:
