@@ -153,6 +153,19 @@ def _positive(name: str, raw: str) -> float:
     return value
 
 
+#: the most artifacts of one task a control plane can store, in MB: one database value
+#: (SQLite's longest, 10^9 bytes by default; PostgreSQL's, 1 GB), less room to spare
+MAX_ARTIFACTS_MB = 900.0
+
+
+def _artifacts_mb(name: str, raw: str) -> float:
+    value = _positive(name, raw)
+    if value > MAX_ARTIFACTS_MB:
+        raise InvalidInput(f"{name}={raw!r}: expected a number > 0 and at most {MAX_ARTIFACTS_MB:g} (a task's "
+                           "artifacts are one value in the control plane's database)")
+    return value
+
+
 def _count(minimum: int) -> Callable[[str, str], int]:
     def parse(name: str, raw: str) -> int:
         try:
@@ -326,9 +339,10 @@ SETTINGS: tuple[Setting, ...] = (
             "files over 1 MB; a higher one is refused as a compression bomb"),
     Setting("GPULAYER_MAX_BUNDLE_FILES", "max_bundle_files", _count(1), 100_000, "`100000`",
             "most entries a source bundle may hold"),
-    Setting("GPULAYER_MAX_ARTIFACTS_MB", "max_artifacts_mb", _positive, 500.0, "`500`",
+    Setting("GPULAYER_MAX_ARTIFACTS_MB", "max_artifacts_mb", _artifacts_mb, 500.0, "`500`",
             "largest zip of the files one task leaves in `GPULAYER_ARTIFACTS_DIR` that a control plane stores, "
-            "in MB (2^20 bytes); a worker checks it before it sends them, a server as they come"),
+            "in MB (2^20 bytes), at most 900 (one value in its database); a worker checks it before it sends "
+            "them, a server as they come"),
     Setting("GPULAYER_BUNDLE_CACHE_MB", "bundle_cache_mb", _positive, 10240.0, "`10240`",
             "size a worker's extracted bundles (`$GPULAYER_HOME/bundles`) may reach before the least recently "
             "used are deleted, in MB (2^20 bytes); bundles of running tasks are kept"),

@@ -248,6 +248,10 @@ def keep(api: WorkerAPI, a: TaskAssignment, worker_id: str, folder: Path | None,
         return
     except OSError:
         pass  # (not empty: what it holds is kept)
+    if os.path.islink(folder):  # (the task put a link in its place: not followed, as no link in it is)
+        note("gpulayer: artifacts not kept: $GPULAYER_ARTIFACTS_DIR was replaced by a link (only a folder's "
+             "regular files are kept)\n")
+        return
     try:
         packed = pack(folder)
     except Refused as exc:

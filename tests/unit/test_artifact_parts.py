@@ -576,3 +576,16 @@ def test_a_worker_draws_no_progress_bar_as_it_sends_them(monkeypatch: pytest.Mon
     assert drawn == []
     api.put_bundle(digest, data)  # (a client's: drawn)
     assert drawn == [f"upload {digest[:12]}"]
+
+
+def test_keep_follows_no_link_put_in_the_folders_place(tmp_path: Path) -> None:
+    secret = tmp_path / "elsewhere"
+    secret.mkdir()
+    (secret / "key").write_text("not the task's to send")
+    folder = tmp_path / "tsk-1.artifacts"
+    os.symlink(secret, folder)  # (the task removed its folder and put a link there)
+    api, log = _Api(), _Log()
+    keep(api, _assignment(), "wkr-1", folder, log)  # type: ignore[arg-type]
+    assert api.sent == []
+    assert log.lines == [("stderr", "gpulayer: artifacts not kept: $GPULAYER_ARTIFACTS_DIR was replaced by a link "
+                                    "(only a folder's regular files are kept)\n")]

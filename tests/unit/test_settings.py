@@ -64,6 +64,8 @@ def test_the_settings_follow_every_change_of_the_environment(monkeypatch: pytest
     ("GPULAYER_HEARTBEAT_INTERVAL", "inf", "expected a number of seconds > 0"),
     ("GPULAYER_HTTP_RETRY_SECONDS", "-1", "expected a number of seconds >= 0"),
     ("GPULAYER_MAX_BUNDLE_MB", "nan", "expected a number > 0"),
+    ("GPULAYER_MAX_ARTIFACTS_MB", "2000", "expected a number > 0 and at most 900 (a task's artifacts are one value"),
+    ("GPULAYER_MAX_ARTIFACTS_MB", "0", "expected a number > 0"),
     ("GPULAYER_CPU_SLOTS", "two", "expected a whole number >= 0"),
     ("GPULAYER_SERVER_THREADS", "0", "expected a whole number >= 1"),
     ("GPULAYER_RENDEZVOUS_PORTS", "80-90", "expected 1024 <= LOW <= HIGH <= 65535"),
