@@ -32,12 +32,18 @@ from gpulayer.wire import TaskArtifacts
 if TYPE_CHECKING:
     from gpulayer.control import ControlPlane
 
-__all__ = ["get_artifacts", "list_artifacts", "put_artifacts"]
+__all__ = ["check_uploader", "get_artifacts", "list_artifacts", "put_artifacts"]
+
+
+def check_uploader(cp: ControlPlane, task_id: str, worker_id: str) -> None:
+    """Refuse another worker's upload of the task's artifacts (and one for no such task):
+    a server does so before it reads the upload's body."""
+    with cp.store.read() as s:
+        cp._own_task(s, task_id, worker_id)
 
 
 def put_artifacts(cp: ControlPlane, task_id: str, digest: str, data: bytes, worker_id: str) -> TaskArtifacts:
-    with cp.store.read() as s:  # (another worker's task is refused before its bytes are looked at)
-        cp._own_task(s, task_id, worker_id)
+    check_uploader(cp, task_id, worker_id)  # (another worker's task is refused before its bytes are looked at)
     if len(data) > config.max_artifacts_bytes():
         raise TooLarge(too_large(len(data)))
     # checked outside the write transaction: a large zip's check holds no writer up

@@ -54,6 +54,7 @@ from starlette.routing import Route as StarletteRoute
 from gpulayer import api, artifacts, config
 from gpulayer.api import TokenInfo
 from gpulayer.control import ControlPlane
+from gpulayer.control.artifacts import check_uploader
 from gpulayer.control.jobs import job_ids_of, look_gap
 from gpulayer.errors import (
     BadRequest,
@@ -335,6 +336,8 @@ async def _put_bundle(server: Server, request: Request, kw: dict[str, Any]) -> A
 
 
 async def _put_artifacts(server: Server, request: Request, kw: dict[str, Any]) -> Any:
+    # (another worker's, or no task: refused before its body is read, up to the limit, into memory)
+    await run_in_threadpool(check_uploader, server.control, kw["task_id"], kw["worker_id"])
     limit = config.max_artifacts_bytes()
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:

@@ -164,6 +164,15 @@ def test_a_server_refuses_artifacts_over_its_limit_and_the_task_says_so(tmp_path
         assert logs == ("gpulayer: artifacts not kept (1 file(s), 48.8 KB): artifacts are over the control plane's "
                         "limit: 49.0 KB zipped; the limit is 10.2 KB (10485 bytes, GPULAYER_MAX_ARTIFACTS_MB)\n")
         assert admin("PUT", f"/v1/tasks/tsk-000000000000/artifacts/{'0' * 64}", content=b"x").status_code == 403
+        # another worker's upload is refused before its body is read: not as too large (413)
+        other = Api(server.url, admin.token_for("join")["token"])
+        joined = other("POST", "/v1/workers/join", json={"capabilities": admin("GET", "/v1/workers").json()[0][
+            "capabilities"], "name": "other"})
+        assert joined.status_code == 201, joined.text
+        task_id = admin("GET", f"/v1/jobs/{job_id}").json()["tasks"][0]["id"]
+        refused = Api(server.url, joined.json()["token"])("PUT", f"/v1/tasks/{task_id}/artifacts/{'0' * 64}",
+                                                          content=b"x" * 20_000)
+        assert refused.status_code == 403 and "is not assigned to worker" in refused.text, refused.text
     finally:
         stop_proc(worker)
         server.stop()
