@@ -126,6 +126,18 @@ class Api:
         return dict(r.json())
 
 
+def joined_worker(url: str, admin: Api, capabilities: dict[str, Any] | None = None) -> tuple[str, Api]:
+    """A worker joined over the wire with a new join token (one CPU slot; the capabilities of
+    tests.factories.make_capabilities unless given): its id, and an Api with its credential."""
+    from tests.factories import make_capabilities
+
+    caps = capabilities if capabilities is not None else make_capabilities().model_dump(mode="json")
+    joined = Api(url, admin.token_for("join")["token"])(
+        "POST", "/v1/workers/join", json={"capabilities": caps, "cpu_slots": 1})
+    assert joined.status_code == 201, joined.text
+    return joined.json()["worker_id"], Api(url, joined.json()["token"])
+
+
 def start_remote_worker(url: str, join_token: str, home: Path, *, cpu_slots: int = 2,
                         env: dict[str, str] | None = None, name: str | None = None) -> subprocess.Popen[str]:
     """``gpulayer worker start`` joined to the server at ``url``, on ``home``: a fresh home but

@@ -145,7 +145,7 @@ def test_a_foreground_submit_downloads_what_the_job_left(plane: Plane, tmp_path:
 def test_a_server_refuses_artifacts_over_its_limit_and_the_task_says_so(tmp_path: Path) -> None:
     """The server's GPULAYER_MAX_ARTIFACTS_MB, lower than its worker's: the upload is refused
     as it streams (413), the task's output says why, and the job's outcome is its own."""
-    from tests.server_support import Api, ServerProc, start_remote_worker, stop_proc, wait_job, wait_workers
+    from tests.server_support import Api, ServerProc, joined_worker, start_remote_worker, stop_proc, wait_job, wait_workers
 
     server = ServerProc(tmp_path / "server", env={"GPULAYER_MAX_ARTIFACTS_MB": "0.01"}).start()
     worker = None
@@ -165,13 +165,9 @@ def test_a_server_refuses_artifacts_over_its_limit_and_the_task_says_so(tmp_path
                         "limit: 49.0 KB zipped; the limit is 10.2 KB (10485 bytes, GPULAYER_MAX_ARTIFACTS_MB)\n")
         assert admin("PUT", f"/v1/tasks/tsk-000000000000/artifacts/{'0' * 64}", content=b"x").status_code == 403
         # another worker's upload is refused before its body is read: not as too large (413)
-        other = Api(server.url, admin.token_for("join")["token"])
-        joined = other("POST", "/v1/workers/join", json={"capabilities": admin("GET", "/v1/workers").json()[0][
-            "capabilities"], "name": "other"})
-        assert joined.status_code == 201, joined.text
+        _, other = joined_worker(server.url, admin)
         task_id = admin("GET", f"/v1/jobs/{job_id}").json()["tasks"][0]["id"]
-        refused = Api(server.url, joined.json()["token"])("PUT", f"/v1/tasks/{task_id}/artifacts/{'0' * 64}",
-                                                          content=b"x" * 20_000)
+        refused = other("PUT", f"/v1/tasks/{task_id}/artifacts/{'0' * 64}", content=b"x" * 20_000)
         assert refused.status_code == 403 and "is not assigned to worker" in refused.text, refused.text
     finally:
         stop_proc(worker)

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,15 +145,7 @@ def test_a_delete_sent_again_after_its_answer_was_lost_says_the_jobs_deleted(tmp
     relay = Relay(srv.port)
     try:
         admin = Api(srv.url, srv.admin_token)
-        spec = {"spec": {"kind": "command", "command": ["true"],
-                         "placement": {"target": "remote", "on_unschedulable": "wait"}}}
-        jobs = []
-        for _ in range(3):
-            r = admin("POST", "/v1/jobs", json=spec)
-            assert r.status_code == 201, r.text
-            jobs.append(r.json()["id"])
-        for job_id in jobs[:2]:
-            assert admin("POST", f"/v1/jobs/{job_id}/cancel").status_code == 200
+        jobs = [_queued(admin, cancelled=True), _queued(admin, cancelled=True), _queued(admin)]
         env = {"GPULAYER_URL": relay.url, "GPULAYER_TOKEN": srv.admin_token}
         relay.drop_next(re.compile(rb"POST /v1/jobs/delete "))
         deleted = cli("jobs", "delete", *jobs, env=env)
@@ -184,14 +177,10 @@ def test_a_prune_sent_again_after_its_answer_was_lost_says_its_count_may_be_shor
     relay = Relay(srv.port)
     try:
         admin = Api(srv.url, srv.admin_token)
-        spec = {"spec": {"kind": "command", "command": ["true"],
-                         "placement": {"target": "remote", "on_unschedulable": "wait"}}}
 
         def ended_jobs(n: int) -> None:
             for _ in range(n):
-                r = admin("POST", "/v1/jobs", json=spec)
-                assert r.status_code == 201, r.text
-                assert admin("POST", f"/v1/jobs/{r.json()['id']}/cancel").status_code == 200
+                _queued(admin, cancelled=True)
 
         env = {"GPULAYER_URL": relay.url, "GPULAYER_TOKEN": srv.admin_token}
         ended_jobs(2)
@@ -212,3 +201,14 @@ def test_a_prune_sent_again_after_its_answer_was_lost_says_its_count_may_be_shor
     finally:
         relay.close()
         srv.stop()
+
+
+def _queued(admin: Any, *, cancelled: bool = False) -> str:
+    """A job of the server ``admin`` calls (an Api) that waits in its queue, no worker being
+    there (``cancelled``: then cancelled, an ended job); its id."""
+    r = admin("POST", "/v1/jobs", json={"spec": {"kind": "command", "command": ["true"],
+                                                 "placement": {"target": "remote", "on_unschedulable": "wait"}}})
+    assert r.status_code == 201, r.text
+    if cancelled:
+        assert admin("POST", f"/v1/jobs/{r.json()['id']}/cancel").status_code == 200
+    return str(r.json()["id"])

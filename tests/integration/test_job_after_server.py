@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.factories import make_capabilities
-from tests.server_support import Api, ServerProc
+from tests.server_support import Api, ServerProc, joined_worker
 from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -24,11 +23,7 @@ def test_a_late_success_puts_the_chain_after_a_lost_job_back_to_wait(
     srv = ServerProc(tmp_path / "server", database=url, env={"GPULAYER_HEARTBEAT_TIMEOUT": "2"}).start()
     try:
         admin = Api(srv.url, srv.admin_token)
-        joined = Api(srv.url, admin.token_for("join")["token"])(
-            "POST", "/v1/workers/join", json={"capabilities": make_capabilities().model_dump(mode="json"),
-                                              "cpu_slots": 1})
-        assert joined.status_code == 201, joined.text
-        wid, worker = joined.json()["worker_id"], Api(srv.url, joined.json()["token"])
+        wid, worker = joined_worker(srv.url, admin)
 
         def submit(**fields: Any) -> str:
             r = admin("POST", "/v1/jobs", json={"spec": {

@@ -12,8 +12,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from gpulayer.specs import CommandJob
-from tests.factories import make_capabilities
-from tests.server_support import Api, ServerProc
+from tests.server_support import Api, ServerProc, joined_worker
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -36,11 +35,7 @@ def server(tmp_path: Path) -> Iterator[ServerProc]:
 
 def test_a_job_that_runs_after_others_is_handed_to_workers_without_those_fields(server: ServerProc) -> None:
     admin = Api(server.url, server.admin_token)
-    joined = Api(server.url, admin.token_for("join")["token"])(
-        "POST", "/v1/workers/join", json={"capabilities": make_capabilities().model_dump(mode="json"),
-                                          "cpu_slots": 1})
-    assert joined.status_code == 201, joined.text
-    wid, worker = joined.json()["worker_id"], Api(server.url, joined.json()["token"])
+    wid, worker = joined_worker(server.url, admin)
 
     def submit(**fields: Any) -> str:
         r = admin("POST", "/v1/jobs", json={"spec": {"kind": "command", "command": ["true"],

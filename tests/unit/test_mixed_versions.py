@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -31,6 +32,18 @@ TASK_FIELDS_BEFORE_LENDING = {"accelerator", "attempt", "created_at", "devices",
                               "id", "job_id", "node_rank", "rendezvous", "started_at", "state", "worker_id"}
 
 
+def _running_over_http(tc: TestClient, join_token: str, submit: Callable[[], Any]) -> tuple[Any, Any, Any, Any]:
+    """A worker joined through ``tc``'s server with ``join_token``, then a job (``submit()``),
+    whose task the worker took and started: (its HTTP client, its join reply, the job, the task)."""
+    worker = connect_http("http://testserver", retry_for=0.5, transport=tc._transport)
+    reply = worker.join_worker(make_capabilities(), join_token=join_token, name="w", cpu_slots=1, pid=1)
+    worker.token = reply.token
+    job = submit()
+    [task] = worker.poll_tasks(reply.worker_id, wait=0)
+    worker.start_task(task.task_id, worker_id=reply.worker_id)
+    return worker, reply, job, task
+
+
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[ControlPlane, TestClient]]:
     control = ControlPlane(Store(f"sqlite:///{tmp_path / 'server.db'}"), heartbeat_timeout=30)
@@ -48,13 +61,8 @@ def test_a_task_that_lends_nothing_is_sent_as_older_clients_read_it(served: tupl
                          transport=tc._transport)
     client = connect_http("http://testserver", token=admin.create_token(scope="client").token, retry_for=0.5,
                           transport=tc._transport)
-    worker = connect_http("http://testserver", retry_for=0.5, transport=tc._transport)
-    reply = worker.join_worker(make_capabilities(), join_token=admin.create_token(scope="join", uses=1).token,
-                               name="w", cpu_slots=1, pid=1)
-    worker.token = reply.token
-    job = client.submit(CommandJob(command=["true"], placement=Placement(target="remote")))
-    [task] = worker.poll_tasks(reply.worker_id, wait=0)
-    worker.start_task(task.task_id, worker_id=reply.worker_id)
+    _, _, job, task = _running_over_http(tc, admin.create_token(scope="join", uses=1).token, lambda: client.submit(
+        CommandJob(command=["true"], placement=Placement(target="remote"))))
     headers = {"Authorization": f"Bearer {client.token}"}
 
     def sent() -> dict[str, object]:
@@ -96,13 +104,9 @@ def test_a_worker_whose_server_is_older_than_artifacts_says_so_and_reports(
     control = served[0]
     monkeypatch.setattr(api, "ROUTES", tuple(r for r in api.ROUTES if r.op != "put_artifacts"))
     with TestClient(create_app(control, background=False)) as older:
-        worker = connect_http("http://testserver", retry_for=0.5, transport=older._transport)
-        reply = worker.join_worker(make_capabilities(), join_token=control.create_token(scope="join", uses=1).token,
-                                   name="w", cpu_slots=1, pid=1)
-        worker.token = reply.token
-        job = control.submit(CommandJob(command=["true"], placement=Placement(target="remote")))
-        [a] = worker.poll_tasks(reply.worker_id, wait=0)
-        worker.start_task(a.task_id, worker_id=reply.worker_id)
+        worker, reply, job, a = _running_over_http(older, control.create_token(scope="join", uses=1).token,
+                                                   lambda: control.submit(CommandJob(command=["true"],
+                                                                                     placement=Placement(target="remote"))))
         (tmp_path / "left").mkdir()
         (tmp_path / "left" / "loss.txt").write_text("0.1\n")
         logbuf = LogBuffer(task_sender(worker, a.task_id, reply.worker_id))
