@@ -22,7 +22,7 @@ from gpulayer.wire import TaskArtifacts
 if TYPE_CHECKING:
     from gpulayer.api import ClientAPI
 
-__all__ = ["Downloaded", "download", "format_size", "latest", "limits", "older_server", "too_large"]
+__all__ = ["Downloaded", "download", "format_size", "latest", "limits", "older_server", "too_large", "usable_folder"]
 
 
 def limits() -> Limits:
@@ -84,11 +84,8 @@ def download(api: ClientAPI, job_id: str, to: str | os.PathLike[str] | None, *, 
     # (named as given; the default, which no one typed, as the default)
     shown = f"{where} {dest}" if to is not None else \
         f"{dest} (the folder by default; give {where + ' DIR' if where.startswith('-') else where + '=...'} for another)"
+    made = not usable_folder(dest, shown)
     try:
-        made = not dest.exists()
-        if not made and (not dest.is_dir() or any(dest.iterdir())):
-            raise InvalidInput(f"{shown}: {'is not a folder' if not dest.is_dir() else 'is not empty'}; "
-                               "artifacts go into a new or empty folder")
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InvalidInput(f"{shown}: {exc.strerror or exc}") from None
@@ -109,6 +106,20 @@ def download(api: ClientAPI, job_id: str, to: str | os.PathLike[str] | None, *, 
         _undo(dest, made)
         raise
     return Downloaded(job_id, dest, chosen[0].attempt, files, sum(t.unpacked for t in chosen))
+
+
+def usable_folder(dest: Path, shown: str) -> bool:
+    """Whether ``dest`` exists, refusing (:class:`InvalidInput`, naming it as ``shown``) one
+    that is a file or a folder that is not empty: artifacts go into a new or empty folder."""
+    try:
+        if not dest.exists():
+            return False
+        if not dest.is_dir() or any(dest.iterdir()):
+            raise InvalidInput(f"{shown}: {'is not a folder' if not dest.is_dir() else 'is not empty'}; "
+                               "artifacts go into a new or empty folder")
+    except OSError as exc:
+        raise InvalidInput(f"{shown}: {exc.strerror or exc}") from None
+    return True
 
 
 def _undo(dest: Path, made: bool) -> None:

@@ -57,6 +57,7 @@ def stored_line(client: Client, job: JobRecord) -> str | None:
 def check_folder(to: Path | None, detach: bool) -> None:
     """``gpulayer submit --artifacts DIR``, before anything is submitted: the folder must be
     new or empty (the job's files go there once it ends), and the job must end here."""
+    from gpulayer.artifacts import usable_folder
     from gpulayer.errors import InvalidInput
 
     if to is None:
@@ -64,12 +65,7 @@ def check_folder(to: Path | None, detach: bool) -> None:
     if detach:
         raise InvalidInput("--artifacts: the job's files are downloaded once it ends, and --detach does not wait "
                            "for it; accepted: one of them (gpulayer jobs artifacts JOB --to DIR, once it ended)")
-    try:
-        if to.exists() and (not to.is_dir() or any(to.iterdir())):
-            raise InvalidInput(f"--artifacts {to}: {'is not a folder' if not to.is_dir() else 'is not empty'}; "
-                               "artifacts go into a new or empty folder")
-    except OSError as exc:
-        raise InvalidInput(f"--artifacts {to}: {exc.strerror or exc}") from None
+    usable_folder(to, f"--artifacts {to}")
 
 
 def download_after(client: Client, job: JobRecord, to: Path | None) -> None:
