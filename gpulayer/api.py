@@ -36,6 +36,7 @@ from gpulayer.records import (
     MachineRecord,
     ProviderInfo,
     TaskState,
+    TaskUsage,
     WorkerRecord,
 )
 from gpulayer.specs import JobSpec, Requirements
@@ -330,8 +331,9 @@ class WorkerAPI(Protocol):
 
     def finish_task(self, task_id: str, *, worker_id: str, state: TaskState,
                     exit_code: int | None = None, result: Any = None,
-                    error: JobError | None = None) -> list[TaskAssignment]:
-        """The task's final report; a report for a task that already ended is a Conflict.
+                    error: JobError | None = None, usage: TaskUsage | None = None) -> list[TaskAssignment]:
+        """The task's final report, with what its processes used (``usage``, where its worker
+        measured it); a report for a task that already ended is a Conflict.
         Answers the tasks assigned to the worker and not started (what the slot the task
         freed was given): the worker may start them without waiting for its poll. A
         ``result`` may be a :class:`ResultJSON`: its JSON text, stored as it is by an embedded

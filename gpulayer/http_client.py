@@ -63,7 +63,7 @@ from gpulayer.errors import (
     error_from_wire,
 )
 from gpulayer.specs import CHECKED
-from gpulayer.wire import Splice
+from gpulayer.wire import READS, READS_HEADER, Splice
 
 __all__ = ["HttpAPI", "RemoteAPI", "connect_http", "fingerprint_of_pem", "server_info", "tls_verify"]
 
@@ -271,7 +271,7 @@ class HttpAPI:
         verify = True if transport is not None else tls_verify(self.url, ca)
         self.http = httpx.Client(base_url=self.url, verify=verify, transport=transport,
                                  timeout=httpx.Timeout(30.0, connect=5.0), follow_redirects=False,
-                                 headers={"user-agent": "gpulayer"})
+                                 headers={"user-agent": "gpulayer", READS_HEADER: READS})
 
     def close(self) -> None:
         self.http.close()

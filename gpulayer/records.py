@@ -186,6 +186,40 @@ class WorkerRecord(Record):
         return TARGET_FOR_ORIGIN[self.origin]
 
 
+class TaskUsage(Record):
+    """What a task's processes used, as the kernel counted it when the task's main process
+    was reaped (``wait4``): that process and every process below it that its parent waited
+    for (a shell's commands, torchrun's workers, a ``subprocess.run``); not a process that
+    was left running, nor one that detached itself (docs/concepts.md, "Resource usage")."""
+
+    #: seconds of CPU in user mode, and in the kernel on their behalf
+    cpu_user: float = Field(ge=0, le=1e12)
+    cpu_system: float = Field(ge=0, le=1e12)
+    #: bytes: the largest resident set of one of those processes (not their sum), the pages it
+    #: shares counted (a forked task's include its fork server's: the preloads it imported).
+    #: None where the count says only ``max_rss_at_most``: Linux carries a process's peak
+    #: across ``exec``, so a spawned task's count starts from its worker's own peak, and one
+    #: that used less cannot be told from it
+    max_rss: int | None = Field(default=None, ge=0, le=2**62)
+    #: bytes, where ``max_rss`` is None: its worker's peak, which the task's stayed within
+    max_rss_at_most: int | None = Field(default=None, ge=0, le=2**62, exclude_if=lambda v: v is None)
+
+    @property
+    def cpu(self) -> float:
+        return self.cpu_user + self.cpu_system
+
+    def describe(self) -> str:
+        """``CPU 1.23 s (user 1.20 s, system 0.03 s), peak memory 312.4 MB``."""
+        from gpulayer.bundles.archive import format_size
+
+        cpu = f"CPU {self.cpu:.2f} s (user {self.cpu_user:.2f} s, system {self.cpu_system:.2f} s)"
+        if self.max_rss is not None:
+            return f"{cpu}, peak memory {format_size(self.max_rss)}"
+        if self.max_rss_at_most is not None:
+            return f"{cpu}, peak memory at most {format_size(self.max_rss_at_most)} (counted from its worker's peak)"
+        return cpu
+
+
 class TaskRecord(Record):
     id: str
     job_id: str
@@ -206,6 +240,10 @@ class TaskRecord(Record):
     #: the lenient read of records (docs/server.md, "Upgrading") refuses an answer with a
     #: field it does not know, and this one was in every answer with a task
     lent: bool = Field(default=False, exclude_if=lambda lent: not lent)
+    #: what its processes used, once it ended and where its worker measured it (schema 14).
+    #: A server sends it only to a client that reads it (its ``Gpulayer-Reads`` header names
+    #: ``usage``): a client older than the lenient read refuses a field it does not know
+    usage: TaskUsage | None = Field(default=None, exclude_if=lambda usage: usage is None)
 
 
 class JobRecord(Record):

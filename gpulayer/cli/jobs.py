@@ -416,6 +416,9 @@ def jobs_show(job_id: str = typer.Argument(..., metavar="JOB"), as_json: bool = 
         typer.echo(f"task      {t.id} attempt={t.attempt} node={t.node_rank} worker={t.worker_id}{devs} "
                    f"{t.state.value}" + (f" exit={t.exit_code}" if t.exit_code is not None else "")
                    + (f" ({printable(why)})" if why else "") + (" (waiting for jobs: its CPU slot lent)" if t.lent else ""))
+        if t.usage is not None:
+            ran = f"ran {t.ended_at - t.started_at:.2f} s, " if t.started_at is not None and t.ended_at is not None else ""
+            typer.echo(f"          {ran}{t.usage.describe()}")
     if job.decision:
         typer.echo("placement " + job.decision.render().replace("\n", "\n          "))
     from gpulayer.cli.artifacts import stored_line

@@ -29,7 +29,7 @@ from gpulayer.errors import Conflict, InvalidInput
 from gpulayer.hookrecords import Capabilities, Rendezvous
 from gpulayer.logtext import stored_log_text
 from gpulayer.pids import pid_alive
-from gpulayer.records import JobError, JobState, TaskState, WorkerRecord, new_id
+from gpulayer.records import JobError, JobState, TaskState, TaskUsage, WorkerRecord, new_id
 from gpulayer.specs import CHECKED
 from gpulayer.store import WorkerRow, mapping, plain, queries
 
@@ -530,7 +530,7 @@ class WorkerOps(Core):
 
     def finish_task(
         self, task_id: str, *, worker_id: str, state: TaskState, exit_code: int | None = None,
-        result: Any = None, error: JobError | None = None,
+        result: Any = None, error: JobError | None = None, usage: TaskUsage | None = None,
     ) -> list[TaskAssignment]:
         """A worker's final report. A report for a task that already ended (superseded,
         cancelled) is refused with :class:`Conflict` and changes nothing; one for a task
@@ -551,11 +551,12 @@ class WorkerOps(Core):
             if state is TaskState.CANCELLED and lifecycle.ended_with_its_group(_view(job), task.attempt, [
                     TaskState(t.state) for t in plain.tasks_of(s, job.id, task.attempt) if t.id != task_id]):
                 error = JobError.cancelled(lifecycle.OTHER_NODE_ENDED)  # its worker knew only "cancelled"
-            if not queries.transition_task(s, task_id, state, ended_at=now, exit_code=exit_code, error=error):
+            if not queries.transition_task(s, task_id, state, ended_at=now, exit_code=exit_code, error=error,
+                                           usage=usage):
                 revived = (task.state == TaskState.LOST.value
                            and lifecycle.late_report_accepted(_view(job), task.attempt, state)
                            and queries.revive_lost_task(s, task_id, state, ended_at=now, exit_code=exit_code,
-                                                        error=error))
+                                                        error=error, usage=usage))
                 if not revived:
                     raise Conflict(f"task {task_id} is already {task.state}; a late report from a superseded "
                                    "attempt is refused")

@@ -72,7 +72,7 @@ from gpulayer.server import worker_polls
 from gpulayer.server.collector import full_collections
 from gpulayer.server.state import Server, wait_woken
 from gpulayer.store import Store
-from gpulayer.wire import ResultJSON, Splice, json_members
+from gpulayer.wire import READS_HEADER, ResultJSON, Splice, json_members, reads_usage, without_usage
 from gpulayer.wording import Spelling, build
 
 if TYPE_CHECKING:
@@ -442,6 +442,8 @@ def _endpoint(server: Server, route: api.Route) -> Callable[[Request], Awaitable
                     server._known.add(result.worker_id if route.op == "join_worker" else result.id)
                 elif route.op == "deregister_worker":  # (nor a worker that left: it is forgotten)
                     server.forget_worker(kwargs["worker_id"])
+            if not isinstance(result, Response) and not reads_usage(request.headers.get(READS_HEADER, "")):
+                result = without_usage(result)  # (a client that would refuse the field)
             response = result if isinstance(result, Response) else render(result)
         except GpulayerError as exc:
             response = error_response(exc)

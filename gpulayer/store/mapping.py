@@ -25,6 +25,7 @@ from gpulayer.records import (
     PlacementDecision,
     TaskRecord,
     TaskState,
+    TaskUsage,
     WorkerRecord,
 )
 from gpulayer.specs import CHECKED, JobSpec
@@ -110,7 +111,17 @@ def task_record(t: TaskRow | plain.Task) -> TaskRecord:
         error=error_of(t.error),
         rendezvous=Rendezvous.model_validate_json(t.rendezvous) if t.rendezvous else None,
         lent=bool(t.lent) and t.state in ACTIVE_TASK_STATES,  # (an ended task holds nothing either way)
+        usage=usage_of(t.usage),
     )
+
+
+def usage_of(raw: str | None) -> TaskUsage | None:
+    if not raw:
+        return None
+    try:
+        return TaskUsage.model_validate_json(raw)
+    except ValidationError:  # (written by this module's writer: not expected)
+        return None
 
 
 def job_record(row: JobRow | plain.Job, tasks: Sequence[TaskRow | plain.Task] | None = None, *,

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, inspect, text
 
 from gpulayer.errors import GpulayerError
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 # Version 1: the first released schema (no tokens, no idempotent submit).
 SCHEMA_V1 = [
@@ -196,11 +196,18 @@ def _v12_to_v13(conn: Connection) -> None:
     ArtifactsRow.__table__.create(conn, checkfirst=True)  # type: ignore[attr-defined]
 
 
+def _v13_to_v14(conn: Connection) -> None:
+    # what each task's processes used (CPU time, peak memory), as its worker measured it
+    if "usage" not in {c["name"] for c in inspect(conn).get_columns("gl_tasks")}:
+        conn.execute(text("ALTER TABLE gl_tasks ADD COLUMN usage TEXT"))
+
+
 #: MIGRATIONS[n] brings a database at version n to version n + 1.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
                                                      5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
                                                      8: _v8_to_v9, 9: _v9_to_v10, 10: _v10_to_v11,
-                                                     11: _v11_to_v12, 12: _v12_to_v13}
+                                                     11: _v11_to_v12, 12: _v12_to_v13,
+                                                     13: _v13_to_v14}
 
 
 class SchemaTooNew(GpulayerError):

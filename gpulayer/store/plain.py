@@ -69,6 +69,7 @@ class Task(NamedTuple):
     rendezvous: str | None
     lent: bool = False  # (SQLite reads it as 0 or 1)
     log_chars: int = 0
+    usage: str | None = None
 
 
 JOB_COLUMNS = ", ".join(Job._fields)

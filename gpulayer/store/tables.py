@@ -113,6 +113,9 @@ class TaskRow(SQLModel, table=True):
     #: of its worker begins; an upload sent again (its answer lost) is stored once
     #: (:func:`gpulayer.store.plain.claim_output`)
     log_chars: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    #: what the task's processes used, as JSON (:class:`~gpulayer.records.TaskUsage`), once it
+    #: ended and where its worker measured it (schema 14)
+    usage: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
 class BundleRow(SQLModel, table=True):

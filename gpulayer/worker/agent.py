@@ -43,7 +43,7 @@ from gpulayer.worker.cache_keeper import CacheKeeper
 from gpulayer.worker.fork_servers import ForkServers, site_hook
 from gpulayer.worker.forking import RUNNER_PATH, ForkServer
 from gpulayer.worker.logbuffer import LogBuffer, task_sender
-from gpulayer.worker.outcome import Deletions, NotStarted, StartMark, TaskOutcome, error_text, function_outcome
+from gpulayer.worker.outcome import Deletions, NotStarted, StartMark, TaskOutcome, error_text, finish, function_outcome
 from gpulayer.worker.process import Cancel, OrphanSweep, Started, Starter, StartFailed
 from gpulayer.worker.stop_signals import StopSignals
 from gpulayer.worker.task_env import WORKER_SECRETS, task_environ
@@ -406,8 +406,7 @@ class Agent:
         deadline = time.monotonic() + self.report_for
         while True:
             try:
-                more = self.api.finish_task(task_id, worker_id=worker_id, state=outcome.state,
-                                            exit_code=outcome.exit_code, result=outcome.result, error=outcome.error)
+                more = finish(self.api, task_id, worker_id, outcome)
             except NotFound:
                 self._deleted.say(task_id, job_id, "its processes were ended as for a cancel"
                                   if outcome.state is TaskState.CANCELLED
@@ -421,7 +420,7 @@ class Agent:
                     log.error("report for %s refused: %s", task_id, exc)
                     return
                 # e.g. a result too large to store: the task fails, saying why
-                outcome = TaskOutcome(TaskState.FAILED, exit_code=outcome.exit_code,
+                outcome = TaskOutcome(TaskState.FAILED, exit_code=outcome.exit_code, usage=outcome.usage,
                                       error=JobError.worker(f"the task's report was refused: {exc}"))
                 continue
             except Exception as exc:  # the control plane is away or failing: keep the outcome
@@ -591,7 +590,7 @@ class Agent:
             # a failure the job may retry elsewhere
             state = TaskState.FAILED
             outcome.error = f"the worker stopped before the task finished (grace {self._stop_grace:g} s)"
-        report = TaskOutcome(state, exit_code=outcome.exit_code)
+        report = TaskOutcome(state, exit_code=outcome.exit_code, usage=outcome.usage)
         if outcome.error and state is not TaskState.SUCCEEDED:
             report.error = JobError.ended(state, error_text(outcome.error))
         if result_path is not None and state in (TaskState.SUCCEEDED, TaskState.FAILED):

@@ -379,6 +379,8 @@ def _forked(sel: selectors.BaseSelector) -> set[int]:
 
 #: where the kernel lists this server's children (set in :func:`serve`)
 _CHILDREN_FILE = ""
+#: ``ru_maxrss`` is in kibibytes on Linux, in bytes on macOS
+_MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024
 
 
 def _children() -> list[int] | None:
@@ -553,10 +555,11 @@ def serve(sock: socket.socket, runner_path: str, preload: list[str], user: list[
                 pid = key.data
                 sel.unregister(key.fd)
                 os.close(key.fd)
-                _, status = os.waitpid(pid, 0)
+                _, status, used = os.wait4(pid, 0)  # (what it used: gpulayer.worker.usage)
                 strays = not subreaper or _strays(_forked(sel))
-                _send(sock, b'{"exit": %d, "pid": %d, "strays": %s}'
-                      % (os.waitstatus_to_exitcode(status), pid, b"true" if strays else b"false"))
+                _send(sock, b'{"exit": %d, "pid": %d, "strays": %s, "cpu": [%.6f, %.6f], "rss": %d}'
+                      % (os.waitstatus_to_exitcode(status), pid, b"true" if strays else b"false",
+                         used.ru_utime, used.ru_stime, used.ru_maxrss * _MAXRSS_UNIT))
                 if deferred is not None and deferred[0] == pid:
                     deferred = None
                     _offer(sock, warm, sel)

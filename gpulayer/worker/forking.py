@@ -49,6 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpulayer.records import TaskUsage
 from gpulayer.worker.deathsig import die_with_parent
 from gpulayer.worker.fork_server import GO
 from gpulayer.worker.preloads import ABSENT, MAX_STAMPED, site_files
@@ -90,6 +91,8 @@ class _Child:
         #: whether the server had children it did not fork as this one exited (see
         #: :attr:`.process.Started.strays`); None until then, or when it did not say
         self.strays: bool | None = None
+        #: what it used (see :attr:`.process.Started.usage`), as its server read it reaping it
+        self.usage: TaskUsage | None = None
         self.exited = Cancel()
         #: a gated child's socket, until it is told to go (or let go), and what is done then
         self._gate: socket.socket | None = None
@@ -121,6 +124,16 @@ class _Child:
     def wait(self) -> int:
         self.exited.wait()
         return self.code if self.code is not None else -9
+
+
+def _usage(msg: dict[str, Any]) -> TaskUsage | None:
+    """What a child used, from its server's word of its exit (None: a server of a job's
+    Python from before it said nothing of it, or said it wrong)."""
+    try:
+        user, system = msg["cpu"]
+        return TaskUsage(cpu_user=user, cpu_system=system, max_rss=msg["rss"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 #: the preloads a server could not import that were logged, with why
@@ -318,6 +331,7 @@ class ForkServer:
                 child.code = int(msg["exit"])
                 strays = msg.get("strays")
                 child.strays = strays if isinstance(strays, bool) else None
+                child.usage = _usage(msg)
                 child.exited.set()
                 self._end_if_retired()
         for fd in fds:

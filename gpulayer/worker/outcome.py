@@ -7,15 +7,16 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulayer.api import ResultJSON
-from gpulayer.errors import AuthError, Conflict, NotFound
+from gpulayer.api import ResultJSON, TaskAssignment
+from gpulayer.errors import AuthError, Conflict, InvalidInput, NotFound
 from gpulayer.logtext import escaped_text
-from gpulayer.records import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK, MAX_ERROR_TYPE, JobError, TaskState
+from gpulayer.records import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK, MAX_ERROR_TYPE, JobError, TaskState, TaskUsage
 from gpulayer.worker.function_runner import RESULT_PREFIX
 from gpulayer.worker.process import exit_error
 
@@ -30,6 +31,29 @@ class TaskOutcome:
     exit_code: int | None = None
     result: Any = None
     error: JobError | None = None
+    #: what its processes used, where that was measured (:mod:`.usage`)
+    usage: TaskUsage | None = None
+
+
+#: the control planes (their API objects) that refused a report's usage: from before it
+#: (by identity: an embedded :class:`~gpulayer.control.ControlPlane` is not hashable)
+_WITHOUT_USAGE: list[weakref.ref[Any]] = []
+
+
+def finish(api: Any, task_id: str, worker_id: str, outcome: TaskOutcome) -> list[TaskAssignment]:
+    """Send the task's final report through ``api`` (a :class:`~gpulayer.api.WorkerAPI`):
+    with what it used, or without it to a control plane that refused it (a server from
+    before schema 14: ``body.usage: no such field``), which is not sent it again."""
+    fields = dict(worker_id=worker_id, state=outcome.state, exit_code=outcome.exit_code, result=outcome.result,
+                  error=outcome.error)
+    if outcome.usage is not None and not any(ref() is api for ref in _WITHOUT_USAGE):
+        try:
+            return list(api.finish_task(task_id, usage=outcome.usage, **fields))
+        except InvalidInput as exc:
+            if "usage" not in str(exc) or "no such field" not in str(exc):
+                raise
+            _WITHOUT_USAGE.append(weakref.ref(api))
+    return list(api.finish_task(task_id, **fields))
 
 
 def function_outcome(report: TaskOutcome, result_path: Path, python: str | None = None) -> TaskOutcome:

@@ -45,7 +45,8 @@ from typing import Protocol
 import psutil
 
 from gpulayer.logtext import utf8_text
-from gpulayer.worker import TREE_ID_ENV
+from gpulayer.records import TaskUsage
+from gpulayer.worker import TREE_ID_ENV, usage
 from gpulayer.worker.deathsig import die_with_parent, spawn_argv
 from gpulayer.worker.markers import PidMark, every_marker, marked, owner, owner_alive, process_of
 from gpulayer.worker.threads import WORKER_THREADS
@@ -75,6 +76,9 @@ class ProcessOutcome:
     #: a human message for every state but "succeeded": "exit code 3",
     #: "killed by signal SIGKILL", "timed out after 5.0 s", "cancelled", "cannot start ..."
     error: str | None
+    #: what its processes used, as the kernel counted it when the main process was reaped
+    #: (:mod:`.usage`); None when it never started or that count was not had
+    usage: TaskUsage | None = None
 
     @property
     def ok(self) -> bool:
@@ -360,6 +364,11 @@ class Started(Protocol):
         (whatever outlives a task's main process is re-parented to the subreaper), so none
         is looked for; None: unknown."""
 
+    @property
+    def usage(self) -> TaskUsage | None:
+        """Once it exited: what it and the processes it waited for used, as its reaper read
+        it (:mod:`.usage`); None: unknown."""
+
     def poll(self) -> int | None: ...
 
     def wait(self) -> int: ...
@@ -437,8 +446,10 @@ def run_process(
         except StartFailed as exc:  # the other way is not available now: spawn after all
             _emit_safely(on_output, f"{exc}; spawned instead")
             proc = None
+    floor = None
     if proc is None:
         spawn, preexec = spawn_argv(argv, full_env, cwd)
+        floor = usage.own_peak()  # (what its count of memory starts from: usage.usage_of)
         try:
             popen = subprocess.Popen(
                 spawn,
@@ -474,8 +485,10 @@ def run_process(
         if on_start is not None:
             on_start(proc.pid)
         deadline = None if timeout is None else time.monotonic() + timeout
+        spawned = proc if isinstance(proc, subprocess.Popen) else None
         with ExitWaiter(proc.pid, cancel, getattr(proc, "exited", None)) as waiter:
-            while proc.poll() is None:
+            # (a Popen is not reaped before its end is read with what it used: usage.reap)
+            while not (usage.exited(spawned) if spawned is not None else proc.poll() is not None):
                 if cancel is not None and cancel.is_set():
                     state, error = "cancelled", "cancelled"
                     terminate_tree(proc.pid, cancel_grace, pgid=pgid, marker=marker)
@@ -485,7 +498,10 @@ def run_process(
                     terminate_tree(proc.pid, grace, pgid=pgid, marker=marker)
                     break
                 waiter.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        used = usage.reap(spawned, floor) if spawned is not None else None
         code = proc.wait()
+        if spawned is None:
+            used = getattr(proc, "usage", None)
     except BaseException:
         # on_start raised, or we were interrupted: do not leave the tree behind
         terminate_tree(proc.pid, 0.0, pgid=pgid, marker=marker)
@@ -499,9 +515,9 @@ def run_process(
 
     if state is None:
         if code == 0:
-            return ProcessOutcome("succeeded", 0, None)
-        return ProcessOutcome("failed", code, exit_error(code))
-    return ProcessOutcome(state, code, error)
+            return ProcessOutcome("succeeded", 0, None, used)
+        return ProcessOutcome("failed", code, exit_error(code), used)
+    return ProcessOutcome(state, code, error, used)
 
 
 def _emit_safely(on_output: Callable[[str, bytes], None], message: str) -> None:

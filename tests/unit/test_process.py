@@ -18,7 +18,7 @@ import pytest
 
 from gpulayer.worker import markers
 from gpulayer.worker.markers import descendants, marked
-from gpulayer.worker.process import TREE_ID_ENV, ProcessOutcome, run_process, terminate_tree
+from gpulayer.worker.process import TREE_ID_ENV, run_process, terminate_tree
 from tests.support import children_running, wait_for
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX process groups")
@@ -91,7 +91,8 @@ def test_output_in_order_and_success(tmp_path: Path) -> None:
         """,
     )
     result = run_process(argv, env=env(), cwd=str(tmp_path), on_output=out)
-    assert result == ProcessOutcome("succeeded", 0, None)
+    assert (result.state, result.exit_code, result.error) == ("succeeded", 0, None)
+    assert result.usage is not None  # (what it used: tests/unit/test_task_usage.py)
     assert out.text("stdout") == "".join(f"line {i}\n" for i in range(200))
     assert out.text("stderr") == "to stderr\n"
 
