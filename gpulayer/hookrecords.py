@@ -19,8 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_core import PydanticSerializationError
 
 from gpulayer._base import Record
+from gpulayer.errors import InvalidRequirement
 from gpulayer.logtext import escaped_text
-from gpulayer.specs import DistributedJob, Requirements
+from gpulayer.specs import DistributedJob, Requirements, check_framework_name, check_framework_specifier
 from gpulayer.units import format_gb, gb
 
 # --------------------------------------------------------------------------- devices
@@ -274,11 +275,42 @@ class FrameworkProbe(HookRecord):
 
 
 class RuntimeProfile(HookRecord):
-    """A named shorthand that fills in accelerator and frameworks."""
+    """A named shorthand that fills in accelerator and frameworks.
+
+    Both are read as a job's own requirements read them (``cpu`` is no accelerator, a kind
+    in any case is its lowercase), and checked here: a profile no job could use fails its
+    plugin's hook, naming the plugin, rather than every submit that names it.
+    """
 
     description: str = ""
     accelerator: str | None = None
     frameworks: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("accelerator")
+    @classmethod
+    def _accelerator(cls, v: str | None) -> str | None:
+        kind = None if v is None else v.strip().lower()
+        if kind is None or kind == "cpu":
+            return None
+        if not is_kind(kind):
+            raise ValueError(f"accelerator kind {v!r}: accepted: lowercase letters, digits, '.', '_' and '-', "
+                             "starting with a letter or digit, or None (or 'cpu') for none")
+        return kind
+
+    @field_validator("frameworks")
+    @classmethod
+    def _frameworks(cls, v: dict[str, str]) -> dict[str, str]:
+        out = {}
+        for name, spec in v.items():
+            try:
+                check_framework_name(name)
+            except InvalidRequirement as exc:
+                raise ValueError(f"framework name {name!r}: {exc}") from None
+            try:
+                out[name] = check_framework_specifier(spec)
+            except InvalidRequirement as exc:
+                raise ValueError(f"framework {name!r}: {exc}") from None
+        return out
 
 
 # --------------------------------------------------------------------------- providers
