@@ -399,7 +399,8 @@ class LaunchedMachine(Record):
     #: the provider's own handle: an instance id, a Slurm job id, ``host:pid``
     provider_id: str = Field(min_length=1)
     address: str | None = None
-    #: the adapter's own facts (JSON), stored and handed back to ``terminate``
+    #: the adapter's own facts (JSON), stored with the machine's record; no call gets them back
+    #: (``terminate`` gets ``provider_id``: put there what ending the machine needs)
     data: dict[str, Any] = Field(default_factory=dict)
 
 
