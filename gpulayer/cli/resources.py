@@ -191,10 +191,11 @@ def list_plugins(as_json: bool = typer.Option(False, "--json", help="print JSON"
             raise error
         return
     width = max([len(i.name) for i in infos] + [4])
-    for info in infos:
-        source = f"{info.distribution} {info.version}" if info.distribution else f"module {info.module}"
+    sources = [f"{i.distribution} {i.version}" if i.distribution else f"module {i.module}" for i in infos]
+    source_width = max([len(s) for s in sources] + [20])
+    for info, source in zip(infos, sources, strict=True):
         hooks = ", ".join(h.removeprefix("gpulayer_") for h in info.hooks) or "-"
-        typer.echo(f"{info.name:<{width}}  {info.status:<8}  {source:<20}  {hooks}")
+        typer.echo(f"{info.name:<{width}}  {info.status:<8}  {source:<{source_width}}  {hooks}")
         if info.error:
             typer.echo(f"{'':<{width}}  error: {info.error}")
         if info.status == "failed":
