@@ -205,21 +205,76 @@ def _marked_pids(marker: str, pids: Iterable[str] | None = None) -> list[int]:
     for name in pids if pids is not None else os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:  # os.read in pages: a third cheaper than open() and its buffered reader
-            fd = os.open(f"/proc/{name}/environ", os.O_RDONLY)
-        except OSError:  # gone, or not ours to read
-            continue
-        chunks = []
-        try:
-            while part := os.read(fd, 8192):
-                chunks.append(part)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-        if needle in b"\0" + b"".join(chunks) + b"\0":
+        data = _environ(name)
+        if data and needle in b"\0" + data + b"\0":
             found.append(int(name))
     return found
+
+
+def _read_environ(name: str) -> bytes | None:
+    """``/proc/PID/environ`` as it reads now; None: gone, or not ours to read."""
+    try:  # os.read in pages: a third cheaper than open() and its buffered reader
+        fd = os.open(f"/proc/{name}/environ", os.O_RDONLY)
+    except OSError:
+        return None
+    chunks = []
+    try:
+        while part := os.read(fd, 8192):
+            chunks.append(part)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+#: /proc/PID/stat's flags: a kernel thread (it has no environment), a process that exits
+_PF_KTHREAD = 0x00200000
+_PF_EXITING = 0x00000004
+#: how long a scan waits for one process's exec to put its program's environment in place
+_EXEC_WAIT = 1.0
+
+
+def _env_end(name: str) -> int | None:
+    """Where the environment of ``name``'s program ends in its memory (``/proc/PID/stat``'s
+    51st field): 0 while an exec has not put it in place yet; None for a kernel thread, a
+    process that exits, or where it cannot be read (a kernel older than 3.5)."""
+    try:
+        with open(f"/proc/{name}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2:].split()
+    try:
+        if fields[0] in (b"Z", b"X") or int(fields[6]) & (_PF_KTHREAD | _PF_EXITING):
+            return None
+        return int(fields[48])
+    except (IndexError, ValueError):
+        return None
+
+
+def _environ(name: str) -> bytes | None:
+    """The environment of process ``name`` (None: gone, or not ours to read).
+
+    An exec replaces a process's memory before it copies the new program's environment
+    there, and between the two ``/proc/PID/environ`` reads empty: ``subprocess.Popen`` has
+    returned by then (the child's close-on-exec pipe closes as the exec passes its point of
+    no return), so a task that starts a process and exits at once can end while that
+    process is still in its exec, and a scan then would not see its marker (a process that
+    left the task's group outlived the task, twice in CI under load). Such a process
+    (``/proc/PID/stat`` says where its environment ends: 0 until it is there) is read again
+    once its environment is in place, waiting :data:`_EXEC_WAIT` at most."""
+    data = _read_environ(name)
+    if data != b"":
+        return data
+    deadline = time.monotonic() + _EXEC_WAIT
+    pause = 0.0002
+    while (end := _env_end(name)) == 0 and time.monotonic() < deadline:
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
+    # (read again even where no exec was seen: it may have ended between the two reads; a
+    # program given an empty environment reads empty again)
+    return data if end is None else _read_environ(name)
 
 
 def _pid_namespace(pid: int | str) -> str | None:
@@ -252,11 +307,10 @@ def every_marker() -> dict[str, list[int]]:
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
-        try:
-            with open(f"/proc/{name}/environ", "rb", buffering=0) as f:
-                data = b"\0" + f.read()
-        except OSError:  # gone, or not ours to read
+        environ = _environ(name)
+        if not environ:
             continue
+        data = b"\0" + environ
         at = data.find(needle)
         if at >= 0:
             start = at + len(needle)

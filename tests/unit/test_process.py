@@ -491,6 +491,35 @@ def test_an_escaped_descendant_is_found_among_the_pids_started_since_the_task_be
     assert looked_at and looked_at[0] is not None and escaped.read_text() in looked_at[0]
 
 
+
+@linux_proc
+@pytest.mark.parametrize("where", ["below this process", "among the pids since", "everywhere"])
+def test_a_process_still_in_its_exec_is_found_by_its_marker(where: str) -> None:
+    """Popen returns as its child's exec passes the point of no return, before the kernel has
+    put the new program's environment in place (after walking every argument: a long list
+    holds it there a few milliseconds): a task that started a process and ended at once left
+    it running, its environment read empty by the scan."""
+    marker = f"{markers.owner()}.exec-{os.getpid()}"
+    mark = markers.PidMark.now()
+    # (the argument list the kernel takes is a quarter of the stack's limit, at most 6 MiB;
+    # each "0" costs its 2 bytes and a pointer)
+    limit = os.sysconf("SC_ARG_MAX")
+    limit = min(limit if limit > 0 else 6 << 20, 6 << 20)
+    argv = ["sleep", "100", *["0"] * (limit // 2 // 10)]
+    proc = subprocess.Popen(argv, env={**os.environ, TREE_ID_ENV: marker}, start_new_session=True)
+    try:
+        if where == "below this process":
+            found = marked(marker, within=os.getpid())
+        elif where == "among the pids since":
+            found = marked(marker, since=mark)
+        else:
+            found = marked(marker)
+        assert [p.pid for p in found] == [proc.pid]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_orphan_holding_the_pipe_does_not_block(tmp_path: Path) -> None:
     """A daemon with a clean environment that left the group keeps stdout open: bounded wait."""
     pidfile = tmp_path / "daemon.pid"
