@@ -168,7 +168,11 @@ def descendants(root: int) -> list[str] | None:
     """The pids below ``root``, from ``/proc/PID/task/TID/children``; None when that cannot be
     read (no such process, a kernel without the file, a tree that keeps changing): then every
     process is looked at. A process that ends during the walk sends its children up to the
-    subreaper, whose list was read already, so the walk is then made again."""
+    subreaper, whose list was read already, so the walk is then made again: where it is gone,
+    and where its own list read empty as it ended (a zombie's, its parent not having waited
+    for it yet: its children may have gone up just before; once a zombie, it moves nothing
+    more, and does not make the next walk be made again)."""
+    ended: set[str] = set()
     for _ in range(3):
         out: list[str] = []
         todo = [str(root)]
@@ -193,6 +197,11 @@ def descendants(root: int) -> list[str] | None:
                     continue
                 out.extend(kids)
                 todo.extend(kids)
+                if not kids and tid not in ended:
+                    state = _exit_state(f"/proc/{pid}/task/{tid}/stat")
+                    if state == "ended":
+                        ended.add(tid)
+                    moved = moved or state is not None
         if not moved:
             return out
     return None
@@ -235,16 +244,34 @@ _PF_EXITING = 0x00000004
 _EXEC_WAIT = 1.0
 
 
+def _stat(path: str) -> list[bytes]:
+    """The fields of a ``/proc/PID/stat`` from the state on (the 3rd: a command's name may
+    hold a ")" or a space itself); none where it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            stat = f.read()
+    except OSError:
+        return []
+    return stat[stat.rfind(b")") + 2:].split()
+
+
+def _exit_state(path: str) -> str | None:
+    """Whether the process or thread of ``path`` (its ``stat``) is "exiting", has "ended" (a
+    zombie, or gone), or neither (None)."""
+    fields = _stat(path)
+    try:
+        if fields[0] in (b"Z", b"X"):
+            return "ended"
+        return "exiting" if int(fields[6]) & _PF_EXITING else None
+    except (IndexError, ValueError):
+        return "ended"
+
+
 def _env_end(name: str) -> int | None:
     """Where the environment of ``name``'s program ends in its memory (``/proc/PID/stat``'s
     51st field): 0 while an exec has not put it in place yet; None for a kernel thread, a
     process that exits, or where it cannot be read (a kernel older than 3.5)."""
-    try:
-        with open(f"/proc/{name}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2:].split()
+    fields = _stat(f"/proc/{name}/stat")
     try:
         if fields[0] in (b"Z", b"X") or int(fields[6]) & (_PF_KTHREAD | _PF_EXITING):
             return None

@@ -811,3 +811,48 @@ def test_leftovers_are_looked_for_below_a_subreaper_only(tmp_path: Path) -> None
             proc.wait()
         with contextlib.suppress(psutil.NoSuchProcess, ValueError, FileNotFoundError):
             psutil.Process(int(orphan_pid.read_text())).kill()
+
+
+MIDDLE = """
+import ctypes, subprocess, sys, time
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+# a child that starts a grandchild in a session of its own and stays; this process never
+# waits for it, so once it is killed it stays a zombie
+middle = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; print(subprocess.Popen("
+                           "['sleep', '600'], start_new_session=True).pid, flush=True); time.sleep(600)"],
+                          stdout=open(sys.argv[1], "w"))
+open(sys.argv[2], "w").write(str(middle.pid))
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="subreapers and /proc are Linux's")
+def test_a_process_that_ends_during_the_walk_does_not_hide_its_children(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk read the subreaper's children, then the middle process ended (a zombie: its
+    parent had not waited for it yet) and its child went up to the subreaper: the middle one's
+    list read empty, and the child was in neither list."""
+    (tmp_path / "reaper.py").write_text(MIDDLE)
+    reaper = subprocess.Popen([PY, str(tmp_path / "reaper.py"), str(tmp_path / "child.pid"),
+                               str(tmp_path / "middle.pid")])
+    try:
+        child, middle = int(wait_file(tmp_path / "child.pid")), int(wait_file(tmp_path / "middle.pid"))
+        listdir = os.listdir
+
+        def middle_ends_first(path: str) -> list[str]:
+            # (the walk reads the subreaper's list, then looks at the middle process)
+            if path == f"/proc/{middle}/task" and psutil.Process(middle).status() != psutil.STATUS_ZOMBIE:
+                os.kill(middle, signal.SIGKILL)
+                assert wait_for(lambda: psutil.Process(child).ppid() == reaper.pid, 10)
+                assert psutil.Process(middle).status() == psutil.STATUS_ZOMBIE
+            return listdir(path)
+
+        monkeypatch.setattr(os, "listdir", middle_ends_first)
+        found = descendants(reaper.pid)
+        monkeypatch.undo()
+        assert found is not None and str(child) in found
+    finally:
+        reaper.kill()
+        reaper.wait()
+        with contextlib.suppress(psutil.NoSuchProcess, ValueError, FileNotFoundError):
+            psutil.Process(int((tmp_path / "child.pid").read_text())).kill()
