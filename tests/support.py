@@ -180,8 +180,10 @@ def detect_probes(home: Path, **env: str) -> Path:
 
     run_env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
     run_env.update(GPULAYER_HOME=str(home), GPULAYER_CLI_SERVER_IDLE="0", **no_real_devices_env(), **env)
-    run = subprocess.run([sys.executable, "-m", "gpulayer.cli", "resources", "detect", "--json"], env=run_env,
-                         capture_output=True, text=True, timeout=300)
+    # (--timeout: each probe's own limit, 10 s by default, was passed on a machine loaded by
+    # other work, and a probe that gives no answer leaves no cache entry: the fixture failed)
+    run = subprocess.run([sys.executable, "-m", "gpulayer.cli", "resources", "detect", "--json", "--timeout", "120"],
+                         env=run_env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     probes = home / "cache" / "probes"
     assert list(probes.glob("*.json")), "the detection left no probe cache entry"
