@@ -7,8 +7,9 @@ Regular files are kept, at any depth, with their modification times; a link, a d
 a socket in the folder is left out, and the task's output says so (a link may point
 anywhere on the worker's machine: following it could send what the task never meant to;
 a file is opened without following one, and without waiting, as one may be swapped in
-after the look). So is what cannot be read, and a name the control plane would refuse the
-whole zip for (not UTF-8, ...): each costs only itself. A file removed while they are zipped
+after the look). So is what cannot be read, a file whose reading fails partway (an I/O
+error: its entry, half written, is taken out again), and a name the control plane would
+refuse the whole zip for (not UTF-8, ...): each costs only itself. A file removed while they are zipped
 (the task's own process, still at it) is not there to keep; one still written is kept as
 large as it was when it was seen. The zip is built in memory, and its size checked as each
 megabyte goes in, so it never holds much more than the limit.
@@ -69,6 +70,8 @@ class Packed(NamedTuple):
     unreadable: list[str]
     #: what is named in a way the control plane does not store (not UTF-8, a backslash, ...)
     misnamed: list[str]
+    #: what was opened but whose reading failed (an I/O error, perhaps partway), with the error
+    failed: list[tuple[str, str]]
 
 
 class _Found(NamedTuple):
@@ -82,14 +85,15 @@ class _Found(NamedTuple):
 def pack(folder: Path) -> Packed | None:
     """The zip of what is in ``folder`` (None: nothing, or no folder). What cannot be kept is
     left out, each kind in its own list: a file that is gone by the time it is read (the
-    task's own process removed it) is not there to keep, and one that cannot be read, or
-    whose name cannot be stored, costs only itself, not the others."""
+    task's own process removed it) is not there to keep, and one that cannot be read (or
+    whose reading fails partway), or whose name cannot be stored, costs only itself, not
+    the others."""
     found = _look(str(folder))
     if found is None:
         return None
     files, left_out, unreadable, misnamed = found
     if not files:
-        return Packed(b"", "", 0, 0, left_out, unreadable, misnamed) if left_out or unreadable or misnamed else None
+        return Packed(b"", "", 0, 0, left_out, unreadable, misnamed, []) if left_out or unreadable or misnamed else None
     most = limits()
     unpacked = sum(size for _, _, size in files)
     if len(files) > most.max_entries:
@@ -100,9 +104,15 @@ def pack(folder: Path) -> Packed | None:
     limit = config.max_artifacts_bytes()
     buf = io.BytesIO()
     kept: list[tuple[str, int]] = []
+    failed: list[tuple[str, str]] = []
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=_LEVEL) as zf:
         for rel, path, size in files:
-            got = _add(zf, buf, rel, path, size, limit)
+            try:
+                got = _add(zf, buf, rel, path, size, limit)
+            except OSError as exc:  # (its entry, begun, was taken out again)
+                log.warning("artifacts: reading %s failed: %s", path, exc)
+                failed.append((rel, exc.strerror or str(exc)))
+                continue
             if got is None:
                 continue  # gone: removed since it was seen
             if isinstance(got, str):
@@ -110,13 +120,13 @@ def pack(folder: Path) -> Packed | None:
             else:
                 kept.append((rel, got))
     if not kept:
-        return Packed(b"", "", 0, 0, sorted(left_out), sorted(unreadable), misnamed) \
-            if left_out or unreadable or misnamed else None
+        return Packed(b"", "", 0, 0, sorted(left_out), sorted(unreadable), misnamed, failed) \
+            if left_out or unreadable or misnamed or failed else None
     data = buf.getvalue()
     if len(data) > limit:
         raise Refused(too_large(len(data)))
     return Packed(data, hashlib.sha256(data).hexdigest(), len(kept), sum(n for _, n in kept), sorted(left_out),
-                  sorted(unreadable), misnamed)
+                  sorted(unreadable), misnamed, failed)
 
 
 def _look(folder: str) -> _Found | None:
@@ -178,14 +188,16 @@ def _add(zf: zipfile.ZipFile, buf: io.BytesIO, rel: str, path: str, size: int, l
     seen: what the limits were checked against; a file the task still writes is kept as it
     was then). Returns the bytes kept, None for a file gone, or why it was left out ("left
     out": no longer a regular file; "unreadable"). Opened without following a link and
-    without waiting (what was a file may have been replaced by a link or a pipe since)."""
+    without waiting (what was a file may have been replaced by a link or a pipe since).
+    A read that fails (an I/O error, a network file system's file gone stale) raises its
+    OSError, its entry taken out of the zip again if it was begun."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as exc:
         return "left out" if exc.errno in (errno.ELOOP, errno.ENXIO) else "unreadable"
-    with open(fd, "rb") as src:
+    try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return "left out"
@@ -198,13 +210,35 @@ def _add(zf: zipfile.ZipFile, buf: io.BytesIO, rel: str, path: str, size: int, l
         setattr(info, "compress_level" if hasattr(info, "compress_level") else "_compresslevel", _LEVEL)
         info.file_size = size  # (zip64 chosen by it)
         left = size
-        with zf.open(info, "w") as dst:  # (a read that fails now fails the whole: an entry is half written)
-            while left > 0 and (chunk := src.read(min(_CHUNK, left))):
-                dst.write(chunk)
-                left -= len(chunk)
-                if buf.tell() > limit:  # (checked as it goes: the zip is held in memory)
-                    raise Refused(too_large())
-    return size - left
+        try:
+            with zf.open(info, "w") as dst:
+                while left > 0 and (chunk := os.read(fd, min(_CHUNK, left))):
+                    dst.write(chunk)
+                    left -= len(chunk)
+                    if buf.tell() > limit:  # (checked as it goes: the zip is held in memory)
+                        raise Refused(too_large())
+        except OSError:
+            _drop(zf, buf, info)
+            raise
+        return size - left
+    finally:
+        os.close(fd)
+
+
+def _drop(zf: zipfile.ZipFile, buf: io.BytesIO, info: zipfile.ZipInfo) -> None:
+    """Take the entry last written, ``info``'s, out of the zip as if it had never been begun:
+    a read that failed partway leaves it half written, and the whole zip was lost with it.
+    zipfile has no way to remove an entry: what it keeps of the entries written, and where
+    it writes the next (``filelist``, ``NameToInfo``, ``start_dir``: unchanged from Python
+    3.10 to 3.13), are put back as they were before it, and the bytes written since are cut
+    off. No copy is made (the zip may hold hundreds of megabytes); the tests of a read that
+    fails partway check that the zip left is whole."""
+    if zf.filelist and zf.filelist[-1] is info:  # (closing it added it, unless its close failed)
+        zf.filelist.pop()
+        zf.NameToInfo.pop(info.filename, None)
+    zf.start_dir = info.header_offset
+    buf.seek(info.header_offset)
+    buf.truncate()
 
 
 def _how(fd: int, size: int) -> int:
@@ -262,10 +296,14 @@ def keep(api: WorkerAPI, a: TaskAssignment, worker_id: str, folder: Path | None,
         return
     if packed is None:
         return
+    failed: dict[str, list[str]] = {}  # (by the error: a failing disk fails many alike)
+    for path, error in packed.failed:
+        failed.setdefault(error, []).append(path)
     for paths, why in ((packed.left_out, "only regular files are kept, not links or devices"),
                        (packed.unreadable, "they cannot be read"),
                        (packed.misnamed, "names a zip does not keep: not UTF-8, a backslash, a drive letter, "
-                                         "too deep")):
+                                         "too deep"),
+                       *((paths, f"reading them failed: {error}") for error, paths in failed.items())):
         if paths:
             shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
             note(f"gpulayer: artifacts: left out {shown} ({why})\n")

@@ -5,6 +5,7 @@ tests/integration/test_artifacts.py."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -305,6 +306,67 @@ def test_what_cannot_be_read_is_left_out_and_said(tmp_path: Path, monkeypatch: p
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
         assert zf.namelist() == ["ok.txt"]
     assert log.lines == [("stderr", "gpulayer: artifacts: left out closed/, secret.txt (they cannot be read)\n")]
+
+
+def _failing_after(monkeypatch: pytest.MonkeyPatch, path: Path, good: int) -> None:
+    """Reads of the file at ``path`` fail with an I/O error once ``good`` bytes have been read
+    (a disk's bad block, a network file system's file gone stale): the system call, os.read,
+    is the one thing replaced, as no file a test can make fails partway on its own."""
+    ino, given = path.stat().st_ino, [0]
+    real = os.read
+
+    def read(fd: int, n: int) -> bytes:
+        if os.fstat(fd).st_ino != ino:
+            return real(fd, n)
+        if given[0] >= good:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        chunk = real(fd, min(n, good - given[0]))
+        given[0] += len(chunk)
+        return chunk
+
+    monkeypatch.setattr(os, "read", read)
+
+
+@pytest.mark.parametrize(("failing", "data", "good"), [
+    ("ckpt.bin", os.urandom(3 * 2**20), 2**20 + 5),  # stored, between two kept: partway, in its second megabyte
+    ("z.log", b"step 1 loss 0.25\n" * 200_000, 2**20),  # deflated, the last one written
+    ("empty-read.txt", b"x" * 10, 0),  # its first read fails: its entry begun, nothing in it
+])
+def test_a_file_whose_read_fails_partway_costs_only_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           failing: str, data: bytes, good: int) -> None:
+    # (its entry, half written, lost the whole zip: "artifacts not kept: Input/output error")
+    (tmp_path / "a.txt").write_text("kept")
+    (tmp_path / "b.bin").write_bytes(os.urandom(200_000))
+    (tmp_path / failing).write_bytes(data)
+    (tmp_path / "y.txt").write_text("kept too")
+    _failing_after(monkeypatch, tmp_path / failing, good)
+    api, log = _Api(), _Log()
+    keep(api, _assignment(), "wkr-1", tmp_path, log)  # type: ignore[arg-type]
+    assert log.lines == [("stderr", f"gpulayer: artifacts: left out {failing} (reading them failed: "
+                                    "Input/output error)\n")]
+    [(_, digest, zipped, _)] = api.sent
+    assert check_archive(zipped, digest, limits=artifacts.limits()) == ["a.txt", "b.bin", "y.txt"]
+    with zipfile.ZipFile(io.BytesIO(zipped)) as zf:
+        assert zf.testzip() is None
+        assert zf.read("b.bin") == (tmp_path / "b.bin").read_bytes() and zf.read("y.txt") == b"kept too"
+    got = pack(tmp_path)
+    assert got is not None and (got.files, got.unpacked) == (3, 4 + 200_000 + 8)
+    assert got.failed == [(failing, "Input/output error")] and got.unreadable == []
+    monkeypatch.undo()
+    (tmp_path / failing).unlink()
+    without = pack(tmp_path)  # (the same zip, byte for byte, as if the file had never been there)
+    assert without is not None and without.data == zipped
+
+
+def test_a_file_whose_read_fails_alone_leaves_nothing_to_send_but_says_so(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "only.bin").write_bytes(os.urandom(3 * 2**20))
+    _failing_after(monkeypatch, tmp_path / "only.bin", 2**20)
+    api, log = _Api(), _Log()
+    keep(api, _assignment(), "wkr-1", tmp_path, log)  # type: ignore[arg-type]
+    assert api.sent == []
+    assert log.lines == [("stderr", "gpulayer: artifacts: left out only.bin (reading them failed: "
+                                    "Input/output error)\n")]
 
 
 def test_a_link_swapped_in_after_the_look_is_not_followed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
