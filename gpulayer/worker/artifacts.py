@@ -9,7 +9,9 @@ anywhere on the worker's machine: following it could send what the task never me
 a file is opened without following one, and without waiting, as one may be swapped in
 after the look). So is what cannot be read, a file whose reading fails partway (an I/O
 error: its entry, half written, is taken out again), and a name the control plane would
-refuse the whole zip for (not UTF-8, ...): each costs only itself. A file removed while they are zipped
+refuse the whole zip for (a backslash, ...): each costs only itself. A name that is not
+UTF-8, which a zip cannot hold, is kept written as a URL writes it (``caf%E9.txt``), and the
+output says so. A file removed while they are zipped
 (the task's own process, still at it) is not there to keep; one still written is kept as
 large as it was when it was seen. The zip is built in memory, and its size checked as each
 megabyte goes in, so it never holds much more than the limit.
@@ -68,10 +70,12 @@ class Packed(NamedTuple):
     left_out: list[str]
     #: what could not be read (a folder's path ends with ``/``)
     unreadable: list[str]
-    #: what is named in a way the control plane does not store (not UTF-8, a backslash, ...)
+    #: what is named in a way the control plane does not store (a backslash, ...)
     misnamed: list[str]
     #: what was opened but whose reading failed (an I/O error, perhaps partway), with the error
     failed: list[tuple[str, str]]
+    #: what is kept under another name, as (its name, the name kept): one not UTF-8, escaped
+    renamed: list[tuple[str, str]]
 
 
 class _Found(NamedTuple):
@@ -80,6 +84,8 @@ class _Found(NamedTuple):
     left_out: list[str]
     unreadable: list[str]
     misnamed: list[str]
+    #: (path, path in the zip) of a file or folder (``/`` at its end) whose name is escaped
+    renamed: list[tuple[str, str]]
 
 
 def pack(folder: Path) -> Packed | None:
@@ -91,9 +97,10 @@ def pack(folder: Path) -> Packed | None:
     found = _look(str(folder))
     if found is None:
         return None
-    files, left_out, unreadable, misnamed = found
+    files, left_out, unreadable, misnamed, _ = found
     if not files:
-        return Packed(b"", "", 0, 0, left_out, unreadable, misnamed, []) if left_out or unreadable or misnamed else None
+        return Packed(b"", "", 0, 0, left_out, unreadable, misnamed, [], []) \
+            if left_out or unreadable or misnamed else None
     most = limits()
     unpacked = sum(size for _, _, size in files)
     if len(files) > most.max_entries:
@@ -120,20 +127,25 @@ def pack(folder: Path) -> Packed | None:
             else:
                 kept.append((rel, got))
     if not kept:
-        return Packed(b"", "", 0, 0, sorted(left_out), sorted(unreadable), misnamed, failed) \
+        return Packed(b"", "", 0, 0, sorted(left_out), sorted(unreadable), misnamed, failed, []) \
             if left_out or unreadable or misnamed or failed else None
     data = buf.getvalue()
     if len(data) > limit:
         raise Refused(too_large(len(data)))
+    renamed = found.renamed
+    if renamed:  # (a renaming is said only of what was kept: a file, or a folder holding one)
+        names = {rel for rel, _ in kept}
+        names |= {rel[:i + 1] for rel in list(names) for i, c in enumerate(rel) if c == "/"}
+        renamed = [(was, now) for was, now in renamed if now in names]
     return Packed(data, hashlib.sha256(data).hexdigest(), len(kept), sum(n for _, n in kept), sorted(left_out),
-                  sorted(unreadable), misnamed, failed)
+                  sorted(unreadable), misnamed, failed, renamed)
 
 
 def _look(folder: str) -> _Found | None:
     """The regular files under ``folder``, by path, and what is left out (None: no folder).
     Each entry's kind is its directory entry's (no system call for most); a file's size is
     read once, here."""
-    found = _Found([], [], [], [])
+    found = _Found([], [], [], [], [])
     below: list[tuple[str, str]] = [("", folder)]
     while below:
         prefix, path = below.pop()
@@ -149,20 +161,31 @@ def _look(folder: str) -> _Found | None:
                 raise
             found.unreadable.append(prefix)
             continue
+        names = {entry.name for entry in entries}
         for entry in entries:
-            rel = prefix + entry.name
+            name = _escaped(entry.name)
+            if name != entry.name and name in names:  # (its escape is another's name: that one is kept)
+                found.misnamed.append(prefix + entry.name)
+                continue
+            rel = prefix + name
             try:
                 if entry.is_dir(follow_symlinks=False):
                     if _misnamed(rel + "/"):
                         found.misnamed.append(rel + "/")
-                    else:
-                        below.append((rel + "/", entry.path))
+                        continue
+                    below.append((rel + "/", entry.path))
+                    renamed = (prefix + entry.name + "/", rel + "/")
                 elif not entry.is_file(follow_symlinks=False):
                     found.left_out.append(rel)
+                    continue
                 elif _misnamed(rel):
                     found.misnamed.append(rel)
+                    continue
                 else:
                     found.files.append((rel, entry.path, entry.stat(follow_symlinks=False).st_size))
+                    renamed = (prefix + entry.name, rel)
+                if name != entry.name:
+                    found.renamed.append(renamed)
             except FileNotFoundError:
                 continue
             except OSError:
@@ -172,10 +195,23 @@ def _look(folder: str) -> _Found | None:
     return found
 
 
+def _escaped(name: str) -> str:
+    """``name`` as a zip can hold it: as it is when it is UTF-8; else each byte that is not
+    (a surrogate, as os.fsdecode gives it) and each ``%`` written ``%XX``, as a URL writes
+    them, so that ``urllib.parse.unquote_to_bytes`` gives the name's bytes back."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return "".join(f"%{ord(c) - 0xDC00:02X}" if "\udc80" <= c <= "\udcff" else "%25" if c == "%" else c
+                       for c in name)
+
+
 def _misnamed(rel: str) -> bool:
     """Whether the control plane refuses a zip holding this path (see
-    :func:`gpulayer.bundles.check_archive`): a name that is not UTF-8 (it cannot even be
-    written in a zip), a backslash, a leading drive letter, deeper than it allows."""
+    :func:`gpulayer.bundles.check_archive`): a backslash, a leading drive letter, deeper than
+    it allows, a name that is still not UTF-8 (it cannot even be written in a zip; escaped,
+    only a surrogate that no file system name decodes to is left)."""
     try:
         rel.encode("utf-8")
     except UnicodeEncodeError:
@@ -301,12 +337,17 @@ def keep(api: WorkerAPI, a: TaskAssignment, worker_id: str, folder: Path | None,
         failed.setdefault(error, []).append(path)
     for paths, why in ((packed.left_out, "only regular files are kept, not links or devices"),
                        (packed.unreadable, "they cannot be read"),
-                       (packed.misnamed, "names a zip does not keep: not UTF-8, a backslash, a drive letter, "
-                                         "too deep"),
+                       (packed.misnamed, "names a zip does not keep: a backslash, a drive letter, too deep, "
+                                         "not UTF-8 with its %XX name taken"),
                        *((paths, f"reading them failed: {error}") for error, paths in failed.items())):
         if paths:
             shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
             note(f"gpulayer: artifacts: left out {shown} ({why})\n")
+    if packed.renamed:
+        pairs = [f"{was} as {now}" for was, now in packed.renamed]
+        shown = ", ".join(pairs[:5]) + (f" and {len(pairs) - 5} more" if len(pairs) > 5 else "")
+        note(f"gpulayer: artifacts: kept {shown} (names that are not UTF-8, which a zip cannot hold: each byte "
+             "that is not, and each %, written %XX)\n")
     if not packed.files:
         return
     what = f"{packed.files} file(s), {bundles.format_size(packed.unpacked)}"

@@ -13,6 +13,7 @@ import re
 import shutil
 import threading
 import tracemalloc
+import urllib.parse
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -387,8 +388,6 @@ def test_a_link_swapped_in_after_the_look_is_not_followed(tmp_path: Path, monkey
 
 def test_names_the_control_plane_refuses_are_left_out_not_the_rest(tmp_path: Path) -> None:
     (tmp_path / "ok.txt").write_text("ok")
-    with open(os.path.join(os.fsencode(tmp_path), b"caf\xe9.txt"), "wb") as f:  # (latin-1: not UTF-8)
-        f.write(b"x")
     (tmp_path / "a\\b.txt").write_text("x")
     (tmp_path / "c:notes").write_text("x")
     api, log = _Api(), _Log()
@@ -396,8 +395,35 @@ def test_names_the_control_plane_refuses_are_left_out_not_the_rest(tmp_path: Pat
     [(_, digest, data, _)] = api.sent
     assert check_archive(data, digest, limits=artifacts.limits()) == ["ok.txt"]
     [(stream, text)] = log.lines
-    assert stream == "stderr" and text == ("gpulayer: artifacts: left out a\\b.txt, c:notes, caf\udce9.txt (names a zip "
-                                           "does not keep: not UTF-8, a backslash, a drive letter, too deep)\n")
+    assert stream == "stderr" and text == ("gpulayer: artifacts: left out a\\b.txt, c:notes (names a zip does not keep: "
+                                           "a backslash, a drive letter, too deep, not UTF-8 with its %XX name taken)\n")
+
+
+def test_a_name_that_is_not_utf8_is_kept_escaped_and_said(tmp_path: Path) -> None:
+    # (a zip holds only UTF-8 names: one in latin-1 was left out, its file lost with it)
+    base = os.fsencode(tmp_path)
+    made = {b"caf\xe9.txt": b"latin-1", b"100%\xff": b"a percent sign too", b"d\xe9j\xe0/in.txt": b"in a folder",
+            b"x%E9": b"a name of its own", b"x\xe9": b"its escape is x%E9, taken"}
+    for name, data in made.items():
+        path = os.path.join(base, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+    os.symlink("/etc/hostname", os.path.join(base, b"l\xe9"))
+    api, log = _Api(), _Log()  # (the task's output has U+FFFD for each lone surrogate: LogBuffer.add)
+    keep(api, _assignment(), "wkr-1", tmp_path, log)  # type: ignore[arg-type]
+    [(_, digest, data, _)] = api.sent
+    names = check_archive(data, digest, limits=artifacts.limits())
+    assert names == ["100%25%FF", "caf%E9.txt", "d%E9j%E0/in.txt", "x%E9"]
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:  # (each name's bytes come back from it as from a URL)
+        assert {urllib.parse.unquote_to_bytes(n) if n != "x%E9" else n.encode(): zf.read(n) for n in names} == {
+            name: made[name] for name in (b"100%\xff", b"caf\xe9.txt", b"d\xe9j\xe0/in.txt", b"x%E9")}
+    assert [text for _, text in log.lines] == [
+        "gpulayer: artifacts: left out l%E9 (only regular files are kept, not links or devices)\n",
+        "gpulayer: artifacts: left out x\udce9 (names a zip does not keep: a backslash, a drive letter, too deep, "
+        "not UTF-8 with its %XX name taken)\n",
+        "gpulayer: artifacts: kept 100%\udcff as 100%25%FF, caf\udce9.txt as caf%E9.txt, d\udce9j\udce0/ as d%E9j%E0/ "
+        "(names that are not UTF-8, which a zip cannot hold: each byte that is not, and each %, written %XX)\n"]
 
 
 def test_a_file_dated_beyond_what_a_zip_or_the_clock_can_say_is_kept(tmp_path: Path,
