@@ -225,14 +225,17 @@ class ClientAPI(Protocol):
         ...
 
     def logs(self, job_id: str, *, after: int = 0, node: int | None = None,
-             limit: int = MAX_LOG_CHUNKS, wait: float | None = None) -> list[LogChunk]:
+             limit: int = MAX_LOG_CHUNKS, wait: float | None = None, tail: int | None = None) -> list[LogChunk]:
         """The job's log chunks with an id above ``after``, oldest first: one page, at most
         ``limit`` chunks and ending with the one that brings its text to
         :data:`LOG_PAGE_TEXT` characters (:func:`log_page_cut` says whether more may follow;
         :meth:`gpulayer.client.Client.log_chunks` reads every page). With ``wait`` seconds
         (at most :data:`MAX_LONG_POLL`), a long poll: a page that would be empty comes once
         the job has output after ``after``, or empty when its state changed (or it had
-        ended) or the time ran out (:meth:`gpulayer.client.Client.follow`)."""
+        ended) or the time ran out (:meth:`gpulayer.client.Client.follow`). With ``tail``, the
+        first page of the last ``tail`` lines (:mod:`gpulayer.logtail`), read from the newest
+        chunk back: its first chunk's text starts where they do (empty for ``tail=0``: the id
+        a follower goes on after); the chunks after its last id are the rest."""
         ...
 
     def wait_job(self, job_id: str, *, timeout: float = MAX_LONG_POLL, arguments: bool | None = None) -> JobRecord:

@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpulayer import artifacts, bundles, config, leaving, logtext
+from gpulayer import artifacts, bundles, config, leaving, logtail, logtext
 from gpulayer.api import MAX_BATCH, MAX_LOG_CHUNKS, MAX_LONG_POLL, ControlAPI, JobsRerun, LogChunk, log_page_cut
 from gpulayer.artifacts import Downloaded
 from gpulayer.errors import (
@@ -95,6 +95,8 @@ class Client:
         self._argument_free = True
         #: whether it takes get_job(brief=True) (False: one that refuses it)
         self._brief_reads = True
+        #: whether it takes logs(tail=) (False: one from before it, whose output is read whole)
+        self._log_tails = True
 
     @property
     def embedded(self) -> bool:
@@ -347,11 +349,18 @@ class Client:
                 self._argument_free = False
         return op(job_id, **kw)
 
-    def log_chunks(self, job_id: str, *, node: int | None = None) -> Iterator[LogChunk]:
+    def log_chunks(self, job_id: str, *, node: int | None = None, tail: int | None = None) -> Iterator[LogChunk]:
         """All of the job's log chunks so far, oldest first, read a page at a time (a long
         job writes more than one request returns: a line every 0.1 s is 10,000 chunks in 17
-        minutes; see :meth:`~gpulayer.api.ControlAPI.logs`), so at most a page is held."""
+        minutes; see :meth:`~gpulayer.api.ControlAPI.logs`), so at most a page is held.
+        ``tail``: those of its last ``tail`` lines (:meth:`log_tail`), the first one cut."""
         after = 0
+        if tail is not None:
+            page, more = self.log_tail(job_id, node=node, tail=tail)
+            yield from (c for c in page if c.data)
+            if not more:
+                return
+            after = page[-1].id  # (then the rest: the page's first text was cut, so read on whatever its size)
         while True:
             page = self.api.logs(job_id, after=after, node=node, limit=MAX_LOG_CHUNKS)
             yield from page
@@ -359,8 +368,31 @@ class Client:
                 return
             after = page[-1].id
 
+    def log_tail(self, job_id: str, *, node: int | None = None, tail: int) -> tuple[list[LogChunk], bool]:
+        """The first page of the job's last ``tail`` lines (``logs(tail=)``: its first chunk's
+        text cut where they start, maybe to nothing) and whether the chunks after its last id
+        are still to be read. A control plane from before ``tail`` refuses the field ("no such
+        field"): its output is then read whole, only its end kept (:func:`~gpulayer.logtail.kept_end`),
+        and it is not asked again."""
+        tail = logtail.checked_tail(tail, f"tail={tail!r}")
+        if self._log_tails:
+            try:
+                page = self.api.logs(job_id, node=node, tail=tail)
+                return page, bool(page)
+            except InvalidInput as exc:
+                if "tail" not in str(exc) or "no such field" not in str(exc):
+                    raise
+                self._log_tails = False
+        kept = logtail.kept_end(self.log_chunks(job_id, node=node), tail, lambda c: c.data)
+        start = logtail.tail_start(((c.id, c.data) for c in reversed(kept)), tail)
+        if start is None:
+            return [], False
+        kept = [c for c in kept if c.id >= start[0]]
+        kept[0] = kept[0].model_copy(update={"data": kept[0].data[start[1]:]})
+        return kept, False
+
     def follow(self, job_id: str, *, node: int | None = None, stream: bool = True,
-               on_update: Any = None) -> Iterator[LogChunk]:
+               on_update: Any = None, tail: int | None = None) -> Iterator[LogChunk]:
         """Yield the job's log chunks as they arrive, until the job has ended and every
         chunk was read. ``on_update(job)`` is called with each fresh look at the job (for
         progress lines), at least every :data:`FOLLOW_WAIT` seconds: its record without a
@@ -369,15 +401,19 @@ class Client:
         Output is read by a long poll (``logs(wait=)``) that the job's output ends the
         moment it is stored, as does a change of the job's state. A control plane older
         than that poll refuses its ``wait``; then output is looked for at intervals
-        (0.05 s, growing to 0.5 s while the job is silent), as before."""
-        after = 0
+        (0.05 s, growing to 0.5 s while the job is silent), as before. ``tail``: the job's
+        last ``tail`` lines first (:meth:`log_tail`), then what follows them, as ``tail -f``."""
         delay = 0.05
         waits = stream  # False: no long poll for output (none read, or a control plane without it)
         job = self.job(job_id, arguments=False)  # (each look: the state, the tasks; not the arguments)
         read_at = time.monotonic()
+        first = self.log_tail(job_id, node=node, tail=tail)[0] if tail is not None and stream else []
+        after = first[-1].id if first else 0
         while True:
             if on_update is not None:
                 on_update(job)
+            yield from (c for c in first if c.data)
+            first = []
             ended = job.state.terminal
             try:
                 chunks = self.api.logs(job_id, after=after, node=node,

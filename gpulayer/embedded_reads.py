@@ -34,6 +34,8 @@ from urllib.parse import quote
 
 from gpulayer import config
 from gpulayer.errors import GpulayerError
+from gpulayer.logtail import tail_start
+from gpulayer.logtext import log_text
 from gpulayer.pids import pid_alive
 
 __all__ = ["JOB_STATES", "SCHEMA_VERSION", "JobLine", "Unanswerable", "database", "job_lines", "job_logs", "reading"]
@@ -177,12 +179,17 @@ def job_lines(conn: sqlite3.Connection, *, state: str | None, limit: int) -> lis
 
 #: the log chunks :func:`job_logs` reads at a time (each read its own transaction)
 LOG_PAGE = 1000
+#: and reads back from the newest at a time, to find where the last lines start (``--tail``)
+BACK_PAGE = 256
 
 
-def job_logs(conn: sqlite3.Connection, job_id: str, node: int | None) -> tuple[tuple[str, int], Iterator[tuple[int, str, str]]]:
+def job_logs(conn: sqlite3.Connection, job_id: str, node: int | None,
+             tail: int | None = None) -> tuple[tuple[str, int], Iterator[tuple[int, str, str]]]:
     """What ``jobs logs JOB`` prints: the job's ``(kind, nodes)`` and its chunks in order,
-    ``(node_rank, stream, stored text)`` (:func:`gpulayer.logtext.log_text` gives the text),
-    those of node ``node`` only when given. Called in :func:`reading`'s transaction, which
+    ``(node_rank, stream, text)`` (stored text as :func:`gpulayer.logtext.log_text` gives it),
+    those of node ``node`` only when given; ``tail``: from where its last ``tail`` lines start
+    (:func:`gpulayer.logtail.tail_start`, read from the newest chunk back, a page at a time, as
+    the store's ``logs_backwards``). Called in :func:`reading`'s transaction, which
     reads the job; the chunks come a page at a time, each page in a read transaction of its
     own after the first, so a reader that prints slowly (into a pager) holds no snapshot of
     the database meanwhile. :class:`Unanswerable` for a job that is not there (the full
@@ -201,15 +208,31 @@ def job_logs(conn: sqlite3.Connection, job_id: str, node: int | None) -> tuple[t
         params = (job_id, after, node, LOG_PAGE) if node is not None else (job_id, after, LOG_PAGE)
         return conn.execute(sql, params).fetchall()
 
+    def backwards() -> Iterator[tuple[int, str]]:
+        back = f"SELECT gl_logs.id, gl_logs.data FROM gl_logs WHERE {where} AND gl_logs.id < ? " \
+               "ORDER BY gl_logs.id DESC LIMIT ?"
+        before = 2**63 - 1
+        while True:
+            rows = conn.execute(back, (job_id, 0, *([node] if node is not None else []), before, BACK_PAGE)).fetchall()
+            yield from ((chunk_id, log_text(data)) for chunk_id, data in rows)
+            if len(rows) < BACK_PAGE:
+                return
+            before = rows[-1][0]
+
     # a node the job does not have reads nothing (the caller refuses it), and a huge one is
     # never bound (past SQLite's 64 bits it was an OverflowError)
-    first = page(0) if node is None or 0 <= node < nodes else []
+    has_node = node is None or 0 <= node < nodes
+    start = (1, 0) if tail is None or not has_node else tail_start(backwards(), tail)
+    first = page(start[0] - 1) if has_node and start is not None else []
+    cut = start[1] if start is not None else 0
 
     def chunks() -> Iterator[tuple[int, str, str]]:
         rows = first
+        text_from = cut
         while True:
             for _, node_rank, stream, data in rows:
-                yield node_rank, stream, data
+                yield node_rank, stream, log_text(data)[text_from:]
+                text_from = 0
             if len(rows) < LOG_PAGE:
                 return
             conn.execute("COMMIT")  # (reading()'s own COMMIT at its end then finds one open)

@@ -30,6 +30,7 @@ from gpulayer.errors import (
 )
 from gpulayer.joboptions import JobOptions
 from gpulayer.lending import lent_while_waiting
+from gpulayer.logtail import checked_tail
 from gpulayer.logtext import NodeLines
 from gpulayer.records import Explanation, JobRecord, JobState
 from gpulayer.remote_functions import (
@@ -120,19 +121,26 @@ class JobHandle(Generic[T]):
         """
         return cast("T", result_of(self._ended(wait_limit(timeout, "handle.result"), arguments=False)))
 
-    def logs(self, node: int | None = None) -> str:
+    def logs(self, node: int | None = None, *, tail: int | None = None) -> str:
         """The output so far; lines of a job of several nodes are prefixed ``[node R]``, as
-        ``gpulayer jobs logs`` shows them."""
+        ``gpulayer jobs logs`` shows them. ``tail=N``: its last N lines only (0 to 100,000),
+        read from the end, as ``gpulayer jobs logs --tail N``."""
+        if tail is not None:
+            checked_tail(tail, f"handle.logs(tail={tail!r})")
         job = self._client.job(self.id, brief=True)  # (its spec's nodes: not its result and arguments)
         lines = NodeLines(prefixes_nodes(job.spec, node, spelled=f"handle.logs(node={node!r})"))
-        text = "".join(lines.text(c.data, c.node_rank, c.stream) for c in self._client.log_chunks(self.id, node=node))
+        text = "".join(lines.text(c.data, c.node_rank, c.stream)
+                       for c in self._client.log_chunks(self.id, node=node, tail=tail))
         return text + "".join(rest for _, rest in lines.rest())
 
-    def follow(self, node: int | None = None) -> Iterator[str]:
-        """The output as it arrives, until the job ends (prefixed as :meth:`logs`)."""
+    def follow(self, node: int | None = None, *, tail: int | None = None) -> Iterator[str]:
+        """The output as it arrives, until the job ends (prefixed as :meth:`logs`); ``tail=N``:
+        the last N lines written so far first, as ``tail -n N -f``."""
+        if tail is not None:
+            checked_tail(tail, f"handle.follow(tail={tail!r})")
         lines = NodeLines(prefixes_nodes(self._client.job(self.id, brief=True).spec, node,
                                          spelled=f"handle.follow(node={node!r})"))
-        for chunk in self._client.follow(self.id, node=node):
+        for chunk in self._client.follow(self.id, node=node, tail=tail):
             text = lines.text(chunk.data, chunk.node_rank, chunk.stream)
             if text:
                 yield text

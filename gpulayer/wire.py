@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpulayer.hookrecords import Capabilities, Rendezvous
+from gpulayer.logtail import MAX_TAIL
 from gpulayer.records import JobError, JobRecord, JobState, TaskState, TaskUsage, WorkerRecord
 from gpulayer.specs import JobSpec, Requirements
 
@@ -243,6 +244,8 @@ class LogsQuery(Wire):
                                description=f"when there is no chunk after `after` yet, seconds to wait for one (at "
                                            f"most {MAX_LONG_POLL:g}); the page also comes, empty, when the job's "
                                            f"state changes (a follower's long poll)")
+    tail: int | None = Field(default=None, ge=0, le=MAX_TAIL, description="the page from where the last tail lines "
+                             "start (found from the newest chunk back; its first text cut there), at once, no `wait`")
 
 
 #: what ``arguments=false`` says of a job's record (``get_job``, ``wait_job``)

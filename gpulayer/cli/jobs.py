@@ -46,6 +46,7 @@ from gpulayer.cli.conventions import (
 )
 from gpulayer.cli.display import printable, printable_lines
 from gpulayer.errors import GpulayerError, InvalidInput, NotFound, UnknownAfter
+from gpulayer.logtail import MAX_TAIL
 from gpulayer.unsent import note, unsent_in_spec
 
 if TYPE_CHECKING:
@@ -95,10 +96,11 @@ def _echo_json(data: Any) -> None:
 
 
 def follow_job(client: Client, job_id: str, *, node: int | None = None, progress: bool = False,
-               stdout_to_stderr: bool = False) -> JobRecord:
+               stdout_to_stderr: bool = False, tail: int | None = None) -> JobRecord:
     """Stream the job's output to our stdout/stderr until it ends; returns its record.
     ``progress``: show the job's status on stderr as it goes (:mod:`gpulayer.cli.progress`);
-    ``stdout_to_stderr``: the job's stdout too goes to stderr (stdout is for ``--json``)."""
+    ``stdout_to_stderr``: the job's stdout too goes to stderr (stdout is for ``--json``);
+    ``tail``: from its last ``tail`` lines on."""
     from gpulayer.cli.progress import status_for
     from gpulayer.client import prefixes_nodes
     from gpulayer.logtext import NodeLines
@@ -126,7 +128,7 @@ def follow_job(client: Client, job_id: str, *, node: int | None = None, progress
             out.flush()
 
     try:
-        for c in client.follow(job_id, node=node, on_update=seen):
+        for c in client.follow(job_id, node=node, on_update=seen, tail=tail):
             assert lines is not None  # (follow looks at the job before its first chunk)
             write(c.stream, lines.text(c.data, c.node_rank, c.stream))
     finally:
@@ -439,6 +441,8 @@ def jobs_logs(
                                 help="keep streaming until the job ends, then exit with its outcome"),
     node: Optional[int] = typer.Option(None, "--node", min=0, metavar="RANK",
                                        help="only this node of a distributed job"),
+    tail: Optional[int] = typer.Option(None, "--tail", "-n", min=0, max=MAX_TAIL, metavar="N",
+                                       help="only the last N lines (with --follow: then what follows)"),
 ) -> None:
     """Print a job's output (stdout and stderr as written).
 
@@ -449,14 +453,14 @@ def jobs_logs(
 
     client = _client()
     if follow:
-        final = follow_job(client, job_id, node=node)
+        final = follow_job(client, job_id, node=node, tail=tail)
         sys.stdout.flush()
         if final.state.value != "succeeded":
             typer.echo(f"gpulayer: {outcome_text(final)}", err=True)
         raise typer.Exit(exit_code_for(final))
     job = client.job(job_id, brief=True)  # (its spec's nodes: not its result and arguments)
     lines = NodeLines(prefixes_nodes(job.spec, node, spelled=f"--node {node}"))
-    for c in client.log_chunks(job_id, node=node):
+    for c in client.log_chunks(job_id, node=node, tail=tail):
         out = sys.stderr if c.stream == "stderr" else sys.stdout
         out.write(lines.text(c.data, c.node_rank, c.stream))
     for stream, rest in lines.rest():

@@ -11,7 +11,7 @@ server configured, a worker to expire first), it returns ``False`` and the full 
 
 Recognised: the global options ``--url``, ``--token``, ``--ca``, ``--home`` (``--url``
 sends every command to the full path), then ``jobs list`` with ``--state S``, ``--limit N``
-and ``--json``, ``jobs logs JOB`` with ``--node R``, or ``resources detect`` with
+and ``--json``, ``jobs logs JOB`` with ``--node R`` and ``--tail N``, or ``resources detect`` with
 ``--python PATH`` and ``--explain``, each as ``--opt VALUE`` or ``--opt=VALUE``.
 ``resources detect`` prints the text the full path
 printed last from the current capability cache entry, kept in that entry with the host
@@ -135,23 +135,32 @@ def _detect(argv: Sequence[str]) -> bool:
 
 def _jobs_logs(argv: Sequence[str]) -> dict[str, Any] | None:
     """What a ``jobs logs JOB`` command line this path can answer asks for (the variables
-    its global options set, the job, ``--node``), else None. ``--follow`` (it waits for the
-    job's end and exits with its outcome) goes to the full path."""
+    its global options set, the job, ``--node``, ``--tail``), else None. ``--follow`` (it
+    waits for the job's end and exits with its outcome) goes to the full path."""
     command = _command(argv, ("jobs", "logs"))
     if command is None:
         return None
     env, i = command
-    before = _options(argv, i, ("--node",), ())  # (click takes options before and after JOB)
+    valued = ("--node", "--tail", "-n")
+    before = _options(argv, i, valued, ())  # (click takes options before and after JOB)
     if before is None or before[1] >= len(argv):
         return None
     job_id = argv[before[1]]
-    after = _options(argv, before[1] + 1, ("--node",), ())
+    after = _options(argv, before[1] + 1, valued, ())
     if after is None or after[1] != len(argv):
         return None
-    node = {**before[0], **after[0]}.get("--node")
-    if node is not None and not (node.isascii() and node.isdigit()):
-        return None  # the full path says what --node accepts
-    return {"env": env, "job": job_id, "node": None if node is None else int(node)}
+    opts = {**before[0], **after[0]}
+    if ("--tail" in opts and "-n" in opts) or any(w.startswith("-n=") for w in argv[i:]):
+        return None  # (click keeps the later of the two; and takes "-n=5"'s value as "=5")
+    node, tail = opts.get("--node"), opts.get("--tail", opts.get("-n"))
+    if any(v is not None and not (v.isascii() and v.isdigit()) for v in (node, tail)):
+        return None  # the full path says what --node and --tail accept
+    from gpulayer.logtail import MAX_TAIL
+
+    if tail is not None and int(tail) > MAX_TAIL:
+        return None
+    return {"env": env, "job": job_id, "node": None if node is None else int(node),
+            "tail": None if tail is None else int(tail)}
 
 
 def _logs(request: dict[str, Any]) -> bool:
@@ -166,14 +175,14 @@ def _logs(request: dict[str, Any]) -> bool:
     node = request["node"]
     try:
         with embedded_reads.reading(embedded_reads.database()) as conn:
-            (kind, nodes), chunks = embedded_reads.job_logs(conn, request["job"], node)
+            (kind, nodes), chunks = embedded_reads.job_logs(conn, request["job"], node, request["tail"])
             if logtext.node_refused(kind, nodes, node) is not None:
                 return False  # the full path says so
             lines = logtext.NodeLines(logtext.prefixes_nodes(kind, nodes, node))
             try:
                 for node_rank, stream, data in chunks:
                     out = sys.stderr if stream == "stderr" else sys.stdout
-                    out.write(lines.text(logtext.log_text(data), node_rank, stream))
+                    out.write(lines.text(data, node_rank, stream))
                 for stream, rest in lines.rest():
                     (sys.stderr if stream == "stderr" else sys.stdout).write(rest)
             except sqlite3.Error as exc:  # after the first page: what it printed stays printed

@@ -25,6 +25,7 @@ from gpulayer.api import (
 )
 from gpulayer.control import after
 from gpulayer.control.core import Core, Look
+from gpulayer.control.tail import tail_page
 from gpulayer.errors import BundleMissing, Conflict, InvalidArgument, InvalidInput, NotFound
 from gpulayer.launchers import check_launch
 from gpulayer.records import JobError, JobRecord, JobState, TaskState, new_id
@@ -290,12 +291,14 @@ class JobOps(Core):
         self._changed()
 
     def logs(self, job_id: str, *, after: int = 0, node: int | None = None, limit: int = MAX_LOG_CHUNKS,
-             wait: float | None = None) -> list[LogChunk]:
+             wait: float | None = None, tail: int | None = None) -> list[LogChunk]:
         """The job's log chunks after ``after`` (one page: see ClientAPI.logs). With ``wait``
         seconds (at most :data:`MAX_LONG_POLL`), a page that would be empty waits until the
         job has output after ``after``, its state changes or has ended, or ``wait`` seconds
         passed: a follower's long poll, woken by the append itself (here, and by a nudge from
-        another process), not by a look at a growing interval."""
+        another process), not by a look at a growing interval. ``tail``: :mod:`.tail`, at once."""
+        if tail is not None:
+            return tail_page(self, job_id, lines=tail, after=after, node=node, limit=limit)
         if not wait or wait <= 0:
             return self.log_look(job_id, after=after, node=node, limit=limit)[0]
         self._hear_nudges()  # (before the first look: no other process's output goes unheard after it)

@@ -252,8 +252,10 @@ async def _logs(server: Server, request: Request, kw: dict[str, Any]) -> Any:
     loop, holding no thread: woken by the job's output or a change (:meth:`Server.follow`),
     and looking again at least every second (output appended through another server on
     the same database)."""
-    wait = kw.pop("wait", None)
+    wait, tail = kw.pop("wait", None), kw.pop("tail", None)
     control = server.control
+    if tail is not None:  # (answered at once: the last lines so far)
+        return await run_in_threadpool(functools.partial(control.logs, tail=tail, **kw))
     look = functools.partial(control.log_look, **kw)
     if not wait:
         chunks, _ = await run_in_threadpool(look)

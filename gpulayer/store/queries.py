@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import operator
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import and_, delete, func, or_, text, update
@@ -24,6 +24,7 @@ from sqlalchemy import select as sa_select
 from sqlalchemy.orm import defer
 from sqlmodel import Session, SQLModel, col, select
 
+from gpulayer.logtext import log_text
 from gpulayer.records import JobState, TaskState
 from gpulayer.store import plain
 from gpulayer.store.tables import (
@@ -378,6 +379,29 @@ def logs(s: Session, job_id: str, *, after: int, node: int | None, limit: int, t
     finally:
         result.close()
     return rows
+
+
+#: the chunks :func:`logs_backwards` reads at a time
+BACK_PAGE = 256
+
+
+def logs_backwards(s: Session, job_id: str, *, after: int, node: int | None) -> Iterator[tuple[int, str]]:
+    """The job's chunks after id ``after``, newest first, as ``(id, text)``: a page of
+    :data:`BACK_PAGE` at a time, read as the caller goes on (``--tail``: only as far back as
+    its lines reach)."""
+    before: int | None = None
+    while True:
+        q = sa_select(col(LogRow.id), col(LogRow.data)).where(col(LogRow.job_id) == job_id, col(LogRow.id) > after)
+        if node is not None:
+            q = q.where(col(LogRow.node_rank) == node)
+        if before is not None:
+            q = q.where(col(LogRow.id) < before)
+        rows = s.connection().execute(q.order_by(col(LogRow.id).desc()).limit(BACK_PAGE)).all()
+        for chunk_id, data in rows:
+            yield chunk_id, log_text(data)  # type: ignore[misc]  # (an id read back is never None)
+        if len(rows) < BACK_PAGE:
+            return
+        before = rows[-1][0]
 
 
 def add_event(s: Session, *, ts: float, kind: str, job_id: str | None = None, task_id: str | None = None,

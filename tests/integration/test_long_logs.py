@@ -86,3 +86,45 @@ def test_jobs_logs_and_handle_logs_read_every_page_through_a_server(server: tupl
     proc = cli("jobs", "logs", job.id, env={"GPULAYER_URL": srv.url, "GPULAYER_TOKEN": srv.admin_token,
                                             "GPULAYER_HOME": str(tmp_path)}, check=True)
     assert proc.stdout == stdout_of(chunks) and proc.stderr == "done\n"
+
+
+#: a long output whose last lines cross chunks and streams, with characters of several bytes
+#: and no line feed at its very end
+TAILED: list[tuple[Any, str]] = [("stdout", f"line {i} ü\n") for i in range(3000)] + [
+    ("stdout", "split "), ("stderr", "warn ✓\n"), ("stdout", "acröss\nthe end")]
+
+
+def test_jobs_logs_tail_and_handle_logs_tail_through_a_server(server: tuple[ServerProc, Api, str], tmp_path: Path) -> None:
+    """The last lines, found by the server from the newest chunk back; the CLI prints each
+    stream to its own, and with --follow goes on to the job's end and exits with its outcome."""
+    srv, worker, worker_id = server
+    client = http_client(srv.url, token=srv.admin_token)
+    job = client.submit(CommandJob(command=["true"], placement=Placement(target="remote")))
+    [task_id] = [t["task_id"] for t in worker("GET", f"/v1/workers/{worker_id}/tasks", params={"wait": 10}).json()]
+    assert worker("POST", f"/v1/tasks/{task_id}/start").status_code == 204
+    r = worker("POST", f"/v1/tasks/{task_id}/logs", json={"chunks": [list(c) for c in TAILED]})
+    assert r.status_code == 204, r.text
+
+    handle = gl.JobHandle(job.id, client)
+    assert handle.logs(tail=3) == "split warn ✓\nacröss\nthe end"
+    assert handle.logs(tail=0) == ""
+    assert handle.logs(tail=5000) == "".join(text for _, text in TAILED)
+    env = {"GPULAYER_URL": srv.url, "GPULAYER_TOKEN": srv.admin_token, "GPULAYER_HOME": str(tmp_path)}
+    proc = cli("jobs", "logs", job.id, "--tail", "4", env=env, check=True)
+    assert (proc.stdout, proc.stderr) == ("line 2999 ü\nsplit acröss\nthe end", "warn ✓\n")
+
+    r = worker("POST", f"/v1/tasks/{task_id}/finish", json={"state": "failed", "exit_code": 3})
+    assert r.status_code == 200, r.text
+    proc = cli("jobs", "logs", job.id, "--tail", "2", "--follow", env=env)
+    assert (proc.returncode, proc.stdout) == (3, "acröss\nthe end")
+    assert proc.stderr.startswith("gpulayer: ") and "warn" not in proc.stderr
+
+    # the API refuses a tail that is not a number of lines, naming it; and words a field it does
+    # not know as a client of an older server reads it (the client then reads the output whole)
+    api = Api(srv.url, srv.admin_token)
+    r = api("GET", f"/v1/jobs/{job.id}/logs", params={"tail": 100_001})
+    assert r.status_code == 422 and "tail" in r.text, r.text
+    r = api("GET", f"/v1/jobs/{job.id}/logs", params={"tails": 1})
+    assert r.status_code == 422 and "query.tails" in r.text and "no such field" in r.text, r.text
+    proc = cli("jobs", "logs", job.id, "--tail", "-3", env=env)
+    assert proc.returncode == 2 and "'--tail' / '-n': '-3': out of range" in proc.stderr

@@ -284,6 +284,10 @@ def logs_home(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 @pytest.mark.parametrize(("job", "args"), [
     ("command", []), ("distributed", []), ("distributed", ["--node", "1"]), ("distributed", ["--node=0"]),
     ("silent", []), ("command", ["--node", "0"]),
+    # the last lines, read from the end (a line split across chunks, stored quoted, no line feed at the end)
+    ("command", ["--tail", "3"]), ("command", ["--tail=0"]), ("command", ["-n", "1"]),
+    ("command", ["--tail", str(embedded_reads.LOG_PAGE + 3)]), ("command", ["--tail", "100000"]),
+    ("distributed", ["--tail", "2"]), ("distributed", ["--node", "1", "--tail", "1"]), ("silent", ["--tail", "5"]),
 ])
 @pytest.mark.parametrize("where", ["after", "before"])
 def test_jobs_logs_prints_what_the_full_path_prints(logs_home: tuple[Path, dict[str, str]], job: str,
@@ -328,6 +332,9 @@ def test_jobs_logs_on_the_light_path_keeps_streams_apart_and_text_as_written(
     ["jobs", "logs", "{job}", "--follow"], ["jobs", "logs", "-f", "{job}"], ["jobs", "logs", "{job}", "--node", "x"],
     ["jobs", "logs", "{job}", "--node", "-1"], ["jobs", "logs"], ["jobs", "logs", "{job}", "extra"],
     ["jobs", "logs", "--help"], ["jobs", "logs", "job-000000000000"], ["--url", "http://127.0.0.1:1", "jobs", "logs", "{job}"],
+    ["jobs", "logs", "{job}", "--tail", "-1"], ["jobs", "logs", "{job}", "--tail", "100001"],
+    ["jobs", "logs", "{job}", "--tail", "x"], ["jobs", "logs", "{job}", "-n=2"], ["jobs", "logs", "{job}", "-n2"],
+    ["jobs", "logs", "{job}", "--tail", "2", "-f"],
 ])
 def test_jobs_logs_the_light_path_does_not_know_goes_to_the_full_path(
         logs_home: tuple[Path, dict[str, str]], args: list[str]) -> None:
@@ -339,6 +346,32 @@ def test_jobs_logs_the_light_path_does_not_know_goes_to_the_full_path(
     light = run(args, home, env=env)
     assert light[3] == "full", light
     assert light[:3] == run(args, home, entry="app", env=env)[:3] or light[0] in (2, 69)
+
+
+def test_jobs_logs_tail_prints_the_last_lines_as_written_on_the_light_path(
+        logs_home: tuple[Path, dict[str, str]]) -> None:
+    """Lines counted in stdout and stderr together, as written; a line split across chunks
+    whole; the job's unterminated last line one of them."""
+    home, jobs = logs_home
+    code, out, err, path = run(["jobs", "logs", jobs["command"], "--tail", "4"], home)
+    assert (code, path) == (0, "light")
+    assert (out.decode(), err) == ("gpulayer: a note\na\x00b\nhéllo \x1b[2J, no newline at the end",
+                                   "\ue000looks quoted\n")
+    code, out, err, path = run(["jobs", "logs", jobs["command"], "--tail", "1"], home)
+    assert (code, out.decode(), err, path) == (0, "héllo \x1b[2J, no newline at the end", "", "light")
+    assert run(["jobs", "logs", jobs["distributed"], "--node", "0", "-n", "3"], home)[1:] == (
+        b"rank 0 b\nrank 0 end", "warn 0\n", "light")
+
+
+@pytest.mark.parametrize(("value", "says"), [("-1", "out of range"), ("100001", "out of range"),
+                                             ("ten", "not a whole number")])
+def test_jobs_logs_tail_that_is_not_a_number_of_lines_is_refused_naming_it(
+        logs_home: tuple[Path, dict[str, str]], value: str, says: str) -> None:
+    home, jobs = logs_home
+    code, out, err, _ = run(["jobs", "logs", jobs["command"], "--tail", value], home)
+    assert (code, out) == (2, b"")
+    assert err.endswith(f"Error: Invalid value for '--tail' / '-n': '{value}': {says}; "
+                        "accepted: a whole number from 0 to 100000\n"), err
 
 
 def test_an_age_ahead_of_the_clock_is_no_time_ago() -> None:
