@@ -62,8 +62,9 @@ from gpulayer.errors import (
     NotFound,
     error_from_wire,
 )
+from gpulayer.readers import READS, READS_HEADER
 from gpulayer.specs import CHECKED
-from gpulayer.wire import READS, READS_HEADER, Splice
+from gpulayer.wire import Splice
 
 __all__ = ["HttpAPI", "RemoteAPI", "connect_http", "fingerprint_of_pem", "server_info", "tls_verify"]
 

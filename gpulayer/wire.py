@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gpulayer.hookrecords import Capabilities, Rendezvous
 from gpulayer.logtail import MAX_TAIL
-from gpulayer.records import JobError, JobRecord, JobState, TaskState, TaskUsage, WorkerRecord
+from gpulayer.records import JobError, JobState, TaskState, TaskUsage, WorkerRecord
 from gpulayer.specs import JobSpec, Requirements
 
 #: the longest a long poll (``wait_job``, ``poll_tasks``) may wait in one request, seconds
@@ -33,32 +33,6 @@ MAX_LOG_CHUNKS = 10_000
 #: and a page ends with the chunk whose text brings it to this many characters (a chunk may be
 #: as large as a request), so that neither side holds a long log in memory at once
 LOG_PAGE_TEXT = 4 * 1024 * 1024
-
-
-#: the request header in which a client names the fields of a reply's records that it reads
-#: and an older client would refuse (``usage``: a task's; docs/server.md, "Upgrading"). A server
-#: sends them only to a client that names them; any other client reads the records it knew
-READS_HEADER = "gpulayer-reads"
-#: what this GPUlayer's clients say in it
-READS = "usage"
-
-
-def reads_usage(header: str) -> bool:
-    """Whether a request's :data:`READS_HEADER` (``usage``, or a list with commas) names ``usage``."""
-    return READS in (part.strip() for part in header.split(","))
-
-
-def without_usage(answer: Any) -> Any:
-    """``answer`` (a reply: a job's record, a list of them, or another) without its tasks'
-    ``usage``, for a client that does not read it (see :data:`READS_HEADER`); the records
-    given are left as they are."""
-    if isinstance(answer, JobRecord):
-        if not any(t.usage is not None for t in answer.tasks):
-            return answer
-        return answer.model_copy(update={"tasks": [t.model_copy(update={"usage": None}) for t in answer.tasks]})
-    if isinstance(answer, list) and answer and isinstance(answer[0], JobRecord):
-        return [without_usage(job) for job in answer]
-    return answer
 
 
 def log_page_cut(page: Sequence[Any], limit: int = MAX_LOG_CHUNKS) -> bool:

@@ -67,12 +67,13 @@ from gpulayer.errors import (
     NotFound,
     TooLarge,
 )
+from gpulayer.readers import READS_HEADER, reads_usage, without_usage
 from gpulayer.records import JobState
 from gpulayer.server import worker_polls
 from gpulayer.server.collector import full_collections
 from gpulayer.server.state import Server, wait_woken
 from gpulayer.store import Store
-from gpulayer.wire import READS_HEADER, ResultJSON, Splice, json_members, reads_usage, without_usage
+from gpulayer.wire import ResultJSON, Splice, json_members
 from gpulayer.wording import Spelling, build
 
 if TYPE_CHECKING:

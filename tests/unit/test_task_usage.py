@@ -17,11 +17,12 @@ from starlette.testclient import TestClient
 from gpulayer import api
 from gpulayer.control import ControlPlane
 from gpulayer.http_client import connect_http
+from gpulayer.readers import READS_HEADER
 from gpulayer.records import JobError, JobState, TaskState, TaskUsage
 from gpulayer.server.app import create_app
 from gpulayer.specs import CommandJob, Placement
 from gpulayer.store import Store, migrations
-from gpulayer.wire import READS_HEADER, Wire
+from gpulayer.wire import Wire
 from gpulayer.worker import usage
 from gpulayer.worker.outcome import TaskOutcome, finish
 from gpulayer.worker.process import run_process
