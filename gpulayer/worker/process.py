@@ -446,7 +446,7 @@ def run_process(
         except StartFailed as exc:  # the other way is not available now: spawn after all
             _emit_safely(on_output, f"{exc}; spawned instead")
             proc = None
-    floor = None
+    reaper: usage.Reaper | None = None
     if proc is None:
         spawn, preexec = spawn_argv(argv, full_env, cwd)
         floor = usage.own_peak()  # (what its count of memory starts from: usage.usage_of)
@@ -475,6 +475,7 @@ def run_process(
         popen.stdout.close()
         popen.stderr.close()
         proc = popen
+        reaper = usage.Reaper(popen, floor)
     reader = _Reader(fds, on_output)
     reader.start()
 
@@ -485,10 +486,9 @@ def run_process(
         if on_start is not None:
             on_start(proc.pid)
         deadline = None if timeout is None else time.monotonic() + timeout
-        spawned = proc if isinstance(proc, subprocess.Popen) else None
         with ExitWaiter(proc.pid, cancel, getattr(proc, "exited", None)) as waiter:
-            # (a Popen is not reaped before its end is read with what it used: usage.reap)
-            while not (usage.exited(spawned) if spawned is not None else proc.poll() is not None):
+            # (a Popen is reaped by its Reaper, which reads what it used as it reaps it)
+            while not (reaper.exited() if reaper is not None else proc.poll() is not None):
                 if cancel is not None and cancel.is_set():
                     state, error = "cancelled", "cancelled"
                     terminate_tree(proc.pid, cancel_grace, pgid=pgid, marker=marker)
@@ -498,10 +498,8 @@ def run_process(
                     terminate_tree(proc.pid, grace, pgid=pgid, marker=marker)
                     break
                 waiter.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        used = usage.reap(spawned, floor) if spawned is not None else None
+        used = reaper.reap() if reaper is not None else getattr(proc, "usage", None)
         code = proc.wait()
-        if spawned is None:
-            used = getattr(proc, "usage", None)
     except BaseException:
         # on_start raised, or we were interrupted: do not leave the tree behind
         terminate_tree(proc.pid, 0.0, pgid=pgid, marker=marker)

@@ -24,7 +24,7 @@ from typing import Any
 
 from gpulayer.records import TaskUsage
 
-__all__ = ["exited", "own_peak", "reap", "usage_of"]
+__all__ = ["Reaper", "own_peak", "usage_of"]
 
 #: ``ru_maxrss`` is in kibibytes on Linux, in bytes on macOS
 _MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024
@@ -46,30 +46,42 @@ def own_peak() -> int:
     return max(0, int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)) * _MAXRSS_UNIT
 
 
-def exited(popen: subprocess.Popen[bytes]) -> bool:
-    """Whether ``popen``'s process has exited, without reaping it (``Popen.poll`` would reap
-    it, and what it used with it): :func:`reap` reads that as it reaps."""
-    if popen.returncode is not None:
+class Reaper:
+    """Finds that a spawned task's main process (this process's child, started with
+    ``Popen``) exited, and reaps it with ``wait4``, keeping what it used (``Popen.poll`` or
+    ``wait`` would reap it and lose that). ``floor``: :func:`own_peak` as it was spawned (see
+    :func:`usage_of`).
+
+    ``wait4`` with ``WNOHANG`` both looks and reaps, on every POSIX system: macOS's Python has
+    no ``os.waitid``, whose ``WNOWAIT`` looked without reaping, so there ``Popen.poll`` reaped
+    every spawned task and none had a count."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], floor: int | None = None) -> None:
+        self._popen = popen
+        self._floor = floor
+        #: what it and the processes it waited for used, once reaped here
+        self.usage: TaskUsage | None = None
+
+    def exited(self) -> bool:
+        """Whether it exited (reaped now if it did), without waiting."""
+        return self._wait(os.WNOHANG)
+
+    def reap(self) -> TaskUsage | None:
+        """Wait for it to exit and reap it (where :meth:`exited` did not), setting its
+        ``returncode``; what it used (None: it was reaped elsewhere, without it)."""
+        self._wait(0)
+        return self.usage
+
+    def _wait(self, options: int) -> bool:
+        popen = self._popen
+        if popen.returncode is not None:
+            return True
+        try:
+            pid, status, rusage = os.wait4(popen.pid, options)
+        except ChildProcessError:  # reaped already, not here (a bug elsewhere): Popen says what it can
+            return (popen.poll() if options else popen.wait()) is not None
+        if pid == 0:
+            return False
+        popen.returncode = os.waitstatus_to_exitcode(status)
+        self.usage = usage_of(rusage, self._floor)
         return True
-    waitid = getattr(os, "waitid", None)
-    if waitid is None:  # (no waitid here: Popen reaps it, and what it used is not known)
-        return popen.poll() is not None
-    try:
-        return waitid(os.P_PID, popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:  # reaped already (not by us: a bug elsewhere); Popen says what it can
-        return popen.poll() is not None
-
-
-def reap(popen: subprocess.Popen[bytes], floor: int | None = None) -> TaskUsage | None:
-    """Wait for ``popen``'s process to exit and reap it, setting its ``returncode``; what it
-    and the processes it waited for used (None: it was reaped already, without it).
-    ``floor``: :func:`own_peak` as it was spawned (see :func:`usage_of`)."""
-    if popen.returncode is not None:
-        return None
-    try:
-        _, status, rusage = os.wait4(popen.pid, 0)
-    except ChildProcessError:
-        popen.wait()
-        return None
-    popen.returncode = os.waitstatus_to_exitcode(status)
-    return usage_of(rusage, floor)

@@ -4,6 +4,7 @@ worker or fork server reaps it, stored with the task's end and read back."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,6 +95,20 @@ def test_a_killed_task_has_what_it_used_until_then(tmp_path: Path) -> None:
 
 def test_a_task_that_never_started_used_nothing_measured(tmp_path: Path) -> None:
     assert _run(["/no/such/program"], tmp_path).usage is None
+
+
+def test_without_waitid_a_spawned_task_is_counted_all_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """macOS's Python has no ``os.waitid``: there the exit was found by ``Popen.poll``, which
+    reaped the process, so that no spawned task of a Mac's worker had a count."""
+    monkeypatch.delattr(os, "waitid")
+    (tmp_path / "burn.py").write_text(BURN)
+    done = _run([sys.executable, "burn.py", "0.2", "0"], tmp_path)
+    assert done.state == "succeeded" and done.usage is not None and done.usage.cpu >= 0.2
+    failed = _run(["sh", "-c", "exit 3"], tmp_path)
+    assert (failed.state, failed.exit_code) == ("failed", 3) and failed.usage is not None
+    killed = _run(["sh", "-c", "kill -9 $$"], tmp_path)
+    assert (killed.state, killed.exit_code, killed.error) == ("failed", -9, "killed by signal SIGKILL")
+    assert killed.usage is not None
 
 
 USED = TaskUsage(cpu_user=12.5, cpu_system=0.75, max_rss=3 * 2**30)
