@@ -449,7 +449,6 @@ def run_process(
     reaper: usage.Reaper | None = None
     if proc is None:
         spawn, preexec = spawn_argv(argv, full_env, cwd)
-        floor = usage.own_peak()  # (what its count of memory starts from: usage.usage_of)
         try:
             popen = subprocess.Popen(
                 spawn,
@@ -475,7 +474,10 @@ def run_process(
         popen.stdout.close()
         popen.stderr.close()
         proc = popen
-        reaper = usage.Reaper(popen, floor)
+        # the peak its count of memory starts from (usage.usage_of): this process's once the
+        # command was exec'd (Popen returns then), so that what this process's other threads
+        # took meanwhile, which the command carries, is not taken for the task's
+        reaper = usage.Reaper(popen, usage.own_peak())
     reader = _Reader(fds, on_output)
     reader.start()
 

@@ -8,9 +8,10 @@ Its peak memory is the largest resident set of one of them, as ``/usr/bin/time``
 Nothing is sampled while the task runs, so it costs the task nothing.
 
 Linux carries a process's peak across ``exec``: a spawned process is counted from the peak
-of the process that forked it, here the worker (70 MB or so), whatever the command it runs.
-A spawned task whose count did not rise above its worker's own peak is said to have stayed
-within it (``max_rss_at_most``), not to have used it. A forked task's count starts from its
+of the process that forked it as it exec'd, here the worker (70 MB or so for ``gpulayer worker
+start``; the script's own process for the SDK's in-process worker), whatever the command it
+runs. A spawned task whose count did not rise above its worker's own peak, read once the
+command was exec'd, is said to have stayed within it (``max_rss_at_most``), not to have used it. A forked task's count starts from its
 fork server's resident set, which it maps and uses (the preloads: as if it imported them).
 """
 
@@ -42,15 +43,16 @@ def usage_of(rusage: Any, floor: int | None = None) -> TaskUsage:
 
 
 def own_peak() -> int:
-    """This process's peak resident set (bytes): what a process it spawns now is counted from."""
+    """This process's peak resident set (bytes): at least what a process it spawned before now
+    is counted from (its peak as that process exec'd; it only grows)."""
     return max(0, int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)) * _MAXRSS_UNIT
 
 
 class Reaper:
     """Finds that a spawned task's main process (this process's child, started with
     ``Popen``) exited, and reaps it with ``wait4``, keeping what it used (``Popen.poll`` or
-    ``wait`` would reap it and lose that). ``floor``: :func:`own_peak` as it was spawned (see
-    :func:`usage_of`).
+    ``wait`` would reap it and lose that). ``floor``: :func:`own_peak` once its command was
+    exec'd (see :func:`usage_of`).
 
     ``wait4`` with ``WNOHANG`` both looks and reaps, on every POSIX system: macOS's Python has
     no ``os.waitid``, whose ``WNOWAIT`` looked without reaping, so there ``Popen.poll`` reaped

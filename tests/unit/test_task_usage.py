@@ -111,6 +111,31 @@ def test_without_waitid_a_spawned_task_is_counted_all_the_same(tmp_path: Path, m
     assert killed.usage is not None
 
 
+def test_a_workers_peak_that_rises_as_a_task_is_spawned_is_not_taken_for_the_tasks(tmp_path: Path) -> None:
+    """The peak a spawned task is counted from is its worker's as the task's command is
+    exec'd: where the worker's grew meanwhile (another of its threads reading a bundle),
+    the task was said to have used the worker's new peak. (The environment is encoded
+    just before the exec: a name whose encoding makes this process's peak grow stands
+    for that other thread.)"""
+    held: list[bytearray] = []
+    size = usage.own_peak() + 32 * 2**20  # (more than this process ever held: its peak rises)
+
+    class Growing(str):
+        def encode(self, *args: Any, **kwargs: Any) -> bytes:
+            block = bytearray(size)
+            for i in range(0, len(block), 4096):
+                block[i] = 1
+            held.append(block)
+            return str(self).encode(*args, **kwargs)
+
+    done = run_process(["true"], env={"PATH": "/usr/bin:/bin", Growing("GROWN"): "1"}, cwd=str(tmp_path),
+                       on_output=lambda _s, _b: None)
+    assert held, "the environment was not encoded as the task was spawned"
+    assert done.state == "succeeded" and done.usage is not None
+    assert done.usage.max_rss is None, done.usage  # (true used a megabyte or two, not the worker's peak)
+    assert done.usage.max_rss_at_most is not None and done.usage.max_rss_at_most >= size
+
+
 USED = TaskUsage(cpu_user=12.5, cpu_system=0.75, max_rss=3 * 2**30)
 
 
