@@ -3,7 +3,8 @@
 Every operation of :data:`gpulayer.api.ROUTES` and every route of the server alone
 (:data:`gpulayer.server.app.SERVER_ROUTES`) is listed with its scopes (``x-scopes``), its
 path, query and body schemas (constraints included: ``limit`` 1..1000, the SHA-256 pattern
-of a bundle digest, ...), its success answer and every error status it may give. Schemas
+of a bundle digest, ...), the ``Gpulayer-Reads`` header of those that answer task records,
+its success answer and every error status it may give. Schemas
 come from the pydantic records, so they are JSON Schema 2020-12, which OpenAPI 3.1 uses as
 it is.
 """
@@ -16,6 +17,8 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from gpulayer import api
+from gpulayer.records import JobRecord
+from gpulayer.wire import READS, READS_HEADER
 
 REF = "#/components/schemas/{model}"
 
@@ -52,6 +55,16 @@ def _input_schema(model: type[api.Wire], components: dict[str, Any]) -> dict[str
     return schema
 
 
+#: the request header that asks for the fields of task records an older client would refuse
+#: (what :func:`gpulayer.wire.without_usage` leaves out of the answer of a request without it)
+READS_PARAMETER = {
+    "name": "-".join(word.capitalize() for word in READS_HEADER.split("-")), "in": "header", "required": False,
+    "description": f"`{READS}`: the answer's task records hold each ended task's `usage` (what its processes "
+                   "used); without it they leave it out, as clients from before it read them",
+    "schema": {"type": "string", "examples": [READS]},
+}
+
+
 def _errors(statuses: list[int]) -> dict[str, Any]:
     ref = {"$ref": "#/components/schemas/Error"}
     return {str(s): {"description": _DESCRIPTIONS[s], "content": {"application/json": {"schema": ref}}}
@@ -70,6 +83,8 @@ def _operation(r: api.Route, components: dict[str, Any]) -> dict[str, Any]:
         for name, prop in qs.get("properties", {}).items():
             params.append({"name": name, "in": "query", "required": name in qs.get("required", []),
                            "description": prop.get("description", ""), "schema": prop})
+    if r.response in (JobRecord, list[JobRecord]):  # (the answers with task records)
+        params.append(dict(READS_PARAMETER))
     responses: dict[str, Any]
     if r.exists:
         responses = {"200": {"description": "stored"}, "404": {"description": "not stored"}}

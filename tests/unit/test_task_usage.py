@@ -247,3 +247,22 @@ def test_a_worker_reports_without_it_to_a_server_from_before_it(
         worker.start_task(a.task_id, worker_id=w)
         finish(worker, a.task_id, w, TaskOutcome(TaskState.SUCCEEDED, exit_code=0, usage=USED))
         assert control.get_job(job.id).state is JobState.SUCCEEDED and len(refused) == 1
+
+
+def test_the_openapi_document_names_the_header_of_the_answers_that_hold_it() -> None:
+    """The answers with task records (a job's, a list of them) send ``usage`` only to a
+    request that names it in ``Gpulayer-Reads``: a client written from the document alone
+    found the field in the schema and never got it."""
+    from gpulayer.server.openapi import openapi_document
+
+    named = {}
+    for methods in openapi_document()["paths"].values():
+        for op in methods.values():
+            for p in op.get("parameters", []):
+                if p["in"] == "header":
+                    named[op["operationId"]] = p
+    assert set(named) == {"submit", "submit_many", "list_jobs", "get_job", "cancel", "cancel_many", "wait_job",
+                          "wait_jobs"}
+    for p in named.values():
+        assert (p["name"].lower(), p["required"], p["schema"]["type"]) == (READS_HEADER, False, "string")
+        assert "usage" in p["description"]
