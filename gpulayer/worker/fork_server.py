@@ -59,9 +59,11 @@ Messages to the worker: ``{"importing": NAME}`` as each of the worker's preloads
 as a file descriptor (one at start, then one for each ``{"want": true}`` the worker sends
 when it took one or found its spare dead; ``{"want": true, "after": PID}``, sent as a task's
 child is told to go, is answered when that child exits or :data:`SPARE_AFTER` into its run);
-``{"exit": CODE, "pid": PID, "strays": BOOL}`` when a child ended, whether it had a task or
-died waiting (negative: the signal; ``strays``: whether this server then had children it did
-not fork, a task's leftovers, see :func:`_strays`). The server exits when the worker closes
+``{"exit": CODE, "pid": PID, "strays": BOOL, "cpu": [USER, SYSTEM], "rss": BYTES}`` when a
+child ended, whether it had a task or died waiting (negative: the signal; ``strays``: whether
+this server then had children it did not fork, a task's leftovers, see :func:`_strays`;
+``cpu`` and ``rss``: what it used, as ``wait4`` read it reaping it, see
+:mod:`gpulayer.worker.usage`). The server exits when the worker closes
 its end; its children die with it.
 
 Unlike a fresh interpreter, a forked child shares this server's hash seed. Linux only; like
