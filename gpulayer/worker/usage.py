@@ -8,7 +8,7 @@ Its peak memory is the largest resident set of one of them, as ``/usr/bin/time``
 Nothing is sampled while the task runs, so it costs the task nothing.
 
 Linux carries a process's peak across ``exec``: a spawned process is counted from the peak
-of the process that forked it as it exec'd, here the worker (70 MB or so for ``gpulayer worker
+of the process that forked it as it exec'd, here the worker (50 to 70 MB for ``gpulayer worker
 start``; the script's own process for the SDK's in-process worker), whatever the command it
 runs. A spawned task whose count did not rise above its worker's own peak, read once the
 command was exec'd, is said to have stayed within it (``max_rss_at_most``), not to have used it. A forked task's count starts from its
