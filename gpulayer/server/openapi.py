@@ -17,8 +17,8 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from gpulayer import api
+from gpulayer.readers import READS, READS_HEADER
 from gpulayer.records import JobRecord
-from gpulayer.wire import READS, READS_HEADER
 
 REF = "#/components/schemas/{model}"
 
