@@ -56,7 +56,7 @@ def bench(session: nox.Session) -> None:
     _install(session)
     for script in ("placement.py", "placement_incremental.py", "resources_detect.py", "cli_startup.py",
                    "submit_latency.py", "fork_server.py", "server_throughput.py", "cancel.py", "cancel_many.py", "prune.py",
-                   "provisioning.py", "transactions.py", "log_throughput.py", "server_output.py", "server_latency.py",
+                   "provisioning.py", "transactions.py", "log_throughput.py", "log_reads.py", "server_output.py", "server_latency.py",
                    "follow_latency.py", "result_size.py", "argument_size.py", "artifacts.py", "distributed_launch.py",
                    "bundle_walk.py", "preload.py"):
         session.run("python", f"bench/{script}")

@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import and_, delete, func, or_, text, update
+from sqlalchemy import Select, and_, delete, func, or_, text, update
 from sqlalchemy import select as sa_select
 from sqlalchemy.orm import defer
 from sqlmodel import Session, SQLModel, col, select
@@ -359,17 +359,23 @@ _LOG_COLUMNS = (col(LogRow.id), col(LogRow.task_id), col(LogRow.node_rank), col(
                 col(LogRow.ts))
 
 
+def log_page_query(job_id: str, *, after: int, node: int | None, limit: int) -> Select[int | None, str, int, str, str, float]:
+    """The statement of :func:`logs` (``bench/log_reads.py`` shows the databases' plans of it)."""
+    q = sa_select(*_LOG_COLUMNS).where(col(LogRow.job_id) == job_id, col(LogRow.id) > after)
+    if node is not None:
+        q = q.where(col(LogRow.node_rank) == node)
+    return q.order_by(col(LogRow.id)).limit(limit)
+
+
 def logs(s: Session, job_id: str, *, after: int, node: int | None, limit: int, text: int) -> list[LogLine]:
     """The job's chunks after id ``after``, in order: at most ``limit``, and none after the
     one that brings their text to ``text`` characters. Read as a stream (a server-side
     cursor on PostgreSQL), so the rows past that point are never fetched; as plain rows, not
     ORM objects (a long log is many small chunks: building a ``LogRow`` for each cost 16 us)."""
-    q = sa_select(*_LOG_COLUMNS).where(col(LogRow.job_id) == job_id, col(LogRow.id) > after)
-    if node is not None:
-        q = q.where(col(LogRow.node_rank) == node)
     rows: list[LogLine] = []
     size = 0
-    result = s.connection().execute(q.order_by(col(LogRow.id)).limit(limit).execution_options(yield_per=256))
+    q = log_page_query(job_id, after=after, node=node, limit=limit)
+    result = s.connection().execute(q.execution_options(yield_per=256))
     try:
         for row in result:
             rows.append(tuple(row))  # type: ignore[arg-type]

@@ -34,6 +34,8 @@ SCRIPTS = [
     ("prune.py", ["--jobs", "50", "--chunks", "2", "--runs", "1", "--kept", "20", "--bundles", "5"],
      "the same, during its bundle pass"),
     ("log_throughput.py", ["--runs", "1", "--mb", "1", "--lines-mb", "0.1"], "MB in 100-byte lines"),
+    ("log_reads.py", ["--runs", "1", "--rows", "2000", "--chunks", "20", "--jobs", "5", "--plans"],
+     "--follow's read after the last"),
     ("server_output.py", ["--runs", "1", "--waiters", "2", "--chunks", "5"], "the appends took"),
     ("server_latency.py", ["--jobs", "2"], "stored -> task started"),
     ("follow_latency.py", ["--runs", "1", "--lines", "2", "--gap", "0.05"], "a server (HTTP, SQLite): worst"),
