@@ -42,7 +42,7 @@ __all__ = ["JOB_STATES", "SCHEMA_VERSION", "JobLine", "Unanswerable", "database"
 
 #: the schema these reads understand: :data:`gpulayer.store.migrations.SCHEMA_VERSION`
 #: (a test keeps the two equal; a new version must be checked against these queries)
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 #: :class:`gpulayer.records.JobState`'s values, in its order (a test keeps the two equal)
 JOB_STATES = ("queued", "assigned", "running", "succeeded", "failed", "cancelled", "timed_out", "unschedulable")
 

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, inspect, text
 
 from gpulayer.errors import GpulayerError
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 
 # Version 1: the first released schema (no tokens, no idempotent submit).
 SCHEMA_V1 = [
@@ -202,12 +202,24 @@ def _v13_to_v14(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE gl_tasks ADD COLUMN usage TEXT"))
 
 
+def _v14_to_v15(conn: Connection) -> None:
+    # one job's output read in the order of an index of (job_id, id). With job_id's alone,
+    # PostgreSQL read a page (a server-side cursor, planned for its first rows), a --tail
+    # (ORDER BY id DESC LIMIT) and, once it planned them for any job, every read in the order
+    # of the primary key, through the chunks other jobs stored after the job's first (38-141 ms
+    # a read among 400,000 of them, not 3-25 ms: bench/log_reads.py). The index of job_id
+    # alone is this one's first column (deleting a job's chunks reads it as well). SQLite's
+    # plans stay as they were: its index of job_id holds the rowid (id) after it.
+    conn.execute(text("CREATE INDEX IF NOT EXISTS ix_gl_logs_job_id_id ON gl_logs (job_id, id)"))
+    conn.execute(text("DROP INDEX IF EXISTS ix_gl_logs_job_id"))
+
+
 #: MIGRATIONS[n] brings a database at version n to version n + 1.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
                                                      5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
                                                      8: _v8_to_v9, 9: _v9_to_v10, 10: _v10_to_v11,
                                                      11: _v11_to_v12, 12: _v12_to_v13,
-                                                     13: _v13_to_v14}
+                                                     13: _v13_to_v14, 14: _v14_to_v15}
 
 
 class SchemaTooNew(GpulayerError):

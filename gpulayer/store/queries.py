@@ -370,8 +370,9 @@ def log_page_query(job_id: str, *, after: int, node: int | None, limit: int) -> 
 def logs(s: Session, job_id: str, *, after: int, node: int | None, limit: int, text: int) -> list[LogLine]:
     """The job's chunks after id ``after``, in order: at most ``limit``, and none after the
     one that brings their text to ``text`` characters. Read as a stream (a server-side
-    cursor on PostgreSQL), so the rows past that point are never fetched; as plain rows, not
-    ORM objects (a long log is many small chunks: building a ``LogRow`` for each cost 16 us)."""
+    cursor on PostgreSQL), so the rows past that point are never fetched, and planned for this
+    job each time (see :func:`logs_backwards`); as plain rows, not ORM objects (a long log is
+    many small chunks: building a ``LogRow`` for each cost 16 us)."""
     rows: list[LogLine] = []
     size = 0
     q = log_page_query(job_id, after=after, node=node, limit=limit)
@@ -394,7 +395,10 @@ BACK_PAGE = 256
 def logs_backwards(s: Session, job_id: str, *, after: int, node: int | None) -> Iterator[tuple[int, str]]:
     """The job's chunks after id ``after``, newest first, as ``(id, text)``: a page of
     :data:`BACK_PAGE` at a time, read as the caller goes on (``--tail``: only as far back as
-    its lines reach)."""
+    its lines reach). Each page through a server-side cursor on PostgreSQL, as :func:`logs`:
+    psycopg never prepares one, so it is planned for this job every time (planned once for
+    any job, as a statement prepared on its 6th run may be, it read the primary key backwards
+    past every chunk other jobs stored after this job's last: ``bench/log_reads.py``)."""
     before: int | None = None
     while True:
         q = sa_select(col(LogRow.id), col(LogRow.data)).where(col(LogRow.job_id) == job_id, col(LogRow.id) > after)
@@ -402,7 +406,8 @@ def logs_backwards(s: Session, job_id: str, *, after: int, node: int | None) -> 
             q = q.where(col(LogRow.node_rank) == node)
         if before is not None:
             q = q.where(col(LogRow.id) < before)
-        rows = s.connection().execute(q.order_by(col(LogRow.id).desc()).limit(BACK_PAGE)).all()
+        page = q.order_by(col(LogRow.id).desc()).limit(BACK_PAGE).execution_options(stream_results=True)
+        rows = s.connection().execute(page).all()
         for chunk_id, data in rows:
             yield chunk_id, log_text(data)  # type: ignore[misc]  # (an id read back is never None)
         if len(rows) < BACK_PAGE:

@@ -162,12 +162,17 @@ class LogRow(SQLModel, table=True):
     # BIGINT on PostgreSQL; INTEGER on SQLite, where only that type aliases the rowid
     id: int | None = Field(default=None, sa_column=Column(
         BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=True))
-    job_id: str = Field(index=True)
+    job_id: str
     task_id: str
     node_rank: int = 0
     stream: str = "stdout"
     data: str = Field(sa_column=Column(Text, nullable=False))
     ts: float = 0.0
+
+
+# schema 15: one job's chunks in order, read from any id on, forwards or backwards (it replaces
+# the index of job_id alone, which it begins with: see migrations._v14_to_v15)
+Index("ix_gl_logs_job_id_id", col(LogRow.job_id), col(LogRow.id))
 
 
 class EventRow(SQLModel, table=True):

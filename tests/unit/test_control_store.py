@@ -32,7 +32,7 @@ def test_migration_from_the_previous_schema_keeps_stored_jobs(tmp_path: Path) ->
     db.commit()
     db.close()
     store = Store(f"sqlite:///{path}")
-    assert store.schema_version() == migrations.SCHEMA_VERSION == 14
+    assert store.schema_version() == migrations.SCHEMA_VERSION == 15
     cp = ControlPlane(store)
     job = cp.get_job("job-000000000001")
     assert job.state is JobState.SUCCEEDED

@@ -187,7 +187,7 @@ def test_the_migration_from_schema_10(store_url: str) -> None:
     store.dispose()
     cp = ControlPlane(Store(store_url))
     try:
-        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 14
+        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 15
         w = cp.register_worker(make_capabilities(), cpu_slots=1).id
         later = cp.submit(job(old.id))
         assert [a.job_id for a in cp.poll_tasks(w)] == [old.id]

@@ -138,7 +138,7 @@ def test_schema_9_gives_a_database_of_schema_8_the_column_and_its_triggers(store
     cp.store.dispose()
     cp = ControlPlane(Store(store_url))
     try:
-        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 14
+        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 15
         inner = cp.submit(cpu_job())
         assert cp.get_job(inner.id).state is JobState.QUEUED
         assert cp.lend_slot(outer.id, task_id=outer_task, lent=True).lent is True

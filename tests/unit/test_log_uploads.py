@@ -75,7 +75,7 @@ def test_the_migration_from_schema_11(store_url: str) -> None:
     store.dispose()
     cp = ControlPlane(Store(store_url))
     try:
-        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 14
+        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 15
         # a task stored before counts 0 characters stored: its output is taken from there
         cp.append_logs(task_id, worker_id=w, chunks=[("stdout", "a\n")], offset=0)
         cp.append_logs(task_id, worker_id=w, chunks=[("stdout", "a\n")], offset=0)

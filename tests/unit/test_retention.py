@@ -478,7 +478,7 @@ def test_the_migration_from_schema_10_fills_the_jobs_bundle_column(store_url: st
     store.dispose()
     cp = ControlPlane(Store(store_url), heartbeat_timeout=10.0, clock=clock)
     try:
-        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 14
+        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 15
         with cp.store.read() as s:
             assert dict(s.execute(select(JobRow.id, JobRow.bundle_digest)).all()) == {  # type: ignore[call-overload]
                 stays: used.digest, goes: alone.digest, plain: None}
@@ -513,7 +513,7 @@ def test_a_database_at_schema_11_from_before_the_bundle_column_gets_it(store_url
     store.dispose()
     cp = ControlPlane(Store(store_url), heartbeat_timeout=10.0, clock=clock)
     try:
-        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 14
+        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 15
         with cp.store.engine.connect() as conn:
             assert "any_end" in {c["name"] for c in inspect(conn).get_columns("gl_job_after")}
         later = _run(cp, w)

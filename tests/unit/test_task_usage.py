@@ -161,7 +161,7 @@ def test_the_migration_from_schema_13(store_url: str) -> None:
     store.dispose()
     cp = ControlPlane(Store(store_url))
     try:
-        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 14
+        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 15
         assert cp.get_job(job_id).tasks[0].usage is None
         cp.finish_task(task_id, worker_id=w, state=TaskState.SUCCEEDED, exit_code=0, usage=USED)
         assert cp.get_job(job_id).tasks[0].usage == USED

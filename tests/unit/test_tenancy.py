@@ -123,7 +123,7 @@ def test_migrating_to_schema_4_keeps_job_owners_readers_of_their_bundles(tmp_pat
     db.commit()
     db.close()
     cp = ControlPlane(Store(f"sqlite:///{path}"))
-    assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 14
+    assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 15
     assert cp.get_bundle(digest, owner="tok-alice") == data
     assert cp.has_bundle(digest, owner="tok-bob") is False
 

@@ -113,7 +113,7 @@ def test_the_migration_from_schema_9_adds_the_column_and_the_triggers_follow_it(
     store.dispose()
     cp = ControlPlane(Store(store_url))
     try:
-        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 14
+        assert cp.store.schema_version() == migrations.SCHEMA_VERSION == 15
         assert not cp.get_worker(w).paused
         cp.schedule_queue()  # (a pass that keeps the fleet: the pause must move the marks)
         cp.pause_worker(w)
