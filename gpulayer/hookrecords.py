@@ -21,7 +21,7 @@ from pydantic_core import PydanticSerializationError
 from gpulayer._base import Record
 from gpulayer.errors import InvalidRequirement
 from gpulayer.logtext import escaped_text
-from gpulayer.specs import DistributedJob, Requirements, check_framework_name, check_framework_specifier
+from gpulayer.specs import DistributedJob, Requirements, checked_frameworks
 from gpulayer.units import format_gb, gb
 
 # --------------------------------------------------------------------------- devices
@@ -300,17 +300,10 @@ class RuntimeProfile(HookRecord):
     @field_validator("frameworks")
     @classmethod
     def _frameworks(cls, v: dict[str, str]) -> dict[str, str]:
-        out = {}
-        for name, spec in v.items():
-            try:
-                check_framework_name(name)
-            except InvalidRequirement as exc:
-                raise ValueError(f"framework name {name!r}: {exc}") from None
-            try:
-                out[name] = check_framework_specifier(spec)
-            except InvalidRequirement as exc:
-                raise ValueError(f"framework {name!r}: {exc}") from None
-        return out
+        try:
+            return checked_frameworks(v)
+        except InvalidRequirement as exc:
+            raise ValueError(str(exc)) from None
 
 
 # --------------------------------------------------------------------------- providers

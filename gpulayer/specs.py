@@ -223,17 +223,7 @@ class Requirements(_UserRecord):
         if isinstance(v, (list, tuple)):
             return dict(parse_framework_spec(item) if isinstance(item, str) else _not_text(item) for item in v)
         if isinstance(v, Mapping):
-            out = {}
-            for name, spec in v.items():
-                try:
-                    check_framework_name(name)
-                except InvalidRequirement as exc:
-                    raise InvalidRequirement(f"framework name {name!r}: {exc}") from None
-                try:
-                    out[name] = check_framework_specifier(spec)
-                except InvalidRequirement as exc:
-                    raise InvalidRequirement(f"framework {name!r}: {exc}") from None
-            return out
+            return checked_frameworks(v)
         return v
 
     @field_validator("compute_capability", "python")
@@ -288,6 +278,23 @@ MAX_REQUIREMENT_ENTRIES = 100
 def _at_most(entries: Mapping[str, str], what: str, accepted: str) -> None:
     if len(entries) > MAX_REQUIREMENT_ENTRIES:
         raise InvalidRequirement(f"{len(entries)} {what}; accepted: at most {MAX_REQUIREMENT_ENTRIES} {accepted}")
+
+
+def checked_frameworks(frameworks: Mapping[Any, Any]) -> dict[str, str]:
+    """``{name: specifier}`` with each name and specifier checked (the specifiers as
+    :func:`check_framework_specifier` gives them), or :class:`InvalidRequirement` naming the
+    framework: a job's ``frameworks`` and a runtime profile's."""
+    out = {}
+    for name, spec in frameworks.items():
+        try:
+            check_framework_name(name)
+        except InvalidRequirement as exc:
+            raise InvalidRequirement(f"framework name {name!r}: {exc}") from None
+        try:
+            out[name] = check_framework_specifier(spec)
+        except InvalidRequirement as exc:
+            raise InvalidRequirement(f"framework {name!r}: {exc}") from None
+    return out
 
 
 def check_framework_name(name: object) -> str:
