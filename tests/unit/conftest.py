@@ -6,8 +6,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from starlette.testclient import TestClient
 
 from gpulayer.control import ControlPlane
+from gpulayer.server.app import create_app
 from gpulayer.store import Store
 from tests.factories import Clock
 
@@ -36,3 +38,12 @@ def cp(store_url: str) -> Iterator[ControlPlane]:
     plane = ControlPlane(store, heartbeat_timeout=10.0, clock=Clock())
     yield plane
     store.dispose()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[ControlPlane, TestClient]]:
+    """A server's app on a SQLite file, in this process (a module may define its own ``served``)."""
+    control = ControlPlane(Store(f"sqlite:///{tmp_path / 'server.db'}"), heartbeat_timeout=30)
+    with TestClient(create_app(control, background=False)) as tc:
+        yield control, tc
+    control.store.dispose()

@@ -4,8 +4,6 @@ the task's output it begins, and the control plane keeps how far it stored (sche
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlalchemy import text
@@ -82,13 +80,6 @@ def test_the_migration_from_schema_11(store_url: str) -> None:
         assert stored(cp, job_id) == [("stdout", "a\n")]
     finally:
         cp.store.dispose()
-
-
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[ControlPlane, TestClient]]:
-    control = ControlPlane(Store(f"sqlite:///{tmp_path / 'server.db'}"), heartbeat_timeout=30)
-    with TestClient(create_app(control, background=False)) as tc:
-        yield control, tc
 
 
 def remote_task(control: ControlPlane, tc: TestClient) -> tuple[RemoteAPI, str, str, str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,6 @@ from gpulayer.http_client import connect_http
 from gpulayer.records import JobState, TaskState
 from gpulayer.server.app import create_app
 from gpulayer.specs import CommandJob, Placement
-from gpulayer.store import Store
 from gpulayer.store.tables import ArtifactsRow
 from gpulayer.worker.artifacts import keep as keep_artifacts
 from gpulayer.worker.logbuffer import LogBuffer, task_sender
@@ -42,14 +41,6 @@ def _running_over_http(tc: TestClient, join_token: str, submit: Callable[[], Any
     [task] = worker.poll_tasks(reply.worker_id, wait=0)
     worker.start_task(task.task_id, worker_id=reply.worker_id)
     return worker, reply, job, task
-
-
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[ControlPlane, TestClient]]:
-    control = ControlPlane(Store(f"sqlite:///{tmp_path / 'server.db'}"), heartbeat_timeout=30)
-    with TestClient(create_app(control, background=False)) as tc:
-        yield control, tc
-    control.store.dispose()
 
 
 def test_a_task_that_lends_nothing_is_sent_as_older_clients_read_it(served: tuple[ControlPlane, TestClient]) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -167,14 +166,6 @@ def test_the_migration_from_schema_13(store_url: str) -> None:
         assert cp.get_job(job_id).tasks[0].usage == USED
     finally:
         cp.store.dispose()
-
-
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[ControlPlane, TestClient]]:
-    control = ControlPlane(Store(f"sqlite:///{tmp_path / 'server.db'}"), heartbeat_timeout=30)
-    with TestClient(create_app(control, background=False)) as tc:
-        yield control, tc
-    control.store.dispose()
 
 
 def _remote_task(control: ControlPlane, tc: TestClient) -> tuple[Any, str, str, str]:
