@@ -196,6 +196,11 @@ class Store:
         return create_engine(self.url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
     def _migrate(self) -> None:
+        # read first: the schema is current at every open but the first after an upgrade, and
+        # a write transaction here would make every command that opens the database wait for
+        # (and, past the busy timeout, fail on) whichever process writes now
+        if self.schema_version() == migrations.SCHEMA_VERSION:
+            return
         with self.engine.connect().execution_options(gl_write=True) as conn:
             with conn.begin():
                 if not self.is_sqlite:

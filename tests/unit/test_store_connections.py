@@ -150,6 +150,27 @@ def test_dispose_closes_the_kept_connections(tmp_path: Path) -> None:
         conn.execute("SELECT 1")
 
 
+def test_a_store_opens_and_reads_while_another_process_is_inside_a_write(store: Store, tmp_path: Path) -> None:
+    """Opening a database whose schema is current takes no write lock: a command opened
+    while a process stopped inside a write (a suspended laptop's worker) held it waited for
+    SQLite's busy timeout, then failed ("database is locked"), where it only had to read."""
+    with store.write() as s:
+        plain.insert_job(s, _job("job-a"))
+    writer = sqlite3.connect(tmp_path / "kept.db", isolation_level=None, timeout=0)
+    try:
+        writer.execute("BEGIN IMMEDIATE")
+        writer.execute("UPDATE gl_jobs SET priority = 5")
+        opened = Store(f"sqlite:///{tmp_path / 'kept.db'}")
+        try:
+            with opened.read() as s:
+                assert [(j.id, j.priority) for j in s.exec(select(JobRow))] == [("job-a", 0)]
+        finally:
+            opened.dispose()
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+
+
 def test_postgres_transactions_take_their_connection_from_the_pool(postgres_url: str) -> None:
     store = Store(postgres_url)
     try:
