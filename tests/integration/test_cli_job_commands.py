@@ -144,8 +144,8 @@ def interrupted_submit(*args: str) -> tuple[int, str, str]:
 def test_attached_submit_json_after_ctrl_c_prints_the_cancelled_outcome_it_exits_with(home: Path) -> None:
     """The record was read at once after the cancel: state running and code 75, while the
     command exited 130."""
-    code, out, _err = interrupted_submit("--json", "--", "sleep", "600")
-    assert code == 130
+    code, out, err = interrupted_submit("--json", "--", "sleep", "600")
+    assert code == 130, (out, err)
     record = json.loads(out)
     assert (record["state"], record["code"], record["error"]["type"]) == ("cancelled", 130, "cancelled")
 
@@ -155,7 +155,7 @@ def test_a_submit_interrupted_waits_for_its_cancelled_job_without_offering_to_ca
     worker's grace to end, and the command's exit waits for it: it says the job is being
     cancelled, not 'press Ctrl-C to cancel them' (it was, by that Ctrl-C)."""
     code, _out, err = interrupted_submit("--", "sh", "-c", "trap '' TERM; sleep 600")
-    assert code == 130
+    assert code == 130, err
     waiting = [line for line in err.splitlines() if "this process submitted to end" in line]
     assert waiting and waiting[0].endswith("(cancelling)"), err
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -69,8 +70,16 @@ def test_a_laptop_that_sleeps_loses_no_task_and_runs_none_twice(home: Path) -> N
             gpulayer("submit", "-d", "--retries", "1", "--", "sleep", "25", env=env)
         wait_for(lambda: [j.state.value for j in jobs(home)] == ["running", "running"], 60, "both jobs running")
         stopped = [p for w in workers for p in [psutil.Process(w.pid), *psutil.Process(w.pid).children(True)]]
-        for p in stopped:
-            p.send_signal(signal.SIGSTOP)
+        # stopped outside a write: a process stopped in the middle of one would hold the home's
+        # write lock through the stop, and the jobs list below could not write the workers off
+        # if it should (it waits for the lock, then fails: "database is locked", once in CI).
+        # Holding the lock while the signals go out, this test's writer is the only one.
+        with sqlite3.connect(home / "gpulayer.db", timeout=60, isolation_level=None) as db:
+            db.execute("BEGIN IMMEDIATE")
+            for p in stopped:
+                p.send_signal(signal.SIGSTOP)
+            db.execute("ROLLBACK")
+        db.close()
         try:
             time.sleep(3 * TIMEOUT)
             during = jobs(home)  # (`gpulayer jobs list` first, as the workers are still stopped)
