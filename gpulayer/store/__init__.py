@@ -190,7 +190,15 @@ class Store:
                 mode = "IMMEDIATE" if conn.get_execution_options().get("gl_write") else "DEFERRED"
                 # on the driver's connection: through exec_driver_sql this cost more than the
                 # transaction's own statements on the hot path (see store/plain.py)
-                conn.connection.driver_connection.execute(f"BEGIN {mode}")
+                driver = conn.connection.driver_connection
+                if driver.in_transaction:
+                    # a BEGIN whose caller never learnt of it: an exception raised between
+                    # the two (a Ctrl-C's KeyboardInterrupt) left SQLAlchemy without the
+                    # transaction, which it therefore never ended; nothing ran in it, and
+                    # the connection is kept for the thread's next one ("cannot start a
+                    # transaction within a transaction", holding a write lock meanwhile)
+                    driver.rollback()
+                driver.execute(f"BEGIN {mode}")
 
             return engine
         return create_engine(self.url, pool_pre_ping=True, pool_size=10, max_overflow=20)

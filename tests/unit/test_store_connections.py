@@ -171,6 +171,38 @@ def test_a_store_opens_and_reads_while_another_process_is_inside_a_write(store: 
         writer.close()
 
 
+@pytest.mark.parametrize("write", [False, True], ids=["read", "write"])
+def test_a_ctrl_c_between_begin_and_its_transaction_leaves_the_kept_connection_usable(
+        store: Store, tmp_path: Path, write: bool) -> None:
+    """A KeyboardInterrupt raised just after the driver's BEGIN (a Ctrl-C at a foreground
+    submit, once in CI) left SQLAlchemy without the transaction: the thread's kept connection
+    stayed inside it, and the cancel the Ctrl-C asked for failed with "cannot start a
+    transaction within a transaction" (the command exited 1, not 130)."""
+    hits: list[int] = []
+
+    def interrupted(_conn: Any) -> None:  # (after the store's own listener, which ran BEGIN)
+        if not hits:
+            hits.append(1)
+            raise KeyboardInterrupt
+
+    event.listen(store.engine, "begin", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with store.write() if write else store.read():
+            pass
+    event.remove(store.engine, "begin", interrupted)
+    with store.write() as s:
+        plain.insert_job(s, _job("job-a"))
+    # and no lock was left behind: another connection writes
+    other = sqlite3.connect(tmp_path / "kept.db", isolation_level=None, timeout=0)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+    with store.read() as s:
+        assert [j.id for j in s.exec(select(JobRow))] == ["job-a"]
+
+
 def test_postgres_transactions_take_their_connection_from_the_pool(postgres_url: str) -> None:
     store = Store(postgres_url)
     try:
