@@ -287,7 +287,7 @@ def test_worker_sigterm_drains_then_ends_and_reports_its_tasks(plane: Plane) -> 
     assert job.tasks[0].state is TaskState.FAILED
     assert "worker stopped before the task finished" in (job.error.message if job.error else "")
     workers = json.loads(cli("worker", "list", "--json").stdout)
-    assert [w["state"] for w in workers] == ["offline"]
+    assert [w["state"] for w in workers] == ["offline"], log
 
 
 @pytest.mark.parametrize("script", [
