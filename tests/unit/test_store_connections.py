@@ -9,6 +9,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -150,15 +151,26 @@ def test_dispose_closes_the_kept_connections(tmp_path: Path) -> None:
         conn.execute("SELECT 1")
 
 
+@contextmanager
+def writing_elsewhere(path: Path) -> Iterator[sqlite3.Connection]:
+    """A connection of its own inside a write transaction on ``path`` (as another process's
+    would be), begun without waiting (it fails where another writer holds the lock)."""
+    writer = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        writer.execute("BEGIN IMMEDIATE")
+        yield writer
+        writer.execute("ROLLBACK")
+    finally:
+        writer.close()
+
+
 def test_a_store_opens_and_reads_while_another_process_is_inside_a_write(store: Store, tmp_path: Path) -> None:
     """Opening a database whose schema is current takes no write lock: a command opened
     while a process stopped inside a write (a suspended laptop's worker) held it waited for
     SQLite's busy timeout, then failed ("database is locked"), where it only had to read."""
     with store.write() as s:
         plain.insert_job(s, _job("job-a"))
-    writer = sqlite3.connect(tmp_path / "kept.db", isolation_level=None, timeout=0)
-    try:
-        writer.execute("BEGIN IMMEDIATE")
+    with writing_elsewhere(tmp_path / "kept.db") as writer:
         writer.execute("UPDATE gl_jobs SET priority = 5")
         opened = Store(f"sqlite:///{tmp_path / 'kept.db'}")
         try:
@@ -166,9 +178,6 @@ def test_a_store_opens_and_reads_while_another_process_is_inside_a_write(store: 
                 assert [(j.id, j.priority) for j in s.exec(select(JobRow))] == [("job-a", 0)]
         finally:
             opened.dispose()
-    finally:
-        writer.execute("ROLLBACK")
-        writer.close()
 
 
 @pytest.mark.parametrize("write", [False, True], ids=["read", "write"])
@@ -192,13 +201,8 @@ def test_a_ctrl_c_between_begin_and_its_transaction_leaves_the_kept_connection_u
     event.remove(store.engine, "begin", interrupted)
     with store.write() as s:
         plain.insert_job(s, _job("job-a"))
-    # and no lock was left behind: another connection writes
-    other = sqlite3.connect(tmp_path / "kept.db", isolation_level=None, timeout=0)
-    try:
-        other.execute("BEGIN IMMEDIATE")
-        other.execute("ROLLBACK")
-    finally:
-        other.close()
+    with writing_elsewhere(tmp_path / "kept.db"):  # (no lock was left behind: it begins at once)
+        pass
     with store.read() as s:
         assert [j.id for j in s.exec(select(JobRow))] == ["job-a"]
 
