@@ -170,24 +170,31 @@ class WorkerOps(Core):
 
         The reply tells each worker which of its tasks to end (:func:`lifecycle.must_end`).
         A task this control plane thinks is running but that its (alive) worker no longer
-        reports is lost: its report went missing (see :meth:`_reconcile`).
+        reports is lost: its report went missing (see :meth:`_reconcile`). A worker that
+        left (offline and draining: deregistered, its machine gone, silent while it drained)
+        is not brought back: a stopping worker's heartbeat, sent before its deregistration
+        and written after, had it listed as draining for good. It is told to end what it
+        still runs (its tasks were lost as it left).
 
         The hottest call of a large fleet, so the server batches what arrives together and
         this uses plain statements, not ORM objects.
         """
         now = self.clock()
         with self.store.write(lock=False, synced=False) as s:  # (liveness: see Store.write)
-            known = queries.online_flags(s, reports)
-            if not all(known.values()):  # a worker comes back online: see Store.lock_writers
+            flags = queries.worker_flags(s, reports)
+            # (online, or offline but not draining: a silent one comes back; not one that left)
+            alive = {wid: online for wid, (online, draining) in flags.items() if online or not draining}
+            back = not all(alive.values())
+            if back:  # a worker comes back online: see Store.lock_writers
                 self.store.lock_writers(s)
-            queries.touch_workers(s, known, now)
-            to_end = self._to_end(s, {wid: reports[wid] for wid in known})
+            queries.touch_workers(s, alive, now)
+            to_end = self._to_end(s, {wid: reports[wid] for wid in flags})
         with self._reports_lock:
-            for wid in known:  # what each worker says it runs, for the periodic reconciliation
+            for wid in alive:  # what each worker says it runs, for the periodic reconciliation
                 self._reports[wid] = (now, frozenset(reports[wid]))
-        replies = {wid: HeartbeatReply(known=True, cancel=to_end[wid]) if wid in known else HeartbeatReply(known=False)
+        replies = {wid: HeartbeatReply(known=True, cancel=to_end[wid]) if wid in flags else HeartbeatReply(known=False)
                    for wid in reports}
-        if not all(known.values()):
+        if back:
             self.schedule_queue()  # a worker came back: jobs waiting for it may be placed now
         # every heartbeat would otherwise rescan the fleet; once per third of the timeout
         # is enough to notice a silent worker (or a lost report) in time (and at once

@@ -721,6 +721,25 @@ def test_a_heartbeat_heard_before_its_worker_left_and_written_after_does_not_bri
     assert [(cp.get_worker(w).online, cp.get_worker(w).last_heartbeat) for w in (stays, silent)] == [(True, heard_at)] * 2
 
 
+def test_a_heartbeat_written_after_its_worker_left_does_not_bring_it_back_and_ends_what_it_ran(
+        cp: ControlPlane) -> None:
+    """The long way too (a worker that runs a task): a stopping worker's heartbeat, sent
+    before it deregistered and written after (retried, or in a server's batch), had it online
+    and draining for good (CI: `worker list` said draining after the worker exited). A silent
+    worker that had not left still comes back."""
+    leaves, silent = (cp.register_worker(make_capabilities(), cpu_slots=1).id for _ in range(2))
+    cp.submit(CommandJob(command=["sleep", "100"]))
+    [a] = cp.poll_tasks(leaves)
+    cp.start_task(a.task_id, worker_id=leaves)
+    cp.deregister_worker(leaves)
+    cp.clock.now += 11  # type: ignore[attr-defined]  # past the timeout: the other one is silent
+    cp.expire_workers()
+    replies = cp.heartbeats({leaves: [a.task_id], silent: []})
+    assert (replies[leaves].known, replies[leaves].cancel) == (True, [a.task_id])
+    assert [(cp.get_worker(w).online, cp.get_worker(w).draining) for w in (leaves, silent)] == [
+        (False, True), (True, False)]
+
+
 def _counting_reads(cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     reads = [0]
     read = cp.store.read
