@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +40,12 @@ class ServerProc:
     """``gpulayer server start`` as a subprocess; ``kill()`` and ``start()`` again to restart."""
 
     def __init__(self, home: Path, *, port: int | None = None, database: str | None = None,
-                 env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> None:
+                 env: dict[str, str] | None = None, args: tuple[str, ...] = (),
+                 open_files: int | None = None) -> None:
         self.home = home
+        #: the server's soft limit of open files (None: this process's), set in its process
+        #: only: a test process that lowered its own could not open a socket past it
+        self.open_files = open_files
         home.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.database = database
@@ -61,7 +67,7 @@ class ServerProc:
             cmd += ["--database", self.database]
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen(cmd, env=base_env(self.home, **self.extra_env), stdout=log,
-                                     stderr=subprocess.STDOUT, text=True)
+                                     stderr=subprocess.STDOUT, text=True, preexec_fn=self._limits())
         log.close()
 
         def up() -> bool:
@@ -75,6 +81,13 @@ class ServerProc:
 
         wait_for(up, timeout, "the server to answer /healthz")
         return self
+
+    def _limits(self) -> Callable[[], None] | None:
+        if self.open_files is None:
+            return None
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = (min(self.open_files, hard), hard)
+        return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, wanted)
 
     def log(self) -> str:
         try:

@@ -26,12 +26,7 @@ HEAD_TIMEOUT = 1.5
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     home = tmp_path_factory.mktemp("server-home")
     # started at a soft limit of 1,024 open files, the usual default
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
-    try:
-        srv = ServerProc(home, env={"GPULAYER_SERVER_HEADER_TIMEOUT": str(HEAD_TIMEOUT)}).start()
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    srv = ServerProc(home, env={"GPULAYER_SERVER_HEADER_TIMEOUT": str(HEAD_TIMEOUT)}, open_files=1024).start()
     yield srv
     srv.stop()
 
