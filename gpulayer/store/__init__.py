@@ -191,12 +191,8 @@ class Store:
                 # on the driver's connection: through exec_driver_sql this cost more than the
                 # transaction's own statements on the hot path (see store/plain.py)
                 driver = conn.connection.driver_connection
-                if driver.in_transaction:
-                    # a BEGIN whose caller never learnt of it: an exception raised between
-                    # the two (a Ctrl-C's KeyboardInterrupt) left SQLAlchemy without the
-                    # transaction, which it therefore never ended; nothing ran in it, and
-                    # the connection is kept for the thread's next one ("cannot start a
-                    # transaction within a transaction", holding a write lock meanwhile)
+                if driver.in_transaction:  # a BEGIN SQLAlchemy never learnt of (a Ctrl-C just
+                    # after it), on a kept connection: nothing ran in it, and nothing would end it
                     driver.rollback()
                 driver.execute(f"BEGIN {mode}")
 
@@ -204,9 +200,8 @@ class Store:
         return create_engine(self.url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
     def _migrate(self) -> None:
-        # read first: the schema is current at every open but the first after an upgrade, and
-        # a write transaction here would make every command that opens the database wait for
-        # (and, past the busy timeout, fail on) whichever process writes now
+        # read first: current at every open but the first after an upgrade, and a write here
+        # would make every command wait for (past the busy timeout, fail on) any writer
         if self.schema_version() == migrations.SCHEMA_VERSION:
             return
         with self.engine.connect().execution_options(gl_write=True) as conn:
