@@ -162,6 +162,7 @@ def machines_terminate(machine_id: str = typer.Argument(..., metavar="MACHINE", 
         why = (p.last_error or p.disabled) if p is not None else None
         typer.echo(f"error: {m.id} is still terminating after {TERMINATE_WAIT:g} s"
                    + (f": provider {m.provider!r}: {why}" if why else "")
-                   + "; the server calls the provider again every 30 s (gpulayer machines list shows when it ends)",
+                   + "; the server calls the provider again every 30 s, or at once when this command is run again "
+                   "(gpulayer machines list shows when it ends)",
                    err=True)
         raise typer.Exit(1)

@@ -122,9 +122,14 @@ class MachineOps(WorkerOps):
     def terminate_machine(self, machine_id: str) -> MachineRecord:
         """Drain the machine's worker and mark the machine ``terminating``: the next
         provisioning pass (within about a second on a server) calls the provider, as for
-        every other step. Idempotent; a machine already ended stays as it is."""
+        every other step. Idempotent; a machine already ended stays as it is, and one still
+        terminating after a failed terminate is tried again at the next pass, not 30 s later
+        (its admin has fixed what failed, or wants to see it fail now)."""
         with self.store.read() as s:
             row = queries.machine(s, machine_id)
+        if row.state == "terminating" and self.providers is not None:
+            if self.providers.terminate_after.pop(machine_id, None) is not None:
+                self._changed()
         if row.state not in provisioning.LIVE_STATES or row.state == "terminating":
             return self.get_machine(machine_id)
         if self.providers is None or row.provider not in self.providers.configured:

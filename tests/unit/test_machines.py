@@ -44,6 +44,7 @@ class Recorder:
         self.name, self.cfg = name, cfg
         self.calls: list[tuple[str, Any]] = []
         self.fail: dict[str, Exception] = {}
+        self.terminate_fails: Exception | None = None  # what terminate raises, while set
         self.live: dict[str, LiveMachine] = {}
         self.seen: dict[str, str] = {}  # machine id -> state the db had when launch was called
         self.plane: ControlPlane | None = None
@@ -83,6 +84,8 @@ class Recorder:
 
     def terminate(self, machine_id: str, provider_id: str | None) -> None:
         self.calls.append(("terminate", machine_id))
+        if self.terminate_fails is not None:
+            raise self.terminate_fails
         self.live.pop(machine_id, None)
 
     def count(self, method: str) -> int:
@@ -500,6 +503,30 @@ def test_terminate_machine_and_list_providers(store: Store) -> None:
     m = cp.get_machine(m.id)
     assert (m.state, m.reason) == ("failed", "terminated by an admin (gpulayer machines terminate)")  # never joined
     assert next(x for x in cp.list_providers() if x.configured).machines_running == 0
+
+
+def test_a_failed_terminate_is_tried_again_after_30_s_or_at_once_when_asked_again(store: Store) -> None:
+    clock = [1000.0]
+    cp, rec = plane(store, clock=clock)
+    job = cp.submit(CLOUD)
+    cp.provision()
+    [m] = cp.list_machines()
+    cp.cancel(job.id)  # (else the pass would launch it another machine)
+    rec.terminate_fails = ProviderTransient("the host does not answer")
+    cp.terminate_machine(m.id)
+    cp.provision()
+    assert rec.count("terminate") == 1 and cp.get_machine(m.id).state == "terminating"
+    clock[0] += 29
+    cp.provision()  # not at every pass
+    assert rec.count("terminate") == 1
+    assert cp.terminate_machine(m.id).state == "terminating"  # asked again: the next pass tries
+    cp.provision()
+    assert rec.count("terminate") == 2 and cp.get_machine(m.id).state == "terminating"
+    rec.terminate_fails = None  # fixed: asked again, it ends at the next pass
+    cp.terminate_machine(m.id)
+    cp.provision()
+    assert rec.count("terminate") == 3
+    assert cp.get_machine(m.id).state == "failed"  # (it never joined)
 
 
 def test_an_embedded_control_plane_refuses_a_cloud_only_job(store: Store) -> None:
