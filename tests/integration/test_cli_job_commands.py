@@ -250,8 +250,10 @@ def test_submit_after_runs_a_job_once_another_has_succeeded_and_names_bad_ids_as
     as_json = cli("submit", "--detach", "--json", "--after", failed, "--", "true", timeout=60)
     record = json.loads(as_json.stdout)
     assert as_json.returncode == 1 and (record["state"], record["code"], record["error"]["type"]) == ("failed", 1, "dependency")
-    waiting = detach("true", flags=("--after", detach("sleep", "600")))
+    blocker = detach("sleep", "600")
+    waiting = detach("true", flags=("--after", blocker))
     assert "after     job-" in cli("jobs", "show", waiting, check=True).stdout
+    cli("jobs", "cancel", blocker, check=True)  # (else the worker's stop waits out its 10 s grace)
 
     cleanup = cli("submit", "--after-ended", failed, "--", "echo", "cleaned", timeout=60)
     assert (cleanup.returncode, cleanup.stdout) == (0, "cleaned\n")

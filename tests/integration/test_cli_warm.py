@@ -262,12 +262,15 @@ def test_a_signal_the_command_was_started_ignoring_stays_ignored(home, worker) -
 
 def test_a_command_killed_outright_leaves_no_child_behind(home, worker) -> None:  # type: ignore[no-untyped-def]
     server = _server(worker)
-    proc, _job_id = _running(home, "import time; time.sleep(120)")
+    proc, job_id = _running(home, "import time; time.sleep(120)")
     [child] = server.children()
     proc.kill()  # nothing passed on: the server sees its command gone and ends the child (as
     proc.wait(30)  # the command itself was ended; its job runs on, as after a plain command's)
     child.wait(30)
     assert not server.children()
+    cancel = subprocess.run([*GPULAYER, "jobs", "cancel", job_id], env=_env(home), capture_output=True, text=True,
+                            timeout=120)  # (its job ran on: else the worker's stop waits out its 10 s grace)
+    assert cancel.returncode == 0, cancel.stderr
 
 
 def test_a_command_whose_server_stops_meanwhile_still_ends_with_its_own_exit_code(home, worker) -> None:  # type: ignore[no-untyped-def]
