@@ -38,7 +38,6 @@ import hashlib
 import inspect
 import json
 import logging
-import re
 import socket
 import ssl
 import sys
@@ -63,6 +62,7 @@ from gpulayer.errors import (
     error_from_wire,
 )
 from gpulayer.readers import READS, READS_HEADER
+from gpulayer.server_records import fingerprint_of_der, fingerprint_of_pem, norm_url, server_info
 from gpulayer.specs import CHECKED
 from gpulayer.wire import Splice
 
@@ -79,73 +79,6 @@ PROGRESS_BYTES = 4 * 1024 * 1024
 
 # httpx logs every request at INFO; a worker makes several a second
 logging.getLogger("httpx").setLevel(logging.WARNING)
-
-
-def _norm_url(url: str) -> str:
-    return url.rstrip("/")
-
-
-def server_record(home: Path, url: str) -> Path:
-    """Where a ``gpulayer server start`` on ``home`` records itself for ``url`` besides
-    ``server.json`` (which names the server that started last): ``servers/HASH.json``, named
-    after the URL, so that each of several servers on one home (one per database) is found."""
-    return home / "servers" / f"{hashlib.sha256(_norm_url(url).encode()).hexdigest()[:12]}.json"
-
-
-def server_info(url: str) -> dict[str, Any] | None:
-    """What a local ``gpulayer server start`` recorded for ``url``, if it was this URL and
-    that server still runs: once it has stopped, whatever listens there next is not sent its
-    admin token (the process is told by its pid and its start time)."""
-    home = config.home()
-    for path in (home / "server.json", server_record(home, url)):
-        try:
-            info = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(info, dict) or _norm_url(str(info.get("url", ""))) != _norm_url(url):
-            continue
-        pid, started = info.get("pid"), info.get("started")
-        if type(pid) is not int or not _runs(pid, started):
-            continue
-        return info
-    return None
-
-
-def _runs(pid: int, started: Any) -> bool:
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        alive = proc.status() != psutil.STATUS_ZOMBIE
-        return alive and (not isinstance(started, (int, float)) or abs(proc.create_time() - started) < 1.0)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
-def fingerprint_of_der(der: bytes) -> str:
-    digest = hashlib.sha256(der).hexdigest().upper()
-    return "sha256:" + ":".join(digest[i:i + 2] for i in range(0, len(digest), 2))
-
-
-#: one PEM certificate block (a file may hold a chain, and text around its blocks)
-_PEM_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----\s.*?-----END CERTIFICATE-----", re.S)
-
-
-def fingerprint_of_pem(pem: str) -> str:
-    """The fingerprint of the first certificate in ``pem``: the server's own in a chain file
-    (the one a TLS server presents, as ``load_cert_chain`` takes it); the text around the
-    blocks (``Bag Attributes`` of an exported PKCS#12, comments) is not part of it. The
-    whole file was decoded as one certificate: a chain gave the hash of none of them, and
-    every client pinned to it was refused."""
-    return fingerprint_of_der(ssl.PEM_cert_to_DER_cert(first_certificate(pem)))
-
-
-def first_certificate(pem: str) -> str:
-    """The first PEM certificate block of ``pem`` (ValueError where there is none)."""
-    first = _PEM_CERTIFICATE.search(pem)
-    if first is None:
-        raise ValueError("no PEM certificate in it (-----BEGIN CERTIFICATE-----)")
-    return first.group(0)
 
 
 def _norm_pin(pin: str) -> str:
@@ -259,7 +192,7 @@ class HttpAPI:
                  retry_for: float = 30.0, transport: httpx.BaseTransport | None = None) -> None:
         if not url.startswith(("http://", "https://")):
             raise InvalidInput(f"url {url!r}: expected http://HOST:PORT or https://HOST:PORT")
-        self.url = _norm_url(url)
+        self.url = norm_url(url)
         self.token = token
         #: the file the token was read from, where it came from none of the settings
         self.token_from: str | None = None

@@ -123,9 +123,9 @@ def server_start(
     import uvicorn
 
     from gpulayer.control import ControlPlane
-    from gpulayer.http_client import server_record
     from gpulayer.server.app import create_app, default_threads
     from gpulayer.server.protocol import BoundedHttpToolsProtocol
+    from gpulayer.server_records import server_record
     from gpulayer.store.urls import redacted
     from gpulayer.tokens import TokenStore
 
@@ -291,7 +291,7 @@ def _check_tls(cert: Path, key: Path) -> str:
     dates are checked, where the optional ``cryptography`` package can read them."""
     import ssl
 
-    from gpulayer.http_client import fingerprint_of_pem, first_certificate
+    from gpulayer.server_records import fingerprint_of_pem, first_certificate
 
     try:
         text = cert.read_text()

@@ -182,7 +182,7 @@ def test_a_self_signed_certificate_made_again_for_another_host_says_its_fingerpr
     from cryptography import x509
 
     from gpulayer.cli.server import self_signed
-    from gpulayer.http_client import fingerprint_of_pem
+    from gpulayer.server_records import fingerprint_of_pem
 
     cert, _ = self_signed("127.0.0.1", tmp_path)
     first = fingerprint_of_pem(cert.read_text())
@@ -221,7 +221,7 @@ def _ca_and_server_certificate(directory: Path, *, expired: bool = False) -> tup
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    from gpulayer.http_client import fingerprint_of_der
+    from gpulayer.server_records import fingerprint_of_der
 
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())

@@ -137,6 +137,27 @@ def test_jobs_list_loads_no_http_or_server_stack(tmp_path: Path) -> None:
     assert not loaded & {"httpx", "uvicorn", "starlette", "torch"}, sorted(loaded)
 
 
+def test_a_server_start_loads_no_http_client_or_page_templates(tmp_path: Path) -> None:
+    """``gpulayer server start`` up to serving: the HTTP client (httpx) and the dashboard's
+    templates (Jinja) wait for a page or a request that needs them (some 130 ms a start)."""
+    loaded = loaded_after("""
+        import sys, uvicorn
+        class Serving(BaseException):
+            pass
+        def run(self, *args, **kwargs):
+            raise Serving
+        uvicorn.Server.run = run
+        sys.argv = ["gpulayer", "server", "start", "--port", "0"]
+        from gpulayer.cli import main
+        try:
+            main()
+        except Serving:
+            pass
+    """, tmp_path)
+    assert {"uvicorn", "starlette", "sqlalchemy"} <= loaded  # (it got as far as serving)
+    assert not loaded & {"httpx", "jinja2", "torch"}, sorted(loaded & {"httpx", "jinja2", "torch"})
+
+
 def test_an_embedded_jobs_list_starts_no_worker_loads_no_plugin_and_detects_nothing(tmp_path: Path) -> None:
     probe = HELP.replace("ARGS", "['jobs', 'list']").replace('"Usage: gpulayer"', '"no jobs"') + """
     import json, os, threading

@@ -99,8 +99,8 @@ def test_the_fleet_counts_devices_busy_free_and_unavailable_by_kind() -> None:
 
 @pytest.mark.parametrize("template", ["overview.html", "jobs.html", "job.html", "workers.html"])
 def test_every_live_region_is_an_element_with_its_own_id(template: str) -> None:
-    source = views.ENV.loader.get_source(views.ENV, template)[0]  # type: ignore[union-attr]
-    blocks = [n for n in views.ENV.get_template(template).blocks if n.startswith("live_")]
+    source = views.environment().loader.get_source(views.environment(), template)[0]  # type: ignore[union-attr]
+    blocks = [n for n in views.environment().get_template(template).blocks if n.startswith("live_")]
     assert blocks
     for name in blocks:
         assert f'id="{name}"' in source, f"{template}: block {name} is not inside an element with id {name}"
@@ -120,7 +120,7 @@ def test_logs_of_several_nodes_get_node_prefixes_and_streams_stay_apart() -> Non
 def test_a_result_shows_as_json_whether_given_as_its_text_or_as_a_value() -> None:
     from gpulayer.wire import ResultJSON
 
-    template = views.ENV.from_string("<pre>{{ result | result_json | truncate(30, True) }}</pre>")
+    template = views.environment().from_string("<pre>{{ result | result_json | truncate(30, True) }}</pre>")
     for result, shown in ((ResultJSON('{"a" : "<b>"}'), '{"a" : "<b>"}'), ({"a": "<b>"}, '{"a": "<b>"}')):
         page = template.render(result=result)
         assert "<b>" not in page and html.unescape(page) == f"<pre>{shown}</pre>"
