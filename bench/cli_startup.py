@@ -16,6 +16,9 @@ started in the background (gpulayer.cli.warm), and in its own process
 (``GPULAYER_WARM_CLI=0``). ``gpulayer worker list`` and ``plugins list`` (not goals) are
 answered by that CLI server too, and so is ``gpulayer --url URL jobs list`` against a
 ``gpulayer server start`` on 127.0.0.1 (shown next to the same in its own process).
+``gpulayer server start`` is timed to its first answer of ``/healthz`` (a fresh home each
+run; its CPU is the server's own at that moment), not a goal: what each server a test or an
+operator starts costs.
 ``import typer`` and ``import typer, pydantic`` are shown for reading:
 the least ``gpulayer --help`` can cost, and the least any command that takes an option with
 a value can cost (Typer 0.29 coerces every option value that is not a flag through a
@@ -51,6 +54,8 @@ def server_pid(home: str) -> int | None:
         return None
 
 
+#: the row of :func:`server_started`
+SERVER = "gpulayer server start -> /healthz"
 GOALS = {"import gpulayer": 2.0, "gpulayer --help": 3.0, "gpulayer jobs list": 3.0,
          "gpulayer resources detect": 3.0, "gpulayer jobs logs JOB": 3.0}
 
@@ -66,6 +71,25 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     if proc.returncode != 0:
         raise subprocess.CalledProcessError(proc.returncode, argv)
     return time.perf_counter() - start, usage.ru_utime + usage.ru_stime
+
+
+def server_started(home: Path, env: dict[str, str]) -> tuple[float, float]:
+    """Wall time from ``gpulayer server start`` to its first ``/healthz`` answer, and the
+    server's CPU time then; the server is stopped again."""
+    import psutil
+
+    from tests.server_support import ServerProc
+
+    server = ServerProc(home, env={"PYTHONPYCACHEPREFIX": env["PYTHONPYCACHEPREFIX"]})
+    start = time.perf_counter()
+    try:
+        server.start()
+        wall = time.perf_counter() - start
+        assert server.proc is not None
+        times = psutil.Process(server.proc.pid).cpu_times()
+        return wall, times.user + times.system
+    finally:
+        server.stop()
 
 
 def p95(runs: list[float]) -> float:
@@ -84,6 +108,7 @@ def main() -> None:
     # submit). It goes to a folder of the bench's own, filled by the warm-up runs.
     env = {**os.environ, "GPULAYER_HOME": home, "PYTHONPYCACHEPREFIX": os.path.join(home, "pycache")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # (and for the servers, started with this process's)
     env.pop("GPULAYER_URL", None)
     env.pop("GPULAYER_CLI_SERVER_IDLE", None)  # (the default: a command starts a CLI server)
     py = sys.executable
@@ -115,22 +140,26 @@ def main() -> None:
         url = [*cli, "--url", server.url, "--token", server.admin_token, "jobs", "list"]
         cases += [("gpulayer --url URL jobs list", url),
                   ("--url jobs list, own process", ["env", "GPULAYER_WARM_CLI=0", *url])]
-        runs.update({label: [] for label, _ in cases})
-        cpu.update({label: [] for label, _ in cases})
+        runs.update({label: [] for label, _ in cases}, **{SERVER: []})
+        cpu.update({label: [] for label, _ in cases}, **{SERVER: []})
         chatty = [*cli, "submit", "--detach", "--", py, "-c", "for i in range(200): print('step', i, 'loss', 0.5)"]
         job_id = subprocess.run(chatty, env=env, cwd=home, capture_output=True, text=True, check=True).stdout.strip()
         subprocess.run([*cli, "jobs", "wait", job_id], env=env, cwd=home, capture_output=True, check=True)
         cases = [(label, [job_id if word == "JOB" else word for word in argv]) for label, argv in cases]
         for _, argv in cases:
             timed(argv, env)  # warm the OS file cache, the detection cache and the database
+        server_started(Path(home) / "server-warm-up", env)
         deadline = time.monotonic() + 10  # and the CLI server the first submit started
         while not os.path.exists(os.path.join(home, "cli.sock")) and time.monotonic() < deadline:
             time.sleep(0.05)
-        for _ in range(args.n):  # interleaved, so a burst of load hits every command alike
+        for i in range(args.n):  # interleaved, so a burst of load hits every command alike
             for label, argv in cases:
                 wall, used = timed(argv, env)
                 runs[label].append(wall)
                 cpu[label].append(used)
+            wall, used = server_started(Path(home) / f"server-{i}", env)
+            runs[SERVER].append(wall)
+            cpu[SERVER].append(used)
     finally:
         server.stop()
         pid = server_pid(home)
@@ -139,10 +168,11 @@ def main() -> None:
         shutil.rmtree(home, ignore_errors=True)
     floor = statistics.median(runs["python -c pass"])
     cpu_floor = statistics.median(cpu["python -c pass"])
-    width = max(len(label) for label, _ in cases)
+    labels = [label for label, _ in cases] + [SERVER]
+    width = max(len(label) for label in labels)
     print(f"{'command':<{width}}  {'median':>8}  {'p95':>8}  {'floor':>8}  {'ratio':>6}  "
           f"{'cpu':>8}  {'cpu ratio':>9}  goal")
-    for label, _ in cases:
+    for label in labels:
         med = statistics.median(runs[label])
         used = statistics.median(cpu[label])
         goal = GOALS.get(label)
