@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,16 +41,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def server_pid(home: str) -> int | None:
-    """The CLI server a command started on ``home`` (None with a GPUlayer from before them)."""
-    try:
-        from gpulayer.cli import warm
-
-        return warm.server_pid(home)
-    except (ImportError, AttributeError):
-        return None
 
 
 #: the row of :func:`server_started`
@@ -162,11 +151,8 @@ def main() -> None:
             cpu[SERVER].append(used)
     finally:
         server.stop()
-        pid = server_pid(home)
-        if pid is not None:
-            os.kill(pid, signal.SIGTERM)
-        # and the local worker the first submit started in the background (it would wait 5
-        # minutes idle for a home that is gone), with anything else left on the home
+        # the CLI server the first command started, and the local worker the first submit
+        # started in the background (it would wait 5 minutes idle for a home that is gone)
         from tests.support import stop_strays
 
         stop_strays(Path(home), below=True)
